@@ -1,0 +1,1 @@
+//! sinter-dsl: the `graph!` macro (issue 3).

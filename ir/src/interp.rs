@@ -1,0 +1,1 @@
+//! CPU reference interpreter (placeholder while being written).

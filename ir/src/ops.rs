@@ -1,0 +1,579 @@
+//! The op table: every op of sinter's IR, defined once.
+//!
+//! Each [`OpInfo`] row gives the op's text name, its operands (a trailing `?` marks an optional
+//! operand, `*` a variadic list), its attributes with their kinds and defaults, the shape rule
+//! ([`crate::infer`]) and a doc line with the semantics. The text format, the verifier, the
+//! builder, later the e-graph language and the book's op reference are all derived from this
+//! table: an op is added by adding one row (and its interpreter case).
+
+use crate::dim::Dim;
+use crate::dtype::DType;
+use crate::infer::{self, InferCtx, ShapeError};
+use crate::TensorType;
+
+/// The kind of value an attribute holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttrKind {
+    /// A signed integer (`axis=-1`).
+    Int,
+    /// A 64-bit float (`eps=1e-5`, `theta=100000.0`); prints so that it reads back bit-exactly.
+    Float,
+    /// `true` / `false`.
+    Bool,
+    /// One of a fixed set of words, printed quoted (`form="tanh"`).
+    Enum(&'static [&'static str]),
+    /// Any string, printed quoted (a callee's name).
+    Str,
+    /// A list of integers (`perm=[0, 2, 1, 3]`).
+    Ints,
+    /// A list of symbolic dims (`shape=[T, 9, 64]`).
+    Dims,
+    /// One symbolic dim (`start=past`).
+    Dim,
+    /// A dtype (`dtype=bf16`).
+    DType,
+}
+
+/// An attribute value.
+#[derive(Clone, Debug)]
+pub enum Attr {
+    /// See [`AttrKind::Int`].
+    Int(i64),
+    /// See [`AttrKind::Float`].
+    Float(f64),
+    /// See [`AttrKind::Bool`].
+    Bool(bool),
+    /// See [`AttrKind::Enum`] and [`AttrKind::Str`].
+    Str(String),
+    /// See [`AttrKind::Ints`].
+    Ints(Vec<i64>),
+    /// See [`AttrKind::Dims`].
+    Dims(Vec<Dim>),
+    /// See [`AttrKind::Dim`].
+    Dim(Dim),
+    /// See [`AttrKind::DType`].
+    DType(DType),
+}
+
+impl PartialEq for Attr {
+    /// Floats compare by bit pattern, so that a NaN attribute equals itself after a round trip.
+    fn eq(&self, other: &Attr) -> bool {
+        use Attr::*;
+        match (self, other) {
+            (Int(a), Int(b)) => a == b,
+            (Float(a), Float(b)) => a.to_bits() == b.to_bits(),
+            (Bool(a), Bool(b)) => a == b,
+            (Str(a), Str(b)) => a == b,
+            (Ints(a), Ints(b)) => a == b,
+            (Dims(a), Dims(b)) => a == b,
+            (Dim(a), Dim(b)) => a == b,
+            (DType(a), DType(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+impl Eq for Attr {}
+
+impl Attr {
+    /// True when the value is of the given kind (an enum also checks the word is allowed).
+    pub fn is_kind(&self, kind: AttrKind) -> bool {
+        match (self, kind) {
+            (Attr::Int(_), AttrKind::Int)
+            | (Attr::Float(_), AttrKind::Float)
+            | (Attr::Bool(_), AttrKind::Bool)
+            | (Attr::Str(_), AttrKind::Str)
+            | (Attr::Ints(_), AttrKind::Ints)
+            | (Attr::Dims(_), AttrKind::Dims)
+            | (Attr::Dim(_), AttrKind::Dim)
+            | (Attr::DType(_), AttrKind::DType) => true,
+            (Attr::Str(s), AttrKind::Enum(words)) => words.contains(&s.as_str()),
+            _ => false,
+        }
+    }
+}
+
+/// A default attribute value, as a `const`-friendly description.
+#[derive(Clone, Copy, Debug)]
+pub enum AttrDefault {
+    /// The attribute is required.
+    Required,
+    /// Integer default.
+    Int(i64),
+    /// Float default.
+    Float(f64),
+    /// Bool default.
+    Bool(bool),
+    /// Word default (for enums).
+    Str(&'static str),
+    /// The empty list (for `Ints` / `Dims`).
+    Empty,
+}
+
+impl AttrDefault {
+    /// The default as a value, `None` when required.
+    pub fn value(self) -> Option<Attr> {
+        match self {
+            AttrDefault::Required => None,
+            AttrDefault::Int(v) => Some(Attr::Int(v)),
+            AttrDefault::Float(v) => Some(Attr::Float(v)),
+            AttrDefault::Bool(v) => Some(Attr::Bool(v)),
+            AttrDefault::Str(v) => Some(Attr::Str(v.to_string())),
+            AttrDefault::Empty => None,
+        }
+    }
+}
+
+/// One attribute of an op.
+#[derive(Clone, Copy, Debug)]
+pub struct AttrSpec {
+    /// Name in the text format.
+    pub name: &'static str,
+    /// Kind of value.
+    pub kind: AttrKind,
+    /// Default, or [`AttrDefault::Required`].
+    pub default: AttrDefault,
+}
+
+impl AttrSpec {
+    /// The default value for this spec (an empty list for `Empty`), `None` if required.
+    pub fn default_value(&self) -> Option<Attr> {
+        match (self.default, self.kind) {
+            (AttrDefault::Empty, AttrKind::Dims) => Some(Attr::Dims(vec![])),
+            (AttrDefault::Empty, AttrKind::Ints) => Some(Attr::Ints(vec![])),
+            (d, _) => d.value(),
+        }
+    }
+}
+
+/// The family an op belongs to; the passes and the code generator dispatch on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// Element-wise on one input.
+    Unary,
+    /// Element-wise on two inputs with broadcasting.
+    Binary,
+    /// Comparison giving `bool`.
+    Compare,
+    /// Reduction over one axis.
+    Reduce,
+    /// Layout change, no arithmetic.
+    Layout,
+    /// Produces a tensor from attributes alone.
+    Source,
+    /// Composite op with its own kernel family (matmul, attention, norms, ...).
+    Composite,
+    /// A call of another function of the graph.
+    Call,
+}
+
+/// The shape rule of an op: from the operands' types and the attributes to the results' types.
+pub type ShapeRule = fn(&InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError>;
+
+/// One row of the op table.
+#[derive(Clone, Copy)]
+pub struct OpInfo {
+    /// The op.
+    pub kind: OpKind,
+    /// Text name (also the DSL's method name).
+    pub name: &'static str,
+    /// Family.
+    pub class: OpClass,
+    /// Operand names; `name?` optional (only trailing), `name*` variadic (only alone).
+    pub operands: &'static [&'static str],
+    /// Attributes, in printing order.
+    pub attrs: &'static [AttrSpec],
+    /// Shape and dtype rule.
+    pub infer: ShapeRule,
+    /// Semantics, one paragraph.
+    pub doc: &'static str,
+}
+
+const fn a(name: &'static str, kind: AttrKind, default: AttrDefault) -> AttrSpec {
+    AttrSpec { name, kind, default }
+}
+use AttrDefault as D;
+use AttrKind as K;
+
+const AXIS: AttrSpec = a("axis", K::Int, D::Int(-1));
+const KEEPDIM: AttrSpec = a("keepdim", K::Bool, D::Bool(true));
+const EPS: AttrSpec = a("eps", K::Float, D::Required);
+const SCALE: AttrSpec = a("scale", K::Float, D::Required);
+const HEADS: AttrSpec = a("heads", K::Int, D::Required);
+const KV_HEADS: AttrSpec = a("kv_heads", K::Int, D::Required);
+
+macro_rules! op_table {
+    ($( $kind:ident => $name:literal, $class:ident, [$($operand:literal),*], [$($attr:expr),*], $infer:path, $doc:literal; )*) => {
+        /// Every op of the IR. See [`OpKind::info`] for its row of the op table.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum OpKind { $(#[doc = $doc] $kind,)* }
+
+        /// The op table, one row per [`OpKind`], in declaration order.
+        pub static OP_TABLE: &[OpInfo] = &[
+            $(OpInfo {
+                kind: OpKind::$kind,
+                name: $name,
+                class: OpClass::$class,
+                operands: &[$($operand),*],
+                attrs: &[$($attr),*],
+                infer: $infer,
+                doc: $doc,
+            },)*
+        ];
+    };
+}
+
+op_table! {
+    // --- unary element-wise -------------------------------------------------------------
+    Neg => "neg", Unary, ["x"], [], infer::unary_any, "−x, element-wise; any numeric dtype.";
+    Abs => "abs", Unary, ["x"], [], infer::unary_any, "|x|, element-wise; any numeric dtype.";
+    Exp => "exp", Unary, ["x"], [], infer::unary_float, "eˣ, element-wise; float dtypes.";
+    Log => "log", Unary, ["x"], [], infer::unary_float, "Natural logarithm, element-wise; log(0) = −inf, log(x<0) = NaN.";
+    Sqrt => "sqrt", Unary, ["x"], [], infer::unary_float, "√x, element-wise; NaN for x < 0.";
+    Rsqrt => "rsqrt", Unary, ["x"], [], infer::unary_float, "1/√x, element-wise; rsqrt(0) = +inf.";
+    Recip => "recip", Unary, ["x"], [], infer::unary_float, "1/x, element-wise.";
+    Sigmoid => "sigmoid", Unary, ["x"], [], infer::unary_float, "1/(1+e⁻ˣ), element-wise.";
+    Silu => "silu", Unary, ["x"], [], infer::unary_float, "x·sigmoid(x) (SiLU / swish), element-wise.";
+    Gelu => "gelu", Unary, ["x"], [a("form", K::Enum(&["erf", "tanh"]), D::Str("erf"))], infer::unary_float,
+        "GELU: `erf` form x·Φ(x) = x/2·(1+erf(x/√2)); `tanh` form x/2·(1+tanh(√(2/π)(x+0.044715x³))) (GPT-2).";
+    Tanh => "tanh", Unary, ["x"], [], infer::unary_float, "Hyperbolic tangent, element-wise.";
+    Sin => "sin", Unary, ["x"], [], infer::unary_float, "Sine (radians), element-wise.";
+    Cos => "cos", Unary, ["x"], [], infer::unary_float, "Cosine (radians), element-wise.";
+    Cast => "cast", Unary, ["x"], [a("dtype", K::DType, D::Required)], infer::cast,
+        "Converts to `dtype`: float→float rounds to nearest even; float→int truncates toward zero and saturates (NaN→0); →bool is x≠0.";
+    // --- binary element-wise with NumPy broadcasting --------------------------------------
+    Add => "add", Binary, ["a", "b"], [], infer::binary, "a + b with NumPy broadcasting; operands share a dtype.";
+    Sub => "sub", Binary, ["a", "b"], [], infer::binary, "a − b with broadcasting.";
+    Mul => "mul", Binary, ["a", "b"], [], infer::binary, "a · b with broadcasting.";
+    Div => "div", Binary, ["a", "b"], [], infer::binary, "a / b with broadcasting; integer division truncates toward zero, by zero is an error.";
+    Maximum => "maximum", Binary, ["a", "b"], [], infer::binary, "max(a, b) element-wise; NaN if either is NaN.";
+    Minimum => "minimum", Binary, ["a", "b"], [], infer::binary, "min(a, b) element-wise; NaN if either is NaN.";
+    Pow => "pow", Binary, ["a", "b"], [], infer::binary_float, "aᵇ element-wise (IEEE `pow`); float dtypes.";
+    // --- comparisons and select ----------------------------------------------------------
+    Eq => "eq", Compare, ["a", "b"], [], infer::compare, "a = b → bool, with broadcasting; NaN compares unequal.";
+    Ne => "ne", Compare, ["a", "b"], [], infer::compare, "a ≠ b → bool.";
+    Lt => "lt", Compare, ["a", "b"], [], infer::compare, "a < b → bool.";
+    Le => "le", Compare, ["a", "b"], [], infer::compare, "a ≤ b → bool.";
+    Gt => "gt", Compare, ["a", "b"], [], infer::compare, "a > b → bool.";
+    Ge => "ge", Compare, ["a", "b"], [], infer::compare, "a ≥ b → bool.";
+    Select => "select", Binary, ["cond", "a", "b"], [], infer::select,
+        "cond ? a : b element-wise, all three broadcast; `cond` is bool, `a` and `b` share a dtype.";
+    // --- reductions ----------------------------------------------------------------------
+    ReduceSum => "reduce_sum", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "Σ over `axis` (negative counts from the end), accumulated in f64; an empty axis sums to 0.";
+    ReduceMax => "reduce_max", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "max over `axis`; NaN if any element is NaN; an empty axis gives −inf.";
+    ReduceMin => "reduce_min", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "min over `axis`; NaN if any element is NaN; an empty axis gives +inf.";
+    ReduceMean => "reduce_mean", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "Mean over `axis`; an empty axis gives NaN (0/0).";
+    Softmax => "softmax", Composite, ["x"], [AXIS], infer::row_op,
+        "Safe softmax over `axis` with f32 statistics: exp(x−max)/Σexp(x−max); a row of all −inf gives 0; NaN in a row gives NaN for the row.";
+    LogSoftmax => "log_softmax", Composite, ["x"], [AXIS], infer::row_op,
+        "x − max − log Σexp(x−max) over `axis`, f32 statistics; a row of all −inf gives −inf.";
+    // --- layout --------------------------------------------------------------------------
+    Transpose => "transpose", Layout, ["x"], [a("dim0", K::Int, D::Int(-2)), a("dim1", K::Int, D::Int(-1))], infer::transpose,
+        "Swaps axes `dim0` and `dim1` (negative counts from the end).";
+    Permute => "permute", Layout, ["x"], [a("perm", K::Ints, D::Required)], infer::permute,
+        "Reorders axes: result axis i is input axis perm[i]; `perm` is a permutation of 0..rank.";
+    Reshape => "reshape", Layout, ["x"], [a("shape", K::Dims, D::Required)], infer::reshape,
+        "Same elements in row-major order under a new `shape`; element counts must be provably equal.";
+    Broadcast => "broadcast", Layout, ["x"], [a("shape", K::Dims, D::Required)], infer::broadcast,
+        "Expands to `shape` by NumPy rules (leading axes added, size-1 axes repeated); also called expand.";
+    Concat => "concat", Layout, ["inputs*"], [AXIS], infer::concat,
+        "Joins ≥1 tensors of one dtype along `axis`; other axes must agree.";
+    Slice => "slice", Layout, ["x"], [AXIS, a("start", K::Dim, D::Required), a("end", K::Dim, D::Required)], infer::slice,
+        "Elements start..end (end exclusive, step 1) of `axis`; 0 ≤ start ≤ end ≤ size, checked when known and at run time.";
+    Gather => "gather", Layout, ["table", "indices"], [], infer::gather,
+        "Embedding lookup: out[i…, :] = table[indices[i…], :]; table [V, …], integer indices of any shape; out of range is an error.";
+    // --- sources -------------------------------------------------------------------------
+    Constant => "constant", Source, [], [a("value", K::Float, D::Required), a("dtype", K::DType, D::Required), a("shape", K::Dims, D::Empty)], infer::constant,
+        "A tensor of `shape` (default scalar) whose every element is `value` rounded to `dtype`.";
+    Iota => "iota", Source, [], [a("dtype", K::DType, D::Required), a("shape", K::Dims, D::Required), a("axis", K::Int, D::Int(0))], infer::iota,
+        "out[i…] = the index along `axis`; positions and causal masks are built from it.";
+    // --- composite -----------------------------------------------------------------------
+    Matmul => "matmul", Composite, ["a", "b"], [a("transpose_a", K::Bool, D::Bool(false)), a("transpose_b", K::Bool, D::Bool(false))], infer::matmul,
+        "Batched matrix product a[…, M, K] · b[…, K, N] → […, M, N] (after optional transposes of the last two axes), batch axes broadcast, f32+ accumulation, one rounding to the dtype.";
+    Rope => "rope", Composite, ["x", "positions"], [a("theta", K::Float, D::Required), a("form", K::Enum(&["rotate_half", "interleaved"]), D::Str("rotate_half"))], infer::rope,
+        "Rotary position embedding (Su et al. 2021, arXiv 2104.09864) over the last axis D (even): pair i rotated by pos·θ^(−2i/D); `rotate_half` pairs (i, i+D/2) as in Llama/HF, `interleaved` pairs (2i, 2i+1) as in GPT-J/llama.cpp; `positions` (integers) broadcast against x's shape without its last axis; angles in f64, result rounded once.";
+    RmsNorm => "rms_norm", Composite, ["x", "weight"], [EPS], infer::rms_norm,
+        "RMSNorm (Zhang & Sennrich 2019) over the last axis: h = cast_x(x·rsqrt(mean(x²)+eps)) computed in f32 with eps added in f32, out = h·weight; a zero row gives 0.";
+    LayerNorm => "layer_norm", Composite, ["x", "weight", "bias"], [EPS], infer::layer_norm,
+        "LayerNorm (Ba et al. 2016) over the last axis: (x−mean)·rsqrt(var+eps)·weight + bias, statistics in f32, biased variance.";
+    Swiglu => "swiglu", Composite, ["gate", "up"], [], infer::swiglu,
+        "SwiGLU (Shazeer 2020): silu(gate)·up element-wise, same shape and dtype, silu rounded to the dtype before the product as in the unfused graph.";
+    Attention => "attention", Composite, ["q", "k", "v", "mask?"],
+        [SCALE, a("causal", K::Bool, D::Bool(false)), HEADS, KV_HEADS, a("layout", K::Enum(&["bhsd", "bshd"]), D::Str("bhsd"))],
+        infer::attention,
+        "softmax(scale·Q·Kᵀ + mask)·V with f32 statistics (FlashAttention, Dao 2022): q [B,H,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv] in `bhsd` ([B,S,H,D] in `bshd`); H a multiple of Hkv (GQA: query head h reads KV head h/(H/Hkv)); causal aligned bottom-right (query i sees keys j ≤ i+Skv−Sq); optional additive mask broadcast to [B,H,Sq,Skv]; a fully masked row gives 0.";
+    KvAppend => "kv_append", Composite, ["k_pages", "v_pages", "k_new", "v_new", "block_table", "start_pos"], [], infer::kv_append,
+        "Writes new K/V rows into a paged cache (PagedAttention, Kwon et al. 2023): pages [P, page_size, Hkv, D], new [B, T, Hkv, D], block_table [B, max_pages] i32, start_pos [B] i32; token t of sequence b goes to slot start_pos[b]+t, page block_table[b][slot/page_size]; returns the updated (k_pages, v_pages).";
+    PagedAttention => "paged_attention", Composite, ["q", "k_pages", "v_pages", "block_table", "seq_lens"],
+        [SCALE, a("causal", K::Bool, D::Bool(true)), HEADS, KV_HEADS],
+        infer::paged_attention,
+        "Attention of q [B, H, T, D] over a paged cache [P, page_size, Hkv, D] read through block_table [B, max_pages] i32 with seq_lens [B] i32 keys per sequence (the lengths live in device memory); causal aligned bottom-right per sequence; GQA as in `attention`; a sequence with no visible key gives 0.";
+    // --- functions -----------------------------------------------------------------------
+    Call => "call", Call, ["args*"], [a("func", K::Str, D::Required)], infer::call,
+        "Calls function `func` of the graph with `args`; results are its outputs. A block (a decoder layer) is defined once and called per layer with different weights.";
+}
+
+impl OpKind {
+    /// This op's row of the op table.
+    pub fn info(self) -> &'static OpInfo {
+        // The table is generated in declaration order, so the discriminant is the index.
+        &OP_TABLE[self as usize]
+    }
+
+    /// Text name.
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    /// Looks an op up by text name.
+    pub fn from_name(name: &str) -> Option<OpKind> {
+        OP_TABLE.iter().find(|i| i.name == name).map(|i| i.kind)
+    }
+
+    /// Index of attribute `name` in this op's attribute list.
+    pub fn attr_index(self, name: &str) -> Option<usize> {
+        self.info().attrs.iter().position(|a| a.name == name)
+    }
+
+    /// Whether `n` operands are acceptable.
+    pub fn arity_ok(self, n: usize) -> bool {
+        let ops = self.info().operands;
+        if ops.len() == 1 && ops[0].ends_with('*') {
+            return true;
+        }
+        let required = ops.iter().filter(|o| !o.ends_with('?')).count();
+        n >= required && n <= ops.len()
+    }
+
+    /// Human-readable arity, e.g. `2`, `3 or 4`, `any number of`.
+    pub fn arity_text(self) -> String {
+        let ops = self.info().operands;
+        if ops.len() == 1 && ops[0].ends_with('*') {
+            return if self == OpKind::Concat { "at least 1".into() } else { "any number of".into() };
+        }
+        let required = ops.iter().filter(|o| !o.ends_with('?')).count();
+        if required == ops.len() {
+            format!("{required}")
+        } else {
+            format!("{required} to {}", ops.len())
+        }
+    }
+}
+
+/// An op with its attributes: what a node computes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Op {
+    /// Which op.
+    pub kind: OpKind,
+    /// One value per attribute of the op's table row, in table order (defaults filled in).
+    pub attrs: Vec<Attr>,
+}
+
+/// An attribute was missing, unknown or of the wrong kind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttrError {
+    /// Not an attribute of this op.
+    #[error("`{op}` has no attribute `{name}` (it has: {known})")]
+    Unknown {
+        /// The op's text name.
+        op: &'static str,
+        /// The attribute's name.
+        name: String,
+        /// The op's attributes.
+        known: String,
+    },
+    /// Required and absent.
+    #[error("`{op}` needs attribute `{name}`")]
+    Missing {
+        /// The op's text name.
+        op: &'static str,
+        /// The attribute's name.
+        name: &'static str,
+    },
+    /// Given twice.
+    #[error("attribute `{name}` of `{op}` is given twice")]
+    Duplicate {
+        /// The op's text name.
+        op: &'static str,
+        /// The attribute's name.
+        name: String,
+    },
+    /// Wrong kind of value.
+    #[error("attribute `{name}` of `{op}` must be {expected}")]
+    Kind {
+        /// The op's text name.
+        op: &'static str,
+        /// The attribute's name.
+        name: &'static str,
+        /// What kind of value it takes.
+        expected: String,
+    },
+}
+
+/// Describes an attribute kind in words, for errors.
+pub fn kind_text(kind: AttrKind) -> String {
+    match kind {
+        AttrKind::Int => "an integer".into(),
+        AttrKind::Float => "a number".into(),
+        AttrKind::Bool => "true or false".into(),
+        AttrKind::Enum(w) => format!("one of {}", w.iter().map(|w| format!("\"{w}\"")).collect::<Vec<_>>().join(", ")),
+        AttrKind::Str => "a string".into(),
+        AttrKind::Ints => "a list of integers".into(),
+        AttrKind::Dims => "a list of dims".into(),
+        AttrKind::Dim => "a dim".into(),
+        AttrKind::DType => "a dtype".into(),
+    }
+}
+
+impl Op {
+    /// Builds an op from named attributes, filling in defaults and checking names and kinds.
+    ///
+    /// # Errors
+    /// [`AttrError`] naming the op and the attribute.
+    pub fn new(kind: OpKind, named: Vec<(String, Attr)>) -> Result<Op, AttrError> {
+        let info = kind.info();
+        let mut slots: Vec<Option<Attr>> = vec![None; info.attrs.len()];
+        for (name, value) in named {
+            let i = kind.attr_index(&name).ok_or_else(|| AttrError::Unknown {
+                op: info.name,
+                name: name.clone(),
+                known: if info.attrs.is_empty() {
+                    "none".into()
+                } else {
+                    info.attrs.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+                },
+            })?;
+            let spec = &info.attrs[i];
+            // An integer literal is accepted where a float or a dim is expected.
+            let value = match (value, spec.kind) {
+                (Attr::Int(v), AttrKind::Float) => Attr::Float(v as f64),
+                (Attr::Int(v), AttrKind::Dim) => Attr::Dim(Dim::constant(v)),
+                (Attr::Ints(v), AttrKind::Dims) => Attr::Dims(v.into_iter().map(Dim::constant).collect()),
+                (Attr::Dims(v), AttrKind::Ints) if v.iter().all(|d| d.as_const().is_some()) => {
+                    Attr::Ints(v.iter().filter_map(Dim::as_const).collect())
+                }
+                (v, _) => v,
+            };
+            if !value.is_kind(spec.kind) {
+                return Err(AttrError::Kind { op: info.name, name: spec.name, expected: kind_text(spec.kind) });
+            }
+            if slots[i].is_some() {
+                return Err(AttrError::Duplicate { op: info.name, name });
+            }
+            slots[i] = Some(value);
+        }
+        let mut attrs = Vec::with_capacity(slots.len());
+        for (slot, spec) in slots.into_iter().zip(info.attrs) {
+            match slot.or_else(|| spec.default_value()) {
+                Some(v) => attrs.push(v),
+                None => return Err(AttrError::Missing { op: info.name, name: spec.name }),
+            }
+        }
+        Ok(Op { kind, attrs })
+    }
+
+    /// An op without attributes, or with all defaults.
+    ///
+    /// # Errors
+    /// [`AttrError::Missing`] if the op has a required attribute.
+    pub fn plain(kind: OpKind) -> Result<Op, AttrError> {
+        Op::new(kind, vec![])
+    }
+
+    /// The attribute called `name`, if the op has it.
+    pub fn attr(&self, name: &str) -> Option<&Attr> {
+        self.kind.attr_index(name).and_then(|i| self.attrs.get(i))
+    }
+
+    /// Integer attribute, `None` if absent or of another kind.
+    pub fn int(&self, name: &str) -> Option<i64> {
+        match self.attr(name)? {
+            Attr::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
+    /// Float attribute.
+    pub fn float(&self, name: &str) -> Option<f64> {
+        match self.attr(name)? {
+            Attr::Float(v) => Some(*v),
+            _ => None,
+        }
+    }
+    /// Bool attribute.
+    pub fn bool(&self, name: &str) -> Option<bool> {
+        match self.attr(name)? {
+            Attr::Bool(v) => Some(*v),
+            _ => None,
+        }
+    }
+    /// String or enum attribute.
+    pub fn str(&self, name: &str) -> Option<&str> {
+        match self.attr(name)? {
+            Attr::Str(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// Integer-list attribute.
+    pub fn ints(&self, name: &str) -> Option<&[i64]> {
+        match self.attr(name)? {
+            Attr::Ints(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// Dim-list attribute.
+    pub fn dims(&self, name: &str) -> Option<&[Dim]> {
+        match self.attr(name)? {
+            Attr::Dims(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// Dim attribute.
+    pub fn dim(&self, name: &str) -> Option<&Dim> {
+        match self.attr(name)? {
+            Attr::Dim(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// Dtype attribute.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        match self.attr(name)? {
+            Attr::DType(v) => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_indexed_by_discriminant_and_names_are_unique() {
+        for (i, row) in OP_TABLE.iter().enumerate() {
+            assert_eq!(row.kind as usize, i, "{}", row.name);
+            assert_eq!(OpKind::from_name(row.name), Some(row.kind));
+            for (j, o) in row.operands.iter().enumerate() {
+                if o.ends_with('*') {
+                    assert_eq!(row.operands.len(), 1, "{}: variadic operand must stand alone", row.name);
+                }
+                if !o.ends_with('?') && j > 0 {
+                    assert!(!row.operands[j - 1].ends_with('?'), "{}: optional operands must trail", row.name);
+                }
+            }
+        }
+        let mut names: Vec<_> = OP_TABLE.iter().map(|r| r.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), OP_TABLE.len());
+    }
+
+    #[test]
+    fn attrs_fill_defaults_and_reject_bad_input() {
+        let op = Op::new(OpKind::Softmax, vec![]).unwrap();
+        assert_eq!(op.int("axis"), Some(-1));
+        let e = Op::new(OpKind::RmsNorm, vec![]).unwrap_err();
+        assert_eq!(e.to_string(), "`rms_norm` needs attribute `eps`");
+        let e = Op::new(OpKind::Gelu, vec![("form".into(), Attr::Str("fast".into()))]).unwrap_err();
+        assert_eq!(e.to_string(), "attribute `form` of `gelu` must be one of \"erf\", \"tanh\"");
+        assert_eq!(Op::new(OpKind::RmsNorm, vec![("eps".into(), Attr::Int(1))]).unwrap().float("eps"), Some(1.0));
+    }
+}

@@ -1,0 +1,1 @@
+//! sinter-passes (issue 4).
