@@ -1,1 +1,3 @@
-//! Integration tests: one binary, modules per topic.
+//! Integration tests: one binary (it links LLVM once), one module per topic.
+
+mod architecture;
