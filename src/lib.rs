@@ -1,2 +1,231 @@
 //! sinter: a tensor compiler embedded in Rust.
+//!
+//! Write a model with [`graph!`], get a verified [`Graph`], compile it into a [`Program`] for a
+//! [`Backend`], bind its weights and run it. Every step returns errors as values ([`Error`]).
+//!
+//! ```
+//! use sinter::{graph, Backend, DType, Program, Tensor};
+//!
+//! let g = graph! {
+//!     fn mlp(x: f32[T, 4], w_gate: f32[4, 8], w_up: f32[4, 8], w_down: f32[8, 4]) -> f32[T, 4] {
+//!         ((x @ w_gate).silu() * (x @ w_up)) @ w_down
+//!     }
+//! }?;
+//! let mut p = Program::compile(g, Backend::Interpreter)?;
+//! p.bind("w_gate", Tensor::full(DType::F32, &[4, 8], 0.5))?;
+//! p.bind("w_up", Tensor::full(DType::F32, &[4, 8], 1.0))?;
+//! p.bind("w_down", Tensor::full(DType::F32, &[8, 4], 0.25))?;
+//! let x = Tensor::full(DType::F32, &[3, 4], 1.0); // binds T = 3
+//! let out = p.run(&[("x", &x)], &[])?;
+//! // x·w_gate = 2, silu(2) = 1.7616, x·w_up = 4, product 7.0464, times 8 · 0.25
+//! assert_eq!(out[0].shape(), &[3, 4]);
+//! assert!((out[0].data()[0] - 14.0928).abs() < 1e-3);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+extern crate self as sinter;
+
+use std::collections::BTreeMap;
+
+pub use sinter_dsl::graph;
+#[doc(hidden)]
+pub use sinter_dsl::__vocab;
 pub use sinter_ir as ir;
+pub use sinter_ir::interp::{InterpError, Tensor};
+pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};
+
+pub mod zoo;
+
+/// Everything that can go wrong between writing a graph and running it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The graph could not be built (a shape rule broken at build time, with the source location).
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The graph is ill-formed.
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    /// A `.sir` text could not be parsed.
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    /// The interpreter failed (bad input shapes, out-of-range indices, ...).
+    #[error(transparent)]
+    Interp(#[from] InterpError),
+    /// The graph has no entry function.
+    #[error("the graph has no function to run")]
+    NoEntry,
+    /// A name given to `bind` or `run` is not a parameter of the entry function.
+    #[error("@{func} has no parameter `{name}` (it has: {known})")]
+    UnknownInput {
+        /// The entry function.
+        func: String,
+        /// The name given.
+        name: String,
+        /// The parameters it has.
+        known: String,
+    },
+    /// A parameter was neither bound nor given to `run`.
+    #[error("parameter `{name}` of @{func} was not given: bind it with `Program::bind` or pass it to `run`")]
+    MissingInput {
+        /// The entry function.
+        func: String,
+        /// The parameter.
+        name: String,
+    },
+    /// A tensor's dtype or rank disagrees with the parameter's declared type.
+    #[error("`{name}` is declared {declared} but the tensor is {dtype}{shape:?}")]
+    InputMismatch {
+        /// The parameter.
+        name: String,
+        /// Its declared type.
+        declared: TensorType,
+        /// The tensor's dtype.
+        dtype: DType,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+}
+
+/// Where a [`Program`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU reference interpreter (`sinter_ir::interp`): f64 arithmetic rounded per dtype;
+    /// available everywhere, and the ground truth for every other backend.
+    Interpreter,
+}
+
+/// A verified graph ready to run, with the weights bound to it so far.
+pub struct Program {
+    graph: Graph,
+    entry: String,
+    backend: Backend,
+    bound: BTreeMap<String, Tensor>,
+}
+
+impl Program {
+    /// Verifies `graph` and prepares it for `backend`. The entry is `@main`, else the last
+    /// function defined.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Program};
+    /// let g = graph! { fn f(x: f32[N]) -> f32[N] { x.exp() } }?;
+    /// let p = Program::compile(g, Backend::Interpreter)?;
+    /// assert_eq!(p.entry(), "f");
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Verify`] for an ill-formed graph, [`Error::NoEntry`] for an empty one.
+    pub fn compile(graph: Graph, backend: Backend) -> Result<Program, Error> {
+        sinter_ir::verify(&graph)?;
+        let entry = graph.entry().ok_or(Error::NoEntry)?.name.clone();
+        Ok(Program { graph, entry, backend, bound: BTreeMap::new() })
+    }
+
+    /// Parses and compiles a `.sir` text.
+    ///
+    /// ```
+    /// # use sinter::{Backend, Program};
+    /// let p = Program::from_text("func @f(%x: f32[4]) {\n  %y: f32[4] = exp(%x)\n  return %y\n}\n", Backend::Interpreter)?;
+    /// assert_eq!(p.entry(), "f");
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Parse`] with line and column, then as [`Program::compile`].
+    pub fn from_text(text: &str, backend: Backend) -> Result<Program, Error> {
+        Program::compile(sinter_ir::parse(text)?, backend)
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The entry function's name.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    fn param_type(&self, name: &str) -> Result<&TensorType, Error> {
+        let f = self.graph.func(&self.entry).ok_or(Error::NoEntry)?;
+        match f.param_named(name) {
+            Some(v) => Ok(f.ty(v)),
+            None => Err(Error::UnknownInput {
+                func: self.entry.clone(),
+                name: name.to_string(),
+                known: f.params.iter().map(|&p| f.label(p).trim_start_matches('%').to_string()).collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    fn check(&self, name: &str, t: &Tensor) -> Result<(), Error> {
+        let declared = self.param_type(name)?;
+        let const_ok = declared.shape.iter().zip(t.shape()).all(|(d, &n)| d.as_const().is_none_or(|c| c == n as i64));
+        if declared.dtype != t.dtype() || declared.rank() != t.rank() || !const_ok {
+            return Err(Error::InputMismatch { name: name.to_string(), declared: declared.clone(), dtype: t.dtype(), shape: t.shape().to_vec() });
+        }
+        Ok(())
+    }
+
+    /// Binds a weight (or any parameter that stays the same between runs) by name.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, DType, Program, Tensor};
+    /// let g = graph! { fn f(x: f32[N], w: f32[N]) -> f32[N] { x * w } }?;
+    /// let mut p = Program::compile(g, Backend::Interpreter)?;
+    /// p.bind("w", Tensor::full(DType::F32, &[2], 3.0))?;
+    /// assert!(p.bind("nope", Tensor::scalar(DType::F32, 0.0)).is_err());
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::UnknownInput`] for a name the entry does not have, [`Error::InputMismatch`]
+    /// when the dtype, the rank or a constant dimension disagrees.
+    pub fn bind(&mut self, name: &str, t: Tensor) -> Result<(), Error> {
+        self.check(name, &t)?;
+        self.bound.insert(name.to_string(), t);
+        Ok(())
+    }
+
+    /// Runs the entry function with `inputs` (by parameter name; they override bound weights)
+    /// and explicit symbol values (symbols are also bound from the inputs' shapes).
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, DType, Program, Tensor};
+    /// let g = graph! { fn f(x: f32[N]) -> f32[N] { x * 2.0 } }?;
+    /// let p = Program::compile(g, Backend::Interpreter)?;
+    /// let y = p.run(&[("x", &Tensor::full(DType::F32, &[3], 1.5))], &[])?;
+    /// assert_eq!(y[0].data(), &[3.0, 3.0, 3.0]);
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Unknown, missing or mismatched inputs; anything the interpreter reports.
+    pub fn run(&self, inputs: &[(&str, &Tensor)], symbols: &[(&str, i64)]) -> Result<Vec<Tensor>, Error> {
+        let f = self.graph.func(&self.entry).ok_or(Error::NoEntry)?;
+        for (name, t) in inputs {
+            self.check(name, t)?;
+        }
+        let mut args: Vec<&Tensor> = Vec::with_capacity(f.params.len());
+        for &p in &f.params {
+            let name = f.values[p].name.clone().unwrap_or_default();
+            let t = inputs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, t)| *t)
+                .or_else(|| self.bound.get(&name))
+                .ok_or_else(|| Error::MissingInput { func: self.entry.clone(), name: name.clone() })?;
+            args.push(t);
+        }
+        let bindings: Bindings = symbols.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        match self.backend {
+            Backend::Interpreter => Ok(sinter_ir::interp::run(&self.graph, &self.entry, &args, &bindings)?),
+        }
+    }
+}

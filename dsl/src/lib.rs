@@ -1,1 +1,1325 @@
-//! sinter-dsl: the `graph!` macro (issue 3).
+//! `sinter-dsl`: the `graph!` macro, which turns tensor code written like the math into calls
+//! of `sinter-ir`'s builder ([`sinter_ir::scope::Scope`]).
+//!
+//! The macro knows the DSL's vocabulary (method names, their tensor operands and attribute
+//! names) and a light static view of shapes, so an unknown op, a wrong arity, an unknown
+//! attribute, a dtype clash or a dim mismatch visible at expansion time is a compile error at
+//! the offending span. Everything that depends on symbols or config values is checked when the
+//! graph is built, with the user's source location. The grammar is documented on the `graph!`
+//! re-export in the `sinter` crate, with examples.
+
+use proc_macro::TokenStream;
+use proc_macro2::{Delimiter, Span, TokenStream as TokenStream2, TokenTree};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::parse::{ParseStream, Parser};
+use syn::{Ident, Token};
+
+mod vocab;
+use vocab::{find_method, suggest, MethodSpec};
+
+/// Builds a `sinter_ir::Graph` from functions written in the tensor DSL.
+///
+/// Expands to an expression of type `Result<sinter::ir::Graph, sinter::ir::BuildError>`.
+/// See the `sinter` crate's documentation of `graph!` for the grammar and examples.
+#[proc_macro]
+pub fn graph(input: TokenStream) -> TokenStream {
+    match Parser::parse2(parse_graph, input.into()).and_then(expand_graph) {
+        Ok(ts) => ts.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Syntax
+
+const DTYPES: [(&str, &str); 6] = [("bf16", "BF16"), ("f16", "F16"), ("f32", "F32"), ("i32", "I32"), ("i64", "I64"), ("bool", "Bool")];
+
+#[derive(Clone)]
+enum DimExpr {
+    Sym(String, Span),
+    Lit(i64),
+    Rust(TokenStream2),
+    Add(Box<DimExpr>, Box<DimExpr>),
+    Sub(Box<DimExpr>, Box<DimExpr>),
+    Mul(Box<DimExpr>, Box<DimExpr>),
+}
+
+#[derive(Clone)]
+struct TypeSpec {
+    dtype: String,
+    dims: Vec<DimExpr>,
+    span: Span,
+}
+
+struct Param {
+    name: Ident,
+    ty: TypeSpec,
+}
+
+struct FnDef {
+    name: Ident,
+    params: Vec<Param>,
+    ret: Vec<TypeSpec>,
+    ret_span: Span,
+    body: Block,
+}
+
+struct Block {
+    stmts: Vec<Stmt>,
+    tail: Option<Expr>,
+    close: Span,
+}
+
+enum Stmt {
+    Let { pat: syn::Pat, init: Expr },
+    Assign { name: Ident, value: Expr },
+    For { pat: syn::Pat, iter: syn::Expr, body: Block },
+    If { cond: syn::Expr, then: Block, els: Option<Block> },
+    Expr(Expr),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Matmul,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl BinOp {
+    fn op_kind(self) -> &'static str {
+        match self {
+            BinOp::Add => "Add",
+            BinOp::Sub => "Sub",
+            BinOp::Mul => "Mul",
+            BinOp::Div => "Div",
+            BinOp::Matmul => "Matmul",
+            BinOp::Eq => "Eq",
+            BinOp::Ne => "Ne",
+            BinOp::Lt => "Lt",
+            BinOp::Le => "Le",
+            BinOp::Gt => "Gt",
+            BinOp::Ge => "Ge",
+        }
+    }
+    fn prec(self) -> u8 {
+        match self {
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => 1,
+            BinOp::Add | BinOp::Sub => 2,
+            BinOp::Mul | BinOp::Div | BinOp::Matmul => 3,
+        }
+    }
+    fn is_compare(self) -> bool {
+        self.prec() == 1
+    }
+}
+
+#[derive(Clone)]
+enum Arg {
+    Pos(TokenStream2, Span),
+    Named(Ident, TokenStream2),
+}
+
+#[derive(Clone)]
+enum Expr {
+    Var(Ident),
+    Lit(f64, Span),
+    Rust(TokenStream2, Span),
+    Binary { op: BinOp, span: Span, lhs: Box<Expr>, rhs: Box<Expr> },
+    Neg { span: Span, e: Box<Expr> },
+    Method { recv: Box<Expr>, name: Ident, args: Vec<Arg>, span: Span },
+    Call { name: Ident, args: Vec<Arg>, span: Span },
+    Tuple(Vec<Expr>, Span),
+}
+
+impl Expr {
+    fn span(&self) -> Span {
+        match self {
+            Expr::Var(i) => i.span(),
+            Expr::Lit(_, s) | Expr::Rust(_, s) | Expr::Tuple(_, s) => *s,
+            Expr::Binary { span, .. } | Expr::Neg { span, .. } | Expr::Method { span, .. } | Expr::Call { span, .. } => *span,
+        }
+    }
+}
+
+fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
+    Err(syn::Error::new(span, msg))
+}
+
+fn parse_graph(input: ParseStream) -> syn::Result<Vec<FnDef>> {
+    let mut fns = Vec::new();
+    while !input.is_empty() {
+        fns.push(parse_fn(input)?);
+    }
+    if fns.is_empty() {
+        return err(Span::call_site(), "`graph!` needs at least one `fn name(params) -> type { body }`");
+    }
+    Ok(fns)
+}
+
+fn parse_fn(input: ParseStream) -> syn::Result<FnDef> {
+    if !input.peek(Token![fn]) {
+        return Err(input.error("expected `fn`: a graph is a list of `fn name(params) -> type { body }`"));
+    }
+    input.parse::<Token![fn]>()?;
+    let name: Ident = input.parse()?;
+    let content;
+    syn::parenthesized!(content in input);
+    let mut params = Vec::new();
+    while !content.is_empty() {
+        let pname: Ident = content.parse()?;
+        if !content.peek(Token![:]) {
+            return err(pname.span(), format!("parameter `{pname}` needs a type, e.g. `{pname}: bf16[T, 576]`"));
+        }
+        content.parse::<Token![:]>()?;
+        let ty = parse_type(&content)?;
+        params.push(Param { name: pname, ty });
+        if content.is_empty() {
+            break;
+        }
+        content.parse::<Token![,]>()?;
+    }
+    let (ret, ret_span) = if input.peek(Token![->]) {
+        let arrow = input.parse::<Token![->]>()?;
+        if input.peek(syn::token::Paren) {
+            let inner;
+            let paren = syn::parenthesized!(inner in input);
+            let mut tys = Vec::new();
+            while !inner.is_empty() {
+                tys.push(parse_type(&inner)?);
+                if inner.is_empty() {
+                    break;
+                }
+                inner.parse::<Token![,]>()?;
+            }
+            (tys, paren.span.join())
+        } else {
+            let t = parse_type(input)?;
+            let s = t.span;
+            let _ = arrow;
+            (vec![t], s)
+        }
+    } else {
+        return err(name.span(), format!("`fn {name}` needs a return type, e.g. `-> bf16[T, 576]`"));
+    };
+    let body_content;
+    let brace = syn::braced!(body_content in input);
+    let body = parse_block(&body_content, brace.span.close())?;
+    Ok(FnDef { name, params, ret, ret_span, body })
+}
+
+fn parse_type(input: ParseStream) -> syn::Result<TypeSpec> {
+    let dt: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a tensor type such as `bf16[T, 576]`"))?;
+    let dtype = dt.to_string();
+    if !DTYPES.iter().any(|(n, _)| *n == dtype) {
+        return err(dt.span(), format!("unknown dtype `{dtype}`; expected one of bf16, f16, f32, i32, i64, bool"));
+    }
+    if !input.peek(syn::token::Bracket) {
+        return err(dt.span(), format!("`{dtype}` needs a shape in brackets, e.g. `{dtype}[T, 576]` (a scalar is `{dtype}[]`)"));
+    }
+    let inner;
+    let br = syn::bracketed!(inner in input);
+    let toks: TokenStream2 = inner.parse()?;
+    let dims = split_commas(toks).into_iter().map(|t| parse_dim(t.0, t.1)).collect::<syn::Result<Vec<_>>>()?;
+    Ok(TypeSpec { dtype, dims, span: dt.span().join(br.span.close()).unwrap_or_else(|| dt.span()) })
+}
+
+/// Splits a token stream at top-level commas.
+fn split_commas(ts: TokenStream2) -> Vec<(TokenStream2, Span)> {
+    let mut out = Vec::new();
+    let mut cur: Vec<TokenTree> = Vec::new();
+    for tt in ts {
+        if let TokenTree::Punct(p) = &tt {
+            if p.as_char() == ',' {
+                let span = cur.first().map(|t| t.span()).unwrap_or_else(|| p.span());
+                out.push((cur.drain(..).collect(), span));
+                continue;
+            }
+        }
+        cur.push(tt);
+    }
+    if !cur.is_empty() {
+        let span = cur[0].span();
+        out.push((cur.into_iter().collect(), span));
+    }
+    out
+}
+
+fn parse_dim(ts: TokenStream2, span: Span) -> syn::Result<DimExpr> {
+    let toks: Vec<TokenTree> = ts.into_iter().collect();
+    if toks.is_empty() {
+        return err(span, "empty dimension");
+    }
+    dim_sum(&toks, span)
+}
+
+fn punct_at(t: &TokenTree, c: char) -> bool {
+    matches!(t, TokenTree::Punct(p) if p.as_char() == c)
+}
+
+fn dim_sum(toks: &[TokenTree], span: Span) -> syn::Result<DimExpr> {
+    // Split at the last top-level binary + or - (left associative).
+    for i in (1..toks.len()).rev() {
+        if (punct_at(&toks[i], '+') || punct_at(&toks[i], '-')) && !punct_at(&toks[i - 1], '*') {
+            let l = dim_sum(&toks[..i], span)?;
+            let r = dim_prod(&toks[i + 1..], toks[i].span())?;
+            return Ok(if punct_at(&toks[i], '+') { DimExpr::Add(Box::new(l), Box::new(r)) } else { DimExpr::Sub(Box::new(l), Box::new(r)) });
+        }
+    }
+    dim_prod(toks, span)
+}
+
+fn dim_prod(toks: &[TokenTree], span: Span) -> syn::Result<DimExpr> {
+    for i in (1..toks.len()).rev() {
+        if punct_at(&toks[i], '*') {
+            let l = dim_prod(&toks[..i], span)?;
+            let r = dim_atom(&toks[i + 1..], toks[i].span())?;
+            return Ok(DimExpr::Mul(Box::new(l), Box::new(r)));
+        }
+    }
+    dim_atom(toks, span)
+}
+
+fn dim_atom(toks: &[TokenTree], span: Span) -> syn::Result<DimExpr> {
+    match toks {
+        [] => err(span, "expected a dimension after the operator"),
+        [TokenTree::Ident(i)] => Ok(DimExpr::Sym(i.to_string(), i.span())),
+        [TokenTree::Literal(l)] => {
+            let lit = syn::Lit::new(l.clone());
+            match lit {
+                syn::Lit::Int(i) => Ok(DimExpr::Lit(i.base10_parse::<i64>()?)),
+                _ => err(l.span(), "a dimension must be an integer, a symbol or a Rust expression"),
+            }
+        }
+        [TokenTree::Group(g)] if g.delimiter() == Delimiter::Parenthesis => dim_sum(&g.stream().into_iter().collect::<Vec<_>>(), g.span()),
+        [TokenTree::Group(g)] if g.delimiter() == Delimiter::Brace => Ok(DimExpr::Rust(g.stream())),
+        other => Ok(DimExpr::Rust(other.iter().cloned().collect())),
+    }
+}
+
+fn parse_block(input: ParseStream, close: Span) -> syn::Result<Block> {
+    let mut stmts = Vec::new();
+    let mut tail = None;
+    while !input.is_empty() {
+        if input.peek(Token![let]) {
+            input.parse::<Token![let]>()?;
+            let pat = syn::Pat::parse_single(input)?;
+            input.parse::<Token![=]>()?;
+            let init = parse_expr(input, 0)?;
+            input.parse::<Token![;]>().map_err(|e| syn::Error::new(e.span(), "expected `;` after the `let` binding"))?;
+            stmts.push(Stmt::Let { pat, init });
+        } else if input.peek(Token![for]) {
+            input.parse::<Token![for]>()?;
+            let pat = syn::Pat::parse_multi(input)?;
+            input.parse::<Token![in]>()?;
+            let iter = syn::Expr::parse_without_eager_brace(input)?;
+            let inner;
+            let b = syn::braced!(inner in input);
+            let body = parse_block(&inner, b.span.close())?;
+            if let Some(t) = &body.tail {
+                return err(t.span(), "a `for` body ends with `;`-terminated statements; add `;` or assign the value");
+            }
+            stmts.push(Stmt::For { pat, iter, body });
+        } else if input.peek(Token![if]) {
+            stmts.push(parse_if(input)?);
+        } else if input.peek(Ident) && input.peek2(Token![=]) && !input.peek2(Token![==]) {
+            let name: Ident = input.parse()?;
+            input.parse::<Token![=]>()?;
+            let value = parse_expr(input, 0)?;
+            input.parse::<Token![;]>()?;
+            stmts.push(Stmt::Assign { name, value });
+        } else {
+            let e = parse_expr(input, 0)?;
+            if input.peek(Token![;]) {
+                input.parse::<Token![;]>()?;
+                stmts.push(Stmt::Expr(e));
+            } else if input.is_empty() {
+                tail = Some(e);
+            } else {
+                return Err(input.error("expected an operator, `;` or the end of the block"));
+            }
+        }
+    }
+    Ok(Block { stmts, tail, close })
+}
+
+fn parse_if(input: ParseStream) -> syn::Result<Stmt> {
+    input.parse::<Token![if]>()?;
+    let cond = syn::Expr::parse_without_eager_brace(input)?;
+    let inner;
+    let b = syn::braced!(inner in input);
+    let then = parse_block(&inner, b.span.close())?;
+    let els = if input.peek(Token![else]) {
+        input.parse::<Token![else]>()?;
+        if input.peek(Token![if]) {
+            let nested = parse_if(input)?;
+            Some(Block { stmts: vec![nested], tail: None, close: Span::call_site() })
+        } else {
+            let inner;
+            let b = syn::braced!(inner in input);
+            Some(parse_block(&inner, b.span.close())?)
+        }
+    } else {
+        None
+    };
+    for blk in std::iter::once(&then).chain(els.as_ref()) {
+        if let Some(t) = &blk.tail {
+            return err(t.span(), "an `if` branch holds statements; end each with `;`");
+        }
+    }
+    Ok(Stmt::If { cond, then, els })
+}
+
+fn peek_binop(input: ParseStream) -> Option<(BinOp, usize)> {
+    // Two-character operators first.
+    if input.peek(Token![==]) {
+        Some((BinOp::Eq, 2))
+    } else if input.peek(Token![!=]) {
+        Some((BinOp::Ne, 2))
+    } else if input.peek(Token![<=]) {
+        Some((BinOp::Le, 2))
+    } else if input.peek(Token![>=]) {
+        Some((BinOp::Ge, 2))
+    } else if input.peek(Token![<]) {
+        Some((BinOp::Lt, 1))
+    } else if input.peek(Token![>]) {
+        Some((BinOp::Gt, 1))
+    } else if input.peek(Token![+]) {
+        Some((BinOp::Add, 1))
+    } else if input.peek(Token![-]) {
+        Some((BinOp::Sub, 1))
+    } else if input.peek(Token![*]) {
+        Some((BinOp::Mul, 1))
+    } else if input.peek(Token![/]) {
+        Some((BinOp::Div, 1))
+    } else if input.peek(Token![@]) {
+        Some((BinOp::Matmul, 1))
+    } else {
+        None
+    }
+}
+
+fn parse_expr(input: ParseStream, min_prec: u8) -> syn::Result<Expr> {
+    let mut lhs = parse_unary(input)?;
+    loop {
+        if input.peek(Token![%]) || input.peek(Token![&]) || input.peek(Token![|]) || input.peek(Token![^]) {
+            let t: TokenTree = input.parse()?;
+            return err(t.span(), format!("operator `{t}` is not a tensor op; the DSL has + - * / @ and comparisons, and methods such as .maximum(b)"));
+        }
+        let Some((op, _)) = peek_binop(input) else { break };
+        if op.prec() <= min_prec {
+            break;
+        }
+        let span = input.span();
+        match op {
+            BinOp::Eq => drop(input.parse::<Token![==]>()?),
+            BinOp::Ne => drop(input.parse::<Token![!=]>()?),
+            BinOp::Le => drop(input.parse::<Token![<=]>()?),
+            BinOp::Ge => drop(input.parse::<Token![>=]>()?),
+            _ => drop(input.parse::<TokenTree>()?),
+        }
+        if input.is_empty() || input.peek(Token![;]) || input.peek(Token![,]) {
+            return err(span, format!("`{}` needs a right-hand operand", tokens_of_op(op)));
+        }
+        let rhs = parse_expr(input, op.prec())?;
+        lhs = Expr::Binary { op, span, lhs: Box::new(lhs), rhs: Box::new(rhs) };
+    }
+    Ok(lhs)
+}
+
+fn tokens_of_op(op: BinOp) -> &'static str {
+    match op {
+        BinOp::Add => "+",
+        BinOp::Sub => "-",
+        BinOp::Mul => "*",
+        BinOp::Div => "/",
+        BinOp::Matmul => "@",
+        BinOp::Eq => "==",
+        BinOp::Ne => "!=",
+        BinOp::Lt => "<",
+        BinOp::Le => "<=",
+        BinOp::Gt => ">",
+        BinOp::Ge => ">=",
+    }
+}
+
+fn parse_unary(input: ParseStream) -> syn::Result<Expr> {
+    if input.peek(Token![-]) {
+        let m = input.parse::<Token![-]>()?;
+        let e = parse_unary(input)?;
+        return Ok(match e {
+            Expr::Lit(v, s) => Expr::Lit(-v, s),
+            e => Expr::Neg { span: m.span, e: Box::new(e) },
+        });
+    }
+    let mut e = parse_atom(input)?;
+    while input.peek(Token![.]) {
+        input.parse::<Token![.]>()?;
+        if !input.peek(Ident) {
+            return Err(input.error("expected a method name after `.` (e.g. `.silu()`)"));
+        }
+        let name: Ident = input.parse()?;
+        if !input.peek(syn::token::Paren) {
+            return err(name.span(), format!("`.{name}` needs parentheses: `.{name}(...)`"));
+        }
+        let inner;
+        syn::parenthesized!(inner in input);
+        let args = parse_args(&inner)?;
+        let span = name.span();
+        e = Expr::Method { recv: Box::new(e), name, args, span };
+    }
+    Ok(e)
+}
+
+fn parse_args(input: ParseStream) -> syn::Result<Vec<Arg>> {
+    let toks: TokenStream2 = input.parse()?;
+    let mut out = Vec::new();
+    for (t, span) in split_commas(toks) {
+        let v: Vec<TokenTree> = t.clone().into_iter().collect();
+        match v.as_slice() {
+            [TokenTree::Ident(name), TokenTree::Punct(eq), rest @ ..] if eq.as_char() == '=' && !rest.first().is_some_and(|r| punct_at(r, '=')) => {
+                out.push(Arg::Named(name.clone(), rest.iter().cloned().collect()));
+            }
+            _ => out.push(Arg::Pos(t, span)),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_atom(input: ParseStream) -> syn::Result<Expr> {
+    if input.peek(syn::token::Paren) {
+        let inner;
+        let p = syn::parenthesized!(inner in input);
+        let mut items = Vec::new();
+        let mut trailing = false;
+        while !inner.is_empty() {
+            items.push(parse_expr(&inner, 0)?);
+            trailing = false;
+            if inner.is_empty() {
+                break;
+            }
+            inner.parse::<Token![,]>()?;
+            trailing = true;
+        }
+        return match (items.len(), trailing) {
+            (0, _) => err(p.span.join(), "empty parentheses are not a tensor"),
+            (1, false) => Ok(items.pop().expect("one item")),
+            _ => Ok(Expr::Tuple(items, p.span.join())),
+        };
+    }
+    if input.peek(syn::token::Brace) {
+        let g: TokenTree = input.parse()?;
+        if let TokenTree::Group(g) = g {
+            return Ok(Expr::Rust(g.stream(), g.span()));
+        }
+    }
+    if input.peek(syn::Lit) {
+        let lit: syn::Lit = input.parse()?;
+        let v = match &lit {
+            syn::Lit::Int(i) => i.base10_parse::<f64>()?,
+            syn::Lit::Float(f) => f.base10_parse::<f64>()?,
+            _ => return err(lit.span(), "only numeric literals can appear in tensor expressions"),
+        };
+        return Ok(Expr::Lit(v, lit.span()));
+    }
+    if input.peek(Ident) {
+        let name: Ident = input.parse()?;
+        if input.peek(syn::token::Paren) {
+            let inner;
+            syn::parenthesized!(inner in input);
+            let args = parse_args(&inner)?;
+            let span = name.span();
+            return Ok(Expr::Call { name, args, span });
+        }
+        return Ok(Expr::Var(name));
+    }
+    Err(input.error("expected a tensor expression: a name, a literal, `(...)`, a call or `{ rust }`"))
+}
+
+// ------------------------------------------------------------------------------------------
+// Static view of types (what is known at expansion time)
+
+#[derive(Clone, PartialEq, Debug)]
+enum SDim {
+    Sym(String),
+    Lit(i64),
+    Unknown,
+}
+
+impl SDim {
+    fn known(&self) -> bool {
+        !matches!(self, SDim::Unknown)
+    }
+    fn is_one(&self) -> bool {
+        *self == SDim::Lit(1)
+    }
+    fn text(&self) -> String {
+        match self {
+            SDim::Sym(s) => s.clone(),
+            SDim::Lit(n) => n.to_string(),
+            SDim::Unknown => "?".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct SType {
+    dtype: Option<String>,
+    dims: Option<Vec<SDim>>,
+}
+
+impl SType {
+    fn of(t: &TypeSpec) -> SType {
+        SType { dtype: Some(t.dtype.clone()), dims: Some(t.dims.iter().map(sdim_of).collect()) }
+    }
+    fn text(&self) -> String {
+        format!(
+            "{}[{}]",
+            self.dtype.clone().unwrap_or_else(|| "?".into()),
+            self.dims.as_ref().map(|d| d.iter().map(SDim::text).collect::<Vec<_>>().join(", ")).unwrap_or_else(|| "…".into())
+        )
+    }
+}
+
+fn sdim_of(d: &DimExpr) -> SDim {
+    match d {
+        DimExpr::Sym(s, _) => SDim::Sym(s.clone()),
+        DimExpr::Lit(n) => SDim::Lit(*n),
+        _ => SDim::Unknown,
+    }
+}
+
+fn literal_int(ts: &TokenStream2) -> Option<i64> {
+    let v: Vec<TokenTree> = ts.clone().into_iter().collect();
+    match v.as_slice() {
+        [TokenTree::Literal(l)] => l.to_string().parse().ok(),
+        [TokenTree::Punct(m), TokenTree::Literal(l)] if m.as_char() == '-' => l.to_string().parse::<i64>().ok().map(|x| -x),
+        _ => None,
+    }
+}
+
+fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    (0..rank as i64).contains(&a).then_some(a as usize)
+}
+
+// ------------------------------------------------------------------------------------------
+// Expansion
+
+struct FnSig {
+    name: String,
+    n_params: usize,
+    ret: Vec<TypeSpec>,
+}
+
+struct Cx<'a> {
+    fns: &'a [FnSig],
+    vars: Vec<(String, SType)>,
+    tmp: usize,
+}
+
+fn ir() -> TokenStream2 {
+    quote!(::sinter::ir)
+}
+
+fn scope_ident() -> Ident {
+    Ident::new("__sinter_scope", Span::call_site())
+}
+
+impl Cx<'_> {
+    fn var_type(&self, name: &str) -> SType {
+        self.vars.iter().rev().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap_or_default()
+    }
+
+    fn bind(&mut self, pat: &syn::Pat, t: SType) {
+        if let syn::Pat::Ident(pi) = pat {
+            self.vars.push((pi.ident.to_string(), t));
+        }
+    }
+
+    fn fresh(&mut self) -> Ident {
+        self.tmp += 1;
+        Ident::new(&format!("__sinter_t{}", self.tmp), Span::call_site())
+    }
+}
+
+fn dim_tokens(d: &DimExpr) -> TokenStream2 {
+    let ir = ir();
+    match d {
+        DimExpr::Sym(s, span) => quote_spanned!(*span=> #ir::Dim::symbol(#s)),
+        DimExpr::Lit(n) => quote!(#ir::Dim::constant(#n)),
+        DimExpr::Rust(ts) => quote!(#ir::scope::IntoDim::into_dim(#ts)),
+        DimExpr::Add(a, b) => {
+            let (a, b) = (dim_tokens(a), dim_tokens(b));
+            quote!((#a).add(&#b))
+        }
+        DimExpr::Sub(a, b) => {
+            let (a, b) = (dim_tokens(a), dim_tokens(b));
+            quote!((#a).sub(&#b))
+        }
+        DimExpr::Mul(a, b) => {
+            let (a, b) = (dim_tokens(a), dim_tokens(b));
+            quote!((#a).mul(&#b))
+        }
+    }
+}
+
+fn type_tokens(t: &TypeSpec) -> TokenStream2 {
+    let ir = ir();
+    let dt = Ident::new(DTYPES.iter().find(|(n, _)| *n == t.dtype).map(|(_, v)| *v).unwrap_or("F32"), t.span);
+    let dims: Vec<TokenStream2> = t.dims.iter().map(dim_tokens).collect();
+    quote!(#ir::TensorType::new(#ir::DType::#dt, ::std::vec![#(#dims),*]))
+}
+
+fn attr_tokens(ts: &TokenStream2) -> syn::Result<TokenStream2> {
+    let ir = ir();
+    let v: Vec<TokenTree> = ts.clone().into_iter().collect();
+    if let [TokenTree::Ident(i)] = v.as_slice() {
+        if let Some((_, variant)) = DTYPES.iter().find(|(n, _)| i == n) {
+            let var = Ident::new(variant, i.span());
+            return Ok(quote!(#ir::Attr::DType(#ir::DType::#var)));
+        }
+    }
+    if let [TokenTree::Group(g)] = v.as_slice() {
+        if g.delimiter() == Delimiter::Bracket {
+            let dims = split_commas(g.stream()).into_iter().map(|(t, s)| parse_dim(t, s).map(|d| dim_tokens(&d))).collect::<syn::Result<Vec<_>>>()?;
+            return Ok(quote!(#ir::Attr::Dims(::std::vec![#(#dims),*])));
+        }
+    }
+    if v.is_empty() {
+        return err(Span::call_site(), "empty attribute value");
+    }
+    Ok(quote!(#ir::Attr::from(#ts)))
+}
+
+/// A compiled expression: tokens that evaluate to a `Value` (or `[Value; n]`), and its static type.
+struct Compiled {
+    code: TokenStream2,
+    ty: SType,
+    multi: Option<usize>,
+}
+
+fn compile_expr(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
+    let ir = ir();
+    let s = scope_ident();
+    match e {
+        Expr::Var(i) => Ok(Compiled { code: i.to_token_stream(), ty: cx.var_type(&i.to_string()), multi: None }),
+        Expr::Rust(ts, span) => Ok(Compiled { code: quote_spanned!(*span=> { #ts }), ty: SType::default(), multi: None }),
+        Expr::Lit(_, span) => err(*span, "a literal needs a tensor beside it to take its dtype from (e.g. `x * 0.5`); write constants with `constant(value, dtype, [dims])`"),
+        Expr::Tuple(_, span) => err(*span, "a tuple can only be returned from a function"),
+        Expr::Neg { span, e } => {
+            let c = compile_single(cx, e)?;
+            let code = c.code;
+            let t = cx.fresh();
+            Ok(Compiled {
+                code: quote_spanned!(*span=> { let #t = #code; #s.op1(#ir::OpKind::Neg, &[#t], ::std::vec::Vec::new())? }),
+                ty: c.ty,
+                multi: None,
+            })
+        }
+        Expr::Binary { op, span, lhs, rhs } => compile_binary(cx, *op, *span, lhs, rhs),
+        Expr::Method { recv, name, args, span } => {
+            let mut all = vec![Arg::Pos(TokenStream2::new(), recv.span())];
+            all.extend(args.iter().cloned());
+            compile_op(cx, name, *span, Some(recv), &all[1..])
+        }
+        Expr::Call { name, args, span } => compile_call(cx, name, *span, args),
+    }
+}
+
+fn compile_single(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
+    let c = compile_expr(cx, e)?;
+    if let Some(n) = c.multi {
+        return err(e.span(), format!("this gives {n} tensors; bind them with `let [a, b] = ...` first"));
+    }
+    Ok(c)
+}
+
+fn check_broadcast(span: Span, a: &SType, b: &SType, what: &str) -> syn::Result<SType> {
+    if let (Some(x), Some(y)) = (&a.dtype, &b.dtype) {
+        if x != y {
+            return err(span, format!("dtype mismatch in `{what}`: {} vs {} (insert a `.cast(...)`)", a.text(), b.text()));
+        }
+    }
+    let dims = match (&a.dims, &b.dims) {
+        (Some(da), Some(db)) => {
+            let n = da.len().max(db.len());
+            let mut out = Vec::new();
+            for i in 0..n {
+                let x = (i + da.len()).checked_sub(n).map(|j| da[j].clone());
+                let y = (i + db.len()).checked_sub(n).map(|j| db[j].clone());
+                out.push(match (x, y) {
+                    (Some(x), None) | (None, Some(x)) => x,
+                    (Some(x), Some(y)) if x == y => x,
+                    (Some(x), Some(y)) if x.is_one() => y,
+                    (Some(x), Some(y)) if y.is_one() => x,
+                    (Some(x), Some(y)) if x.known() && y.known() => {
+                        return err(span, format!("shapes do not broadcast in `{what}`: {} vs {} ({} vs {})", a.text(), b.text(), x.text(), y.text()));
+                    }
+                    _ => SDim::Unknown,
+                });
+            }
+            Some(out)
+        }
+        _ => None,
+    };
+    Ok(SType { dtype: a.dtype.clone().or_else(|| b.dtype.clone()), dims })
+}
+
+fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) -> syn::Result<Compiled> {
+    let ir = ir();
+    let s = scope_ident();
+    let kind = Ident::new(op.op_kind(), span);
+    let (lt, rt) = (cx.fresh(), cx.fresh());
+    // A literal beside a tensor becomes a scalar constant of the tensor's dtype.
+    let (lcode, rcode, lty, rty) = match (lhs, rhs) {
+        (Expr::Lit(..), Expr::Lit(..)) => return err(span, "both operands are literals: compute them in Rust inside `{ }`"),
+        (Expr::Lit(v, ls), other) => {
+            let o = compile_single(cx, other)?;
+            let oc = o.code;
+            if op == BinOp::Matmul {
+                return err(*ls, "`@` needs two tensors");
+            }
+            (quote_spanned!(*ls=> #s.scalar_like(#rt, #v)?), oc, SType { dtype: o.ty.dtype.clone(), dims: Some(vec![]) }, o.ty)
+        }
+        (other, Expr::Lit(v, rs)) => {
+            let o = compile_single(cx, other)?;
+            let oc = o.code;
+            if op == BinOp::Matmul {
+                return err(*rs, "`@` needs two tensors");
+            }
+            (oc, quote_spanned!(*rs=> #s.scalar_like(#lt, #v)?), o.ty.clone(), SType { dtype: o.ty.dtype.clone(), dims: Some(vec![]) })
+        }
+        (l, r) => {
+            let l = compile_single(cx, l)?;
+            let r = compile_single(cx, r)?;
+            (l.code, r.code, l.ty, r.ty)
+        }
+    };
+    let ty = if op == BinOp::Matmul { matmul_type(span, &lty, &rty, false, false)? } else {
+        let mut t = check_broadcast(span, &lty, &rty, tokens_of_op(op))?;
+        if op.is_compare() {
+            t.dtype = Some("bool".into());
+        }
+        t
+    };
+    // Literal on the left refers to the right temp: evaluate right first in that case.
+    let code = if matches!(lhs, Expr::Lit(..)) {
+        quote_spanned!(span=> { let #rt = #rcode; let #lt = #lcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new())? })
+    } else {
+        quote_spanned!(span=> { let #lt = #lcode; let #rt = #rcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new())? })
+    };
+    Ok(Compiled { code, ty, multi: None })
+}
+
+fn matmul_type(span: Span, a: &SType, b: &SType, ta: bool, tb: bool) -> syn::Result<SType> {
+    if let (Some(x), Some(y)) = (&a.dtype, &b.dtype) {
+        if x != y {
+            return err(span, format!("dtype mismatch in `@`: {} vs {}", a.text(), b.text()));
+        }
+    }
+    let dims = match (&a.dims, &b.dims) {
+        (Some(da), Some(db)) => {
+            if da.len() < 2 || db.len() < 2 {
+                return err(span, format!("`@` needs operands of rank ≥ 2, got {} and {}", a.text(), b.text()));
+            }
+            let (mut m, mut ka) = (da[da.len() - 2].clone(), da[da.len() - 1].clone());
+            if ta {
+                std::mem::swap(&mut m, &mut ka);
+            }
+            let (mut kb, mut n) = (db[db.len() - 2].clone(), db[db.len() - 1].clone());
+            if tb {
+                std::mem::swap(&mut kb, &mut n);
+            }
+            if ka.known() && kb.known() && ka != kb {
+                return err(span, format!("matmul inner dimensions differ: {} @ {} contracts {} with {}", a.text(), b.text(), ka.text(), kb.text()));
+            }
+            let batch = check_broadcast(
+                span,
+                &SType { dtype: None, dims: Some(da[..da.len() - 2].to_vec()) },
+                &SType { dtype: None, dims: Some(db[..db.len() - 2].to_vec()) },
+                "@ (batch axes)",
+            )?;
+            batch.dims.map(|mut d| {
+                d.push(m);
+                d.push(n);
+                d
+            })
+        }
+        _ => None,
+    };
+    Ok(SType { dtype: a.dtype.clone().or_else(|| b.dtype.clone()), dims })
+}
+
+fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Result<Compiled> {
+    let ir = ir();
+    let s = scope_ident();
+    let n = name.to_string();
+    if n == "weight" || n == "input" {
+        let [Arg::Pos(wname, _), Arg::Pos(ty, _)] = args else {
+            return err(span, format!("`{n}` takes a name and a type: `{n}(\"blk.0.wq\", bf16[576, 576])`"));
+        };
+        let ty = Parser::parse2(parse_type, ty.clone())?;
+        let tt = type_tokens(&ty);
+        return Ok(Compiled { code: quote_spanned!(span=> #s.param(#wname, #tt)?), ty: SType::of(&ty), multi: None });
+    }
+    if n == "concat" {
+        let (list, rest) = match args {
+            [Arg::Pos(l, _), rest @ ..] => (l, rest),
+            _ => return err(span, "`concat` takes a list of tensors and an axis: `concat([a, b], -1)`"),
+        };
+        let items: Vec<TokenTree> = list.clone().into_iter().collect();
+        let [TokenTree::Group(g)] = items.as_slice() else {
+            return err(span, "`concat` takes a list of tensors in brackets: `concat([a, b], -1)`");
+        };
+        let mut codes = Vec::new();
+        let mut temps = Vec::new();
+        for (t, _) in split_commas(g.stream()) {
+            let e = Parser::parse2(|p: ParseStream| parse_expr(p, 0), t)?;
+            codes.push(compile_single(cx, &e)?.code);
+            temps.push(cx.fresh());
+        }
+        let mut attrs = Vec::new();
+        for a in rest {
+            match a {
+                Arg::Pos(t, _) => {
+                    let at = attr_tokens(t)?;
+                    attrs.push(quote!(("axis", #at)));
+                }
+                Arg::Named(k, t) if k == "axis" => {
+                    let at = attr_tokens(t)?;
+                    attrs.push(quote!(("axis", #at)));
+                }
+                Arg::Named(k, _) => return err(k.span(), format!("`concat` has no attribute `{k}`; it has: axis")),
+            }
+        }
+        if attrs.len() > 1 {
+            return err(span, "`concat` takes one axis");
+        }
+        return Ok(Compiled {
+            code: quote_spanned!(span=> { #(let #temps = #codes;)* #s.op1(#ir::OpKind::Concat, &[#(#temps),*], ::std::vec![#(#attrs),*])? }),
+            ty: SType::default(),
+            multi: None,
+        });
+    }
+    if let Some(pos) = cx.fns.iter().position(|f| f.name == n) {
+        let f = &cx.fns[pos];
+        let ret = f.ret.clone();
+        if args.len() != f.n_params {
+            return err(span, format!("`{n}` takes {} arguments, got {}", f.n_params, args.len()));
+        }
+        let mut codes = Vec::new();
+        let mut temps = Vec::new();
+        for a in args {
+            match a {
+                Arg::Pos(t, _) => {
+                    let e = Parser::parse2(|p: ParseStream| parse_expr(p, 0), t.clone())?;
+                    codes.push(compile_single(cx, &e)?.code);
+                    temps.push(cx.fresh());
+                }
+                Arg::Named(k, _) => return err(k.span(), "arguments of a graph function are positional"),
+            }
+        }
+        let nret = ret.len();
+        let code = if nret == 1 {
+            quote_spanned!(span=> { #(let #temps = #codes;)* let [__r] = #s.call::<1>(#n, &[#(#temps),*])?; __r })
+        } else {
+            quote_spanned!(span=> { #(let #temps = #codes;)* #s.call::<#nret>(#n, &[#(#temps),*])? })
+        };
+        let ty = if nret == 1 { SType { dtype: Some(ret[0].dtype.clone()), dims: None } } else { SType::default() };
+        return Ok(Compiled { code, ty, multi: (nret != 1).then_some(nret) });
+    }
+    if find_method(&n).is_some() {
+        // Free-function form of a method: the first argument is the receiver.
+        let Some(Arg::Pos(first, fspan)) = args.first() else {
+            return err(span, format!("`{n}(...)` needs its tensor operand first"));
+        };
+        let recv = Parser::parse2(|p: ParseStream| parse_expr(p, 0), first.clone()).map_err(|e| syn::Error::new(*fspan, e.to_string()))?;
+        return compile_op(cx, name, span, Some(&recv), &args[1..]);
+    }
+    if let Some(spec) = vocab::find_source(&n) {
+        return compile_source(cx, spec, name, span, args);
+    }
+    let hint = suggest(&n).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
+    err(span, format!("unknown function or op `{n}`{hint} (graph functions must be defined above their callers)"))
+}
+
+fn compile_source(_cx: &mut Cx, spec: &MethodSpec, name: &Ident, span: Span, args: &[Arg]) -> syn::Result<Compiled> {
+    let ir = ir();
+    let s = scope_ident();
+    let attrs = collect_attrs(spec, name, args, 0)?;
+    let kind = Ident::new(spec.op, span);
+    Ok(Compiled { code: quote_spanned!(span=> #s.op1(#ir::OpKind::#kind, &[], ::std::vec![#(#attrs),*])?), ty: SType::default(), multi: None })
+}
+
+fn collect_attrs(spec: &MethodSpec, name: &Ident, args: &[Arg], first_attr_pos: usize) -> syn::Result<Vec<TokenStream2>> {
+    let mut out = Vec::new();
+    let mut given: Vec<String> = Vec::new();
+    let mut pos_i = 0usize;
+    for (i, a) in args.iter().enumerate() {
+        let (key, toks, span) = match a {
+            Arg::Pos(t, sp) => {
+                if i < first_attr_pos {
+                    continue;
+                }
+                let k = spec.attrs.get(pos_i).copied().ok_or_else(|| {
+                    syn::Error::new(
+                        *sp,
+                        format!(
+                            "`{name}` takes {} ({}), got {} arguments",
+                            arity_text(spec),
+                            operand_list(spec),
+                            args.len() + usize::from(spec.receiver)
+                        ),
+                    )
+                })?;
+                pos_i += 1;
+                (k.to_string(), t, *sp)
+            }
+            Arg::Named(k, t) => {
+                let ks = k.to_string();
+                if !spec.attrs.contains(&ks.as_str()) {
+                    let known = if spec.attrs.is_empty() { "none".to_string() } else { spec.attrs.join(", ") };
+                    return err(k.span(), format!("`{name}` has no attribute `{ks}`; it has: {known}"));
+                }
+                (ks, t, k.span())
+            }
+        };
+        if given.contains(&key) {
+            return err(span, format!("attribute `{key}` of `{name}` is given twice"));
+        }
+        given.push(key.clone());
+        let at = attr_tokens(toks).map_err(|e| syn::Error::new(span, e.to_string()))?;
+        out.push(quote!((#key, #at)));
+    }
+    for req in spec.required {
+        if !given.iter().any(|g| g == req) {
+            return err(name.span(), format!("`{name}` needs attribute `{req}` ({})", operand_list(spec)));
+        }
+    }
+    Ok(out)
+}
+
+fn arity_text(spec: &MethodSpec) -> String {
+    let (lo, hi) = (spec.tensors.0, spec.tensors.1 + spec.attrs.len());
+    let lo = lo + spec.required.len();
+    if lo == hi {
+        format!("{lo} arguments")
+    } else {
+        format!("{lo} to {hi} arguments")
+    }
+}
+
+fn operand_list(spec: &MethodSpec) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if spec.receiver {
+        parts.push("self".into());
+    }
+    let extra = spec.tensors.1.saturating_sub(usize::from(spec.receiver));
+    for i in 0..extra {
+        parts.push(if i + usize::from(spec.receiver) >= spec.tensors.0 { "tensor?".into() } else { "tensor".into() });
+    }
+    parts.extend(spec.attrs.iter().map(|a| if spec.required.contains(a) { a.to_string() } else { format!("{a}?") }));
+    parts.join(", ")
+}
+
+fn compile_op(cx: &mut Cx, name: &Ident, span: Span, recv: Option<&Expr>, args: &[Arg]) -> syn::Result<Compiled> {
+    let ir = ir();
+    let s = scope_ident();
+    let n = name.to_string();
+    let Some(spec) = find_method(&n) else {
+        let hint = suggest(&n).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
+        return err(span, format!("unknown op `{n}`{hint}"));
+    };
+    // Tensor operands: the receiver, then positional arguments up to the op's tensor count.
+    // Ops with optional tensor operands (attention's mask) take every positional argument as a
+    // tensor, so their attributes must be named.
+    let positional = args.iter().filter(|a| matches!(a, Arg::Pos(..))).count();
+    let extra_tensors_max = spec.tensors.1 - 1;
+    let extra_tensors_min = spec.tensors.0 - 1;
+    let n_tensor_args = if spec.tensors.0 != spec.tensors.1 { positional.min(extra_tensors_max) } else { extra_tensors_min };
+    if positional < n_tensor_args || (spec.tensors.0 != spec.tensors.1 && positional < extra_tensors_min) {
+        return err(span, format!("`{n}` takes {} ({}), got {}", arity_text(spec), operand_list(spec), 1 + args.len()));
+    }
+    let mut compiled = Vec::new();
+    if let Some(r) = recv {
+        compiled.push(compile_single(cx, r)?);
+    }
+    let mut tensor_args = 0usize;
+    let mut first_attr = args.len();
+    for (i, a) in args.iter().enumerate() {
+        if tensor_args == n_tensor_args {
+            first_attr = i;
+            break;
+        }
+        match a {
+            Arg::Pos(t, sp) => {
+                let e = Parser::parse2(|p: ParseStream| parse_expr(p, 0), t.clone()).map_err(|e| syn::Error::new(*sp, e.to_string()))?;
+                compiled.push(compile_single(cx, &e)?);
+                tensor_args += 1;
+            }
+            Arg::Named(k, _) => return err(k.span(), format!("`{n}` needs its tensor operands before named attributes ({})", operand_list(spec))),
+        }
+    }
+    if tensor_args == n_tensor_args && first_attr == args.len() {
+        first_attr = n_tensor_args.min(args.len());
+    }
+    let attrs = collect_attrs(spec, name, args, first_attr)?;
+    let ty = static_type(spec, span, &compiled, args, first_attr)?;
+    let temps: Vec<Ident> = compiled.iter().map(|_| cx.fresh()).collect();
+    let codes: Vec<TokenStream2> = compiled.into_iter().map(|c| c.code).collect();
+    let kind = Ident::new(spec.op, span);
+    let (code, multi) = if spec.results == 1 {
+        (quote_spanned!(span=> { #(let #temps = #codes;)* #s.op1(#ir::OpKind::#kind, &[#(#temps),*], ::std::vec![#(#attrs),*])? }), None)
+    } else {
+        let r = spec.results;
+        (quote_spanned!(span=> { #(let #temps = #codes;)* #s.opn::<#r>(#ir::OpKind::#kind, &[#(#temps),*], ::std::vec![#(#attrs),*])? }), Some(r))
+    };
+    Ok(Compiled { code, ty, multi })
+}
+
+fn attr_arg<'a>(spec: &MethodSpec, args: &'a [Arg], first_attr: usize, key: &str) -> Option<&'a TokenStream2> {
+    let mut pos_i = 0;
+    for (i, a) in args.iter().enumerate() {
+        match a {
+            Arg::Pos(t, _) if i >= first_attr => {
+                if spec.attrs.get(pos_i) == Some(&key) {
+                    return Some(t);
+                }
+                pos_i += 1;
+            }
+            Arg::Named(k, t) if k == key => return Some(t),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The static type of an op's result, checking what can be checked at expansion time.
+fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args: &[Arg], first_attr: usize) -> syn::Result<SType> {
+    let x = ops.first().map(|c| c.ty.clone()).unwrap_or_default();
+    let int_attr = |k: &str| attr_arg(spec, args, first_attr, k).and_then(literal_int);
+    let check_axis = |k: &str, default: Option<i64>| -> syn::Result<()> {
+        if let (Some(a), Some(d)) = (int_attr(k).or(default), &x.dims) {
+            if norm_axis(a, d.len()).is_none() {
+                return err(span, format!("`{k}` {a} is out of range for the rank-{} operand {}", d.len(), x.text()));
+            }
+        }
+        Ok(())
+    };
+    Ok(match spec.kind {
+        vocab::Kind::Unary => {
+            if let Some(d) = &x.dtype {
+                if spec.float_only && !matches!(d.as_str(), "bf16" | "f16" | "f32") {
+                    return err(span, format!("`{}` needs a float tensor, got {}", spec.name, x.text()));
+                }
+            }
+            x
+        }
+        vocab::Kind::Cast => {
+            let dt = attr_arg(spec, args, first_attr, "dtype").map(|t| t.to_string()).filter(|t| DTYPES.iter().any(|(n, _)| n == t));
+            SType { dtype: dt, dims: x.dims }
+        }
+        vocab::Kind::Binary | vocab::Kind::Compare => {
+            let y = ops.get(1).map(|c| c.ty.clone()).unwrap_or_default();
+            let mut t = check_broadcast(span, &x, &y, spec.name)?;
+            if spec.kind == vocab::Kind::Compare {
+                t.dtype = Some("bool".into());
+            }
+            t
+        }
+        vocab::Kind::Matmul => {
+            let y = ops.get(1).map(|c| c.ty.clone()).unwrap_or_default();
+            let lit_bool = |k: &str| attr_arg(spec, args, first_attr, k).map(|t| t.to_string() == "true").unwrap_or(false);
+            matmul_type(span, &x, &y, lit_bool("transpose_a"), lit_bool("transpose_b"))?
+        }
+        vocab::Kind::Reduce => {
+            check_axis("axis", Some(-1))?;
+            SType { dtype: x.dtype, dims: None }
+        }
+        vocab::Kind::Row => {
+            check_axis("axis", Some(-1))?;
+            x
+        }
+        vocab::Kind::Transpose => {
+            check_axis("dim0", Some(-2))?;
+            check_axis("dim1", Some(-1))?;
+            let mut t = x.clone();
+            if let (Some(d), Some(a), Some(b)) = (&mut t.dims, int_attr("dim0").or(Some(-2)), int_attr("dim1").or(Some(-1))) {
+                let r = d.len();
+                if let (Some(a), Some(b)) = (norm_axis(a, r), norm_axis(b, r)) {
+                    d.swap(a, b);
+                }
+            }
+            t
+        }
+        vocab::Kind::Reshape => {
+            let target = attr_arg(spec, args, first_attr, "shape").and_then(|t| {
+                let v: Vec<TokenTree> = t.clone().into_iter().collect();
+                match v.as_slice() {
+                    [TokenTree::Group(g)] if g.delimiter() == Delimiter::Bracket => {
+                        split_commas(g.stream()).into_iter().map(|(t, s)| parse_dim(t, s).ok().map(|d| sdim_of(&d))).collect::<Option<Vec<_>>>()
+                    }
+                    _ => None,
+                }
+            });
+            if let (Some(from), Some(to)) = (&x.dims, &target) {
+                let lit = |d: &[SDim]| d.iter().map(|x| if let SDim::Lit(n) = x { Some(*n) } else { None }).product::<Option<i64>>();
+                if spec.name == "reshape" {
+                    if let (Some(a), Some(b)) = (lit(from), lit(to)) {
+                        if a != b {
+                            return err(span, format!("cannot reshape {} ({a} elements) to [{}] ({b} elements)", x.text(), to.iter().map(SDim::text).collect::<Vec<_>>().join(", ")));
+                        }
+                    }
+                }
+            }
+            SType { dtype: x.dtype, dims: target }
+        }
+        vocab::Kind::Same => x,
+        vocab::Kind::Other => SType { dtype: x.dtype, dims: None },
+    })
+}
+
+fn compile_block(cx: &mut Cx, b: &Block) -> syn::Result<TokenStream2> {
+    let mut out = TokenStream2::new();
+    let depth = cx.vars.len();
+    for st in &b.stmts {
+        out.extend(compile_stmt(cx, st)?);
+    }
+    cx.vars.truncate(depth);
+    Ok(out)
+}
+
+fn compile_stmt(cx: &mut Cx, st: &Stmt) -> syn::Result<TokenStream2> {
+    Ok(match st {
+        Stmt::Let { pat, init } => {
+            let c = compile_expr(cx, init)?;
+            let code = c.code;
+            cx.bind(pat, c.ty);
+            quote!(let #pat = #code;)
+        }
+        Stmt::Assign { name, value } => {
+            let c = compile_single(cx, value)?;
+            let code = c.code;
+            cx.vars.push((name.to_string(), c.ty));
+            quote!(#name = #code;)
+        }
+        Stmt::For { pat, iter, body } => {
+            let b = compile_block(cx, body)?;
+            // Types assigned inside a loop are not known after it.
+            quote!(for #pat in #iter { #b })
+        }
+        Stmt::If { cond, then, els } => {
+            let t = compile_block(cx, then)?;
+            match els {
+                Some(e) => {
+                    let e = compile_block(cx, e)?;
+                    quote!(if #cond { #t } else { #e })
+                }
+                None => quote!(if #cond { #t }),
+            }
+        }
+        Stmt::Expr(e) => {
+            let c = compile_expr(cx, e)?;
+            let code = c.code;
+            quote!(let _ = #code;)
+        }
+    })
+}
+
+fn expand_graph(fns: Vec<FnDef>) -> syn::Result<TokenStream2> {
+    let ir = ir();
+    let s = scope_ident();
+    let mut sigs: Vec<FnSig> = Vec::new();
+    let mut bodies = Vec::new();
+    for f in &fns {
+        let name = f.name.to_string();
+        if sigs.iter().any(|g| g.name == name) {
+            return err(f.name.span(), format!("function `{name}` is defined twice in this graph"));
+        }
+        let mut seen: Vec<String> = Vec::new();
+        for p in &f.params {
+            let pn = p.name.to_string();
+            if seen.contains(&pn) {
+                return err(p.name.span(), format!("parameter `{pn}` is declared twice"));
+            }
+            seen.push(pn);
+        }
+        let mut cx = Cx { fns: &sigs, vars: Vec::new(), tmp: 0 };
+        let mut params = Vec::new();
+        for p in &f.params {
+            let (pn, pi) = (p.name.to_string(), &p.name);
+            let tt = type_tokens(&p.ty);
+            params.push(quote_spanned!(p.name.span()=> let #pi: #ir::Value = #s.param(#pn, #tt)?;));
+            cx.vars.push((pn, SType::of(&p.ty)));
+        }
+        let body = compile_block(&mut cx, &f.body)?;
+        let tail = f.body.tail.as_ref().ok_or_else(|| syn::Error::new(f.body.close, format!("`fn {name}` must end with the tensor(s) it returns (an expression without `;`)")))?;
+        let outs: Vec<&Expr> = match tail {
+            Expr::Tuple(items, _) => items.iter().collect(),
+            e => vec![e],
+        };
+        if outs.len() != f.ret.len() {
+            return err(tail.span(), format!("`fn {name}` declares {} return values but returns {}", f.ret.len(), outs.len()));
+        }
+        let mut out_codes = Vec::new();
+        let mut out_temps = Vec::new();
+        for (o, decl) in outs.iter().zip(&f.ret) {
+            let c = compile_single(&mut cx, o)?;
+            let declared = SType::of(decl);
+            if let (Some(a), Some(b)) = (&c.ty.dtype, &declared.dtype) {
+                if a != b {
+                    return err(o.span(), format!("`fn {name}` returns {} but declares {}", c.ty.text(), declared.text()));
+                }
+            }
+            if let (Some(a), Some(b)) = (&c.ty.dims, &declared.dims) {
+                let clash = a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.known() && y.known() && x != y);
+                if clash {
+                    return err(o.span(), format!("`fn {name}` returns {} but declares {}", c.ty.text(), declared.text()));
+                }
+            }
+            out_codes.push(c.code);
+            out_temps.push(cx.fresh());
+        }
+        let decls: Vec<TokenStream2> = f.ret.iter().map(type_tokens).collect();
+        let ret_span = f.ret_span;
+        let finish = quote_spanned!(ret_span=> #s.finish(&[#(#out_temps),*], &[#(#decls),*])?);
+        bodies.push(quote! {
+            {
+                let mut #s = #ir::scope::Scope::new(&__sinter_graph, #name);
+                #(#params)*
+                #body
+                #(let #out_temps = #out_codes;)*
+                let __f = #finish;
+                __sinter_graph.add_func(__f);
+            }
+        });
+        sigs.push(FnSig { name, n_params: f.params.len(), ret: f.ret.clone() });
+    }
+    Ok(quote! {
+        (|| -> ::core::result::Result<#ir::Graph, #ir::BuildError> {
+            let mut __sinter_graph = #ir::Graph::new();
+            #(#bodies)*
+            ::core::result::Result::Ok(__sinter_graph)
+        })()
+    })
+}
+
+/// The vocabulary as data, for the root crate's consistency test against the op table:
+/// expands to `&[(dsl_name, op_variant, &[attr names])]`.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __vocab(_input: TokenStream) -> TokenStream {
+    let rows = vocab::METHODS.iter().chain(vocab::SOURCES).map(|m| {
+        let (n, op, attrs) = (m.name, m.op, m.attrs);
+        quote!((#n, #op, &[#(#attrs),*] as &[&str]))
+    });
+    quote!(&[#(#rows),*] as &[(&str, &str, &[&str])]).into()
+}

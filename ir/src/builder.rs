@@ -61,13 +61,19 @@ impl FunctionBuilder {
         &self.func
     }
 
+    /// The function built so far, mutably (for renaming; keep its invariants).
+    pub fn func_mut(&mut self) -> &mut Function {
+        &mut self.func
+    }
+
     /// Type of a value.
     pub fn ty(&self, v: Value) -> &TensorType {
         self.func.ty(v)
     }
 
+    /// A [`BuildError`] at the caller's location.
     #[track_caller]
-    fn error(&self, op: Option<&'static str>, inputs: &[Value], rule: String) -> BuildError {
+    pub fn error_at(&self, op: Option<&'static str>, inputs: &[Value], rule: String) -> BuildError {
         BuildError {
             location: Location::caller(),
             func: self.func.name.clone(),
@@ -89,18 +95,18 @@ impl FunctionBuilder {
     #[track_caller]
     pub fn op(&mut self, kind: OpKind, inputs: &[Value], attrs: Vec<(&str, Attr)>) -> Result<Vec<Value>, BuildError> {
         let name = Some(kind.name());
-        let op = Op::new(kind, attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()).map_err(|e| self.error(name, inputs, e.to_string()))?;
+        let op = Op::new(kind, attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()).map_err(|e| self.error_at(name, inputs, e.to_string()))?;
         if let Some(bad) = inputs.iter().find(|v| self.func.values.get(**v).is_none()) {
-            return Err(self.error(name, &[], format!("operand {bad} is not a value of this function")));
+            return Err(self.error_at(name, &[], format!("operand {bad} is not a value of this function")));
         }
         let callee = if kind == OpKind::Call {
             let f = op.str("func").unwrap_or("");
-            Some(self.callees.get(f).ok_or_else(|| self.error(name, inputs, format!("@{f} is not defined")))?)
+            Some(self.callees.get(f).ok_or_else(|| self.error_at(name, inputs, format!("@{f} is not defined")))?)
         } else {
             None
         };
         let types: Vec<&TensorType> = inputs.iter().map(|&v| &self.func.values[v].ty).collect();
-        let out = infer_op(&op, types, callee).map_err(|r| self.error(name, inputs, r))?;
+        let out = infer_op(&op, types, callee).map_err(|r| self.error_at(name, inputs, r))?;
         Ok(self.func.push_node(op, inputs.to_vec(), out).1)
     }
 
@@ -113,7 +119,7 @@ impl FunctionBuilder {
         let r = self.op(kind, inputs, attrs)?;
         match r.as_slice() {
             [v] => Ok(*v),
-            _ => Err(self.error(Some(kind.name()), inputs, format!("`{}` gives {} results, one was expected", kind.name(), r.len()))),
+            _ => Err(self.error_at(Some(kind.name()), inputs, format!("`{}` gives {} results, one was expected", kind.name(), r.len()))),
         }
     }
 
@@ -124,10 +130,10 @@ impl FunctionBuilder {
     #[track_caller]
     pub fn name(&mut self, v: Value, name: &str) -> Result<(), BuildError> {
         if crate::text::is_reserved_name(name) || name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(self.error(None, &[], format!("`{name}` is not a usable value name (letters, digits and `_`; `vN` is reserved)")));
+            return Err(self.error_at(None, &[], format!("`{name}` is not a usable value name (letters, digits and `_`; `vN` is reserved)")));
         }
         if self.func.values.iter().any(|(o, d)| o != v && d.name.as_deref() == Some(name)) {
-            return Err(self.error(None, &[], format!("value name %{name} is used twice")));
+            return Err(self.error_at(None, &[], format!("value name %{name} is used twice")));
         }
         self.func.values[v].name = Some(name.to_string());
         Ok(())
@@ -140,7 +146,7 @@ impl FunctionBuilder {
     #[track_caller]
     pub fn finish(mut self, outputs: &[Value]) -> Result<Function, BuildError> {
         if let Some(bad) = outputs.iter().find(|v| self.func.values.get(**v).is_none()) {
-            return Err(self.error(None, &[], format!("output {bad} is not a value of this function")));
+            return Err(self.error_at(None, &[], format!("output {bad} is not a value of this function")));
         }
         self.func.outputs = outputs.to_vec();
         Ok(self.func)

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use cranelift_entity::{entity_impl, PrimaryMap};
+use cranelift_entity::{entity_impl, EntityRef, PrimaryMap};
 
 use crate::dim::Dim;
 use crate::dtype::DType;
@@ -155,6 +155,33 @@ impl Function {
     /// The parameter called `name`.
     pub fn param_named(&self, name: &str) -> Option<Value> {
         self.params.iter().copied().find(|&p| self.values[p].name.as_deref() == Some(name))
+    }
+
+    /// Renumbers values so that parameters come first, then node results in node order (the
+    /// order the parser allocates them in), so that `parse(print(f)) == f` holds for functions
+    /// whose parameters were declared between nodes.
+    pub fn canonicalize(&mut self) {
+        let mut order: Vec<Value> = self.params.clone();
+        for nd in self.nodes.values() {
+            order.extend(nd.results.iter().copied());
+        }
+        if order.iter().enumerate().all(|(i, v)| v.index() == i) && order.len() == self.values.len() {
+            return;
+        }
+        let mut remap = std::collections::HashMap::new();
+        let mut values = PrimaryMap::new();
+        for &old in &order {
+            let new = values.push(self.values[old].clone());
+            remap.insert(old, new);
+        }
+        let map = |v: &Value| remap.get(v).copied().unwrap_or(*v);
+        self.params = self.params.iter().map(map).collect();
+        self.outputs = self.outputs.iter().map(map).collect();
+        for nd in self.nodes.values_mut() {
+            nd.inputs = nd.inputs.iter().map(map).collect();
+            nd.results = nd.results.iter().map(map).collect();
+        }
+        self.values = values;
     }
 
     /// Parameter and output types.

@@ -17,6 +17,7 @@ pub mod graph;
 pub mod infer;
 pub mod interp;
 pub mod ops;
+pub mod scope;
 pub mod text;
 pub mod verify;
 
