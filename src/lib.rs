@@ -51,6 +51,17 @@ pub enum Error {
     /// The interpreter failed (bad input shapes, out-of-range indices, ...).
     #[error(transparent)]
     Interp(#[from] InterpError),
+    /// No zoo model has this name.
+    #[error("no zoo model is called `{name}` (known: {known})")]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// The zoo's names.
+        known: String,
+    },
+    /// A combination this version does not support, named in the message.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// The graph has no entry function.
     #[error("the graph has no function to run")]
     NoEntry,

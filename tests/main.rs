@@ -1,3 +1,7 @@
 //! Integration tests: one binary (it links LLVM once), one module per topic.
 
 mod architecture;
+mod zoo;
+mod bad_input;
+mod filetests;
+mod text_fuzz;

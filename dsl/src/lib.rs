@@ -45,8 +45,23 @@ enum DimExpr {
 }
 
 #[derive(Clone)]
+enum DTypeSpec {
+    Lit(String),
+    Rust(TokenStream2),
+}
+
+impl DTypeSpec {
+    fn known(&self) -> Option<String> {
+        match self {
+            DTypeSpec::Lit(s) => Some(s.clone()),
+            DTypeSpec::Rust(_) => None,
+        }
+    }
+}
+
+#[derive(Clone)]
 struct TypeSpec {
-    dtype: String,
+    dtype: DTypeSpec,
     dims: Vec<DimExpr>,
     span: Span,
 }
@@ -64,12 +79,14 @@ struct FnDef {
     body: Block,
 }
 
+#[derive(Clone)]
 struct Block {
     stmts: Vec<Stmt>,
     tail: Option<Expr>,
     close: Span,
 }
 
+#[derive(Clone)]
 enum Stmt {
     Let { pat: syn::Pat, init: Expr },
     Assign { name: Ident, value: Expr },
@@ -137,6 +154,7 @@ enum Expr {
     Method { recv: Box<Expr>, name: Ident, args: Vec<Arg>, span: Span },
     Call { name: Ident, args: Vec<Arg>, span: Span },
     Tuple(Vec<Expr>, Span),
+    If { cond: syn::Expr, then: Box<Block>, els: Box<Block>, span: Span },
 }
 
 impl Expr {
@@ -144,7 +162,7 @@ impl Expr {
         match self {
             Expr::Var(i) => i.span(),
             Expr::Lit(_, s) | Expr::Rust(_, s) | Expr::Tuple(_, s) => *s,
-            Expr::Binary { span, .. } | Expr::Neg { span, .. } | Expr::Method { span, .. } | Expr::Call { span, .. } => *span,
+            Expr::Binary { span, .. } | Expr::Neg { span, .. } | Expr::Method { span, .. } | Expr::Call { span, .. } | Expr::If { span, .. } => *span,
         }
     }
 }
@@ -216,19 +234,27 @@ fn parse_fn(input: ParseStream) -> syn::Result<FnDef> {
 }
 
 fn parse_type(input: ParseStream) -> syn::Result<TypeSpec> {
-    let dt: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a tensor type such as `bf16[T, 576]`"))?;
-    let dtype = dt.to_string();
-    if !DTYPES.iter().any(|(n, _)| *n == dtype) {
-        return err(dt.span(), format!("unknown dtype `{dtype}`; expected one of bf16, f16, f32, i32, i64, bool"));
-    }
+    // The dtype is a name (`bf16`) or a Rust expression in braces (`{cfg.dtype}`).
+    let (dtype, span) = if input.peek(syn::token::Brace) {
+        let g: TokenTree = input.parse()?;
+        let TokenTree::Group(g) = g else { return err(g.span(), "expected a dtype") };
+        (DTypeSpec::Rust(g.stream()), g.span())
+    } else {
+        let dt: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a tensor type such as `bf16[T, 576]`"))?;
+        let name = dt.to_string();
+        if !DTYPES.iter().any(|(n, _)| *n == name) {
+            return err(dt.span(), format!("unknown dtype `{name}`; expected one of bf16, f16, f32, i32, i64, bool (or a Rust expression in braces)"));
+        }
+        (DTypeSpec::Lit(name), dt.span())
+    };
     if !input.peek(syn::token::Bracket) {
-        return err(dt.span(), format!("`{dtype}` needs a shape in brackets, e.g. `{dtype}[T, 576]` (a scalar is `{dtype}[]`)"));
+        return err(span, "a tensor type needs a shape in brackets, e.g. `bf16[T, 576]` (a scalar is `bf16[]`)");
     }
     let inner;
     let br = syn::bracketed!(inner in input);
     let toks: TokenStream2 = inner.parse()?;
     let dims = split_commas(toks).into_iter().map(|t| parse_dim(t.0, t.1)).collect::<syn::Result<Vec<_>>>()?;
-    Ok(TypeSpec { dtype, dims, span: dt.span().join(br.span.close()).unwrap_or_else(|| dt.span()) })
+    Ok(TypeSpec { dtype, dims, span: span.join(br.span.close()).unwrap_or(span) })
 }
 
 /// Splits a token stream at top-level commas.
@@ -494,6 +520,26 @@ fn parse_args(input: ParseStream) -> syn::Result<Vec<Arg>> {
 }
 
 fn parse_atom(input: ParseStream) -> syn::Result<Expr> {
+    if input.peek(Token![if]) {
+        let kw = input.parse::<Token![if]>()?;
+        let cond = syn::Expr::parse_without_eager_brace(input)?;
+        let inner;
+        let b = syn::braced!(inner in input);
+        let then = parse_block(&inner, b.span.close())?;
+        if !input.peek(Token![else]) {
+            return err(kw.span, "an `if` that gives a tensor needs an `else` branch");
+        }
+        input.parse::<Token![else]>()?;
+        let inner;
+        let b = syn::braced!(inner in input);
+        let els = parse_block(&inner, b.span.close())?;
+        for blk in [&then, &els] {
+            if blk.tail.is_none() {
+                return err(blk.close, "each branch of an `if` expression ends with the tensor(s) it gives");
+            }
+        }
+        return Ok(Expr::If { cond, then: Box::new(then), els: Box::new(els), span: kw.span });
+    }
     if input.peek(syn::token::Paren) {
         let inner;
         let p = syn::parenthesized!(inner in input);
@@ -577,7 +623,7 @@ struct SType {
 
 impl SType {
     fn of(t: &TypeSpec) -> SType {
-        SType { dtype: Some(t.dtype.clone()), dims: Some(t.dims.iter().map(sdim_of).collect()) }
+        SType { dtype: t.dtype.known(), dims: Some(t.dims.iter().map(sdim_of).collect()) }
     }
     fn text(&self) -> String {
         format!(
@@ -673,9 +719,15 @@ fn dim_tokens(d: &DimExpr) -> TokenStream2 {
 
 fn type_tokens(t: &TypeSpec) -> TokenStream2 {
     let ir = ir();
-    let dt = Ident::new(DTYPES.iter().find(|(n, _)| *n == t.dtype).map(|(_, v)| *v).unwrap_or("F32"), t.span);
+    let dt = match &t.dtype {
+        DTypeSpec::Lit(name) => {
+            let v = Ident::new(DTYPES.iter().find(|(n, _)| n == name).map(|(_, v)| *v).unwrap_or("F32"), t.span);
+            quote!(#ir::DType::#v)
+        }
+        DTypeSpec::Rust(ts) => quote!({ #ts }),
+    };
     let dims: Vec<TokenStream2> = t.dims.iter().map(dim_tokens).collect();
-    quote!(#ir::TensorType::new(#ir::DType::#dt, ::std::vec![#(#dims),*]))
+    quote!(#ir::TensorType::new(#dt, ::std::vec![#(#dims),*]))
 }
 
 fn attr_tokens(ts: &TokenStream2) -> syn::Result<TokenStream2> {
@@ -713,7 +765,12 @@ fn compile_expr(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
         Expr::Var(i) => Ok(Compiled { code: i.to_token_stream(), ty: cx.var_type(&i.to_string()), multi: None }),
         Expr::Rust(ts, span) => Ok(Compiled { code: quote_spanned!(*span=> { #ts }), ty: SType::default(), multi: None }),
         Expr::Lit(_, span) => err(*span, "a literal needs a tensor beside it to take its dtype from (e.g. `x * 0.5`); write constants with `constant(value, dtype, [dims])`"),
-        Expr::Tuple(_, span) => err(*span, "a tuple can only be returned from a function"),
+        Expr::Tuple(_, span) => err(*span, "a tuple can only end a function or an `if` branch"),
+        Expr::If { cond, then, els, .. } => {
+            let t = compile_branch(cx, then)?;
+            let e = compile_branch(cx, els)?;
+            Ok(Compiled { code: quote!(if #cond { #t } else { #e }), ty: SType::default(), multi: None })
+        }
         Expr::Neg { span, e } => {
             let c = compile_single(cx, e)?;
             let code = c.code;
@@ -732,6 +789,26 @@ fn compile_expr(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
         }
         Expr::Call { name, args, span } => compile_call(cx, name, *span, args),
     }
+}
+
+/// A branch of an `if` expression: its statements, then its tail (a tensor or a tuple).
+fn compile_branch(cx: &mut Cx, b: &Block) -> syn::Result<TokenStream2> {
+    let depth = cx.vars.len();
+    let mut out = TokenStream2::new();
+    for st in &b.stmts {
+        out.extend(compile_stmt(cx, st)?);
+    }
+    let tail = match &b.tail {
+        Some(Expr::Tuple(items, _)) => {
+            let codes = items.iter().map(|i| compile_single(cx, i).map(|c| c.code)).collect::<syn::Result<Vec<_>>>()?;
+            let temps: Vec<Ident> = codes.iter().map(|_| cx.fresh()).collect();
+            quote!({ #(let #temps = #codes;)* (#(#temps),*) })
+        }
+        Some(e) => compile_expr(cx, e)?.code,
+        None => return err(b.close, "this branch must end with the tensor(s) it gives"),
+    };
+    cx.vars.truncate(depth);
+    Ok(quote!(#out #tail))
 }
 
 fn compile_single(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
@@ -779,30 +856,47 @@ fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) ->
     let kind = Ident::new(op.op_kind(), span);
     let (lt, rt) = (cx.fresh(), cx.fresh());
     // A literal beside a tensor becomes a scalar constant of the tensor's dtype.
-    let (lcode, rcode, lty, rty) = match (lhs, rhs) {
-        (Expr::Lit(..), Expr::Lit(..)) => return err(span, "both operands are literals: compute them in Rust inside `{ }`"),
-        (Expr::Lit(v, ls), other) => {
-            let o = compile_single(cx, other)?;
-            let oc = o.code;
-            if op == BinOp::Matmul {
-                return err(*ls, "`@` needs two tensors");
-            }
-            (quote_spanned!(*ls=> #s.scalar_like(#rt, #v)?), oc, SType { dtype: o.ty.dtype.clone(), dims: Some(vec![]) }, o.ty)
+    // A literal or a `{ rust }` value beside a tensor becomes a scalar constant of the tensor's
+    // dtype (`Operand::into_operand`); the tensor side is evaluated first.
+    let deferred = |e: &Expr| matches!(e, Expr::Lit(..) | Expr::Rust(..));
+    if op == BinOp::Matmul {
+        if let Some(Expr::Lit(_, ls)) = [lhs, rhs].into_iter().find(|e| matches!(e, Expr::Lit(..))) {
+            return err(*ls, "`@` needs two tensors");
         }
-        (other, Expr::Lit(v, rs)) => {
-            let o = compile_single(cx, other)?;
-            let oc = o.code;
-            if op == BinOp::Matmul {
-                return err(*rs, "`@` needs two tensors");
+    }
+    let side = |cx: &mut Cx, e: &Expr, like: Option<&Ident>| -> syn::Result<(TokenStream2, SType)> {
+        let like = match like {
+            Some(l) => quote!(::core::option::Option::Some(#l)),
+            None => quote!(::core::option::Option::None),
+        };
+        match e {
+            Expr::Lit(v, ls) => match like.to_string().contains("Some") {
+                true => Ok((quote_spanned!(*ls=> #ir::scope::Operand::into_operand(#v, &mut #s, #like)?), SType::default())),
+                false => err(*ls, "both operands are literals: compute them in Rust inside `{ }`"),
+            },
+            Expr::Rust(ts, rs) => Ok((quote_spanned!(*rs=> #ir::scope::Operand::into_operand({ #ts }, &mut #s, #like)?), SType::default())),
+            other => {
+                let c = compile_single(cx, other)?;
+                Ok((c.code, c.ty))
             }
-            (oc, quote_spanned!(*rs=> #s.scalar_like(#lt, #v)?), o.ty.clone(), SType { dtype: o.ty.dtype.clone(), dims: Some(vec![]) })
-        }
-        (l, r) => {
-            let l = compile_single(cx, l)?;
-            let r = compile_single(cx, r)?;
-            (l.code, r.code, l.ty, r.ty)
         }
     };
+    let lhs_first = !deferred(lhs) || deferred(rhs);
+    let ((lcode, mut lty), (rcode, mut rty)) = if lhs_first {
+        let l = side(cx, lhs, None)?;
+        let r = side(cx, rhs, Some(&lt))?;
+        (l, r)
+    } else {
+        let r = side(cx, rhs, None)?;
+        let l = side(cx, lhs, Some(&rt))?;
+        (l, r)
+    };
+    if deferred(lhs) {
+        lty = SType { dtype: rty.dtype.clone(), dims: Some(vec![]) };
+    }
+    if deferred(rhs) {
+        rty = SType { dtype: lty.dtype.clone(), dims: Some(vec![]) };
+    }
     let ty = if op == BinOp::Matmul { matmul_type(span, &lty, &rty, false, false)? } else {
         let mut t = check_broadcast(span, &lty, &rty, tokens_of_op(op))?;
         if op.is_compare() {
@@ -810,8 +904,7 @@ fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) ->
         }
         t
     };
-    // Literal on the left refers to the right temp: evaluate right first in that case.
-    let code = if matches!(lhs, Expr::Lit(..)) {
+    let code = if !lhs_first {
         quote_spanned!(span=> { let #rt = #rcode; let #lt = #lcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new())? })
     } else {
         quote_spanned!(span=> { let #lt = #lcode; let #rt = #rcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new())? })
@@ -933,7 +1026,7 @@ fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Res
         } else {
             quote_spanned!(span=> { #(let #temps = #codes;)* #s.call::<#nret>(#n, &[#(#temps),*])? })
         };
-        let ty = if nret == 1 { SType { dtype: Some(ret[0].dtype.clone()), dims: None } } else { SType::default() };
+        let ty = if nret == 1 { SType { dtype: ret[0].dtype.known(), dims: None } } else { SType::default() };
         return Ok(Compiled { code, ty, multi: (nret != 1).then_some(nret) });
     }
     if find_method(&n).is_some() {
@@ -1304,11 +1397,16 @@ fn expand_graph(fns: Vec<FnDef>) -> syn::Result<TokenStream2> {
         sigs.push(FnSig { name, n_params: f.params.len(), ret: f.ret.clone() });
     }
     Ok(quote! {
-        (|| -> ::core::result::Result<#ir::Graph, #ir::BuildError> {
-            let mut __sinter_graph = #ir::Graph::new();
-            #(#bodies)*
-            ::core::result::Result::Ok(__sinter_graph)
-        })()
+        {
+            // `{ rust }` escapes are braces on purpose; the DSL's own temporaries are single-use.
+            #[allow(unused_braces, unused_parens, clippy::redundant_closure_call)]
+            let __sinter_result = (|| -> ::core::result::Result<#ir::Graph, #ir::BuildError> {
+                let mut __sinter_graph = #ir::Graph::new();
+                #(#bodies)*
+                ::core::result::Result::Ok(__sinter_graph)
+            })();
+            __sinter_result
+        }
     })
 }
 

@@ -129,8 +129,8 @@ impl FunctionBuilder {
     /// When another value already has this name.
     #[track_caller]
     pub fn name(&mut self, v: Value, name: &str) -> Result<(), BuildError> {
-        if crate::text::is_reserved_name(name) || name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(self.error_at(None, &[], format!("`{name}` is not a usable value name (letters, digits and `_`; `vN` is reserved)")));
+        if crate::text::is_reserved_name(name) || name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+            return Err(self.error_at(None, &[], format!("`{name}` is not a usable value name (letters, digits, `_` and `.`; `vN` is reserved)")));
         }
         if self.func.values.iter().any(|(o, d)| o != v && d.name.as_deref() == Some(name)) {
             return Err(self.error_at(None, &[], format!("value name %{name} is used twice")));

@@ -91,6 +91,37 @@ impl IntoDim for &Dim {
     }
 }
 
+/// What may stand beside a tensor in a binary operation of the DSL: another tensor, or a
+/// Rust number that becomes a scalar constant of the other operand's dtype (`x * {scale}`).
+pub trait Operand {
+    /// The operand as a value of `scope`; `like` is the tensor on the other side, if known.
+    ///
+    /// # Errors
+    /// A number with no tensor beside it to take a dtype from.
+    fn into_operand(self, scope: &mut Scope, like: Option<Value>) -> Result<Value, BuildError>;
+}
+
+impl Operand for Value {
+    fn into_operand(self, _: &mut Scope, _: Option<Value>) -> Result<Value, BuildError> {
+        Ok(self)
+    }
+}
+
+macro_rules! operand_number {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            #[track_caller]
+            fn into_operand(self, scope: &mut Scope, like: Option<Value>) -> Result<Value, BuildError> {
+                match like {
+                    Some(l) => scope.scalar_like(l, self as f64),
+                    None => Err(scope.b.error_at(None, &[], format!("the number {} needs a tensor beside it to take its dtype from", self))),
+                }
+            }
+        }
+    )*};
+}
+operand_number!(f64, f32, i64, i32, usize);
+
 /// Builds one function of a graph for the `graph!` macro.
 pub struct Scope {
     b: FunctionBuilder,
