@@ -1,1 +1,314 @@
-//! sinter-codegen.
+//! sinter-codegen: kernels as LLVM IR (through inkwell), compiled to PTX by LLVM's NVPTX
+//! back end.
+//!
+//! This crate is the only one that links LLVM (22, statically; see `scripts/setup` and
+//! `.cargo/config.toml`). Its pieces so far:
+//! - [`target`]: the GPU targets (`sm_80`, `sm_90`, `sm_90a`) and their facts;
+//! - [`compile_module_to_ptx`]: an LLVM module in, PTX text out;
+//! - [`ptxas`]: assembling PTX with NVIDIA's `ptxas` and reading its register, shared-memory,
+//!   stack and spill report.
+//!
+//! Kernels follow the NVPTX conventions: a kernel has the PTX_Kernel calling convention
+//! ([`PTX_KERNEL_CALL_CONV`]), global pointers live in address space [`ADDRESS_SPACE_GLOBAL`]
+//! and shared memory in [`ADDRESS_SPACE_SHARED`]; thread and block indices come from the
+//! `llvm.nvvm.read.ptx.sreg.*` intrinsics.
+
+pub mod ptxas;
+pub mod target;
+
+use std::sync::OnceLock;
+
+use inkwell::module::Module;
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+    TargetTriple,
+};
+use inkwell::OptimizationLevel;
+
+pub use ptxas::{PtxasError, PtxasReport};
+pub use target::{Target, UnknownTarget};
+
+/// LLVM's `PTX_Kernel` calling convention (`ptx_kernel` in textual IR): marks a function as a
+/// kernel (`.entry`) rather than a device function (`.func`).
+pub const PTX_KERNEL_CALL_CONV: u32 = 71;
+/// NVPTX address space of global memory.
+pub const ADDRESS_SPACE_GLOBAL: u16 = 1;
+/// NVPTX address space of shared memory.
+pub const ADDRESS_SPACE_SHARED: u16 = 3;
+/// NVPTX address space of constant memory.
+pub const ADDRESS_SPACE_CONSTANT: u16 = 4;
+/// NVPTX address space of local (per-thread) memory.
+pub const ADDRESS_SPACE_LOCAL: u16 = 5;
+
+/// What can go wrong in code generation.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    /// A target name sinter does not know.
+    #[error(transparent)]
+    UnknownTarget(#[from] UnknownTarget),
+    /// LLVM's NVPTX back end could not be initialised or found.
+    #[error("LLVM has no NVPTX back end: {0}")]
+    NoNvptxBackEnd(String),
+    /// LLVM refused to create a target machine for the target.
+    #[error("LLVM cannot create a target machine for {triple} cpu {cpu} features {features}")]
+    TargetMachine {
+        /// The triple asked for.
+        triple: String,
+        /// The CPU asked for.
+        cpu: String,
+        /// The feature string asked for.
+        features: String,
+    },
+    /// The module is not valid LLVM IR (the verifier's message).
+    #[error("invalid LLVM module `{module}`: {message}")]
+    InvalidModule {
+        /// The module's name.
+        module: String,
+        /// What the verifier said.
+        message: String,
+    },
+    /// The NVPTX back end failed to emit PTX.
+    #[error("LLVM failed to emit PTX for {target}: {message}")]
+    Emit {
+        /// The target.
+        target: Target,
+        /// LLVM's message.
+        message: String,
+    },
+    /// The emitted PTX is not UTF-8 (it never should be).
+    #[error("LLVM emitted PTX that is not UTF-8")]
+    PtxNotUtf8,
+    /// ptxas could not be found or run, or rejected the PTX.
+    #[error(transparent)]
+    Ptxas(#[from] PtxasError),
+}
+
+/// Initialises LLVM's NVPTX back end, once per process.
+fn nvptx_backend() -> Result<(), CodegenError> {
+    static INIT: OnceLock<Result<(), String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        LlvmTarget::initialize_nvptx(&InitializationConfig::default());
+        LlvmTarget::from_triple(&TargetTriple::create(target::NVPTX_TRIPLE))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(CodegenError::NoNvptxBackEnd)
+}
+
+/// Creates an LLVM target machine for `target` (optimisation level aggressive).
+///
+/// # Errors
+/// [`CodegenError::NoNvptxBackEnd`] or [`CodegenError::TargetMachine`].
+pub fn target_machine(target: &Target) -> Result<TargetMachine, CodegenError> {
+    nvptx_backend()?;
+    let triple = TargetTriple::create(target.llvm_triple());
+    let llvm_target = LlvmTarget::from_triple(&triple)
+        .map_err(|e| CodegenError::NoNvptxBackEnd(e.to_string()))?;
+    llvm_target
+        .create_target_machine(
+            &triple,
+            target.llvm_cpu(),
+            target.llvm_features(),
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| CodegenError::TargetMachine {
+            triple: target.llvm_triple().to_owned(),
+            cpu: target.llvm_cpu().to_owned(),
+            features: target.llvm_features().to_owned(),
+        })
+}
+
+/// Compiles an LLVM module to PTX text for `target` with LLVM's NVPTX back end.
+///
+/// The module's triple and data layout are set to NVPTX's (`nvptx64-nvidia-cuda`) before
+/// the module is verified and compiled; nothing else in it changes. Only the back end runs
+/// (instruction selection, register allocation at optimisation level aggressive); the
+/// IR-level optimisation pipeline is the caller's choice.
+///
+/// # Errors
+/// [`CodegenError::InvalidModule`] when the LLVM verifier rejects the module (checked first,
+/// since the back end may abort on invalid IR), [`CodegenError::Emit`] when the back end
+/// fails, and the errors of [`target_machine`].
+pub fn compile_module_to_ptx(module: &Module<'_>, target: &Target) -> Result<String, CodegenError> {
+    let machine = target_machine(target)?;
+    module.set_triple(&machine.get_triple());
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    module.verify().map_err(|e| CodegenError::InvalidModule {
+        module: module.get_name().to_string_lossy().into_owned(),
+        message: e.to_string(),
+    })?;
+    let buffer = machine
+        .write_to_memory_buffer(module, FileType::Assembly)
+        .map_err(|e| CodegenError::Emit {
+            target: *target,
+            message: e.to_string(),
+        })?;
+    let text = std::str::from_utf8(buffer.as_slice()).map_err(|_| CodegenError::PtxNotUtf8)?;
+    // The buffer may end in a NUL terminator.
+    Ok(text.trim_end_matches('\0').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inkwell::context::Context;
+    use inkwell::intrinsics::Intrinsic;
+    use inkwell::AddressSpace;
+    use inkwell::IntPredicate;
+
+    /// Builds `scale2(x, y, n)`: `y[i] = x[i] * 2` for `i < n`, one element per thread,
+    /// `i = ctaid.x * ntid.x + tid.x` in 64 bits.
+    fn scale2_module(context: &Context) -> Module<'_> {
+        let module = context.create_module("scale2");
+        let builder = context.create_builder();
+        let f32t = context.f32_type();
+        let i32t = context.i32_type();
+        let i64t = context.i64_type();
+        let gptr = context.ptr_type(AddressSpace::from(ADDRESS_SPACE_GLOBAL));
+
+        let fn_type = context
+            .void_type()
+            .fn_type(&[gptr.into(), gptr.into(), i64t.into()], false);
+        let kernel = module.add_function("scale2", fn_type, None);
+        kernel.set_call_conventions(PTX_KERNEL_CALL_CONV);
+        let x = kernel.get_nth_param(0).unwrap().into_pointer_value();
+        let y = kernel.get_nth_param(1).unwrap().into_pointer_value();
+        let n = kernel.get_nth_param(2).unwrap().into_int_value();
+        x.set_name("x");
+        y.set_name("y");
+        n.set_name("n");
+
+        let sreg = |name: &str| {
+            let intrinsic = Intrinsic::find(name).unwrap_or_else(|| panic!("no intrinsic {name}"));
+            intrinsic.get_declaration(&module, &[]).unwrap()
+        };
+        let tid = sreg("llvm.nvvm.read.ptx.sreg.tid.x");
+        let ctaid = sreg("llvm.nvvm.read.ptx.sreg.ctaid.x");
+        let ntid = sreg("llvm.nvvm.read.ptx.sreg.ntid.x");
+
+        let entry = context.append_basic_block(kernel, "entry");
+        let body = context.append_basic_block(kernel, "body");
+        let exit = context.append_basic_block(kernel, "exit");
+
+        builder.position_at_end(entry);
+        let call = |f, name| {
+            builder
+                .build_call(f, &[], name)
+                .unwrap()
+                .try_as_basic_value()
+                .basic()
+                .unwrap()
+                .into_int_value()
+        };
+        let tid = call(tid, "tid");
+        let ctaid = call(ctaid, "ctaid");
+        let ntid = call(ntid, "ntid");
+        assert_eq!(tid.get_type(), i32t);
+        let wide = |v, name| builder.build_int_z_extend(v, i64t, name).unwrap();
+        let block_start = builder
+            .build_int_mul(wide(ctaid, "ctaid64"), wide(ntid, "ntid64"), "block_start")
+            .unwrap();
+        let i = builder
+            .build_int_add(block_start, wide(tid, "tid64"), "i")
+            .unwrap();
+        let in_bounds = builder
+            .build_int_compare(IntPredicate::ULT, i, n, "in_bounds")
+            .unwrap();
+        builder
+            .build_conditional_branch(in_bounds, body, exit)
+            .unwrap();
+
+        builder.position_at_end(body);
+        // SAFETY (of the IR, not of Rust): i < n is checked above.
+        let px = unsafe { builder.build_in_bounds_gep(f32t, x, &[i], "px") }.unwrap();
+        let py = unsafe { builder.build_in_bounds_gep(f32t, y, &[i], "py") }.unwrap();
+        let v = builder
+            .build_load(f32t, px, "v")
+            .unwrap()
+            .into_float_value();
+        let two = f32t.const_float(2.0);
+        let r = builder.build_float_mul(v, two, "r").unwrap();
+        builder.build_store(py, r).unwrap();
+        builder.build_unconditional_branch(exit).unwrap();
+
+        builder.position_at_end(exit);
+        builder.build_return(None).unwrap();
+        module
+    }
+
+    #[test]
+    fn emits_ptx_for_every_target() {
+        let context = Context::create();
+        let module = scale2_module(&context);
+        for t in Target::ALL {
+            let ptx = compile_module_to_ptx(&module, &t).unwrap();
+            let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+            assert!(lines.contains(&".version 8.5"), "{t}:\n{ptx}");
+            assert!(
+                lines.contains(&format!(".target {}", t.name()).as_str()),
+                "{t}:\n{ptx}"
+            );
+            assert!(lines.contains(&".address_size 64"), "{t}:\n{ptx}");
+            assert!(ptx.contains(".visible .entry scale2("), "{t}:\n{ptx}");
+            for sreg in ["%tid.x", "%ctaid.x", "%ntid.x"] {
+                assert!(ptx.contains(sreg), "{t}: no {sreg}:\n{ptx}");
+            }
+            assert!(ptx.contains("ld.global"), "{t}:\n{ptx}");
+            assert!(ptx.contains("st.global"), "{t}:\n{ptx}");
+            assert!(!ptx.contains('\0'));
+        }
+    }
+
+    #[test]
+    fn ptx_assembles_without_spills() {
+        let Some(ptxas) = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}")) else {
+            return;
+        };
+        let context = Context::create();
+        let module = scale2_module(&context);
+        for t in Target::ALL {
+            let ptx = compile_module_to_ptx(&module, &t).unwrap();
+            let report = ptxas::assemble_with(&ptxas, &ptx, &t)
+                .unwrap_or_else(|e| panic!("{t}: {e}\n{ptx}"));
+            let kernels: Vec<_> = report.kernels().collect();
+            assert_eq!(kernels.len(), 1, "{report:?}");
+            let k = kernels[0];
+            assert_eq!(k.name, "scale2");
+            assert!(
+                k.registers > 0 && k.registers <= t.max_registers_per_thread(),
+                "{k:?}"
+            );
+            assert_eq!(k.spill_store_bytes, 0, "{t}: {k:?}");
+            assert_eq!(k.spill_load_bytes, 0, "{t}: {k:?}");
+            assert_eq!(k.stack_frame_bytes, 0, "{t}: {k:?}");
+            assert_eq!(k.shared_bytes, 0, "{t}: {k:?}");
+            assert!(!report.spills());
+            assert!(report.warnings.is_empty(), "{t}: {:?}", report.warnings);
+            // The cubin is an ELF file.
+            assert_eq!(report.cubin.get(..4), Some(&b"\x7fELF"[..]), "{t}");
+            eprintln!("{report}");
+        }
+    }
+
+    #[test]
+    fn invalid_module_is_an_error_not_an_abort() {
+        let context = Context::create();
+        let module = context.create_module("broken");
+        let f = module.add_function("f", context.i32_type().fn_type(&[], false), None);
+        let bb = context.append_basic_block(f, "entry");
+        let builder = context.create_builder();
+        builder.position_at_end(bb);
+        builder.build_return(None).unwrap(); // `ret void` in a function returning i32
+        let err = compile_module_to_ptx(&module, &Target::SM_80).unwrap_err();
+        assert!(matches!(err, CodegenError::InvalidModule { .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_target_converts() {
+        let err: CodegenError = Target::parse("sm_61").unwrap_err().into();
+        assert!(err.to_string().contains("sm_61"));
+    }
+}
