@@ -26,6 +26,7 @@
 extern crate self as sinter;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use sinter_dsl::graph;
 #[doc(hidden)]
@@ -34,6 +35,7 @@ pub use sinter_ir as ir;
 pub use sinter_ir::interp::{InterpError, Tensor};
 pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};
 
+pub mod llm;
 pub mod zoo;
 
 /// Everything that can go wrong between writing a graph and running it.
@@ -51,6 +53,9 @@ pub enum Error {
     /// The interpreter failed (bad input shapes, out-of-range indices, ...).
     #[error(transparent)]
     Interp(#[from] InterpError),
+    /// A model file could not be used.
+    #[error(transparent)]
+    Model(llm::gguf::ModelError),
     /// No zoo model has this name.
     #[error("no zoo model is called `{name}` (known: {known})")]
     UnknownModel {
@@ -110,7 +115,7 @@ pub struct Program {
     graph: Graph,
     entry: String,
     backend: Backend,
-    bound: BTreeMap<String, Tensor>,
+    bound: BTreeMap<String, Arc<Tensor>>,
 }
 
 impl Program {
@@ -184,7 +189,8 @@ impl Program {
         Ok(())
     }
 
-    /// Binds a weight (or any parameter that stays the same between runs) by name.
+    /// Binds a weight (or any parameter that stays the same between runs) by name. Pass an
+    /// `Arc<Tensor>` to share one tensor between programs (prefill and decode) without a copy.
     ///
     /// ```
     /// # use sinter::{graph, Backend, DType, Program, Tensor};
@@ -198,10 +204,26 @@ impl Program {
     /// # Errors
     /// [`Error::UnknownInput`] for a name the entry does not have, [`Error::InputMismatch`]
     /// when the dtype, the rank or a constant dimension disagrees.
-    pub fn bind(&mut self, name: &str, t: Tensor) -> Result<(), Error> {
+    pub fn bind(&mut self, name: &str, t: impl Into<Arc<Tensor>>) -> Result<(), Error> {
+        let t = t.into();
         self.check(name, &t)?;
         self.bound.insert(name.to_string(), t);
         Ok(())
+    }
+
+    /// Whether a parameter has been bound.
+    pub fn is_bound(&self, name: &str) -> bool {
+        self.bound.contains_key(name)
+    }
+
+    /// The entry function's parameters that are neither bound nor in `given`, by name.
+    pub fn unbound(&self, given: &[&str]) -> Vec<String> {
+        let Some(f) = self.graph.func(&self.entry) else { return vec![] };
+        f.params
+            .iter()
+            .filter_map(|&p| f.values[p].name.clone())
+            .filter(|n| !self.bound.contains_key(n) && !given.contains(&n.as_str()))
+            .collect()
     }
 
     /// Runs the entry function with `inputs` (by parameter name; they override bound weights)
@@ -230,7 +252,7 @@ impl Program {
                 .iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, t)| *t)
-                .or_else(|| self.bound.get(&name))
+                .or_else(|| self.bound.get(&name).map(|t| &**t))
                 .ok_or_else(|| Error::MissingInput { func: self.entry.clone(), name: name.clone() })?;
             args.push(t);
         }

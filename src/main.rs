@@ -1,1 +1,250 @@
-fn main() {}
+//! The `sinter` command-line program.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use sinter::llm::{fetch, Engine, LlamaModel, SampleOptions};
+use sinter::{graph, zoo, Backend, DType, Program, Tensor};
+
+#[derive(Parser)]
+#[command(name = "sinter", version, about = "A tensor compiler for transformer models: DSL -> e-graph fusion -> PTX")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Device {
+    /// The CPU reference interpreter.
+    Cpu,
+    /// The GPU (CUDA).
+    Gpu,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Dt {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl From<Dt> for DType {
+    fn from(d: Dt) -> DType {
+        match d {
+            Dt::Bf16 => DType::BF16,
+            Dt::F16 => DType::F16,
+            Dt::F32 => DType::F32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum ModeArg {
+    Prefill,
+    Decode,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text with a Llama-family GGUF model (SmolLM2-135M-Instruct by default).
+    Run {
+        /// The user's message (rendered with the model's chat template).
+        #[arg(long, default_value = "What is the capital of France?")]
+        prompt: String,
+        /// A file with one prompt per line, decoded together as one batch.
+        #[arg(long)]
+        batch_file: Option<PathBuf>,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// Where to run; the GPU by default where one is present.
+        #[arg(long)]
+        device: Option<Device>,
+        /// A Llama-family GGUF file; default: SmolLM2-135M-Instruct from the cache, fetched
+        /// when missing.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// 0 = greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        /// Nucleus sampling threshold.
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Storage dtype of weights and activations.
+        #[arg(long, value_enum, default_value_t = Dt::Bf16)]
+        dtype: Dt,
+        /// Print the time of each kernel of one decode step.
+        #[arg(long)]
+        profile: bool,
+    },
+    /// Build a small example graph, print it, and run it on the interpreter.
+    Demo,
+    /// Parse and verify a `.sir` file; print it back in canonical form.
+    Check {
+        /// The file.
+        file: PathBuf,
+    },
+    /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2).
+    Graph {
+        /// The model's zoo name.
+        model: String,
+        /// Which graph.
+        #[arg(long, value_enum, default_value_t = ModeArg::Prefill)]
+        mode: ModeArg,
+        /// Storage dtype.
+        #[arg(long, value_enum, default_value_t = Dt::Bf16)]
+        dtype: Dt,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Demo => demo(),
+        Cmd::Check { file } => check(&file),
+        Cmd::Graph { model, mode, dtype } => {
+            let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
+            zoo::build(&model, mode, dtype.into()).map(|g| print!("{g}")).map_err(Into::into)
+        }
+        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile } => {
+            run(RunArgs { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype: dtype.into(), profile })
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type AnyResult = Result<(), Box<dyn std::error::Error>>;
+
+fn demo() -> AnyResult {
+    let g = graph! {
+        fn mlp(x: f32[T, 4], w_gate: f32[4, 8], w_up: f32[4, 8], w_down: f32[8, 4]) -> f32[T, 4] {
+            ((x @ w_gate).silu() * (x @ w_up)) @ w_down
+        }
+    }?;
+    println!("{g}");
+    let mut p = Program::compile(g, Backend::Interpreter)?;
+    let w = |r: usize, c: usize, s: f64| Tensor::from_fn(DType::F32, &[r, c], |i| s * ((i[0] * c + i[1]) as f64 * 0.37).sin());
+    p.bind("w_gate", w(4, 8, 1.0))?;
+    p.bind("w_up", w(4, 8, 0.5))?;
+    p.bind("w_down", w(8, 4, 0.25))?;
+    let x = Tensor::from_fn(DType::F32, &[2, 4], |i| i[0] as f64 - i[1] as f64 * 0.5);
+    let y = p.run(&[("x", &x)], &[])?;
+    println!("mlp(x) on the interpreter, shape {:?}:", y[0].shape());
+    for row in y[0].data().chunks(4) {
+        println!("  {}", row.iter().map(|v| format!("{v:9.5}")).collect::<Vec<_>>().join(" "));
+    }
+    Ok(())
+}
+
+fn check(file: &PathBuf) -> AnyResult {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let g = sinter::ir::parse(&text).map_err(|e| format!("{}:{e}", file.display()))?;
+    sinter::ir::verify(&g).map_err(|e| format!("{}: {e}", file.display()))?;
+    print!("{g}");
+    Ok(())
+}
+
+struct RunArgs {
+    prompt: String,
+    batch_file: Option<PathBuf>,
+    max_tokens: usize,
+    device: Option<Device>,
+    model: Option<PathBuf>,
+    temperature: f64,
+    top_p: f64,
+    seed: u64,
+    dtype: DType,
+    profile: bool,
+}
+
+fn run(a: RunArgs) -> AnyResult {
+    match a.device {
+        Some(Device::Gpu) => return Err("this build has no GPU backend yet (the CUDA runtime lands with code generation I); use --device cpu".into()),
+        Some(Device::Cpu) => eprintln!("device: CPU (reference interpreter)"),
+        None => eprintln!("device: CPU (reference interpreter; this build has no GPU backend yet)"),
+    }
+    if a.profile {
+        eprintln!("--profile: the interpreter runs no kernels; per-kernel times need the GPU backend");
+    }
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
+    };
+    let t_load = Instant::now();
+    let bar = ProgressBar::new(0);
+    bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors").map_err(|e| e.to_string())?.progress_chars("=> "));
+    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let model = LlamaModel::load(&path, a.dtype, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    let load_time = t_load.elapsed();
+    let prompts: Vec<String> = match &a.batch_file {
+        Some(f) => std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect(),
+        None => vec![a.prompt.clone()],
+    };
+    if prompts.is_empty() {
+        return Err("the batch file has no prompts".into());
+    }
+    let ids = prompts.iter().map(|p| model.chat_prompt(p)).collect::<Result<Vec<_>, _>>()?;
+    let t_compile = Instant::now();
+    let engine = Engine::new(model)?;
+    let compile_time = t_compile.elapsed();
+    eprintln!("loaded {} in {:.2} s; graphs built and verified in {:.3} s", path.display(), load_time.as_secs_f64(), compile_time.as_secs_f64());
+    let opts = SampleOptions { max_new: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed };
+    let single = ids.len() == 1;
+    let mut streamed: Vec<u32> = Vec::new();
+    let mut printed = 0usize;
+    let tok = &engine.model().tokenizer;
+    let eos = tok.eos;
+    let mut stdout = std::io::stdout();
+    let gen = engine.generate(&ids, &opts, &mut |_, t| {
+        if !single || t == eos {
+            return;
+        }
+        streamed.push(t);
+        if let Ok(text) = tok.decode(&streamed) {
+            // Print only whole characters: a token can end inside a UTF-8 sequence.
+            if !text.ends_with('\u{FFFD}') && text.len() > printed {
+                let _ = write!(stdout, "{}", &text[printed..]);
+                let _ = stdout.flush();
+                printed = text.len();
+            }
+        }
+    })?;
+    if single {
+        println!();
+    } else {
+        for (p, t) in prompts.iter().zip(&gen.tokens) {
+            let text = tok.decode(&t.iter().copied().filter(|&x| x != eos).collect::<Vec<_>>())?;
+            println!("> {p}\n{text}\n");
+        }
+    }
+    let new_tokens: usize = gen.tokens.iter().map(Vec::len).sum();
+    eprintln!(
+        "prompt: {} tokens in {:.2} s ({:.1} tok/s); decode: {} steps, {} tokens in {:.2} s ({:.2} tok/s); interpreter: no kernels (kernels per layer apply to the GPU backend); compile {:.3} s",
+        gen.prompt_tokens,
+        gen.prefill_time.as_secs_f64(),
+        gen.prompt_tokens as f64 / gen.prefill_time.as_secs_f64().max(1e-9),
+        gen.decode_steps,
+        new_tokens.saturating_sub(ids.len()),
+        gen.decode_time.as_secs_f64(),
+        new_tokens.saturating_sub(ids.len()) as f64 / gen.decode_time.as_secs_f64().max(1e-9),
+        compile_time.as_secs_f64()
+    );
+    Ok(())
+}

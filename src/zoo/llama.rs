@@ -53,6 +53,8 @@ pub struct LlamaConfig {
     pub context: usize,
     /// Tokens per KV-cache page.
     pub page_size: usize,
+    /// Whether the LM head reuses `token_embd.weight`; otherwise it is `output.weight`.
+    pub tied_embeddings: bool,
 }
 
 impl LlamaConfig {
@@ -72,12 +74,13 @@ impl LlamaConfig {
             rms_eps: 1e-5,
             context: 8192,
             page_size: 16,
+            tied_embeddings: true,
         }
     }
 
     /// The Llama-3-8B shape: hidden 4096, 32 layers, 32 heads, 8 KV heads, head dim 128,
-    /// FFN 14336, vocab 128256, RoPE θ 500000, RMS ε 1e-5, context 8192 (the zoo ties its
-    /// embeddings; Llama-3-8B itself has a separate output matrix of the same shape).
+    /// FFN 14336, vocab 128256, RoPE θ 500000, RMS ε 1e-5, context 8192, a separate
+    /// `output.weight`.
     pub fn llama3_8b() -> LlamaConfig {
         LlamaConfig {
             vocab: 128256,
@@ -92,6 +95,7 @@ impl LlamaConfig {
             rms_eps: 1e-5,
             context: 8192,
             page_size: 16,
+            tied_embeddings: false,
         }
     }
 
@@ -111,6 +115,7 @@ impl LlamaConfig {
             rms_eps: 1e-5,
             context: 64,
             page_size: 4,
+            tied_embeddings: true,
         }
     }
 
@@ -160,6 +165,7 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
     // Sequences per step: one for prefill, T (one token each) for decode.
     let nb = if decode { Dim::symbol("T") } else { Dim::constant(1) };
     let ninf = f64::NEG_INFINITY;
+    let (tied, head_name) = (cfg.tied_embeddings, if cfg.tied_embeddings { "token_embd.weight" } else { "output.weight" });
     let g = graph! {
         fn layer(x: {dt}[T, {d}], positions: i32[T], block_table: i32[{&nb}, M],
                  k_pages: {dt}[P, {ps}, {hkv}, {hd}], v_pages: {dt}[P, {ps}, {hkv}, {hd}],
@@ -226,7 +232,8 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
             }
             let x32 = x.cast(f32);
             let xn = (x32 * ((x32 * x32).mean(-1) + {eps}).rsqrt()).cast({dt}) * weight("output_norm.weight", {dt}[{d}]);
-            (xn.matmul(embed, transpose_b = true), kp, vp)
+            let lm_head = if tied { embed } else { weight(head_name, {dt}[{vocab}, {d}]) };
+            (xn.matmul(lm_head, transpose_b = true), kp, vp)
         }
     }?;
     Ok(g)

@@ -1,0 +1,380 @@
+//! GGUF model files: metadata and tensors, dequantised to the model's dtype.
+//!
+//! The container (header, metadata, tensor table) is read with the `gguf-rs` crate; sinter
+//! reads the tensor bytes itself and dequantises the block formats of llama.cpp's `ggml`
+//! (`ggml-common.h`, `ggml-quants.c`):
+//!
+//! | type | block | layout | value |
+//! |---|---|---|---|
+//! | F32 | 1 | `f32` | x |
+//! | F16 | 1 | `f16` | x |
+//! | BF16 | 1 | `bf16` | x |
+//! | Q8_0 | 32 | `f16 d`, `i8 q[32]` | `q·d` |
+//! | Q4_0 | 32 | `f16 d`, `u8 qs[16]` | `(nibble − 8)·d` |
+//! | Q4_1 | 32 | `f16 d`, `f16 m`, `u8 qs[16]` | `nibble·d + m` |
+//!
+//! In a block of 32 the low nibbles of `qs[0..16]` are elements 0..16 and the high nibbles
+//! elements 16..32. A GGUF shape lists the innermost axis first (`ne[0]`); sinter's tensors are
+//! row-major with the outermost axis first, so the shape is reversed: `attn_q.weight` with
+//! `ne = [576, 576]` is `[out, in]`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use serde_json::Value as Json;
+
+use crate::{DType, Tensor};
+
+/// Why a model file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a well-formed GGUF file (bad magic, truncated header, ...).
+    #[error("{path} is not a valid GGUF file: {reason}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What the reader found wrong.
+        reason: String,
+    },
+    /// A metadata key the model needs is absent or of the wrong type.
+    #[error("{path}: metadata key `{key}` is missing or not {expected}")]
+    MissingKey {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// The type expected.
+        expected: &'static str,
+    },
+    /// The model's architecture is not one sinter has.
+    #[error("{path}: architecture `{arch}` is not supported (supported: llama)")]
+    UnsupportedArchitecture {
+        /// The file.
+        path: PathBuf,
+        /// `general.architecture`.
+        arch: String,
+    },
+    /// A tensor is stored in a type sinter cannot dequantise.
+    #[error("{path}: tensor `{name}` has type {kind}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    UnsupportedTensorType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// The type's name or number.
+        kind: String,
+    },
+    /// A tensor the model needs is absent.
+    #[error("{path}: tensor `{name}` is missing")]
+    MissingTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+    /// A tensor has a shape other than the model's config implies.
+    #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    TensorShape {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Shape from the config (row-major).
+        expected: Vec<usize>,
+        /// Shape in the file (row-major).
+        got: Vec<usize>,
+    },
+    /// A tensor's data runs past the end of the file.
+    #[error("{path}: tensor `{name}` needs bytes {start}..{end} but the file has {len} (truncated?)")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// First byte.
+        start: u64,
+        /// One past the last byte.
+        end: u64,
+        /// File length.
+        len: u64,
+    },
+    /// The tokenizer in the file cannot be built.
+    #[error("{path}: tokenizer: {reason}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The prompt does not fit in the model's context.
+    #[error("the prompt has {tokens} tokens and {max_new} more were asked for, but the context holds {context}")]
+    ContextOverflow {
+        /// Prompt length in tokens.
+        tokens: usize,
+        /// Tokens to generate.
+        max_new: usize,
+        /// The model's context length.
+        context: usize,
+    },
+}
+
+/// One tensor's entry in the file's tensor table.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    /// Name (`blk.0.attn_q.weight`).
+    pub name: String,
+    /// ggml type number (0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 8 = Q8_0, 30 = BF16, ...).
+    pub kind: u32,
+    /// Row-major shape (outermost axis first).
+    pub shape: Vec<usize>,
+    /// Absolute byte offset of the data in the file.
+    pub offset: u64,
+}
+
+/// A GGUF file in memory.
+pub struct GgufFile {
+    path: PathBuf,
+    metadata: BTreeMap<String, Json>,
+    tensors: Vec<TensorInfo>,
+    bytes: Vec<u8>,
+}
+
+/// Name of a ggml type number, for messages.
+pub fn kind_name(kind: u32) -> String {
+    match kind {
+        0 => "F32".into(),
+        1 => "F16".into(),
+        2 => "Q4_0".into(),
+        3 => "Q4_1".into(),
+        6 => "Q5_0".into(),
+        7 => "Q5_1".into(),
+        8 => "Q8_0".into(),
+        10..=15 => ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"][(kind - 10) as usize].into(),
+        30 => "BF16".into(),
+        k => format!("type {k}"),
+    }
+}
+
+/// (elements per block, bytes per block) of the types sinter dequantises.
+fn block_geometry(kind: u32) -> Option<(usize, usize)> {
+    match kind {
+        0 => Some((1, 4)),
+        1 | 30 => Some((1, 2)),
+        2 => Some((32, 18)),
+        3 => Some((32, 20)),
+        8 => Some((32, 34)),
+        _ => None,
+    }
+}
+
+impl GgufFile {
+    /// Reads a GGUF file (v2 or v3, little-endian) into memory.
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] when it cannot be read, [`ModelError::Malformed`] when the header or
+    /// the tensor table is not valid GGUF (including a truncated header).
+    pub fn open(path: &Path) -> Result<GgufFile, ModelError> {
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        let malformed = |reason: String| ModelError::Malformed { path: path.to_path_buf(), reason };
+        if bytes.len() < 24 || &bytes[..4] != b"GGUF" {
+            return Err(malformed(format!("it does not start with the magic `GGUF` ({} bytes)", bytes.len())));
+        }
+        // Arrays are read in full (the tokenizer needs every token and merge).
+        let mut container = gguf_rs::get_gguf_container_array_size(&path.to_string_lossy(), u64::MAX).map_err(|e| malformed(e.to_string()))?;
+        let model = container.decode().map_err(|e| malformed(e.to_string()))?;
+        let data_offset = model.data_offset();
+        let tensors = model
+            .tensors()
+            .iter()
+            .map(|t| TensorInfo {
+                name: t.name.clone(),
+                kind: t.kind,
+                shape: t.shape.iter().rev().map(|&d| d as usize).collect(),
+                offset: data_offset.saturating_add(t.offset),
+            })
+            .collect();
+        Ok(GgufFile { path: path.to_path_buf(), metadata: model.metadata().clone(), tensors, bytes })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// All metadata.
+    pub fn metadata(&self) -> &BTreeMap<String, Json> {
+        &self.metadata
+    }
+
+    /// The tensor table.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    fn missing(&self, key: &str, expected: &'static str) -> ModelError {
+        ModelError::MissingKey { path: self.path.clone(), key: key.to_string(), expected }
+    }
+
+    /// An unsigned integer metadata value.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingKey`].
+    pub fn u64(&self, key: &str) -> Result<u64, ModelError> {
+        self.metadata.get(key).and_then(Json::as_u64).ok_or_else(|| self.missing(key, "an unsigned integer"))
+    }
+
+    /// A float metadata value (integers accepted).
+    ///
+    /// # Errors
+    /// [`ModelError::MissingKey`].
+    pub fn f64(&self, key: &str) -> Result<f64, ModelError> {
+        self.metadata.get(key).and_then(Json::as_f64).ok_or_else(|| self.missing(key, "a number"))
+    }
+
+    /// A string metadata value.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingKey`].
+    pub fn str(&self, key: &str) -> Result<&str, ModelError> {
+        self.metadata.get(key).and_then(Json::as_str).ok_or_else(|| self.missing(key, "a string"))
+    }
+
+    /// A boolean metadata value.
+    pub fn bool(&self, key: &str) -> Option<bool> {
+        self.metadata.get(key).and_then(Json::as_bool)
+    }
+
+    /// An array of strings.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingKey`].
+    pub fn strings(&self, key: &str) -> Result<Vec<&str>, ModelError> {
+        let arr = self.metadata.get(key).and_then(Json::as_array).ok_or_else(|| self.missing(key, "an array of strings"))?;
+        arr.iter().map(|v| v.as_str().ok_or_else(|| self.missing(key, "an array of strings"))).collect()
+    }
+
+    /// An array of integers.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingKey`].
+    pub fn ints(&self, key: &str) -> Result<Vec<i64>, ModelError> {
+        let arr = self.metadata.get(key).and_then(Json::as_array).ok_or_else(|| self.missing(key, "an array of integers"))?;
+        arr.iter().map(|v| v.as_i64().ok_or_else(|| self.missing(key, "an array of integers"))).collect()
+    }
+
+    /// The table entry of tensor `name`.
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Tensor `name`, dequantised to f32, checked against an expected row-major shape.
+    ///
+    /// # Errors
+    /// Missing tensor, wrong shape, unsupported type, data past the end of the file.
+    pub fn dequantize(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let t = self.info(name).ok_or_else(|| ModelError::MissingTensor { path: self.path.clone(), name: name.to_string() })?;
+        if t.shape != expected {
+            return Err(ModelError::TensorShape { path: self.path.clone(), name: name.to_string(), expected: expected.to_vec(), got: t.shape.clone() });
+        }
+        let (block, bytes_per_block) = block_geometry(t.kind)
+            .ok_or_else(|| ModelError::UnsupportedTensorType { path: self.path.clone(), name: name.to_string(), kind: kind_name(t.kind) })?;
+        let n: usize = t.shape.iter().product();
+        if n % block != 0 {
+            return Err(ModelError::Malformed { path: self.path.clone(), reason: format!("tensor `{name}` has {n} elements, not a multiple of its block of {block}") });
+        }
+        let size = (n / block) as u64 * bytes_per_block as u64;
+        let end = t.offset.saturating_add(size);
+        if end > self.bytes.len() as u64 {
+            return Err(ModelError::Truncated { path: self.path.clone(), name: name.to_string(), start: t.offset, end, len: self.bytes.len() as u64 });
+        }
+        let data = &self.bytes[t.offset as usize..end as usize];
+        let mut out = Vec::with_capacity(n);
+        let h = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+        match t.kind {
+            0 => out.extend(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+            1 => out.extend(data.chunks_exact(2).map(h)),
+            30 => out.extend(data.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+            8 => {
+                for blk in data.chunks_exact(34) {
+                    let d = h(&blk[0..2]);
+                    out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * d));
+                }
+            }
+            2 | 3 => {
+                for blk in data.chunks_exact(bytes_per_block) {
+                    let d = h(&blk[0..2]);
+                    let (m, qs) = if t.kind == 3 { (h(&blk[2..4]), &blk[4..]) } else { (-8.0 * d, &blk[2..]) };
+                    out.extend(qs.iter().map(|&q| (q & 0x0F) as f32 * d + m));
+                    out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
+                }
+            }
+            _ => unreachable!("block_geometry accepted the type"),
+        }
+        Ok(out)
+    }
+
+    /// Tensor `name` as a sinter [`Tensor`] of `dtype` (rounded to nearest even).
+    ///
+    /// # Errors
+    /// As [`GgufFile::dequantize`].
+    pub fn tensor(&self, name: &str, expected: &[usize], dtype: DType) -> Result<Tensor, ModelError> {
+        let v = self.dequantize(name, expected)?;
+        Tensor::new(dtype, expected, v.into_iter().map(f64::from).collect())
+            .map_err(|e| ModelError::Malformed { path: self.path.clone(), reason: format!("tensor `{name}`: {e}") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(kind: u32, shape: &[usize], data: Vec<u8>) -> GgufFile {
+        GgufFile {
+            path: "mem.gguf".into(),
+            metadata: BTreeMap::new(),
+            tensors: vec![TensorInfo { name: "t".into(), kind, shape: shape.to_vec(), offset: 0 }],
+            bytes: data,
+        }
+    }
+
+    #[test]
+    fn q4_1_and_q8_0_blocks_dequantise_by_hand() {
+        // Q4_1: d = 0.5, m = -1, nibbles: low = j % 16, high = 15 - j % 16.
+        let mut blk = Vec::new();
+        blk.extend(f16::from_f32(0.5).to_le_bytes());
+        blk.extend(f16::from_f32(-1.0).to_le_bytes());
+        blk.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let v = file_with(3, &[32], blk).dequantize("t", &[32]).unwrap();
+        assert_eq!(v[0], -1.0);
+        assert_eq!(v[15], 15.0 * 0.5 - 1.0);
+        assert_eq!(v[16], 15.0 * 0.5 - 1.0);
+        assert_eq!(v[31], -1.0);
+        // Q8_0: d = 0.25, q = -16..16.
+        let mut blk = Vec::new();
+        blk.extend(f16::from_f32(0.25).to_le_bytes());
+        blk.extend((0..32i32).map(|j| (j - 16) as i8 as u8));
+        let v = file_with(8, &[32], blk).dequantize("t", &[32]).unwrap();
+        assert_eq!(v[0], -4.0);
+        assert_eq!(v[31], 3.75);
+    }
+
+    #[test]
+    fn truncated_data_unsupported_types_and_wrong_shapes_are_errors() {
+        let f = file_with(3, &[64], vec![0; 20]);
+        assert!(matches!(f.dequantize("t", &[64]), Err(ModelError::Truncated { .. })));
+        assert!(matches!(f.dequantize("t", &[32]), Err(ModelError::TensorShape { .. })));
+        assert!(matches!(f.dequantize("u", &[64]), Err(ModelError::MissingTensor { .. })));
+        let f = file_with(12, &[256], vec![0; 1000]);
+        let e = f.dequantize("t", &[256]).unwrap_err();
+        assert!(e.to_string().contains("Q4_K"), "{e}");
+    }
+}
