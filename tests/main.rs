@@ -5,3 +5,5 @@ mod zoo;
 mod bad_input;
 mod filetests;
 mod text_fuzz;
+mod reference;
+mod zoo_snapshots;

@@ -2,6 +2,7 @@
 
 use sinter::zoo::{llama, Mode};
 use sinter::{Backend, DType, Program, Tensor};
+use std::collections::BTreeMap;
 
 /// Deterministic pseudo-random numbers in [-1, 1) (SplitMix64), so tests need no RNG crate.
 pub struct Rng(u64);
@@ -19,27 +20,35 @@ impl Rng {
     }
 }
 
-/// Binds every weight (`token_embd`, `blk.*`, `output_norm`) of a zoo graph to seeded random
-/// values: norms near 1, matrices scaled by 1/sqrt(fan-in).
-pub fn bind_random_weights(p: &mut Program, seed: u64) {
+/// Binds every weight and bias (`token_embd`, `blk.*`, `output_norm`, ...: every parameter
+/// whose name holds `.weight` or `.bias`) of a zoo graph to seeded random values: norm weights
+/// near 1, biases within ±0.1, matrices scaled by 1/sqrt(fan-in). Returns the bound tensors by
+/// name, so that a reference implementation can use the same values.
+pub fn bind_random_weights(p: &mut Program, seed: u64) -> BTreeMap<String, Tensor> {
     let mut rng = Rng::new(seed);
+    let mut bound = BTreeMap::new();
     let f = p.graph().func(p.entry()).unwrap().clone();
     for &v in &f.params {
         let name = f.values[v].name.clone().unwrap();
-        if !(name.contains(".weight")) {
+        if !(name.contains(".weight") || name.contains(".bias")) {
             continue;
         }
         let ty = f.ty(v);
         let shape: Vec<usize> = ty.shape.iter().map(|d| d.as_const().unwrap() as usize).collect();
         let n: usize = shape.iter().product();
-        let data: Vec<f64> = if name.contains("norm") {
+        let data: Vec<f64> = if name.contains(".bias") {
+            (0..n).map(|_| 0.1 * rng.next_f64()).collect()
+        } else if name.contains("norm") {
             (0..n).map(|_| 1.0 + 0.1 * rng.next_f64()).collect()
         } else {
             let s = 1.0 / (*shape.last().unwrap() as f64).sqrt();
             (0..n).map(|_| s * rng.next_f64()).collect()
         };
-        p.bind(&name, Tensor::new(ty.dtype, &shape, data).unwrap()).unwrap();
+        let t = Tensor::new(ty.dtype, &shape, data).unwrap();
+        bound.insert(name.clone(), t.clone());
+        p.bind(&name, t).unwrap();
     }
+    bound
 }
 
 #[test]
@@ -84,4 +93,34 @@ fn tiny_llama_decode_matches_prefill() {
     for (a, b) in out[1].data().iter().zip(full[1].data()) {
         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()));
     }
+}
+
+/// The parameter names of `@main` of the zoo model `name` built in bf16, after checking that
+/// the graph verifies.
+fn main_params(name: &str, mode: Mode) -> Vec<String> {
+    let g = sinter::zoo::build(name, mode, DType::BF16).unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
+    sinter::ir::verify(&g).unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
+    let f = g.func("main").unwrap();
+    f.params.iter().map(|&p| f.values[p].name.clone().unwrap()).collect()
+}
+
+#[test]
+fn full_size_zoo_graphs_verify_with_expected_parameters() {
+    // Llama family: 5 inputs (tokens, positions, block_tables, k_pages, v_pages), the
+    // embedding, 9 weights per layer, the output norm, and `output.weight` when untied.
+    for (name, layers, untied) in [("smollm2-135m", 30, 0), ("llama3-8b", 32, usize::from(!llama::LlamaConfig::llama3_8b().tied_embeddings))] {
+        for mode in [Mode::Prefill, Mode::Decode] {
+            let params = main_params(name, mode);
+            assert_eq!(params.len(), 5 + 1 + 9 * layers + 1 + untied, "{name} {mode:?}: {params:?}");
+            assert_eq!(params[..5], ["tokens", "positions", "block_tables", "k_pages", "v_pages"]);
+            assert_eq!(params.iter().filter(|p| p.starts_with("blk.")).count(), 9 * layers);
+            assert!(params.contains(&"output_norm.weight".to_string()));
+        }
+    }
+    // GPT-2 small: 2 inputs, token and position embeddings, 12 tensors per block (2 norms with
+    // biases, QKV, output, up, down — each with a bias), the final norm's weight and bias.
+    let params = main_params("gpt2", Mode::Prefill);
+    assert_eq!(params.len(), 2 + 2 + 12 * 12 + 2, "{params:?}");
+    assert_eq!(params[..4], ["tokens", "positions", "token_embd.weight", "position_embd.weight"]);
+    assert!(sinter::zoo::build("gpt2", Mode::Decode, DType::BF16).is_err());
 }

@@ -11,6 +11,7 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Delimiter, Span, TokenStream as TokenStream2, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
+use syn::parse::discouraged::Speculative;
 use syn::parse::{ParseStream, Parser};
 use syn::{Ident, Token};
 
@@ -354,7 +355,21 @@ fn parse_block(input: ParseStream, close: Span) -> syn::Result<Block> {
             }
             stmts.push(Stmt::For { pat, iter, body });
         } else if input.peek(Token![if]) {
-            stmts.push(parse_if(input)?);
+            // An `if` whose branches both end with a value is an expression (a function's tail,
+            // or a value discarded with `;`); otherwise it is a statement.
+            let fork = input.fork();
+            match parse_expr(&fork, 0) {
+                Ok(e) if fork.is_empty() || fork.peek(Token![;]) => {
+                    input.advance_to(&fork);
+                    if input.is_empty() {
+                        tail = Some(e);
+                    } else {
+                        input.parse::<Token![;]>()?;
+                        stmts.push(Stmt::Expr(e));
+                    }
+                }
+                _ => stmts.push(parse_if(input)?),
+            }
         } else if input.peek(Ident) && input.peek2(Token![=]) && !input.peek2(Token![==]) {
             let name: Ident = input.parse()?;
             input.parse::<Token![=]>()?;
@@ -397,7 +412,7 @@ fn parse_if(input: ParseStream) -> syn::Result<Stmt> {
     };
     for blk in std::iter::once(&then).chain(els.as_ref()) {
         if let Some(t) = &blk.tail {
-            return err(t.span(), "an `if` branch holds statements; end each with `;`");
+            return err(t.span(), "the branches of an `if` statement end with `;`; to use the value, write `let name = if .. { .. } else { .. };`");
         }
     }
     Ok(Stmt::If { cond, then, els })
@@ -662,13 +677,28 @@ fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
 struct FnSig {
     name: String,
     n_params: usize,
+    params: Vec<String>,
     ret: Vec<TypeSpec>,
 }
 
 struct Cx<'a> {
+    /// Functions defined above the current one (callable).
     fns: &'a [FnSig],
+    /// The current function and those defined below it (not callable from here).
+    not_yet: &'a [String],
+    /// Static types of the tensor variables in scope (innermost last).
     vars: Vec<(String, SType)>,
+    /// Every variable assigned with `name = ...` so far (to forget types after a loop or branch).
+    assigned: Vec<String>,
     tmp: usize,
+}
+
+/// `__sinter_at(Location::caller())`, the location spelled with `span`: every builder call of the
+/// expansion passes its error through it, so a `BuildError` names the user's operator or
+/// method (file:line:column) whatever location the builder took.
+fn relocate(span: Span) -> TokenStream2 {
+    let loc = quote_spanned!(span=> ::core::panic::Location::caller());
+    quote!(__sinter_at(#loc))
 }
 
 fn ir() -> TokenStream2 {
@@ -684,15 +714,53 @@ impl Cx<'_> {
         self.vars.iter().rev().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap_or_default()
     }
 
+    /// Binds the names of `pat`: a plain name gets `t`, the names of a destructuring pattern
+    /// (`let [a, b] = ...`, a `for` pattern) an unknown type, so no stale type survives shadowing.
     fn bind(&mut self, pat: &syn::Pat, t: SType) {
-        if let syn::Pat::Ident(pi) = pat {
-            self.vars.push((pi.ident.to_string(), t));
+        match pat {
+            syn::Pat::Ident(pi) if pi.subpat.is_none() => self.vars.push((pi.ident.to_string(), t)),
+            _ => {
+                let mut names = Vec::new();
+                pat_idents(pat, &mut names);
+                self.vars.extend(names.into_iter().map(|n| (n, SType::default())));
+            }
+        }
+    }
+
+    /// After a loop or a branch: the variables it assigned have types not known statically.
+    fn forget_assigned(&mut self, from: usize) {
+        let names: Vec<String> = self.assigned[from..].to_vec();
+        for n in names {
+            if self.vars.iter().any(|(v, _)| *v == n) {
+                self.vars.push((n, SType::default()));
+            }
         }
     }
 
     fn fresh(&mut self) -> Ident {
         self.tmp += 1;
         Ident::new(&format!("__sinter_t{}", self.tmp), Span::call_site())
+    }
+}
+
+/// The names a pattern binds.
+fn pat_idents(pat: &syn::Pat, out: &mut Vec<String>) {
+    match pat {
+        syn::Pat::Ident(pi) => {
+            out.push(pi.ident.to_string());
+            if let Some((_, sub)) = &pi.subpat {
+                pat_idents(sub, out);
+            }
+        }
+        syn::Pat::Slice(p) => p.elems.iter().for_each(|e| pat_idents(e, out)),
+        syn::Pat::Tuple(p) => p.elems.iter().for_each(|e| pat_idents(e, out)),
+        syn::Pat::TupleStruct(p) => p.elems.iter().for_each(|e| pat_idents(e, out)),
+        syn::Pat::Struct(p) => p.fields.iter().for_each(|f| pat_idents(&f.pat, out)),
+        syn::Pat::Reference(p) => pat_idents(&p.pat, out),
+        syn::Pat::Type(p) => pat_idents(&p.pat, out),
+        syn::Pat::Paren(p) => pat_idents(&p.pat, out),
+        syn::Pat::Or(p) => p.cases.iter().for_each(|c| pat_idents(c, out)),
+        _ => {}
     }
 }
 
@@ -738,6 +806,11 @@ fn attr_tokens(ts: &TokenStream2) -> syn::Result<TokenStream2> {
             let var = Ident::new(variant, i.span());
             return Ok(quote!(#ir::Attr::DType(#ir::DType::#var)));
         }
+        // A Rust primitive type is never a value: it is a dtype the DSL does not have.
+        const PRIMITIVES: [&str; 13] = ["f64", "f8", "i8", "i16", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize", "char"];
+        if PRIMITIVES.iter().any(|p| i == p) {
+            return err(i.span(), format!("unknown dtype `{i}`; expected one of bf16, f16, f32, i32, i64, bool (or a Rust expression in braces)"));
+        }
     }
     if let [TokenTree::Group(g)] = v.as_slice() {
         if g.delimiter() == Delimiter::Bracket {
@@ -767,16 +840,19 @@ fn compile_expr(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
         Expr::Lit(_, span) => err(*span, "a literal needs a tensor beside it to take its dtype from (e.g. `x * 0.5`); write constants with `constant(value, dtype, [dims])`"),
         Expr::Tuple(_, span) => err(*span, "a tuple can only end a function or an `if` branch"),
         Expr::If { cond, then, els, .. } => {
+            let assigned = cx.assigned.len();
             let t = compile_branch(cx, then)?;
             let e = compile_branch(cx, els)?;
+            cx.forget_assigned(assigned);
             Ok(Compiled { code: quote!(if #cond { #t } else { #e }), ty: SType::default(), multi: None })
         }
         Expr::Neg { span, e } => {
             let c = compile_single(cx, e)?;
             let code = c.code;
             let t = cx.fresh();
+            let __at = relocate(*span);
             Ok(Compiled {
-                code: quote_spanned!(*span=> { let #t = #code; #s.op1(#ir::OpKind::Neg, &[#t], ::std::vec::Vec::new())? }),
+                code: quote_spanned!(*span=> { let #t = #code; #s.op1(#ir::OpKind::Neg, &[#t], ::std::vec::Vec::new()).map_err(#__at)? }),
                 ty: c.ty,
                 multi: None,
             })
@@ -871,10 +947,16 @@ fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) ->
         };
         match e {
             Expr::Lit(v, ls) => match like.to_string().contains("Some") {
-                true => Ok((quote_spanned!(*ls=> #ir::scope::Operand::into_operand(#v, &mut #s, #like)?), SType::default())),
+                true => Ok(({
+                    let __at = relocate(*ls);
+                    quote_spanned!(*ls=> #ir::scope::Operand::into_operand(#v, &mut #s, #like).map_err(#__at)?)
+                }, SType::default())),
                 false => err(*ls, "both operands are literals: compute them in Rust inside `{ }`"),
             },
-            Expr::Rust(ts, rs) => Ok((quote_spanned!(*rs=> #ir::scope::Operand::into_operand({ #ts }, &mut #s, #like)?), SType::default())),
+            Expr::Rust(ts, rs) => {
+                let __at = relocate(*rs);
+                Ok((quote_spanned!(*rs=> #ir::scope::Operand::into_operand({ #ts }, &mut #s, #like).map_err(#__at)?), SType::default()))
+            }
             other => {
                 let c = compile_single(cx, other)?;
                 Ok((c.code, c.ty))
@@ -904,10 +986,11 @@ fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) ->
         }
         t
     };
+    let __at = relocate(span);
     let code = if !lhs_first {
-        quote_spanned!(span=> { let #rt = #rcode; let #lt = #lcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new())? })
+        quote_spanned!(span=> { let #rt = #rcode; let #lt = #lcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new()).map_err(#__at)? })
     } else {
-        quote_spanned!(span=> { let #lt = #lcode; let #rt = #rcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new())? })
+        quote_spanned!(span=> { let #lt = #lcode; let #rt = #rcode; #s.op1(#ir::OpKind::#kind, &[#lt, #rt], ::std::vec::Vec::new()).map_err(#__at)? })
     };
     Ok(Compiled { code, ty, multi: None })
 }
@@ -952,6 +1035,7 @@ fn matmul_type(span: Span, a: &SType, b: &SType, ta: bool, tb: bool) -> syn::Res
 }
 
 fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Result<Compiled> {
+    let __at = relocate(span);
     let ir = ir();
     let s = scope_ident();
     let n = name.to_string();
@@ -961,7 +1045,7 @@ fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Res
         };
         let ty = Parser::parse2(parse_type, ty.clone())?;
         let tt = type_tokens(&ty);
-        return Ok(Compiled { code: quote_spanned!(span=> #s.param(#wname, #tt)?), ty: SType::of(&ty), multi: None });
+        return Ok(Compiled { code: quote_spanned!(span=> #s.param(#wname, #tt).map_err(#__at)?), ty: SType::of(&ty), multi: None });
     }
     if n == "concat" {
         let (list, rest) = match args {
@@ -997,7 +1081,7 @@ fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Res
             return err(span, "`concat` takes one axis");
         }
         return Ok(Compiled {
-            code: quote_spanned!(span=> { #(let #temps = #codes;)* #s.op1(#ir::OpKind::Concat, &[#(#temps),*], ::std::vec![#(#attrs),*])? }),
+            code: quote_spanned!(span=> { #(let #temps = #codes;)* #s.op1(#ir::OpKind::Concat, &[#(#temps),*], ::std::vec![#(#attrs),*]).map_err(#__at)? }),
             ty: SType::default(),
             multi: None,
         });
@@ -1006,7 +1090,8 @@ fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Res
         let f = &cx.fns[pos];
         let ret = f.ret.clone();
         if args.len() != f.n_params {
-            return err(span, format!("`{n}` takes {} arguments, got {}", f.n_params, args.len()));
+            let s = if f.n_params == 1 { "" } else { "s" };
+            return err(span, format!("`{n}` takes {} argument{s} ({}), got {}", f.n_params, f.params.join(", "), args.len()));
         }
         let mut codes = Vec::new();
         let mut temps = Vec::new();
@@ -1022,9 +1107,9 @@ fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Res
         }
         let nret = ret.len();
         let code = if nret == 1 {
-            quote_spanned!(span=> { #(let #temps = #codes;)* let [__r] = #s.call::<1>(#n, &[#(#temps),*])?; __r })
+            quote_spanned!(span=> { #(let #temps = #codes;)* let [__r] = #s.call::<1>(#n, &[#(#temps),*]).map_err(#__at)?; __r })
         } else {
-            quote_spanned!(span=> { #(let #temps = #codes;)* #s.call::<#nret>(#n, &[#(#temps),*])? })
+            quote_spanned!(span=> { #(let #temps = #codes;)* #s.call::<#nret>(#n, &[#(#temps),*]).map_err(#__at)? })
         };
         let ty = if nret == 1 { SType { dtype: ret[0].dtype.known(), dims: None } } else { SType::default() };
         return Ok(Compiled { code, ty, multi: (nret != 1).then_some(nret) });
@@ -1040,8 +1125,16 @@ fn compile_call(cx: &mut Cx, name: &Ident, span: Span, args: &[Arg]) -> syn::Res
     if let Some(spec) = vocab::find_source(&n) {
         return compile_source(cx, spec, name, span, args);
     }
+    if let Some((current, below)) = cx.not_yet.split_first() {
+        if *current == n {
+            return err(span, format!("`{n}` calls itself; graph functions cannot be recursive (unroll with a Rust `for` loop)"));
+        }
+        if below.contains(&n) {
+            return err(span, format!("`{n}` is defined below `{current}`; a graph function can only call the functions defined above it"));
+        }
+    }
     let hint = suggest(&n).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
-    err(span, format!("unknown function or op `{n}`{hint} (graph functions must be defined above their callers)"))
+    err(span, format!("unknown function or op `{n}`{hint}"))
 }
 
 fn compile_source(_cx: &mut Cx, spec: &MethodSpec, name: &Ident, span: Span, args: &[Arg]) -> syn::Result<Compiled> {
@@ -1049,7 +1142,8 @@ fn compile_source(_cx: &mut Cx, spec: &MethodSpec, name: &Ident, span: Span, arg
     let s = scope_ident();
     let attrs = collect_attrs(spec, name, args, 0)?;
     let kind = Ident::new(spec.op, span);
-    Ok(Compiled { code: quote_spanned!(span=> #s.op1(#ir::OpKind::#kind, &[], ::std::vec![#(#attrs),*])?), ty: SType::default(), multi: None })
+    let __at = relocate(span);
+    Ok(Compiled { code: quote_spanned!(span=> #s.op1(#ir::OpKind::#kind, &[], ::std::vec![#(#attrs),*]).map_err(#__at)?), ty: SType::default(), multi: None })
 }
 
 fn collect_attrs(spec: &MethodSpec, name: &Ident, args: &[Arg], first_attr_pos: usize) -> syn::Result<Vec<TokenStream2>> {
@@ -1066,7 +1160,7 @@ fn collect_attrs(spec: &MethodSpec, name: &Ident, args: &[Arg], first_attr_pos: 
                     syn::Error::new(
                         *sp,
                         format!(
-                            "`{name}` takes {} ({}), got {} arguments",
+                            "`{name}` takes {} ({}), got {}",
                             arity_text(spec),
                             operand_list(spec),
                             args.len() + usize::from(spec.receiver)
@@ -1104,7 +1198,7 @@ fn arity_text(spec: &MethodSpec) -> String {
     let (lo, hi) = (spec.tensors.0, spec.tensors.1 + spec.attrs.len());
     let lo = lo + spec.required.len();
     if lo == hi {
-        format!("{lo} arguments")
+        format!("{lo} argument{}", if lo == 1 { "" } else { "s" })
     } else {
         format!("{lo} to {hi} arguments")
     }
@@ -1169,11 +1263,12 @@ fn compile_op(cx: &mut Cx, name: &Ident, span: Span, recv: Option<&Expr>, args: 
     let temps: Vec<Ident> = compiled.iter().map(|_| cx.fresh()).collect();
     let codes: Vec<TokenStream2> = compiled.into_iter().map(|c| c.code).collect();
     let kind = Ident::new(spec.op, span);
+    let __at = relocate(span);
     let (code, multi) = if spec.results == 1 {
-        (quote_spanned!(span=> { #(let #temps = #codes;)* #s.op1(#ir::OpKind::#kind, &[#(#temps),*], ::std::vec![#(#attrs),*])? }), None)
+        (quote_spanned!(span=> { #(let #temps = #codes;)* #s.op1(#ir::OpKind::#kind, &[#(#temps),*], ::std::vec![#(#attrs),*]).map_err(#__at)? }), None)
     } else {
         let r = spec.results;
-        (quote_spanned!(span=> { #(let #temps = #codes;)* #s.opn::<#r>(#ir::OpKind::#kind, &[#(#temps),*], ::std::vec![#(#attrs),*])? }), Some(r))
+        (quote_spanned!(span=> { #(let #temps = #codes;)* #s.opn::<#r>(#ir::OpKind::#kind, &[#(#temps),*], ::std::vec![#(#attrs),*]).map_err(#__at)? }), Some(r))
     };
     Ok(Compiled { code, ty, multi })
 }
@@ -1198,11 +1293,20 @@ fn attr_arg<'a>(spec: &MethodSpec, args: &'a [Arg], first_attr: usize, key: &str
 /// The static type of an op's result, checking what can be checked at expansion time.
 fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args: &[Arg], first_attr: usize) -> syn::Result<SType> {
     let x = ops.first().map(|c| c.ty.clone()).unwrap_or_default();
-    let int_attr = |k: &str| attr_arg(spec, args, first_attr, k).and_then(literal_int);
-    let check_axis = |k: &str, default: Option<i64>| -> syn::Result<()> {
-        if let (Some(a), Some(d)) = (int_attr(k).or(default), &x.dims) {
+    // An integer attribute's value: its default when absent, `None` when given as anything
+    // but an integer literal (a Rust value known only when the graph is built).
+    let int_attr = |k: &str, default: i64| match attr_arg(spec, args, first_attr, k) {
+        None => Some(default),
+        Some(t) => literal_int(t),
+    };
+    let check_axis = |k: &str, default: i64| -> syn::Result<()> {
+        if let (Some(a), Some(d)) = (int_attr(k, default), &x.dims) {
             if norm_axis(a, d.len()).is_none() {
-                return err(span, format!("`{k}` {a} is out of range for the rank-{} operand {}", d.len(), x.text()));
+                let msg = format!("`{k}` {a} is out of range for the rank-{} operand {} of `{}`", d.len(), x.text(), spec.name);
+                return Err(match attr_arg(spec, args, first_attr, k) {
+                    Some(t) => syn::Error::new_spanned(t, msg),
+                    None => syn::Error::new(span, msg),
+                });
             }
         }
         Ok(())
@@ -1230,26 +1334,40 @@ fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args: &[Arg], fi
         }
         vocab::Kind::Matmul => {
             let y = ops.get(1).map(|c| c.ty.clone()).unwrap_or_default();
-            let lit_bool = |k: &str| attr_arg(spec, args, first_attr, k).map(|t| t.to_string() == "true").unwrap_or(false);
-            matmul_type(span, &x, &y, lit_bool("transpose_a"), lit_bool("transpose_b"))?
+            // `Some(flag)` for an absent or literal flag; `None` for a Rust value.
+            let lit_bool = |k: &str| match attr_arg(spec, args, first_attr, k).map(|t| t.to_string()) {
+                None => Some(false),
+                Some(t) if t == "true" => Some(true),
+                Some(t) if t == "false" => Some(false),
+                Some(_) => None,
+            };
+            match (lit_bool("transpose_a"), lit_bool("transpose_b")) {
+                (Some(ta), Some(tb)) => matmul_type(span, &x, &y, ta, tb)?,
+                _ => SType { dtype: x.dtype.clone().or(y.dtype), dims: None },
+            }
         }
         vocab::Kind::Reduce => {
-            check_axis("axis", Some(-1))?;
+            check_axis("axis", -1)?;
             SType { dtype: x.dtype, dims: None }
         }
         vocab::Kind::Row => {
-            check_axis("axis", Some(-1))?;
+            check_axis("axis", -1)?;
             x
         }
         vocab::Kind::Transpose => {
-            check_axis("dim0", Some(-2))?;
-            check_axis("dim1", Some(-1))?;
+            check_axis("dim0", -2)?;
+            check_axis("dim1", -1)?;
             let mut t = x.clone();
-            if let (Some(d), Some(a), Some(b)) = (&mut t.dims, int_attr("dim0").or(Some(-2)), int_attr("dim1").or(Some(-1))) {
-                let r = d.len();
-                if let (Some(a), Some(b)) = (norm_axis(a, r), norm_axis(b, r)) {
-                    d.swap(a, b);
+            match (&mut t.dims, int_attr("dim0", -2), int_attr("dim1", -1)) {
+                (Some(d), Some(a), Some(b)) => {
+                    let r = d.len();
+                    if let (Some(a), Some(b)) = (norm_axis(a, r), norm_axis(b, r)) {
+                        d.swap(a, b);
+                    }
                 }
+                // Axes known only at build time: the rank stays, the dims do not.
+                (Some(d), _, _) => d.iter_mut().for_each(|x| *x = SDim::Unknown),
+                _ => {}
             }
             t
         }
@@ -1268,7 +1386,9 @@ fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args: &[Arg], fi
                 if spec.name == "reshape" {
                     if let (Some(a), Some(b)) = (lit(from), lit(to)) {
                         if a != b {
-                            return err(span, format!("cannot reshape {} ({a} elements) to [{}] ({b} elements)", x.text(), to.iter().map(SDim::text).collect::<Vec<_>>().join(", ")));
+                            let shape_arg = attr_arg(spec, args, first_attr, "shape").expect("the target came from it");
+                            let to = to.iter().map(SDim::text).collect::<Vec<_>>().join(", ");
+                            return Err(syn::Error::new_spanned(shape_arg, format!("cannot reshape {} ({a} elements) to [{to}] ({b} elements)", x.text())));
                         }
                     }
                 }
@@ -1294,6 +1414,7 @@ fn compile_stmt(cx: &mut Cx, st: &Stmt) -> syn::Result<TokenStream2> {
     Ok(match st {
         Stmt::Let { pat, init } => {
             let c = compile_expr(cx, init)?;
+            check_let_pattern(pat, init, &c)?;
             let code = c.code;
             cx.bind(pat, c.ty);
             quote!(let #pat = #code;)
@@ -1302,22 +1423,31 @@ fn compile_stmt(cx: &mut Cx, st: &Stmt) -> syn::Result<TokenStream2> {
             let c = compile_single(cx, value)?;
             let code = c.code;
             cx.vars.push((name.to_string(), c.ty));
+            cx.assigned.push(name.to_string());
             quote!(#name = #code;)
         }
         Stmt::For { pat, iter, body } => {
+            let (depth, assigned) = (cx.vars.len(), cx.assigned.len());
+            // The loop variable is a Rust value; it hides a tensor of the same name.
+            cx.bind(pat, SType::default());
             let b = compile_block(cx, body)?;
+            cx.vars.truncate(depth);
             // Types assigned inside a loop are not known after it.
+            cx.forget_assigned(assigned);
             quote!(for #pat in #iter { #b })
         }
         Stmt::If { cond, then, els } => {
+            let assigned = cx.assigned.len();
             let t = compile_block(cx, then)?;
-            match els {
+            let code = match els {
                 Some(e) => {
                     let e = compile_block(cx, e)?;
                     quote!(if #cond { #t } else { #e })
                 }
                 None => quote!(if #cond { #t }),
-            }
+            };
+            cx.forget_assigned(assigned);
+            code
         }
         Stmt::Expr(e) => {
             let c = compile_expr(cx, e)?;
@@ -1327,12 +1457,33 @@ fn compile_stmt(cx: &mut Cx, st: &Stmt) -> syn::Result<TokenStream2> {
     })
 }
 
+/// `let` of a multi-result op or call binds every result: `let [k, v] = ...`.
+fn check_let_pattern(pat: &syn::Pat, init: &Expr, c: &Compiled) -> syn::Result<()> {
+    let elems = match pat {
+        syn::Pat::Slice(p) => Some(p.elems.len()),
+        _ => None,
+    };
+    match (c.multi, elems) {
+        (Some(n), None) if !matches!(pat, syn::Pat::Wild(_)) => {
+            let names: Vec<String> = (0..n).map(|i| ((b'a' + i as u8) as char).to_string()).collect();
+            err(init.span(), format!("this gives {n} tensors; bind each: `let [{}] = ...`", names.join(", ")))
+        }
+        (Some(n), Some(m)) if n != m && !pat.to_token_stream().to_string().contains("..") => {
+            err(init.span(), format!("this gives {n} tensors but the pattern binds {m}"))
+        }
+        (None, Some(m)) if !matches!(init, Expr::If { .. } | Expr::Rust(..)) => {
+            err(init.span(), format!("this gives one tensor but the pattern binds {m}; write `let name = ...`"))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn expand_graph(fns: Vec<FnDef>) -> syn::Result<TokenStream2> {
     let ir = ir();
     let s = scope_ident();
     let mut sigs: Vec<FnSig> = Vec::new();
     let mut bodies = Vec::new();
-    for f in &fns {
+    for (fi, f) in fns.iter().enumerate() {
         let name = f.name.to_string();
         if sigs.iter().any(|g| g.name == name) {
             return err(f.name.span(), format!("function `{name}` is defined twice in this graph"));
@@ -1345,25 +1496,43 @@ fn expand_graph(fns: Vec<FnDef>) -> syn::Result<TokenStream2> {
             }
             seen.push(pn);
         }
-        let mut cx = Cx { fns: &sigs, vars: Vec::new(), tmp: 0 };
+        let not_yet: Vec<String> = fns[fi..].iter().map(|g| g.name.to_string()).collect();
+        let mut cx = Cx { fns: &sigs, not_yet: &not_yet, vars: Vec::new(), assigned: Vec::new(), tmp: 0 };
         let mut params = Vec::new();
         for p in &f.params {
             let (pn, pi) = (p.name.to_string(), &p.name);
             let tt = type_tokens(&p.ty);
-            params.push(quote_spanned!(p.name.span()=> let #pi: #ir::Value = #s.param(#pn, #tt)?;));
+            let __at = relocate(p.name.span());
+            params.push(quote_spanned!(p.name.span()=> let #pi: #ir::Value = #s.param(#pn, #tt).map_err(#__at)?;));
             cx.vars.push((pn, SType::of(&p.ty)));
         }
-        let body = compile_block(&mut cx, &f.body)?;
+        // The body's statements share the function's scope with its tail, so the tail's static
+        // types are known.
+        let mut body = TokenStream2::new();
+        for st in &f.body.stmts {
+            body.extend(compile_stmt(&mut cx, st)?);
+        }
         let tail = f.body.tail.as_ref().ok_or_else(|| syn::Error::new(f.body.close, format!("`fn {name}` must end with the tensor(s) it returns (an expression without `;`)")))?;
+        let mut out_codes = Vec::new();
+        let mut out_temps = Vec::new();
+        let mut out_lets = TokenStream2::new();
+        let mut tuple_temps: Vec<Ident> = Vec::new();
+        if let (Expr::If { .. }, true) = (tail, f.ret.len() > 1) {
+            // `if c { (a, b) } else { (p, q) }` as the tail of a function with several results.
+            let code = compile_expr(&mut cx, tail)?.code;
+            let temps: Vec<Ident> = f.ret.iter().map(|_| cx.fresh()).collect();
+            out_lets = quote!(let (#(#temps),*) = #code;);
+            tuple_temps = temps;
+        }
         let outs: Vec<&Expr> = match tail {
+            _ if !tuple_temps.is_empty() => vec![],
             Expr::Tuple(items, _) => items.iter().collect(),
             e => vec![e],
         };
-        if outs.len() != f.ret.len() {
-            return err(tail.span(), format!("`fn {name}` declares {} return values but returns {}", f.ret.len(), outs.len()));
+        if tuple_temps.is_empty() && outs.len() != f.ret.len() {
+            let s = if f.ret.len() == 1 { "" } else { "s" };
+            return err(tail.span(), format!("`fn {name}` declares {} return value{s} but returns {}", f.ret.len(), outs.len()));
         }
-        let mut out_codes = Vec::new();
-        let mut out_temps = Vec::new();
         for (o, decl) in outs.iter().zip(&f.ret) {
             let c = compile_single(&mut cx, o)?;
             let declared = SType::of(decl);
@@ -1383,24 +1552,33 @@ fn expand_graph(fns: Vec<FnDef>) -> syn::Result<TokenStream2> {
         }
         let decls: Vec<TokenStream2> = f.ret.iter().map(type_tokens).collect();
         let ret_span = f.ret_span;
-        let finish = quote_spanned!(ret_span=> #s.finish(&[#(#out_temps),*], &[#(#decls),*])?);
+        let results = if tuple_temps.is_empty() { &out_temps } else { &tuple_temps };
+        let __at = relocate(ret_span);
+        let finish = quote_spanned!(ret_span=> #s.finish(&[#(#results),*], &[#(#decls),*]).map_err(#__at)?);
         bodies.push(quote! {
             {
                 let mut #s = #ir::scope::Scope::new(&__sinter_graph, #name);
                 #(#params)*
                 #body
+                #out_lets
                 #(let #out_temps = #out_codes;)*
                 let __f = #finish;
                 __sinter_graph.add_func(__f);
             }
         });
-        sigs.push(FnSig { name, n_params: f.params.len(), ret: f.ret.clone() });
+        sigs.push(FnSig { name, n_params: f.params.len(), params: f.params.iter().map(|p| p.name.to_string()).collect(), ret: f.ret.clone() });
     }
     Ok(quote! {
         {
             // `{ rust }` escapes are braces on purpose; the DSL's own temporaries are single-use.
             #[allow(unused_braces, unused_parens, clippy::redundant_closure_call)]
             let __sinter_result = (|| -> ::core::result::Result<#ir::Graph, #ir::BuildError> {
+                fn __sinter_at(at: &'static ::core::panic::Location<'static>) -> impl ::core::ops::FnOnce(#ir::BuildError) -> #ir::BuildError {
+                    move |mut e| {
+                        e.location = at;
+                        e
+                    }
+                }
                 let mut __sinter_graph = #ir::Graph::new();
                 #(#bodies)*
                 ::core::result::Result::Ok(__sinter_graph)

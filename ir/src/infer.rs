@@ -177,7 +177,7 @@ pub fn binary(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
 
 /// Float-only binary op.
 pub fn binary_float(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
-    want_float(c.input(0)?, "the operands")?;
+    want_float(c.input(0)?, "the first operand")?;
     binary(c)
 }
 
@@ -405,9 +405,8 @@ pub fn rope(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
         }
     }
     let lead = &x.shape[..r - 1];
-    let b = broadcast_shapes(&pos.shape, lead)?;
-    if b != lead {
-        return err(format!("positions {} do not broadcast to {}", shape_text(&pos.shape), shape_text(lead)));
+    if broadcast_shapes(&pos.shape, lead).ok().as_deref() != Some(lead) {
+        return err(format!("positions {} do not broadcast to {} (x's shape without its last axis)", shape_text(&pos.shape), shape_text(lead)));
     }
     Ok(vec![x.clone()])
 }
@@ -478,8 +477,7 @@ pub fn attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     if let Some(m) = c.inputs.get(3) {
         want_float(m, "the additive mask")?;
         let full = [q.shape[0].clone(), Dim::constant(h), q.shape[sx].clone(), k.shape[sx].clone()];
-        let b = broadcast_shapes(&m.shape, &full)?;
-        if b != full {
+        if broadcast_shapes(&m.shape, &full).ok().as_ref() != Some(&full.to_vec()) {
             return err(format!("the mask {} does not broadcast to [B, H, Sq, Skv] = {}", shape_text(&m.shape), shape_text(&full)));
         }
     }
@@ -564,7 +562,8 @@ pub fn call(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     for (i, (p, a)) in sig.params.iter().zip(&c.inputs).enumerate() {
         let want = TensorType { dtype: p.dtype, shape: p.shape.iter().map(|d| d.substitute(&map)).collect() };
         if &want != *a {
-            return err(format!("argument {i} of @{name} must be {want} (declared {p}), got {a}"));
+            let declared = if &want == p { String::new() } else { format!(" (declared {p})") };
+            return err(format!("argument {i} of @{name} must be {want}{declared}, got {a}"));
         }
     }
     Ok(sig

@@ -20,7 +20,7 @@ use std::fmt::{self, Write};
 use crate::dim::Dim;
 use crate::dtype::DType;
 use crate::graph::{Function, Graph, TensorType, Value};
-use crate::ops::{Attr, Op, OpKind};
+use crate::ops::{Attr, AttrError, Op, OpKind};
 
 // ----------------------------------------------------------------------------------------
 // Printer
@@ -42,7 +42,8 @@ fn print_attr(out: &mut String, a: &Attr) {
 /// Formats a float so that it reads back as a float with the same bits (`1.0`, not `1`).
 fn fmt_float(v: f64) -> String {
     if v.is_nan() {
-        return "nan".into();
+        // The sign survives (`0.0/0.0` is a negative NaN on x86); other payload bits do not.
+        return if v.is_sign_negative() { "-nan".into() } else { "nan".into() };
     }
     if v.is_infinite() {
         return if v > 0.0 { "inf".into() } else { "-inf".into() };
@@ -63,7 +64,9 @@ pub fn print_function(f: &Function) -> String {
     for nd in f.nodes.values() {
         let results: Vec<String> = nd.results.iter().map(|&r| format!("{}: {}", f.label(r), f.ty(r))).collect();
         let inputs: Vec<String> = nd.inputs.iter().map(|&v| f.label(v)).collect();
-        let _ = write!(out, "  {} = {}({})", results.join(", "), nd.op.kind.name(), inputs.join(", "));
+        // A call of a function without outputs has no results: the line starts with `=`.
+        let lhs = if results.is_empty() { String::new() } else { format!("{} ", results.join(", ")) };
+        let _ = write!(out, "  {lhs}= {}({})", nd.op.kind.name(), inputs.join(", "));
         let specs = nd.op.kind.info().attrs;
         let shown: Vec<String> = specs
             .iter()
@@ -81,7 +84,11 @@ pub fn print_function(f: &Function) -> String {
         out.push('\n');
     }
     let outs: Vec<String> = f.outputs.iter().map(|&o| f.label(o)).collect();
-    let _ = writeln!(out, "  return {}", outs.join(", "));
+    if outs.is_empty() {
+        out.push_str("  return\n");
+    } else {
+        let _ = writeln!(out, "  return {}", outs.join(", "));
+    }
     out.push_str("}\n");
     out
 }
@@ -184,7 +191,7 @@ fn lex(src: &str) -> Result<Vec<Lexed>, ParseError> {
         if c == '%' || c == '@' {
             let start = i + 1;
             let mut j = start;
-            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_') {
+            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_' || (c == '%' && chars[j] == '.')) {
                 j += 1;
             }
             if j == start {
@@ -203,10 +210,27 @@ fn lex(src: &str) -> Result<Vec<Lexed>, ParseError> {
                     break;
                 }
                 if chars[j] == '\\' && j + 1 < chars.len() {
+                    // The escapes Rust's `{:?}` writes, which is how the printer quotes.
                     j += 1;
                     s.push(match chars[j] {
                         'n' => '\n',
                         't' => '\t',
+                        'r' => '\r',
+                        '0' => '\0',
+                        'u' if chars.get(j + 1) == Some(&'{') => {
+                            let close = chars[j..].iter().position(|&c| c == '}' || c == '"' || c == '\n').map(|k| j + k);
+                            let code = close
+                                .filter(|&k| chars[k] == '}')
+                                .and_then(|k| u32::from_str_radix(&chars[j + 2..k].iter().collect::<String>(), 16).ok())
+                                .and_then(char::from_u32);
+                            match (code, close) {
+                                (Some(ch), Some(k)) => {
+                                    j = k;
+                                    ch
+                                }
+                                _ => return Err(bad(l0, c0, "a bad `\\u{…}` escape".into(), "a string with valid escapes")),
+                            }
+                        }
                         other => other,
                     });
                 } else {
@@ -292,7 +316,14 @@ fn lex(src: &str) -> Result<Vec<Lexed>, ParseError> {
 struct Parser {
     toks: Vec<Lexed>,
     pos: usize,
+    /// Nesting depth of the dim expression being parsed.
+    depth: usize,
 }
+
+/// How deeply `(` and unary `-` may nest in a dim.
+const MAX_DIM_DEPTH: usize = 64;
+/// The longest canonical form a dim may expand to while it is parsed.
+const MAX_DIM_TEXT: usize = 4096;
 
 fn is_reserved_label(name: &str) -> bool {
     name.len() > 1 && name.starts_with('v') && name[1..].bytes().all(|b| b.is_ascii_digit())
@@ -349,12 +380,14 @@ impl Parser {
     }
 
     fn value_label(&mut self) -> Result<String, ParseError> {
-        match self.bump() {
-            Tok::Value(v) => Ok(v),
-            _ => {
-                self.pos -= 1;
-                Err(self.error("a value (`%name`)"))
+        // Peek before bumping: `bump` does not move past the end, so stepping back after it
+        // would blame the token before the end of input.
+        match self.peek().clone() {
+            Tok::Value(v) => {
+                self.bump();
+                Ok(v)
             }
+            _ => Err(self.error("a value (`%name`)")),
         }
     }
 
@@ -373,14 +406,30 @@ impl Parser {
     }
 
     fn dim_term(&mut self) -> Result<Dim, ParseError> {
+        let start = self.pos;
         let mut acc = self.dim_factor()?;
         while self.eat("*") {
             acc = acc.mul(&self.dim_factor()?);
+            // Products of sums expand: `(a+b)*(a+b)*…` grows exponentially. Stop early.
+            if acc.to_string().len() > MAX_DIM_TEXT {
+                return Err(self.error_at(start, "a product that expands past that".into(), format!("a dim of at most {MAX_DIM_TEXT} characters in canonical form")));
+            }
         }
         Ok(acc)
     }
 
     fn dim_factor(&mut self) -> Result<Dim, ParseError> {
+        // `-` and `(` recurse; bound the depth so that a hostile input cannot overflow the stack.
+        if self.depth >= MAX_DIM_DEPTH {
+            return Err(self.error(format!("a dim nested at most {MAX_DIM_DEPTH} deep")));
+        }
+        self.depth += 1;
+        let r = self.dim_factor_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn dim_factor_inner(&mut self) -> Result<Dim, ParseError> {
         if self.eat("-") {
             return Ok(self.dim_factor()?.scale(-1));
         }
@@ -394,7 +443,9 @@ impl Parser {
                 self.bump();
                 Dim::constant(v)
             }
-            Tok::Ident(s) if DType::from_name(&s).is_none() && s != "inf" && s != "nan" => {
+            // Words that mean something else as an attribute value are not symbols, so that a
+            // dim prints to text that reads back as a dim in every position.
+            Tok::Ident(s) if DType::from_name(&s).is_none() && !["inf", "nan", "true", "false"].contains(&s.as_str()) => {
                 self.bump();
                 Dim::symbol(&s)
             }
@@ -474,6 +525,10 @@ impl Parser {
                         self.bump();
                         Ok(Attr::Float(f64::NEG_INFINITY))
                     }
+                    Tok::Ident(s) if s == "nan" => {
+                        self.bump();
+                        Ok(Attr::Float(-f64::NAN))
+                    }
                     _ => {
                         let d = self.dim_term()?.scale(-1);
                         self.finish_dim_attr(d)
@@ -526,18 +581,20 @@ impl Parser {
 
     fn function(&mut self, graph: &Graph) -> Result<Function, ParseError> {
         self.expect_keyword("func")?;
-        let name = match self.bump() {
-            Tok::Func(n) => n,
-            _ => {
-                self.pos -= 1;
-                return Err(self.error("a function name (`@name`)"));
+        let name = match self.peek().clone() {
+            Tok::Func(n) => {
+                self.bump();
+                n
             }
+            _ => return Err(self.error("a function name (`@name`)")),
         };
         if graph.func(&name).is_some() {
-            return Err(self.error_at(self.pos - 1, format!("`@{name}`"), "a function name not defined before"));
+            return Err(self.error_at(self.pos - 1, format!("`@{name}`, already defined above"), "a new function name"));
         }
         let mut f = Function::new(name);
         let mut labels: HashMap<String, Value> = HashMap::new();
+        // The line that defines each label, for redefinition errors.
+        let mut def_lines: HashMap<String, usize> = HashMap::new();
         self.expect("(")?;
         if !self.eat(")") {
             loop {
@@ -545,9 +602,10 @@ impl Parser {
                 let label = self.value_label()?;
                 self.expect(":")?;
                 let ty = self.ty()?;
-                if labels.contains_key(&label) {
-                    return Err(self.error_at(at, format!("`%{label}`"), "a value name not defined before"));
+                if let Some(line) = def_lines.get(&label) {
+                    return Err(self.error_at(at, format!("`%{label}`, already defined on line {line}"), "a new value name"));
                 }
+                def_lines.insert(label.clone(), self.toks[at].line);
                 let v = f.add_param(if is_reserved_label(&label) { None } else { Some(label.clone()) }, ty);
                 labels.insert(label, v);
                 if self.eat(")") {
@@ -577,22 +635,27 @@ impl Parser {
                 f.outputs = outs;
                 return Ok(f);
             }
-            // results
+            // results (none before `=` for a call of a function without outputs)
             let mut results = Vec::new();
-            loop {
-                let at = self.pos;
-                let label = match self.peek() {
-                    Tok::Value(_) => self.value_label()?,
-                    _ => return Err(self.error("a result (`%name: type`) or `return`")),
-                };
-                if labels.contains_key(&label) || results.iter().any(|(l, _, _): &(String, TensorType, usize)| *l == label) {
-                    return Err(self.error_at(at, format!("`%{label}`"), "a value name not defined before"));
-                }
-                self.expect(":")?;
-                let ty = self.ty()?;
-                results.push((label, ty, at));
-                if !self.eat(",") {
-                    break;
+            if !matches!(self.peek(), Tok::Punct("=")) {
+                loop {
+                    let at = self.pos;
+                    let label = match self.peek() {
+                        Tok::Value(_) => self.value_label()?,
+                        _ => return Err(self.error("a result (`%name: type`) or `return`")),
+                    };
+                    if let Some(line) = def_lines.get(&label) {
+                        return Err(self.error_at(at, format!("`%{label}`, already defined on line {line}"), "a new value name"));
+                    }
+                    if results.iter().any(|(l, _, _): &(String, TensorType, usize)| *l == label) {
+                        return Err(self.error_at(at, format!("`%{label}` twice"), "a new value name"));
+                    }
+                    self.expect(":")?;
+                    let ty = self.ty()?;
+                    results.push((label, ty, at));
+                    if !self.eat(",") {
+                        break;
+                    }
                 }
             }
             self.expect("=")?;
@@ -617,30 +680,62 @@ impl Parser {
                     }
                 }
             }
-            let mut named = Vec::new();
-            if self.eat("{") {
-                if !self.eat("}") {
-                    loop {
-                        let name = match self.bump() {
-                            Tok::Ident(n) => n,
-                            _ => {
-                                self.pos -= 1;
-                                return Err(self.error("an attribute name"));
-                            }
+            let mut named: Vec<(String, Attr)> = Vec::new();
+            if self.eat("{") && !self.eat("}") {
+                loop {
+                    let name_at = self.pos;
+                    let name = match self.peek().clone() {
+                        Tok::Ident(n) => {
+                            self.bump();
+                            n
+                        }
+                        _ => return Err(self.error("an attribute name")),
+                    };
+                    let info = kind.info();
+                    if kind.attr_index(&name).is_none() {
+                        let known = if info.attrs.is_empty() {
+                            "it has none".to_string()
+                        } else {
+                            info.attrs.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
                         };
-                        self.expect("=")?;
-                        let v = self.attr_value()?;
-                        named.push((name, v));
-                        if self.eat("}") {
-                            break;
-                        }
-                        if !self.eat(",") {
-                            return Err(self.error("`,` or `}`"));
-                        }
+                        return Err(self.error_at(name_at, format!("`{name}`"), format!("an attribute of `{}` ({known})", info.name)));
+                    }
+                    if named.iter().any(|(n, _)| *n == name) {
+                        return Err(self.error_at(name_at, format!("`{name}` again"), "each attribute once"));
+                    }
+                    self.expect("=")?;
+                    let value_at = self.pos;
+                    let v = self.attr_value()?;
+                    // Check the value's kind now, to point at it. `Op::new` with this one
+                    // attribute reports a wrong kind before a missing required attribute.
+                    if let Err(AttrError::Kind { expected, .. }) = Op::new(kind, vec![(name.clone(), v.clone())]) {
+                        let mut found = String::new();
+                        print_attr(&mut found, &v);
+                        return Err(self.error_at(
+                            value_at,
+                            format!("`{found}`"),
+                            format!("{expected} for attribute `{name}` of `{}`", info.name),
+                        ));
+                    }
+                    named.push((name, v));
+                    if self.eat("}") {
+                        break;
+                    }
+                    if !self.eat(",") {
+                        return Err(self.error("`,` or `}`"));
                     }
                 }
             }
-            let op = Op::new(kind, named).map_err(|e| self.error_at(op_at, format!("`{}`", kind.name()), format!("valid attributes ({e})")))?;
+            // Names and kinds are checked above: only a missing required attribute is left.
+            let op = Op::new(kind, named).map_err(|e| match e {
+                AttrError::Missing { op, name } => {
+                    self.error_at(op_at, "none".into(), format!("a value for attribute `{name}` of `{op}` (it has no default)"))
+                }
+                other => self.error_at(op_at, format!("`{}`", kind.name()), format!("valid attributes ({other})")),
+            })?;
+            for (l, _, at) in &results {
+                def_lines.insert(l.clone(), self.toks[*at].line);
+            }
             let (labels_here, types): (Vec<_>, Vec<_>) = results.into_iter().map(|(l, t, _)| (l, t)).unzip();
             let (_, vals) = f.push_node(op, inputs, types);
             for (l, v) in labels_here.into_iter().zip(vals) {
@@ -659,7 +754,7 @@ impl Parser {
 /// A [`ParseError`] with the line and column, what was found and what was expected.
 pub fn parse(src: &str) -> Result<Graph, ParseError> {
     let toks = lex(src)?;
-    let mut p = Parser { toks, pos: 0 };
+    let mut p = Parser { toks, pos: 0, depth: 0 };
     let mut g = Graph::new();
     while *p.peek() != Tok::Eof {
         let f = p.function(&g)?;

@@ -18,6 +18,9 @@ pub struct VerifyError {
     pub op: Option<&'static str>,
     /// The operand types, printed (`bf16[T, 576], bf16[64, 64]`).
     pub operands: String,
+    /// The node's results as the text format labels them (`%scores`, `%v7`), so that the
+    /// error can be found in a `.sir` file; empty when the error is not about a node.
+    pub results: String,
     /// The rule broken.
     pub rule: String,
 }
@@ -26,7 +29,11 @@ impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "in @{}", self.func)?;
         if let (Some(n), Some(op)) = (self.node, self.op) {
-            write!(f, ", {n} `{op}`({})", self.operands)?;
+            write!(f, ", {n}")?;
+            if !self.results.is_empty() {
+                write!(f, " {} =", self.results)?;
+            }
+            write!(f, " `{op}`({})", self.operands)?;
         }
         write!(f, ": {}", self.rule)
     }
@@ -41,11 +48,17 @@ fn types_text(f: &Function, vals: &[Value]) -> String {
         .join(", ")
 }
 
+fn labels_text(f: &Function, vals: &[Value]) -> String {
+    vals.iter().map(|&v| f.label(v)).collect::<Vec<_>>().join(", ")
+}
+
 /// Checks arity and attributes of `op` applied to `n` operands. Shared with the builder.
 pub(crate) fn check_op_form(op: &Op, n: usize) -> Result<(), String> {
     let info = op.kind.info();
     if !op.kind.arity_ok(n) || (op.kind == OpKind::Concat && n == 0) {
-        return Err(format!("`{}` takes {} operands ({}), got {n}", info.name, op.kind.arity_text(), info.operands.join(", ")));
+        let text = op.kind.arity_text();
+        let noun = if text.ends_with(" 1") || text == "1" { "operand" } else { "operands" };
+        return Err(format!("`{}` takes {text} {noun} ({}), got {n}", info.name, info.operands.join(", ")));
     }
     if op.attrs.len() != info.attrs.len() {
         return Err(format!("`{}` has {} attributes, the node carries {}", info.name, info.attrs.len(), op.attrs.len()));
@@ -77,7 +90,14 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
     let mut sigs: BTreeMap<&str, Signature> = BTreeMap::new();
     for f in g.funcs.values() {
         if sigs.contains_key(f.name.as_str()) {
-            return Err(VerifyError { func: f.name.clone(), node: None, op: None, operands: String::new(), rule: format!("function @{} is defined twice", f.name) });
+            return Err(VerifyError {
+                func: f.name.clone(),
+                node: None,
+                op: None,
+                operands: String::new(),
+                results: String::new(),
+                rule: format!("function @{} is defined twice", f.name),
+            });
         }
         verify_function(f, &sigs)?;
         sigs.insert(&f.name, f.signature());
@@ -91,12 +111,26 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
 /// See [`verify`].
 pub fn verify_function(f: &Function, callees: &BTreeMap<&str, Signature>) -> Result<(), VerifyError> {
     let fail = |node: Option<Node>, rule: String| {
-        let (op, operands) = match node.and_then(|n| f.nodes.get(n)) {
-            Some(d) => (Some(d.op.kind.name()), types_text(f, &d.inputs)),
-            None => (None, String::new()),
+        let (op, operands, results) = match node.and_then(|n| f.nodes.get(n)) {
+            Some(d) => (Some(d.op.kind.name()), types_text(f, &d.inputs), labels_text(f, &d.results)),
+            None => (None, String::new(), String::new()),
         };
-        VerifyError { func: f.name.clone(), node, op, operands, rule }
+        VerifyError { func: f.name.clone(), node, op, operands, results, rule }
     };
+    // Structure first, so that the checks below can index tables without panicking on a
+    // function assembled by hand (its fields are public).
+    for (i, &p) in f.params.iter().enumerate() {
+        if f.values.get(p).map(|d| d.def) != Some(ValueDef::Param(i)) {
+            return Err(fail(None, format!("parameter {i} ({p}) is not a value defined as that parameter")));
+        }
+    }
+    for (node, nd) in f.nodes.iter() {
+        for (i, &r) in nd.results.iter().enumerate() {
+            if f.values.get(r).map(|d| d.def) != Some(ValueDef::Result(node, i)) {
+                return Err(fail(None, format!("result {i} of {node} ({r}) is not a value defined as that result")));
+            }
+        }
+    }
     let mut names = BTreeSet::new();
     for (v, d) in f.values.iter() {
         if let Some(n) = &d.name {

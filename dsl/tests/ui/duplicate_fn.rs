@@ -1,0 +1,12 @@
+use sinter::graph;
+
+fn main() {
+    let _ = graph! {
+        fn f(x: f32[T, 4]) -> f32[T, 4] {
+            x
+        }
+        fn f(x: f32[T, 4]) -> f32[T, 4] {
+            x.exp()
+        }
+    };
+}

@@ -1,0 +1,10 @@
+use sinter::graph;
+
+fn main() {
+    let _ = graph! {
+        fn f(x: f32[T, 4]) -> f32[T, 4] {
+            let y = if true { x.exp() };
+            y
+        }
+    };
+}

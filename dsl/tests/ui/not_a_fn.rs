@@ -1,0 +1,7 @@
+use sinter::graph;
+
+fn main() {
+    let _ = graph! {
+        let y = 1;
+    };
+}

@@ -1,0 +1,10 @@
+use sinter::graph;
+
+fn main() {
+    let _ = graph! {
+        fn f(x: f32[T, 4], w: f32[4, 8]) -> f32[T, 4] {
+            let y = x @ w;
+            y
+        }
+    };
+}

@@ -1,1 +1,0 @@
-//! CPU reference interpreter (placeholder while being written).

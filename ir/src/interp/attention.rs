@@ -1,0 +1,319 @@
+//! `attention`, `kv_append` and `paged_attention`.
+//!
+//! Both attention ops share one inner routine, [`attend_row`]: a tiled online softmax over the
+//! keys of one query row as in FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1),
+//! in f64, independent of the `softmax(scale·QKᵀ + mask)·V` decomposition.
+
+use crate::dtype::DType;
+use crate::ops::Op;
+
+use super::elementwise::nan_max;
+use super::tensor::{bcast_strides, broadcasts_to, round_all, Tensor};
+use super::{attr_err, attrs, operands_err, type_text, InterpError, Result, Site};
+
+/// Keys per tile of the online softmax.
+const TILE: usize = 16;
+
+/// The keys and values one query head reads: key j is `k[k_offs[j]..][..d]`, its value
+/// `v[v_offs[j]..][..dv]`.
+struct Kv<'a> {
+    k: &'a [f64],
+    v: &'a [f64],
+    k_offs: &'a [usize],
+    v_offs: &'a [usize],
+    d: usize,
+    dv: usize,
+}
+
+/// Attention of one query row over keys `0..n` (the visible ones; the caller has applied the
+/// causal limit, so hidden keys are never read), written to `out` (length dv), unrounded.
+///
+/// Score `s_j = scale·(q·k_j) + mask_j` (mask optional). Per tile of [`TILE`] keys: tile max
+/// `m̃`, `m_new = max(m, m̃)` (NaN-propagating), `α = exp(m − m_new)`, `l = α·l + Σ exp(s_j −
+/// m_new)`, `acc = α·acc + Σ exp(s_j − m_new)·v_j`; finally `out = acc / l`. While every score
+/// so far is −inf the tile is skipped; a row that never sees a finite score (no visible key,
+/// or all masked to −inf) gives exactly 0. A NaN score makes `m` NaN and so the whole row NaN;
+/// a +inf score gives exp(inf − inf) = NaN, as the reference softmax does.
+fn attend_row(q: &[f64], scale: f64, kv: &Kv<'_>, n: usize, mask: Option<&[f64]>, out: &mut [f64]) {
+    let mut s = [0.0f64; TILE];
+    let mut m = f64::NEG_INFINITY;
+    let mut l = 0.0f64;
+    out.iter_mut().for_each(|o| *o = 0.0);
+    let mut j0 = 0;
+    while j0 < n {
+        let j1 = (j0 + TILE).min(n);
+        let mut tile_max = f64::NEG_INFINITY;
+        for j in j0..j1 {
+            let k = &kv.k[kv.k_offs[j]..][..kv.d];
+            let dot: f64 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+            let sc = scale * dot + mask.map_or(0.0, |mk| mk[j]);
+            s[j - j0] = sc;
+            tile_max = nan_max(tile_max, sc);
+        }
+        let m_new = nan_max(m, tile_max);
+        if m_new == f64::NEG_INFINITY {
+            j0 = j1;
+            continue;
+        }
+        let alpha = (m - m_new).exp();
+        l *= alpha;
+        out.iter_mut().for_each(|o| *o *= alpha);
+        for j in j0..j1 {
+            let p = (s[j - j0] - m_new).exp();
+            l += p;
+            let v = &kv.v[kv.v_offs[j]..][..kv.dv];
+            for (o, &vv) in out.iter_mut().zip(v) {
+                *o += p * vv;
+            }
+        }
+        m = m_new;
+        j0 = j1;
+    }
+    if m == f64::NEG_INFINITY {
+        out.iter_mut().for_each(|o| *o = 0.0);
+    } else {
+        out.iter_mut().for_each(|o| *o /= l);
+    }
+}
+
+/// How many keys query row `i` of `sq` sees among `skv` (causal: bottom-right aligned).
+fn visible(causal: bool, i: usize, sq: usize, skv: usize) -> usize {
+    if !causal {
+        return skv;
+    }
+    let lim = i as i128 + skv as i128 - sq as i128 + 1;
+    lim.clamp(0, skv as i128) as usize
+}
+
+fn heads_attrs(op: &Op) -> Result<(usize, usize)> {
+    let (h, hkv) = (attrs::int(op, "heads")?, attrs::int(op, "kv_heads")?);
+    if h <= 0 || hkv <= 0 || h % hkv != 0 {
+        return attr_err(format!("heads ({h}) must be a positive multiple of kv_heads ({hkv})"));
+    }
+    Ok((h as usize, hkv as usize))
+}
+
+fn want(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        operands_err(msg())
+    }
+}
+
+fn tt(t: &Tensor) -> String {
+    type_text(t.dtype, &t.shape)
+}
+
+/// `attention(q, k, v, mask?)`: see the op table. Layout `bhsd` (q `[B,H,Sq,D]`) or `bshd`
+/// (q `[B,Sq,H,D]`); GQA head h reads KV head `h / (H/Hkv)`; causal bottom-right; optional
+/// additive mask broadcast to `[B,H,Sq,Skv]`; one rounding to q's dtype.
+pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    for (t, n) in [(q, "q"), (k, "k"), (v, "v")] {
+        want(t.rank() == 4 && t.dtype.is_float() && t.dtype == q.dtype, || {
+            format!("{n} must be a rank-4 float tensor of q's dtype, got {} (q is {})", tt(t), tt(q))
+        })?;
+    }
+    let scale = attrs::float(op, "scale")?;
+    let causal = attrs::bool(op, "causal")?;
+    let (heads, kv_heads) = heads_attrs(op)?;
+    let bshd = match attrs::str(op, "layout")? {
+        "bhsd" => false,
+        "bshd" => true,
+        other => return attr_err(format!("layout must be \"bhsd\" or \"bshd\", got {other:?}")),
+    };
+    // (B, H, S, D) of a tensor in the layout.
+    let dims = |t: &Tensor| {
+        let s = &t.shape;
+        if bshd {
+            (s[0], s[2], s[1], s[3])
+        } else {
+            (s[0], s[1], s[2], s[3])
+        }
+    };
+    let (bq, hq, sq, d) = dims(q);
+    let (bk, hk, skv, dk) = dims(k);
+    let (bv, hv, sv, dv) = dims(v);
+    want(hq == heads, || format!("q has {hq} heads, the attribute says {heads}"))?;
+    want(hk == kv_heads && hv == kv_heads, || format!("k and v have {hk} and {hv} heads, kv_heads is {kv_heads}"))?;
+    want(bq == bk && bq == bv, || format!("batch sizes differ: q {}, k {}, v {}", tt(q), tt(k), tt(v)))?;
+    want(d == dk, || format!("q and k head dims differ: {} vs {}", tt(q), tt(k)))?;
+    want(skv == sv, || format!("k and v sequence lengths differ: {} vs {}", tt(k), tt(v)))?;
+    let full = [bq, heads, sq, skv];
+    let mask_strides = match mask {
+        Some(mk) => {
+            want(mk.dtype.is_float(), || format!("the additive mask must be float, got {}", tt(mk)))?;
+            want(broadcasts_to(&mk.shape, &full), || format!("the mask {} does not broadcast to [B, H, Sq, Skv] = {full:?}", tt(mk)))?;
+            Some(bcast_strides(&mk.shape, &full))
+        }
+        None => None,
+    };
+    // Offset of row (b, h, s) of a [B, H, S, X] (or [B, S, H, X]) tensor with row length x.
+    let off = |b: usize, h: usize, s: usize, nh: usize, ns: usize, x: usize| {
+        if bshd {
+            ((b * ns + s) * nh + h) * x
+        } else {
+            ((b * nh + h) * ns + s) * x
+        }
+    };
+    let out_shape = if bshd { vec![bq, sq, heads, dv] } else { vec![bq, heads, sq, dv] };
+    let mut data = vec![0.0; bq * heads * sq * dv];
+    let group = heads / kv_heads;
+    let (mut k_offs, mut v_offs) = (vec![0usize; skv], vec![0usize; skv]);
+    let mut mrow = vec![0.0; skv];
+    let mut acc = vec![0.0; dv];
+    for b in 0..bq {
+        for g in 0..kv_heads {
+            for j in 0..skv {
+                k_offs[j] = off(b, g, j, kv_heads, skv, d);
+                v_offs[j] = off(b, g, j, kv_heads, skv, dv);
+            }
+            let kv = Kv { k: &k.data, v: &v.data, k_offs: &k_offs, v_offs: &v_offs, d, dv };
+            for h in g * group..(g + 1) * group {
+                for i in 0..sq {
+                    let n = visible(causal, i, sq, skv);
+                    let mrow = match (mask, &mask_strides) {
+                        (Some(mk), Some(st)) => {
+                            let base = b * st[0] + h * st[1] + i * st[2];
+                            for (j, mv) in mrow.iter_mut().enumerate().take(n) {
+                                *mv = mk.data[base + j * st[3]];
+                            }
+                            Some(&mrow[..])
+                        }
+                        _ => None,
+                    };
+                    let qrow = &q.data[off(b, h, i, heads, sq, d)..][..d];
+                    attend_row(qrow, scale, &kv, n, mrow, &mut acc);
+                    data[off(b, h, i, heads, sq, dv)..][..dv].copy_from_slice(&acc);
+                }
+            }
+        }
+    }
+    round_all(q.dtype, &mut data);
+    Ok(Tensor::from_parts(q.dtype, out_shape, data))
+}
+
+fn check_pages(kp: &Tensor, vp: &Tensor) -> Result<(usize, usize, usize, usize)> {
+    want(kp.rank() == 4 && kp.dtype.is_float(), || format!("k_pages must be a rank-4 float tensor [pages, page_size, kv_heads, head_dim], got {}", tt(kp)))?;
+    want(kp.dtype == vp.dtype && kp.shape == vp.shape, || format!("k_pages and v_pages must have one type, got {} and {}", tt(kp), tt(vp)))?;
+    Ok((kp.shape[0], kp.shape[1], kp.shape[2], kp.shape[3]))
+}
+
+fn check_table(bt: &Tensor, lens: &Tensor, batch: usize, lens_name: &str) -> Result<usize> {
+    want(bt.rank() == 2 && bt.dtype == DType::I32, || format!("block_table must be i32[batch, max_pages], got {}", tt(bt)))?;
+    want(lens.rank() == 1 && lens.dtype == DType::I32, || format!("{lens_name} must be i32[batch], got {}", tt(lens)))?;
+    want(bt.shape[0] == batch && lens.shape[0] == batch, || format!("batch is {batch}, but block_table is {} and {lens_name} {}", tt(bt), tt(lens)))?;
+    Ok(bt.shape[1])
+}
+
+/// The page holding slot `slot` of sequence `b`, checked against the block table and the
+/// page count.
+fn page_of(bt: &Tensor, b: usize, slot: usize, page_size: usize, pages: usize, what: &str) -> Result<usize> {
+    let cols = bt.shape[1];
+    let col = slot / page_size;
+    let entry = bt.data[b * cols + col] as i64;
+    usize::try_from(entry).ok().filter(|&p| p < pages).ok_or_else(|| InterpError::IndexOutOfRange {
+        site: Site::default(),
+        what: format!("block_table[{b}][{col}] (the page of {what} {slot} of sequence {b})"),
+        index: entry,
+        len: pages as i64,
+    })
+}
+
+/// `kv_append`: writes token t of sequence b of `k_new`/`v_new` to slot `start_pos[b] + t`,
+/// i.e. page `block_table[b][slot / page_size]`, row `slot % page_size`; returns new pages
+/// (the inputs are copied; the op is functional). Writes happen in (b, t) order, so when two
+/// tokens map to one slot the later one stays.
+pub(super) fn kv_append(kp: &Tensor, vp: &Tensor, kn: &Tensor, vn: &Tensor, bt: &Tensor, start: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (pages, page_size, hkv, d) = check_pages(kp, vp)?;
+    want(kn.rank() == 4 && kn.dtype == kp.dtype, || format!("k_new must be [batch, T, kv_heads, head_dim] of the pages' dtype, got {}", tt(kn)))?;
+    want(kn.dtype == vn.dtype && kn.shape == vn.shape, || format!("k_new and v_new must have one type, got {} and {}", tt(kn), tt(vn)))?;
+    want(kn.shape[2] == hkv && kn.shape[3] == d, || format!("k_new {} does not match the pages {}", tt(kn), tt(kp)))?;
+    let (batch, t) = (kn.shape[0], kn.shape[1]);
+    let cols = check_table(bt, start, batch, "start_pos")?;
+    if page_size == 0 && batch * t > 0 {
+        return Err(InterpError::ZeroSize {
+            site: Site::default(),
+            message: format!("page_size is 0 ({}), so the {t} new tokens per sequence have no slot", tt(kp)),
+        });
+    }
+    let row = hkv * d;
+    let (mut ko, mut vo) = (kp.data.clone(), vp.data.clone());
+    let capacity = cols * page_size;
+    for b in 0..batch {
+        let s0 = start.data[b] as i64;
+        for ti in 0..t {
+            let slot = s0 + ti as i64;
+            let Some(slot) = usize::try_from(slot).ok().filter(|&s| s < capacity) else {
+                return Err(InterpError::IndexOutOfRange {
+                    site: Site::default(),
+                    what: format!(
+                        "the slot of token {ti} of sequence {b} (start_pos[{b}] = {s0}; the block table holds {cols} pages of {page_size})"
+                    ),
+                    index: slot,
+                    len: capacity as i64,
+                });
+            };
+            let page = page_of(bt, b, slot, page_size, pages, "slot")?;
+            let dst = (page * page_size + slot % page_size) * row;
+            let src = (b * t + ti) * row;
+            ko[dst..dst + row].copy_from_slice(&kn.data[src..src + row]);
+            vo[dst..dst + row].copy_from_slice(&vn.data[src..src + row]);
+        }
+    }
+    Ok((Tensor::from_parts(kp.dtype, kp.shape.clone(), ko), Tensor::from_parts(vp.dtype, vp.shape.clone(), vo)))
+}
+
+/// `paged_attention`: q `[B, H, T, D]` over `seq_lens[b]` keys of sequence b, key j at page
+/// `block_table[b][j / page_size]`, row `j % page_size`; causal bottom-right with
+/// Skv = `seq_lens[b]`, Sq = T; GQA as in `attention`; a sequence of length 0 gives 0s.
+/// Only the block-table entries a sequence reads are checked.
+pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt: &Tensor, lens: &Tensor) -> Result<Tensor> {
+    want(q.rank() == 4 && q.dtype.is_float(), || format!("q must be a rank-4 float tensor [batch, heads, T, head_dim], got {}", tt(q)))?;
+    let (pages, page_size, hkv, d) = check_pages(kp, vp)?;
+    want(kp.dtype == q.dtype, || format!("q and the pages must share a dtype, got {} and {}", tt(q), tt(kp)))?;
+    let scale = attrs::float(op, "scale")?;
+    let causal = attrs::bool(op, "causal")?;
+    let (heads, kv_heads) = heads_attrs(op)?;
+    let (batch, h, t, dq) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    want(h == heads, || format!("q has {h} heads, the attribute says {heads}"))?;
+    want(hkv == kv_heads, || format!("the pages have {hkv} heads, kv_heads is {kv_heads}"))?;
+    want(dq == d, || format!("q's head dim differs from the pages': {} vs {}", tt(q), tt(kp)))?;
+    let cols = check_table(bt, lens, batch, "seq_lens")?;
+    let capacity = cols * page_size;
+    let group = heads / kv_heads;
+    let mut data = vec![0.0; q.data.len()];
+    let mut acc = vec![0.0; d];
+    let (mut base, mut k_offs) = (Vec::new(), Vec::new());
+    for b in 0..batch {
+        let len = lens.data[b] as i64;
+        let Some(len) = usize::try_from(len).ok().filter(|&l| l <= capacity) else {
+            return Err(InterpError::IndexOutOfRange {
+                site: Site::default(),
+                what: format!("seq_lens[{b}] (the block table holds {cols} pages of {page_size} keys)"),
+                index: len,
+                len: capacity as i64 + 1,
+            });
+        };
+        base.clear();
+        for j in 0..len {
+            let page = page_of(bt, b, j, page_size, pages, "key")?;
+            base.push((page * page_size + j % page_size) * hkv * d);
+        }
+        for g in 0..kv_heads {
+            k_offs.clear();
+            k_offs.extend(base.iter().map(|o| o + g * d));
+            let kv = Kv { k: &kp.data, v: &vp.data, k_offs: &k_offs, v_offs: &k_offs, d, dv: d };
+            for hh in g * group..(g + 1) * group {
+                for i in 0..t {
+                    let n = visible(causal, i, t, len);
+                    let at = ((b * heads + hh) * t + i) * d;
+                    attend_row(&q.data[at..][..d], scale, &kv, n, None, &mut acc);
+                    data[at..at + d].copy_from_slice(&acc);
+                }
+            }
+        }
+    }
+    round_all(q.dtype, &mut data);
+    Ok(Tensor::from_parts(q.dtype, q.shape.clone(), data))
+}
