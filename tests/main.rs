@@ -7,3 +7,4 @@ mod filetests;
 mod text_fuzz;
 mod reference;
 mod zoo_snapshots;
+mod smollm2;

@@ -11,6 +11,7 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Delimiter, Span, TokenStream as TokenStream2, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
+use syn::buffer::Cursor;
 use syn::parse::discouraged::Speculative;
 use syn::parse::{ParseStream, Parser};
 use syn::{Ident, Token};
@@ -84,6 +85,8 @@ struct FnDef {
 struct Block {
     stmts: Vec<Stmt>,
     tail: Option<Expr>,
+    /// The first and last token of `tail`, to underline all of it.
+    tail_range: Option<(Span, Span)>,
     close: Span,
 }
 
@@ -334,13 +337,15 @@ fn dim_atom(toks: &[TokenTree], span: Span) -> syn::Result<DimExpr> {
 fn parse_block(input: ParseStream, close: Span) -> syn::Result<Block> {
     let mut stmts = Vec::new();
     let mut tail = None;
+    let mut tail_range = None;
     while !input.is_empty() {
+        let start = input.cursor();
         if input.peek(Token![let]) {
             input.parse::<Token![let]>()?;
             let pat = syn::Pat::parse_single(input)?;
             input.parse::<Token![=]>()?;
             let init = parse_expr(input, 0)?;
-            input.parse::<Token![;]>().map_err(|e| syn::Error::new(e.span(), "expected `;` after the `let` binding"))?;
+            expect_semi(input, start, "`let` binding")?;
             stmts.push(Stmt::Let { pat, init });
         } else if input.peek(Token![for]) {
             input.parse::<Token![for]>()?;
@@ -362,6 +367,7 @@ fn parse_block(input: ParseStream, close: Span) -> syn::Result<Block> {
                 Ok(e) if fork.is_empty() || fork.peek(Token![;]) => {
                     input.advance_to(&fork);
                     if input.is_empty() {
+                        tail_range = token_range(start, input.cursor());
                         tail = Some(e);
                     } else {
                         input.parse::<Token![;]>()?;
@@ -374,7 +380,7 @@ fn parse_block(input: ParseStream, close: Span) -> syn::Result<Block> {
             let name: Ident = input.parse()?;
             input.parse::<Token![=]>()?;
             let value = parse_expr(input, 0)?;
-            input.parse::<Token![;]>()?;
+            expect_semi(input, start, "assignment")?;
             stmts.push(Stmt::Assign { name, value });
         } else {
             let e = parse_expr(input, 0)?;
@@ -382,13 +388,48 @@ fn parse_block(input: ParseStream, close: Span) -> syn::Result<Block> {
                 input.parse::<Token![;]>()?;
                 stmts.push(Stmt::Expr(e));
             } else if input.is_empty() {
+                tail_range = token_range(start, input.cursor());
                 tail = Some(e);
             } else {
                 return Err(input.error("expected an operator, `;` or the end of the block"));
             }
         }
     }
-    Ok(Block { stmts, tail, close })
+    Ok(Block { stmts, tail, tail_range, close })
+}
+
+/// The spans of the first and the last token tree from `start` up to `end` (a later cursor of
+/// the same buffer).
+fn token_range(start: Cursor, end: Cursor) -> Option<(Span, Span)> {
+    let (mut first, mut last) = (None, None);
+    let mut c = start;
+    while c != end {
+        let Some((tt, next)) = c.token_tree() else { break };
+        first.get_or_insert(tt.span());
+        last = Some(match &tt {
+            TokenTree::Group(g) => g.span_close(),
+            t => t.span(),
+        });
+        c = next;
+    }
+    Some((first?, last?))
+}
+
+/// Expects the `;` that ends a statement; when it is missing, the error points just after the
+/// statement (its last token), as rustc's does.
+fn expect_semi(input: ParseStream, start: Cursor, what: &str) -> syn::Result<()> {
+    if input.peek(Token![;]) {
+        input.parse::<Token![;]>()?;
+        return Ok(());
+    }
+    let at = token_range(start, input.cursor()).map(|(_, last)| last).unwrap_or_else(|| input.span());
+    err(at, format!("expected `;` after this {what}"))
+}
+
+/// An error underlining `start` to `end` (syn draws the range from a first and a last token).
+fn err_range<T>(range: (Span, Span), msg: impl std::fmt::Display) -> syn::Result<T> {
+    let toks: TokenStream2 = [TokenTree::Ident(Ident::new("a", range.0)), TokenTree::Ident(Ident::new("b", range.1))].into_iter().collect();
+    Err(syn::Error::new_spanned(toks, msg))
 }
 
 fn parse_if(input: ParseStream) -> syn::Result<Stmt> {
@@ -401,7 +442,7 @@ fn parse_if(input: ParseStream) -> syn::Result<Stmt> {
         input.parse::<Token![else]>()?;
         if input.peek(Token![if]) {
             let nested = parse_if(input)?;
-            Some(Block { stmts: vec![nested], tail: None, close: Span::call_site() })
+            Some(Block { stmts: vec![nested], tail: None, tail_range: None, close: Span::call_site() })
         } else {
             let inner;
             let b = syn::braced!(inner in input);
@@ -951,7 +992,7 @@ fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) ->
                     let __at = relocate(*ls);
                     quote_spanned!(*ls=> #ir::scope::Operand::into_operand(#v, &mut #s, #like).map_err(#__at)?)
                 }, SType::default())),
-                false => err(*ls, "both operands are literals: compute them in Rust inside `{ }`"),
+                false => err(span, format!("both operands of `{}` are literals: compute the number in Rust, e.g. `{{ 2.0 + 3.0 }}`", tokens_of_op(op))),
             },
             Expr::Rust(ts, rs) => {
                 let __at = relocate(*rs);
@@ -1463,17 +1504,18 @@ fn check_let_pattern(pat: &syn::Pat, init: &Expr, c: &Compiled) -> syn::Result<(
         syn::Pat::Slice(p) => Some(p.elems.len()),
         _ => None,
     };
+    let what = match init {
+        Expr::Method { name, .. } | Expr::Call { name, .. } => format!("`{name}`"),
+        _ => "the value".to_string(),
+    };
+    let bad = |msg: String| Err(syn::Error::new_spanned(pat, msg));
     match (c.multi, elems) {
         (Some(n), None) if !matches!(pat, syn::Pat::Wild(_)) => {
             let names: Vec<String> = (0..n).map(|i| ((b'a' + i as u8) as char).to_string()).collect();
-            err(init.span(), format!("this gives {n} tensors; bind each: `let [{}] = ...`", names.join(", ")))
+            bad(format!("{what} gives {n} tensors; bind each of them: `let [{}] = ...`", names.join(", ")))
         }
-        (Some(n), Some(m)) if n != m && !pat.to_token_stream().to_string().contains("..") => {
-            err(init.span(), format!("this gives {n} tensors but the pattern binds {m}"))
-        }
-        (None, Some(m)) if !matches!(init, Expr::If { .. } | Expr::Rust(..)) => {
-            err(init.span(), format!("this gives one tensor but the pattern binds {m}; write `let name = ...`"))
-        }
+        (Some(n), Some(m)) if n != m && !pat.to_token_stream().to_string().contains("..") => bad(format!("{what} gives {n} tensors but this pattern binds {m}")),
+        (None, Some(m)) if !matches!(init, Expr::If { .. } | Expr::Rust(..)) => bad(format!("{what} gives one tensor but this pattern binds {m}; write `let name = ...`")),
         _ => Ok(()),
     }
 }
@@ -1531,20 +1573,24 @@ fn expand_graph(fns: Vec<FnDef>) -> syn::Result<TokenStream2> {
         };
         if tuple_temps.is_empty() && outs.len() != f.ret.len() {
             let s = if f.ret.len() == 1 { "" } else { "s" };
-            return err(tail.span(), format!("`fn {name}` declares {} return value{s} but returns {}", f.ret.len(), outs.len()));
+            let msg = format!("`fn {name}` declares {} return value{s} but returns {}", f.ret.len(), outs.len());
+            return err_range(f.body.tail_range.unwrap_or((tail.span(), tail.span())), msg);
         }
+        // Where a returned value's type error points: all of a single returned expression, the
+        // op that made an element of a returned tuple.
+        let at = |o: &Expr| if outs.len() == 1 { f.body.tail_range.unwrap_or((o.span(), o.span())) } else { (o.span(), o.span()) };
         for (o, decl) in outs.iter().zip(&f.ret) {
             let c = compile_single(&mut cx, o)?;
             let declared = SType::of(decl);
             if let (Some(a), Some(b)) = (&c.ty.dtype, &declared.dtype) {
                 if a != b {
-                    return err(o.span(), format!("`fn {name}` returns {} but declares {}", c.ty.text(), declared.text()));
+                    return err_range(at(o), format!("`fn {name}` returns {} but declares {}", c.ty.text(), declared.text()));
                 }
             }
             if let (Some(a), Some(b)) = (&c.ty.dims, &declared.dims) {
                 let clash = a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.known() && y.known() && x != y);
                 if clash {
-                    return err(o.span(), format!("`fn {name}` returns {} but declares {}", c.ty.text(), declared.text()));
+                    return err_range(at(o), format!("`fn {name}` returns {} but declares {}", c.ty.text(), declared.text()));
                 }
             }
             out_codes.push(c.code);
