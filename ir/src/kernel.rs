@@ -1,0 +1,176 @@
+//! The graph after fusion ([`KernelGraph`]) and the artefact the code generator hands the
+//! runtime for each kernel ([`LaunchPlan`]).
+//!
+//! A `KernelGraph` is a list of kernels in launch order over named buffers. Each kernel has a
+//! family (which generator builds it), a body (an IR [`Function`] whose parameters are the
+//! kernel's input buffers and whose outputs are its output buffers: the fused computation,
+//! prologue and epilogue included) and the layouts of its buffers. The interpreter can run a
+//! `KernelGraph` by running each body; the code generator turns each kernel into PTX and a
+//! [`LaunchPlan`]; the runtime allocates the buffers and launches the plans. `passes` produces
+//! it, `codegen` and `runtime` consume it; none of them needs the others.
+
+use cranelift_entity::{entity_impl, PrimaryMap};
+
+use crate::dim::{Bindings, Dim, DimError};
+use crate::graph::{Function, TensorType};
+
+/// A buffer of a kernel graph (`b3`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Buffer(u32);
+entity_impl!(Buffer, "b");
+
+/// A kernel of a kernel graph (`k3`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Kernel(u32);
+entity_impl!(Kernel, "k");
+
+/// What a buffer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferRole {
+    /// A parameter of the graph (an input or a weight), written by the caller.
+    Input,
+    /// A result of the graph.
+    Output,
+    /// An intermediate between kernels.
+    Temp,
+}
+
+/// Memory layout of a buffer: strides in elements per axis and the alignment of its base
+/// address in bytes. Row-major contiguous unless a kernel says otherwise.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Stride of each axis, in elements.
+    pub strides: Vec<Dim>,
+    /// Alignment of the base address, in bytes (the pool hands out 256-byte aligned blocks).
+    pub align: u32,
+}
+
+impl Layout {
+    /// Row-major contiguous strides for `shape`, 256-byte aligned.
+    pub fn contiguous(shape: &[Dim]) -> Layout {
+        let mut strides = vec![Dim::constant(1); shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1].mul(&shape[i + 1]);
+        }
+        Layout { strides, align: 256 }
+    }
+}
+
+/// A buffer's facts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferData {
+    /// The graph value's name, for inputs and outputs.
+    pub name: Option<String>,
+    /// Dtype and shape.
+    pub ty: TensorType,
+    /// Role.
+    pub role: BufferRole,
+    /// Layout.
+    pub layout: Layout,
+}
+
+/// Which generator builds a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Any fused element-wise expression, broadcasting included.
+    Pointwise,
+    /// A reduction over the last axis, possibly fused with element-wise work before and after
+    /// (softmax, log_softmax, RMSNorm, LayerNorm, reduce_sum/max/mean).
+    RowReduction,
+    /// A (batched) matmul with a fused prologue/epilogue.
+    Matmul,
+    /// Prefill attention (online softmax, FlashAttention-2).
+    Attention,
+    /// Decode attention over a paged KV cache.
+    PagedAttention,
+    /// Writes new K/V rows into a paged cache.
+    KvAppend,
+    /// Embedding lookup.
+    Gather,
+    /// Data movement: transpose, permute, broadcast, concat, slice, reshape of a
+    /// non-contiguous value.
+    Layout,
+}
+
+/// One kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelData {
+    /// Generator.
+    pub family: Family,
+    /// The computation: parameters ↔ `inputs`, outputs ↔ `outputs`, in order.
+    pub body: Function,
+    /// Buffers read.
+    pub inputs: Vec<Buffer>,
+    /// Buffers written.
+    pub outputs: Vec<Buffer>,
+}
+
+/// The graph after fusion.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelGraph {
+    /// Every buffer.
+    pub buffers: PrimaryMap<Buffer, BufferData>,
+    /// Kernels in launch order.
+    pub kernels: PrimaryMap<Kernel, KernelData>,
+    /// The graph's parameters, in the source function's order.
+    pub inputs: Vec<Buffer>,
+    /// The graph's results, in order.
+    pub outputs: Vec<Buffer>,
+}
+
+/// `ceil(numerator / denominator)`, evaluated at launch: one grid dimension.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GridDim {
+    /// Work items along this grid axis (a dim of the kernel's shapes).
+    pub numerator: Dim,
+    /// Work items per CTA.
+    pub denominator: u32,
+}
+
+impl GridDim {
+    /// A fixed count.
+    pub fn fixed(n: u32) -> GridDim {
+        GridDim { numerator: Dim::constant(n as i64), denominator: 1 }
+    }
+
+    /// CTAs along this axis under `bindings`, at least 1.
+    ///
+    /// # Errors
+    /// An unbound symbol or an overflow.
+    pub fn eval(&self, bindings: &Bindings) -> Result<u32, DimError> {
+        let n = self.numerator.eval(bindings)?;
+        let d = i64::from(self.denominator.max(1));
+        let ctas = (n.max(0) + d - 1) / d;
+        u32::try_from(ctas.max(1)).map_err(|_| DimError::Overflow(self.numerator.to_string()))
+    }
+}
+
+/// One kernel parameter, in PTX parameter order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KernelParam {
+    /// A device pointer to the kernel's buffer `i`, counting `inputs` then `outputs`.
+    Buffer(usize),
+    /// A 64-bit integer: a dim evaluated under the launch's bindings (sizes, strides).
+    Size(Dim),
+}
+
+/// What the runtime needs to launch a compiled kernel: the PTX, its entry point, the launch
+/// geometry as expressions of the kernel's symbols, and the parameter list. Produced by
+/// `sinter-codegen`, consumed by `sinter-runtime` (which never sees LLVM).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchPlan {
+    /// Entry point (`.entry` name in the PTX).
+    pub entry: String,
+    /// The PTX module text.
+    pub ptx: String,
+    /// Target it was generated for (`sm_80`, `sm_90`, `sm_90a`).
+    pub target: String,
+    /// Grid, x/y/z.
+    pub grid: [GridDim; 3],
+    /// Threads per CTA, x/y/z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per CTA, bytes.
+    pub shared_bytes: u32,
+    /// Parameters in order.
+    pub params: Vec<KernelParam>,
+}
