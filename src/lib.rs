@@ -28,6 +28,55 @@ extern crate self as sinter;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// Writes a model as tensor math and builds its [`Graph`]: `graph! { fn .. }` evaluates to
+/// `Result<Graph, BuildError>`.
+///
+/// Each `fn` of the DSL becomes a function of the graph. Its parameters are typed tensors
+/// (`x: bf16[T, 576]`: a dtype and dims that are literals, symbols bound when the graph runs,
+/// or Rust values in braces); its body is `let` bindings, assignments, Rust `for` loops and
+/// `if`s decided while the graph is built, and ends with the tensor(s) it returns. Tensor
+/// expressions are written like the math: `@`, `+ - * /`, comparisons, and methods with
+/// positional or named attributes (`.softmax(-1)`, `.rms_norm(w, eps = 1e-5)`). Rust values
+/// enter through braces (`{cfg.hidden}`, `x * {scale}`), attribute values and names
+/// (`weight(format!("blk.{i}.wq"), bf16[576, 576])`).
+///
+/// Mistakes the macro can see (an unknown op, a wrong arity, an unknown attribute, a dtype
+/// clash, dims that cannot match) are compile errors at the offending token; a shape mismatch
+/// that depends on Rust values is an `Err(`[`BuildError`]`)` naming the user's
+/// file:line:column. The [`dsl_guide`] has a worked, tested example of every form; the
+/// reference grammar follows.
+///
+/// ```
+/// use sinter::{graph, Backend, DType, Program, Tensor};
+///
+/// let (n_layers, eps) = (2, 1e-5);
+/// let g = graph! {
+///     fn block(x: f32[T, 4], norm: f32[4], w_up: f32[4, 8], w_down: f32[8, 4]) -> f32[T, 4] {
+///         let h = x.rms_norm(norm, eps = eps);
+///         x + (h @ w_up).silu() @ w_down
+///     }
+///
+///     fn main(x: f32[T, 4]) -> f32[T, 4] {
+///         let mut h = x;
+///         for i in 0..n_layers {
+///             h = block(h, weight(format!("blk.{i}.norm"), f32[4]),
+///                       weight(format!("blk.{i}.up"), f32[4, 8]), weight(format!("blk.{i}.down"), f32[8, 4]));
+///         }
+///         h.softmax(-1)
+///     }
+/// }?;
+/// let mut p = Program::compile(g, Backend::Interpreter)?;
+/// for i in 0..n_layers {
+///     p.bind(&format!("blk.{i}.norm"), Tensor::full(DType::F32, &[4], 1.0))?;
+///     p.bind(&format!("blk.{i}.up"), Tensor::full(DType::F32, &[4, 8], 0.0))?;
+///     p.bind(&format!("blk.{i}.down"), Tensor::full(DType::F32, &[8, 4], 1.0))?;
+/// }
+/// // With w_up = 0 each block adds silu(0) = 0: the output is softmax(x).
+/// let x = Tensor::new(DType::F32, &[1, 4], vec![0.0, 0.0, 0.0, 0.0])?;
+/// let out = p.run(&[("x", &x)], &[])?;
+/// assert_eq!(out[0].data(), &[0.25; 4]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub use sinter_dsl::graph;
 #[doc(hidden)]
 pub use sinter_dsl::__vocab;
@@ -36,6 +85,7 @@ pub use sinter_ir::interp::{InterpError, Tensor};
 pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};
 
 pub mod llm;
+pub mod dsl_guide;
 pub mod zoo;
 
 /// Everything that can go wrong between writing a graph and running it.

@@ -187,7 +187,7 @@ fn run(a: RunArgs) -> AnyResult {
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors").map_err(|e| e.to_string())?.progress_chars("=> "));
     bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-    let model = LlamaModel::load(&path, a.dtype, |done, total| {
+    let model = LlamaModel::open(&path, a.dtype, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;

@@ -8,3 +8,4 @@ mod text_fuzz;
 mod reference;
 mod zoo_snapshots;
 mod smollm2;
+mod hf_folder;

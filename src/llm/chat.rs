@@ -4,7 +4,7 @@
 
 use minijinja::{context, Environment};
 
-use super::gguf::{GgufFile, ModelError};
+use super::gguf::ModelError;
 
 /// One message of a conversation.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -15,28 +15,40 @@ pub struct Message {
     pub content: String,
 }
 
-/// Renders `messages` with the file's chat template and the generation prompt appended.
-/// A file without a template gets the prompt text alone.
-///
-/// # Errors
-/// [`ModelError::Tokenizer`] when the template does not parse or render.
-pub fn render(f: &GgufFile, messages: &[Message]) -> Result<String, ModelError> {
-    let Ok(template) = f.str("tokenizer.chat_template") else {
-        return Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"));
-    };
-    let bad = |e: minijinja::Error| ModelError::Tokenizer { path: f.path().to_path_buf(), reason: format!("chat template: {e}") };
-    let mut env = Environment::new();
-    env.add_template("chat", template).map_err(bad)?;
-    let tokens = f.strings("tokenizer.ggml.tokens").unwrap_or_default();
-    let name = |k: &str| f.u64(k).ok().and_then(|i| tokens.get(i as usize).copied()).unwrap_or("");
-    env.get_template("chat")
-        .and_then(|t| {
-            t.render(context! {
-                messages => messages,
-                add_generation_prompt => true,
-                bos_token => name("tokenizer.ggml.bos_token_id"),
-                eos_token => name("tokenizer.ggml.eos_token_id"),
+/// A chat template with the names of the special tokens it may use.
+#[derive(Clone, Debug, Default)]
+pub struct ChatTemplate {
+    /// The Jinja source (`tokenizer.chat_template` in GGUF, `chat_template` in
+    /// `tokenizer_config.json`); `None` when the model has none.
+    pub source: Option<String>,
+    /// Text of the BOS token.
+    pub bos_token: String,
+    /// Text of the EOS token.
+    pub eos_token: String,
+}
+
+impl ChatTemplate {
+    /// Renders `messages` with the generation prompt appended. A model without a template gets
+    /// the messages' text joined by newlines.
+    ///
+    /// # Errors
+    /// [`ModelError::Tokenizer`] when the template does not parse or render.
+    pub fn render(&self, messages: &[Message]) -> Result<String, ModelError> {
+        let Some(template) = &self.source else {
+            return Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"));
+        };
+        let bad = |e: minijinja::Error| ModelError::Tokenizer { path: "<chat template>".into(), reason: format!("chat template: {e}") };
+        let mut env = Environment::new();
+        env.add_template("chat", template).map_err(bad)?;
+        env.get_template("chat")
+            .and_then(|t| {
+                t.render(context! {
+                    messages => messages,
+                    add_generation_prompt => true,
+                    bos_token => self.bos_token.as_str(),
+                    eos_token => self.eos_token.as_str(),
+                })
             })
-        })
-        .map_err(bad)
+            .map_err(bad)
+    }
 }

@@ -14,6 +14,7 @@
 pub mod chat;
 pub mod fetch;
 pub mod gguf;
+pub mod hf;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;
@@ -44,9 +45,12 @@ pub struct LlamaModel {
     pub dtype: DType,
     /// Weights by GGUF name, shared between the prefill and decode programs.
     pub weights: BTreeMap<String, Arc<Tensor>>,
-    /// The file's tokenizer.
+    /// The model's tokenizer.
     pub tokenizer: Tokenizer,
-    file: GgufFile,
+    /// The model's chat template.
+    pub chat: chat::ChatTemplate,
+    /// Where the model was loaded from.
+    pub source: std::path::PathBuf,
 }
 
 impl LlamaModel {
@@ -115,7 +119,14 @@ impl LlamaModel {
             weights.insert(name, Arc::new(t));
             progress(i + 1, total);
         }
-        Ok(LlamaModel { cfg, dtype, weights, tokenizer, file })
+        let tokens = file.strings("tokenizer.ggml.tokens").unwrap_or_default();
+        let name = |k: &str| file.u64(k).ok().and_then(|i| tokens.get(i as usize).map(|t| t.to_string())).unwrap_or_default();
+        let chat = chat::ChatTemplate {
+            source: file.str("tokenizer.chat_template").ok().map(str::to_string),
+            bos_token: name("tokenizer.ggml.bos_token_id"),
+            eos_token: name("tokenizer.ggml.eos_token_id"),
+        };
+        Ok(LlamaModel { cfg, dtype, weights, tokenizer, chat, source: path.to_path_buf() })
     }
 
     /// The token ids of a one-turn chat: `user_text` rendered with the file's chat template
@@ -124,13 +135,21 @@ impl LlamaModel {
     /// # Errors
     /// Template or tokenizer errors.
     pub fn chat_prompt(&self, user_text: &str) -> Result<Vec<u32>, ModelError> {
-        let text = chat::render(&self.file, &[Message { role: "user".into(), content: user_text.into() }])?;
+        let text = self.chat.render(&[Message { role: "user".into(), content: user_text.into() }])?;
         self.tokenizer.encode(&text)
     }
 
-    /// The underlying file (metadata, tensor table).
-    pub fn file(&self) -> &GgufFile {
-        &self.file
+    /// Loads a model from a file or folder: a `.gguf` file, or a Hugging Face folder
+    /// (`config.json`, `*.safetensors`, `tokenizer.json`; see [`hf::load`]).
+    ///
+    /// # Errors
+    /// As [`LlamaModel::load`] and [`hf::load`].
+    pub fn open(path: &Path, dtype: DType, progress: impl FnMut(usize, usize)) -> Result<LlamaModel, ModelError> {
+        if path.is_dir() {
+            hf::load(path, dtype, progress)
+        } else {
+            LlamaModel::load(path, dtype, progress)
+        }
     }
 }
 

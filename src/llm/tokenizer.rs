@@ -66,6 +66,17 @@ impl Tokenizer {
         Ok(Tokenizer { inner, eos: id("tokenizer.ggml.eos_token_id")?, bos: id("tokenizer.ggml.bos_token_id")?, add_bos: f.bool("tokenizer.ggml.add_bos_token").unwrap_or(false), tokens })
     }
 
+    /// Loads a Hugging Face `tokenizer.json` (any model the `tokenizers` crate reads).
+    ///
+    /// # Errors
+    /// [`ModelError::Tokenizer`] when the file cannot be read or parsed.
+    pub fn from_file(path: &std::path::Path, bos: u32, eos: u32, add_bos: bool) -> Result<Tokenizer, ModelError> {
+        let inner = HfTokenizer::from_file(path).map_err(|e| ModelError::Tokenizer { path: path.to_path_buf(), reason: e.to_string() })?;
+        let n = inner.get_vocab_size(true);
+        let tokens = (0..n as u32).map(|i| inner.id_to_token(i).unwrap_or_default()).collect();
+        Ok(Tokenizer { inner, eos, bos, add_bos, tokens })
+    }
+
     /// Token ids of `text` (special tokens in the text are recognised; BOS added if the model
     /// asks for it).
     ///
