@@ -5,8 +5,8 @@
 //! names) and a light static view of shapes, so an unknown op, a wrong arity, an unknown
 //! attribute, a dtype clash or a dim mismatch visible at expansion time is a compile error at
 //! the offending span. Everything that depends on symbols or config values is checked when the
-//! graph is built, with the user's source location. The grammar is documented on the `graph!`
-//! re-export in the `sinter` crate, with examples.
+//! graph is built, with the user's source location. The grammar is documented on [`graph!`];
+//! `sinter::dsl_guide` has a tested example of each form, and `tests/ui` the compile errors.
 
 use proc_macro::TokenStream;
 use proc_macro2::{Delimiter, Span, TokenStream as TokenStream2, TokenTree};
@@ -19,10 +19,56 @@ use syn::{Ident, Token};
 mod vocab;
 use vocab::{find_method, suggest, MethodSpec};
 
-/// Builds a `sinter_ir::Graph` from functions written in the tensor DSL.
+/// Builds a graph from functions written in the tensor DSL.
 ///
-/// Expands to an expression of type `Result<sinter::ir::Graph, sinter::ir::BuildError>`.
-/// See the `sinter` crate's documentation of `graph!` for the grammar and examples.
+/// Use it through the `sinter` crate (`sinter::graph!`): the expansion names `::sinter::ir`.
+/// It evaluates to `Result<sinter::Graph, sinter::BuildError>`; `sinter::dsl_guide` has a
+/// runnable example of every form below.
+///
+/// # Grammar
+///
+/// ```text
+/// graph    := function+
+/// function := "fn" NAME "(" (NAME ":" type),* ")" "->" (type | "(" type,* ")") block
+/// type     := dtype "[" dim,* "]"                      f32[T, 4]    bf16[]
+/// dtype    := bf16 | f16 | f32 | i32 | i64 | bool | "{" rust : DType "}"
+/// dim      := INT | SYMBOL | "{" rust : IntoDim "}" | dim (+ | - | *) dim | "(" dim ")"
+/// block    := "{" statement* expr? "}"              the tail is the function's result(s)
+/// statement:= "let" PATTERN "=" expr ";"           let [k, v] = ... for several results
+///           | NAME "=" expr ";"
+///           | "for" PATTERN "in" rust block              unrolled while building
+///           | "if" rust block ("else" (block | if))?     decided while building
+///           | expr ";"
+/// expr     := expr (@ | * | /) expr | expr (+ | -) expr | expr (== | != | < | <= | > | >=) expr
+///           | "-" expr | expr "." OP "(" args ")" | OP "(" expr, args ")"
+///           | FN "(" expr,* ")"                     a graph function defined above
+///           | weight "(" rust : name, type ")" | input "(" rust : name, type ")"
+///           | concat "(" "[" expr,* "]" "," axis ")"
+///           | iota "(" dtype, "[" dim,* "]", axis? ")" | constant "(" value, dtype, ("[" dim,* "]")? ")"
+///           | "if" rust block "else" block          both branches end with a value
+///           | "(" expr,* ")"                        a tuple: a function's or a branch's tail
+///           | NAME | NUMBER | "{" rust "}"            a number only beside a tensor
+/// args     := tensor operands, then attributes: positional in the op's order, or NAME "=" value
+/// ```
+///
+/// `*`, `/` and `@` bind tighter than `+` and `-`, which bind tighter than comparisons; all
+/// are left-associative. A number (a literal, or a Rust number in braces) beside a tensor
+/// becomes a scalar constant of the tensor's dtype. An attribute value is a literal, a dtype
+/// name, a list of dims `[T, 4]`, or a Rust expression that converts into `sinter::ir::Attr`.
+/// Rust code (conditions, iterators, names, `{ .. }`) sees the variables around the macro.
+/// The ops, their tensor operands and attributes are `sinter::ir::OP_TABLE`'s.
+///
+/// # Checks
+///
+/// At expansion time, as a compile error at the offending token: unknown ops and functions
+/// (with a "did you mean"), operand counts, unknown, missing and repeated attributes, unknown
+/// dtypes, dtype clashes, dims that differ between literals or symbols (in broadcasting, in
+/// `@`'s contracted axis), ranks below 2 for `@`, axes out of range for a known rank, reshapes
+/// of a literal element count to another, float-only ops on integers, return types and counts
+/// that differ from the declaration, duplicate functions and parameters, calls of functions
+/// defined below or of the function itself, and destructuring that does not match the number
+/// of results. What depends on a Rust value is checked when the graph is built: a
+/// `BuildError` with the user's file:line:column, the op and its operand types.
 #[proc_macro]
 pub fn graph(input: TokenStream) -> TokenStream {
     match Parser::parse2(parse_graph, input.into()).and_then(expand_graph) {
@@ -1437,6 +1483,16 @@ fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args: &[Arg], fi
             SType { dtype: x.dtype, dims: target }
         }
         vocab::Kind::Same => x,
+        // `cond.select(a, b)`: the branches' dtype, the three shapes broadcast.
+        vocab::Kind::Other if spec.op == "Select" => {
+            if let Some(d) = x.dtype.as_deref().filter(|d| *d != "bool") {
+                return err(span, format!("the condition of `select` must be bool, got {d} ({}); compare first, e.g. `(x > 0.0).select(a, b)`", x.text()));
+            }
+            let (a, b) = (ops.get(1).map(|c| c.ty.clone()).unwrap_or_default(), ops.get(2).map(|c| c.ty.clone()).unwrap_or_default());
+            let ab = check_broadcast(span, &a, &b, "select")?;
+            let all = check_broadcast(span, &SType { dtype: None, dims: x.dims.clone() }, &SType { dtype: None, dims: ab.dims }, "select")?;
+            SType { dtype: ab.dtype, dims: all.dims }
+        }
         vocab::Kind::Other => SType { dtype: x.dtype, dims: None },
     })
 }
