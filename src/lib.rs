@@ -203,17 +203,41 @@ impl Program {
         Program::compile(sinter_ir::parse(text)?, backend)
     }
 
-    /// The graph.
+    /// The verified graph.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Program};
+    /// let p = Program::compile(graph! { fn f(x: f32[N]) -> f32[N] { x.exp() } }?, Backend::Interpreter)?;
+    /// assert_eq!(p.graph().funcs.len(), 1);
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
 
-    /// The entry function's name.
+    /// The entry function's name: `main` if the graph has one, else the last function.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Program};
+    /// let g = graph! {
+    ///     fn inner(x: f32[N]) -> f32[N] { x.exp() }
+    ///     fn main(x: f32[N]) -> f32[N] { inner(x) }
+    /// }?;
+    /// assert_eq!(Program::compile(g, Backend::Interpreter)?.entry(), "main");
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
     pub fn entry(&self) -> &str {
         &self.entry
     }
 
-    /// The backend.
+    /// The backend it runs on.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Program};
+    /// let p = Program::compile(graph! { fn f(x: f32[N]) -> f32[N] { x.exp() } }?, Backend::Interpreter)?;
+    /// assert_eq!(p.backend(), Backend::Interpreter);
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -262,11 +286,26 @@ impl Program {
     }
 
     /// Whether a parameter has been bound.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, DType, Program, Tensor};
+    /// let mut p = Program::compile(graph! { fn f(x: f32[2], w: f32[2]) -> f32[2] { x * w } }?, Backend::Interpreter)?;
+    /// p.bind("w", Tensor::full(DType::F32, &[2], 1.0))?;
+    /// assert!(p.is_bound("w") && !p.is_bound("x"));
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
     pub fn is_bound(&self, name: &str) -> bool {
         self.bound.contains_key(name)
     }
 
     /// The entry function's parameters that are neither bound nor in `given`, by name.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Program};
+    /// let p = Program::compile(graph! { fn f(x: f32[2], w: f32[2], b: f32[2]) -> f32[2] { x * w + b } }?, Backend::Interpreter)?;
+    /// assert_eq!(p.unbound(&["x"]), vec!["w".to_string(), "b".to_string()]);
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
     pub fn unbound(&self, given: &[&str]) -> Vec<String> {
         let Some(f) = self.graph.func(&self.entry) else { return vec![] };
         f.params
