@@ -1,0 +1,185 @@
+//! Host-side encoding of tensor elements to the bytes a device buffer holds, and back.
+//!
+//! Device layout of each dtype (little-endian): `bf16` and `f16` as their 16-bit IEEE/bfloat
+//! patterns (through the `half` crate), `f32` as IEEE binary32, `i32`/`i64` as two's complement,
+//! `bool` as one byte (`0` false, `1` true; any non-zero byte reads back as true).
+//!
+//! [`encode_f64`] rounds each value exactly as [`DType::round`] does, so that uploading an
+//! interpreter [`Tensor`](sinter_ir::interp::Tensor)'s data and downloading it again gives the
+//! same `f64`s.
+
+use sinter_ir::DType;
+
+use crate::error::RuntimeError;
+
+/// Encodes `values` as `dtype` elements, rounding each with [`DType::round`].
+pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
+    for &x in values {
+        let r = dtype.round(x);
+        match dtype {
+            DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(r).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f64(r).to_le_bytes()),
+            DType::F32 => out.extend_from_slice(&(r as f32).to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&(r as i32).to_le_bytes()),
+            DType::I64 => out.extend_from_slice(&(r as i64).to_le_bytes()),
+            DType::Bool => out.push(u8::from(r != 0.0)),
+        }
+    }
+    out
+}
+
+/// Decodes `dtype` elements from `bytes` to `f64`s (exactly: every dtype but `i64` beyond ±2⁵³
+/// is representable).
+///
+/// # Errors
+/// [`RuntimeError::Buffer`] when `bytes.len()` is not a multiple of the element size.
+pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, RuntimeError> {
+    let size = dtype.size_bytes();
+    if bytes.len() % size != 0 {
+        return Err(RuntimeError::Buffer(format!("{} bytes are not a whole number of {dtype} elements ({size} bytes each)", bytes.len())));
+    }
+    Ok(bytes
+        .chunks_exact(size)
+        .map(|c| match dtype {
+            DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
+            DType::Bool => {
+                if c[0] != 0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+        })
+        .collect())
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A host element type with a device dtype: `half::bf16`, `half::f16`, `f32`, `i32`, `i64`,
+/// `bool`. Used by the typed upload and download helpers.
+pub trait Element: Copy + sealed::Sealed {
+    /// The dtype whose device representation this type has.
+    const DTYPE: DType;
+    /// Appends the element's little-endian device bytes.
+    fn write_le(self, out: &mut Vec<u8>);
+    /// Reads one element from exactly `DTYPE.size_bytes()` bytes.
+    fn read_le(bytes: &[u8]) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $dtype:expr, $n:literal) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                let mut a = [0u8; $n];
+                a.copy_from_slice(&bytes[..$n]);
+                <$t>::from_le_bytes(a)
+            }
+        }
+    };
+}
+
+element!(half::bf16, DType::BF16, 2);
+element!(half::f16, DType::F16, 2);
+element!(f32, DType::F32, 4);
+element!(i32, DType::I32, 4);
+element!(i64, DType::I64, 8);
+
+impl sealed::Sealed for bool {}
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.push(u8::from(self));
+    }
+    fn read_le(bytes: &[u8]) -> Self {
+        bytes.first().is_some_and(|b| *b != 0)
+    }
+}
+
+/// Encodes typed host elements to device bytes.
+pub fn encode<T: Element>(values: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * T::DTYPE.size_bytes());
+    for v in values {
+        v.write_le(&mut out);
+    }
+    out
+}
+
+/// Decodes device bytes to typed host elements.
+///
+/// # Errors
+/// [`RuntimeError::Buffer`] when `bytes.len()` is not a multiple of the element size.
+pub fn decode<T: Element>(bytes: &[u8]) -> Result<Vec<T>, RuntimeError> {
+    let size = T::DTYPE.size_bytes();
+    if bytes.len() % size != 0 {
+        return Err(RuntimeError::Buffer(format!("{} bytes are not a whole number of {} elements", bytes.len(), T::DTYPE)));
+    }
+    Ok(bytes.chunks_exact(size).map(T::read_le).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f64_round_trip_matches_dtype_round() {
+        let xs = [0.0, -0.0, 1.0, -1.5, std::f64::consts::PI, 1e-8, 65520.0, 1e39, -1e39, f64::INFINITY, f64::NEG_INFINITY, 2.5e9, -7.9, 1.0 + 2f64.powi(-8)];
+        for dtype in DType::ALL {
+            let bytes = encode_f64(dtype, &xs);
+            assert_eq!(bytes.len(), xs.len() * dtype.size_bytes());
+            let back = decode_f64(dtype, &bytes).unwrap();
+            for (x, y) in xs.iter().zip(&back) {
+                let want = dtype.round(*x);
+                assert!(want == *y || (want.is_nan() && y.is_nan()), "{dtype}: {x} -> {y}, want {want}");
+                // Sign of zero survives for floats.
+                if dtype.is_float() && want == 0.0 {
+                    assert_eq!(want.is_sign_negative(), y.is_sign_negative(), "{dtype} signed zero");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nan_survives_float_dtypes() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let back = decode_f64(dtype, &encode_f64(dtype, &[f64::NAN])).unwrap();
+            assert!(back[0].is_nan(), "{dtype}");
+        }
+        assert_eq!(decode_f64(DType::Bool, &encode_f64(DType::Bool, &[f64::NAN])).unwrap(), vec![1.0]);
+        assert_eq!(decode_f64(DType::I32, &encode_f64(DType::I32, &[f64::NAN])).unwrap(), vec![0.0]);
+    }
+
+    #[test]
+    fn device_bytes_are_little_endian_native_patterns() {
+        assert_eq!(encode_f64(DType::F32, &[1.0]), 1.0f32.to_le_bytes().to_vec());
+        assert_eq!(encode_f64(DType::BF16, &[1.0]), vec![0x80, 0x3f]);
+        assert_eq!(encode_f64(DType::F16, &[1.0]), vec![0x00, 0x3c]);
+        assert_eq!(encode_f64(DType::I32, &[-2.0]), (-2i32).to_le_bytes().to_vec());
+        assert_eq!(encode_f64(DType::I64, &[5.0]), 5i64.to_le_bytes().to_vec());
+        assert_eq!(encode_f64(DType::Bool, &[0.0, 2.0, -0.5]), vec![0, 1, 1]);
+        assert_eq!(decode_f64(DType::Bool, &[0, 7]).unwrap(), vec![0.0, 1.0]);
+    }
+
+    #[test]
+    fn typed_round_trip_and_length_errors() {
+        let v = vec![half::bf16::from_f32(1.5), half::bf16::from_f32(-2.0)];
+        assert_eq!(decode::<half::bf16>(&encode(&v)).unwrap(), v);
+        let b = vec![true, false, true];
+        assert_eq!(decode::<bool>(&encode(&b)).unwrap(), b);
+        let i = vec![i64::MIN, 0, i64::MAX];
+        assert_eq!(decode::<i64>(&encode(&i)).unwrap(), i);
+        assert!(matches!(decode::<f32>(&[0, 0, 0]), Err(RuntimeError::Buffer(_))));
+        assert!(matches!(decode_f64(DType::I64, &[0; 9]), Err(RuntimeError::Buffer(_))));
+    }
+}

@@ -1,0 +1,663 @@
+//! [`Device`]: a CUDA context with one stream, a memory pool and the kernels loaded into it.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::sys::{self, CUfunction_attribute, CUjit_option};
+use cudarc::driver::{result, CudaContext, CudaStream, DriverError};
+use sha2::{Digest, Sha256};
+use sinter_ir::interp::Tensor;
+use sinter_ir::{Bindings, DType, LaunchPlan};
+
+use crate::buffer::{byte_len, numel, DeviceBuffer, GuardViolation};
+use crate::codec::{self, Element};
+use crate::error::RuntimeError;
+use crate::launch::{resolve, ArgValue, ResolvedLaunch, DEFAULT_SHARED_LIMIT};
+use crate::pool::{MemoryPool, PoolStats, RawAllocator};
+use crate::probe::{device_info, no_panic, open_context, DeviceInfo};
+
+/// How many kernel names an error found at synchronisation lists (the most recent ones).
+const PENDING_NAMES: usize = 16;
+
+/// Bytes of each JIT log buffer.
+const JIT_LOG_BYTES: usize = 1 << 16;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `cuMemAlloc`/`cuMemFree` under a [`MemoryPool`].
+struct CudaAllocator {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl RawAllocator for CudaAllocator {
+    fn allocate(&mut self, bytes: usize) -> Result<u64, RuntimeError> {
+        self.ctx.bind_to_thread().map_err(|e| RuntimeError::cuda("cuCtxSetCurrent", e, None))?;
+        // SAFETY: cuMemAlloc has no preconditions beyond a current context (bound above).
+        match unsafe { result::malloc_sync(bytes) } {
+            Ok(p) => Ok(p),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Err(RuntimeError::OutOfMemory { requested: bytes, free: self.free_memory() }),
+            Err(e) => {
+                // Some drivers refuse absurd sizes with another code: more than is free is
+                // out of memory whatever the code says.
+                let free = self.free_memory();
+                if bytes > free {
+                    Err(RuntimeError::OutOfMemory { requested: bytes, free })
+                } else {
+                    Err(RuntimeError::cuda(format!("cuMemAlloc({bytes})"), e, None))
+                }
+            }
+        }
+    }
+
+    fn free(&mut self, ptr: u64, _bytes: usize) {
+        // Work still queued on the stream may use the block: let it finish first.
+        let _ = self.stream.synchronize();
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once (the pool
+            // forgets it here); no queued work uses it any more (synchronised above).
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+
+    fn free_memory(&self) -> usize {
+        self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0)
+    }
+}
+
+/// A loaded PTX module; unloaded when the last kernel from it goes.
+struct Module {
+    raw: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUmodule handle may be used from any thread once its context is current; every
+// use here binds the context first.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the module was loaded in this context and is unloaded once.
+            let _ = unsafe { result::module::unload(self.raw) };
+        }
+    }
+}
+
+/// Facts the driver reports about a loaded kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelAttributes {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Local memory per thread in bytes (stack and register spills; 0 for a kernel that does
+    /// not spill).
+    pub local_bytes: u32,
+    /// Static shared memory per CTA in bytes.
+    pub static_shared_bytes: u32,
+    /// Most threads per CTA this kernel can be launched with.
+    pub max_threads_per_block: u32,
+    /// PTX ISA version the kernel was compiled from, times 10 (e.g. 85).
+    pub ptx_version: u32,
+    /// SASS architecture it was JIT-compiled to, times 10 (e.g. 90).
+    pub binary_version: u32,
+}
+
+/// A kernel loaded into a [`Device`]: the JIT-compiled entry point of a plan's PTX.
+pub struct LoadedKernel {
+    entry: String,
+    func: sys::CUfunction,
+    _module: Arc<Module>,
+    /// The largest dynamic shared memory size this function has been opened up to.
+    dynamic_smem_limit: AtomicU32,
+    attributes: KernelAttributes,
+}
+
+// SAFETY: a CUfunction handle may be launched from any thread with its context current; the
+// only mutable state is atomic.
+unsafe impl Send for LoadedKernel {}
+unsafe impl Sync for LoadedKernel {}
+
+impl LoadedKernel {
+    /// Entry point name.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// Registers, spills, shared memory of the compiled kernel.
+    pub fn attributes(&self) -> KernelAttributes {
+        self.attributes
+    }
+}
+
+impl std::fmt::Debug for LoadedKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LoadedKernel({}, {:?})", self.entry, self.attributes)
+    }
+}
+
+type KernelKey = (String, [u8; 32]);
+
+struct Inner {
+    info: DeviceInfo,
+    pool: Arc<Mutex<MemoryPool>>,
+    kernels: Mutex<HashMap<KernelKey, Arc<LoadedKernel>>>,
+    modules: Mutex<HashMap<[u8; 32], Arc<Module>>>,
+    /// Entry names launched since the last synchronisation (the most recent few).
+    pending: Mutex<Vec<String>>,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+}
+
+/// A CUDA device: its primary context, one stream on which every operation of this handle
+/// runs in order, a [`MemoryPool`] and a cache of loaded kernels keyed by (entry, PTX hash).
+///
+/// `Device` is a cheap handle (clones share everything). Copies between host and device
+/// synchronise the stream before they return; launches are asynchronous, and an error a kernel
+/// causes while running (e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`) is reported by the next
+/// synchronising call, naming the kernels launched since the previous one.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.inner.info)
+    }
+}
+
+impl Device {
+    /// Opens device 0.
+    ///
+    /// # Errors
+    /// As [`Device::new`].
+    pub fn open() -> Result<Device, RuntimeError> {
+        Device::new(0)
+    }
+
+    /// Opens device `ordinal`: retains its primary context and creates a stream.
+    ///
+    /// # Errors
+    /// [`RuntimeError::NoDevice`] where there is no driver or no such device (never a panic);
+    /// [`RuntimeError::Cuda`] when creating the stream fails.
+    pub fn new(ordinal: usize) -> Result<Device, RuntimeError> {
+        let ctx = open_context(ordinal)?;
+        let info = device_info(&ctx)?;
+        let stream = no_panic("stream creation", || ctx.new_stream().map_err(|e| RuntimeError::cuda("cuStreamCreate", e, None)))?;
+        let pool = Arc::new(Mutex::new(MemoryPool::new(Box::new(CudaAllocator { ctx: ctx.clone(), stream: stream.clone() }))));
+        Ok(Device {
+            inner: Arc::new(Inner {
+                info,
+                pool,
+                kernels: Mutex::new(HashMap::new()),
+                modules: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Vec::new()),
+                stream,
+                ctx,
+            }),
+        })
+    }
+
+    /// What the device is.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    fn bind(&self) -> Result<(), RuntimeError> {
+        self.inner.ctx.bind_to_thread().map_err(|e| RuntimeError::cuda("cuCtxSetCurrent", e, None))
+    }
+
+    /// A driver error of a stream operation, naming the kernels still pending (an earlier
+    /// kernel's fault surfaces at the next stream operation).
+    pub(crate) fn stream_error(&self, op: &str, e: DriverError) -> RuntimeError {
+        let pending = lock(&self.inner.pending);
+        let kernel = (!pending.is_empty()).then(|| pending.join(", "));
+        RuntimeError::cuda(op, e, kernel)
+    }
+
+    pub(crate) fn note_pending(&self, name: &str) {
+        let mut pending = lock(&self.inner.pending);
+        if pending.len() == PENDING_NAMES {
+            pending.remove(0);
+        }
+        pending.push(name.to_string());
+    }
+
+    /// Waits until everything queued on the device's stream has run.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] with the driver's error name when queued work failed; its
+    /// `kernel` lists the kernels launched since the last synchronisation (most recent last).
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        let r = self.inner.stream.synchronize();
+        let out = r.map_err(|e| self.stream_error("synchronize", e));
+        lock(&self.inner.pending).clear();
+        out
+    }
+
+    // ---------------------------------------------------------------- kernels
+
+    /// Loads `plan`'s PTX through the driver JIT (once per distinct PTX text) and looks up its
+    /// entry point (once per entry); later calls with the same entry and PTX return the cached
+    /// kernel.
+    ///
+    /// # Errors
+    /// [`RuntimeError::InvalidLaunch`] when the plan's target needs a newer device than this
+    /// one; [`RuntimeError::Jit`] with the JIT's log when the PTX does not compile or has no
+    /// such entry.
+    pub fn load(&self, plan: &LaunchPlan) -> Result<Arc<LoadedKernel>, RuntimeError> {
+        let hash: [u8; 32] = Sha256::digest(plan.ptx.as_bytes()).into();
+        let key = (plan.entry.clone(), hash);
+        if let Some(k) = lock(&self.inner.kernels).get(&key) {
+            return Ok(k.clone());
+        }
+        self.check_target(plan)?;
+        let jit = |code: &str, log: String| RuntimeError::Jit { entry: plan.entry.clone(), code: code.to_string(), log };
+        let module = {
+            let cached = lock(&self.inner.modules).get(&hash).cloned();
+            match cached {
+                Some(m) => m,
+                None => {
+                    let m = Arc::new(self.load_module(&plan.ptx).map_err(|(code, log)| jit(&code, log))?);
+                    lock(&self.inner.modules).insert(hash, m.clone());
+                    m
+                }
+            }
+        };
+        let name = CString::new(plan.entry.as_str()).map_err(|_| jit("CUDA_ERROR_INVALID_VALUE", "the entry name contains a NUL byte".into()))?;
+        self.bind()?;
+        let mut func: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: `module.raw` is a loaded module of the current context and `name` a valid
+        // C string; the function handle lives as long as the module, which we keep.
+        let r = unsafe { sys::cuModuleGetFunction(&mut func, module.raw, name.as_ptr()) }.result();
+        if let Err(e) = r {
+            return Err(jit(&format!("{:?}", e.0), format!("the PTX has no `.entry {}`", plan.entry)));
+        }
+        let attr = |a: CUfunction_attribute| -> Result<u32, RuntimeError> {
+            // SAFETY: `func` is a valid function handle of the current context.
+            unsafe { result::function::get_function_attribute(func, a) }
+                .map(|v| v.max(0) as u32)
+                .map_err(|e| RuntimeError::cuda("cuFuncGetAttribute", e, Some(plan.entry.clone())))
+        };
+        let attributes = KernelAttributes {
+            registers: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            static_shared_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            max_threads_per_block: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            ptx_version: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+            binary_version: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+        };
+        let kernel = Arc::new(LoadedKernel { entry: plan.entry.clone(), func, _module: module, dynamic_smem_limit: AtomicU32::new(DEFAULT_SHARED_LIMIT), attributes });
+        lock(&self.inner.kernels).insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// Refuses a plan whose `target` (`sm_XY` or `sm_XYa`) this device cannot run.
+    fn check_target(&self, plan: &LaunchPlan) -> Result<(), RuntimeError> {
+        let Some(rest) = plan.target.strip_prefix("sm_") else { return Ok(()) };
+        let (digits, arch_specific) = match rest.strip_suffix('a') {
+            Some(d) => (d, true),
+            None => (rest, false),
+        };
+        let Ok(n) = digits.parse::<u32>() else { return Ok(()) };
+        let (major, minor) = self.inner.info.compute_capability;
+        let have = major * 10 + minor;
+        if n > have || (arch_specific && n != have) {
+            return Err(RuntimeError::InvalidLaunch {
+                entry: plan.entry.clone(),
+                reason: format!("compiled for {}, the device is {}", plan.target, self.inner.info.sm()),
+            });
+        }
+        Ok(())
+    }
+
+    /// `cuModuleLoadDataEx` with error and info logs; errors are (CUDA error name, log).
+    fn load_module(&self, ptx: &str) -> Result<Module, (String, String)> {
+        let src = CString::new(ptx).map_err(|_| ("CUDA_ERROR_INVALID_PTX".to_string(), "the PTX text contains a NUL byte".to_string()))?;
+        self.bind().map_err(|e| ("CUDA_ERROR_INVALID_CONTEXT".to_string(), e.to_string()))?;
+        let mut err_log = vec![0u8; JIT_LOG_BYTES];
+        let mut info_log = vec![0u8; JIT_LOG_BYTES];
+        let mut options = [
+            CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+            CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        ];
+        // Sizes are passed as pointer-sized integers, as the driver API specifies.
+        let mut values: [*mut c_void; 4] = [err_log.as_mut_ptr().cast(), JIT_LOG_BYTES as *mut c_void, info_log.as_mut_ptr().cast(), JIT_LOG_BYTES as *mut c_void];
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `src` is a NUL-terminated PTX image; the option arrays have 4 entries each
+        // and the log buffers outlive the call with the sizes given.
+        let r = no_panic("PTX loading", || {
+            Ok(unsafe { sys::cuModuleLoadDataEx(&mut raw, src.as_ptr().cast(), options.len() as u32, options.as_mut_ptr(), values.as_mut_ptr()) }.result())
+        })
+        .map_err(|e| ("CUDA_ERROR_NOT_INITIALIZED".to_string(), e.to_string()))?;
+        match r {
+            Ok(()) => Ok(Module { raw, ctx: self.inner.ctx.clone() }),
+            Err(e) => {
+                let text = |buf: &[u8]| String::from_utf8_lossy(&buf[..buf.iter().position(|&b| b == 0).unwrap_or(buf.len())]).trim().to_string();
+                let mut log = text(&err_log);
+                if log.is_empty() {
+                    log = e.error_string().ok().and_then(|s| s.to_str().ok().map(str::to_owned)).unwrap_or_default();
+                }
+                Err((format!("{:?}", e.0), log))
+            }
+        }
+    }
+
+    /// Enqueues `plan` on the device's stream with `buffers` (the kernel's inputs then outputs,
+    /// as [`sinter_ir::KernelParam::Buffer`] counts them) and `bindings` for its symbols. Loads
+    /// the kernel first if needed. Asynchronous: a fault while the kernel runs is reported by
+    /// the next synchronising call.
+    ///
+    /// # Errors
+    /// As [`Device::load`] and [`crate::launch::resolve`]; [`RuntimeError::InvalidLaunch`]
+    /// when the shared memory asked for exceeds the device's opt-in limit;
+    /// [`RuntimeError::Cuda`] (with the entry name) when the driver refuses the launch.
+    pub fn launch(&self, plan: &LaunchPlan, buffers: &[&DeviceBuffer], bindings: &Bindings) -> Result<(), RuntimeError> {
+        let kernel = self.load(plan)?;
+        let ptrs: Vec<u64> = buffers.iter().map(|b| b.device_ptr()).collect();
+        let resolved = resolve(plan, &ptrs, bindings)?;
+        self.prepare_shared(&kernel, resolved.shared_bytes)?;
+        self.enqueue(&kernel, &resolved)
+    }
+
+    /// Raises the kernel's dynamic shared memory limit when a launch needs more than 48 KiB.
+    pub(crate) fn prepare_shared(&self, kernel: &LoadedKernel, bytes: u32) -> Result<(), RuntimeError> {
+        if bytes <= kernel.dynamic_smem_limit.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let max = self.inner.info.max_shared_per_block_optin;
+        if bytes > max {
+            return Err(RuntimeError::InvalidLaunch { entry: kernel.entry.clone(), reason: format!("{bytes} bytes of dynamic shared memory, the device allows {max}") });
+        }
+        self.bind()?;
+        let value = i32::try_from(bytes).unwrap_or(i32::MAX);
+        // SAFETY: `kernel.func` is a valid function of the current context.
+        unsafe { result::function::set_function_attribute(kernel.func, CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value) }
+            .map_err(|e| RuntimeError::cuda("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", e, Some(kernel.entry.clone())))?;
+        kernel.dynamic_smem_limit.fetch_max(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `cuLaunchKernel` of a resolved launch on the device's stream (every argument is 8
+    /// bytes: a device pointer or an i64).
+    pub(crate) fn enqueue(&self, kernel: &LoadedKernel, r: &ResolvedLaunch) -> Result<(), RuntimeError> {
+        let mut storage: Vec<u64> = r
+            .args
+            .iter()
+            .map(|a| match *a {
+                ArgValue::Ptr(p) => p,
+                ArgValue::I64(v) => v as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = storage.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        self.bind()?;
+        // SAFETY: `kernel.func` is a loaded function of this context; `params` points at one
+        // 8-byte value per kernel parameter, alive until cuLaunchKernel returns (the driver
+        // copies them). What the kernel does with the addresses is the plan's contract.
+        let r2 = unsafe {
+            result::launch_kernel(
+                kernel.func,
+                (r.grid[0], r.grid[1], r.grid[2]),
+                (r.block[0], r.block[1], r.block[2]),
+                r.shared_bytes,
+                self.inner.stream.cu_stream(),
+                &mut params,
+            )
+        };
+        r2.map_err(|e| RuntimeError::cuda("cuLaunchKernel", e, Some(kernel.entry.clone())))?;
+        self.note_pending(&kernel.entry);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- memory
+
+    /// A buffer of `dtype` × `shape` from the pool; its contents are undefined.
+    ///
+    /// # Errors
+    /// [`RuntimeError::OutOfMemory`]; [`RuntimeError::Buffer`] when the size overflows.
+    pub fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<DeviceBuffer, RuntimeError> {
+        self.alloc_with_guard(dtype, shape, 0)
+    }
+
+    /// A buffer of `dtype` × `shape` whose block has at least `guard_bytes` bytes past the
+    /// extent (the guard tail), for checking that kernels write nothing past an output:
+    /// [`Device::poison`] it before a launch and ask [`Device::guard_violation`] after.
+    ///
+    /// # Errors
+    /// As [`Device::alloc`].
+    pub fn alloc_with_guard(&self, dtype: DType, shape: &[usize], guard_bytes: usize) -> Result<DeviceBuffer, RuntimeError> {
+        let len = byte_len(dtype, numel(shape)?)?;
+        DeviceBuffer::allocate(&self.inner.pool, dtype, shape, len, guard_bytes)
+    }
+
+    /// Like [`Device::alloc_with_guard`], for a buffer whose extent is `len_bytes` (a strided
+    /// layout may span more than the shape's element count).
+    pub(crate) fn alloc_extent(&self, dtype: DType, shape: &[usize], len_bytes: usize, guard_bytes: usize) -> Result<DeviceBuffer, RuntimeError> {
+        DeviceBuffer::allocate(&self.inner.pool, dtype, shape, len_bytes, guard_bytes)
+    }
+
+    /// A buffer of `dtype` × `shape` filled with zero bytes.
+    ///
+    /// # Errors
+    /// As [`Device::alloc`], and [`RuntimeError::Cuda`] when the fill fails.
+    pub fn alloc_zeroed(&self, dtype: DType, shape: &[usize]) -> Result<DeviceBuffer, RuntimeError> {
+        let b = self.alloc(dtype, shape)?;
+        self.fill(&b, 0, 0, b.len_bytes())?;
+        self.synchronize()?;
+        Ok(b)
+    }
+
+    fn fill(&self, buf: &DeviceBuffer, byte: u8, offset: usize, len: usize) -> Result<(), RuntimeError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: [offset, offset + len) lies inside the buffer's block (callers pass ranges
+        // within capacity_bytes), which this handle keeps alive.
+        unsafe { result::memset_d8_async(buf.device_ptr() + offset as u64, byte, len, self.inner.stream.cu_stream()) }.map_err(|e| self.stream_error("cuMemsetD8Async", e))
+    }
+
+    /// Fills the whole block of `buf` — extent and guard tail — with `pattern` (stream
+    /// ordered: before any later launch).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] when the fill fails.
+    pub fn poison(&self, buf: &DeviceBuffer, pattern: u8) -> Result<(), RuntimeError> {
+        self.fill(buf, pattern, 0, buf.capacity_bytes())
+    }
+
+    /// Fills only the guard tail of `buf` (bytes past its extent) with `pattern`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] when the fill fails.
+    pub fn poison_guard(&self, buf: &DeviceBuffer, pattern: u8) -> Result<(), RuntimeError> {
+        self.fill(buf, pattern, buf.len_bytes(), buf.guard_bytes())
+    }
+
+    /// Waits for the stream, then reads `buf`'s guard tail: `None` when every byte still
+    /// equals `pattern`, else where the first change is and how many bytes changed.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] when the copy (or earlier queued work) fails.
+    pub fn guard_violation(&self, buf: &DeviceBuffer, pattern: u8) -> Result<Option<GuardViolation>, RuntimeError> {
+        let tail = self.read_range(buf, buf.len_bytes(), buf.guard_bytes())?;
+        let mut changed = tail.iter().enumerate().filter(|(_, &b)| b != pattern);
+        let Some((i, &found)) = changed.next() else { return Ok(None) };
+        Ok(Some(GuardViolation { offset: buf.len_bytes() + i, found, expected: pattern, changed: 1 + changed.count() }))
+    }
+
+    fn read_range(&self, buf: &DeviceBuffer, offset: usize, len: usize) -> Result<Vec<u8>, RuntimeError> {
+        let mut out = vec![0u8; len];
+        if len > 0 {
+            self.bind()?;
+            // SAFETY: [offset, offset + len) lies inside the buffer's block; `out` has `len`
+            // bytes and stays alive until the stream is synchronised below.
+            unsafe { result::memcpy_dtoh_async(&mut out, buf.device_ptr() + offset as u64, self.inner.stream.cu_stream()) }.map_err(|e| self.stream_error("cuMemcpyDtoHAsync", e))?;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// Copies `bytes` into `buf` (exactly its extent) and waits for the copy.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when the length differs from `buf.len_bytes()`;
+    /// [`RuntimeError::Cuda`] when the copy (or earlier queued work) fails.
+    pub fn write_bytes(&self, buf: &DeviceBuffer, bytes: &[u8]) -> Result<(), RuntimeError> {
+        if bytes.len() != buf.len_bytes() {
+            return Err(RuntimeError::Buffer(format!("{} bytes given for {buf:?}", bytes.len())));
+        }
+        if !bytes.is_empty() {
+            self.bind()?;
+            // SAFETY: the destination range is the buffer's extent; `bytes` outlives the
+            // synchronisation below.
+            unsafe { result::memcpy_htod_async(buf.device_ptr(), bytes, self.inner.stream.cu_stream()) }.map_err(|e| self.stream_error("cuMemcpyHtoDAsync", e))?;
+        }
+        self.synchronize()
+    }
+
+    /// Reads `buf`'s extent after the work queued before it has run.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] when the copy (or earlier queued work) fails.
+    pub fn read_bytes(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
+        self.read_range(buf, 0, buf.len_bytes())
+    }
+
+    /// Copies `src`'s extent into `dst` (same byte length), stream ordered.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when the lengths differ; [`RuntimeError::Cuda`].
+    pub fn copy(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), RuntimeError> {
+        if dst.len_bytes() != src.len_bytes() {
+            return Err(RuntimeError::Buffer(format!("copy from {src:?} into {dst:?}: lengths differ")));
+        }
+        if src.len_bytes() == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges are the buffers' extents, kept alive by the handles; the copy is
+        // ordered on the stream like every other use.
+        unsafe { result::memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), src.len_bytes(), self.inner.stream.cu_stream()) }.map_err(|e| self.stream_error("cuMemcpyDtoDAsync", e))
+    }
+
+    /// A new buffer holding `bytes` as `dtype` × `shape`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when the length does not match; as [`Device::alloc`] and
+    /// [`Device::write_bytes`].
+    pub fn upload_bytes(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<DeviceBuffer, RuntimeError> {
+        let b = self.alloc(dtype, shape)?;
+        self.write_bytes(&b, bytes)?;
+        Ok(b)
+    }
+
+    /// A new buffer holding `values` rounded to `dtype` (as [`DType::round`] rounds; `bool` is
+    /// `x != 0`).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when `values.len()` is not the element count of `shape`; as
+    /// [`Device::upload_bytes`].
+    pub fn upload_f64(&self, dtype: DType, shape: &[usize], values: &[f64]) -> Result<DeviceBuffer, RuntimeError> {
+        check_len(shape, values.len())?;
+        self.upload_bytes(dtype, shape, &codec::encode_f64(dtype, values))
+    }
+
+    /// A new buffer holding typed host elements (`half::bf16`, `half::f16`, `f32`, `i32`,
+    /// `i64`, `bool`).
+    ///
+    /// # Errors
+    /// As [`Device::upload_f64`].
+    pub fn upload<T: Element>(&self, shape: &[usize], values: &[T]) -> Result<DeviceBuffer, RuntimeError> {
+        check_len(shape, values.len())?;
+        self.upload_bytes(T::DTYPE, shape, &codec::encode(values))
+    }
+
+    /// A new buffer holding an interpreter tensor (same dtype and shape).
+    ///
+    /// # Errors
+    /// As [`Device::upload_f64`].
+    pub fn upload_tensor(&self, t: &Tensor) -> Result<DeviceBuffer, RuntimeError> {
+        self.upload_f64(t.dtype(), t.shape(), t.data())
+    }
+
+    /// Overwrites `buf` with `values` rounded to its dtype.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when the count differs; as [`Device::write_bytes`].
+    pub fn write_f64(&self, buf: &DeviceBuffer, values: &[f64]) -> Result<(), RuntimeError> {
+        check_len(buf.shape(), values.len())?;
+        self.write_bytes(buf, &codec::encode_f64(buf.dtype(), values))
+    }
+
+    /// `buf`'s elements as `f64`s (exact for every dtype but `i64` beyond ±2⁵³).
+    ///
+    /// # Errors
+    /// As [`Device::read_bytes`].
+    pub fn download_f64(&self, buf: &DeviceBuffer) -> Result<Vec<f64>, RuntimeError> {
+        codec::decode_f64(buf.dtype(), &self.read_bytes(buf)?)
+    }
+
+    /// `buf`'s elements as typed host values.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when `T` is not `buf`'s dtype; as [`Device::read_bytes`].
+    pub fn download<T: Element>(&self, buf: &DeviceBuffer) -> Result<Vec<T>, RuntimeError> {
+        if T::DTYPE != buf.dtype() {
+            return Err(RuntimeError::Buffer(format!("cannot read {buf:?} as {}", T::DTYPE)));
+        }
+        codec::decode(&self.read_bytes(buf)?)
+    }
+
+    /// `buf` as an interpreter tensor, to compare with the reference.
+    ///
+    /// # Errors
+    /// As [`Device::download_f64`].
+    pub fn download_tensor(&self, buf: &DeviceBuffer) -> Result<Tensor, RuntimeError> {
+        let data = self.download_f64(buf)?;
+        Tensor::new(buf.dtype(), buf.shape(), data).map_err(|e| RuntimeError::Buffer(e.to_string()))
+    }
+
+    /// The pool's counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        lock(&self.inner.pool).stats()
+    }
+
+    /// Waits for the stream, then returns the pool's cached blocks to the driver; returns the
+    /// bytes released.
+    ///
+    /// # Errors
+    /// As [`Device::synchronize`].
+    pub fn trim_pool(&self) -> Result<usize, RuntimeError> {
+        self.synchronize()?;
+        Ok(lock(&self.inner.pool).trim())
+    }
+
+    /// Free device memory as the driver reports it, in bytes.
+    pub fn free_memory(&self) -> usize {
+        lock(&self.inner.pool).free_memory()
+    }
+}
+
+fn check_len(shape: &[usize], n: usize) -> Result<(), RuntimeError> {
+    let want = numel(shape)?;
+    if n != want {
+        return Err(RuntimeError::Buffer(format!("shape {shape:?} has {want} elements, {n} values were given")));
+    }
+    Ok(())
+}
