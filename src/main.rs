@@ -56,7 +56,7 @@ enum Cmd {
         #[arg(long, default_value = "What is the capital of France?")]
         prompt: String,
         /// A file with one prompt per line, decoded together as one batch.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "prompt")]
         batch_file: Option<PathBuf>,
         /// Tokens to generate at most.
         #[arg(long, default_value_t = 64)]
@@ -171,6 +171,12 @@ struct RunArgs {
 }
 
 fn run(a: RunArgs) -> AnyResult {
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        return Err(format!("--temperature must be a finite number ≥ 0 (0 = greedy), got {}", a.temperature).into());
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        return Err(format!("--top-p must be in (0, 1], got {}", a.top_p).into());
+    }
     match a.device {
         Some(Device::Gpu) => return Err("this build has no GPU backend yet (the CUDA runtime lands with code generation I); use --device cpu".into()),
         Some(Device::Cpu) => eprintln!("device: CPU (reference interpreter)"),

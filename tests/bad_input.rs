@@ -220,3 +220,24 @@ fn a_well_formed_build_verifies_and_round_trips() {
     let text = print(&g);
     assert_eq!(parse(&text).expect("parses"), g, "{text}");
 }
+
+/// Results the host could not hold are refused before allocation (an allocation failure would
+/// abort the process, which no caller can catch).
+#[test]
+fn huge_results_are_an_error_not_an_abort() {
+    let src = "func @main(%x: f32[1]) {\n  %y: f32[N] = broadcast(%x) {shape=[N]}\n  return %y\n}";
+    let g = sinter_ir::parse(src).unwrap();
+    let x = sinter::Tensor::zeros(sinter::DType::F32, &[1]);
+    let mut b = sinter::Bindings::new();
+    b.insert("N".into(), 1 << 50);
+    let e = sinter_ir::interp::run_entry(&g, &[&x], &b).unwrap_err();
+    assert!(e.to_string().contains("more than the interpreter's limit"), "{e}");
+}
+
+/// A fractional literal beside an integer tensor is refused at build time, not truncated.
+#[test]
+fn fractional_literal_beside_an_integer_tensor_is_refused() {
+    let e = sinter::graph! { fn f(x: i32[3]) -> i32[3] { x * 2.5 } }.unwrap_err();
+    assert!(e.to_string().contains("the number 2.5 beside a i32[3] tensor is not representable in i32"), "{e}");
+    assert!(sinter::graph! { fn f(x: i32[3]) -> i32[3] { x * 2.0 } }.is_ok());
+}

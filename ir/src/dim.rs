@@ -96,6 +96,42 @@ impl Dim {
         terms.retain(|_, c| *c != 0);
     }
 
+    fn checked_terms(terms: impl IntoIterator<Item = (Monomial, i128)>) -> Option<Dim> {
+        let mut acc: BTreeMap<Monomial, i128> = BTreeMap::new();
+        for (m, c) in terms {
+            let e = acc.entry(m).or_insert(0);
+            *e = e.checked_add(c)?;
+        }
+        let mut out = BTreeMap::new();
+        for (m, c) in acc {
+            if c != 0 {
+                out.insert(m, i64::try_from(c).ok()?);
+            }
+        }
+        Some(Dim { terms: out })
+    }
+
+    /// `self + other`, or `None` if a coefficient overflows `i64`.
+    pub fn checked_add(&self, other: &Dim) -> Option<Dim> {
+        Self::checked_terms(self.terms.iter().chain(&other.terms).map(|(m, c)| (m.clone(), *c as i128)))
+    }
+
+    /// `self - other`, or `None` on overflow.
+    pub fn checked_sub(&self, other: &Dim) -> Option<Dim> {
+        Self::checked_terms(self.terms.iter().map(|(m, c)| (m.clone(), *c as i128)).chain(other.terms.iter().map(|(m, c)| (m.clone(), -(*c as i128)))))
+    }
+
+    /// `self * other`, or `None` on overflow.
+    pub fn checked_mul(&self, other: &Dim) -> Option<Dim> {
+        let mut prods = Vec::new();
+        for (ma, ca) in &self.terms {
+            for (mb, cb) in &other.terms {
+                prods.push((Self::mul_monomials(ma, mb), (*ca as i128).checked_mul(*cb as i128)?));
+            }
+        }
+        Self::checked_terms(prods)
+    }
+
     /// `self + other`.
     pub fn add(&self, other: &Dim) -> Dim {
         let mut terms = self.terms.clone();

@@ -177,6 +177,10 @@ impl Scope {
     #[track_caller]
     pub fn scalar_like(&mut self, like: Value, value: f64) -> Result<Value, BuildError> {
         let dtype = self.b.ty(like).dtype;
+        if !dtype.is_float() && dtype.round(value) != value {
+            let t = self.b.ty(like).to_string();
+            return Err(self.b.error_at(Some("constant"), &[like], format!("the number {value} beside a {t} tensor is not representable in {dtype} (cast the tensor to a float type first)")));
+        }
         self.b.op1(OpKind::Constant, &[], vec![("value", Attr::Float(value)), ("dtype", Attr::DType(dtype)), ("shape", Attr::Dims(vec![]))])
     }
 

@@ -393,15 +393,17 @@ impl Parser {
 
     // dim := term (('+' | '-') term)*
     fn dim(&mut self) -> Result<Dim, ParseError> {
+        let start = self.pos;
         let mut acc = self.dim_term()?;
         loop {
-            if self.eat("+") {
-                acc = acc.add(&self.dim_term()?);
+            let r = if self.eat("+") {
+                acc.checked_add(&self.dim_term()?)
             } else if self.eat("-") {
-                acc = acc.sub(&self.dim_term()?);
+                acc.checked_sub(&self.dim_term()?)
             } else {
                 return Ok(acc);
-            }
+            };
+            acc = r.ok_or_else(|| self.overflow(start))?;
         }
     }
 
@@ -409,13 +411,17 @@ impl Parser {
         let start = self.pos;
         let mut acc = self.dim_factor()?;
         while self.eat("*") {
-            acc = acc.mul(&self.dim_factor()?);
+            acc = acc.checked_mul(&self.dim_factor()?).ok_or_else(|| self.overflow(start))?;
             // Products of sums expand: `(a+b)*(a+b)*…` grows exponentially. Stop early.
             if acc.to_string().len() > MAX_DIM_TEXT {
                 return Err(self.error_at(start, "a product that expands past that".into(), format!("a dim of at most {MAX_DIM_TEXT} characters in canonical form")));
             }
         }
         Ok(acc)
+    }
+
+    fn overflow(&self, at: usize) -> ParseError {
+        self.error_at(at, "a dim whose arithmetic overflows".into(), "a dim whose coefficients fit in i64")
     }
 
     fn dim_factor(&mut self) -> Result<Dim, ParseError> {
@@ -431,7 +437,8 @@ impl Parser {
 
     fn dim_factor_inner(&mut self) -> Result<Dim, ParseError> {
         if self.eat("-") {
-            return Ok(self.dim_factor()?.scale(-1));
+            let at = self.pos;
+            return Dim::constant(0).checked_sub(&self.dim_factor()?).ok_or_else(|| self.overflow(at));
         }
         if self.eat("(") {
             let d = self.dim()?;
@@ -454,14 +461,14 @@ impl Parser {
         if self.eat("^") {
             let at = self.pos;
             match self.bump() {
-                Tok::Int(p) if (1..=8).contains(&p) => {
+                Tok::Int(p) if (1..=64).contains(&p) => {
                     let mut d = Dim::constant(1);
                     for _ in 0..p {
-                        d = d.mul(&base);
+                        d = d.checked_mul(&base).ok_or_else(|| self.overflow(at))?;
                     }
                     return Ok(d);
                 }
-                t => return Err(self.error_at(at, t.to_string(), "a power from 1 to 8")),
+                t => return Err(self.error_at(at, t.to_string(), "a power from 1 to 64")),
             }
         }
         Ok(base)

@@ -45,6 +45,7 @@ mod attention;
 mod composite;
 mod elementwise;
 mod erf;
+mod kernel_graph;
 mod layout;
 mod tensor;
 #[cfg(test)]
@@ -60,7 +61,11 @@ use crate::graph::{Function, Graph, Node};
 use crate::ops::{Op, OpClass, OpKind};
 
 pub use erf::erf;
+pub use kernel_graph::run_kernel_graph;
 pub use tensor::Tensor;
+
+/// The most elements one value may have in the interpreter (2^32 `f64`s, 32 GiB).
+pub const MAX_ELEMENTS: usize = 1 << 32;
 
 /// Where an error happened: the function, and the node and op when there is one, with the
 /// chain of calls that led there.
@@ -528,6 +533,20 @@ impl Evaluator<'_> {
                     expected: format!("{} ({})", kind.arity_text(), kind.info().operands.join(", ")),
                     got: ins.len(),
                 });
+            }
+            // Refuse results the host could not hold before trying to allocate them (an
+            // allocation failure aborts the process; it cannot be caught).
+            for &r in &nd.results {
+                if let Some(d) = f.values.get(r) {
+                    // A dim that does not evaluate is reported by the op or the result check.
+                    let n = d.ty.shape.iter().map(|dim| eval_size(dim, &b, "").map(|v| v as u128).unwrap_or(0)).fold(1u128, u128::saturating_mul);
+                    if n > MAX_ELEMENTS as u128 {
+                        return Err(InterpError::Operands {
+                            site,
+                            message: format!("result {} has {n} elements, more than the interpreter's limit of {MAX_ELEMENTS} (2^32 f64 values, 32 GiB)", f.label(r)),
+                        });
+                    }
+                }
             }
             let results = if kind == OpKind::Call {
                 self.call(f, node, &nd.op, &ins, &b)
