@@ -84,6 +84,7 @@ pub use sinter_ir as ir;
 pub use sinter_ir::interp::{InterpError, Tensor};
 pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};
 
+pub mod gpu;
 pub mod llm;
 pub mod dsl_guide;
 pub mod zoo;
@@ -103,6 +104,23 @@ pub enum Error {
     /// The interpreter failed (bad input shapes, out-of-range indices, ...).
     #[error(transparent)]
     Interp(#[from] InterpError),
+    /// The GPU runtime failed (no device, out of memory, a CUDA error naming the kernel, ...).
+    #[error(transparent)]
+    Runtime(#[from] sinter_runtime::RuntimeError),
+    /// The passes could not lower the graph.
+    #[error(transparent)]
+    Passes(#[from] sinter_passes::PassError),
+    /// The code generator failed on a kernel.
+    #[error("code generation: {0}")]
+    Codegen(String),
+    /// A build without LLVM met a kernel that is not in the kernel cache.
+    #[error("kernel {kernel} for {target} is not in the kernel cache, and this build of sinter has no code generator (the `llvm` feature): compile it on a machine with LLVM and carry the cache ($SINTER_CACHE/kernels)")]
+    KernelNotCached {
+        /// The kernel.
+        kernel: String,
+        /// The target.
+        target: String,
+    },
     /// A model file could not be used.
     #[error(transparent)]
     Model(llm::gguf::ModelError),

@@ -9,3 +9,6 @@ mod reference;
 mod zoo_snapshots;
 mod smollm2;
 mod hf_folder;
+mod book;
+mod passes;
+mod gpu;

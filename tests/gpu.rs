@@ -1,0 +1,356 @@
+//! GPU tests: every kernel family, and whole zoo models, against the interpreter.
+//!
+//! Each case is a small graph; it is lowered (one kernel per node, and through the fusion
+//! passes), every kernel is compiled to PTX and run on the GPU, and every output is compared
+//! with `sinter_ir::interp` under DESIGN.md's rule: `|out − ref| ≤ atol + rtol·|ref|`
+//! element-wise (bf16: rtol 1.6e-2, atol 1e-2·max|ref|; f32: rtol 1e-5, atol 1e-6·max|ref|,
+//! widened where a case says why), NaN exactly where the reference has NaN, ±inf equal, and
+//! the norm-wise error under 1e-2 (bf16) or 1e-5 (f32). Output buffers carry a poisoned guard
+//! tail that must come back untouched.
+//!
+//! Where there is no GPU the tests print that they were skipped; with `SINTER_GPU_REQUIRED=1`
+//! (set on the GPU machine) a missing GPU fails them.
+#![cfg(feature = "llvm")]
+
+use sinter::gpu::{GpuProgram, Lowering};
+use sinter::{Bindings, DType, Tensor};
+use sinter_runtime::Device;
+
+use crate::zoo::Rng;
+
+fn device() -> Option<Device> {
+    match Device::open() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(std::env::var_os("SINTER_GPU_REQUIRED").is_none(), "SINTER_GPU_REQUIRED is set but: {e}");
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
+/// DESIGN.md's comparison; `widen` multiplies both tolerances for cases that say why.
+pub fn check(name: &str, out: &Tensor, reference: &Tensor, widen: f64) -> Result<(), String> {
+    if out.shape() != reference.shape() {
+        return Err(format!("{name}: shape {:?} vs reference {:?}", out.shape(), reference.shape()));
+    }
+    let (rtol, atol_f, norm_tol) = match reference.dtype() {
+        DType::BF16 | DType::F16 => (1.6e-2, 1e-2, 1e-2),
+        DType::F32 => (1e-5, 1e-6, 1e-5),
+        _ => (0.0, 0.0, 0.0),
+    };
+    let max_ref = reference.data().iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
+    let atol = atol_f * max_ref * widen;
+    let (mut num, mut den) = (0f64, 0f64);
+    for (i, (&o, &r)) in out.data().iter().zip(reference.data()).enumerate() {
+        if r.is_nan() || o.is_nan() {
+            if r.is_nan() != o.is_nan() {
+                return Err(format!("{name}: element {i}: {o} vs reference {r} (NaN must match exactly)"));
+            }
+            continue;
+        }
+        if r.is_infinite() || o.is_infinite() {
+            if r != o {
+                return Err(format!("{name}: element {i}: {o} vs reference {r} (±inf must match)"));
+            }
+            continue;
+        }
+        let tol = atol + rtol * widen * r.abs();
+        if (o - r).abs() > tol {
+            return Err(format!("{name}: element {i}: {o} vs reference {r} (|diff| {} > {tol})", (o - r).abs()));
+        }
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if den > 0.0 && (num / den).sqrt() > norm_tol * widen {
+        return Err(format!("{name}: norm-wise error {} > {}", (num / den).sqrt(), norm_tol * widen));
+    }
+    Ok(())
+}
+
+/// Random inputs for every parameter of the entry (integers in `0..int_hi`), plus special
+/// values where asked.
+fn inputs_for(g: &sinter::Graph, b: &Bindings, seed: u64, int_hi: i64) -> Vec<(String, Tensor)> {
+    let f = g.entry().unwrap();
+    let mut rng = Rng::new(seed);
+    f.params
+        .iter()
+        .map(|&p| {
+            let ty = f.ty(p);
+            let shape: Vec<usize> = ty.shape.iter().map(|d| d.eval(b).unwrap() as usize).collect();
+            let n: usize = shape.iter().product();
+            let data: Vec<f64> = match ty.dtype {
+                DType::I32 | DType::I64 => (0..n).map(|_| ((rng.next_f64() + 1.0) * 0.5 * int_hi as f64).floor().min(int_hi as f64 - 1.0)).collect(),
+                DType::Bool => (0..n).map(|_| if rng.next_f64() > 0.0 { 1.0 } else { 0.0 }).collect(),
+                _ => (0..n).map(|_| rng.next_f64() * 2.0).collect(),
+            };
+            (f.values[p].name.clone().unwrap(), Tensor::new(ty.dtype, &shape, data).unwrap())
+        })
+        .collect()
+}
+
+/// Runs `src` on the interpreter and on the GPU under both lowerings; compares every output.
+fn case(dev: &Device, name: &str, src: &str, syms: &[(&str, i64)], seed: u64, widen: f64, edit: &Edit) -> Vec<String> {
+    let g = sinter::ir::parse(src).unwrap_or_else(|e| panic!("{name}: {e}"));
+    sinter::ir::verify(&g).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let b: Bindings = syms.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let mut ins = inputs_for(&g, &b, seed, 7);
+    edit(&mut ins);
+    let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
+    let want = sinter::ir::interp::run_entry(&g, &refs, &b).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
+    let mut failures = Vec::new();
+    for lowering in [Lowering::Unfused, Lowering::Fused] {
+        let label = format!("{name} [{lowering:?}]");
+        let p = match GpuProgram::compile(&g, dev, lowering) {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(format!("{label}: compile: {e}"));
+                continue;
+            }
+        };
+        let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        match p.run(&named, &b) {
+            Ok(got) => {
+                for (i, (o, r)) in got.iter().zip(&want).enumerate() {
+                    if let Err(e) = check(&format!("{label} output {i}"), o, r, widen) {
+                        failures.push(e);
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("{label}: run: {e}")),
+        }
+    }
+    if failures.is_empty() {
+        eprintln!("ok: {name}");
+    }
+    failures
+}
+
+fn none(_: &mut Vec<(String, Tensor)>) {}
+
+/// Sets elements of input `which` to special values at the given flat positions.
+fn specials(which: &'static str, at: &'static [(usize, f64)]) -> impl Fn(&mut Vec<(String, Tensor)>) + 'static {
+    move |ins| {
+        for (n, t) in ins.iter_mut() {
+            if n == which {
+                let mut d = t.data().to_vec();
+                for &(i, v) in at {
+                    if i < d.len() {
+                        d[i] = v;
+                    }
+                }
+                *t = Tensor::new(t.dtype(), t.shape(), d).unwrap();
+            }
+        }
+    }
+}
+
+
+type Edit = Box<dyn Fn(&mut Vec<(String, Tensor)>)>;
+
+/// One GPU case: a graph, its symbol values, an input seed, a tolerance widening (with the
+/// reason at the call) and an edit that plants special values.
+struct Case {
+    name: String,
+    src: String,
+    syms: Vec<(&'static str, i64)>,
+    seed: u64,
+    widen: f64,
+    edit: Edit,
+}
+
+impl Case {
+    fn new(name: impl Into<String>, src: impl AsRef<str>, syms: &[(&'static str, i64)], seed: u64, widen: f64, edit: Edit) -> Case {
+        Case { name: name.into(), src: src.as_ref().to_string(), syms: syms.to_vec(), seed, widen, edit }
+    }
+}
+
+#[test]
+fn gpu_kernel_families_match_the_interpreter() {
+    let Some(dev) = device() else { return };
+    eprintln!("device: {}", dev.info());
+    let mut fails = Vec::new();
+    for c in family_cases() {
+        fails.extend(case(&dev, &c.name, &c.src, &c.syms, c.seed, c.widen, &c.edit));
+    }
+    assert!(fails.is_empty(), "{} GPU case failures:\n{}", fails.len(), fails.join("\n"));
+}
+
+/// Without a GPU: every kernel of every case, under both lowerings, compiles to PTX that
+/// ptxas assembles for sm_80 and sm_90a with no spills.
+#[test]
+fn every_gpu_case_compiles_and_assembles_without_spills() {
+    let Some(ptxas) = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap() else { return };
+    let mut fails = Vec::new();
+    let mut kernels = 0;
+    for c in family_cases() {
+        let g = sinter::ir::parse(&c.src).unwrap();
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            let kg = match lowering {
+                Lowering::Unfused => sinter_passes::lower_unfused(&g),
+                Lowering::Fused => sinter_passes::compile(&g, &sinter_passes::PassOptions::default()).map(|r| r.0),
+            };
+            let kg = match kg {
+                Ok(kg) => kg,
+                Err(e) => {
+                    fails.push(format!("{} [{lowering:?}]: lowering: {e}", c.name));
+                    continue;
+                }
+            };
+            for target in [sinter_codegen::Target::SM_80, sinter_codegen::Target::SM_90A] {
+                for k in kg.kernels.keys() {
+                    kernels += 1;
+                    match sinter_codegen::compile_kernel(&kg, k, &target) {
+                        Ok(plan) => match sinter_codegen::ptxas::assemble_with(&ptxas, &plan.ptx, &target) {
+                            Ok(r) => {
+                                if r.functions.iter().any(|f| f.spills()) {
+                                    fails.push(format!("{} [{lowering:?}] {k} {}: spills: {r:?}", c.name, target.name()));
+                                }
+                            }
+                            Err(e) => fails.push(format!("{} [{lowering:?}] {k} {}: ptxas: {e}", c.name, target.name())),
+                        },
+                        Err(e) => fails.push(format!("{} [{lowering:?}] {k} {:?} {}: {e}", c.name, kg.kernels[k].family, target.name())),
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{kernels} kernels compiled and assembled");
+    assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
+}
+
+/// The kernel-family cases: odd sizes, bf16 and f32, NaN and ±inf where the reference has them.
+fn family_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    // Pointwise.
+    for (dt, n) in [("bf16", 1000), ("f32", 17), ("bf16", 4099)] {
+        let src = format!("func @main(%a: {dt}[R, {n}], %b: {dt}[R, {n}]) {{\n  %s: {dt}[R, {n}] = silu(%a)\n  %y: {dt}[R, {n}] = mul(%s, %b)\n  return %y\n}}");
+        cases.push(Case::new(format!("silu*mul {dt} n={n}"), &src, &[("R", 5)], 1, 1.0, Box::new(none)));
+    }
+    cases.push(Case::new("broadcast add + cast with NaN/inf", "func @main(%a: f32[T, 1], %b: f32[1, 33]) {\n  %y: f32[T, 33] = add(%a, %b)\n  %z: bf16[T, 33] = cast(%y) {dtype=bf16}\n  return %z\n}", &[("T", 9)], 2, 1.0, Box::new(specials("a", &[(0, f64::NAN), (1, f64::INFINITY), (2, f64::NEG_INFINITY)]))));
+    cases.push(Case::new("gelu tanh / erf, select", "func @main(%a: f32[7, 50]) {\n  %g: f32[7, 50] = gelu(%a) {form=\"tanh\"}\n  %e: f32[7, 50] = gelu(%a)\n  %c: bool[7, 50] = gt(%g, %e)\n  %y: f32[7, 50] = select(%c, %g, %e)\n  return %y\n}", &[], 3, 4.0, Box::new(none)));
+    for form in ["rotate_half", "interleaved"] {
+        let src = format!("func @main(%x: bf16[2, T, 3, 64], %pos: i32[T, 1]) {{\n  %y: bf16[2, T, 3, 64] = rope(%x, %pos) {{theta=10000.0, form=\"{form}\"}}\n  return %y\n}}");
+        cases.push(Case::new(format!("rope {form}"), &src, &[("T", 5)], 4, 1.0, Box::new(none)));
+    }
+    // Row reductions, odd lengths and special rows.
+    for n in [1, 17, 1000, 3420, 4096, 262144] {
+        let src = format!("func @main(%x: f32[R, {n}]) {{\n  %y: f32[R, {n}] = softmax(%x)\n  return %y\n}}");
+        cases.push(Case::new(format!("softmax f32 n={n}"), &src, &[("R", 3)], 5, 1.0, Box::new(none)));
+    }
+    cases.push(Case::new("softmax bf16 with a -inf row and a NaN row", "func @main(%x: bf16[4, 40]) {\n  %y: bf16[4, 40] = softmax(%x)\n  return %y\n}", &[], 6, 1.0, Box::new(move |ins: &mut Vec<(String, Tensor)>| {
+        let mut d = ins[0].1.data().to_vec();
+        for v in &mut d[0..40] {
+            *v = f64::NEG_INFINITY;
+        }
+        d[45] = f64::NAN;
+        d[90] = -1e7;
+        ins[0].1 = Tensor::new(DType::BF16, &[4, 40], d).unwrap();
+    })));
+    cases.push(Case::new("log_softmax + reduce_max/sum/mean", "func @main(%x: f32[6, 333]) {\n  %l: f32[6, 333] = log_softmax(%x)\n  %m: f32[6, 1] = reduce_max(%x)\n  %s: f32[6, 1] = reduce_sum(%x)\n  %a: f32[6, 1] = reduce_mean(%x)\n  return %l, %m, %s, %a\n}", &[], 7, 4.0, Box::new(none)));
+    cases.push(Case::new("rms_norm bf16 with a zero row", "func @main(%x: bf16[T, 576], %w: bf16[576]) {\n  %y: bf16[T, 576] = rms_norm(%x, %w) {eps=1e-5}\n  return %y\n}", &[("T", 33)], 8, 1.0, Box::new(move |ins: &mut Vec<(String, Tensor)>| {
+        let mut d = ins[0].1.data().to_vec();
+        for v in &mut d[0..576] {
+            *v = 0.0;
+        }
+        ins[0].1 = Tensor::new(DType::BF16, &[33, 576], d).unwrap();
+    })));
+    cases.push(Case::new("layer_norm f32", "func @main(%x: f32[9, 768], %w: f32[768], %b: f32[768]) {\n  %y: f32[9, 768] = layer_norm(%x, %w, %b) {eps=1e-5}\n  return %y\n}", &[], 9, 4.0, Box::new(none)));
+    // Layout, gather, kv_append.
+    cases.push(Case::new("transpose/permute/concat/slice/broadcast", "func @main(%x: f32[3, 5, 7], %y: f32[3, 2, 7]) {\n  %t: f32[3, 7, 5] = transpose(%x) {dim0=1, dim1=2}\n  %p: f32[7, 3, 5] = permute(%x) {perm=[2, 0, 1]}\n  %c: f32[3, 7, 7] = concat(%x, %y) {axis=1}\n  %s: f32[3, 3, 7] = slice(%x) {axis=1, start=1, end=4}\n  %b: f32[2, 3, 5, 7] = broadcast(%x) {shape=[2, 3, 5, 7]}\n  return %t, %p, %c, %s, %b\n}", &[], 10, 1.0, Box::new(none)));
+    cases.push(Case::new("gather embedding", "func @main(%table: bf16[7, 64], %idx: i64[T]) {\n  %y: bf16[T, 64] = gather(%table, %idx)\n  return %y\n}", &[("T", 17)], 11, 1.0, Box::new(none)));
+    // Matmul: tails, batches, transposes.
+    for (m, n, k, dt) in [(1, 17, 1000, "bf16"), (17, 64, 33, "f32"), (100, 100, 100, "bf16"), (64, 576, 576, "bf16")] {
+        let src = format!("func @main(%a: {dt}[{m}, {k}], %w: {dt}[{n}, {k}]) {{\n  %y: {dt}[{m}, {n}] = matmul(%a, %w) {{transpose_b=true}}\n  return %y\n}}");
+        cases.push(Case::new(format!("matmul {dt} {m}x{n}x{k} (B transposed)"), &src, &[], 12, 1.0, Box::new(none)));
+    }
+    cases.push(Case::new("batched matmul + bias + residual epilogue", "func @main(%a: f32[2, 9, 16], %b: f32[16, 24], %bias: f32[24], %r: f32[2, 9, 24]) {\n  %m: f32[2, 9, 24] = matmul(%a, %b)\n  %x: f32[2, 9, 24] = add(%m, %bias)\n  %y: f32[2, 9, 24] = add(%x, %r)\n  return %y\n}", &[], 13, 4.0, Box::new(none)));
+    // Attention: causal Sq != Skv, GQA, fully masked rows.
+    for (sq, skv, h, hkv, d) in [(3, 7, 4, 4, 64), (17, 17, 8, 2, 64), (1, 100, 4, 1, 128), (65, 130, 2, 2, 128)] {
+        let src = format!("func @main(%q: bf16[2, {h}, {sq}, {d}], %k: bf16[2, {hkv}, {skv}, {d}], %v: bf16[2, {hkv}, {skv}, {d}]) {{\n  %o: bf16[2, {h}, {sq}, {d}] = attention(%q, %k, %v) {{scale=0.125, causal=true, heads={h}, kv_heads={hkv}}}\n  return %o\n}}");
+        cases.push(Case::new(format!("attention causal Sq={sq} Skv={skv} H={h}/{hkv} D={d}"), &src, &[], 14, 1.0, Box::new(none)));
+    }
+    cases.push(Case::new("attention causal with more queries than keys (fully masked rows)", "func @main(%q: f32[1, 2, 5, 64], %k: f32[1, 2, 2, 64], %v: f32[1, 2, 2, 64]) {\n  %o: f32[1, 2, 5, 64] = attention(%q, %k, %v) {scale=0.125, causal=true, heads=2, kv_heads=2}\n  return %o\n}", &[], 15, 10.0, Box::new(none)));
+    // Paged cache: append then attend, partly filled last page, GQA.
+    cases.push(Case::new(
+                "kv_append + paged_attention",
+        "func @main(%kp: bf16[12, 16, 2, 64], %vp: bf16[12, 16, 2, 64], %kn: bf16[3, 1, 2, 64], %vn: bf16[3, 1, 2, 64], %bt: i32[3, 4], %pos: i32[3], %q: bf16[3, 8, 1, 64]) {\n  %k2: bf16[12, 16, 2, 64], %v2: bf16[12, 16, 2, 64] = kv_append(%kp, %vp, %kn, %vn, %bt, %pos)\n  %one: i32[] = constant() {value=1.0, dtype=i32}\n  %len: i32[3] = add(%pos, %one)\n  %o: bf16[3, 8, 1, 64] = paged_attention(%q, %k2, %v2, %bt, %len) {scale=0.125, heads=8, kv_heads=2}\n  return %o, %k2\n}",
+        &[],
+        16,
+        1.0,
+        Box::new(|ins: &mut Vec<(String, Tensor)>| {
+            // Sequences own pages 0-3, 4-7, 8-11; positions 0, 17 and 40 (a partly filled page).
+            ins[4].1 = Tensor::from_fn(DType::I32, &[3, 4], |i| (i[0] * 4 + i[1]) as f64);
+            ins[5].1 = Tensor::new(DType::I32, &[3], vec![0.0, 17.0, 40.0]).unwrap();
+        }),
+    ));
+    cases
+}
+
+#[test]
+fn gpu_zoo_models_match_the_interpreter() {
+    let Some(dev) = device() else { return };
+    use sinter::zoo::{gpt2, llama, Mode};
+    let cfg = llama::LlamaConfig::tiny();
+    let mut fails = Vec::new();
+    for mode in [Mode::Prefill, Mode::Decode] {
+        for dt in [DType::F32, DType::BF16] {
+            let g = llama::build(&cfg, mode, dt).unwrap();
+            let mut p = sinter::Program::compile(g.clone(), sinter::Backend::Interpreter).unwrap();
+            let ws = crate::zoo::bind_random_weights(&mut p, 3);
+            let t = if mode == Mode::Prefill { 7 } else { 3 };
+            let nb = if mode == Mode::Prefill { 1 } else { t };
+            let m = 4usize;
+            let pages = cfg.n_layers * nb * m;
+            let kp = Tensor::from_fn(dt, &[pages, cfg.page_size, cfg.n_kv_heads, cfg.head_dim], |i| ((i[0] * 7 + i[1] * 3 + i[3]) % 11) as f64 * 0.05 - 0.25);
+            let toks = Tensor::from_fn(DType::I64, &[t], |i| ((i[0] * 13 + 5) % cfg.vocab) as f64);
+            let pos = Tensor::from_fn(DType::I32, &[t], |i| if mode == Mode::Prefill { i[0] as f64 } else { (3 + 2 * i[0]) as f64 });
+            let bt = Tensor::from_fn(DType::I32, &[cfg.n_layers, nb, m], |i| ((i[0] * nb + i[1]) * m + i[2]) as f64);
+            let named = [("tokens", &toks), ("positions", &pos), ("block_tables", &bt), ("k_pages", &kp), ("v_pages", &kp)];
+            let want = p.run(&named, &[]).unwrap();
+            for lowering in [Lowering::Unfused, Lowering::Fused] {
+                let label = format!("llama tiny {mode:?} {dt} [{lowering:?}]");
+                let r = GpuProgram::compile(&g, &dev, lowering).and_then(|mut gp| {
+                    for (n, w) in &ws {
+                        gp.bind(n, w)?;
+                    }
+                    gp.run(&named, &Bindings::new())
+                });
+                match r {
+                    Ok(got) => {
+                        for (i, (o, r)) in got.iter().zip(&want).enumerate() {
+                            if let Err(e) = check(&format!("{label} output {i}"), o, r, if dt == DType::F32 { 20.0 } else { 2.0 }) {
+                                fails.push(e);
+                            }
+                        }
+                        eprintln!("ran: {label}");
+                    }
+                    Err(e) => fails.push(format!("{label}: {e}")),
+                }
+            }
+        }
+    }
+    let g = gpt2::build(&gpt2::Gpt2Config::tiny(), DType::F32).unwrap();
+    let mut p = sinter::Program::compile(g.clone(), sinter::Backend::Interpreter).unwrap();
+    let ws = crate::zoo::bind_random_weights(&mut p, 5);
+    let toks = Tensor::from_fn(DType::I64, &[6], |i| (i[0] * 7 % 64) as f64);
+    let pos = Tensor::from_fn(DType::I32, &[6], |i| i[0] as f64);
+    let want = p.run(&[("tokens", &toks), ("positions", &pos)], &[]).unwrap();
+    for lowering in [Lowering::Unfused, Lowering::Fused] {
+        let r = GpuProgram::compile(&g, &dev, lowering).and_then(|mut gp| {
+            for (n, w) in &ws {
+                gp.bind(n, w)?;
+            }
+            gp.run(&[("tokens", &toks), ("positions", &pos)], &Bindings::new())
+        });
+        match r {
+            Ok(got) => {
+                if let Err(e) = check(&format!("gpt2 tiny [{lowering:?}]"), &got[0], &want[0], 20.0) {
+                    fails.push(e);
+                }
+            }
+            Err(e) => fails.push(format!("gpt2 tiny [{lowering:?}]: {e}")),
+        }
+    }
+    assert!(fails.is_empty(), "{} zoo failures:\n{}", fails.len(), fails.join("\n"));
+}
