@@ -84,6 +84,7 @@ pub use sinter_ir as ir;
 pub use sinter_ir::interp::{InterpError, Tensor};
 pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};
 
+pub mod bench;
 pub mod gpu;
 pub mod llm;
 pub mod dsl_guide;

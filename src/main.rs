@@ -86,6 +86,22 @@ enum Cmd {
     },
     /// Build a small example graph, print it, and run it on the interpreter.
     Demo,
+    /// Run each kernel family on the GPU at the shapes of bench/anchors.py and print time,
+    /// GB/s or TFLOP/s and the ratio to the anchors measured in the same call.
+    Bench {
+        /// Groups to run: swiglu rmsnorm softmax matmul attn decode (default: all).
+        #[arg(long, num_args = 1..)]
+        only: Vec<String>,
+        /// anchors.json written by bench/anchors.py in the same device call.
+        #[arg(long)]
+        anchors: Option<PathBuf>,
+        /// Timed iterations per row (median reported).
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Write the rows as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Parse and verify a `.sir` file; print it back in canonical form.
     Check {
         /// The file.
@@ -108,6 +124,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Demo => demo(),
+        Cmd::Bench { only, anchors, iters, json } => bench(&only, anchors.as_deref(), iters, json.as_deref()),
         Cmd::Check { file } => check(&file),
         Cmd::Graph { model, mode, dtype } => {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
@@ -145,6 +162,22 @@ fn demo() -> AnyResult {
     println!("mlp(x) on the interpreter, shape {:?}:", y[0].shape());
     for row in y[0].data().chunks(4) {
         println!("  {}", row.iter().map(|v| format!("{v:9.5}")).collect::<Vec<_>>().join(" "));
+    }
+    Ok(())
+}
+
+fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json: Option<&std::path::Path>) -> AnyResult {
+    let anchors: Vec<serde_json::Value> = match anchors {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            v.get("rows").and_then(|r| r.as_array()).or_else(|| v.as_array()).cloned().unwrap_or_default()
+        }
+        None => vec![],
+    };
+    let rows = sinter::bench::run(only, &anchors, iters.max(1))?;
+    if let Some(p) = json {
+        std::fs::write(p, serde_json::to_string_pretty(&rows)?).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     Ok(())
 }
