@@ -75,28 +75,224 @@ fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], it
     Ok((times[times.len() / 2] / 1000.0, p.kernel_graph().kernels.len()))
 }
 
+/// What one benchmark input holds.
+#[derive(Clone, Debug)]
+enum Fill {
+    /// Uniform random values in [-1, 1) with this seed.
+    Random(u64),
+    /// Explicit values.
+    Values(Vec<f64>),
+}
+
+/// One benchmark row to measure.
+struct BenchCase {
+    group: &'static str,
+    name: String,
+    shape: String,
+    graph: Graph,
+    lowering: Lowering,
+    inputs: Vec<(DType, Vec<usize>, Fill)>,
+    /// Work per run: bytes (GB/s) or FLOPs (TFLOP/s).
+    work: f64,
+    unit: &'static str,
+    iters_cap: usize,
+    /// Picks the anchor row to compare with.
+    anchor: Box<dyn Fn(&[Json]) -> Option<(String, f64)>>,
+}
+
+fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
+    let want = |g: &str| only.is_empty() || only.iter().any(|o| o == g);
+    let mut out = Vec::new();
+    if want("swiglu") {
+        let (m, n) = (16384usize, 14336usize);
+        let g = crate::graph! { fn main(a: bf16[{m}, {n}], b: bf16[{m}, {n}]) -> bf16[{m}, {n}] { a.silu() * b } }?;
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            out.push(BenchCase {
+                group: "swiglu",
+                name: format!("silu(a)*b [{lowering:?}]"),
+                shape: format!("{m}x{n}"),
+                graph: g.clone(),
+                lowering,
+                inputs: vec![(DType::BF16, vec![m, n], Fill::Random(1)), (DType::BF16, vec![m, n], Fill::Random(2))],
+                work: 3.0 * (m * n * 2) as f64,
+                unit: "GB/s",
+                iters_cap: usize::MAX,
+                anchor: Box::new(|a| anchor(a, "swiglu", &["compile silu"])),
+            });
+        }
+    }
+    if want("rmsnorm") {
+        let (m, n) = (32768usize, 4096usize);
+        let g = crate::graph! {
+            fn main(x: bf16[{m}, {n}], w: bf16[{n}]) -> bf16[{m}, {n}] {
+                let x32 = x.cast(f32);
+                (x32 * ((x32 * x32).mean(-1) + 1e-6).rsqrt()).cast(bf16) * w
+            }
+        }?;
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            out.push(BenchCase {
+                group: "rmsnorm",
+                name: format!("decomposed RMSNorm [{lowering:?}]"),
+                shape: format!("{m}x{n}"),
+                graph: g.clone(),
+                lowering,
+                inputs: vec![(DType::BF16, vec![m, n], Fill::Random(3)), (DType::BF16, vec![n], Fill::Random(4))],
+                work: 2.0 * (m * n * 2) as f64,
+                unit: "GB/s",
+                iters_cap: usize::MAX,
+                anchor: Box::new(|a| anchor(a, "rmsnorm", &["torch.compile"])),
+            });
+        }
+    }
+    if want("softmax") {
+        let (m, n) = (32768usize, 4096usize);
+        let g = crate::graph! { fn main(x: bf16[{m}, {n}]) -> bf16[{m}, {n}] { x.softmax(-1) } }?;
+        out.push(BenchCase {
+            group: "softmax",
+            name: "softmax".into(),
+            shape: format!("{m}x{n}"),
+            graph: g,
+            lowering: Lowering::Unfused,
+            inputs: vec![(DType::BF16, vec![m, n], Fill::Random(5))],
+            work: 2.0 * (m * n * 2) as f64,
+            unit: "GB/s",
+            iters_cap: usize::MAX,
+            anchor: Box::new(|a| anchor(a, "softmax", &["torch.softmax"])),
+        });
+    }
+    if want("matmul") {
+        for (m, n, k) in [(4096usize, 4096usize, 4096usize), (16, 1536, 576)] {
+            let g = crate::graph! { fn main(a: bf16[{m}, {k}], w: bf16[{n}, {k}]) -> bf16[{m}, {n}] { a.matmul(w, transpose_b = true) } }?;
+            out.push(BenchCase {
+                group: "matmul",
+                name: "matmul (CUDA cores, tiled)".into(),
+                shape: format!("{m}x{n}x{k}"),
+                graph: g,
+                lowering: Lowering::Unfused,
+                inputs: vec![(DType::BF16, vec![m, k], Fill::Random(6)), (DType::BF16, vec![n, k], Fill::Random(7))],
+                work: 2.0 * (m * n * k) as f64,
+                unit: "TFLOP/s",
+                iters_cap: 10,
+                anchor: Box::new(|a| anchor(a, "ceiling", &["cuBLAS"])),
+            });
+        }
+    }
+    if want("attn") {
+        let (b, h, s, d) = (2usize, 32usize, 4096usize, 128usize);
+        for causal in [false, true] {
+            let g = crate::graph! {
+                fn main(q: bf16[{b}, {h}, {s}, {d}], k: bf16[{b}, {h}, {s}, {d}], v: bf16[{b}, {h}, {s}, {d}]) -> bf16[{b}, {h}, {s}, {d}] {
+                    q.attention(k, v, scale = 1.0 / (d as f64).sqrt(), causal = causal, heads = h, kv_heads = h)
+                }
+            }?;
+            let shape = format!("B{b} H{h} S{s} D{d}{}", if causal { " causal" } else { "" });
+            let key = shape.clone();
+            out.push(BenchCase {
+                group: "attn",
+                name: "attention (online softmax)".into(),
+                shape,
+                graph: g,
+                lowering: Lowering::Unfused,
+                inputs: (8..11).map(|seed| (DType::BF16, vec![b, h, s, d], Fill::Random(seed))).collect(),
+                work: 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 },
+                unit: "TFLOP/s",
+                iters_cap: 5,
+                anchor: Box::new(move |a| exact_anchor(a, "attn", &key, "cudnn")),
+            });
+        }
+    }
+    if want("decode") {
+        // Paged decode attention over a full KV cache: B16, GQA 32/8, D128, L32768 (page 16).
+        let (b, hq, hkv, l, d, ps) = (16usize, 32usize, 8usize, 32768usize, 128usize, 16usize);
+        let pages_per = l / ps;
+        let g = crate::graph! {
+            fn main(q: bf16[{b}, {hq}, 1, {d}], kp: bf16[{b * pages_per}, {ps}, {hkv}, {d}], vp: bf16[{b * pages_per}, {ps}, {hkv}, {d}], bt: i32[{b}, {pages_per}], lens: i32[{b}]) -> bf16[{b}, {hq}, 1, {d}] {
+                q.paged_attention(kp, vp, bt, lens, scale = 1.0 / (d as f64).sqrt(), causal = true, heads = hq, kv_heads = hkv)
+            }
+        }?;
+        let shape = format!("B{b} Hq{hq} Hkv{hkv} L{l} D{d}");
+        let key = shape.clone();
+        out.push(BenchCase {
+            group: "decode",
+            name: "paged decode attention".into(),
+            shape,
+            graph: g,
+            lowering: Lowering::Unfused,
+            inputs: vec![
+                (DType::BF16, vec![b, hq, 1, d], Fill::Random(11)),
+                (DType::BF16, vec![b * pages_per, ps, hkv, d], Fill::Random(12)),
+                (DType::BF16, vec![b * pages_per, ps, hkv, d], Fill::Random(13)),
+                (DType::I32, vec![b, pages_per], Fill::Values((0..b * pages_per).map(|i| i as f64).collect())),
+                (DType::I32, vec![b], Fill::Values(vec![l as f64; b])),
+            ],
+            work: 2.0 * (b * hkv * l * d * 2) as f64,
+            unit: "GB/s",
+            iters_cap: usize::MAX,
+            anchor: Box::new(move |a| exact_anchor(a, "decode", &key, "")),
+        });
+    }
+    Ok(out)
+}
+
+/// The best anchor row of `group` with exactly this shape whose name contains `name`.
+fn exact_anchor(anchors: &[Json], group: &str, shape: &str, name: &str) -> Option<(String, f64)> {
+    anchors
+        .iter()
+        .filter(|r| r["group"] == group && r["shape"].as_str() == Some(shape) && r["name"].as_str().is_some_and(|n| n.contains(name)))
+        .filter_map(|r| Some((format!("{} {shape}", r["name"].as_str()?), r["value"].as_f64()?)))
+        .max_by(|x, y| x.1.total_cmp(&y.1))
+}
+
+/// Compiles every kernel the benchmark groups in `only` need for `target` into the kernel
+/// cache, with no GPU: a build without LLVM then runs them from the cache.
+///
+/// # Errors
+/// Lowering or code generation errors.
+pub fn precompile(only: &[String], target: &str) -> Result<crate::gpu::CompileStats, Error> {
+    let cache = sinter_runtime::KernelCache::open_default()?;
+    let mut stats = crate::gpu::CompileStats::default();
+    let mut kernels = 0;
+    for c in cases(only)? {
+        let kg = crate::gpu::lower(&c.graph, c.lowering)?;
+        crate::gpu::plans(&kg, target, &cache, &mut stats)?;
+        kernels += stats.kernels;
+    }
+    stats.kernels = kernels;
+    Ok(stats)
+}
+
 /// Runs the benchmark groups in `only` (all when empty) and returns the rows.
 ///
 /// # Errors
 /// Device, compile or run errors.
 pub fn run(only: &[String], anchors: &[Json], iters: usize) -> Result<Vec<Row>, Error> {
     let dev = Device::open()?;
-    let want = |g: &str| only.is_empty() || only.iter().any(|o| o == g);
     let mut rows = Vec::new();
-    let mut push = |group: &str, name: &str, shape: String, ms: f64, value: f64, unit: &str, kernels: usize, anchor: Option<(String, f64)>| {
+    for c in cases(only)? {
+        let ins = c
+            .inputs
+            .iter()
+            .map(|(dt, shape, fill)| match fill {
+                Fill::Random(seed) => random_buffer(&dev, *dt, shape, *seed),
+                Fill::Values(v) => Ok(dev.upload_f64(*dt, shape, v)?),
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap))?;
+        let value = if c.unit == "GB/s" { c.work / ms / 1e6 } else { c.work / ms / 1e9 };
+        let a = (c.anchor)(anchors);
         let row = Row {
-            group: group.into(),
-            name: name.into(),
-            shape,
+            group: c.group.into(),
+            name: c.name,
+            shape: c.shape,
             ms,
             value,
-            unit: unit.into(),
+            unit: c.unit.into(),
             kernels,
-            ratio: anchor.as_ref().map(|a| value / a.1),
-            anchor: anchor.map(|a| format!("{} = {:.1}", a.0, a.1)),
+            ratio: a.as_ref().map(|a| value / a.1),
+            anchor: a.map(|a| format!("{} = {:.1}", a.0, a.1)),
         };
         println!(
-            "{:8} {:34} {:18} {:9.4} ms {:9.1} {:7} {} kernel(s)  {}",
+            "{:8} {:34} {:22} {:9.4} ms {:9.1} {:7} {:2} kernel(s)  {}",
             row.group,
             row.name,
             row.shape,
@@ -109,96 +305,8 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize) -> Result<Vec<Row>, 
                 _ => String::new(),
             }
         );
+        drop(ins);
         rows.push(row);
-    };
-    if want("swiglu") {
-        let (m, n) = (16384usize, 14336usize);
-        let g = crate::graph! { fn main(a: bf16[{m}, {n}], b: bf16[{m}, {n}]) -> bf16[{m}, {n}] { a.silu() * b } }?;
-        let ins = [random_buffer(&dev, DType::BF16, &[m, n], 1)?, random_buffer(&dev, DType::BF16, &[m, n], 2)?];
-        for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let (ms, k) = time(&dev, &g, lowering, &ins, iters)?;
-            let gbs = 3.0 * (m * n * 2) as f64 / ms / 1e6;
-            push("swiglu", &format!("silu(a)*b [{lowering:?}]"), format!("{m}x{n}"), ms, gbs, "GB/s", k, anchor(anchors, "swiglu", &["compile silu"]));
-        }
-    }
-    if want("rmsnorm") {
-        let (m, n) = (32768usize, 4096usize);
-        let g = crate::graph! {
-            fn main(x: bf16[{m}, {n}], w: bf16[{n}]) -> bf16[{m}, {n}] {
-                let x32 = x.cast(f32);
-                (x32 * ((x32 * x32).mean(-1) + 1e-6).rsqrt()).cast(bf16) * w
-            }
-        }?;
-        let ins = [random_buffer(&dev, DType::BF16, &[m, n], 3)?, random_buffer(&dev, DType::BF16, &[n], 4)?];
-        for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let (ms, k) = time(&dev, &g, lowering, &ins, iters)?;
-            let gbs = 2.0 * (m * n * 2) as f64 / ms / 1e6;
-            push("rmsnorm", &format!("decomposed RMSNorm [{lowering:?}]"), format!("{m}x{n}"), ms, gbs, "GB/s", k, anchor(anchors, "rmsnorm", &["torch.compile"]));
-        }
-    }
-    if want("softmax") {
-        let (m, n) = (32768usize, 4096usize);
-        let g = crate::graph! { fn main(x: bf16[{m}, {n}]) -> bf16[{m}, {n}] { x.softmax(-1) } }?;
-        let ins = [random_buffer(&dev, DType::BF16, &[m, n], 5)?];
-        let (ms, k) = time(&dev, &g, Lowering::Unfused, &ins, iters)?;
-        let gbs = 2.0 * (m * n * 2) as f64 / ms / 1e6;
-        push("softmax", "softmax", format!("{m}x{n}"), ms, gbs, "GB/s", k, anchor(anchors, "softmax", &["torch.softmax"]));
-    }
-    if want("matmul") {
-        for (m, n, k) in [(4096usize, 4096usize, 4096usize), (16, 1536, 576)] {
-            let g = crate::graph! { fn main(a: bf16[{m}, {k}], w: bf16[{n}, {k}]) -> bf16[{m}, {n}] { a.matmul(w, transpose_b = true) } }?;
-            let ins = [random_buffer(&dev, DType::BF16, &[m, k], 6)?, random_buffer(&dev, DType::BF16, &[n, k], 7)?];
-            let (ms, kk) = time(&dev, &g, Lowering::Unfused, &ins, iters)?;
-            let tf = 2.0 * (m * n * k) as f64 / ms / 1e9;
-            push("matmul", "matmul (CUDA cores, tiled)", format!("{m}x{n}x{k}"), ms, tf, "TFLOP/s", kk, anchor(anchors, "ceiling", &["cuBLAS"]));
-        }
-    }
-    if want("attn") {
-        let (b, h, s, d) = (2usize, 32usize, 4096usize, 128usize);
-        for causal in [false, true] {
-            let g = crate::graph! {
-                fn main(q: bf16[{b}, {h}, {s}, {d}], k: bf16[{b}, {h}, {s}, {d}], v: bf16[{b}, {h}, {s}, {d}]) -> bf16[{b}, {h}, {s}, {d}] {
-                    q.attention(k, v, scale = 1.0 / (d as f64).sqrt(), causal = causal, heads = h, kv_heads = h)
-                }
-            }?;
-            let ins = [random_buffer(&dev, DType::BF16, &[b, h, s, d], 8)?, random_buffer(&dev, DType::BF16, &[b, h, s, d], 9)?, random_buffer(&dev, DType::BF16, &[b, h, s, d], 10)?];
-            let (ms, kk) = time(&dev, &g, Lowering::Unfused, &ins, iters.min(5))?;
-            let fl = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
-            let shape = format!("B{b} H{h} S{s} D{d}{}", if causal { " causal" } else { "" });
-            let a = anchors
-                .iter()
-                .filter(|r| r["group"] == "attn" && r["shape"].as_str() == Some(shape.as_str()) && r["name"].as_str().is_some_and(|n| n.contains("cudnn")))
-                .filter_map(|r| Some((format!("{} {}", r["name"].as_str()?, shape), r["value"].as_f64()?)))
-                .next();
-            push("attn", "attention (online softmax)", shape, ms, fl / ms / 1e9, "TFLOP/s", kk, a);
-        }
-    }
-    if want("decode") {
-        // Paged decode attention over a full KV cache: B16, GQA 32/8, D128, L32768 (page 16).
-        let (b, hq, hkv, l, d, ps) = (16usize, 32usize, 8usize, 32768usize, 128usize, 16usize);
-        let pages_per = l / ps;
-        let g = crate::graph! {
-            fn main(q: bf16[{b}, {hq}, 1, {d}], kp: bf16[{b * pages_per}, {ps}, {hkv}, {d}], vp: bf16[{b * pages_per}, {ps}, {hkv}, {d}], bt: i32[{b}, {pages_per}], lens: i32[{b}]) -> bf16[{b}, {hq}, 1, {d}] {
-                q.paged_attention(kp, vp, bt, lens, scale = 1.0 / (d as f64).sqrt(), causal = true, heads = hq, kv_heads = hkv)
-            }
-        }?;
-        let bt: Vec<f64> = (0..b * pages_per).map(|i| i as f64).collect();
-        let ins = [
-            random_buffer(&dev, DType::BF16, &[b, hq, 1, d], 11)?,
-            random_buffer(&dev, DType::BF16, &[b * pages_per, ps, hkv, d], 12)?,
-            random_buffer(&dev, DType::BF16, &[b * pages_per, ps, hkv, d], 13)?,
-            dev.upload_f64(DType::I32, &[b, pages_per], &bt)?,
-            dev.upload_f64(DType::I32, &[b], &vec![l as f64; b])?,
-        ];
-        let (ms, kk) = time(&dev, &g, Lowering::Unfused, &ins, iters)?;
-        let gbs = 2.0 * (b * hkv * l * d * 2) as f64 / ms / 1e6;
-        let shape = format!("B{b} Hq{hq} Hkv{hkv} L{l} D{d}");
-        let a = anchors
-            .iter()
-            .filter(|r| r["group"] == "decode" && r["shape"].as_str() == Some(shape.as_str()))
-            .filter_map(|r| Some((format!("{} {}", r["name"].as_str()?, shape), r["value"].as_f64()?)))
-            .max_by(|x, y| x.1.total_cmp(&y.1));
-        push("decode", "paged decode attention", shape, ms, gbs, "GB/s", kk, a);
     }
     let copy = anchors.iter().find(|r| r["group"] == "ceiling" && r["name"].as_str().is_some_and(|n| n.contains("copy"))).and_then(|r| r["value"].as_f64());
     if let Some(c) = copy {

@@ -91,6 +91,17 @@ pub fn plans(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut Co
     Ok(out)
 }
 
+/// Lowers `graph` to a kernel graph.
+///
+/// # Errors
+/// [`Error::Passes`].
+pub fn lower(graph: &Graph, lowering: Lowering) -> Result<KernelGraph, Error> {
+    Ok(match lowering {
+        Lowering::Unfused => sinter_passes::lower_unfused(graph)?,
+        Lowering::Fused => sinter_passes::compile(graph, &sinter_passes::PassOptions::default())?.0,
+    })
+}
+
 /// The target to generate code for on this device: `sm_90a` on Hopper, `sm_80` elsewhere
 /// (sm_80 PTX runs on every later GPU through the driver's JIT).
 pub fn target_for(device: &Device) -> &'static str {
@@ -117,10 +128,7 @@ impl GpuProgram {
     /// Lowering, code generation, cache or driver errors.
     pub fn compile(graph: &Graph, device: &Device, lowering: Lowering) -> Result<GpuProgram, Error> {
         let t0 = Instant::now();
-        let kg = match lowering {
-            Lowering::Unfused => sinter_passes::lower_unfused(graph)?,
-            Lowering::Fused => sinter_passes::compile(graph, &sinter_passes::PassOptions::default())?.0,
-        };
+        let kg = lower(graph, lowering)?;
         let cache = KernelCache::open_default()?;
         let mut stats = CompileStats::default();
         let plans = plans(&kg, target_for(device), &cache, &mut stats)?;

@@ -101,6 +101,10 @@ enum Cmd {
         /// Write the rows as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Compile the kernels into the cache for this target (sm_80, sm_90a) instead of
+        /// running; needs no GPU. A build without LLVM then runs them from the cache.
+        #[arg(long)]
+        precompile: Option<String>,
     },
     /// Parse and verify a `.sir` file; print it back in canonical form.
     Check {
@@ -124,7 +128,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Demo => demo(),
-        Cmd::Bench { only, anchors, iters, json } => bench(&only, anchors.as_deref(), iters, json.as_deref()),
+        Cmd::Bench { only, anchors, iters, json, precompile } => match precompile {
+            Some(t) => sinter::bench::precompile(&only, &t).map(|s| eprintln!("{} kernels: {} compiled, {} already cached", s.kernels, s.built, s.cached)).map_err(Into::into),
+            None => bench(&only, anchors.as_deref(), iters, json.as_deref()),
+        },
         Cmd::Check { file } => check(&file),
         Cmd::Graph { model, mode, dtype } => {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
