@@ -1,0 +1,1020 @@
+//! The book (`book/`): its examples, its generated reference pages, and its build.
+//!
+//! - Every Rust example of the book is a function of this file between two mdBook anchor
+//!   comments; the chapters include it with `{{#include ../../tests/book.rs:NAME}}`,
+//!   so `cargo test` compiles and runs exactly the code the book shows, and the asserts in it
+//!   are the numbers the book states.
+//! - Output the book shows is checked: the printed IR and tables of chapter 3, and every
+//!   ```` ```console ```` block whose first line is `$ sinter ...` is run with the built binary and
+//!   compared (a line `…` stands for lines left out).
+//! - The op reference (`book/src/reference/ops.md`, from `OP_TABLE`) and the CLI reference
+//!   (`book/src/reference/cli.md`, from `sinter --help`) are generated: the tests render them
+//!   and fail when the pages differ. Regenerate with
+//!   `SINTER_BLESS_BOOK=1 cargo test --test main book` and review the diff.
+//! - `mdbook build` must succeed, and every relative link and `#anchor` of the HTML must
+//!   resolve. Without mdbook the test says so and passes, except under `CI`.
+//!
+//! Keep the example at the top in place: the book shows its error message with this file's
+//! line number.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+// ANCHOR: first_graph_use
+use sinter::{graph, Backend, DType, Graph, Program, Tensor};
+// ANCHOR_END: first_graph_use
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 3: a shape error found when the graph is built.
+
+// ANCHOR: up_projection
+fn up_projection(hidden: usize, ffn: usize) -> Result<Graph, sinter::BuildError> {
+    graph! {
+        fn up(x: f32[T, {hidden}], w_up: f32[{ffn}, {hidden}]) -> f32[T, {ffn}] {
+            x @ w_up
+        }
+    }
+}
+// ANCHOR_END: up_projection
+
+#[test]
+// ANCHOR: forgot_transpose
+fn forgot_the_transpose() -> Result<(), Box<dyn std::error::Error>> {
+    let err = up_projection(4, 8).unwrap_err();
+    println!("{err}");
+    assert_eq!(err.func, "up");
+    assert_eq!(err.op, Some("matmul"));
+    assert_eq!(err.rule, "the contracted dimensions differ: 4 vs 8");
+    Ok(())
+}
+// ANCHOR_END: forgot_transpose
+
+#[test]
+fn ch3_shows_the_build_error_message() {
+    let err = up_projection(4, 8).unwrap_err();
+    assert_eq!(err.location.file(), "tests/book.rs");
+    assert_shows("first-graph.md", &err.to_string());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 3: the first graph.
+
+// ANCHOR: mlp_graph
+fn mlp_graph() -> Result<Graph, sinter::BuildError> {
+    graph! {
+        fn mlp(x: f32[T, 4], w_gate: f32[4, 8], w_up: f32[4, 8], w_down: f32[8, 4]) -> f32[T, 4] {
+            ((x @ w_gate).silu() * (x @ w_up)) @ w_down
+        }
+    }
+}
+// ANCHOR_END: mlp_graph
+
+// ANCHOR: run_mlp
+fn run_mlp() -> Result<Tensor, sinter::Error> {
+    let mut p = Program::compile(mlp_graph()?, Backend::Interpreter)?;
+    p.bind("w_gate", Tensor::full(DType::F32, &[4, 8], 0.5))?;
+    p.bind("w_up", Tensor::full(DType::F32, &[4, 8], 1.0))?;
+    p.bind("w_down", Tensor::full(DType::F32, &[8, 4], 0.25))?;
+
+    // Two tokens of width 4: this binds T = 2.
+    let x = Tensor::new(DType::F32, &[2, 4], vec![
+        1.0, 1.0, 1.0, 1.0,
+        -1.0, 0.0, 0.5, 0.5,
+    ])?;
+    let mut outputs = p.run(&[("x", &x)], &[])?;
+    Ok(outputs.remove(0))
+}
+// ANCHOR_END: run_mlp
+
+// ANCHOR: first_main
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    print!("{}", mlp_graph()?);
+    let y = run_mlp()?;
+    println!("y: {} {:?}", y.dtype(), y.shape());
+    for row in y.data().chunks(4) {
+        println!("{}", row.iter().map(|v| format!("{v:9.4}")).collect::<String>());
+    }
+    Ok(())
+}
+// ANCHOR_END: first_main
+
+#[test]
+fn ch3_first_graph_runs_and_prints_what_the_book_shows() {
+    main().unwrap();
+    let g = mlp_graph().unwrap();
+    assert_shows("first-graph.md", &g.to_string());
+    let y = run_mlp().unwrap();
+    assert_eq!(y.shape(), &[2, 4]);
+    // x·w_gate = 2, silu(2) = 1.7616, x·w_up = 4; 8 columns of 7.0464 times 0.25.
+    assert!(y.data()[..4].iter().all(|v| (v - 14.0928).abs() < 1e-4), "{:?}", y.data());
+    assert!(y.data()[4..].iter().all(|&v| v == 0.0), "{:?}", y.data());
+    let mut shown = format!("y: {} {:?}\n", y.dtype(), y.shape());
+    for row in y.data().chunks(4) {
+        shown += &format!("{}\n", row.iter().map(|v| format!("{v:9.4}")).collect::<String>());
+    }
+    assert_shows("first-graph.md", &shown);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 3: shapes and dtypes.
+
+#[test]
+// ANCHOR: shapes
+fn shapes_and_dtypes() -> Result<(), Box<dyn std::error::Error>> {
+    let hidden = 3; // a value from your config
+    let g = graph! {
+        fn f(x: f32[T, {hidden}], pair: f32[2 * T, {hidden}], scale: f32[]) -> (f32[T, 3], i32[T]) {
+            let summed = pair.reshape([2, T, 3]).sum(0, keepdim = false);
+            ((x + summed) * scale, iota(i32, [T]))
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let x = Tensor::full(DType::F32, &[2, 3], 1.0); // binds T = 2
+    let pair = Tensor::full(DType::F32, &[4, 3], 10.0); // 2 * T = 4 rows: agrees
+    let scale = Tensor::scalar(DType::F32, 0.5);
+    let out = p.run(&[("x", &x), ("pair", &pair), ("scale", &scale)], &[])?;
+    assert_eq!(out[0].shape(), &[2, 3]);
+    assert_eq!(out[0].data(), &[10.5; 6]); // (1 + 10 + 10) · 0.5
+    assert_eq!(out[1].dtype(), DType::I32);
+    assert_eq!(out[1].data(), &[0.0, 1.0]); // every element is an f64, rounded to the dtype
+    Ok(())
+}
+// ANCHOR_END: shapes
+
+#[test]
+// ANCHOR: explicit_symbols
+fn symbols_given_by_hand() -> Result<(), Box<dyn std::error::Error>> {
+    let g = graph! {
+        fn positions(offset: i32[]) -> i32[N] {
+            iota(i32, [N]) + offset
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let offset = Tensor::scalar(DType::I32, 10.0);
+    // No input has an axis of size N: give it by hand.
+    let out = p.run(&[("offset", &offset)], &[("N", 3)])?;
+    assert_eq!(out[0].data(), &[10.0, 11.0, 12.0]);
+    Ok(())
+}
+// ANCHOR_END: explicit_symbols
+
+#[test]
+// ANCHOR: methods
+fn methods_and_attributes() -> Result<(), Box<dyn std::error::Error>> {
+    let eps = 1e-6;
+    let g = graph! {
+        fn f(x: f32[2, 3], w: f32[3]) -> (f32[2, 3], f32[2], f32[3, 2], bf16[2, 3]) {
+            let probs = x.softmax(-1);                    // positional: axis = -1
+            let total = x.sum(axis = -1, keepdim = false); // named
+            let xt = x.transpose(0, 1);
+            let normed = rms_norm(x, w, eps = eps);       // function form; a Rust value
+            (probs, total, xt, normed.cast(bf16))
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let x = Tensor::new(DType::F32, &[2, 3], vec![1.0, 1.0, 1.0, 2.0, 2.0, 2.0])?;
+    let w = Tensor::new(DType::F32, &[3], vec![1.0, 2.0, 3.0])?;
+    let out = p.run(&[("x", &x), ("w", &w)], &[])?;
+    assert!(out[0].data().iter().all(|p| (p - 1.0 / 3.0).abs() < 1e-7));
+    assert_eq!(out[1].data(), &[3.0, 6.0]);
+    assert_eq!(out[2].data(), &[1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+    // Each row divided by its RMS is [1, 1, 1] (less a hair for eps) times w; bf16 rounds the hair away.
+    assert_eq!(out[3].data(), &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+    Ok(())
+}
+// ANCHOR_END: methods
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 3: `let`, `for`, `if`, weights, functions.
+
+#[test]
+// ANCHOR: control
+fn loops_ifs_and_weights() -> Result<(), Box<dyn std::error::Error>> {
+    let n_layers = 3;
+    let with_bias = true;
+    let g = graph! {
+        fn main(x: f32[T, 2]) -> f32[T, 2] {
+            let mut h = x;
+            for i in 0..n_layers {
+                h = h + h @ weight(format!("layer{i}.w"), f32[2, 2]);
+            }
+            if with_bias {
+                h = h + weight("bias", f32[2]);
+            }
+            h
+        }
+    }?;
+    let mut p = Program::compile(g, Backend::Interpreter)?;
+    assert_eq!(p.unbound(&["x"]), ["layer0.w", "layer1.w", "layer2.w", "bias"]);
+    for i in 0..n_layers {
+        // layer i's weight is (i + 1)·I, so layer i multiplies h by i + 2
+        let v = (i + 1) as f64;
+        p.bind(&format!("layer{i}.w"), Tensor::new(DType::F32, &[2, 2], vec![v, 0.0, 0.0, v])?)?;
+    }
+    p.bind("bias", Tensor::new(DType::F32, &[2], vec![0.5, -0.5])?)?;
+    let out = p.run(&[("x", &Tensor::full(DType::F32, &[1, 2], 1.0))], &[])?;
+    assert_eq!(out[0].data(), &[24.5, 23.5]); // 1 · 2 · 3 · 4, plus the bias
+    Ok(())
+}
+// ANCHOR_END: control
+
+// ANCHOR: functions
+fn two_blocks() -> Result<Graph, sinter::BuildError> {
+    let n_layers = 2;
+    graph! {
+        fn block(x: f32[T, 4], norm: f32[4], w_up: f32[4, 8], w_down: f32[8, 4]) -> f32[T, 4] {
+            let h = x.rms_norm(norm, eps = 1e-5);
+            x + (h @ w_up).silu() @ w_down
+        }
+
+        fn main(x: f32[T, 4]) -> f32[T, 4] {
+            let mut h = x;
+            for i in 0..n_layers {
+                h = block(h, weight(format!("blk.{i}.norm"), f32[4]),
+                          weight(format!("blk.{i}.up"), f32[4, 8]),
+                          weight(format!("blk.{i}.down"), f32[8, 4]));
+            }
+            h
+        }
+    }
+}
+// ANCHOR_END: functions
+
+#[test]
+fn ch3_functions_print_what_the_book_shows() {
+    let g = two_blocks().unwrap();
+    assert_eq!(g.funcs.len(), 2);
+    let main = g.func("main").unwrap();
+    let printed = g.to_string();
+    let main_text = &printed[printed.find("func @main").unwrap()..];
+    assert_shows("first-graph.md", main_text);
+    assert_eq!(main.params.len(), 1 + 2 * 3);
+    // It runs: with w_up = 0 every block adds silu(0)·… = 0, so the output is x.
+    let mut p = Program::compile(g, Backend::Interpreter).unwrap();
+    for i in 0..2 {
+        p.bind(&format!("blk.{i}.norm"), Tensor::full(DType::F32, &[4], 1.0)).unwrap();
+        p.bind(&format!("blk.{i}.up"), Tensor::zeros(DType::F32, &[4, 8])).unwrap();
+        p.bind(&format!("blk.{i}.down"), Tensor::full(DType::F32, &[8, 4], 1.0)).unwrap();
+    }
+    let x = Tensor::new(DType::F32, &[1, 4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    assert_eq!(p.run(&[("x", &x)], &[]).unwrap()[0].data(), x.data());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 4: the fused forms agree with the plain ones on the interpreter.
+
+#[test]
+// ANCHOR: swiglu_agrees
+fn swiglu_agrees_with_its_spelling() -> Result<(), Box<dyn std::error::Error>> {
+    let g = graph! {
+        fn main(gate: bf16[T, 4], up: bf16[T, 4]) -> (bf16[T, 4], bf16[T, 4]) {
+            (gate.silu() * up, gate.swiglu(up))
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let gate = Tensor::from_fn(DType::BF16, &[3, 4], |i| i[0] as f64 - 0.7 * i[1] as f64);
+    let up = Tensor::from_fn(DType::BF16, &[3, 4], |i| 0.25 + i[1] as f64);
+    let out = p.run(&[("gate", &gate), ("up", &up)], &[])?;
+    assert_eq!(out[0].data(), out[1].data()); // bit for bit: the same roundings
+    Ok(())
+}
+// ANCHOR_END: swiglu_agrees
+
+#[test]
+// ANCHOR: attention_agrees
+fn attention_agrees_with_its_spelling() -> Result<(), Box<dyn std::error::Error>> {
+    let scale = 0.5; // 1/√D for D = 4
+    let g = graph! {
+        fn main(q: f32[1, 2, S, 4], k: f32[1, 2, S, 4], v: f32[1, 2, S, 4]) -> (f32[1, 2, S, 4], f32[1, 2, S, 4]) {
+            let visible = iota(i32, [S, S], 0) >= iota(i32, [S, S], 1);
+            let mask = visible.select(constant(0.0, f32), constant(-1e30, f32));
+            let plain = ((q @ k.transpose(-2, -1)) * {scale} + mask).softmax(-1) @ v;
+            let fused = q.attention(k, v, scale = scale, causal = true, heads = 2, kv_heads = 2);
+            (plain, fused)
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let t = |seed: f64| Tensor::from_fn(DType::F32, &[1, 2, 5, 4], move |i| ((i[1] * 20 + i[2] * 4 + i[3]) as f64 * seed).sin());
+    let (q, k, v) = (t(0.37), t(0.91), t(1.73));
+    let out = p.run(&[("q", &q), ("k", &k), ("v", &v)], &[])?;
+    for (a, b) in out[0].data().iter().zip(out[1].data()) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}"); // equal up to f32 rounding
+    }
+    Ok(())
+}
+// ANCHOR_END: attention_agrees
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 6: paged attention reads the cache through the block table.
+
+#[test]
+// ANCHOR: paged_agrees
+fn paged_attention_reads_through_the_block_table() -> Result<(), Box<dyn std::error::Error>> {
+    // One sequence of 6 tokens, 2 heads of width 4, pages of 4 slots. The block table maps
+    // the sequence's page 0 to physical page 2 and its page 1 to physical page 0.
+    let g = graph! {
+        fn main(q: f32[1, 2, 1, 4], k: f32[1, 6, 2, 4], v: f32[1, 6, 2, 4],
+                k_pages: f32[3, 4, 2, 4], v_pages: f32[3, 4, 2, 4],
+                block_table: i32[1, 2], start: i32[1], seq_lens: i32[1])
+            -> (f32[3, 4, 2, 4], f32[1, 2, 1, 4], f32[1, 2, 1, 4])
+        {
+            let [kp, vp] = k_pages.kv_append(v_pages, k, v, block_table, start);
+            let paged = q.paged_attention(kp, vp, block_table, seq_lens, scale = 0.5, heads = 2, kv_heads = 2);
+            let dense = q.attention(k.transpose(1, 2), v.transpose(1, 2), scale = 0.5, heads = 2, kv_heads = 2);
+            (kp, paged, dense)
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let t = |shape: &[usize], seed: f64| Tensor::from_fn(DType::F32, shape, move |i| ((i.iter().sum::<usize>() as f64 + 1.0) * seed).sin());
+    let (q, k, v) = (t(&[1, 2, 1, 4], 0.3), t(&[1, 6, 2, 4], 0.7), t(&[1, 6, 2, 4], 1.1));
+    let empty = Tensor::zeros(DType::F32, &[3, 4, 2, 4]);
+    let block_table = Tensor::new(DType::I32, &[1, 2], vec![2.0, 0.0])?;
+    let start = Tensor::new(DType::I32, &[1], vec![0.0])?; // the cache was empty
+    let seq_lens = Tensor::new(DType::I32, &[1], vec![6.0])?;
+    let out = p.run(&[("q", &q), ("k", &k), ("v", &v), ("k_pages", &empty), ("v_pages", &empty),
+                      ("block_table", &block_table), ("start", &start), ("seq_lens", &seq_lens)], &[])?;
+    // Token t sits in slot t % 4 of physical page block_table[t / 4]: tokens 0-3 in page 2,
+    // tokens 4-5 in page 0; page 1 stays empty.
+    let kp = &out[0];
+    assert_eq!(kp.get(&[2, 0, 0, 0]), k.get(&[0, 0, 0, 0]));
+    assert_eq!(kp.get(&[0, 1, 1, 3]), k.get(&[0, 5, 1, 3]));
+    assert!(kp.data()[32..64].iter().all(|&x| x == 0.0));
+    for (a, b) in out[1].data().iter().zip(out[2].data()) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+    Ok(())
+}
+// ANCHOR_END: paged_agrees
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 7: a whole model.
+
+#[test]
+// ANCHOR: zoo_graphs
+fn the_zoo_builds_prefill_and_decode() -> Result<(), Box<dyn std::error::Error>> {
+    use sinter::zoo::{self, Mode};
+
+    for mode in [Mode::Prefill, Mode::Decode] {
+        let g = zoo::build("smollm2-135m", mode, DType::BF16)?;
+        let main = g.func("main").unwrap();
+        let params: Vec<String> = main.params.iter().map(|&p| main.label(p)).collect();
+        assert_eq!(params[..5], ["%tokens", "%positions", "%block_tables", "%k_pages", "%v_pages"]);
+        // the embedding, 9 weights in each of the 30 layers, the final norm
+        assert_eq!(params.len(), 5 + 1 + 9 * 30 + 1);
+        assert_eq!(main.outputs.len(), 3); // logits, k_pages, v_pages
+    }
+    Ok(())
+}
+// ANCHOR_END: zoo_graphs
+
+// ANCHOR: ask_smollm2
+fn ask(model_file: &std::path::Path, question: &str) -> Result<String, Box<dyn std::error::Error>> {
+    use sinter::llm::{Engine, LlamaModel, SampleOptions};
+
+    let model = LlamaModel::open(model_file, DType::BF16, |_done, _total| {})?;
+    let prompt = model.chat_prompt(question)?; // token ids, chat template applied
+    let engine = Engine::new(model)?; // prefill and decode programs sharing the weights
+    let gen = engine.generate(&[prompt], &SampleOptions::greedy(32), &mut |_seq, _token| {})?;
+    let tokenizer = &engine.model().tokenizer;
+    let answer: Vec<u32> = gen.tokens[0].iter().copied().filter(|&t| t != tokenizer.eos).collect();
+    Ok(tokenizer.decode(&answer)?)
+}
+// ANCHOR_END: ask_smollm2
+
+/// The default model, or `None` (with a message) when it is missing; under `CI` a missing
+/// model fails.
+fn smollm2() -> Option<PathBuf> {
+    let p = sinter::llm::fetch::default_model_path();
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(std::env::var_os("CI").is_none(), "{} is missing: run scripts/setup", p.display());
+    eprintln!("skipped: {} is missing (run scripts/setup)", p.display());
+    None
+}
+
+#[test]
+fn ch7_smollm2_answers_as_the_book_says() {
+    let Some(path) = smollm2() else { return };
+    let answer = ask(&path, "What is the capital of France?").unwrap();
+    assert_eq!(answer, "The capital of France is Paris.");
+    assert_shows("whole-model.md", &answer);
+}
+
+#[test]
+fn ch7_shows_the_rendered_chat_prompt() {
+    use sinter::llm::chat::Message;
+    let Some(path) = smollm2() else { return };
+    let gguf = sinter::llm::gguf::GgufFile::open(&path).unwrap();
+    let tokenizer = sinter::llm::tokenizer::Tokenizer::from_gguf(&gguf).unwrap();
+    let chat = sinter::llm::chat::ChatTemplate {
+        source: gguf.str("tokenizer.chat_template").ok().map(str::to_string),
+        bos_token: String::new(),
+        eos_token: String::new(),
+    };
+    let text = chat.render(&[Message { role: "user".into(), content: "What is the capital of France?".into() }]).unwrap();
+    assert_shows("whole-model.md", &format!("```text\n{text}```"));
+    let ids = tokenizer.encode(&text).unwrap();
+    assert_shows("whole-model.md", &format!("{} tokens", ids.len()));
+    assert_eq!(ids[0], 1, "the prompt starts with <|im_start|>, token 1, and no BOS");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 9: the op table is data.
+
+#[test]
+// ANCHOR: op_row
+fn an_op_is_a_row_of_the_table() -> Result<(), Box<dyn std::error::Error>> {
+    use sinter::ir::{OpClass, OpKind, OP_TABLE};
+
+    let rms = OpKind::from_name("rms_norm").unwrap().info();
+    assert_eq!(rms.class, OpClass::Composite);
+    assert_eq!(rms.operands, ["x", "weight"]);
+    assert_eq!(rms.attrs.iter().map(|a| a.name).collect::<Vec<_>>(), ["eps"]);
+    println!("{}", rms.doc);
+    assert!(OP_TABLE.len() >= 50);
+    Ok(())
+}
+// ANCHOR_END: op_row
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 10: errors.
+
+#[test]
+// ANCHOR: errors
+fn errors_are_values() -> Result<(), Box<dyn std::error::Error>> {
+    use sinter::Error;
+
+    let g = graph! {
+        fn f(a: f32[N, 4], b: f32[N, 4], w: f32[4, 4]) -> f32[N, 4] {
+            (a + b) @ w
+        }
+    }?;
+    let mut p = Program::compile(g, Backend::Interpreter)?;
+
+    let e = p.bind("W", Tensor::zeros(DType::F32, &[4, 4])).unwrap_err();
+    assert_eq!(e.to_string(), "@f has no parameter `W` (it has: a, b, w)");
+
+    let e = p.bind("w", Tensor::zeros(DType::F32, &[4, 5])).unwrap_err();
+    assert_eq!(e.to_string(), "`w` is declared f32[4, 4] but the tensor is f32[4, 5]");
+
+    let (a, b) = (Tensor::zeros(DType::F32, &[2, 4]), Tensor::zeros(DType::F32, &[3, 4]));
+    let e = p.run(&[("a", &a), ("b", &b)], &[]).unwrap_err();
+    assert!(matches!(e, Error::MissingInput { .. }));
+    assert_eq!(e.to_string(), "parameter `w` of @f was not given: bind it with `Program::bind` or pass it to `run`");
+
+    p.bind("w", Tensor::zeros(DType::F32, &[4, 4]))?;
+    let e = p.run(&[("a", &a), ("b", &b)], &[]).unwrap_err();
+    assert!(matches!(e, Error::Interp(_)));
+    assert_eq!(e.to_string(), "in @f: symbol `N` is 2 from axis 0 of %a (input 0) but 3 from axis 0 of %b (input 1)");
+
+    let missing_paren = "func @g(%x: f32[4]) {\n  %y: f32[4] = exp(%x\n  return %y\n}\n";
+    let e = Program::from_text(missing_paren, Backend::Interpreter).err().unwrap();
+    assert!(matches!(e, Error::Parse(_)));
+    assert_eq!(e.to_string(), "3:3: expected `,` or `)`, found `return`");
+
+    let wrong_type = "func @g(%x: f32[4]) {\n  %y: f32[5] = exp(%x)\n  return %y\n}\n";
+    let e = Program::from_text(wrong_type, Backend::Interpreter).err().unwrap();
+    assert!(matches!(e, Error::Verify(_)));
+    assert_eq!(e.to_string(), "in @g, n0 %y = `exp`(f32[4]): result %y is declared f32[5] but the op gives f32[4]");
+    Ok(())
+}
+// ANCHOR_END: errors
+
+// =============================================================================================
+// Checks of the book itself.
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("cannot read {rel}: {e}"))
+}
+
+/// Fails unless `book/src/<chapter>` contains `text` verbatim.
+fn assert_shows(chapter: &str, text: &str) {
+    let page = read(&format!("book/src/{chapter}"));
+    assert!(
+        page.contains(text),
+        "book/src/{chapter} does not show what the code gives; update the page so that it contains:\n{text}"
+    );
+}
+
+fn bless() -> bool {
+    std::env::var("SINTER_BLESS_BOOK").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Compares a generated page with the file, or rewrites the file under `SINTER_BLESS_BOOK=1`.
+fn check_generated(rel: &str, rendered: &str, from: &str) {
+    let path = root().join(rel);
+    if bless() {
+        std::fs::write(&path, rendered).unwrap();
+        eprintln!("wrote {rel}");
+        return;
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    if current != rendered {
+        let (line, (have, want)) = current
+            .lines()
+            .chain(std::iter::repeat(""))
+            .zip(rendered.lines().chain(std::iter::repeat("")))
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .unwrap_or((0, ("", "")));
+        panic!(
+            "{rel} is out of date with {from}: regenerate it with \
+             `SINTER_BLESS_BOOK=1 cargo test --test main book` and review the diff.\n\
+             first difference at line {}:\n  page:      {have}\n  generated: {want}",
+            line + 1
+        );
+    }
+}
+
+// --- the op reference ------------------------------------------------------------------------
+
+fn class_title(c: sinter::ir::OpClass) -> &'static str {
+    use sinter::ir::OpClass::*;
+    match c {
+        Unary => "Element-wise, one operand",
+        Binary => "Element-wise, several operands",
+        Compare => "Comparisons",
+        Reduce => "Reductions",
+        Layout => "Layout",
+        Source => "Sources",
+        Composite => "Composite ops",
+        Call => "Calls",
+    }
+}
+
+fn default_text(a: &sinter::ir::ops::AttrSpec) -> String {
+    use sinter::ir::ops::AttrDefault as D;
+    match a.default {
+        D::Required => "required".into(),
+        D::Int(v) => format!("default `{v}`"),
+        D::Float(v) => format!("default `{v:?}`"),
+        D::Bool(v) => format!("default `{v}`"),
+        D::Str(s) => format!("default `\"{s}\"`"),
+        D::Empty => "default `[]`".into(),
+    }
+}
+
+/// How the DSL writes an op: operators, then method or function words with the operands and
+/// attributes in positional order.
+fn dsl_forms(info: &sinter::ir::OpInfo) -> Vec<String> {
+    use sinter::ir::OpKind::*;
+    let mut forms: Vec<String> = match info.kind {
+        Neg => vec!["-x".into()],
+        Add => vec!["a + b".into()],
+        Sub => vec!["a - b".into()],
+        Mul => vec!["a * b".into()],
+        Div => vec!["a / b".into()],
+        Matmul => vec!["a @ b".into()],
+        Eq => vec!["a == b".into()],
+        Ne => vec!["a != b".into()],
+        Lt => vec!["a < b".into()],
+        Le => vec!["a <= b".into()],
+        Gt => vec!["a > b".into()],
+        Ge => vec!["a >= b".into()],
+        Concat => vec!["concat([a, b, …], axis)".into()],
+        Call => vec!["f(args…)".into()],
+        _ => vec![],
+    };
+    let operand = |o: &str| if let Some(n) = o.strip_suffix('?') { format!("[{n}]") } else { o.to_string() };
+    for (word, op, attrs) in sinter::__vocab!() {
+        if *op != format!("{:?}", info.kind) {
+            continue;
+        }
+        let rest: Vec<String> = info.operands.iter().skip(1).map(|o| operand(o)).chain(attrs.iter().map(|a| a.to_string())).collect();
+        forms.push(match info.operands.first() {
+            Some(recv) => format!("{}.{word}({})", operand(recv), rest.join(", ")),
+            None => format!("{word}({})", attrs.join(", ")),
+        });
+    }
+    forms
+}
+
+fn render_op_reference() -> String {
+    use sinter::ir::OP_TABLE;
+    let mut s = String::new();
+    s += "# Ops\n\n";
+    s += "<!-- Generated from sinter::ir::OP_TABLE by tests/book.rs; do not edit. Regenerate with\n     SINTER_BLESS_BOOK=1 cargo test --test main book -->\n\n";
+    s += "Every op of sinter's IR, generated from the op table (`sinter::ir::OP_TABLE` in `ir/src/ops.rs`),\n";
+    s += "the one place where an op is defined: its text name, operands, attributes and semantics. The\n";
+    s += "text format, the verifier, the builder and the DSL's vocabulary come from the same table.\n\n";
+    s += "Notation: an operand written `name?` is optional (only trailing ones are); `name*` is a list.\n";
+    s += "In the DSL, an op's attributes follow its tensor operands, positionally in the order below or\n";
+    s += "by name (`eps = 1e-5`); an attribute with a default may be left out. The interpreter computes\n";
+    s += "every op in f64 and rounds the result to its dtype.\n\n";
+    s += "| op | class | operands | attributes |\n|---|---|---|---|\n";
+    for row in OP_TABLE {
+        let ops: Vec<String> = row.operands.iter().map(|o| format!("`{o}`")).collect();
+        let attrs: Vec<String> = row.attrs.iter().map(|a| format!("`{}`", a.name)).collect();
+        s += &format!(
+            "| [`{n}`](#{n}) | {} | {} | {} |\n",
+            format!("{:?}", row.class).to_lowercase(),
+            if ops.is_empty() { "—".into() } else { ops.join(", ") },
+            if attrs.is_empty() { "—".into() } else { attrs.join(", ") },
+            n = row.name
+        );
+    }
+    let mut classes = Vec::new();
+    for row in OP_TABLE {
+        if !classes.contains(&row.class) {
+            classes.push(row.class);
+        }
+    }
+    for class in classes {
+        s += &format!("\n## {}\n", class_title(class));
+        for row in OP_TABLE.iter().filter(|r| r.class == class) {
+            s += &format!("\n### `{}`\n\n{}\n\n", row.name, row.doc);
+            let ops: Vec<String> = row.operands.iter().map(|o| format!("`{o}`")).collect();
+            s += &format!("- **Operands:** {}\n", if ops.is_empty() { "none".into() } else { ops.join(", ") });
+            if row.attrs.is_empty() {
+                s += "- **Attributes:** none\n";
+            } else {
+                s += "- **Attributes:**\n";
+                for a in row.attrs {
+                    s += &format!("  - `{}`: {}, {}\n", a.name, sinter::ir::ops::kind_text(a.kind), default_text(a));
+                }
+            }
+            let forms: Vec<String> = dsl_forms(row).iter().map(|f| format!("`{f}`")).collect();
+            if !forms.is_empty() {
+                s += &format!("- **DSL:** {}\n", forms.join(", "));
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn ch10_op_reference_is_generated_from_the_op_table() {
+    check_generated("book/src/reference/ops.md", &render_op_reference(), "sinter::ir::OP_TABLE");
+}
+
+/// The op reference shows each op's DSL words from the DSL's vocabulary: every word must name
+/// an op of the table and take that op's attributes in the table's order.
+#[test]
+fn ch10_dsl_words_name_ops_of_the_table() {
+    use sinter::ir::OP_TABLE;
+    for (word, op, attrs) in sinter::__vocab!() {
+        let row = OP_TABLE.iter().find(|r| format!("{:?}", r.kind) == *op).unwrap_or_else(|| panic!("DSL word `{word}` builds `{op}`, which is not in OP_TABLE"));
+        let table: Vec<&str> = row.attrs.iter().map(|a| a.name).collect();
+        assert_eq!(*attrs, &table[..], "DSL word `{word}`: attributes differ from the op table's `{}`", row.name);
+    }
+}
+
+/// The variants of an enum, read from its source: the names at four spaces of indentation
+/// between `pub enum NAME {` and the closing `}`.
+fn enum_variants(file: &str, name: &str) -> Vec<String> {
+    let text = read(file);
+    let start = text.find(&format!("pub enum {name} {{")).unwrap_or_else(|| panic!("{file} has no `pub enum {name}`"));
+    let mut out = Vec::new();
+    for line in text[start..].lines().skip(1) {
+        if line.starts_with('}') {
+            break;
+        }
+        let Some(rest) = line.strip_prefix("    ") else { continue };
+        let word: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if word.starts_with(|c: char| c.is_ascii_uppercase()) && rest[word.len()..].trim_start().starts_with(['{', '(', ',']) {
+            out.push(word);
+        }
+    }
+    out
+}
+
+/// The errors page lists every variant of the error enums it documents.
+#[test]
+fn ch10_errors_page_lists_every_variant() {
+    let page = read("book/src/reference/errors.md");
+    for (file, name) in [
+        ("src/lib.rs", "Error"),
+        ("ir/src/interp/mod.rs", "InterpError"),
+        ("src/llm/gguf.rs", "ModelError"),
+        ("runtime/src/error.rs", "RuntimeError"),
+    ] {
+        let variants = enum_variants(file, name);
+        assert!(variants.len() >= 4, "{file}: found only {variants:?} in `{name}`");
+        for v in variants {
+            assert!(
+                page.contains(&format!("`{v}`")) || page.contains(&format!("`{v}(")),
+                "book/src/reference/errors.md does not list `{name}::{v}` ({file}): add a row for it"
+            );
+        }
+    }
+}
+
+// --- the CLI reference -----------------------------------------------------------------------
+
+fn sinter_cmd(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sinter"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run sinter {}: {e}", args.join(" ")))
+}
+
+fn help(args: &[&str]) -> String {
+    let out = sinter_cmd(args);
+    assert!(out.status.success(), "sinter {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn render_cli_reference() -> String {
+    let top = help(&["--help"]);
+    let mut subcommands = Vec::new();
+    let mut in_commands = false;
+    for line in top.lines() {
+        if line.starts_with("Commands:") {
+            in_commands = true;
+        } else if in_commands {
+            match line.split_whitespace().next() {
+                Some(name) if line.starts_with("  ") => {
+                    if name != "help" {
+                        subcommands.push(name.to_string());
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+    let mut s = String::new();
+    s += "# Command line\n\n";
+    s += "<!-- Generated from `sinter --help` by tests/book.rs; do not edit. Regenerate with\n     SINTER_BLESS_BOOK=1 cargo test --test main book -->\n\n";
+    s += "The `sinter` program's own help, for the program and each subcommand, as the build prints it.\n";
+    s += "In the clone, `cargo run --release -- ARGS` runs `sinter ARGS`.\n";
+    s += &format!("\n## `sinter`\n\n```text\n{}```\n", top);
+    for sub in &subcommands {
+        s += &format!("\n## `sinter {sub}`\n\n```text\n{}```\n", help(&[sub, "--help"]));
+    }
+    s
+}
+
+#[test]
+fn ch10_cli_reference_is_generated_from_the_help() {
+    check_generated("book/src/reference/cli.md", &render_cli_reference(), "`sinter --help`");
+}
+
+// --- console blocks --------------------------------------------------------------------------
+
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            markdown_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
+}
+
+/// Splits a command line at spaces, keeping "double-quoted" words whole.
+fn split_args(line: &str) -> Vec<String> {
+    let (mut args, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !cur.is_empty() {
+                    args.push(std::mem::take(&mut cur));
+                }
+            }
+            _ => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        args.push(cur);
+    }
+    args
+}
+
+/// Whether `want` (lines, `…` for any run of lines) matches `got` as a whole.
+fn matches_with_gaps(want: &[&str], got: &[&str]) -> bool {
+    let segments: Vec<&[&str]> = want.split(|l| l.trim() == "…").collect();
+    let mut at = 0;
+    for (i, seg) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        if seg.is_empty() {
+            continue;
+        }
+        let fits = |start: usize| start + seg.len() <= got.len() && seg.iter().zip(&got[start..]).all(|(w, g)| w.trim_end() == g.trim_end());
+        let found = if i == 0 {
+            fits(0).then_some(0)
+        } else if last {
+            got.len().checked_sub(seg.len()).filter(|&s| s >= at && fits(s))
+        } else {
+            (at..got.len()).find(|&s| fits(s))
+        };
+        match found {
+            Some(s) => at = s + seg.len(),
+            None => return false,
+        }
+        if last && at != got.len() {
+            return false;
+        }
+    }
+    segments.last().is_some_and(|s| s.is_empty()) || at == got.len()
+}
+
+#[test]
+fn console_blocks_show_what_sinter_prints() {
+    let mut files = Vec::new();
+    markdown_files(&root().join("book/src"), &mut files);
+    files.sort();
+    let mut checked = 0;
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "```console" {
+                continue;
+            }
+            let block: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
+            let Some(cmd) = block.first().and_then(|l| l.strip_prefix("$ sinter ")) else { continue };
+            let args = split_args(cmd);
+            if args[0] == "run" && smollm2().is_none() {
+                continue;
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = sinter_cmd(&args);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let got: Vec<&str> = stdout.lines().collect();
+            assert!(
+                out.status.success() && matches_with_gaps(&block[1..], &got),
+                "{}: `sinter {cmd}` prints something else than the book shows (status {}).\nIt prints:\n{stdout}\nstderr:\n{}",
+                file.strip_prefix(root()).unwrap().display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} console blocks found");
+}
+
+#[test]
+fn matching_with_gaps() {
+    let got = ["a", "b", "c", "d"];
+    assert!(matches_with_gaps(&["a", "b", "c", "d"], &got));
+    assert!(matches_with_gaps(&["a", "…", "d"], &got));
+    assert!(matches_with_gaps(&["…", "c", "…"], &got));
+    assert!(matches_with_gaps(&["a", "…"], &got));
+    assert!(!matches_with_gaps(&["a", "c", "…"], &got));
+    assert!(!matches_with_gaps(&["a", "b"], &got));
+    assert!(!matches_with_gaps(&["…", "b"], &got));
+    assert!(!matches_with_gaps(&["…", "x", "…"], &got));
+}
+
+/// mdBook renders an `{{#include file:anchor}}` whose anchor is missing as nothing, silently:
+/// every include must name a file that exists and, if it names an anchor, one the file has.
+#[test]
+fn includes_name_files_and_anchors_that_exist() {
+    let mut files = Vec::new();
+    markdown_files(&root().join("book/src"), &mut files);
+    let mut count = 0;
+    for md in files {
+        let text = std::fs::read_to_string(&md).unwrap();
+        for piece in text.split("{{#include ").skip(1) {
+            let target = piece.split("}}").next().unwrap().trim();
+            let (path, anchor) = match target.rsplit_once(':') {
+                Some((p, a)) if !a.contains('/') => (p, Some(a)),
+                _ => (target, None),
+            };
+            let file = md.parent().unwrap().join(path);
+            let page = md.strip_prefix(root()).unwrap().display().to_string();
+            let content = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{page}: includes {path}: {e}"));
+            if let Some(a) = anchor {
+                assert!(
+                    content.lines().any(|l| l.trim() == format!("// ANCHOR: {a}")) && content.lines().any(|l| l.trim() == format!("// ANCHOR_END: {a}")),
+                    "{page}: includes anchor `{a}` of {path}, which has no `// ANCHOR: {a}` … `// ANCHOR_END: {a}`"
+                );
+            }
+            count += 1;
+        }
+    }
+    assert!(count >= 20, "only {count} includes found");
+}
+
+// --- mdbook build and the link check ---------------------------------------------------------
+
+fn find_mdbook() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("mdbook")).find(|c| c.is_file()))
+        .unwrap_or_default();
+    let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin/mdbook")).filter(|p| p.is_file());
+    let found = on_path.or(home);
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "mdbook is not installed: run scripts/setup");
+        eprintln!("skipped: mdbook is not installed (scripts/setup installs it)");
+    }
+    found
+}
+
+fn html_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            html_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "html") {
+            out.push(p);
+        }
+    }
+}
+
+/// The values of attribute `attr` (`href`, `src`, `id`) in an HTML text.
+fn attr_values<'a>(html: &'a str, attr: &str) -> Vec<&'a str> {
+    let pat = format!(" {attr}=\"");
+    let mut out = Vec::new();
+    let mut rest = html;
+    while let Some(i) = rest.find(&pat) {
+        rest = &rest[i + pat.len()..];
+        if let Some(end) = rest.find('"') {
+            out.push(&rest[..end]);
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// Decodes `%xx` escapes and the HTML entities mdBook writes in URLs.
+fn unescape(s: &str) -> String {
+    let s = s.replace("&amp;", "&");
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn book_builds_and_its_links_resolve() {
+    let Some(mdbook) = find_mdbook() else { return };
+    let dest = Path::new(env!("CARGO_TARGET_TMPDIR")).join("book-html");
+    let _ = std::fs::remove_dir_all(&dest);
+    let out = Command::new(&mdbook).arg("build").arg(root().join("book")).arg("--dest-dir").arg(&dest).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mdbook build failed:\n{log}");
+    for line in log.lines() {
+        assert!(!line.contains("ERROR") && !line.contains("WARN"), "mdbook complained:\n{log}");
+    }
+    let mut files = Vec::new();
+    html_files(&dest, &mut files);
+    assert!(files.len() >= 10, "mdbook wrote only {} pages", files.len());
+    let ids = |p: &Path| -> Vec<String> {
+        let html = std::fs::read_to_string(p).unwrap();
+        attr_values(&html, "id").into_iter().map(str::to_string).collect()
+    };
+    let mut broken = Vec::new();
+    for file in &files {
+        let html = std::fs::read_to_string(file).unwrap();
+        let rel = file.strip_prefix(&dest).unwrap().display().to_string();
+        if html.contains("{{#") {
+            broken.push(format!("{rel}: an mdBook directive was not expanded (a bad {{{{#include}}}}?)"));
+        }
+        // A page with <base href="/"> (404.html) resolves links from the book's root.
+        let base = html.find("<base href=\"").map(|i| {
+            let v = &html[i + 12..];
+            dest.join(v[..v.find('"').unwrap_or(0)].trim_start_matches('/'))
+        });
+        let own_ids = ids(file);
+        for link in attr_values(&html, "href").into_iter().chain(attr_values(&html, "src")) {
+            let link = unescape(link);
+            if link.is_empty() || ["http://", "https://", "mailto:", "javascript:", "data:"].iter().any(|s| link.starts_with(s)) {
+                continue;
+            }
+            let (path, frag) = match link.split_once('#') {
+                Some((p, f)) => (p.to_string(), Some(f.to_string())),
+                None => (link.clone(), None),
+            };
+            let path = path.split('?').next().unwrap_or_default().to_string();
+            let target = if path.is_empty() {
+                file.clone()
+            } else if let Some(abs) = path.strip_prefix('/') {
+                dest.join(abs)
+            } else {
+                base.clone().unwrap_or_else(|| file.parent().unwrap().to_path_buf()).join(&path)
+            };
+            let target = if target.is_dir() { target.join("index.html") } else { target };
+            if !target.is_file() {
+                broken.push(format!("{rel}: link `{link}`: {} does not exist", target.display()));
+                continue;
+            }
+            if let Some(frag) = frag.filter(|f| !f.is_empty()) {
+                let found = if target == *file { own_ids.contains(&frag) } else { ids(&target).contains(&frag) };
+                if !found {
+                    broken.push(format!("{rel}: link `{link}`: no element has id `{frag}`"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links in the book:\n{}", broken.join("\n"));
+}
