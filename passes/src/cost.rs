@@ -1,0 +1,252 @@
+//! The cost model: modelled microseconds of a kernel on an H200.
+//!
+//! **Units.** Time in microseconds (µs); bytes are HBM bytes read plus written at the graph's
+//! shapes with every symbol bound by a [`CostConfig`]; FLOPs are counted as 2 per
+//! multiply-add. A kernel costs
+//!
+//! ```text
+//! launch_us + max(bytes / HBM bandwidth, flops / peak)
+//! ```
+//!
+//! with the peak of tensor cores for bf16/f16 matmul and attention and of CUDA cores
+//! otherwise. The ceilings are the ones measured on the project's H200 (TOOLCHAIN.md), in one
+//! place: [`H200`].
+//!
+//! **Per-node cost for extraction.** Extraction costs each e-node as if it were its own
+//! kernel ([`node_cost`]); a few nodes are free because no kernel ever runs for them:
+//! parameters, projections and the root tuple; `reshape` (a view of a contiguous buffer);
+//! `constant` and `iota` (folded into their consumers); a `slice` of a matmul's output
+//! columns (the matmul's epilogue writes each slice to its own buffer) or a contiguous slice;
+//! and a `concat` of parameters (weights, concatenated once at load time). Every node also
+//! pays a tiny [`EPSILON_US`], so that costs are strictly positive and a cyclic choice can
+//! never be cheapest. After extraction the partitioner fuses kernels; the fusion report
+//! re-costs the final kernels with [`kernel_us`].
+
+use sinter_ir::{Bindings, DType, Dim, Op, OpKind, TensorType};
+
+/// The H200 ceilings the cost model uses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Device {
+    /// HBM bandwidth, GB/s (device-to-device copy, read + write: 4274 GB/s measured).
+    pub hbm_gbps: f64,
+    /// Tensor-core bf16/f16 peak, TFLOP/s (cuBLAS 8192³ bf16: 677–679 measured).
+    pub tensor_tflops: f64,
+    /// CUDA-core f32 peak, TFLOP/s (the data-sheet FP32 rate, about 60; not measured).
+    pub cuda_core_tflops: f64,
+    /// Fixed cost of one kernel launch, µs.
+    pub launch_us: f64,
+}
+
+/// The H200 as measured in TOOLCHAIN.md.
+pub const H200: Device = Device { hbm_gbps: 4270.0, tensor_tflops: 680.0, cuda_core_tflops: 60.0, launch_us: 3.0 };
+
+/// The cost every e-node pays on top of its kernel cost, µs.
+pub const EPSILON_US: f64 = 1e-3;
+
+/// Which sizes the symbols take when costing, and on which device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostConfig {
+    /// A name for the report (`prefill`, `decode`).
+    pub name: String,
+    /// Symbol sizes; a symbol not listed counts as [`CostConfig::default_symbol`].
+    pub bindings: Bindings,
+    /// Size of an unlisted symbol.
+    pub default_symbol: i64,
+    /// The device.
+    pub device: Device,
+}
+
+impl CostConfig {
+    /// Prefill: `T = 512` tokens, `P = 1024` KV pages, `M = 32` pages per sequence.
+    pub fn prefill() -> CostConfig {
+        CostConfig { name: "prefill".into(), bindings: binds(&[("T", 512), ("P", 1024), ("M", 32), ("B", 1), ("S", 512)]), default_symbol: 64, device: H200 }
+    }
+
+    /// Decode: a batch of `T = 16` sequences of one token each, `P = 1024`, `M = 32`.
+    pub fn decode() -> CostConfig {
+        CostConfig { name: "decode".into(), bindings: binds(&[("T", 16), ("P", 1024), ("M", 32), ("B", 16), ("S", 512)]), default_symbol: 64, device: H200 }
+    }
+
+    /// Decode when the graph holds a `paged_attention` (reading the KV cache), else prefill.
+    pub fn for_graph(g: &sinter_ir::Graph) -> CostConfig {
+        let decode = g.funcs.values().any(|f| f.nodes.values().any(|n| n.op.kind == OpKind::PagedAttention));
+        if decode {
+            CostConfig::decode()
+        } else {
+            CostConfig::prefill()
+        }
+    }
+
+    /// A dim's size under the config.
+    pub fn size(&self, d: &Dim) -> f64 {
+        let mut b = self.bindings.clone();
+        for s in d.symbols() {
+            b.entry(s.to_string()).or_insert(self.default_symbol);
+        }
+        d.eval(&b).map(|v| v.max(0) as f64).unwrap_or(self.default_symbol as f64)
+    }
+
+    /// Elements of a tensor type.
+    pub fn numel(&self, t: &TensorType) -> f64 {
+        t.shape.iter().map(|d| self.size(d)).product()
+    }
+
+    /// Bytes of a tensor type.
+    pub fn bytes(&self, t: &TensorType) -> f64 {
+        self.numel(t) * t.dtype.size_bytes() as f64
+    }
+}
+
+fn binds(kv: &[(&str, i64)]) -> Bindings {
+    kv.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+impl Default for CostConfig {
+    fn default() -> CostConfig {
+        CostConfig::prefill()
+    }
+}
+
+/// Modelled time of one kernel moving `bytes` and doing `flops`, µs.
+pub fn kernel_us(dev: &Device, bytes: f64, flops: f64, tensor_cores: bool) -> f64 {
+    let peak = if tensor_cores { dev.tensor_tflops } else { dev.cuda_core_tflops };
+    let mem = bytes / (dev.hbm_gbps * 1e3); // GB/s = 1e3 bytes/µs
+    let math = flops / (peak * 1e6); // TFLOP/s = 1e6 flop/µs
+    dev.launch_us + mem.max(math)
+}
+
+/// FLOPs of an op, given operand and result types (2 per multiply-add; 1 per element for
+/// element-wise work).
+pub fn flops(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> f64 {
+    let out_n: f64 = outs.iter().map(|t| cfg.numel(t)).sum();
+    match op.kind {
+        OpKind::Matmul => {
+            let Some(a) = ins.first() else { return out_n };
+            let k = if op.bool("transpose_a") == Some(true) { a.shape.len().checked_sub(2) } else { a.shape.len().checked_sub(1) };
+            let k = k.and_then(|i| a.shape.get(i)).map(|d| cfg.size(d)).unwrap_or(1.0);
+            2.0 * out_n * k
+        }
+        OpKind::Attention => {
+            let (Some(q), Some(k)) = (ins.first(), ins.get(1)) else { return out_n };
+            let sx = if op.str("layout") == Some("bshd") { 1 } else { 2 };
+            let skv = k.shape.get(sx).map(|d| cfg.size(d)).unwrap_or(1.0);
+            // Q·Kᵀ and P·V: 2 multiply-adds per (query element, key).
+            let f = 4.0 * cfg.numel(q) * skv;
+            if op.bool("causal") == Some(true) {
+                f / 2.0
+            } else {
+                f
+            }
+        }
+        OpKind::PagedAttention => {
+            let q = ins.first().map(|t| cfg.numel(t)).unwrap_or(0.0);
+            let page = ins.get(1).map(|t| cfg.size(&t.shape[1])).unwrap_or(1.0);
+            let m = ins.get(3).and_then(|t| t.shape.get(1)).map(|d| cfg.size(d)).unwrap_or(1.0);
+            4.0 * q * page * m
+        }
+        _ => out_n,
+    }
+}
+
+/// Whether an op runs on tensor cores (bf16/f16 matmul and attention).
+pub fn uses_tensor_cores(op: &Op, ins: &[&TensorType]) -> bool {
+    matches!(op.kind, OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention)
+        && ins.first().is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16))
+}
+
+/// HBM bytes an op reads and writes as its own kernel: operands read, results written. Paged
+/// ops read only the pages their block table names (`M` pages per sequence), not the whole
+/// pool; `kv_append` reads and writes only its new rows (its outputs alias the pools);
+/// `gather` reads only the rows it looks up.
+pub fn op_read_write(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> (f64, f64) {
+    let written: f64 = outs.iter().map(|t| cfg.bytes(t)).sum();
+    match op.kind {
+        OpKind::PagedAttention => {
+            let q = ins.first().map(|t| cfg.bytes(t)).unwrap_or(0.0);
+            let page = ins.get(1).and_then(|t| Some(cfg.bytes(t) / cfg.size(t.shape.first()?).max(1.0))).unwrap_or(0.0);
+            let m = ins.get(3).and_then(|t| t.shape.get(1)).map(|d| cfg.size(d)).unwrap_or(1.0);
+            let b = ins.first().and_then(|t| t.shape.first()).map(|d| cfg.size(d)).unwrap_or(1.0);
+            (q + 2.0 * page * m * b, written)
+        }
+        OpKind::KvAppend => {
+            let new: f64 = ins.get(2..4).map(|s| s.iter().map(|t| cfg.bytes(t)).sum()).unwrap_or(0.0);
+            (new, new)
+        }
+        OpKind::Gather => (ins.get(1).map(|t| cfg.bytes(t)).unwrap_or(0.0) + written, written),
+        _ => (ins.iter().map(|t| cfg.bytes(t)).sum::<f64>(), written),
+    }
+}
+
+/// HBM bytes an op moves as its own kernel (read + written, see [`op_read_write`]).
+pub fn op_bytes(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> f64 {
+    let (r, w) = op_read_write(cfg, op, ins, outs);
+    r + w
+}
+
+/// Modelled µs of an op as its own kernel.
+pub fn op_us(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> f64 {
+    kernel_us(&cfg.device, op_bytes(cfg, op, ins, outs), flops(cfg, op, ins, outs), uses_tensor_cores(op, ins))
+}
+
+/// What extraction needs to know about an e-node's operands beyond their types.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OperandFacts {
+    /// Every operand class holds a parameter.
+    pub all_params: bool,
+    /// The first operand class holds a matmul.
+    pub first_is_matmul: bool,
+}
+
+/// The extraction cost of an op e-node, µs (see the module docs for the free nodes).
+pub fn node_cost(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType], facts: OperandFacts) -> f64 {
+    let free = match op.kind {
+        OpKind::Reshape | OpKind::Constant | OpKind::Iota => true,
+        OpKind::Slice => facts.first_is_matmul || ins.first().is_some_and(|t| is_contiguous_slice(op, t)),
+        OpKind::Concat => facts.all_params,
+        _ => false,
+    };
+    if free {
+        EPSILON_US
+    } else {
+        EPSILON_US + op_us(cfg, op, ins, outs)
+    }
+}
+
+/// Whether `slice` of a contiguous `x` is itself contiguous (every axis before the sliced
+/// one has size 1), so that it is an offset view.
+pub fn is_contiguous_slice(op: &Op, x: &TensorType) -> bool {
+    let Some(axis) = op.int("axis") else { return false };
+    let r = x.rank() as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    a >= 0 && x.shape[..(a as usize).min(x.shape.len())].iter().all(Dim::is_one)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sinter_ir::{Attr, Dim};
+
+    #[test]
+    fn units_are_microseconds_bytes_and_flops() {
+        // 4.27 GB at 4270 GB/s is one millisecond, plus the launch.
+        assert!((kernel_us(&H200, 4.27e9, 0.0, false) - 1003.0).abs() < 1e-9);
+        // 680 TFLOP on tensor cores is one second.
+        assert!((kernel_us(&H200, 0.0, 680e12, true) - (1e6 + 3.0)).abs() < 1e-6);
+        let cfg = CostConfig::prefill();
+        let x = TensorType::new(DType::BF16, [Dim::symbol("T"), Dim::constant(576)]);
+        let w = TensorType::new(DType::BF16, [Dim::constant(1536), Dim::constant(576)]);
+        let out = TensorType::new(DType::BF16, [Dim::symbol("T"), Dim::constant(1536)]);
+        let mm = Op::new(OpKind::Matmul, vec![("transpose_b".into(), Attr::Bool(true))]).unwrap();
+        assert_eq!(cfg.numel(&x), 512.0 * 576.0);
+        assert_eq!(flops(&cfg, &mm, &[&x, &w], &[out.clone()]), 2.0 * 512.0 * 1536.0 * 576.0);
+        assert!(uses_tensor_cores(&mm, &[&x, &w]));
+        assert_eq!(op_bytes(&cfg, &mm, &[&x, &w], &[out.clone()]), 2.0 * (512.0 * 576.0 + 1536.0 * 576.0 + 512.0 * 1536.0));
+        // Decode binds T to a batch of 16.
+        assert_eq!(CostConfig::decode().numel(&x), 16.0 * 576.0);
+        // Views and weight concatenations are free for extraction; a plain op is not.
+        let r = Op::new(OpKind::Reshape, vec![("shape".into(), Attr::Dims(vec![Dim::symbol("T"), Dim::constant(576)]))]).unwrap();
+        assert_eq!(node_cost(&cfg, &r, &[&x], &[x.clone()], OperandFacts::default()), EPSILON_US);
+        let e = Op::plain(OpKind::Exp).unwrap();
+        assert!(node_cost(&cfg, &e, &[&x], &[x.clone()], OperandFacts::default()) > H200.launch_us);
+    }
+}

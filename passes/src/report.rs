@@ -1,0 +1,416 @@
+//! The fusion report: what the passes did, and Graphviz pictures of the graphs.
+//!
+//! [`FusionReport`]'s `Display` prints, without wall times (so that it can be snapshotted):
+//! the cost configuration; per function, its size before and after, the modelled cost before
+//! and after (and what a tree-cost extraction would have paid), and per saturation phase the
+//! iterations, stop reason and e-graph size; the rules that fired, with counts; the kernels
+//! with family, origin, ops, HBM bytes and modelled time; the totals before (one kernel per
+//! node) and after; the temporary buffers and the peak of live temporary bytes; kernels per
+//! origin (per layer); and the buffers that alias (`kv_append` updates its pages in place). [`FusionReport::timings`] gives the wall times.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write};
+
+use sinter_ir::{BufferRole, Family, Function, Graph, Kernel, KernelData, KernelGraph, OpKind};
+
+use crate::cost::{self, CostConfig};
+use crate::lower::{family_name, KernelMeta};
+use crate::optimise::{OptimisedFunction, PhaseStats};
+use crate::PassOptions;
+
+/// What happened to one function.
+#[derive(Clone, Debug)]
+pub struct FunctionReport {
+    /// Its name.
+    pub name: String,
+    /// Nodes before.
+    pub nodes_before: usize,
+    /// Nodes after optimisation.
+    pub nodes_after: usize,
+    /// Modelled cost before (each node its own kernel), µs.
+    pub cost_before_us: f64,
+    /// Modelled DAG cost after extraction, µs.
+    pub cost_after_us: f64,
+    /// What tree-cost extraction would have paid, µs.
+    pub cost_tree_extraction_us: f64,
+    /// Sharing moves the extractor kept.
+    pub sharing_moves: usize,
+    /// Saturation phases.
+    pub phases: Vec<PhaseStats>,
+    /// The function after each phase (printed `.sir`).
+    pub snapshots: Vec<(String, String)>,
+}
+
+impl FunctionReport {
+    /// The report of an optimised function.
+    pub fn from_optimised(name: &str, o: &OptimisedFunction) -> FunctionReport {
+        FunctionReport {
+            name: name.to_string(),
+            nodes_before: o.nodes_before,
+            nodes_after: o.nodes_after,
+            cost_before_us: o.cost_before,
+            cost_after_us: o.cost_after,
+            cost_tree_extraction_us: o.cost_tree_extraction,
+            sharing_moves: o.sharing_moves,
+            phases: o.phases.clone(),
+            snapshots: o.snapshots.iter().map(|(p, f)| (p.clone(), sinter_ir::text::print_function(f))).collect(),
+        }
+    }
+}
+
+/// One kernel of the result.
+#[derive(Clone, Debug)]
+pub struct KernelReport {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Its family.
+    pub family: Family,
+    /// The ops of its body, in order.
+    pub ops: Vec<String>,
+    /// HBM bytes read at the cost config's sizes.
+    pub bytes_read: f64,
+    /// HBM bytes written.
+    pub bytes_written: f64,
+    /// Modelled time, µs.
+    pub modelled_us: f64,
+    /// Where its anchor came from (`main`, `layer#3`).
+    pub origin: String,
+    /// A weight concatenation, run once at load time.
+    pub load_time: bool,
+}
+
+impl KernelReport {
+    /// Measures a kernel of `kg`.
+    pub fn new(k: Kernel, kd: &KernelData, kg: &KernelGraph, meta: &KernelMeta, cfg: &CostConfig) -> KernelReport {
+        let body = &kd.body;
+        let ops: Vec<String> = body.nodes.values().map(|n| n.op.kind.name().to_string()).collect();
+        let mut read: f64 = kd.inputs.iter().map(|b| cfg.bytes(&kg.buffers[*b].ty)).sum();
+        let mut written: f64 = kd.outputs.iter().map(|b| cfg.bytes(&kg.buffers[*b].ty)).sum();
+        let mut flops = 0.0;
+        let mut tc = false;
+        for nd in body.nodes.values() {
+            let ins: Vec<&sinter_ir::TensorType> = nd.inputs.iter().map(|&v| body.ty(v)).collect();
+            let outs: Vec<sinter_ir::TensorType> = nd.results.iter().map(|&r| body.ty(r).clone()).collect();
+            flops += cost::flops(cfg, &nd.op, &ins, &outs);
+            tc |= cost::uses_tensor_cores(&nd.op, &ins);
+            if matches!(nd.op.kind, OpKind::PagedAttention | OpKind::KvAppend | OpKind::Gather) {
+                (read, written) = cost::op_read_write(cfg, &nd.op, &ins, &outs);
+            }
+        }
+        let modelled_us = cost::kernel_us(&cfg.device, read + written, flops, tc);
+        KernelReport { kernel: k, family: kd.family, ops, bytes_read: read, bytes_written: written, modelled_us, origin: meta.origin.clone(), load_time: meta.load_time }
+    }
+}
+
+/// The fusion report of one [`crate::compile`].
+#[derive(Clone, Debug)]
+pub struct FusionReport {
+    /// The cost configuration's name and sizes.
+    pub cost: String,
+    /// Per function.
+    pub functions: Vec<FunctionReport>,
+    /// Rules that changed an e-graph, summed over functions and phases.
+    pub rules_fired: BTreeMap<String, usize>,
+    /// Nodes of the input graph with calls inlined (what one kernel per node launches).
+    pub nodes_before: usize,
+    /// Kernels of [`crate::lower_unfused`] on the input graph.
+    pub kernels_before: usize,
+    /// HBM bytes moved by those kernels.
+    pub bytes_before: f64,
+    /// Their modelled time, µs.
+    pub us_before: f64,
+    /// The kernels after fusion.
+    pub kernels: Vec<KernelReport>,
+    /// `(output buffer, input buffer)` pairs that share storage on the device (`kv_append`).
+    pub aliases: Vec<(String, String)>,
+    /// Lifetime of every `Temp` buffer: the kernel that writes it and the last that reads it.
+    pub lifetimes: Vec<BufferLifetime>,
+    /// Wall time of the compile, seconds (not printed by `Display`).
+    pub seconds: f64,
+}
+
+/// When a temporary buffer is live: from the kernel that writes it to the last that reads it
+/// (launch-order indices), and its size at the cost config's sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferLifetime {
+    /// The buffer.
+    pub buffer: sinter_ir::Buffer,
+    /// Index of the writing kernel.
+    pub first: usize,
+    /// Index of the last reading kernel (the writer's when nothing reads it).
+    pub last: usize,
+    /// Bytes.
+    pub bytes: f64,
+}
+
+/// The lifetimes of the `Temp` buffers of `kg`.
+pub fn buffer_lifetimes(kg: &KernelGraph, cfg: &CostConfig) -> Vec<BufferLifetime> {
+    let mut out: BTreeMap<sinter_ir::Buffer, BufferLifetime> = BTreeMap::new();
+    for (i, kd) in kg.kernels.values().enumerate() {
+        for &b in &kd.outputs {
+            if kg.buffers[b].role == BufferRole::Temp {
+                out.entry(b).or_insert(BufferLifetime { buffer: b, first: i, last: i, bytes: cfg.bytes(&kg.buffers[b].ty) });
+            }
+        }
+        for b in &kd.inputs {
+            if let Some(l) = out.get_mut(b) {
+                l.last = i;
+            }
+        }
+    }
+    out.into_values().collect()
+}
+
+/// The most temporary bytes live at once (over launch order).
+pub fn peak_temp_bytes(lifetimes: &[BufferLifetime], kernels: usize) -> f64 {
+    (0..kernels).map(|i| lifetimes.iter().filter(|l| l.first <= i && i <= l.last).map(|l| l.bytes).sum::<f64>()).fold(0.0, f64::max)
+}
+
+fn buffer_label(kg: &KernelGraph, b: sinter_ir::Buffer) -> String {
+    match &kg.buffers[b].name {
+        Some(n) => format!("{b} ({n})"),
+        None => b.to_string(),
+    }
+}
+
+impl FusionReport {
+    /// Assembles the report.
+    pub fn new(opts: &PassOptions, functions: Vec<FunctionReport>, nodes_before: usize, base: &KernelGraph, kernels: Vec<KernelReport>, kg: &KernelGraph, seconds: f64) -> FusionReport {
+        let mut rules_fired = BTreeMap::new();
+        for f in &functions {
+            for p in &f.phases {
+                for (r, n) in &p.rules_fired {
+                    *rules_fired.entry(r.clone()).or_insert(0) += n;
+                }
+            }
+        }
+        let cfg = &opts.cost;
+        let meta = KernelMeta { origin: String::new(), load_time: false };
+        let base_reports: Vec<KernelReport> = base.kernels.iter().map(|(k, kd)| KernelReport::new(k, kd, base, &meta, cfg)).collect();
+        let mut aliases = vec![];
+        for kd in kg.kernels.values() {
+            for nd in kd.body.nodes.values() {
+                if nd.op.kind != OpKind::KvAppend {
+                    continue;
+                }
+                for (i, r) in nd.results.iter().enumerate() {
+                    let (Some(oi), Some(ii)) = (kd.body.outputs.iter().position(|o| o == r), kd.body.params.iter().position(|p| *p == nd.inputs[i])) else { continue };
+                    aliases.push((buffer_label(kg, kd.outputs[oi]), buffer_label(kg, kd.inputs[ii])));
+                }
+            }
+        }
+        let binds: Vec<String> = cfg.bindings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        FusionReport {
+            cost: format!("{} ({}; other symbols {})", cfg.name, binds.join(", "), cfg.default_symbol),
+            functions,
+            rules_fired,
+            nodes_before,
+            kernels_before: base.kernels.len(),
+            bytes_before: base_reports.iter().map(|k| k.bytes_read + k.bytes_written).sum(),
+            us_before: base_reports.iter().map(|k| k.modelled_us).sum(),
+            kernels,
+            aliases,
+            lifetimes: buffer_lifetimes(kg, cfg),
+            seconds,
+        }
+    }
+
+    /// Kernels launched per step (load-time kernels excluded).
+    pub fn kernels_after(&self) -> usize {
+        self.kernels.iter().filter(|k| !k.load_time).count()
+    }
+
+    /// HBM bytes per step after fusion.
+    pub fn bytes_after(&self) -> f64 {
+        self.kernels.iter().filter(|k| !k.load_time).map(|k| k.bytes_read + k.bytes_written).sum()
+    }
+
+    /// Modelled µs per step after fusion.
+    pub fn us_after(&self) -> f64 {
+        self.kernels.iter().filter(|k| !k.load_time).map(|k| k.modelled_us).sum()
+    }
+
+    /// Kernels per origin (`main`, `layer#0`, …), load-time kernels excluded.
+    pub fn kernels_per_origin(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for k in self.kernels.iter().filter(|k| !k.load_time) {
+            *m.entry(k.origin.clone()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Kernels per call of `func`: the smallest count over its calls (work that every layer
+    /// shares, like `positions + 1`, is merged into the first call's kernels).
+    pub fn kernels_per_call(&self, func: &str) -> Option<usize> {
+        let prefix = format!("{func}#");
+        self.kernels_per_origin()
+            .into_iter()
+            .filter(|(o, _)| o.rsplit('/').next().is_some_and(|l| l.starts_with(&prefix)))
+            .map(|(_, n)| n)
+            .min()
+    }
+
+    /// How many kernels hold each composite op the passes recognise or keep (attention,
+    /// rms_norm, softmax, swiglu, …).
+    pub fn composite_ops(&self) -> BTreeMap<String, usize> {
+        let names = ["attention", "paged_attention", "rms_norm", "layer_norm", "softmax", "log_softmax", "swiglu", "silu", "sigmoid", "rope", "gelu"];
+        let mut m = BTreeMap::new();
+        for k in &self.kernels {
+            for op in &k.ops {
+                if names.contains(&op.as_str()) {
+                    *m.entry(op.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+        m
+    }
+
+    /// Wall times: the compile and every saturation phase.
+    pub fn timings(&self) -> String {
+        let mut s = format!("compile: {:.3} s\n", self.seconds);
+        for f in &self.functions {
+            for p in &f.phases {
+                let _ = writeln!(s, "  @{} {}: {:.3} s", f.name, p.phase, p.seconds);
+            }
+        }
+        s
+    }
+
+    /// The kernel graph as Graphviz DOT: kernels are boxes (family, ops), buffers ellipses
+    /// (inputs green, outputs blue), edges read and write.
+    pub fn to_dot(&self, kg: &KernelGraph) -> String {
+        kernel_graph_dot(kg, Some(self))
+    }
+}
+
+fn mb(b: f64) -> String {
+    if b >= 1e6 {
+        format!("{:.2} MB", b / 1e6)
+    } else {
+        format!("{:.1} kB", b / 1e3)
+    }
+}
+
+impl fmt::Display for FusionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "fusion report — cost model: {}", self.cost)?;
+        for fr in &self.functions {
+            writeln!(
+                f,
+                "@{}: {} nodes -> {} nodes; modelled {:.1} us -> {:.1} us (tree extraction: {:.1} us; sharing moves: {})",
+                fr.name, fr.nodes_before, fr.nodes_after, fr.cost_before_us, fr.cost_after_us, fr.cost_tree_extraction_us, fr.sharing_moves
+            )?;
+            writeln!(f, "  {:<12} {:>5}  {:<22} {:>8} {:>9}", "phase", "iters", "stop reason", "e-nodes", "e-classes")?;
+            for p in &fr.phases {
+                writeln!(f, "  {:<12} {:>5}  {:<22} {:>8} {:>9}", p.phase, p.iterations, p.stop_reason, p.egraph_nodes, p.egraph_classes)?;
+            }
+        }
+        writeln!(f, "rules fired:")?;
+        for (r, n) in &self.rules_fired {
+            writeln!(f, "  {r:<26} {n:>5}")?;
+        }
+        writeln!(
+            f,
+            "kernels: {} nodes -> {} kernels unfused -> {} kernels fused ({} load-time); HBM {} -> {}; modelled {:.1} us -> {:.1} us",
+            self.nodes_before,
+            self.kernels_before,
+            self.kernels_after(),
+            self.kernels.len() - self.kernels_after(),
+            mb(self.bytes_before),
+            mb(self.bytes_after()),
+            self.us_before,
+            self.us_after()
+        )?;
+        writeln!(f, "  {:<5} {:<15} {:<10} {:>10} {:>10} {:>9}  ops", "id", "family", "origin", "read", "written", "us")?;
+        for k in &self.kernels {
+            let ops = if k.ops.len() > 12 { format!("{} … ({} ops)", k.ops[..12].join(" "), k.ops.len()) } else { k.ops.join(" ") };
+            writeln!(
+                f,
+                "  {:<5} {:<15} {:<10} {:>10} {:>10} {:>9.2}  {}{}",
+                k.kernel.to_string(),
+                family_name(k.family),
+                k.origin,
+                mb(k.bytes_read),
+                mb(k.bytes_written),
+                k.modelled_us,
+                ops,
+                if k.load_time { "  [load-time]" } else { "" }
+            )?;
+        }
+        writeln!(
+            f,
+            "temporary buffers: {}; peak live temporaries {}",
+            self.lifetimes.len(),
+            mb(peak_temp_bytes(&self.lifetimes, self.kernels.len()))
+        )?;
+        let per: Vec<String> = self.kernels_per_origin().into_iter().map(|(o, n)| format!("{o}: {n}")).collect();
+        writeln!(f, "kernels per origin: {}", per.join(", "))?;
+        let comp: Vec<String> = self.composite_ops().into_iter().map(|(o, n)| format!("{o} ×{n}")).collect();
+        writeln!(f, "composite ops in kernels: {}", comp.join(", "))?;
+        if !self.aliases.is_empty() {
+            let a: Vec<String> = self.aliases.iter().map(|(o, i)| format!("{o} = {i}")).collect();
+            writeln!(f, "aliases (updated in place): {}", a.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// A kernel graph as Graphviz DOT (see [`FusionReport::to_dot`]).
+pub fn kernel_graph_dot(kg: &KernelGraph, report: Option<&FusionReport>) -> String {
+    let mut s = String::from("digraph kernels {\n  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];\n");
+    for (b, bd) in kg.buffers.iter() {
+        let color = match bd.role {
+            BufferRole::Input => "palegreen",
+            BufferRole::Output => "lightblue",
+            BufferRole::Temp => "white",
+        };
+        let name = bd.name.clone().unwrap_or_default();
+        let _ = writeln!(s, "  {b} [shape=ellipse, style=filled, fillcolor={color}, label=\"{b} {}\\n{}\"];", esc(&name), esc(&bd.ty.to_string()));
+    }
+    for (k, kd) in kg.kernels.iter() {
+        let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
+        let extra = report.and_then(|r| r.kernels.get(k.as_u32() as usize)).map(|kr| format!("\\n{} {:.1} us", kr.origin, kr.modelled_us)).unwrap_or_default();
+        let _ = writeln!(s, "  {k} [shape=box, style=filled, fillcolor=lightyellow, label=\"{k} {}\\n{}{}\"];", family_name(kd.family), esc(&ops.join(" ")), extra);
+        for b in &kd.inputs {
+            let _ = writeln!(s, "  {b} -> {k};");
+        }
+        for b in &kd.outputs {
+            let _ = writeln!(s, "  {k} -> {b};");
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// One function of a graph as Graphviz DOT: parameters and nodes, edges by operand.
+pub fn function_dot(f: &Function) -> String {
+    let mut s = format!("digraph \"{}\" {{\n  node [fontname=\"monospace\", fontsize=10];\n", esc(&f.name));
+    for &p in &f.params {
+        let _ = writeln!(s, "  {p} [shape=ellipse, style=filled, fillcolor=palegreen, label=\"{}\\n{}\"];", esc(&f.label(p)), esc(&f.ty(p).to_string()));
+    }
+    for (n, nd) in f.nodes.iter() {
+        let tys: Vec<String> = nd.results.iter().map(|&r| f.ty(r).to_string()).collect();
+        let _ = writeln!(s, "  {n} [shape=box, label=\"{} {}\\n{}\"];", n, nd.op.kind.name(), esc(&tys.join(", ")));
+        for &v in &nd.inputs {
+            match f.values[v].def {
+                sinter_ir::ValueDef::Param(_) => {
+                    let _ = writeln!(s, "  {v} -> {n};");
+                }
+                sinter_ir::ValueDef::Result(m, _) => {
+                    let _ = writeln!(s, "  {m} -> {n};");
+                }
+            }
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// Every function of a graph as DOT, one digraph after another.
+pub fn graph_dot(g: &Graph) -> String {
+    g.funcs.values().map(function_dot).collect::<Vec<_>>().join("\n")
+}

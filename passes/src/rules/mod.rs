@@ -1,0 +1,250 @@
+//! Rewrite rules, one family per file: [`algebraic`] (canonical forms and simplifications),
+//! [`recognition`] (decomposed spellings → the op table's composite ops) and [`fusion`]
+//! (parallel matmuls sharing an input → one matmul on concatenated weights).
+//!
+//! **How a rule is written.** A rule is a Rust function `fn(&mut SirEGraph, Id) -> Vec<(Id,
+//! Id)>` run on every e-class that holds an e-node of one of its trigger ops ([`Trigger`], an
+//! egg [`Searcher`]). It reads the e-graph (every e-node of every class it visits, so one rule
+//! covers every spelling that the canonical rules have made equal), adds the replacement
+//! e-nodes through [`add`] — which runs the op table's shape rule first and adds nothing that
+//! does not type — and returns the pairs of classes to union. The [`FnApplier`] then checks
+//! each pair before the union: a pair whose types or known constants differ is an unsound
+//! rule, recorded as a [`Conflict`] naming the rule and the class, and the optimiser stops.
+//!
+//! **Policy** (as in Cranelift's `opts/README.md`): rules are directional; there is no blanket
+//! commutativity or associativity — a rule that matches a commutative op tries both operand
+//! orders itself; real-number identities that are unsafe in floating point are only applied
+//! from the unsafe to the safe form (`exp(x)/Σexp(x)` → `softmax`, which is max-subtracted).
+//! Conditions only test facts that cannot change within a class (types, constants), so they
+//! are monotone.
+
+pub mod algebraic;
+pub mod fusion;
+pub mod recognition;
+
+use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use sinter_ir::{Attr, DType, Dim, Op, OpKind, TensorType};
+
+use crate::lang::{infer, Conflict, OpSym, Sir, SirAnalysis, SirEGraph};
+
+/// A rewrite rule of the passes.
+pub type Rw = Rewrite<Sir, SirAnalysis>;
+
+/// The body of a rule: the pairs of e-classes to union, given the triggering class.
+pub type RuleFn = fn(&mut SirEGraph, Id) -> Vec<(Id, Id)>;
+
+/// Searcher: every e-class holding an e-node of one of `kinds`.
+#[derive(Clone, Debug)]
+pub struct Trigger {
+    kinds: &'static [OpKind],
+}
+
+impl Searcher<Sir, SirAnalysis> for Trigger {
+    fn search_eclass_with_limit(&self, egraph: &SirEGraph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, Sir>> {
+        if limit == 0 {
+            return None;
+        }
+        let hit = egraph[eclass].nodes.iter().any(|n| n.kind().is_some_and(|k| self.kinds.contains(&k)));
+        hit.then(|| SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        vec![]
+    }
+}
+
+/// Applier: runs the rule body and performs the unions it asks for, refusing (and recording)
+/// any union of differently typed classes.
+#[derive(Clone)]
+pub struct FnApplier {
+    f: RuleFn,
+}
+
+impl Applier<Sir, SirAnalysis> for FnApplier {
+    fn apply_one(&self, egraph: &mut SirEGraph, eclass: Id, _subst: &Subst, _ast: Option<&PatternAst<Sir>>, rule_name: Symbol) -> Vec<Id> {
+        let pairs = (self.f)(egraph, eclass);
+        let mut changed = vec![];
+        for (a, b) in pairs {
+            let (a, b) = (egraph.find(a), egraph.find(b));
+            if a == b {
+                continue;
+            }
+            let (da, db) = (&egraph[a].data, &egraph[b].data);
+            let konst_clash = matches!((da.konst, db.konst), (Some(x), Some(y)) if !(x == y || (x.is_nan() && y.is_nan())));
+            if da.tys != db.tys || konst_clash {
+                let show = |t: &[TensorType]| t.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+                let message = if da.tys != db.tys {
+                    format!("would make a {} value equal to a {} value ({} = {})", show(&da.tys), show(&db.tys), describe(egraph, a), describe(egraph, b))
+                } else {
+                    format!("would make the constant {:?} equal to {:?}", da.konst, db.konst)
+                };
+                egraph.analysis.conflicts.push(Conflict { rule: Some(rule_name.to_string()), class: format!("{a}"), message });
+                continue;
+            }
+            if egraph.union(a, b) {
+                changed.push(a);
+            }
+        }
+        changed
+    }
+}
+
+/// A short description of a class: its first e-node and type.
+pub fn describe(eg: &SirEGraph, id: Id) -> String {
+    let c = &eg[id];
+    let node = c.nodes.first().map(|n| n.to_string()).unwrap_or_default();
+    let ty = c.data.tys.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+    format!("{node}: {ty}")
+}
+
+/// A rule named `name` triggered by e-classes holding one of `kinds`.
+pub fn rule(name: &str, kinds: &'static [OpKind], f: RuleFn) -> Option<Rw> {
+    Rewrite::new(name, Trigger { kinds }, FnApplier { f }).ok()
+}
+
+/// A rule's name and doc line, for the report and the book.
+#[derive(Clone, Copy, Debug)]
+pub struct RuleInfo {
+    /// Name (as counted in the fusion report).
+    pub name: &'static str,
+    /// Family: `algebraic`, `recognition` or `fusion`.
+    pub family: &'static str,
+    /// What it rewrites.
+    pub doc: &'static str,
+}
+
+/// Every rule of every family, with its doc line.
+pub fn catalogue() -> Vec<RuleInfo> {
+    let mut v = Vec::new();
+    for (name, doc, _, _) in algebraic::RULES {
+        v.push(RuleInfo { name, family: "algebraic", doc });
+    }
+    for (name, doc, _, _) in recognition::RULES {
+        v.push(RuleInfo { name, family: "recognition", doc });
+    }
+    for (name, doc, _, _) in fusion::RULES {
+        v.push(RuleInfo { name, family: "fusion", doc });
+    }
+    v
+}
+
+/// A table of rules: name, doc line, trigger ops, body.
+pub type RuleTable = &'static [(&'static str, &'static str, &'static [OpKind], RuleFn)];
+
+/// The rewrites of a rule table.
+pub fn build(table: RuleTable) -> Vec<Rw> {
+    table.iter().filter_map(|(name, _, kinds, f)| rule(name, kinds, *f)).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Matching helpers. Children are canonicalised (`find`) so that ids compare.
+
+/// The single type of a class.
+pub fn ty(eg: &SirEGraph, id: Id) -> Option<TensorType> {
+    eg[id].data.ty().cloned()
+}
+
+/// The splat constant a class is known to hold.
+pub fn konst(eg: &SirEGraph, id: Id) -> Option<f64> {
+    eg[id].data.konst
+}
+
+/// Whether a class is a scalar-like constant equal to `v` (relative 1e-6; exact for 0, ±inf).
+pub fn is_const(eg: &SirEGraph, id: Id, v: f64) -> bool {
+    let scalarish = eg[id].data.ty().is_some_and(crate::lang::is_scalarlike);
+    match konst(eg, id) {
+        Some(c) if scalarish => c == v || (v != 0.0 && v.is_finite() && ((c - v) / v).abs() <= 1e-6),
+        _ => false,
+    }
+}
+
+/// The scalar-like constant of a class.
+pub fn scalar_const(eg: &SirEGraph, id: Id) -> Option<f64> {
+    let scalarish = eg[id].data.ty().is_some_and(crate::lang::is_scalarlike);
+    if scalarish {
+        konst(eg, id)
+    } else {
+        None
+    }
+}
+
+/// The e-nodes of `kind` in class `id`: their ops and canonical children.
+pub fn nodes(eg: &SirEGraph, id: Id, kind: OpKind) -> Vec<(Op, Vec<Id>)> {
+    eg[id]
+        .nodes
+        .iter()
+        .filter_map(|n| match n {
+            Sir::Op(s, ch) if s.kind() == kind => Some((s.op().clone(), ch.iter().map(|c| eg.find(*c)).collect())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The operands of every `kind` e-node with exactly one operand in class `id`.
+pub fn unary_args(eg: &SirEGraph, id: Id, kind: OpKind) -> Vec<Id> {
+    nodes(eg, id, kind).into_iter().filter_map(|(_, ch)| (ch.len() == 1).then(|| ch[0])).collect()
+}
+
+/// The operand pairs of every `kind` e-node in class `id`.
+pub fn binary_args(eg: &SirEGraph, id: Id, kind: OpKind) -> Vec<(Id, Id)> {
+    nodes(eg, id, kind).into_iter().filter_map(|(_, ch)| (ch.len() == 2).then(|| (ch[0], ch[1]))).collect()
+}
+
+/// Like [`binary_args`] for a commutative op: each pair in both orders.
+pub fn comm_args(eg: &SirEGraph, id: Id, kind: OpKind) -> Vec<(Id, Id)> {
+    let mut v = Vec::new();
+    for (a, b) in binary_args(eg, id, kind) {
+        v.push((a, b));
+        if a != b {
+            v.push((b, a));
+        }
+    }
+    v
+}
+
+/// Whether class `id` holds the parameter e-node.
+pub fn is_param_class(eg: &SirEGraph, id: Id) -> Option<u32> {
+    eg[id].nodes.iter().find_map(|n| match n {
+        Sir::Param(i) => Some(*i),
+        _ => None,
+    })
+}
+
+/// Adds `op` on `children` if its shape rule accepts them; returns the class.
+pub fn add(eg: &mut SirEGraph, op: Op, children: &[Id]) -> Option<Id> {
+    let tys: Option<Vec<TensorType>> = children.iter().map(|&c| ty(eg, c)).collect();
+    let tys = tys?;
+    let refs: Vec<&TensorType> = tys.iter().collect();
+    let out = infer(&op, &refs, &eg.analysis.callees).ok()?;
+    if out.len() != 1 && op.kind != OpKind::KvAppend && op.kind != OpKind::Call {
+        return None;
+    }
+    Some(eg.add(Sir::Op(OpSym::new(op), children.iter().map(|&c| eg.find(c)).collect())))
+}
+
+/// Adds the op `kind` with named attributes (defaults filled in) on `children`.
+pub fn mk(eg: &mut SirEGraph, kind: OpKind, attrs: Vec<(&str, Attr)>, children: &[Id]) -> Option<Id> {
+    let op = Op::new(kind, attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()).ok()?;
+    add(eg, op, children)
+}
+
+/// Adds a scalar constant.
+pub fn constant(eg: &mut SirEGraph, value: f64, dtype: DType) -> Option<Id> {
+    mk(eg, OpKind::Constant, vec![("value", Attr::Float(value)), ("dtype", Attr::DType(dtype))], &[])
+}
+
+/// Adds `reshape(x, shape)`, or returns `x` when it already has that shape.
+pub fn reshape(eg: &mut SirEGraph, x: Id, shape: &[Dim]) -> Option<Id> {
+    if ty(eg, x)?.shape == shape {
+        return Some(eg.find(x));
+    }
+    mk(eg, OpKind::Reshape, vec![("shape", Attr::Dims(shape.to_vec()))], &[x])
+}
+
+/// Adds `permute(x, perm)`, or returns `x` for the identity.
+pub fn permute(eg: &mut SirEGraph, x: Id, perm: &[i64]) -> Option<Id> {
+    if perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
+        return Some(eg.find(x));
+    }
+    mk(eg, OpKind::Permute, vec![("perm", Attr::Ints(perm.to_vec()))], &[x])
+}

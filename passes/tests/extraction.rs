@@ -1,0 +1,98 @@
+//! DAG-aware extraction: a shared sub-graph is paid once, tree-cost extraction picks the wrong
+//! plan on the decode-shaped QKV case, and cyclic choices are refused.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sinter_ir::{Function, Signature};
+use sinter_passes::extract::{dag_cost, extract, to_function, tree_choice, Choice, NodeCosts};
+use sinter_passes::lang::Sir;
+use sinter_passes::optimise::{saturate, Phase};
+use sinter_passes::{CostConfig, PassOptions};
+
+fn count(f: &Function, op: &str) -> usize {
+    f.nodes.values().filter(|n| n.op.kind.name() == op).count()
+}
+
+#[test]
+fn tree_extraction_pays_a_shared_matmul_per_use_and_picks_the_wrong_plan() {
+    // SmolLM2's Q/K/V projections at decode size: three GEMMs of one input, or one on the
+    // concatenated weights whose output columns are sliced (free: the epilogue writes them).
+    let g = sinter_ir::parse(
+        "func @qkv(%x: bf16[T, 576], %wq: bf16[576, 576], %wk: bf16[192, 576], %wv: bf16[192, 576]) {
+  %q: bf16[T, 576] = matmul(%x, %wq) {transpose_b=true}
+  %k: bf16[T, 192] = matmul(%x, %wk) {transpose_b=true}
+  %v: bf16[T, 192] = matmul(%x, %wv) {transpose_b=true}
+  return %q, %k, %v
+}",
+    )
+    .unwrap();
+    let f = g.entry().unwrap();
+    let opts = PassOptions { cost: CostConfig::decode(), ..PassOptions::default() };
+    let sigs: BTreeMap<String, Signature> = BTreeMap::new();
+    let sat = saturate(f, &sigs, &opts, &Phase::ALL, &[]).unwrap();
+    let eg = &sat.egraph;
+    let costs = NodeCosts::new(eg, &opts.cost);
+    let tree: Choice = tree_choice(eg, &costs).into_iter().map(|(k, (_, n))| (k, n)).collect();
+    let tree_cost = dag_cost(eg, sat.root, &tree, &costs).unwrap();
+    let ex = extract(eg, sat.root, &opts.cost).unwrap();
+    let names = HashMap::new();
+    let by_tree = to_function(eg, sat.root, &tree, f, &names).unwrap();
+    let by_dag = to_function(eg, sat.root, &ex.choice, f, &names).unwrap();
+    assert_eq!(count(&by_tree, "matmul"), 3, "tree extraction keeps three GEMMs:\n{}", sinter_ir::text::print_function(&by_tree));
+    assert_eq!(count(&by_dag, "matmul"), 1, "DAG extraction merges them:\n{}", sinter_ir::text::print_function(&by_dag));
+    assert!(ex.dag_cost < tree_cost, "{} < {}", ex.dag_cost, tree_cost);
+    assert_eq!(ex.tree_dag_cost, tree_cost);
+    assert!(ex.sharing_moves >= 1);
+    // Both are the same function.
+    let b: sinter_ir::Bindings = [("T".to_string(), 2i64)].into();
+    let mut rng = 1u64;
+    let ins: Vec<sinter_ir::interp::Tensor> = f
+        .params
+        .iter()
+        .map(|&p| {
+            let shape: Vec<usize> = f.ty(p).shape.iter().map(|d| d.eval(&b).unwrap() as usize).collect();
+            sinter_ir::interp::Tensor::from_fn(f.ty(p).dtype, &shape, |_| {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((rng >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.2
+            })
+        })
+        .collect();
+    let refs: Vec<&sinter_ir::interp::Tensor> = ins.iter().collect();
+    let mut g1 = sinter_ir::Graph::new();
+    g1.add_func(by_tree);
+    let mut g2 = sinter_ir::Graph::new();
+    g2.add_func(by_dag);
+    let a = sinter_ir::interp::run(&g1, "qkv", &refs, &Default::default()).unwrap();
+    let c = sinter_ir::interp::run(&g2, "qkv", &refs, &Default::default()).unwrap();
+    assert_eq!(a, c, "merging the GEMMs is exact");
+}
+
+#[test]
+fn cyclic_choices_are_refused() {
+    // x·1 → x puts `mul(x, 1)` into x's own class: choosing it reaches the class itself.
+    let g = sinter_ir::parse(
+        "func @f(%x: f32[4]) {
+  %one: f32[] = constant() {value=1.0, dtype=f32}
+  %y: f32[4] = mul(%x, %one)
+  %z: f32[4] = exp(%y)
+  return %z
+}",
+    )
+    .unwrap();
+    let f = g.entry().unwrap();
+    let sat = saturate(f, &BTreeMap::new(), &PassOptions::default(), &Phase::ALL, &[]).unwrap();
+    let eg = &sat.egraph;
+    let costs = NodeCosts::new(eg, &CostConfig::prefill());
+    let mut choice: Choice = tree_choice(eg, &costs).into_iter().map(|(k, (_, n))| (k, n)).collect();
+    let x = eg.classes().find(|c| c.nodes.iter().any(|n| matches!(n, Sir::Param(0)))).unwrap();
+    let cyclic = x.nodes.iter().find(|n| n.kind() == Some(sinter_ir::OpKind::Mul)).expect("x·1 is in x's class").clone();
+    assert!(dag_cost(eg, sat.root, &choice, &costs).is_some());
+    choice.insert(x.id, cyclic);
+    assert_eq!(dag_cost(eg, sat.root, &choice, &costs), None, "a cyclic choice has no cost");
+    let err = to_function(eg, sat.root, &choice, f, &HashMap::new()).unwrap_err();
+    assert!(err.contains("cyclic"), "{err}");
+    // The extractor itself never returns one.
+    let ex = extract(eg, sat.root, &CostConfig::prefill()).unwrap();
+    let out = to_function(eg, sat.root, &ex.choice, f, &HashMap::new()).unwrap();
+    assert_eq!(count(&out, "mul"), 0);
+}

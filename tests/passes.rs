@@ -1,0 +1,202 @@
+//! The passes on the model zoo: `sinter_passes::compile` recognises attention, RMSNorm (as a
+//! RowReduction kernel), SwiGLU and the softmax (inside attention) in the Llama and GPT-2
+//! graphs as written, the kernel count drops, and the compiled `KernelGraph` evaluated on the
+//! interpreter (`run_kernel_graph`) matches the original graph (`interp::run`) within
+//! DESIGN.md's f32 tolerance; `lower_unfused` likewise.
+
+use sinter::zoo::{gpt2, llama, Mode};
+use sinter::DType;
+use sinter_ir::interp::{self, run_kernel_graph, Tensor};
+use sinter_ir::{Bindings, Family, Graph, KernelGraph};
+use sinter_passes::{compile, lower_unfused, FusionReport, PassOptions};
+
+use super::zoo::Rng;
+
+/// Seeded inputs for every parameter of `@main`: token ids, positions, block tables and empty
+/// pages for the named inputs; weights as `bind_random_weights` makes them.
+fn inputs(g: &Graph, n_tokens: usize, decode: bool) -> Vec<Tensor> {
+    let f = g.func("main").unwrap();
+    let mut rng = Rng::new(11);
+    let mut out = vec![];
+    let mut sizes = Bindings::new();
+    sizes.insert("T".into(), n_tokens as i64);
+    sizes.insert("P".into(), 8);
+    sizes.insert("M".into(), 4);
+    for &p in &f.params {
+        let name = f.values[p].name.clone().unwrap();
+        let ty = f.ty(p);
+        let shape: Vec<usize> = ty.shape.iter().map(|d| d.eval(&sizes).unwrap() as usize).collect();
+        let n: usize = shape.iter().product();
+        let t = match name.as_str() {
+            "tokens" => Tensor::from_fn(ty.dtype, &shape, |i| ((i[0] * 7 + 3) % 50) as f64),
+            "positions" if decode => Tensor::from_fn(ty.dtype, &shape, |i| (i[0] + 2) as f64),
+            "positions" => Tensor::from_fn(ty.dtype, &shape, |i| i[0] as f64),
+            // Layer l, sequence b owns pages (l*T + b)*... distinct per (layer, sequence).
+            "block_tables" => Tensor::from_fn(ty.dtype, &shape, |i| ((i[0] * shape[1] + i[1]) % 2 * 4 + i[2]) as f64 % 8.0),
+            "k_pages" | "v_pages" => Tensor::from_fn(ty.dtype, &shape, |i| 0.1 * (((i[0] * 31 + i[1] * 7 + i[2] * 3 + i[3]) % 17) as f64 - 8.0) / 8.0),
+            _ if name.contains(".bias") => Tensor::new(ty.dtype, &shape, (0..n).map(|_| 0.1 * rng.next_f64()).collect()).unwrap(),
+            _ if name.contains("norm") => Tensor::new(ty.dtype, &shape, (0..n).map(|_| 1.0 + 0.1 * rng.next_f64()).collect()).unwrap(),
+            _ => {
+                let s = 1.0 / (*shape.last().unwrap() as f64).sqrt();
+                Tensor::new(ty.dtype, &shape, (0..n).map(|_| s * rng.next_f64()).collect()).unwrap()
+            }
+        };
+        out.push(t);
+    }
+    out
+}
+
+/// DESIGN.md's f32 criterion: element-wise `|out − ref| ≤ 1e-6·max|ref| + 1e-5·|ref|`, NaN
+/// where the reference has NaN, and a norm-wise error under 1e-5.
+fn assert_f32_close(what: &str, reference: &Tensor, out: &Tensor) {
+    assert_eq!(reference.shape(), out.shape(), "{what}: shapes differ");
+    let maxref = reference.data().iter().fold(0f64, |m, x| m.max(x.abs()));
+    let (mut num, mut den) = (0f64, 0f64);
+    for (i, (&r, &o)) in reference.data().iter().zip(out.data()).enumerate() {
+        assert_eq!(r.is_nan(), o.is_nan(), "{what}: element {i}: {o} vs reference {r}");
+        if r.is_nan() {
+            continue;
+        }
+        assert!((o - r).abs() <= 1e-6 * maxref + 1e-5 * r.abs(), "{what}: element {i}: {o} vs reference {r} (max |ref| {maxref})");
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    assert!(den == 0.0 || (num / den).sqrt() < 1e-5, "{what}: norm-wise error {}", (num / den).sqrt());
+}
+
+fn check_against_reference(name: &str, g: &Graph, kg: &KernelGraph, ins: &[Tensor]) {
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want = interp::run(g, "main", &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{name}: reference: {e}"));
+    let got = run_kernel_graph(kg, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{name}: kernel graph: {e}"));
+    assert_eq!(want.len(), got.len());
+    for (i, (w, o)) in want.iter().zip(&got).enumerate() {
+        assert_f32_close(&format!("{name} output {i}"), w, o);
+    }
+}
+
+fn compile_zoo(g: &Graph) -> (KernelGraph, FusionReport) {
+    compile(g, &PassOptions::for_graph(g)).unwrap_or_else(|e| panic!("compile: {e}"))
+}
+
+fn has_kernel(kg: &KernelGraph, family: Family, op: &str) -> bool {
+    kg.kernels.values().any(|k| k.family == family && k.body.nodes.values().any(|n| n.op.kind.name() == op))
+}
+
+#[test]
+fn tiny_llama_prefill_compiles_fused_and_matches_the_reference() {
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Prefill, DType::F32).unwrap();
+    let (kg, report) = compile_zoo(&g);
+    println!("{report}");
+    assert!(has_kernel(&kg, Family::Attention, "attention"), "attention recognised");
+    assert!(has_kernel(&kg, Family::RowReduction, "rms_norm"), "RMSNorm as a RowReduction");
+    assert!(kg.kernels.values().any(|k| k.family == Family::Matmul && k.body.nodes.values().any(|n| n.op.kind.name() == "swiglu")), "SwiGLU in a matmul epilogue");
+    for r in ["attention", "rms-norm", "swiglu", "merge-parallel-matmuls"] {
+        assert!(report.rules_fired.contains_key(r), "rule {r} fired: {:?}", report.rules_fired);
+    }
+    assert!(report.kernels_after() < report.kernels_before, "{} -> {}", report.kernels_before, report.kernels_after());
+    let ins = inputs(&g, 5, false);
+    check_against_reference("llama prefill", &g, &kg, &ins);
+    check_against_reference("llama prefill unfused", &g, &lower_unfused(&g).unwrap(), &ins);
+}
+
+#[test]
+fn tiny_llama_decode_compiles_fused_and_matches_the_reference() {
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::F32).unwrap();
+    let (kg, report) = compile_zoo(&g);
+    println!("{report}");
+    assert!(has_kernel(&kg, Family::PagedAttention, "paged_attention"));
+    assert!(has_kernel(&kg, Family::RowReduction, "rms_norm"));
+    assert!(report.rules_fired.contains_key("swiglu"));
+    assert!(report.kernels_after() < report.kernels_before);
+    let ins = inputs(&g, 3, true);
+    check_against_reference("llama decode", &g, &kg, &ins);
+    check_against_reference("llama decode unfused", &g, &lower_unfused(&g).unwrap(), &ins);
+}
+
+#[test]
+fn tiny_gpt2_compiles_fused_and_matches_the_reference() {
+    let g = gpt2::build(&gpt2::Gpt2Config::tiny(), DType::F32).unwrap();
+    let (kg, report) = compile_zoo(&g);
+    println!("{report}");
+    assert!(has_kernel(&kg, Family::Attention, "attention"));
+    assert!(has_kernel(&kg, Family::RowReduction, "layer_norm"));
+    assert!(report.kernels_after() < report.kernels_before);
+    let ins = inputs(&g, 5, false);
+    check_against_reference("gpt2", &g, &kg, &ins);
+    check_against_reference("gpt2 unfused", &g, &lower_unfused(&g).unwrap(), &ins);
+}
+
+/// The report with only the kernels of `origins` listed (the rest of the table elided).
+fn report_for(report: &FusionReport, origins: &[&str]) -> String {
+    report
+        .to_string()
+        .lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            let is_kernel = l.starts_with("  k") && w.next().is_some_and(|k| k[1..].chars().all(|c| c.is_ascii_digit()));
+            !is_kernel || l.split_whitespace().nth(2).is_some_and(|o| origins.contains(&o))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The functions after each saturation phase, then the fusion report.
+fn passes_text(g: &Graph) -> String {
+    let opts = PassOptions { snapshots: true, ..PassOptions::for_graph(g) };
+    let (_, report) = compile(g, &opts).unwrap();
+    let mut s = String::new();
+    for f in &report.functions {
+        for (phase, text) in &f.snapshots {
+            s.push_str(&format!("== @{} after {phase}\n{text}", f.name));
+        }
+    }
+    s.push_str("== fusion report\n");
+    s.push_str(&report.to_string());
+    s
+}
+
+#[test]
+fn zoo_ir_after_each_pass_and_fusion_reports() {
+    let cfg = llama::LlamaConfig::tiny();
+    insta::assert_snapshot!("passes_tiny_llama_prefill_bf16", passes_text(&llama::build(&cfg, Mode::Prefill, DType::BF16).unwrap()));
+    insta::assert_snapshot!("passes_tiny_llama_decode_bf16", passes_text(&llama::build(&cfg, Mode::Decode, DType::BF16).unwrap()));
+    insta::assert_snapshot!("passes_tiny_gpt2_bf16", passes_text(&gpt2::build(&gpt2::Gpt2Config::tiny(), DType::BF16).unwrap()));
+}
+
+#[test]
+fn tiny_llama_bf16_compiled_matches_the_reference_within_bf16_tolerance() {
+    for mode in [Mode::Prefill, Mode::Decode] {
+        let g = llama::build(&llama::LlamaConfig::tiny(), mode, DType::BF16).unwrap();
+        let (kg, _) = compile_zoo(&g);
+        let ins = inputs(&g, 4, mode == Mode::Decode);
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let want = interp::run(&g, "main", &refs, &Bindings::new()).unwrap();
+        let got = run_kernel_graph(&kg, &refs, &Bindings::new()).unwrap();
+        for (i, (w, o)) in want.iter().zip(&got).enumerate() {
+            sinter_passes::check::compare(w, o, false).unwrap_or_else(|m| panic!("{mode:?} output {i}: {m}"));
+        }
+    }
+}
+
+#[test]
+fn smollm2_full_size_kernel_counts() {
+    for mode in [Mode::Prefill, Mode::Decode] {
+        let g = sinter::zoo::build("smollm2-135m", mode, DType::BF16).unwrap();
+        let (kg, report) = compile_zoo(&g);
+        let per_layer = report.kernels_per_call("layer").unwrap();
+        println!(
+            "smollm2-135m {mode:?}: {} nodes -> {} kernels unfused -> {} kernels ({} per layer, {} load-time); e-graph of @layer per phase: {:?}; compile {:.3} s",
+            report.nodes_before,
+            report.kernels_before,
+            report.kernels_after(),
+            per_layer,
+            report.kernels.len() - report.kernels_after(),
+            report.functions.iter().find(|f| f.name == "layer").map(|f| f.phases.iter().map(|p| p.egraph_nodes).collect::<Vec<_>>()),
+            report.seconds
+        );
+        assert_eq!(per_layer, 8, "{mode:?}: RMSNorm, QKV+RoPE, kv_append, attention, O+residual, RMSNorm, gate/up+SwiGLU, down+residual\n{report}");
+        assert!(kg.kernels.len() < report.kernels_before);
+        let name = if mode == Mode::Prefill { "passes_smollm2_prefill_report" } else { "passes_smollm2_decode_report" };
+        insta::assert_snapshot!(name, report_for(&report, &["main", "layer#0", "layer#29"]));
+    }
+}
