@@ -2,7 +2,16 @@
 //! back end.
 //!
 //! This crate is the only one that links LLVM (22, statically; see `scripts/setup` and
-//! `.cargo/config.toml`). Its pieces so far:
+//! `.cargo/config.toml`). Its pieces:
+//! - [`compile_kernel`]: one kernel of a [`KernelGraph`] in, its PTX and [`LaunchPlan`] out —
+//!   the entry point the root crate and the runtime use; it dispatches on the kernel's
+//!   [`Family`] to the generators of [`kernels`] (one file per family: pointwise, row
+//!   reductions, layout, gather, kv_append, matmul, attention);
+//! - [`emit`]: the IR-building kit every generator shares ([`emit::KernelBuilder`]: kernel
+//!   functions, special registers, global/shared memory, dtype conversions, warp shuffles,
+//!   barriers, symbolic sizes as kernel parameters);
+//! - [`math`]: the device math library (`exp`, `log`, `tanh`, `erf`, `sin`/`cos`, `pow`, …),
+//!   written once over [`math::Ops`] and tested on the CPU against f64 references;
 //! - [`target`]: the GPU targets (`sm_80`, `sm_90`, `sm_90a`) and their facts;
 //! - [`compile_module_to_ptx`]: an LLVM module in, PTX text out;
 //! - [`ptxas`]: assembling PTX with NVIDIA's `ptxas` and reading its register, shared-memory,
@@ -13,6 +22,11 @@
 //! and shared memory in [`ADDRESS_SPACE_SHARED`]; thread and block indices come from the
 //! `llvm.nvvm.read.ptx.sreg.*` intrinsics.
 
+#![warn(missing_docs)]
+
+pub mod emit;
+pub mod kernels;
+pub mod math;
 pub mod ptxas;
 pub mod target;
 
@@ -24,6 +38,7 @@ use inkwell::targets::{
     TargetTriple,
 };
 use inkwell::OptimizationLevel;
+use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
 pub use ptxas::{PtxasError, PtxasReport};
 pub use target::{Target, UnknownTarget};
@@ -81,6 +96,85 @@ pub enum CodegenError {
     /// ptxas could not be found or run, or rejected the PTX.
     #[error(transparent)]
     Ptxas(#[from] PtxasError),
+    /// The kernel asks for something this code generator does not do: an op, a shape or a
+    /// layout outside what its family's generator handles. `message` says what and why.
+    #[error("kernel {kernel}: unsupported: {message}")]
+    Unsupported {
+        /// The kernel (`k3`) and its family, e.g. `k3 (Pointwise)`.
+        kernel: String,
+        /// What is not supported.
+        message: String,
+    },
+    /// The kernel is ill-formed: its body's parameters or outputs do not match its buffers,
+    /// a dtype does not fit an op, an attribute is missing.
+    #[error("kernel {kernel}: {message}")]
+    BadKernel {
+        /// The kernel (`k3`) and its family.
+        kernel: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An LLVM IR builder call failed: an internal error of the generator (it built
+    /// inconsistent IR), never the user's.
+    #[error("LLVM IR builder: {0}")]
+    Builder(String),
+}
+
+impl From<inkwell::builder::BuilderError> for CodegenError {
+    fn from(e: inkwell::builder::BuilderError) -> CodegenError {
+        CodegenError::Builder(e.to_string())
+    }
+}
+
+/// Generates kernel `kernel` of `graph` for `target`: LLVM IR built by the generator of the
+/// kernel's [`Family`], optimised (`default<O3>`) and compiled by the NVPTX back end to PTX,
+/// with the [`LaunchPlan`] the runtime launches it by.
+///
+/// The plan's parameters are the kernel's buffers in order — `KernelParam::Buffer(i)` for
+/// `i` over its inputs then its outputs — followed by one `KernelParam::Size(dim)` (an `i64`)
+/// per symbolic size the code needs; constant sizes are compiled in, so one PTX serves every
+/// value of the symbols. The grid is `ceil(dim / per_cta)` per axis, the block fixed, and the
+/// families of this crate use static shared memory only (`shared_bytes` 0). Outputs must not
+/// alias other buffers of the kernel, except for `KvAppend`, whose output pages *are* its
+/// input pages (see [`kernels::kv_append`]).
+///
+/// | family | generator |
+/// |---|---|
+/// | `Pointwise` | [`kernels::pointwise::generate`] |
+/// | `RowReduction` | [`kernels::reduce::generate`] |
+/// | `Layout` | [`kernels::layout::generate`] |
+/// | `Gather` | [`kernels::gather::generate`] |
+/// | `KvAppend` | [`kernels::kv_append::generate`] |
+/// | `Matmul` | [`kernels::matmul::generate`] |
+/// | `Attention` | [`kernels::attention::generate_prefill`] |
+/// | `PagedAttention` | [`kernels::attention::generate_paged`] |
+///
+/// # Errors
+/// [`CodegenError::Unsupported`] (a body outside what the family's generator handles) and
+/// [`CodegenError::BadKernel`] (a body that does not match its buffers), both naming the
+/// kernel; LLVM and target errors.
+pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let data = graph.kernels.get(kernel).ok_or_else(|| CodegenError::BadKernel {
+        kernel: kernel.to_string(),
+        message: format!("the kernel graph has {} kernels", graph.kernels.len()),
+    })?;
+    let r = match data.family {
+        Family::Pointwise => kernels::pointwise::generate(graph, kernel, target),
+        Family::RowReduction => kernels::reduce::generate(graph, kernel, target),
+        Family::Layout => kernels::layout::generate(graph, kernel, target),
+        Family::Gather => kernels::gather::generate(graph, kernel, target),
+        Family::KvAppend => kernels::kv_append::generate(graph, kernel, target),
+        Family::Matmul => kernels::matmul::generate(graph, kernel, target),
+        Family::Attention => kernels::attention::generate_prefill(graph, kernel, target),
+        Family::PagedAttention => kernels::attention::generate_paged(graph, kernel, target),
+    };
+    // Errors raised deep in a generator leave the kernel's name empty: fill it in.
+    let name = format!("{kernel} ({:?})", data.family);
+    r.map_err(|e| match e {
+        CodegenError::Unsupported { kernel: k, message } if k.is_empty() => CodegenError::Unsupported { kernel: name, message },
+        CodegenError::BadKernel { kernel: k, message } if k.is_empty() => CodegenError::BadKernel { kernel: name, message },
+        other => other,
+    })
 }
 
 /// Initialises LLVM's NVPTX back end, once per process.

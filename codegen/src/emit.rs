@@ -1,0 +1,1011 @@
+//! Building one kernel's LLVM IR: the shared helpers every kernel family uses.
+//!
+//! [`KernelBuilder`] wraps an inkwell module, builder and kernel function and knows the NVPTX
+//! conventions that LLVM 22 expects (checked against its `IntrinsicsNVVM.td` and with ptxas
+//! 12.9):
+//!
+//! - **Kernels** are functions with the `PTX_Kernel` calling convention
+//!   ([`crate::PTX_KERNEL_CALL_CONV`], 71); no `nvvm.annotations` metadata is needed. The
+//!   launch bound (`.maxntid`, which lets ptxas budget registers for the block size) is the
+//!   string function attribute `"nvvm.maxntid"` ([`KernelBuilder::set_max_threads`]).
+//! - **Pointers**: buffers are `ptr addrspace(1)` parameters (global memory); shared memory is
+//!   a module global in `addrspace(3)` ([`KernelBuilder::shared_array`]). A read-only input is
+//!   marked `noalias readonly`, which lets the back end use the non-coherent load path
+//!   (`ld.global.nc`, the read-only data cache).
+//! - **Indices**: thread and block indices come from `llvm.nvvm.read.ptx.sreg.*` (32 bits,
+//!   [`KernelBuilder::tid_x`] …); index arithmetic is done in 64 bits wherever a tensor may
+//!   exceed 2³¹ elements (the generators pick the width, see
+//!   [`crate::kernels::element::IndexWidth`]).
+//! - **Floats**: `bf16`/`f16` are stored as LLVM `bfloat`/`half` and computed in `f32`:
+//!   [`KernelBuilder::to_f32`] extends, [`KernelBuilder::from_f32`] rounds to nearest even
+//!   (`fptrunc`, which the back end emits as `cvt.rn.bf16.f32` / `cvt.rn.f16.f32`), and
+//!   [`KernelBuilder::round_to`] does both, which is how an op's result is "rounded to its
+//!   dtype" in a fused kernel.
+//! - **Warps and blocks**: butterfly shuffles [`KernelBuilder::shfl_bfly_f32`] (`llvm.nvvm.
+//!   shfl.sync.bfly.f32` → `shfl.sync.bfly.b32`, PTX ISA §9.7.8.6; CUDA C Programming Guide
+//!   §7.22 "Warp Shuffle Functions"), a warp all-reduce built from them
+//!   ([`KernelBuilder::warp_allreduce_f32`]) and the CTA barrier [`KernelBuilder::barrier`]
+//!   (`llvm.nvvm.barrier.cta.sync.aligned.all(0)` → `bar.sync 0`).
+//! - **Math**: `KernelBuilder` implements [`Ops`], so the functions of [`crate::math`]
+//!   (`exp`, `log`, `tanh`, `erf`, `sincos`, `pow`, …) emit straight into the kernel.
+//! - **Sizes**: a kernel's symbolic sizes are `i64` parameters after the buffers; a
+//!   [`SizeTable`] hands out one per distinct non-constant [`Dim`] a generator asks for, and
+//!   the generators build each kernel twice — once to learn which sizes it needs, once with
+//!   exactly those parameters (see [`SizeTable`]).
+//! - **Finishing**: [`KernelBuilder::finish`] runs LLVM's `default<O3>` pipeline for the
+//!   target (CSE, LICM, instcombine, unrolling of the constant-trip loops the generators emit)
+//!   and the NVPTX back end, and returns the PTX.
+//!
+//! A matmul or attention generator uses it like this (a sketch):
+//!
+//! ```no_run
+//! # use sinter_codegen::emit::{KernelBuilder, ParamKind};
+//! # use sinter_codegen::target::Target;
+//! # fn main() -> Result<(), sinter_codegen::CodegenError> {
+//! let cx = inkwell::context::Context::create();
+//! let params = [ParamKind::input(), ParamKind::output(), ParamKind::Size];
+//! let mut kb = KernelBuilder::new(&cx, "k0_example", &params, Target::SM_90A)?;
+//! kb.set_max_threads(256);
+//! let (x, y, n) = (kb.param_ptr(0)?, kb.param_ptr(1)?, kb.param_int(2)?);
+//! let tid = kb.tid_x()?;
+//! // ... kb.b (the inkwell builder) and the helpers below ...
+//! kb.ret()?;
+//! let ptx = kb.finish()?;
+//! # let _ = (x, y, n, tid, ptx); Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::basic_block::BasicBlock;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::{Linkage, Module};
+use inkwell::passes::PassBuilderOptions;
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, FloatType};
+use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+use sinter_ir::{DType, Dim};
+
+use crate::math::{Ops, R};
+use crate::target::Target;
+use crate::{CodegenError, ADDRESS_SPACE_GLOBAL, ADDRESS_SPACE_SHARED, PTX_KERNEL_CALL_CONV};
+
+/// The kind of one kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A pointer to global memory (`ptr addrspace(1)`).
+    Global {
+        /// The kernel only reads through it (`readonly`).
+        read_only: bool,
+        /// No other parameter points into the same memory (`noalias`): promise it only when
+        /// the runtime passes distinct buffers (true for every family but `KvAppend`, whose
+        /// output pages are its input pages).
+        no_alias: bool,
+    },
+    /// An `i64` (a size evaluated by the runtime: [`sinter_ir::KernelParam::Size`]).
+    Size,
+}
+
+impl ParamKind {
+    /// A read-only input buffer that aliases nothing (`noalias readonly`).
+    pub fn input() -> ParamKind {
+        ParamKind::Global { read_only: true, no_alias: true }
+    }
+
+    /// An output buffer that aliases nothing (`noalias`).
+    pub fn output() -> ParamKind {
+        ParamKind::Global { read_only: false, no_alias: true }
+    }
+}
+
+/// How per-thread partial values are combined in a warp or block reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Combine {
+    /// `a + b`.
+    Sum,
+    /// NaN-propagating maximum (`llvm.maximum` → `max.NaN.f32`): NaN if either is NaN.
+    Max,
+    /// NaN-propagating minimum.
+    Min,
+}
+
+/// One kernel under construction: the LLVM context, module, builder and kernel function.
+///
+/// The function has an entry block (the *prologue*, left open until [`KernelBuilder::finish`])
+/// where sizes and other loop-invariant values are computed, and a body that starts in the
+/// block the builder is positioned at after [`KernelBuilder::new`].
+pub struct KernelBuilder<'ctx> {
+    /// The LLVM context.
+    pub cx: &'ctx Context,
+    /// The module holding the kernel (and its shared-memory and constant globals).
+    pub module: Module<'ctx>,
+    /// The instruction builder; positioned in the body.
+    pub b: Builder<'ctx>,
+    /// The kernel function.
+    pub func: FunctionValue<'ctx>,
+    /// The target.
+    pub target: Target,
+    prologue: BasicBlock<'ctx>,
+    body: BasicBlock<'ctx>,
+    sregs: HashMap<&'static str, IntValue<'ctx>>,
+    globals: usize,
+}
+
+/// The LLVM storage type of a dtype: `bfloat`, `half`, `float`, `i32`, `i64`, `i8` (bool).
+pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
+    match dtype {
+        DType::BF16 => cx.bf16_type().into(),
+        DType::F16 => cx.f16_type().into(),
+        DType::F32 => cx.f32_type().into(),
+        DType::I32 => cx.i32_type().into(),
+        DType::I64 => cx.i64_type().into(),
+        DType::Bool => cx.i8_type().into(),
+    }
+}
+
+fn basic<'ctx>(v: Option<BasicValueEnum<'ctx>>, what: &str) -> R<BasicValueEnum<'ctx>> {
+    v.ok_or_else(|| CodegenError::Builder(format!("{what} returned no value")))
+}
+
+impl<'ctx> KernelBuilder<'ctx> {
+    /// Creates module `name` with one kernel `name` taking `params` (`ptr addrspace(1)` or
+    /// `i64`, in order), an open prologue block and a body block the builder is positioned in.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] if LLVM refuses a step.
+    pub fn new(cx: &'ctx Context, name: &str, params: &[ParamKind], target: Target) -> R<KernelBuilder<'ctx>> {
+        let module = cx.create_module(name);
+        let b = cx.create_builder();
+        let gptr = cx.ptr_type(AddressSpace::from(ADDRESS_SPACE_GLOBAL));
+        let tys: Vec<BasicMetadataTypeEnum<'ctx>> = params
+            .iter()
+            .map(|p| match p {
+                ParamKind::Global { .. } => gptr.into(),
+                ParamKind::Size => cx.i64_type().into(),
+            })
+            .collect();
+        let func = module.add_function(name, cx.void_type().fn_type(&tys, false), None);
+        func.set_call_conventions(PTX_KERNEL_CALL_CONV);
+        for (i, p) in params.iter().enumerate() {
+            if let ParamKind::Global { read_only, no_alias } = *p {
+                let loc = AttributeLoc::Param(i as u32);
+                if no_alias {
+                    func.add_attribute(loc, cx.create_enum_attribute(Attribute::get_named_enum_kind_id("noalias"), 0));
+                }
+                if read_only {
+                    func.add_attribute(loc, cx.create_enum_attribute(Attribute::get_named_enum_kind_id("readonly"), 0));
+                }
+            }
+        }
+        let prologue = cx.append_basic_block(func, "prologue");
+        let body = cx.append_basic_block(func, "body");
+        b.position_at_end(body);
+        Ok(KernelBuilder { cx, module, b, func, target, prologue, body, sregs: HashMap::new(), globals: 0 })
+    }
+
+    /// Declares the kernel's launch bound: at most `n` threads per block (`.maxntid n, 1, 1`).
+    /// ptxas then keeps the register count low enough for `n` threads (≤ 64 for 1024).
+    pub fn set_max_threads(&self, n: u32) {
+        self.func.add_attribute(AttributeLoc::Function, self.cx.create_string_attribute("nvvm.maxntid", &n.to_string()));
+    }
+
+    /// Declares that at least `n` CTAs of this kernel should fit on one SM (`.minnctapersm
+    /// n`, the function attribute `"nvvm.minctasm"`). With `n = 1` this only restates what
+    /// any launch needs, but it changes ptxas's register heuristic: without it ptxas (12.9,
+    /// sm_80) may cap a 256-thread kernel at 32 registers and spill a few bytes to reach full
+    /// occupancy; with it, it uses the registers it needs (the generators of this crate set
+    /// 1 and their tests assert zero spills).
+    pub fn set_min_ctas_per_sm(&self, n: u32) {
+        self.func.add_attribute(AttributeLoc::Function, self.cx.create_string_attribute("nvvm.minctasm", &n.to_string()));
+    }
+
+    /// Parameter `i` as a global pointer.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] if it is not one.
+    pub fn param_ptr(&self, i: usize) -> R<PointerValue<'ctx>> {
+        match self.func.get_nth_param(i as u32) {
+            Some(BasicValueEnum::PointerValue(p)) => Ok(p),
+            _ => Err(CodegenError::Builder(format!("kernel parameter {i} is not a pointer"))),
+        }
+    }
+
+    /// Parameter `i` as an integer.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] if it is not one.
+    pub fn param_int(&self, i: usize) -> R<IntValue<'ctx>> {
+        match self.func.get_nth_param(i as u32) {
+            Some(BasicValueEnum::IntValue(p)) => Ok(p),
+            _ => Err(CodegenError::Builder(format!("kernel parameter {i} is not an integer"))),
+        }
+    }
+
+    /// Runs `f` with the builder at the end of the prologue (the entry block), then returns
+    /// to where it was. Values made there dominate the whole body.
+    ///
+    /// # Errors
+    /// Those of `f`; [`CodegenError::Builder`] if the current position is lost.
+    pub fn in_prologue<T>(&mut self, f: impl FnOnce(&mut Self) -> R<T>) -> R<T> {
+        let here = self.b.get_insert_block().ok_or_else(|| CodegenError::Builder("builder is not positioned".into()))?;
+        self.b.position_at_end(self.prologue);
+        let r = f(self);
+        self.b.position_at_end(here);
+        r
+    }
+
+    /// A new basic block at the end of the function.
+    pub fn block(&self, name: &str) -> BasicBlock<'ctx> {
+        self.cx.append_basic_block(self.func, name)
+    }
+
+    /// The block the builder is in.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] if the builder is not positioned.
+    pub fn current_block(&self) -> R<BasicBlock<'ctx>> {
+        self.b.get_insert_block().ok_or_else(|| CodegenError::Builder("builder is not positioned".into()))
+    }
+
+    /// Continues emitting at the end of `bb`.
+    pub fn position(&self, bb: BasicBlock<'ctx>) {
+        self.b.position_at_end(bb);
+    }
+
+    /// `br bb`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn br(&self, bb: BasicBlock<'ctx>) -> R<()> {
+        self.b.build_unconditional_branch(bb)?;
+        Ok(())
+    }
+
+    /// `br c, t, f`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cond_br(&self, c: IntValue<'ctx>, t: BasicBlock<'ctx>, f: BasicBlock<'ctx>) -> R<()> {
+        self.b.build_conditional_branch(c, t, f)?;
+        Ok(())
+    }
+
+    /// `ret void`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn ret(&self) -> R<()> {
+        self.b.build_return(None)?;
+        Ok(())
+    }
+
+    /// Calls intrinsic `name` (overloaded on `types`, empty if not overloaded) with `args`;
+    /// `None` for a void intrinsic.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] if LLVM does not know the intrinsic (a name LLVM 22 lacks
+    /// fails here, not silently as an external call).
+    pub fn intrinsic(&self, name: &str, types: &[BasicTypeEnum<'ctx>], args: &[BasicMetadataValueEnum<'ctx>]) -> R<Option<BasicValueEnum<'ctx>>> {
+        let intr = Intrinsic::find(name).ok_or_else(|| CodegenError::Builder(format!("LLVM 22 has no intrinsic {name}")))?;
+        let decl = intr
+            .get_declaration(&self.module, types)
+            .ok_or_else(|| CodegenError::Builder(format!("cannot declare {name} for {types:?}")))?;
+        let call = self.b.build_call(decl, args, "")?;
+        Ok(call.try_as_basic_value().basic())
+    }
+
+    /// Like [`KernelBuilder::intrinsic`] for an intrinsic that returns a value.
+    ///
+    /// # Errors
+    /// As [`KernelBuilder::intrinsic`], and when it returns nothing.
+    pub fn intrinsic_value(&self, name: &str, types: &[BasicTypeEnum<'ctx>], args: &[BasicMetadataValueEnum<'ctx>]) -> R<BasicValueEnum<'ctx>> {
+        basic(self.intrinsic(name, types, args)?, name)
+    }
+
+    fn float_intr(&self, name: &str, args: &[FloatValue<'ctx>]) -> R<FloatValue<'ctx>> {
+        let ty = args.first().map(|a| a.get_type()).ok_or_else(|| CodegenError::Builder(format!("{name} without arguments")))?;
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|&a| a.into()).collect();
+        Ok(self.intrinsic_value(name, &[ty.into()], &args)?.into_float_value())
+    }
+
+    fn int_intr(&self, name: &str, args: &[IntValue<'ctx>]) -> R<IntValue<'ctx>> {
+        let ty = args.first().map(|a| a.get_type()).ok_or_else(|| CodegenError::Builder(format!("{name} without arguments")))?;
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|&a| a.into()).collect();
+        Ok(self.intrinsic_value(name, &[ty.into()], &args)?.into_int_value())
+    }
+
+    /// Reads special register `llvm.nvvm.read.ptx.sreg.<name>` (an `i32`), once per kernel
+    /// (in the prologue).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn sreg(&mut self, name: &'static str) -> R<IntValue<'ctx>> {
+        if let Some(v) = self.sregs.get(name) {
+            return Ok(*v);
+        }
+        let full = format!("llvm.nvvm.read.ptx.sreg.{name}");
+        let v = self.in_prologue(|kb| Ok(kb.intrinsic_value(&full, &[], &[])?.into_int_value()))?;
+        self.sregs.insert(name, v);
+        Ok(v)
+    }
+
+    /// `threadIdx.x`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn tid_x(&mut self) -> R<IntValue<'ctx>> {
+        self.sreg("tid.x")
+    }
+
+    /// `blockDim.x`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn ntid_x(&mut self) -> R<IntValue<'ctx>> {
+        self.sreg("ntid.x")
+    }
+
+    /// `blockIdx.x`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn ctaid_x(&mut self) -> R<IntValue<'ctx>> {
+        self.sreg("ctaid.x")
+    }
+
+    /// `gridDim.x`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn nctaid_x(&mut self) -> R<IntValue<'ctx>> {
+        self.sreg("nctaid.x")
+    }
+
+    /// An `i32` constant.
+    pub fn i32c(&self, v: i64) -> IntValue<'ctx> {
+        self.cx.i32_type().const_int(v as u64, true)
+    }
+
+    /// An `i64` constant.
+    pub fn i64c(&self, v: i64) -> IntValue<'ctx> {
+        self.cx.i64_type().const_int(v as u64, true)
+    }
+
+    /// An `f32` constant.
+    pub fn f32c(&self, v: f32) -> FloatValue<'ctx> {
+        self.cx.f32_type().const_float(v as f64)
+    }
+
+    /// An `f64` constant.
+    pub fn f64c(&self, v: f64) -> FloatValue<'ctx> {
+        self.cx.f64_type().const_float(v)
+    }
+
+    /// `&ptr[idx]` for elements of type `elem` (an in-bounds GEP).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn gep(&self, elem: BasicTypeEnum<'ctx>, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        // SAFETY (of the IR, not of Rust): every generator computes in-range indices.
+        Ok(unsafe { self.b.build_in_bounds_gep(elem, ptr, &[idx], "p") }?)
+    }
+
+    /// Loads a `ty` from `ptr` with alignment `align` bytes.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn load(&self, ty: BasicTypeEnum<'ctx>, ptr: PointerValue<'ctx>, align: u32) -> R<BasicValueEnum<'ctx>> {
+        let v = self.b.build_load(ty, ptr, "v")?;
+        if let Some(i) = v.as_instruction_value() {
+            i.set_alignment(align).map_err(|e| CodegenError::Builder(e.to_string()))?;
+        }
+        Ok(v)
+    }
+
+    /// Stores `v` to `ptr` with alignment `align` bytes.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn store(&self, ptr: PointerValue<'ctx>, v: BasicValueEnum<'ctx>, align: u32) -> R<()> {
+        let st = self.b.build_store(ptr, v)?;
+        st.set_alignment(align).map_err(|e| CodegenError::Builder(e.to_string()))?;
+        Ok(())
+    }
+
+    /// A shared-memory array of `len` elements of `elem`, aligned to `align` bytes: a module
+    /// global in `addrspace(3)` (PTX `.shared`), statically sized (≤ 48 KiB per kernel
+    /// without opt-in). Returns its address.
+    pub fn shared_array(&mut self, elem: BasicTypeEnum<'ctx>, len: u32, align: u32, name: &str) -> PointerValue<'ctx> {
+        let ty = elem.array_type(len);
+        self.globals += 1;
+        let g = self.module.add_global(ty, Some(AddressSpace::from(ADDRESS_SPACE_SHARED)), &format!("{name}_{}", self.globals));
+        g.set_linkage(Linkage::Internal);
+        g.set_initializer(&ty.get_undef());
+        g.set_alignment(align);
+        g.as_pointer_value()
+    }
+
+    /// A constant table of `f64` in global memory (`.global`, read through `ld.global.nc`),
+    /// for per-lane lookups (RoPE's inverse frequencies): constant memory would serialise a
+    /// warp whose lanes read different entries.
+    pub fn global_f64_table(&mut self, values: &[f64], name: &str) -> PointerValue<'ctx> {
+        let f64t = self.cx.f64_type();
+        let elems: Vec<FloatValue<'ctx>> = values.iter().map(|&v| f64t.const_float(v)).collect();
+        let init = f64t.const_array(&elems);
+        self.globals += 1;
+        let g = self.module.add_global(init.get_type(), Some(AddressSpace::from(ADDRESS_SPACE_GLOBAL)), &format!("{name}_{}", self.globals));
+        g.set_linkage(Linkage::Internal);
+        g.set_constant(true);
+        g.set_initializer(&init);
+        g.set_alignment(16);
+        g.as_pointer_value()
+    }
+
+    /// `v` passed through an inline-asm `mov`, so that LLVM cannot see its value: a loop
+    /// bounded by a constant made opaque this way is not fully unrolled by `default<O3>`
+    /// (which, for a long constant trip count, would hoist dozens of loads and exhaust the
+    /// registers). ptxas sees through the `mov` and loses nothing.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn opaque(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let t = v.get_type();
+        let (asm, cons) = if t.get_bit_width() == 64 { ("mov.b64 $0, $1;", "=l,l") } else { ("mov.b32 $0, $1;", "=r,r") };
+        let fty = t.fn_type(&[t.into()], false);
+        let f = self.cx.create_inline_asm(fty, asm.to_owned(), cons.to_owned(), false, false, None, false);
+        let r = self.b.build_indirect_call(fty, f, &[v.into()], "opaque")?;
+        Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
+    }
+
+    /// A CTA-wide barrier: `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`); every
+    /// thread of the block must reach it.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn barrier(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.barrier.cta.sync.aligned.all", &[], &[self.i32c(0).into()])?;
+        Ok(())
+    }
+
+    /// `shfl.sync.bfly.b32 v, lane_mask, 0x1f, 0xffffffff`: the value of lane `lane ^ lane_mask`
+    /// (all 32 lanes must take part).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn shfl_bfly_f32(&self, v: FloatValue<'ctx>, lane_mask: u32) -> R<FloatValue<'ctx>> {
+        let args = [self.i32c(-1).into(), v.into(), self.i32c(lane_mask as i64).into(), self.i32c(0x1f).into()];
+        Ok(self.intrinsic_value("llvm.nvvm.shfl.sync.bfly.f32", &[], &args)?.into_float_value())
+    }
+
+    /// [`KernelBuilder::shfl_bfly_f32`] for an `i32`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn shfl_bfly_i32(&self, v: IntValue<'ctx>, lane_mask: u32) -> R<IntValue<'ctx>> {
+        let args = [self.i32c(-1).into(), v.into(), self.i32c(lane_mask as i64).into(), self.i32c(0x1f).into()];
+        Ok(self.intrinsic_value("llvm.nvvm.shfl.sync.bfly.i32", &[], &args)?.into_int_value())
+    }
+
+    /// [`KernelBuilder::shfl_bfly_f32`] for an `i64` (two 32-bit shuffles).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn shfl_bfly_i64(&self, v: IntValue<'ctx>, lane_mask: u32) -> R<IntValue<'ctx>> {
+        let i32t = self.cx.i32_type();
+        let i64t = self.cx.i64_type();
+        let lo = self.b.build_int_truncate(v, i32t, "lo")?;
+        let hi = self.b.build_right_shift(v, self.i64c(32), false, "hi")?;
+        let hi = self.b.build_int_truncate(hi, i32t, "hi")?;
+        let lo = self.shfl_bfly_i32(lo, lane_mask)?;
+        let hi = self.shfl_bfly_i32(hi, lane_mask)?;
+        let lo = self.b.build_int_z_extend(lo, i64t, "lo")?;
+        let hi = self.b.build_int_z_extend(hi, i64t, "hi")?;
+        let hi = self.b.build_left_shift(hi, self.i64c(32), "hi")?;
+        Ok(self.b.build_or(hi, lo, "v")?)
+    }
+
+    /// Combines two `f32` partials.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn combine_f32(&self, op: Combine, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        match op {
+            Combine::Sum => Ok(self.b.build_float_add(a, b, "s")?),
+            Combine::Max => self.float_intr("llvm.maximum", &[a, b]),
+            Combine::Min => self.float_intr("llvm.minimum", &[a, b]),
+        }
+    }
+
+    /// Combines two integer partials (sum wraps; the callers saturate afterwards).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn combine_int(&self, op: Combine, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        match op {
+            Combine::Sum => Ok(self.b.build_int_add(a, b, "s")?),
+            Combine::Max => self.int_intr("llvm.smax", &[a, b]),
+            Combine::Min => self.int_intr("llvm.smin", &[a, b]),
+        }
+    }
+
+    /// All-reduce over the 32 lanes of a warp by butterfly shuffles (offsets 16, 8, 4, 2, 1):
+    /// every lane ends with the combination of all 32 values, combined in the same tree
+    /// order, so the result is bit-identical across lanes. (CUDA C Programming Guide §7.22;
+    /// PTX ISA §9.7.8.6 `shfl.sync`.)
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn warp_allreduce_f32(&self, op: Combine, mut v: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        for off in [16, 8, 4, 2, 1] {
+            let o = self.shfl_bfly_f32(v, off)?;
+            v = self.combine_f32(op, v, o)?;
+        }
+        Ok(v)
+    }
+
+    /// [`KernelBuilder::warp_allreduce_f32`] for an `i64`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn warp_allreduce_i64(&self, op: Combine, mut v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        for off in [16, 8, 4, 2, 1] {
+            let o = self.shfl_bfly_i64(v, off)?;
+            v = self.combine_int(op, v, o)?;
+        }
+        Ok(v)
+    }
+
+    /// A float storage value (`bfloat`, `half` or `float`) extended to `f32` (exact).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn to_f32(&self, v: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let f32t = self.cx.f32_type();
+        if v.get_type() == f32t {
+            return Ok(v);
+        }
+        Ok(self.b.build_float_ext(v, f32t, "x")?)
+    }
+
+    /// The LLVM float type of a float dtype.
+    pub fn float_type(&self, dtype: DType) -> FloatType<'ctx> {
+        match dtype {
+            DType::BF16 => self.cx.bf16_type(),
+            DType::F16 => self.cx.f16_type(),
+            _ => self.cx.f32_type(),
+        }
+    }
+
+    /// An `f32` rounded to nearest even into `dtype`'s storage type (`cvt.rn.bf16.f32`,
+    /// `cvt.rn.f16.f32`; unchanged for `f32`). Overflow gives ±inf, NaN stays NaN.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn from_f32(&self, v: FloatValue<'ctx>, dtype: DType) -> R<FloatValue<'ctx>> {
+        let t = self.float_type(dtype);
+        if t == v.get_type() {
+            return Ok(v);
+        }
+        Ok(self.b.build_float_trunc(v, t, "r")?)
+    }
+
+    /// An `f32` rounded to `dtype` and back: the value an op of dtype `dtype` produces. The
+    /// identity for `f32`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn round_to(&self, v: FloatValue<'ctx>, dtype: DType) -> R<FloatValue<'ctx>> {
+        match dtype {
+            DType::BF16 | DType::F16 => {
+                let r = self.from_f32(v, dtype)?;
+                self.to_f32(r)
+            }
+            _ => Ok(v),
+        }
+    }
+
+    /// `a < b` on signed integers.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn slt(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_compare(IntPredicate::SLT, a, b, "lt")?)
+    }
+
+    /// `a + b` (no signed wrap).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn add(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_nsw_add(a, b, "a")?)
+    }
+
+    /// `a · b` (no signed wrap).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn mul(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_nsw_mul(a, b, "m")?)
+    }
+
+    /// Verifies the module, runs LLVM's `default<O3>` pipeline with the NVPTX target machine
+    /// (which adds the NVPTX IR passes) and emits PTX.
+    ///
+    /// # Errors
+    /// [`CodegenError::InvalidModule`] (a generator bug), the errors of
+    /// [`crate::compile_module_to_ptx`].
+    pub fn finish(self) -> R<String> {
+        // Close the prologue: fall through into the body.
+        self.b.position_at_end(self.prologue);
+        self.b.build_unconditional_branch(self.body)?;
+        let machine = crate::target_machine(&self.target)?;
+        self.module.set_triple(&machine.get_triple());
+        self.module.set_data_layout(&machine.get_target_data().get_data_layout());
+        self.module.verify().map_err(|e| CodegenError::InvalidModule {
+            module: self.module.get_name().to_string_lossy().into_owned(),
+            message: e.to_string(),
+        })?;
+        IR_SINK.with(|sink| {
+            if let Some(v) = sink.borrow_mut().as_mut() {
+                v.push(self.module.print_to_string().to_string());
+            }
+        });
+        self.module
+            .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+            .map_err(|e| CodegenError::Emit { target: self.target, message: e.to_string() })?;
+        crate::compile_module_to_ptx(&self.module, &self.target)
+    }
+
+    /// The textual LLVM IR of the module (for debugging and error messages).
+    pub fn ir_text(&self) -> String {
+        self.module.print_to_string().to_string()
+    }
+}
+
+impl<'ctx> Ops for KernelBuilder<'ctx> {
+    type F = FloatValue<'ctx>;
+    type D = FloatValue<'ctx>;
+    type I = IntValue<'ctx>;
+    type L = IntValue<'ctx>;
+    type B = IntValue<'ctx>;
+
+    fn fc(&mut self, v: f32) -> FloatValue<'ctx> {
+        self.f32c(v)
+    }
+    fn fadd(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_add(a, b, "f")?)
+    }
+    fn fsub(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_sub(a, b, "f")?)
+    }
+    fn fmul(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_mul(a, b, "f")?)
+    }
+    fn fdiv(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        // Without fast-math flags the back end emits IEEE `div.rn.f32`.
+        Ok(self.b.build_float_div(a, b, "f")?)
+    }
+    fn fdiv_fast(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let args = [a.into(), b.into()];
+        Ok(self.intrinsic_value("llvm.nvvm.div.approx.f", &[], &args)?.into_float_value())
+    }
+    fn ffma(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>, c: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.float_intr("llvm.fma", &[a, b, c])
+    }
+    fn fneg(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_neg(a, "f")?)
+    }
+    fn fabs(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.float_intr("llvm.fabs", &[a])
+    }
+    fn fsqrt(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        // `sqrt.rn.f32` without fast-math flags.
+        self.float_intr("llvm.sqrt", &[a])
+    }
+    fn ex2(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.float_intr("llvm.nvvm.ex2.approx", &[a])
+    }
+    fn flt(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_float_compare(FloatPredicate::OLT, a, b, "c")?)
+    }
+    fn feq(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_float_compare(FloatPredicate::OEQ, a, b, "c")?)
+    }
+    fn fnan(&mut self, a: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_float_compare(FloatPredicate::UNO, a, a, "c")?)
+    }
+    fn fsel(&mut self, c: IntValue<'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "s")?.into_float_value())
+    }
+    fn fbits(&mut self, a: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_bit_cast(a, self.cx.i32_type(), "b")?.into_int_value())
+    }
+    fn ffrom_bits(&mut self, a: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_bit_cast(a, self.cx.f32_type(), "f")?.into_float_value())
+    }
+    fn ftoi_exact(&mut self, a: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_signed_int_to_float(a, self.cx.f32_type(), "f")?)
+    }
+    fn ic(&mut self, v: i32) -> IntValue<'ctx> {
+        self.i32c(v as i64)
+    }
+    fn iadd(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_add(a, b, "i")?)
+    }
+    fn isub(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_sub(a, b, "i")?)
+    }
+    fn iand(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_and(a, b, "i")?)
+    }
+    fn ior(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_or(a, b, "i")?)
+    }
+    fn ishr(&mut self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_right_shift(a, self.i32c(s as i64), false, "i")?)
+    }
+    fn ieq(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_compare(IntPredicate::EQ, a, b, "c")?)
+    }
+    fn isel(&mut self, c: IntValue<'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "s")?.into_int_value())
+    }
+    fn band(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_and(a, b, "b")?)
+    }
+    fn bor(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_or(a, b, "b")?)
+    }
+    fn bnot(&mut self, a: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_not(a, "b")?)
+    }
+    fn dc(&mut self, v: f64) -> FloatValue<'ctx> {
+        self.f64c(v)
+    }
+    fn dadd(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_add(a, b, "d")?)
+    }
+    fn dsub(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_sub(a, b, "d")?)
+    }
+    fn dmul(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_mul(a, b, "d")?)
+    }
+    fn ddiv(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_div(a, b, "d")?)
+    }
+    fn dfma(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>, c: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.float_intr("llvm.fma", &[a, b, c])
+    }
+    fn drint(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.float_intr("llvm.rint", &[a])
+    }
+    fn dlt(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_float_compare(FloatPredicate::OLT, a, b, "c")?)
+    }
+    fn deq(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_float_compare(FloatPredicate::OEQ, a, b, "c")?)
+    }
+    fn dsel(&mut self, c: IntValue<'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "s")?.into_float_value())
+    }
+    fn f2d(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_ext(a, self.cx.f64_type(), "d")?)
+    }
+    fn d2f(&mut self, a: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_trunc(a, self.cx.f32_type(), "f")?)
+    }
+    fn d2l(&mut self, a: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        let i64t = self.cx.i64_type();
+        let v = self.intrinsic_value("llvm.fptosi.sat", &[i64t.into(), a.get_type().into()], &[a.into()])?;
+        Ok(v.into_int_value())
+    }
+    fn dbits(&mut self, a: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_bit_cast(a, self.cx.i64_type(), "b")?.into_int_value())
+    }
+    fn dfrom_bits(&mut self, a: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_bit_cast(a, self.cx.f64_type(), "d")?.into_float_value())
+    }
+    fn l2d(&mut self, a: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_signed_int_to_float(a, self.cx.f64_type(), "d")?)
+    }
+    fn lc(&mut self, v: i64) -> IntValue<'ctx> {
+        self.i64c(v)
+    }
+    fn ladd(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_add(a, b, "l")?)
+    }
+    fn land(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_and(a, b, "l")?)
+    }
+    fn lor(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_or(a, b, "l")?)
+    }
+    fn lshl(&mut self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_left_shift(a, self.i64c(s as i64), "l")?)
+    }
+    fn lshr(&mut self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_right_shift(a, self.i64c(s as i64), false, "l")?)
+    }
+    fn llt(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        self.slt(a, b)
+    }
+    fn lsel(&mut self, c: IntValue<'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "s")?.into_int_value())
+    }
+}
+
+thread_local! {
+    static IR_SINK: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` and returns, beside its result, the LLVM IR of every kernel module finished on
+/// this thread meanwhile (verified, before the optimisation pipeline), in order. A debugging
+/// and testing hook: the tests run this IR on the CPU (retargeted to the host) to check the
+/// kernels' arithmetic without a GPU.
+pub fn capture_ir<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    let previous = IR_SINK.with(|s| s.borrow_mut().replace(Vec::new()));
+    let r = f();
+    let got = IR_SINK.with(|s| std::mem::replace(&mut *s.borrow_mut(), previous)).unwrap_or_default();
+    (r, got)
+}
+
+/// The sizes a kernel needs at run time, as `i64` parameters after its buffers.
+///
+/// A generator asks [`SizeTable::get`] for the value of a [`Dim`]: a constant becomes an
+/// immediate, anything else (`T`, `T*576`, `past+T`) a kernel parameter whose
+/// [`sinter_ir::KernelParam::Size`] the runtime evaluates under the launch's bindings — so one
+/// compiled kernel serves every value of the symbols. Kernel parameters are fixed when the
+/// function is created, so a generator runs twice: first with a *collecting* table (which
+/// records each distinct dim in order of first request and hands out placeholders; that
+/// module is thrown away), then with a *fixed* table holding exactly those dims as
+/// parameters. Generators must therefore ask for the same dims in the same order both times,
+/// which holds as long as their Rust control flow depends only on the kernel graph.
+pub struct SizeTable<'ctx> {
+    dims: Vec<Dim>,
+    fixed: bool,
+    first_param: usize,
+    values: HashMap<Dim, IntValue<'ctx>>,
+    wide: bool,
+}
+
+impl<'ctx> SizeTable<'ctx> {
+    /// A collecting table (first pass). `wide`: sizes are `i64` (else truncated to `i32`).
+    pub fn collecting(wide: bool) -> SizeTable<'ctx> {
+        SizeTable { dims: vec![], fixed: false, first_param: 0, values: HashMap::new(), wide }
+    }
+
+    /// A fixed table (second pass): `dims` are parameters `first_param..`.
+    pub fn fixed(dims: Vec<Dim>, first_param: usize, wide: bool) -> SizeTable<'ctx> {
+        SizeTable { dims, fixed: true, first_param, values: HashMap::new(), wide }
+    }
+
+    /// The non-constant dims asked for so far, in parameter order.
+    pub fn dims(&self) -> &[Dim] {
+        &self.dims
+    }
+
+    /// The value of `d` as an index (`i64`, or `i32` for a narrow table), computed in the
+    /// prologue.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`]; an internal error if a fixed table is asked for a dim the
+    /// collecting pass did not see.
+    pub fn get(&mut self, kb: &mut KernelBuilder<'ctx>, d: &Dim) -> R<IntValue<'ctx>> {
+        let ty = if self.wide { kb.cx.i64_type() } else { kb.cx.i32_type() };
+        if let Some(c) = d.as_const() {
+            return Ok(ty.const_int(c as u64, true));
+        }
+        if let Some(v) = self.values.get(d) {
+            return Ok(*v);
+        }
+        let v = if self.fixed {
+            let i = self
+                .dims
+                .iter()
+                .position(|x| x == d)
+                .ok_or_else(|| CodegenError::Builder(format!("size `{d}` was not requested in the first pass")))?;
+            let p = kb.param_int(self.first_param + i)?;
+            if self.wide {
+                p
+            } else {
+                kb.in_prologue(|kb| Ok(kb.b.build_int_truncate(p, ty, "n")?))?
+            }
+        } else {
+            self.dims.push(d.clone());
+            // A placeholder no constant folding can see through: a load of a null-ish
+            // address in the prologue is enough (the module is discarded).
+            kb.in_prologue(|kb| {
+                let g = kb.cx.ptr_type(AddressSpace::from(ADDRESS_SPACE_GLOBAL)).const_null();
+                Ok(kb.b.build_load(ty, g, "placeholder")?.into_int_value())
+            })?
+        };
+        self.values.insert(d.clone(), v);
+        Ok(v)
+    }
+}
+
+/// Sets a value's name (for readable IR); no effect on code.
+pub fn name_value<'ctx>(v: impl BasicValue<'ctx>, name: &str) {
+    v.as_basic_value_enum().set_name(name);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::math;
+
+    /// One kernel that uses every helper and every math function: it must verify, compile
+    /// for every target and assemble with ptxas without spills (an unknown intrinsic would
+    /// fail at `intrinsic`, a misspelt one in ptxas).
+    #[test]
+    fn every_helper_compiles_and_assembles() {
+        let cx = Context::create();
+        for target in Target::ALL {
+            let params = [ParamKind::input(), ParamKind::output(), ParamKind::Size];
+            let mut kb = KernelBuilder::new(&cx, "helpers", &params, target).unwrap();
+            kb.set_max_threads(256);
+            kb.set_min_ctas_per_sm(1);
+            let x = kb.param_ptr(0).unwrap();
+            let y = kb.param_ptr(1).unwrap();
+            let tid = kb.tid_x().unwrap();
+            let i = kb.b.build_int_z_extend(tid, cx.i64_type(), "i").unwrap();
+            let f32t: BasicTypeEnum = cx.f32_type().into();
+            let p = kb.gep(cx.bf16_type().into(), x, i).unwrap();
+            let v = kb.load(cx.bf16_type().into(), p, 2).unwrap().into_float_value();
+            let v = kb.to_f32(v).unwrap();
+            let mut acc = v;
+            let e = math::exp(&mut kb, v, true).unwrap();
+            acc = kb.fadd(acc, e).unwrap();
+            let e = math::exp(&mut kb, v, false).unwrap();
+            acc = kb.fadd(acc, e).unwrap();
+            let l = math::log(&mut kb, v).unwrap();
+            acc = kb.fadd(acc, l).unwrap();
+            let t = math::tanh(&mut kb, v, true).unwrap();
+            acc = kb.fadd(acc, t).unwrap();
+            let g = math::gelu_erf(&mut kb, v, true).unwrap();
+            acc = kb.fadd(acc, g).unwrap();
+            let g = math::gelu_tanh(&mut kb, v, false).unwrap();
+            acc = kb.fadd(acc, g).unwrap();
+            let s = math::silu(&mut kb, v, false).unwrap();
+            acc = kb.fadd(acc, s).unwrap();
+            let (s, c) = math::sincos(&mut kb, v).unwrap();
+            acc = kb.fadd(acc, s).unwrap();
+            acc = kb.fadd(acc, c).unwrap();
+            let pw = math::pow(&mut kb, v, acc).unwrap();
+            acc = kb.fadd(acc, pw).unwrap();
+            acc = kb.warp_allreduce_f32(Combine::Max, acc).unwrap();
+            acc = kb.warp_allreduce_f32(Combine::Sum, acc).unwrap();
+            let smem = kb.shared_array(f32t, 32, 16, "red");
+            let sp = kb.gep(f32t, smem, i).unwrap();
+            kb.store(sp, acc.into(), 4).unwrap();
+            kb.barrier().unwrap();
+            let sp0 = kb.gep(f32t, smem, kb.i64c(0)).unwrap();
+            let s0 = kb.load(f32t, sp0, 4).unwrap().into_float_value();
+            acc = kb.fadd(acc, s0).unwrap();
+            let li = kb.b.build_float_to_signed_int(acc, cx.i64_type(), "li").unwrap();
+            let li = kb.warp_allreduce_i64(Combine::Sum, li).unwrap();
+            let lf = kb.b.build_signed_int_to_float(li, cx.f32_type(), "lf").unwrap();
+            acc = kb.fadd(acc, lf).unwrap();
+            let r = kb.from_f32(acc, DType::BF16).unwrap();
+            let q = kb.gep(cx.bf16_type().into(), y, i).unwrap();
+            kb.store(q, r.into(), 2).unwrap();
+            kb.ret().unwrap();
+            let ptx = kb.finish().unwrap_or_else(|e| panic!("{target}: {e}"));
+            assert!(ptx.contains(".maxntid 256"), "{ptx}");
+            assert!(ptx.contains(".minnctapersm 1"), "{ptx}");
+            assert!(ptx.contains("shfl.sync.bfly.b32"), "{ptx}");
+            assert!(ptx.contains("ex2.approx"), "{ptx}");
+            assert!(ptx.contains("bar.sync") || ptx.contains("barrier.sync"), "{ptx}");
+            assert!(ptx.contains("max.NaN.f32"), "{ptx}");
+            assert!(ptx.contains("cvt.rn.bf16.f32"), "{ptx}");
+            assert!(!ptx.contains("call.uni"), "a helper became a call:\n{ptx}");
+            let Some(ptxas) = crate::ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}")) else { continue };
+            let report = crate::ptxas::assemble_with(&ptxas, &ptx, &target).unwrap_or_else(|e| panic!("{e}\n{ptx}"));
+            assert!(!report.spills(), "{report}");
+            eprintln!("{report}");
+        }
+    }
+}

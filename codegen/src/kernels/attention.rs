@@ -1,0 +1,1146 @@
+//! The attention families: prefill attention ([`Family::Attention`], [`generate_prefill`])
+//! and decode attention over a paged KV cache ([`Family::PagedAttention`],
+//! [`generate_paged`]), on CUDA cores, correct for every shape.
+//!
+//! # Algorithm
+//! Both are FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1) with one shared core:
+//! a CTA owns a tile of `block_q` query rows (`warps` warps × `rows_per_warp` rows each) and
+//! walks the keys in tiles of [`BLOCK_KV`] = 32. Per key tile, all threads stage K and V in
+//! shared memory (in the input dtype, rows padded to keep 16-byte accesses conflict-free);
+//! lane `j` of each warp computes the scores of key `j` against the warp's rows
+//! (`s = scale·q·k + mask` in f32, Q read from shared memory as a broadcast), then per row the
+//! warp takes the tile maximum and the sum of `p = exp(s − m_new)` with `shfl.sync.bfly`
+//! butterflies, rescales its running sum `l` and its accumulator by `exp(m_old − m_new)`,
+//! writes `p` to shared memory and accumulates `P·V` (lane `d` owns output dims `d, d+32, …`).
+//! O is written once, as `acc / l` rounded to the output dtype.
+//!
+//! # Semantics (the interpreter's, `sinter_ir::interp`; DESIGN.md "Numerical conventions")
+//! - Causal masks are aligned bottom-right: query `i` sees keys `j ≤ i + Skv − Sq`; key tiles
+//!   wholly above the CTA's last visible key are never loaded.
+//! - GQA: query head `h` reads KV head `h / (H/Hkv)`; K/V are never repeated in memory.
+//! - A row with no visible key, or whose visible scores are all −inf, gives exactly 0; a NaN
+//!   score makes its row NaN (the maxima are NaN-propagating `max.NaN.f32`); a +inf score
+//!   gives NaN (inf − inf) as the reference does.
+//! - Keys hidden by the causal mask or past the sequence are never read (their V rows are not
+//!   multiplied by 0, so NaN there cannot leak), and — as in the reference's 16-key tiles —
+//!   while every score so far is −inf a 16-key half-tile is skipped rather than multiplied.
+//! - Statistics, scores and the accumulator are f32; `exp` is the device math library's
+//!   precise `exp` (≤ 3 ulp); the output is rounded once.
+//!
+//! # Paged decode
+//! `paged_attention(q [B, H, T, D], k_pages [P, S, Hkv, D], v_pages, block_table [B, M] i32,
+//! seq_lens [B] i32)`: one CTA per (row tile, KV head, sequence), whose rows are the
+//! `H/Hkv · T` query rows sharing that KV head (so each K/V byte is read once per CTA). Key
+//! `j` of sequence `b` is row `j mod S` of page `block_table[b][j / S]` (PagedAttention, Kwon
+//! et al. 2023, arXiv 2309.06180). The length is read from `seq_lens` in device memory, so one
+//! compiled kernel (and one captured CUDA graph) serves every decode step; a length is clamped
+//! to `[0, M·S]` and a page number to `[0, P)`, so a corrupt table cannot fault (the
+//! interpreter reports those as errors).
+//!
+//! # Schedules
+//! [`AttentionSchedule`] (warps, rows per warp) is a parameter; [`choose_prefill_schedule`] and
+//! [`choose_paged_schedule`] pick the largest query tile that fits 48 KiB of static shared
+//! memory and a register budget. Issue 6's tensor-core version (`ldmatrix` + `mma.sync`,
+//! `cp.async` double buffering, split-KV) replaces the core but keeps these entry points.
+
+use inkwell::context::Context;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use sinter_ir::{BufferData, DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind, ValueDef};
+
+use super::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
+use super::KernelCtx;
+use crate::target::Target;
+use crate::CodegenError;
+
+/// Keys per tile: one per lane of a warp.
+pub const BLOCK_KV: u32 = 32;
+
+/// The largest head dimension (of Q/K and of V) the CUDA-core kernels accept.
+pub const MAX_HEAD_DIM: u32 = 256;
+
+/// Work split of an attention CTA: `warps` warps, each owning `rows_per_warp` query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionSchedule {
+    /// Warps per CTA (1 to 32).
+    pub warps: u32,
+    /// Query rows per warp (1 to 16).
+    pub rows_per_warp: u32,
+}
+
+impl AttentionSchedule {
+    /// Query rows per CTA.
+    pub fn block_q(&self) -> u32 {
+        self.warps * self.rows_per_warp
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        self.warps * 32
+    }
+
+    /// Shared memory per CTA, in bytes, for head dims `d` (Q/K) and `dv` (V) in dtype `dt`:
+    /// Q tile, K tile, V tile (input dtype, padded rows) and the f32 probabilities.
+    pub fn shared_bytes(&self, d: u32, dv: u32, dt: DType) -> u32 {
+        Smem::new(self, d, dv, dt).total
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if (1..=32).contains(&self.warps) && (1..=16).contains(&self.rows_per_warp) {
+            Ok(())
+        } else {
+            Err(format!("invalid attention schedule {self:?}"))
+        }
+    }
+}
+
+/// Most accumulator registers per thread a chosen schedule may need (`rows · ⌈dv/32⌉`).
+const ACC_BUDGET: u32 = 32;
+
+/// Candidate (warps, rows per warp), best first.
+const CANDIDATES: [(u32, u32); 5] = [(8, 4), (4, 4), (4, 2), (4, 1), (1, 1)];
+
+/// Picks the prefill schedule: the first of 8×4, 4×4, 4×2, 4×1 (warps × rows per warp)
+/// whose accumulators fit 32 registers per thread and whose shared memory fits 48 KiB (when
+/// none does, 4×1 in dynamic shared memory). bf16 with D = 64 or 128: 8 warps × 4 rows, a
+/// 32-row query tile (29 KiB at D = 128, about 90 registers: two CTAs per SM); D = 256 or
+/// f32 with D = 128: 4 × 4. (8 rows per warp doubles the registers to about 160 for a 25%
+/// smaller K/V re-read; not worth it on CUDA cores.)
+pub fn choose_prefill_schedule(d: u32, dv: u32, dt: DType) -> AttentionSchedule {
+    pick(d, dv, dt, 64)
+}
+
+/// Picks the paged-decode schedule for `rows` query rows per KV head (`H/Hkv · T`, when
+/// known): as [`choose_prefill_schedule`], but with a query tile no larger than `rows`
+/// rounded up to a multiple of 4 (so GQA 32/8 with T = 1 gets 4 warps of one row each).
+pub fn choose_paged_schedule(rows: Option<i64>, d: u32, dv: u32, dt: DType) -> AttentionSchedule {
+    let max_q = rows.map_or(64, |r| (r.clamp(1, 64) as u32).next_power_of_two().max(4));
+    pick(d, dv, dt, max_q)
+}
+
+fn pick(d: u32, dv: u32, dt: DType, max_q: u32) -> AttentionSchedule {
+    let nd = dv.div_ceil(32);
+    CANDIDATES
+        .iter()
+        .map(|&(warps, rows_per_warp)| AttentionSchedule { warps, rows_per_warp })
+        .find(|s| s.block_q() <= max_q && s.rows_per_warp * nd <= ACC_BUDGET && s.shared_bytes(d, dv, dt) <= 48 * 1024)
+        .unwrap_or(AttentionSchedule { warps: 4, rows_per_warp: 1 })
+}
+
+/// Shared-memory layout of the core: byte offsets of each part.
+struct Smem {
+    /// Elements per 16-byte chunk of a Q/K row (1 when D is not a multiple).
+    ck: u32,
+    /// Same for V rows.
+    cv: u32,
+    /// Q/K row stride, elements (D + padding).
+    ldk: u32,
+    /// V row stride, elements.
+    ldv: u32,
+    q: u32,
+    k: u32,
+    v: u32,
+    p: u32,
+    total: u32,
+}
+
+impl Smem {
+    fn new(s: &AttentionSchedule, d: u32, dv: u32, dt: DType) -> Smem {
+        let es = dt.size_bytes() as u32;
+        let vec = 16 / es;
+        let ck = if d % vec == 0 { vec } else { 1 };
+        let cv = if dv % vec == 0 { vec } else { 1 };
+        // Padding by one chunk makes the row stride an odd number of chunks: lanes reading
+        // 16-byte chunks of 32 different K rows hit distinct banks.
+        let ldk = d + ck;
+        let ldv = dv;
+        let up = |x: u32| x.div_ceil(16) * 16;
+        let q = 0;
+        let k = up(q + s.block_q() * ldk * es);
+        let v = up(k + BLOCK_KV * ldk * es);
+        let p = up(v + BLOCK_KV * ldv * es);
+        let total = up(p + s.block_q() * BLOCK_KV * 4);
+        Smem { ck, cv, ldk, ldv, q, k, v, p, total }
+    }
+}
+
+/// The error for a kernel these families cannot generate.
+fn unsupported(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
+    CodegenError::Unsupported { kernel: format!("{kernel} ({family:?})"), message: reason.into() }
+}
+
+fn bad(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
+    CodegenError::BadKernel { kernel: format!("{kernel} ({family:?})"), message: reason.into() }
+}
+
+/// A 4-d tensor as the kernel reads or writes it: element `(b, h, s, d)` is element
+/// `offset + b·st[0] + h·st[1] + s·st[2] + d·st[3]` of buffer `buffer` (a view of the buffer
+/// when the body reshapes or slices it), its dtype and the buffer's alignment.
+#[derive(Clone, Debug)]
+struct T4 {
+    buffer: usize,
+    dtype: DType,
+    offset: Dim,
+    /// Strides of the b, h, s, d axes.
+    st: [Dim; 4],
+    align: u32,
+}
+
+impl T4 {
+    /// `view`'s strides taken in the order `axes` (b, h, s, d axis of the value).
+    fn from_view(view: &View, dtype: DType, axes: [usize; 4]) -> T4 {
+        T4 { buffer: view.param, dtype, offset: view.offset.clone(), st: axes.map(|a| view.strides[a].clone()), align: view.align }
+    }
+
+    /// Whether chunks of `c` elements along d can be single aligned vector accesses.
+    fn vector_ok(&self, c: u32) -> bool {
+        let c64 = i64::from(c);
+        c == 1
+            || (self.st[3].as_const() == Some(1)
+                && self.st[..3].iter().all(|s| s.div_exact(c64).is_some())
+                && self.offset.div_exact(c64).is_some()
+                && self.align >= c * self.dtype.size_bytes() as u32)
+    }
+
+    fn dims(&self) -> impl Iterator<Item = &Dim> {
+        self.st.iter().chain(std::iter::once(&self.offset))
+    }
+}
+
+/// The checked body of an attention kernel: one `op` node, whose operands are kernel inputs
+/// through views (`reshape`, `slice`) and whose result is the kernel's one output through
+/// `reshape`s; returns the node and each operand's view.
+fn single_node<'a>(kd: &'a KernelData, bufs: &[BufInfo], kernel: &str, family: Family, op: OpKind) -> R<(&'a Function, &'a sinter_ir::NodeData, Vec<View>)> {
+    let body = &kd.body;
+    if kd.family != family {
+        return Err(bad(kernel, family, format!("the kernel's family is {:?}", kd.family)));
+    }
+    let mut main = body.nodes.values().filter(|nd| !matches!(nd.op.kind, OpKind::Reshape | OpKind::Slice));
+    let nd = match (main.next(), main.next()) {
+        (Some(nd), None) if nd.op.kind == op => nd,
+        _ => {
+            return Err(unsupported(kernel, family, format!("the body must be one `{}` node with views (reshape, slice) around it; no fused prologue/epilogue yet", op.name())))
+        }
+    };
+    let arity_ok = match op {
+        OpKind::Attention => (3..=4).contains(&nd.inputs.len()),
+        _ => nd.inputs.len() == 5,
+    };
+    if !arity_ok || nd.results.len() != 1 {
+        return Err(bad(kernel, family, format!("`{}` with {} operands and {} results", op.name(), nd.inputs.len(), nd.results.len())));
+    }
+    if body.outputs.len() != 1 {
+        return Err(unsupported(kernel, family, format!("the kernel must have one output, the `{}` result", op.name())));
+    }
+    let views = nd.inputs.iter().map(|&v| input_view(body, v, bufs)).collect::<Result<Vec<_>, _>>().map_err(|e| unsupported(kernel, family, e))?;
+    Ok((body, nd, views))
+}
+
+/// The output of a single-node attention body as a [`T4`] over the node's result (`axes`
+/// order): the output buffer, written at the result's row-major positions when the body
+/// reshapes the result.
+fn output_t4(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], n_inputs: usize, axes: [usize; 4], kernel: &str, family: Family) -> R<T4> {
+    let buf = bufs.get(n_inputs).ok_or_else(|| bad(kernel, family, "no output buffer"))?;
+    let strides = output_strides(body, body.outputs[0], nd.results[0], buf).map_err(|e| unsupported(kernel, family, e))?;
+    if strides.len() != 4 {
+        return Err(bad(kernel, family, "the result must have rank 4"));
+    }
+    let view = View { param: n_inputs, offset: Dim::constant(0), strides, align: buf.align };
+    Ok(T4::from_view(&view, buf.dtype, axes))
+}
+
+fn const_dim(d: &Dim, what: &str, kernel: &str, family: Family) -> R<u32> {
+    match d.as_const() {
+        Some(v) if (1..=i64::from(MAX_HEAD_DIM)).contains(&v) => Ok(v as u32),
+        _ => Err(unsupported(kernel, family, format!("{what} must be a constant in 1..={MAX_HEAD_DIM}, got {d}"))),
+    }
+}
+
+/// What the core needs to know, whichever family.
+struct Core {
+    dtype: DType,
+    d: u32,
+    dv: u32,
+    scale: f32,
+    sched: AttentionSchedule,
+    smem: Smem,
+    shared: SharedKind,
+    q: T4,
+    out: T4,
+}
+
+/// One query row of the CTA's tile: whether it exists, where its q and o rows start, how many
+/// keys it sees (the causal limit, ≤ the sequence length, as an i32: sequences are shorter
+/// than 2³¹ keys) and where its mask row starts.
+struct RowInfo<'ctx> {
+    valid: IntValue<'ctx>,
+    q_off: IntValue<'ctx>,
+    o_off: IntValue<'ctx>,
+    limit: IntValue<'ctx>,
+    mask_off: Option<IntValue<'ctx>>,
+}
+
+/// The offsets of key `j`'s K and V rows.
+type KeyOffsets<'k, 'ctx> = &'k dyn Fn(&Kit<'ctx>, IntValue<'ctx>) -> R<(IntValue<'ctx>, IntValue<'ctx>)>;
+
+/// Where to read the keys and the optional mask.
+struct Keys<'k, 'ctx> {
+    k: &'k T4,
+    v: &'k T4,
+    /// Offsets of key `j`'s K and V rows (called only for `j < kv_len`).
+    offsets: KeyOffsets<'k, 'ctx>,
+    /// Keys of this CTA's sequence.
+    kv_len: IntValue<'ctx>,
+    /// The key tiles cover `0..kv_end` (≤ kv_len; the causal bound of the CTA's last row).
+    kv_end: IntValue<'ctx>,
+    /// Mask buffer, its dtype and the stride of its key axis.
+    mask: Option<(usize, DType, Dim)>,
+}
+
+/// Emits the whole FlashAttention-2 loop for one CTA (see the module docs).
+fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValue<'ctx>) -> R<RowInfo<'ctx>>, keys: &Keys<'_, 'ctx>) -> R<()> {
+    let dt = c.dtype;
+    let es = dt.size_bytes() as i32;
+    let sm = &c.smem;
+    let (bq, rpw) = (c.sched.block_q(), c.sched.rows_per_warp);
+    let threads = c.sched.threads() as i32;
+    let nd = c.dv.div_ceil(32);
+    let smem = kit.shared(c.shared, sm.total)?;
+    let tid = kit.sreg("tid.x")?;
+    let warp = kit.udiv(tid, kit.i32c(32))?;
+    let lane = kit.urem(tid, kit.i32c(32))?;
+    let ninf = kit.f32c(f64::NEG_INFINITY);
+    let zero = kit.f32c(0.0);
+    let i32c = |v: u32| kit.i32c(v as i32);
+    // Byte address of element `e` (i32) of the shared part at `base`.
+    let at = |k: &Kit<'ctx>, base: u32, e: IntValue<'ctx>, size: i32| -> R<PointerValue<'ctx>> {
+        k.sh_at(smem, k.add(k.i32c(base as i32), k.mul(e, k.i32c(size))?)?)
+    };
+
+    // 1. The Q tile: block_q rows × d, in chunks of ck.
+    let (q_ptr, k_ptr, v_ptr, o_ptr) = (kit.buf(c.q.buffer)?, kit.buf(keys.k.buffer)?, kit.buf(keys.v.buffer)?, kit.buf(c.out.buffer)?);
+    let q_vec = c.q.vector_ok(sm.ck);
+    let q_sd = kit.dim(&c.q.st[3])?;
+    let kchunks = (c.d / sm.ck) as i32;
+    kit.for_range(tid, kit.i32c(bq as i32 * kchunks), kit.i32c(threads), |k, e| {
+        let r = k.udiv(e, k.i32c(kchunks))?;
+        let dc = k.mul(k.urem(e, k.i32c(kchunks))?, k.i32c(sm.ck as i32))?;
+        let info = rows(k, r)?;
+        let idx = k.add(info.q_off, k.mul(k.zext64(dc)?, q_sd)?)?;
+        let vals = k.guarded_load(info.valid, dt, q_ptr, idx, sm.ck, q_vec, q_sd)?;
+        k.sh_store(dt, at(k, sm.q, k.add(k.mul(r, k.i32c(sm.ldk as i32))?, dc)?, es)?, &vals)
+    })?;
+
+    // 2. Per-warp state: each warp's rows' key limits, running max m, sum l, accumulator acc.
+    // (Offsets are recomputed where needed rather than kept live in registers.)
+    let row_of = |k: &Kit<'ctx>, rr: u32| k.add(k.mul(warp, k.i32c(rpw as i32))?, k.i32c(rr as i32));
+    let limits: Vec<IntValue> = (0..rpw).map(|rr| rows(kit, row_of(kit, rr)?).map(|i| i.limit)).collect::<R<_>>()?;
+    let m: Vec<PointerValue> = (0..rpw).map(|_| kit.var_f(ninf)).collect::<R<_>>()?;
+    let l: Vec<PointerValue> = (0..rpw).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
+    let acc: Vec<Vec<PointerValue>> = (0..rpw).map(|_| (0..nd).map(|_| kit.var_f(zero)).collect::<R<_>>()).collect::<R<_>>()?;
+    // Shared-memory element indices of this lane's K row and this warp's first Q / P rows.
+    let k_row = kit.mul(lane, i32c(sm.ldk))?;
+    let q_row0 = kit.mul(kit.mul(warp, i32c(rpw))?, i32c(sm.ldk))?;
+    let p_row0 = kit.mul(kit.mul(warp, i32c(rpw))?, i32c(BLOCK_KV))?;
+    let (k_vec, v_vec) = (keys.k.vector_ok(sm.ck), keys.v.vector_ok(sm.cv));
+    let (k_sd, v_sd) = (kit.dim(&keys.k.st[3])?, kit.dim(&keys.v.st[3])?);
+    let vchunks = (c.dv / sm.cv) as i32;
+    let scale = kit.f32c(f64::from(c.scale));
+
+    // 3. The key tiles.
+    kit.for_range(kit.i64c(0), keys.kv_end, kit.i64c(i64::from(BLOCK_KV)), |k, j0| {
+        // Stage K and V (zeros past the sequence; rows read only when they exist).
+        let stage = |k: &Kit<'ctx>, chunks: i32, cw: u32, ld: u32, base: u32, is_k: bool| -> R<()> {
+            k.for_range(tid, k.i32c(BLOCK_KV as i32 * chunks), k.i32c(threads), |k, e| {
+                let jj = k.udiv(e, k.i32c(chunks))?;
+                let dc = k.mul(k.urem(e, k.i32c(chunks))?, k.i32c(cw as i32))?;
+                let j = k.add(j0, k.zext64(jj)?)?;
+                let valid = k.icmp(IntPredicate::SLT, j, keys.kv_len)?;
+                let vars: Vec<PointerValue> = (0..cw).map(|_| k.var_f(zero)).collect::<R<_>>()?;
+                k.if_then(valid, |k| {
+                    let (ko, vo) = (keys.offsets)(k, j)?;
+                    let (ptr, off, sd, vec) = if is_k { (k_ptr, ko, k_sd, k_vec) } else { (v_ptr, vo, v_sd, v_vec) };
+                    let idx = k.add(off, k.mul(k.zext64(dc)?, sd)?)?;
+                    let vals = if vec { k.load_vec(dt, ptr, idx, cw)? } else { k.load_strided(dt, ptr, idx, sd, cw)? };
+                    for (p, v) in vars.iter().zip(vals) {
+                        k.set(*p, v.into())?;
+                    }
+                    Ok(())
+                })?;
+                let vals: Vec<FloatValue> = vars.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
+                k.sh_store(dt, at(k, base, k.add(k.mul(jj, k.i32c(ld as i32))?, dc)?, es)?, &vals)
+            })
+        };
+        stage(k, kchunks, sm.ck, sm.ldk, sm.k, true)?;
+        stage(k, vchunks, sm.cv, sm.ldv, sm.v, false)?;
+        k.barrier()?;
+
+        // Scores of key j0 + lane against the warp's rows.
+        let s: Vec<PointerValue> = (0..rpw).map(|_| k.var_f(zero)).collect::<R<_>>()?;
+        k.for_range(k.i32c(0), k.i32c(c.d as i32), k.i32c(sm.ck as i32), |k, dc| {
+            let kv = k.sh_load(dt, at(k, sm.k, k.add(k_row, dc)?, es)?, sm.ck)?;
+            for (rr, sp) in s.iter().enumerate() {
+                let qe = k.add(k.add(q_row0, k.i32c((rr as u32 * sm.ldk) as i32))?, dc)?;
+                let qv = k.sh_load(dt, at(k, sm.q, qe, es)?, sm.ck)?;
+                let mut sum = k.get_f(*sp)?;
+                for (a, b) in qv.iter().zip(&kv) {
+                    sum = k.fma(*a, *b, sum)?;
+                }
+                k.set(*sp, sum.into())?;
+            }
+            Ok(())
+        })?;
+
+        // Online softmax per row.
+        let j0_32 = k.trunc32(j0)?;
+        let j = k.add(j0_32, lane)?;
+        let lo_half = k.icmp(IntPredicate::ULT, lane, k.i32c(16))?;
+        let mut bounds = Vec::with_capacity(rpw as usize);
+        for rr in 0..rpw as usize {
+            let limit = limits[rr];
+            let visible = k.icmp(IntPredicate::SLT, j, limit)?;
+            let mut sc = k.fmul(k.get_f(s[rr])?, scale)?;
+            if let Some((mbuf, mdt, msj)) = &keys.mask {
+                let moff = rows(k, row_of(k, rr as u32)?)?.mask_off.ok_or_else(|| k.err("mask without offsets"))?;
+                let idx = k.add(moff, k.mul(k.zext64(j)?, k.dim(msj)?)?)?;
+                let mv = k.guarded_load(visible, *mdt, k.buf(*mbuf)?, idx, 1, true, k.i64c(0))?;
+                sc = k.fadd(sc, mv[0])?;
+            }
+            let sc = k.select_f(visible, sc, ninf)?;
+            // Max over each 16-key half, then over the tile.
+            let half = k.warp_reduce(sc, &[8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
+            let other = k.shfl_xor(half, 16)?;
+            let tile_max = k.max_nan(half, other)?;
+            let first_half = k.select_f(lo_half, half, other)?;
+            let m_old = k.get_f(m[rr])?;
+            let m_new = k.max_nan(m_old, tile_max)?;
+            let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
+            let m_use = k.select_f(none_yet, zero, m_new)?;
+            let alpha = k.exp(k.fsub(m_old, m_use)?)?;
+            let p = k.exp(k.fsub(sc, m_use)?)?;
+            let psum = k.warp_reduce(p, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
+            let lv = k.fma(k.get_f(l[rr])?, alpha, psum)?;
+            k.set(l[rr], lv.into())?;
+            for a in &acc[rr] {
+                let v = k.fmul(k.get_f(*a)?, alpha)?;
+                k.set(*a, v.into())?;
+            }
+            k.set(m[rr], m_new.into())?;
+            let pe = k.add(p_row0, k.add(k.i32c((rr as u32 * BLOCK_KV) as i32), lane)?)?;
+            k.sh_store(DType::F32, at(k, sm.p, pe, 4)?, &[p])?;
+            // Keys this row multiplies: [lo, hi) of the tile.
+            let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
+            let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
+            let lo = k.select_int(k.and(old_none, first_none)?, k.i32c(16), k.i32c(0))?;
+            let n_vis = k.smin(k.smax(k.sub(limit, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))?;
+            let hi = k.select_int(none_yet, k.i32c(0), n_vis)?;
+            bounds.push((lo, hi));
+        }
+        k.warp_sync()?;
+
+        // acc += P·V; the guarded variant only on tiles where some row multiplies a strict
+        // subset of the keys.
+        let mut full = k.bool_c(true);
+        for (lo, hi) in &bounds {
+            let f = k.and(k.icmp(IntPredicate::EQ, *lo, k.i32c(0))?, k.icmp(IntPredicate::EQ, *hi, k.i32c(BLOCK_KV as i32))?)?;
+            full = k.and(full, f)?;
+        }
+        let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
+            k.for_range(k.i32c(0), k.i32c(BLOCK_KV as i32), k.i32c(1), |k, jj| {
+                let mut vs = Vec::with_capacity(nd as usize);
+                for i in 0..nd {
+                    let dcol = k.smin(k.add(lane, k.i32c((32 * i) as i32))?, k.i32c(c.dv as i32 - 1))?;
+                    let e = k.add(k.mul(jj, k.i32c(sm.ldv as i32))?, dcol)?;
+                    vs.push(k.sh_load(dt, at(k, sm.v, e, es)?, 1)?[0]);
+                }
+                for rr in 0..rpw as usize {
+                    let pe = k.add(p_row0, k.add(k.i32c((rr as u32 * BLOCK_KV) as i32), jj)?)?;
+                    let p = k.sh_load(DType::F32, at(k, sm.p, pe, 4)?, 1)?[0];
+                    let ok = if guarded {
+                        let (lo, hi) = bounds[rr];
+                        Some(k.and(k.icmp(IntPredicate::SGE, jj, lo)?, k.icmp(IntPredicate::SLT, jj, hi)?)?)
+                    } else {
+                        None
+                    };
+                    for (a, v) in acc[rr].iter().zip(&vs) {
+                        let old = k.get_f(*a)?;
+                        let new = k.fma(p, *v, old)?;
+                        let new = match ok {
+                            Some(ok) => k.select_f(ok, new, old)?,
+                            None => new,
+                        };
+                        k.set(*a, new.into())?;
+                    }
+                }
+                Ok(())
+            })
+        };
+        k.if_else(full, |k| pv(k, false), |k| pv(k, true))?;
+        k.barrier()
+    })?;
+
+    // 4. O = acc / l (0 for a row that never saw a finite score), one rounding, one write.
+    let o_sd = kit.dim(&c.out.st[3])?;
+    for rr in 0..rpw as usize {
+        let info = rows(kit, row_of(kit, rr as u32)?)?;
+        let mf = kit.get_f(m[rr])?;
+        let empty = kit.fcmp(FloatPredicate::OEQ, mf, ninf)?;
+        let lf = kit.get_f(l[rr])?;
+        for (i, a) in acc[rr].iter().enumerate() {
+            let dcol = kit.add(lane, kit.i32c((32 * i) as i32))?;
+            let o = kit.select_f(empty, zero, kit.fdiv(kit.get_f(*a)?, lf)?)?;
+            let inside = kit.and(info.valid, kit.icmp(IntPredicate::SLT, dcol, kit.i32c(c.dv as i32))?)?;
+            kit.if_then(inside, |k| {
+                let idx = k.add(info.o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
+                k.store_vec(dt, o_ptr, idx, &[o])
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Decides static or dynamic shared memory for `smem` bytes on `target`.
+fn shared_kind(bytes: u32, target: &Target, kernel: &str, family: Family) -> R<SharedKind> {
+    if bytes <= target.default_shared_memory_per_block() {
+        Ok(SharedKind::Static)
+    } else if bytes <= target.max_shared_memory_per_block() {
+        Ok(SharedKind::Dynamic(bytes))
+    } else {
+        Err(unsupported(kernel, family, format!("{bytes} bytes of shared memory exceed {target}'s limit")))
+    }
+}
+
+fn dynamic_bytes(k: SharedKind) -> u32 {
+    match k {
+        SharedKind::Static => 0,
+        SharedKind::Dynamic(b) => b,
+    }
+}
+
+// ---- prefill ---------------------------------------------------------------------------
+
+/// Facts of a prefill attention kernel.
+struct Prefill {
+    name: String,
+    n_inputs: usize,
+    n_buffers: usize,
+    dtype: DType,
+    d: u32,
+    dv: u32,
+    scale: f64,
+    causal: bool,
+    heads: i64,
+    kv_heads: i64,
+    batch: Dim,
+    sq: Dim,
+    skv: Dim,
+    q: T4,
+    k: T4,
+    v: T4,
+    out: T4,
+    mask: Option<Mask>,
+}
+
+/// An additive mask: buffer, dtype, offset and strides over [B, H, Sq, Skv] (0 where it
+/// broadcasts).
+struct Mask {
+    buffer: usize,
+    dtype: DType,
+    offset: Dim,
+    st: Vec<Dim>,
+}
+
+impl Prefill {
+    fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Prefill> {
+        let name = kernel.to_string();
+        let fam = Family::Attention;
+        let kd = KernelCtx::new(graph, kernel)?.data;
+        let bufs = buffer_infos(graph, kd).map_err(|e| bad(&name, fam, e))?;
+        let (body, nd, views) = single_node(kd, &bufs, &name, fam, OpKind::Attention)?;
+        let op = &nd.op;
+        let scale = op.float("scale").ok_or_else(|| bad(&name, fam, "attention without `scale`"))?;
+        let causal = op.bool("causal").unwrap_or(false);
+        let heads = op.int("heads").ok_or_else(|| bad(&name, fam, "attention without `heads`"))?;
+        let kv_heads = op.int("kv_heads").ok_or_else(|| bad(&name, fam, "attention without `kv_heads`"))?;
+        if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+            return Err(bad(&name, fam, format!("heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")));
+        }
+        let bshd = op.str("layout") == Some("bshd");
+        let qt = body.ty(nd.inputs[0]);
+        let dtype = qt.dtype;
+        if !dtype.is_float() {
+            return Err(unsupported(&name, fam, format!("q is {qt}: float dtypes only")));
+        }
+        // (b, h, s, d) axes of a tensor in the op's layout.
+        let axes: [usize; 4] = if bshd { [0, 2, 1, 3] } else { [0, 1, 2, 3] };
+        for (i, view) in views.iter().take(3).enumerate() {
+            if view.strides.len() != 4 || body.ty(nd.inputs[i]).dtype != dtype {
+                return Err(unsupported(&name, fam, "q, k and v must be rank-4 tensors of one dtype"));
+            }
+        }
+        let q = T4::from_view(&views[0], dtype, axes);
+        let k = T4::from_view(&views[1], dtype, axes);
+        let v = T4::from_view(&views[2], dtype, axes);
+        let out = output_t4(body, nd, &bufs, kd.inputs.len(), axes, &name, fam)?;
+        let shape = |v: sinter_ir::Value, axis: usize| body.ty(v).shape[axes[axis]].clone();
+        let d = const_dim(&shape(nd.inputs[0], 3), "the head dim of q and k", &name, fam)?;
+        let dv = const_dim(&shape(nd.inputs[2], 3), "the head dim of v", &name, fam)?;
+        for t in [&k, &v, &out] {
+            if t.dtype != dtype {
+                return Err(unsupported(&name, fam, "q, k, v and the output must share a dtype"));
+            }
+        }
+        let mask = match views.get(3) {
+            Some(mv) => {
+                let mt = body.ty(nd.inputs[3]);
+                if !mt.dtype.is_float() || mt.rank() > 4 {
+                    return Err(unsupported(&name, fam, format!("the mask is {mt}: a float tensor broadcasting to [B, H, Sq, Skv] expected")));
+                }
+                Some(Mask { buffer: mv.param, dtype: mt.dtype, offset: mv.offset.clone(), st: broadcast_strides(&mt.shape, &mv.strides, 4) })
+            }
+            None => None,
+        };
+        Ok(Prefill {
+            name,
+            n_inputs: kd.inputs.len(),
+            n_buffers: kd.inputs.len() + kd.outputs.len(),
+            dtype,
+            d,
+            dv,
+            scale,
+            causal,
+            heads,
+            kv_heads,
+            batch: shape(nd.inputs[0], 0),
+            sq: shape(nd.inputs[0], 2),
+            skv: shape(nd.inputs[1], 2),
+            q,
+            k,
+            v,
+            out,
+            mask,
+        })
+    }
+
+    fn dims(&self) -> Vec<Dim> {
+        let mut v = vec![self.batch.clone(), self.sq.clone(), self.skv.clone()];
+        for t in [&self.q, &self.k, &self.v, &self.out] {
+            v.extend(t.dims().cloned());
+        }
+        if let Some(m) = &self.mask {
+            v.extend(m.st.iter().cloned());
+            v.push(m.offset.clone());
+        }
+        dims_of(&v)
+    }
+}
+
+/// Generates prefill attention kernel `kernel` of `graph` ([`Family::Attention`], one
+/// `attention` node of kernel inputs q, k, v and an optional additive mask) with the schedule
+/// [`choose_prefill_schedule`] picks.
+///
+/// Shapes: q `[B, H, Sq, D]`, k `[B, Hkv, Skv, D]`, v `[B, Hkv, Skv, Dv]` (`bshd`: `[B, S, H,
+/// D]`; any strides), mask broadcasting to `[B, H, Sq, Skv]`; D and Dv constants ≤ 256, B,
+/// Sq, Skv any (symbolic dims are [`sinter_ir::KernelParam::Size`] parameters); bf16, f16 or
+/// f32. Grid `(⌈Sq/block_q⌉, H, B)`, the longest causal tiles first; block `32·warps`.
+///
+/// # Errors
+/// [`CodegenError::Unsupported`] / [`CodegenError::BadKernel`] for other bodies or shapes;
+/// LLVM and target errors otherwise.
+pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let p = Prefill::analyse(graph, kernel)?;
+    let s = choose_prefill_schedule(p.d, p.dv, p.dtype);
+    prefill_plan(&p, target, &s)
+}
+
+/// As [`generate_prefill`], with the schedule given (for autotuning and tests).
+///
+/// # Errors
+/// As [`generate_prefill`], and [`CodegenError::Unsupported`] for an invalid schedule.
+pub fn generate_prefill_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &AttentionSchedule) -> Result<LaunchPlan, CodegenError> {
+    let p = Prefill::analyse(graph, kernel)?;
+    prefill_plan(&p, target, schedule)
+}
+
+fn prefill_plan(p: &Prefill, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan> {
+    let fam = Family::Attention;
+    s.check().map_err(|e| unsupported(&p.name, fam, e))?;
+    let smem = Smem::new(s, p.d, p.dv, p.dtype);
+    let shared = shared_kind(smem.total, target, &p.name, fam)?;
+    let ctx = Context::create();
+    let entry = format!("{}_attention", p.name);
+    let core = Core { dtype: p.dtype, d: p.d, dv: p.dv, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone() };
+    let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_prefill(kit, p, &core))?;
+    Ok(LaunchPlan {
+        entry,
+        ptx,
+        target: target.name().to_owned(),
+        grid: [
+            GridDim { numerator: p.sq.clone(), denominator: s.block_q() },
+            GridDim::fixed(p.heads as u32),
+            GridDim { numerator: p.batch.clone(), denominator: 1 },
+        ],
+        block: [s.threads(), 1, 1],
+        shared_bytes: dynamic_bytes(shared),
+        params,
+    })
+}
+
+fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
+    let bq = i64::from(c.sched.block_q());
+    // Causal CTAs in reverse order: the longest (bottom) tiles start first.
+    let qtile = kit.zext64(kit.sub(kit.sub(kit.sreg("nctaid.x")?, kit.i32c(1))?, kit.sreg("ctaid.x")?)?)?;
+    let h = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let b = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let hk = kit.udiv(h, kit.i64c(p.heads / p.kv_heads))?;
+    let q0 = kit.mul(qtile, kit.i64c(bq))?;
+    let (sq, skv) = (kit.dim(&p.sq)?, kit.dim(&p.skv)?);
+    // offset + x·t[0] + y·t[1]: the (batch, head) base of a tensor.
+    let base = |offset: &Dim, t: &[Dim], x: IntValue<'ctx>, y: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        let a = kit.add(kit.dim(offset)?, kit.mul(x, kit.dim(&t[0])?)?)?;
+        kit.add(a, kit.mul(y, kit.dim(&t[1])?)?)
+    };
+    let q_base = base(&p.q.offset, &p.q.st, b, h)?;
+    let o_base = base(&p.out.offset, &p.out.st, b, h)?;
+    let k_base = base(&p.k.offset, &p.k.st, b, hk)?;
+    let v_base = base(&p.v.offset, &p.v.st, b, hk)?;
+    let m_base = match &p.mask {
+        Some(m) => Some(base(&m.offset, &m.st, b, h)?),
+        None => None,
+    };
+    let (q_ss, o_ss) = (kit.dim(&p.q.st[2])?, kit.dim(&p.out.st[2])?);
+    let shift = kit.sub(skv, sq)?; // Skv − Sq: query i sees keys j ≤ i + shift
+    let rows = |k: &Kit<'ctx>, r: IntValue<'ctx>| -> R<RowInfo<'ctx>> {
+        let i = k.add(q0, k.zext64(r)?)?;
+        let valid = k.icmp(IntPredicate::SLT, i, sq)?;
+        let limit = if p.causal { k.smin(k.smax(k.add(k.add(i, shift)?, k.i64c(1))?, k.i64c(0))?, skv)? } else { skv };
+        let limit = k.trunc32(limit)?;
+        let mask_off = match (&p.mask, m_base) {
+            (Some(m), Some(mb)) => Some(k.add(mb, k.mul(i, k.dim(&m.st[2])?)?)?),
+            _ => None,
+        };
+        Ok(RowInfo { valid, q_off: k.add(q_base, k.mul(i, q_ss)?)?, o_off: k.add(o_base, k.mul(i, o_ss)?)?, limit, mask_off })
+    };
+    let (k_ss, v_ss) = (kit.dim(&p.k.st[2])?, kit.dim(&p.v.st[2])?);
+    let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+        Ok((k.add(k_base, k.mul(j, k_ss)?)?, k.add(v_base, k.mul(j, v_ss)?)?))
+    };
+    let kv_end = if p.causal {
+        // The CTA's last row: min(q0 + bq, Sq) − 1.
+        let last = kit.sub(kit.smin(kit.add(q0, kit.i64c(bq))?, sq)?, kit.i64c(1))?;
+        kit.smin(kit.smax(kit.add(kit.add(last, shift)?, kit.i64c(1))?, kit.i64c(0))?, skv)?
+    } else {
+        skv
+    };
+    let keys = Keys {
+        k: &p.k,
+        v: &p.v,
+        offsets: &offsets,
+        kv_len: skv,
+        kv_end,
+        mask: p.mask.as_ref().map(|m| (m.buffer, m.dtype, m.st[3].clone())),
+    };
+    build_core(kit, c, &rows, &keys)
+}
+
+// ---- paged decode ----------------------------------------------------------------------
+
+/// Facts of a paged attention kernel.
+struct Paged {
+    name: String,
+    n_inputs: usize,
+    n_buffers: usize,
+    dtype: DType,
+    d: u32,
+    scale: f64,
+    causal: bool,
+    heads: i64,
+    kv_heads: i64,
+    batch: Dim,
+    /// Query rows per sequence and head (T).
+    t: Dim,
+    pages: Dim,
+    page_size: Dim,
+    /// Columns of the block table (max pages per sequence).
+    max_pages: Dim,
+    q: T4,
+    out: T4,
+    /// Pages as T4 over (page, slot, kv head, d).
+    kp: T4,
+    vp: T4,
+    /// Block table: buffer, offset, row stride, column stride.
+    table: (usize, Dim, Dim, Dim),
+    /// Sequence lengths: buffer, offset, stride.
+    lens: (usize, Dim, Dim),
+}
+
+impl Paged {
+    fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Paged> {
+        let name = kernel.to_string();
+        let fam = Family::PagedAttention;
+        let kd = KernelCtx::new(graph, kernel)?.data;
+        let bufs = buffer_infos(graph, kd).map_err(|e| bad(&name, fam, e))?;
+        let (body, nd, views) = single_node(kd, &bufs, &name, fam, OpKind::PagedAttention)?;
+        let op = &nd.op;
+        let scale = op.float("scale").ok_or_else(|| bad(&name, fam, "paged_attention without `scale`"))?;
+        let causal = op.bool("causal").unwrap_or(true);
+        let heads = op.int("heads").ok_or_else(|| bad(&name, fam, "paged_attention without `heads`"))?;
+        let kv_heads = op.int("kv_heads").ok_or_else(|| bad(&name, fam, "paged_attention without `kv_heads`"))?;
+        if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+            return Err(bad(&name, fam, format!("heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")));
+        }
+        let ty = |i: usize| body.ty(nd.inputs[i]);
+        let (qt, pt, tbt, lnt) = (ty(0), ty(1), ty(3), ty(4));
+        let dtype = qt.dtype;
+        if !dtype.is_float() || qt.rank() != 4 || pt.rank() != 4 || pt.dtype != dtype || ty(2) != pt {
+            return Err(unsupported(&name, fam, format!("q and the pages must be rank-4 tensors of one float dtype, got {qt} and {pt}")));
+        }
+        if tbt.dtype != DType::I32 || tbt.rank() != 2 || lnt.dtype != DType::I32 || lnt.rank() != 1 {
+            return Err(bad(&name, fam, format!("block_table must be i32[B, M] and seq_lens i32[B], got {tbt} and {lnt}")));
+        }
+        let ident = [0, 1, 2, 3];
+        let q = T4::from_view(&views[0], dtype, ident);
+        let kp = T4::from_view(&views[1], dtype, ident);
+        let vp = T4::from_view(&views[2], dtype, ident);
+        let out = output_t4(body, nd, &bufs, kd.inputs.len(), ident, &name, fam)?;
+        if out.dtype != dtype {
+            return Err(unsupported(&name, fam, "the output must have q's dtype"));
+        }
+        let d = const_dim(&qt.shape[3], "the head dim", &name, fam)?;
+        let (tv, lv) = (&views[3], &views[4]);
+        Ok(Paged {
+            name,
+            n_inputs: kd.inputs.len(),
+            n_buffers: kd.inputs.len() + kd.outputs.len(),
+            dtype,
+            d,
+            scale,
+            causal,
+            heads,
+            kv_heads,
+            batch: qt.shape[0].clone(),
+            t: qt.shape[2].clone(),
+            pages: pt.shape[0].clone(),
+            page_size: pt.shape[1].clone(),
+            max_pages: tbt.shape[1].clone(),
+            q,
+            out,
+            kp,
+            vp,
+            table: (tv.param, tv.offset.clone(), tv.strides[0].clone(), tv.strides[1].clone()),
+            lens: (lv.param, lv.offset.clone(), lv.strides[0].clone()),
+        })
+    }
+
+    fn dims(&self) -> Vec<Dim> {
+        let mut v = vec![self.batch.clone(), self.t.clone(), self.pages.clone(), self.page_size.clone(), self.max_pages.clone()];
+        for t in [&self.q, &self.out, &self.kp, &self.vp] {
+            v.extend(t.dims().cloned());
+        }
+        v.extend([self.table.1.clone(), self.table.2.clone(), self.table.3.clone(), self.lens.1.clone(), self.lens.2.clone()]);
+        v.push(self.rows());
+        dims_of(&v)
+    }
+
+    /// Query rows per (sequence, KV head): `H/Hkv · T`.
+    fn rows(&self) -> Dim {
+        self.t.scale(self.heads / self.kv_heads)
+    }
+}
+
+/// Generates paged decode attention kernel `kernel` of `graph` ([`Family::PagedAttention`],
+/// one `paged_attention` node of kernel inputs) with the schedule [`choose_paged_schedule`]
+/// picks.
+///
+/// Shapes: q `[B, H, T, D]`, k_pages / v_pages `[P, S, Hkv, D]`, block_table `[B, M]` i32,
+/// seq_lens `[B]` i32, output like q; D a constant ≤ 256; B, T, P, S, M any. Grid
+/// `(⌈(H/Hkv)·T / block_q⌉, Hkv, B)`; block `32·warps`.
+///
+/// # Errors
+/// As [`generate_prefill`].
+pub fn generate_paged(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let p = Paged::analyse(graph, kernel)?;
+    let s = choose_paged_schedule(p.rows().as_const(), p.d, p.d, p.dtype);
+    paged_plan(&p, target, &s)
+}
+
+/// As [`generate_paged`], with the schedule given.
+///
+/// # Errors
+/// As [`generate_paged`], and [`CodegenError::Unsupported`] for an invalid schedule.
+pub fn generate_paged_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &AttentionSchedule) -> Result<LaunchPlan, CodegenError> {
+    let p = Paged::analyse(graph, kernel)?;
+    paged_plan(&p, target, schedule)
+}
+
+fn paged_plan(p: &Paged, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan> {
+    let fam = Family::PagedAttention;
+    s.check().map_err(|e| unsupported(&p.name, fam, e))?;
+    let smem = Smem::new(s, p.d, p.d, p.dtype);
+    let shared = shared_kind(smem.total, target, &p.name, fam)?;
+    let ctx = Context::create();
+    let entry = format!("{}_paged_attention", p.name);
+    let core = Core { dtype: p.dtype, d: p.d, dv: p.d, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone() };
+    let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_paged(kit, p, &core))?;
+    Ok(LaunchPlan {
+        entry,
+        ptx,
+        target: target.name().to_owned(),
+        grid: [
+            GridDim { numerator: p.rows(), denominator: s.block_q() },
+            GridDim::fixed(p.kv_heads as u32),
+            GridDim { numerator: p.batch.clone(), denominator: 1 },
+        ],
+        block: [s.threads(), 1, 1],
+        shared_bytes: dynamic_bytes(shared),
+        params,
+    })
+}
+
+fn build_paged<'ctx>(kit: &Kit<'ctx>, p: &Paged, c: &Core) -> R<()> {
+    let bq = i64::from(c.sched.block_q());
+    let group = p.heads / p.kv_heads;
+    let row0 = kit.mul(kit.zext64(kit.sreg("ctaid.x")?)?, kit.i64c(bq))?;
+    let g = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let b = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let t = kit.dim(&p.t)?;
+    let n_rows = kit.dim(&p.rows())?;
+    let (ps, npages, maxp) = (kit.dim(&p.page_size)?, kit.dim(&p.pages)?, kit.dim(&p.max_pages)?);
+    // The sequence's length, from device memory, clamped to what the table can hold.
+    let (lens_buf, lens_off, lens_s) = &p.lens;
+    let len_at = kit.add(kit.dim(lens_off)?, kit.mul(b, kit.dim(lens_s)?)?)?;
+    let len = kit.sext64(kit.load_i32(kit.buf(*lens_buf)?, len_at)?)?;
+    let cap = kit.mul(maxp, ps)?;
+    let len = kit.smin(kit.smax(len, kit.i64c(0))?, cap)?;
+    let shift = kit.sub(len, t)?; // query t sees keys j ≤ t + len − T
+    let q_st: Vec<IntValue> = p.q.st.iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
+    let o_st: Vec<IntValue> = p.out.st.iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
+    let (q_base, o_base) = (kit.dim(&p.q.offset)?, kit.dim(&p.out.offset)?);
+    let rows = |k: &Kit<'ctx>, r: IntValue<'ctx>| -> R<RowInfo<'ctx>> {
+        let rg = k.add(row0, k.zext64(r)?)?;
+        let valid = k.icmp(IntPredicate::SLT, rg, n_rows)?;
+        // Row rg = (head within the group) · T + t.
+        let hh = k.udiv(rg, t)?;
+        let ti = k.urem(rg, t)?;
+        let head = k.add(k.mul(g, k.i64c(group))?, hh)?;
+        let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> {
+            k.add(base, k.add(k.add(k.mul(b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?)
+        };
+        let limit = if p.causal { k.smin(k.smax(k.add(k.add(ti, shift)?, k.i64c(1))?, k.i64c(0))?, len)? } else { len };
+        let limit = k.trunc32(limit)?;
+        Ok(RowInfo { valid, q_off: off(q_base, &q_st)?, o_off: off(o_base, &o_st)?, limit, mask_off: None })
+    };
+    let (tbuf, toff, ts0, ts1) = &p.table;
+    let table = kit.buf(*tbuf)?;
+    let (ts0, ts1) = (kit.dim(ts0)?, kit.dim(ts1)?);
+    let kst: Vec<IntValue> = p.kp.st[..3].iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
+    let vst: Vec<IntValue> = p.vp.st[..3].iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
+    let (k_base, v_base) = (kit.dim(&p.kp.offset)?, kit.dim(&p.vp.offset)?);
+    let tb_row = kit.add(kit.dim(toff)?, kit.mul(b, ts0)?)?;
+    let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let col = k.udiv(j, ps)?;
+        let slot = k.urem(j, ps)?;
+        let page = k.sext64(k.load_i32(table, k.add(tb_row, k.mul(col, ts1)?)?)?)?;
+        let page = k.smin(k.smax(page, k.i64c(0))?, k.sub(npages, k.i64c(1))?)?;
+        let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> {
+            k.add(base, k.add(k.add(k.mul(page, st[0])?, k.mul(slot, st[1])?)?, k.mul(g, st[2])?)?)
+        };
+        Ok((off(k_base, &kst)?, off(v_base, &vst)?))
+    };
+    let keys = Keys { k: &p.kp, v: &p.vp, offsets: &offsets, kv_len: len, kv_end: len, mask: None };
+    build_core(kit, c, &rows, &keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::matmul::tests::{assemble, d, plan_line, single_kernel, sym, ty};
+    use sinter_ir::{Attr, FunctionBuilder, Graph, KernelParam};
+
+    /// `attention(q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], mask [Sq, Skv]?)`.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill(dt: DType, h: i64, hkv: i64, sq: Dim, skv: Dim, hd: i64, dv: i64, causal: bool, mask: bool) -> (KernelGraph, Kernel) {
+        let b = sym("B");
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let q = fb.param("q", ty(dt, &[b.clone(), d(h), sq.clone(), d(hd)]));
+        let k = fb.param("k", ty(dt, &[b.clone(), d(hkv), skv.clone(), d(hd)]));
+        let v = fb.param("v", ty(dt, &[b, d(hkv), skv.clone(), d(dv)]));
+        let mut args = vec![q, k, v];
+        if mask {
+            args.push(fb.param("mask", ty(dt, &[sq, skv])));
+        }
+        let attrs = vec![
+            ("scale", Attr::Float(1.0 / (hd as f64).sqrt())),
+            ("causal", Attr::Bool(causal)),
+            ("heads", Attr::Int(h)),
+            ("kv_heads", Attr::Int(hkv)),
+        ];
+        let o = fb.op1(OpKind::Attention, &args, attrs).unwrap();
+        single_kernel(Family::Attention, fb.finish(&[o]).unwrap())
+    }
+
+    /// `paged_attention(q [B, H, T, D], pages [P, S, Hkv, D], block_table [B, M], seq_lens [B])`.
+    fn paged(dt: DType, h: i64, hkv: i64, t: Dim, hd: i64, page: i64) -> (KernelGraph, Kernel) {
+        let b = sym("B");
+        let mut fb = FunctionBuilder::new(&Graph::new(), "decode");
+        let q = fb.param("q", ty(dt, &[b.clone(), d(h), t, d(hd)]));
+        let kp = fb.param("k_pages", ty(dt, &[sym("P"), d(page), d(hkv), d(hd)]));
+        let vp = fb.param("v_pages", ty(dt, &[sym("P"), d(page), d(hkv), d(hd)]));
+        let bt = fb.param("block_table", ty(DType::I32, &[b.clone(), sym("M")]));
+        let lens = fb.param("seq_lens", ty(DType::I32, &[b]));
+        let attrs = vec![
+            ("scale", Attr::Float(1.0 / (hd as f64).sqrt())),
+            ("causal", Attr::Bool(true)),
+            ("heads", Attr::Int(h)),
+            ("kv_heads", Attr::Int(hkv)),
+        ];
+        let o = fb.op1(OpKind::PagedAttention, &[q, kp, vp, bt, lens], attrs).unwrap();
+        single_kernel(Family::PagedAttention, fb.finish(&[o]).unwrap())
+    }
+
+    /// Prefill at sm_80 and sm_90a: plans and ptxas resource lines (no spills).
+    #[test]
+    fn prefill_ptxas_reports() {
+        let cases = vec![
+            ("bf16 D64 GQA 9/3 causal Sq=T Skv=T (SmolLM2)", prefill(DType::BF16, 9, 3, sym("T"), sym("T"), 64, 64, true, false)),
+            ("bf16 D128 GQA 32/8 causal Sq=T Skv=S", prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, true, false)),
+            ("f32 D128 MHA 4/4 additive mask", prefill(DType::F32, 4, 4, sym("T"), sym("S"), 128, 128, false, true)),
+            ("bf16 D256 GQA 8/2 causal", prefill(DType::BF16, 8, 2, sym("T"), sym("S"), 256, 256, true, false)),
+            ("f16 D80 Dv96 causal with mask", prefill(DType::F16, 4, 2, d(100), d(130), 80, 96, true, true)),
+        ];
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            for (what, (g, k)) in &cases {
+                let plan = generate_prefill(g, *k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("attention_ptxas", text);
+    }
+
+    /// Paged decode at sm_80 and sm_90a.
+    #[test]
+    fn paged_ptxas_reports() {
+        let cases = vec![
+            ("bf16 D64 GQA 9/3 T=1 page 16 (SmolLM2)", paged(DType::BF16, 9, 3, d(1), 64, 16)),
+            ("bf16 D128 GQA 32/8 T=1 page 16", paged(DType::BF16, 32, 8, d(1), 128, 16)),
+            ("bf16 D128 GQA 32/8 T=4 page 32", paged(DType::BF16, 32, 8, d(4), 128, 32)),
+            ("f32 D128 GQA 8/2 T symbolic", paged(DType::F32, 8, 2, sym("T"), 128, 16)),
+        ];
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            for (what, (g, k)) in &cases {
+                let plan = generate_paged(g, *k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("paged_attention_ptxas", text);
+    }
+
+    #[test]
+    fn launch_plans() {
+        let (g, k) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, true, false);
+        let plan = generate_prefill(&g, k, &Target::SM_90A).unwrap();
+        assert_eq!(plan.entry, "k0_attention");
+        assert_eq!(plan.block, [256, 1, 1]);
+        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 32 });
+        assert_eq!(plan.grid[1], GridDim::fixed(32));
+        assert_eq!(plan.grid[2], GridDim { numerator: sym("B"), denominator: 1 });
+        assert_eq!(plan.shared_bytes, 0);
+        assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
+        for s in ["T", "S"] {
+            assert!(plan.params.contains(&KernelParam::Size(sym(s))), "{:?}", plan.params);
+        }
+        for needle in ["max.NaN.f32", "shfl.sync.bfly.b32", "ex2.approx", "bar.sync", "bar.warp.sync", "ld.global.nc.v4"] {
+            assert!(plan.ptx.contains(needle), "no {needle}");
+        }
+        let (g, k) = paged(DType::BF16, 32, 8, d(1), 128, 16);
+        let plan = generate_paged(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.entry, "k0_paged_attention");
+        assert_eq!(plan.block, [128, 1, 1]);
+        assert_eq!(plan.grid[0], GridDim { numerator: d(4), denominator: 4 });
+        assert_eq!(plan.grid[1], GridDim::fixed(8));
+        assert_eq!(plan.grid[2], GridDim { numerator: sym("B"), denominator: 1 });
+        assert_eq!(plan.params.len(), 6 + plan.params.iter().filter(|p| matches!(p, KernelParam::Size(_))).count());
+        // f32 with D = 256 needs more than 48 KiB: dynamic shared memory.
+        let (g, k) = prefill(DType::F32, 2, 1, sym("T"), sym("T"), 256, 256, true, false);
+        let plan = generate_prefill(&g, k, &Target::SM_80).unwrap();
+        assert!(plan.shared_bytes > 48 * 1024, "{}", plan.shared_bytes);
+        assert!(plan.ptx.contains(".extern .shared"), "{}", plan.ptx);
+        assemble(&plan);
+    }
+
+    #[test]
+    fn schedules() {
+        let s = |w, r| AttentionSchedule { warps: w, rows_per_warp: r };
+        assert_eq!(choose_prefill_schedule(64, 64, DType::BF16), s(8, 4));
+        assert_eq!(choose_prefill_schedule(128, 128, DType::BF16), s(8, 4));
+        assert_eq!(choose_prefill_schedule(256, 256, DType::BF16), s(4, 4));
+        assert_eq!(choose_prefill_schedule(128, 128, DType::F32), s(4, 4));
+        assert_eq!(choose_paged_schedule(Some(4), 128, 128, DType::BF16), s(4, 1));
+        assert_eq!(choose_paged_schedule(Some(3), 64, 64, DType::BF16), s(4, 1));
+        assert_eq!(choose_paged_schedule(Some(8), 128, 128, DType::BF16), s(4, 2));
+        assert_eq!(choose_paged_schedule(None, 128, 128, DType::BF16), s(8, 4));
+        assert_eq!(s(8, 4).shared_bytes(128, 128, DType::BF16), 29696);
+        // Other schedules generate and assemble (the autotuner's candidates).
+        let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), 64, 64, true, false);
+        for sch in [s(4, 8), s(2, 2), s(1, 1), s(8, 1)] {
+            let plan = generate_prefill_with(&g, k, &Target::SM_80, &sch).unwrap_or_else(|e| panic!("{sch:?}: {e}"));
+            assemble(&plan);
+        }
+        assert!(matches!(generate_prefill_with(&g, k, &Target::SM_80, &s(0, 4)), Err(CodegenError::Unsupported { .. })));
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_do() {
+        // A symbolic head dim.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let shape = [d(1), d(2), sym("T"), sym("D")];
+        let q = fb.param("q", ty(DType::BF16, &shape));
+        let k = fb.param("k", ty(DType::BF16, &shape));
+        let v = fb.param("v", ty(DType::BF16, &shape));
+        let attrs = vec![("scale", Attr::Float(0.1)), ("heads", Attr::Int(2)), ("kv_heads", Attr::Int(2))];
+        let o = fb.op1(OpKind::Attention, &[q, k, v], attrs).unwrap();
+        let (g, kk) = single_kernel(Family::Attention, fb.finish(&[o]).unwrap());
+        let e = generate_prefill(&g, kk, &Target::SM_80).unwrap_err();
+        assert!(e.to_string().contains("head dim"), "{e}");
+        // A fused epilogue.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let shape = [d(1), d(2), sym("T"), d(64)];
+        let q = fb.param("q", ty(DType::BF16, &shape));
+        let k = fb.param("k", ty(DType::BF16, &shape));
+        let v = fb.param("v", ty(DType::BF16, &shape));
+        let attrs = vec![("scale", Attr::Float(0.1)), ("heads", Attr::Int(2)), ("kv_heads", Attr::Int(2))];
+        let o = fb.op1(OpKind::Attention, &[q, k, v], attrs).unwrap();
+        let o = fb.op1(OpKind::Neg, &[o], vec![]).unwrap();
+        let (g, kk) = single_kernel(Family::Attention, fb.finish(&[o]).unwrap());
+        assert!(matches!(generate_prefill(&g, kk, &Target::SM_80), Err(CodegenError::Unsupported { .. })));
+        // The wrong generator for the family.
+        let (g, kk) = paged(DType::BF16, 4, 2, d(1), 64, 16);
+        assert!(matches!(generate_prefill(&g, kk, &Target::SM_80), Err(CodegenError::BadKernel { .. })));
+    }
+
+    /// The `bshd` layout and non-contiguous strides (q a transposed view) generate and
+    /// assemble; scalar loads are used where 16-byte ones are not proven.
+    #[test]
+    fn bshd_and_strided_inputs() {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let q = fb.param("q", ty(DType::BF16, &[d(1), sym("T"), d(8), d(64)]));
+        let k = fb.param("k", ty(DType::BF16, &[d(1), sym("T"), d(2), d(64)]));
+        let v = fb.param("v", ty(DType::BF16, &[d(1), sym("T"), d(2), d(64)]));
+        let attrs = vec![("scale", Attr::Float(0.125)), ("causal", Attr::Bool(true)), ("heads", Attr::Int(8)), ("kv_heads", Attr::Int(2)), ("layout", Attr::Str("bshd".into()))];
+        let o = fb.op1(OpKind::Attention, &[q, k, v], attrs).unwrap();
+        let (mut g, kk) = single_kernel(Family::Attention, fb.finish(&[o]).unwrap());
+        let plan = generate_prefill(&g, kk, &Target::SM_80).unwrap();
+        assert!(plan.ptx.contains("ld.global.nc.v4"), "bshd rows are contiguous");
+        assemble(&plan);
+        // Make k's head-dim stride 2 (an odd view): no vector loads of k.
+        let kb = g.kernels[kk].inputs[1];
+        g.buffers[kb].layout.strides[3] = d(2);
+        let plan = generate_prefill(&g, kk, &Target::SM_80).unwrap();
+        assemble(&plan);
+    }
+}
+

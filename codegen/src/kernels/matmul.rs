@@ -1,0 +1,1616 @@
+//! The matmul family ([`Family::Matmul`]): a (batched) matrix product with a fused
+//! element-wise epilogue, on CUDA cores, correct for every shape.
+//!
+//! # What a kernel computes
+//! The body holds one `matmul` node `c = a · b` (`a [..., M, K]`, `b [..., K, N]` after the
+//! optional `transpose_a` / `transpose_b` of the last two axes; batch axes broadcast by NumPy
+//! rules; `bf16`, `f16` or `f32` operands of one dtype) whose operands are kernel inputs, and
+//! any element-wise epilogue the shared element evaluator (`kernels::element`) computes, per
+//! output element, from the matmul's result, the other kernel inputs and constants: a bias
+//! `[N]` broadcast over rows, a residual `[..., M, N]`, `cast`, `silu`, `gelu`, `mul`,
+//! `select`, … Every kernel output is a value of the body with the matmul's output shape
+//! `[..., M, N]` (the matmul's result itself, or an epilogue value).
+//!
+//! Numerics (DESIGN.md, "Numerical conventions"): products are accumulated in f32, the
+//! matmul result is rounded once to its dtype, and then every epilogue node is computed in
+//! f32 from its (rounded) operands and rounded to its own dtype, exactly where the unfused
+//! graph rounds. Addresses are 64-bit; every load and store is bounds-checked, so any M, N, K
+//! (1, 17, 1000, 0) is correct; strides come from the buffers' [`sinter_ir::Layout`]s (any
+//! strides, not only contiguous ones), and a symbolic dim (the token count `T`) is passed as a
+//! [`sinter_ir::KernelParam::Size`].
+//!
+//! # Schedules
+//! Two generators, both parameterised by a schedule ([`MatmulSchedule`]) so that issue 6's
+//! tensor-core versions (`cp.async` stages, `ldmatrix`, `mma.sync`) can slot in beside them
+//! and the runtime can autotune among candidates:
+//! - [`TiledSchedule`]: the classic shared-memory tiled GEMM on CUDA cores (as in the CUDA C
+//!   Programming Guide's shared-memory matmul, with per-thread register micro-tiles as in
+//!   Volkov & Demmel 2008). A CTA computes a `bm × bn` tile of C; per `bk`-step it stages the
+//!   `bm × bk` slab of A and the `bk × bn` slab of B in shared memory (converted to f32, padded
+//!   by 4 floats per row), then every thread accumulates its `tm × tn` micro-tile from
+//!   16-byte shared loads. Grid: `(⌈M/bm⌉, ⌈N/bn⌉, batch)`. Default 64×64×16 with 4×4
+//!   micro-tiles: 256 threads, 8.5 KiB of shared memory.
+//! - [`SmallMSchedule`]: a GEMV / flat GEMM for decode (M ≤ 16). `lanes` threads cooperate
+//!   on one output column n for `rows` rows at once: when B is K-contiguous (the `[N, K]`
+//!   weight with `transpose_b`, the LLM case) a warp splits K, reads 16-byte vectors of A and B
+//!   where alignment and extent are proven, and reduces with `shfl.sync.bfly`; when B is
+//!   N-contiguous, one thread per column walks K so that a warp's loads of B coalesce. Grid:
+//!   `(⌈N/columns⌉, ⌈M/rows⌉, batch)`. Every weight byte is read once per `rows` rows, which is
+//!   what decode (memory-bound) needs; FlashDecoding++ (Hong et al. 2023, arXiv 2311.01282,
+//!   §4) motivates the flat-GEMM split.
+//!
+//! [`choose_schedule`] picks between them by shape: a constant M ≤ 16 gets the small-M kernel,
+//! anything else (a symbolic M included) the tiled one.
+
+use inkwell::context::Context;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::IntPredicate;
+use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, Value, ValueDef};
+
+use self::kit::{broadcast_strides, dims_of, Kit, SharedKind, R};
+use super::element::{At, Buf};
+use super::KernelCtx;
+use crate::target::Target;
+use crate::CodegenError;
+
+/// The shared-memory tiled CUDA-core schedule (see the module docs).
+///
+/// Constraints: `bm % tm == 0`, `bn % tn == 0`, `tm, tn ∈ {1, 2, 4}`, the thread count
+/// `(bm/tm)·(bn/tn)` a multiple of 32 and at most 1024, and `bm·bk` and `bk·bn` multiples of
+/// it (every thread stages the same number of elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TiledSchedule {
+    /// Rows of C per CTA.
+    pub bm: u32,
+    /// Columns of C per CTA.
+    pub bn: u32,
+    /// K elements staged in shared memory per step.
+    pub bk: u32,
+    /// Rows of each thread's register micro-tile.
+    pub tm: u32,
+    /// Columns of each thread's register micro-tile.
+    pub tn: u32,
+}
+
+impl TiledSchedule {
+    /// 64×64×16 with 4×4 micro-tiles: 256 threads, 8.5 KiB of shared memory.
+    pub const DEFAULT: TiledSchedule = TiledSchedule { bm: 64, bn: 64, bk: 16, tm: 4, tn: 4 };
+
+    /// Threads per CTA: `(bm/tm)·(bn/tn)`.
+    pub fn threads(&self) -> u32 {
+        (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
+    }
+
+    /// Shared memory per CTA in bytes: both f32 slabs, rows padded by 4 floats, the B slab
+    /// starting 16-byte aligned.
+    pub fn shared_bytes(&self) -> u32 {
+        self.b_slab_offset() + 4 * self.bk * (self.bn + PAD)
+    }
+
+    /// Byte offset of the B slab in shared memory.
+    fn b_slab_offset(&self) -> u32 {
+        (4 * self.bk * (self.bm + PAD)).div_ceil(16) * 16
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let t = self.threads();
+        let ok = self.tm > 0
+            && self.tn > 0
+            && matches!(self.tm, 1 | 2 | 4)
+            && matches!(self.tn, 1 | 2 | 4)
+            && self.bk > 0
+            && self.bm % self.tm == 0
+            && self.bn % self.tn == 0
+            && t % 32 == 0
+            && t > 0
+            && t <= 1024
+            && (self.bm * self.bk) % t == 0
+            && (self.bk * self.bn) % t == 0
+            && self.shared_bytes() <= 48 * 1024;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid tiled matmul schedule {self:?}"))
+        }
+    }
+}
+
+/// The small-M (GEMV / flat GEMM) schedule (see the module docs).
+///
+/// Constraints: `lanes` a power of two ≤ 32, `lanes · columns` a multiple of 32 and at most
+/// 1024, `1 ≤ rows ≤ 16`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SmallMSchedule {
+    /// Rows of C (M) one CTA computes; every B element it reads is used for all of them.
+    pub rows: u32,
+    /// Threads per output column (they split K and reduce with shuffles).
+    pub lanes: u32,
+    /// Output columns per CTA.
+    pub columns: u32,
+}
+
+impl SmallMSchedule {
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        self.lanes * self.columns
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let t = self.threads();
+        let ok = self.lanes.is_power_of_two()
+            && self.lanes <= 32
+            && self.columns > 0
+            && t % 32 == 0
+            && t <= 1024
+            && (1..=16).contains(&self.rows);
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid small-M matmul schedule {self:?}"))
+        }
+    }
+}
+
+/// Which matmul kernel to generate, with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulSchedule {
+    /// Shared-memory tiled GEMM.
+    Tiled(TiledSchedule),
+    /// GEMV / flat GEMM for small M.
+    SmallM(SmallMSchedule),
+}
+
+/// Picks the schedule for a kernel whose matmul has `m` rows; `b_k_contiguous` says whether B's
+/// contraction axis has stride 1 (a `[N, K]` weight read with `transpose_b`).
+///
+/// Heuristic: a constant `m ≤ 16` → [`MatmulSchedule::SmallM`] with `rows = m` (a warp per
+/// column when B is K-contiguous, four columns per CTA; else a thread per column, 128 columns
+/// per CTA); anything else (a symbolic `m` such as the token count included) →
+/// [`TiledSchedule::DEFAULT`].
+pub fn choose_schedule(m: &Dim, b_k_contiguous: bool) -> MatmulSchedule {
+    match m.as_const() {
+        Some(rows) if (1..=16).contains(&rows) => MatmulSchedule::SmallM(SmallMSchedule {
+            rows: rows as u32,
+            lanes: if b_k_contiguous { 32 } else { 1 },
+            columns: if b_k_contiguous { 4 } else { 128 },
+        }),
+        _ => MatmulSchedule::Tiled(TiledSchedule::DEFAULT),
+    }
+}
+
+/// Generates the PTX and launch plan of matmul kernel `kernel` of `graph` with the schedule
+/// [`choose_schedule`] picks.
+///
+/// Parameters: the kernel's buffers (inputs then outputs), then one i64 per symbolic dim the
+/// kernel needs. Block and grid: see [`TiledSchedule`] / [`SmallMSchedule`]; no dynamic shared
+/// memory.
+///
+/// # Errors
+/// [`CodegenError::Unsupported`] when the body is not one `matmul` of float kernel inputs
+/// followed by an epilogue the element evaluator supports, or when an output does not have
+/// the matmul's shape; LLVM and target errors otherwise.
+pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let spec = Spec::analyse(graph, kernel)?;
+    let schedule = choose_schedule(&spec.m, spec.b.ks.as_const() == Some(1));
+    generate_spec(&spec, target, &schedule)
+}
+
+/// As [`generate`], with the schedule given (for autotuning and tests). Either schedule is
+/// correct for every shape ([`MatmulSchedule::SmallM`] covers M with `⌈M/rows⌉` CTAs along
+/// y, so it is merely slow for a large M).
+///
+/// # Errors
+/// As [`generate`], and [`CodegenError::Unsupported`] for a schedule that breaks its
+/// constraints.
+pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &MatmulSchedule) -> Result<LaunchPlan, CodegenError> {
+    let spec = Spec::analyse(graph, kernel)?;
+    generate_spec(&spec, target, schedule)
+}
+
+fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Result<LaunchPlan, CodegenError> {
+    let (tag, check, threads) = match schedule {
+        MatmulSchedule::Tiled(s) => ("matmul", s.check(), s.threads()),
+        MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
+    };
+    check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
+    let entry = format!("{}_{tag}", spec.kernel_name);
+    let ctx = Context::create();
+    let n_outputs = spec.n_buffers - spec.n_inputs;
+    let (ptx, params) = Kit::build(&ctx, &entry, *target, spec.n_inputs, n_outputs, &spec.all_dims, threads, |kit| match schedule {
+        MatmulSchedule::Tiled(s) => build_tiled(kit, spec, s),
+        MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
+    })?;
+    let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
+    let grid = match schedule {
+        MatmulSchedule::Tiled(s) => [GridDim { numerator: spec.m.clone(), denominator: s.bm }, GridDim { numerator: spec.n.clone(), denominator: s.bn }, batch],
+        MatmulSchedule::SmallM(s) => [GridDim { numerator: spec.n.clone(), denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch],
+    };
+    Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes: 0, params })
+}
+
+/// The error for a kernel this family cannot generate (`kernel` is `k3`).
+fn unsupported(kernel: &str, reason: impl Into<String>) -> CodegenError {
+    CodegenError::Unsupported { kernel: format!("{kernel} (Matmul)"), message: reason.into() }
+}
+
+/// Row padding of the shared-memory slabs, in f32s (keeps rows 16-byte aligned).
+const PAD: u32 = 4;
+
+/// One matmul operand: kernel parameter, dtype, strides of its batch axes as seen from the
+/// output's batch axes (0 where broadcast), and the strides of its two matrix axes.
+#[derive(Clone, Debug)]
+struct MatOperand {
+    buffer: usize,
+    dtype: DType,
+    batch_strides: Vec<Dim>,
+    /// Stride of the non-contracted axis (A: m, B: n).
+    outer: Dim,
+    /// Stride of the contracted axis (k).
+    ks: Dim,
+    /// Alignment of the buffer's base, bytes.
+    align: u32,
+}
+
+impl MatOperand {
+    /// Whether `c` consecutive k-elements can be one aligned vector load at every k that is a
+    /// multiple of `c`: k is contiguous, every other stride is a multiple of `c`, the base is
+    /// aligned to the vector's bytes.
+    fn vector_ok(&self, c: u32) -> bool {
+        let c64 = i64::from(c);
+        self.ks.as_const() == Some(1)
+            && self.outer.div_exact(c64).is_some()
+            && self.batch_strides.iter().all(|s| s.div_exact(c64).is_some())
+            && self.align >= c * self.dtype.size_bytes() as u32
+    }
+}
+
+/// A kernel buffer as the element evaluator sees it: dtype, strides, alignment.
+#[derive(Clone, Debug)]
+struct BufInfo {
+    dtype: DType,
+    strides: Vec<Dim>,
+    align: u32,
+}
+
+/// What the generators need to know about a matmul kernel.
+struct Spec {
+    kernel_name: String,
+    n_inputs: usize,
+    n_buffers: usize,
+    /// Dtype of the matmul's result (and operands).
+    dtype: DType,
+    a: MatOperand,
+    b: MatOperand,
+    m: Dim,
+    n: Dim,
+    k: Dim,
+    /// The output's batch axes.
+    batch: Vec<Dim>,
+    /// The body with the matmul's result turned into one more parameter (the last), which
+    /// the epilogue reads from the accumulator: the element evaluator then computes every
+    /// output from it, the kernel inputs and constants.
+    epilogue: Function,
+    /// Every buffer, inputs then outputs.
+    buffers: Vec<BufInfo>,
+    /// Every dim the kernel may read at run time (a superset: all shapes, strides and
+    /// attribute dims of the body).
+    all_dims: Vec<Dim>,
+}
+
+impl Spec {
+    fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Spec> {
+        let name = kernel.to_string();
+        let no = |reason: String| unsupported(&name, reason);
+        // The shared checks: the body's signature matches the buffers, strides fit ranks,
+        // every value a node names exists.
+        let kd = KernelCtx::new(graph, kernel)?.data;
+        if kd.family != Family::Matmul {
+            return Err(CodegenError::BadKernel { kernel: format!("{name} ({:?})", kd.family), message: "not a Matmul kernel".into() });
+        }
+        let body = &kd.body;
+        let mut buffers = Vec::new();
+        let mut all_dims: Vec<Dim> = Vec::new();
+        for &buf in kd.inputs.iter().chain(&kd.outputs) {
+            let bd = graph.buffers.get(buf).ok_or_else(|| no(format!("buffer {buf} is missing")))?;
+            if bd.layout.strides.len() != bd.ty.rank() {
+                return Err(no(format!("buffer {buf} has {} strides for {}", bd.layout.strides.len(), bd.ty)));
+            }
+            all_dims.extend(bd.ty.shape.iter().cloned());
+            all_dims.extend(bd.layout.strides.iter().cloned());
+            buffers.push(BufInfo { dtype: bd.ty.dtype, strides: bd.layout.strides.clone(), align: bd.layout.align });
+        }
+        for (_, vd) in body.values.iter() {
+            all_dims.extend(vd.ty.shape.iter().cloned());
+        }
+        for (_, nd) in body.nodes.iter() {
+            for a in &nd.op.attrs {
+                match a {
+                    Attr::Dim(d) => all_dims.push(d.clone()),
+                    Attr::Dims(ds) => all_dims.extend(ds.iter().cloned()),
+                    _ => {}
+                }
+            }
+        }
+        let mut mm = body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::Matmul);
+        let (matmul, mnd) = mm.next().ok_or_else(|| no("the body has no matmul".into()))?;
+        if mm.next().is_some() {
+            return Err(no("the body has more than one matmul".into()));
+        }
+        let param_of = |v: Value| match body.values[v].def {
+            ValueDef::Param(i) => Some(i),
+            ValueDef::Result(..) => None,
+        };
+        let (av, bv, mm_out) = match (mnd.inputs.as_slice(), mnd.results.as_slice()) {
+            ([a, b], [c]) => (*a, *b, *c),
+            _ => return Err(no("matmul needs two operands and one result".into())),
+        };
+        let (ai, bi) = match (param_of(av), param_of(bv)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(no("matmul operands must be kernel inputs (no prologue yet)".into())),
+        };
+        let (at, bt) = (body.ty(av), body.ty(bv));
+        let dtype = at.dtype;
+        if !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) || bt.dtype != dtype {
+            return Err(no(format!("matmul operands must be bf16, f16 or f32 of one dtype, got {at} and {bt}")));
+        }
+        let ta = mnd.op.bool("transpose_a").unwrap_or(false);
+        let tb = mnd.op.bool("transpose_b").unwrap_or(false);
+        let out_ty = body.ty(mm_out).clone();
+        let rank = out_ty.rank();
+        if rank < 2 || at.rank() < 2 || bt.rank() < 2 || at.rank() > rank || bt.rank() > rank {
+            return Err(no(format!("matmul {at} · {bt} → {out_ty}: operands need rank 2 to the result's rank")));
+        }
+        let (m, n) = (out_ty.shape[rank - 2].clone(), out_ty.shape[rank - 1].clone());
+        let batch: Vec<Dim> = out_ty.shape[..rank - 2].to_vec();
+        let ra = at.rank();
+        let k = if ta { at.shape[ra - 2].clone() } else { at.shape[ra - 1].clone() };
+        let mat = |pi: usize, ty: &sinter_ir::TensorType, transposed: bool, is_a: bool| -> MatOperand {
+            let info = &buffers[pi];
+            let st = &info.strides;
+            let r = ty.rank();
+            // A [.., M, K]: outer = m-axis; B [.., K, N]: outer = n-axis. Transposes swap.
+            let (s_rows, s_cols) = (st[r - 2].clone(), st[r - 1].clone());
+            let (outer, ks) = match (is_a, transposed) {
+                (true, false) | (false, true) => (s_rows, s_cols),
+                (true, true) | (false, false) => (s_cols, s_rows),
+            };
+            let bs = broadcast_strides(&ty.shape[..r - 2], &st[..r - 2], rank - 2);
+            MatOperand { buffer: pi, dtype, batch_strides: bs, outer, ks, align: info.align }
+        };
+        let a = mat(ai, at, ta, true);
+        let b = mat(bi, bt, tb, false);
+        all_dims.extend(a.batch_strides.iter().cloned());
+        all_dims.extend(b.batch_strides.iter().cloned());
+        for (j, &v) in body.outputs.iter().enumerate() {
+            let t = body.ty(v);
+            if t.shape != out_ty.shape {
+                return Err(no(format!("output {j} ({}) is {t}; every output must have the matmul's shape {out_ty}", body.label(v))));
+            }
+        }
+        // The epilogue body: the matmul's result becomes parameter `n_inputs`.
+        let mut epilogue = body.clone();
+        epilogue.values[mm_out].def = ValueDef::Param(epilogue.params.len());
+        epilogue.params.push(mm_out);
+        let _ = matmul;
+        Ok(Spec {
+            kernel_name: name,
+            n_inputs: kd.inputs.len(),
+            n_buffers: kd.inputs.len() + kd.outputs.len(),
+            dtype,
+            a,
+            b,
+            m,
+            n,
+            k,
+            batch,
+            epilogue,
+            buffers,
+            all_dims: dims_of(&all_dims),
+        })
+    }
+}
+
+/// Per-CTA facts shared by both generators: the output's batch coordinates and the base
+/// offsets of A and B for them.
+struct Bases<'ctx> {
+    coords: Vec<IntValue<'ctx>>,
+    a: IntValue<'ctx>,
+    b: IntValue<'ctx>,
+}
+
+/// Splits the batch index `z` (`ctaid.z`) into the output's batch coordinates and computes
+/// A's and B's offsets for them.
+fn batch_bases<'ctx>(kit: &Kit<'ctx>, spec: &Spec, z: IntValue<'ctx>) -> R<Bases<'ctx>> {
+    let nb = spec.batch.len();
+    let mut coords = vec![kit.i64c(0); nb];
+    let mut rest = z;
+    for i in (0..nb).rev() {
+        if i == 0 {
+            coords[i] = rest;
+        } else {
+            let size = kit.dim(&spec.batch[i])?;
+            coords[i] = kit.urem(rest, size)?;
+            rest = kit.udiv(rest, size)?;
+        }
+    }
+    let base = |strides: &[Dim]| -> R<IntValue<'ctx>> {
+        let mut acc = kit.i64c(0);
+        for (c, s) in coords.iter().zip(strides) {
+            if s.as_const() != Some(0) {
+                acc = kit.add(acc, kit.mul(*c, kit.dim(s)?)?)?;
+            }
+        }
+        Ok(acc)
+    };
+    let (a, b) = (base(&spec.a.batch_strides)?, base(&spec.b.batch_strides)?);
+    Ok(Bases { coords, a, b })
+}
+
+/// Evaluates the epilogue at output element (m, n) from the f32 accumulator — the matmul
+/// result rounded once to its dtype, then the body's element-wise nodes through the shared
+/// element evaluator ([`super::element::Eval`]) — and stores every output there. The caller
+/// has checked m < M and n < N.
+fn epilogue_and_store<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m: IntValue<'ctx>, n: IntValue<'ctx>, acc: FloatValue<'ctx>) -> R<()> {
+    let mut bufs = Vec::with_capacity(spec.n_buffers + 1);
+    for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
+        bufs.push(Buf { ptr: kit.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
+    }
+    let rank = spec.batch.len() + 2;
+    // The accumulator, as a one-element "buffer" of the matmul's dtype read at offset 0: a
+    // store and a load of a private alloca, which SROA folds into a rounding to the dtype.
+    let slot = kit.private_slot(spec.dtype)?;
+    kit.store_vec(spec.dtype, slot, kit.i64c(0), &[acc])?;
+    bufs.push(Buf { ptr: slot, dtype: spec.dtype, strides: vec![Dim::constant(0); rank], align: 16 });
+    let outs: Vec<(Value, Buf)> = spec
+        .epilogue
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| {
+            let info = &spec.buffers[spec.n_inputs + j];
+            Ok((v, Buf { ptr: kit.buf(spec.n_inputs + j)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align }))
+        })
+        .collect::<R<_>>()?;
+    kit.with_eval(&spec.epilogue, bufs, |ev| {
+        let mut axes: Vec<_> = bases.coords.iter().map(|&c| ev.uniform_ax(c)).collect();
+        axes.push(ev.uniform_ax(m));
+        axes.push(ev.uniform_ax(n));
+        let at = At { axes, lanes: 1 };
+        for (v, buf) in &outs {
+            let vals = ev.eval(*v, &at)?;
+            ev.store(buf, &at, &vals)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| name_error(e, &spec.kernel_name))
+}
+
+/// Puts the kernel's name into an evaluator error, which does not know it.
+fn name_error(e: CodegenError, kernel: &str) -> CodegenError {
+    match e {
+        CodegenError::Unsupported { kernel: k, message } if k.is_empty() => {
+            CodegenError::Unsupported { kernel: format!("{kernel} (Matmul)"), message: format!("in the epilogue: {message}") }
+        }
+        CodegenError::BadKernel { kernel: k, message } if k.is_empty() => CodegenError::BadKernel { kernel: format!("{kernel} (Matmul)"), message },
+        other => other,
+    }
+}
+
+/// The tiled kernel (see [`TiledSchedule`]).
+fn build_tiled(kit: &Kit<'_>, spec: &Spec, s: &TiledSchedule) -> R<()> {
+    let threads = s.threads();
+    let tid = kit.sreg("tid.x")?;
+    let bx = kit.zext64(kit.sreg("ctaid.x")?)?;
+    let by = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let m0 = kit.mul(bx, kit.i64c(i64::from(s.bm)))?;
+    let n0 = kit.mul(by, kit.i64c(i64::from(s.bn)))?;
+    let bases = batch_bases(kit, spec, bz)?;
+    let (mdim, ndim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.n)?, kit.dim(&spec.k)?);
+    let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
+    let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
+    let (b_outer, b_ks) = (kit.dim(&spec.b.outer)?, kit.dim(&spec.b.ks)?);
+    // Which axis of each operand is contiguous decides the staging order (coalescing).
+    let a_k_contig = spec.a.ks.as_const() == Some(1);
+    let b_k_contig = spec.b.ks.as_const() == Some(1);
+
+    let a_row = s.bm + PAD; // f32s per k-row of the A slab
+    let b_row = s.bn + PAD;
+    let smem = kit.shared(SharedKind::Static, s.shared_bytes())?;
+    let b_off = s.b_slab_offset();
+
+    let acc: Vec<PointerValue> = (0..s.tm * s.tn).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<_>>()?;
+    let tx = kit.urem(tid, kit.i32c((s.bn / s.tn) as i32))?;
+    let ty = kit.udiv(tid, kit.i32c((s.bn / s.tn) as i32))?;
+    let zero64 = kit.i64c(0);
+
+    kit.for_range(zero64, kdim, kit.i64c(i64::from(s.bk)), |k, k0| {
+        // Stage A: bm × bk elements, `per` per thread.
+        for l in 0..(s.bm * s.bk) / threads {
+            let e = k.add(tid, k.i32c((l * threads) as i32))?;
+            let (mm, kk) = if a_k_contig {
+                (k.udiv(e, k.i32c(s.bk as i32))?, k.urem(e, k.i32c(s.bk as i32))?)
+            } else {
+                (k.urem(e, k.i32c(s.bm as i32))?, k.udiv(e, k.i32c(s.bm as i32))?)
+            };
+            let m = k.add(m0, k.zext64(mm)?)?;
+            let kk64 = k.add(k0, k.zext64(kk)?)?;
+            let valid = k.and(k.icmp(IntPredicate::SLT, m, mdim)?, k.icmp(IntPredicate::SLT, kk64, kdim)?)?;
+            let idx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk64, a_ks)?)?)?;
+            let v = k.guarded_load(valid, spec.dtype, a_ptr, idx, 1, true, zero64)?;
+            let off = k.mul(k.add(k.mul(kk, k.i32c(a_row as i32))?, mm)?, k.i32c(4))?;
+            k.sh_store(DType::F32, k.sh_at(smem, off)?, &v)?;
+        }
+        // Stage B: bk × bn elements.
+        for l in 0..(s.bk * s.bn) / threads {
+            let e = k.add(tid, k.i32c((l * threads) as i32))?;
+            let (kk, nn) = if b_k_contig {
+                (k.urem(e, k.i32c(s.bk as i32))?, k.udiv(e, k.i32c(s.bk as i32))?)
+            } else {
+                (k.udiv(e, k.i32c(s.bn as i32))?, k.urem(e, k.i32c(s.bn as i32))?)
+            };
+            let n = k.add(n0, k.zext64(nn)?)?;
+            let kk64 = k.add(k0, k.zext64(kk)?)?;
+            let valid = k.and(k.icmp(IntPredicate::SLT, n, ndim)?, k.icmp(IntPredicate::SLT, kk64, kdim)?)?;
+            let idx = k.add(bases.b, k.add(k.mul(n, b_outer)?, k.mul(kk64, b_ks)?)?)?;
+            let v = k.guarded_load(valid, spec.dtype, b_ptr, idx, 1, true, zero64)?;
+            let off = k.add(k.i32c(b_off as i32), k.mul(k.add(k.mul(kk, k.i32c(b_row as i32))?, nn)?, k.i32c(4))?)?;
+            k.sh_store(DType::F32, k.sh_at(smem, off)?, &v)?;
+        }
+        k.barrier()?;
+        // Accumulate: per k-row, tm values of A and tn of B from shared memory (16-byte
+        // loads), tm·tn FMAs.
+        let a_col = k.mul(ty, k.i32c(s.tm as i32))?;
+        let b_col = k.mul(tx, k.i32c(s.tn as i32))?;
+        for kk in 0..s.bk {
+            let ao = k.mul(k.add(k.i32c((kk * a_row) as i32), a_col)?, k.i32c(4))?;
+            let bo = k.add(k.i32c(b_off as i32), k.mul(k.add(k.i32c((kk * b_row) as i32), b_col)?, k.i32c(4))?)?;
+            let av = k.sh_load(DType::F32, k.sh_at(smem, ao)?, s.tm)?;
+            let bv = k.sh_load(DType::F32, k.sh_at(smem, bo)?, s.tn)?;
+            for i in 0..s.tm as usize {
+                for j in 0..s.tn as usize {
+                    let p = acc[i * s.tn as usize + j];
+                    let v = k.fma(av[i], bv[j], k.get_f(p)?)?;
+                    k.set(p, v.into())?;
+                }
+            }
+        }
+        k.barrier()
+    })?;
+
+    // Epilogue: every thread its micro-tile, bounds-checked.
+    let mbase = kit.add(m0, kit.zext64(kit.mul(ty, kit.i32c(s.tm as i32))?)?)?;
+    let nbase = kit.add(n0, kit.zext64(kit.mul(tx, kit.i32c(s.tn as i32))?)?)?;
+    for i in 0..s.tm {
+        for j in 0..s.tn {
+            let m = kit.add(mbase, kit.i64c(i64::from(i)))?;
+            let n = kit.add(nbase, kit.i64c(i64::from(j)))?;
+            let inside = kit.and(kit.icmp(IntPredicate::SLT, m, mdim)?, kit.icmp(IntPredicate::SLT, n, ndim)?)?;
+            let a = kit.get_f(acc[(i * s.tn + j) as usize])?;
+            kit.if_then(inside, |k| epilogue_and_store(k, spec, &bases, m, n, a))?;
+        }
+    }
+    Ok(())
+}
+
+/// The small-M kernel (see [`SmallMSchedule`]).
+fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
+    let tid = kit.sreg("tid.x")?;
+    let bx = kit.zext64(kit.sreg("ctaid.x")?)?;
+    let by = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let bases = batch_bases(kit, spec, bz)?;
+    let (mdim, ndim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.n)?, kit.dim(&spec.k)?);
+    let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
+    let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
+    let (b_outer, b_ks) = (kit.dim(&spec.b.outer)?, kit.dim(&spec.b.ks)?);
+
+    let lanes = s.lanes;
+    let g = kit.zext64(kit.udiv(tid, kit.i32c(lanes as i32))?)?;
+    let lane = kit.zext64(kit.urem(tid, kit.i32c(lanes as i32))?)?;
+    let n = kit.add(kit.mul(bx, kit.i64c(i64::from(s.columns)))?, g)?;
+    let m0 = kit.mul(by, kit.i64c(i64::from(s.rows)))?;
+    let n_valid = kit.icmp(IntPredicate::SLT, n, ndim)?;
+
+    // Vector width along K: 16 bytes where both operands allow it and K is a multiple.
+    let es = spec.dtype.size_bytes() as u32;
+    let vw = 16 / es;
+    let c = if lanes > 1 && spec.a.vector_ok(vw) && spec.b.vector_ok(vw) && spec.k.div_exact(i64::from(vw)).is_some() { vw } else { 1 };
+
+    let acc: Vec<PointerValue> = (0..s.rows).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<_>>()?;
+    let m_valid: Vec<IntValue> = (0..s.rows)
+        .map(|i| kit.icmp(IntPredicate::SLT, kit.add(m0, kit.i64c(i64::from(i)))?, mdim))
+        .collect::<R<_>>()?;
+    let start = kit.mul(lane, kit.i64c(i64::from(c)))?;
+    let step = kit.i64c(i64::from(c * lanes));
+    kit.for_range(start, kdim, step, |k, kk| {
+        let bidx = k.add(bases.b, k.add(k.mul(n, b_outer)?, k.mul(kk, b_ks)?)?)?;
+        let bv = k.guarded_load(n_valid, spec.dtype, b_ptr, bidx, c, c > 1, b_ks)?;
+        for (i, p) in acc.iter().enumerate() {
+            let m = k.add(m0, k.i64c(i as i64))?;
+            let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
+            let av = k.guarded_load(m_valid[i], spec.dtype, a_ptr, aidx, c, c > 1, a_ks)?;
+            let mut sum = k.get_f(*p)?;
+            for (x, y) in av.iter().zip(&bv) {
+                sum = k.fma(*x, *y, sum)?;
+            }
+            k.set(*p, sum.into())?;
+        }
+        Ok(())
+    })?;
+    // Reduce over the lanes of a column (lanes are aligned groups of a warp).
+    let masks: Vec<u32> = (0..lanes.trailing_zeros()).rev().map(|b| 1 << b).collect();
+    let mut sums = Vec::with_capacity(acc.len());
+    for p in &acc {
+        sums.push(kit.warp_reduce(kit.get_f(*p)?, &masks, |k, x, y| k.fadd(x, y))?);
+    }
+    let writer = kit.and(kit.icmp(IntPredicate::EQ, lane, kit.i64c(0))?, n_valid)?;
+    kit.if_then(writer, |k| {
+        for (i, sum) in sums.iter().enumerate() {
+            let m = k.add(m0, k.i64c(i as i64))?;
+            k.if_then(m_valid[i], |k| epilogue_and_store(k, spec, &bases, m, n, *sum))?;
+        }
+        Ok(())
+    })
+}
+
+/// The toolkit the matmul and attention generators build with: a thin layer over
+/// [`crate::emit::KernelBuilder`].
+///
+/// A [`Kit`] owns one [`KernelBuilder`] whose kernel takes one global pointer per kernel buffer
+/// (inputs `noalias readonly`, outputs `noalias`) and one i64 per symbolic [`Dim`] the
+/// kernel reads ([`KernelParam::Size`]; [`Kit::build`] builds with a superset of dims, then
+/// once more with only those used). It adds what these families use beyond `emit`: every instruction as one call on
+/// `&self` returning [`CodegenError`] (so that generators can pass the kit into closures for
+/// loop bodies), counted loops and conditionals, mutable variables (`alloca`s in the prologue,
+/// which `default<O3>`'s SROA turns into registers), guarded and vector loads of any float
+/// dtype converted to f32, shared memory static or dynamic, and the device math library
+/// ([`crate::math`]) through the builder's [`crate::math::Ops`].
+pub(crate) mod kit {
+    use std::cell::{Ref, RefCell};
+
+    use inkwell::basic_block::BasicBlock;
+    use inkwell::context::Context;
+    use inkwell::module::Linkage;
+    use inkwell::types::{BasicTypeEnum, FloatType, IntType};
+    use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, IntValue, PointerValue};
+    use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+    use sinter_ir::{DType, Dim, Function, KernelData, KernelGraph, KernelParam, Layout, OpKind, Value, ValueDef};
+
+    use crate::emit::{KernelBuilder, ParamKind, SizeTable};
+    use crate::kernels::element::{Buf, Eval, IndexWidth};
+    use crate::math;
+    use crate::target::Target;
+    use crate::{CodegenError, ADDRESS_SPACE_SHARED};
+
+    /// Results of this module.
+    pub(crate) type R<T> = Result<T, CodegenError>;
+
+    /// Where a kernel's shared memory comes from.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum SharedKind {
+        /// One static `.shared` array (≤ 48 KiB); the launch passes no dynamic bytes.
+        Static,
+        /// `extern .shared` dynamic memory of this many bytes (the launch passes them, and
+        /// beyond 48 KiB the runtime must opt in with `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
+        Dynamic(u32),
+    }
+
+    /// One kernel under construction. See the module docs.
+    pub(crate) struct Kit<'ctx> {
+        kb: RefCell<KernelBuilder<'ctx>>,
+        pub ctx: &'ctx Context,
+        name: String,
+        pub f32t: FloatType<'ctx>,
+        pub i1t: IntType<'ctx>,
+        pub i32t: IntType<'ctx>,
+        pub i64t: IntType<'ctx>,
+        n_inputs: usize,
+        n_buffers: usize,
+        sizes: Vec<Dim>,
+        requested: RefCell<Vec<Dim>>,
+    }
+
+    impl<'ctx> Kit<'ctx> {
+        /// Kernel `name` for `target` with `n_inputs` read-only input buffers, `n_outputs`
+        /// output buffers, one i64 parameter per distinct non-constant dim of `dims`, and a
+        /// launch bound of `threads` threads per block; positioned in its body.
+        pub(crate) fn new(ctx: &'ctx Context, name: &str, target: Target, n_inputs: usize, n_outputs: usize, dims: &[Dim], threads: u32) -> R<Kit<'ctx>> {
+            let mut sizes: Vec<Dim> = Vec::new();
+            for d in dims {
+                if d.as_const().is_none() && !sizes.contains(d) {
+                    sizes.push(d.clone());
+                }
+            }
+            let mut params = vec![ParamKind::input(); n_inputs];
+            params.extend(std::iter::repeat_n(ParamKind::output(), n_outputs));
+            params.extend(std::iter::repeat_n(ParamKind::Size, sizes.len()));
+            let kb = KernelBuilder::new(ctx, name, &params, target)?;
+            // No `.maxntid`: with it, ptxas 12.9 trades registers for occupancy on these
+            // kernels (capping the attention core at 80–128 registers) and spills; without
+            // it every schedule here assembles spill-free. `threads` is kept for when the
+            // tensor-core versions want the bound.
+            let _ = threads;
+            Ok(Kit {
+                kb: RefCell::new(kb),
+                ctx,
+                name: name.to_owned(),
+                f32t: ctx.f32_type(),
+                i1t: ctx.bool_type(),
+                i32t: ctx.i32_type(),
+                i64t: ctx.i64_type(),
+                n_inputs,
+                n_buffers: n_inputs + n_outputs,
+                sizes,
+                requested: RefCell::new(Vec::new()),
+            })
+        }
+
+        /// The size dims the generator asked for ([`Kit::dim`]) or whose parameters the built
+        /// code reads (the element evaluator asks its own table).
+        fn used_sizes(&self) -> Vec<Dim> {
+            let kb = self.bld();
+            let requested = self.requested.borrow();
+            self.sizes
+                .iter()
+                .enumerate()
+                .filter(|(i, d)| requested.contains(d) || kb.func.get_nth_param((self.n_buffers + i) as u32).is_some_and(|p| p.get_first_use().is_some()))
+                .map(|(_, d)| d.clone())
+                .collect()
+        }
+
+        /// Builds kernel `name` with `build` and returns its PTX and parameter list. The
+        /// kernel is built with every non-constant dim of `dims` as a size parameter, and once
+        /// more with only those the code reads when some went unused, so that the launch plan
+        /// lists exactly the sizes the kernel needs.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn build(
+            ctx: &'ctx Context,
+            name: &str,
+            target: Target,
+            n_inputs: usize,
+            n_outputs: usize,
+            dims: &[Dim],
+            threads: u32,
+            build: impl Fn(&Kit<'ctx>) -> R<()>,
+        ) -> R<(String, Vec<KernelParam>)> {
+            let kit = Kit::new(ctx, name, target, n_inputs, n_outputs, dims, threads)?;
+            build(&kit)?;
+            let used = kit.used_sizes();
+            let kit = if used.len() == kit.sizes.len() {
+                kit
+            } else {
+                drop(kit);
+                let kit = Kit::new(ctx, name, target, n_inputs, n_outputs, &used, threads)?;
+                build(&kit)?;
+                kit
+            };
+            let params = kit.params();
+            Ok((kit.finish()?, params))
+        }
+
+        /// The builder (borrowed for one call).
+        fn bld(&self) -> Ref<'_, KernelBuilder<'ctx>> {
+            self.kb.borrow()
+        }
+
+        /// Runs a [`crate::math`] function on the builder.
+        pub(crate) fn math<T>(&self, f: impl FnOnce(&mut KernelBuilder<'ctx>) -> R<T>) -> R<T> {
+            let mut kb = self.kb.try_borrow_mut().map_err(|_| self.err("builder in use"))?;
+            f(&mut kb)
+        }
+
+        /// The kernel's parameter list: every buffer, then every size.
+        pub(crate) fn params(&self) -> Vec<KernelParam> {
+            let mut p: Vec<KernelParam> = (0..self.n_buffers).map(KernelParam::Buffer).collect();
+            p.extend(self.sizes.iter().cloned().map(KernelParam::Size));
+            p
+        }
+
+        /// An internal error of the generator.
+        pub(crate) fn err(&self, e: impl std::fmt::Display) -> CodegenError {
+            CodegenError::Builder(format!("{}: {e}", self.name))
+        }
+
+        /// The pointer to buffer `i` (inputs then outputs).
+        pub(crate) fn buf(&self, i: usize) -> R<PointerValue<'ctx>> {
+            if i >= self.n_buffers {
+                return Err(self.err(format!("no buffer parameter {i}")));
+            }
+            self.bld().param_ptr(i)
+        }
+
+        /// Whether buffer `i` is an input.
+        #[allow(dead_code)]
+        pub(crate) fn is_input(&self, i: usize) -> bool {
+            i < self.n_inputs
+        }
+
+        /// `d` as an i64: a constant, or the size parameter that carries it.
+        pub(crate) fn dim(&self, d: &Dim) -> R<IntValue<'ctx>> {
+            if let Some(c) = d.as_const() {
+                return Ok(self.i64c(c));
+            }
+            let pos = self.sizes.iter().position(|s| s == d).ok_or_else(|| self.err(format!("dim {d} is not a kernel parameter")))?;
+            let mut req = self.requested.borrow_mut();
+            if !req.contains(d) {
+                req.push(d.clone());
+            }
+            drop(req);
+            self.bld().param_int(self.n_buffers + pos)
+        }
+
+        // ---- constants -------------------------------------------------------------------
+        pub(crate) fn i64c(&self, v: i64) -> IntValue<'ctx> {
+            self.i64t.const_int(v as u64, true)
+        }
+        pub(crate) fn i32c(&self, v: i32) -> IntValue<'ctx> {
+            self.i32t.const_int(v as i64 as u64, true)
+        }
+        pub(crate) fn f32c(&self, v: f64) -> FloatValue<'ctx> {
+            self.f32t.const_float(v)
+        }
+        pub(crate) fn bool_c(&self, v: bool) -> IntValue<'ctx> {
+            self.i1t.const_int(u64::from(v), false)
+        }
+
+        // ---- integer arithmetic ----------------------------------------------------------
+        pub(crate) fn add(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_add(a, b, "")?)
+        }
+        pub(crate) fn sub(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_sub(a, b, "")?)
+        }
+        pub(crate) fn mul(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_mul(a, b, "")?)
+        }
+        /// Unsigned division (operands known non-negative).
+        pub(crate) fn udiv(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_unsigned_div(a, b, "")?)
+        }
+        /// Unsigned remainder (operands known non-negative).
+        pub(crate) fn urem(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_unsigned_rem(a, b, "")?)
+        }
+        pub(crate) fn icmp(&self, p: IntPredicate, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_compare(p, a, b, "")?)
+        }
+        pub(crate) fn and(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_and(a, b, "")?)
+        }
+        /// Signed minimum.
+        pub(crate) fn smin(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            let c = self.icmp(IntPredicate::SLT, a, b)?;
+            self.select_int(c, a, b)
+        }
+        /// Signed maximum.
+        pub(crate) fn smax(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            let c = self.icmp(IntPredicate::SGT, a, b)?;
+            self.select_int(c, a, b)
+        }
+        pub(crate) fn select_int(&self, c: IntValue<'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_select(c, a, b, "")?.into_int_value())
+        }
+        pub(crate) fn select_f(&self, c: IntValue<'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.bld().b.build_select(c, a, b, "")?.into_float_value())
+        }
+        /// i32 → i64, zero-extended (indices known non-negative).
+        pub(crate) fn zext64(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_z_extend(v, self.i64t, "")?)
+        }
+        /// i32 → i64, sign-extended.
+        pub(crate) fn sext64(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_s_extend(v, self.i64t, "")?)
+        }
+        /// i64 → i32 (value known to fit).
+        pub(crate) fn trunc32(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_int_truncate(v, self.i32t, "")?)
+        }
+
+        // ---- float arithmetic ------------------------------------------------------------
+        pub(crate) fn fadd(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.bld().b.build_float_add(a, b, "")?)
+        }
+        pub(crate) fn fsub(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.bld().b.build_float_sub(a, b, "")?)
+        }
+        pub(crate) fn fmul(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.bld().b.build_float_mul(a, b, "")?)
+        }
+        /// IEEE division (`div.rn.f32`).
+        pub(crate) fn fdiv(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.bld().b.build_float_div(a, b, "")?)
+        }
+        pub(crate) fn fcmp(&self, p: FloatPredicate, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_float_compare(p, a, b, "")?)
+        }
+        /// `a·b + c` with one rounding (`fma.rn.f32`).
+        pub(crate) fn fma(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>, c: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            self.call_f("llvm.fma", &[a, b, c])
+        }
+        /// max that is NaN when either operand is (`max.NaN.f32`, sm_80+).
+        pub(crate) fn max_nan(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            self.call_f("llvm.maximum", &[a, b])
+        }
+        /// eˣ to ≤ 3 ulp ([`crate::math::exp`], precise): exp(−inf) = 0, NaN stays NaN.
+        pub(crate) fn exp(&self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            self.math(|kb| math::exp(kb, x, true))
+        }
+
+        /// Calls an overloaded float intrinsic `name.f32` on `args`.
+        fn call_f(&self, name: &str, args: &[FloatValue<'ctx>]) -> R<FloatValue<'ctx>> {
+            let args: Vec<BasicMetadataValueEnum> = args.iter().map(|&a| a.into()).collect();
+            Ok(self.bld().intrinsic_value(name, &[self.f32t.into()], &args)?.into_float_value())
+        }
+
+        // ---- GPU specifics ---------------------------------------------------------------
+        /// A special register (`tid.x`, `ctaid.y`, ...) as i32, read once in the prologue.
+        pub(crate) fn sreg(&self, name: &'static str) -> R<IntValue<'ctx>> {
+            self.math(|kb| kb.sreg(name))
+        }
+
+        /// `bar.sync 0`: every thread of the CTA.
+        pub(crate) fn barrier(&self) -> R<()> {
+            self.bld().barrier()
+        }
+
+        /// `bar.warp.sync 0xffffffff`: orders shared-memory accesses within a warp.
+        pub(crate) fn warp_sync(&self) -> R<()> {
+            self.bld().intrinsic("llvm.nvvm.bar.warp.sync", &[], &[self.i32c(-1).into()])?;
+            Ok(())
+        }
+
+        /// `shfl.sync.bfly.b32` over the full warp: the value of lane `lane ^ mask`.
+        pub(crate) fn shfl_xor(&self, v: FloatValue<'ctx>, mask: u32) -> R<FloatValue<'ctx>> {
+            self.bld().shfl_bfly_f32(v, mask)
+        }
+
+        /// Butterfly reduction over lanes differing in the bits of `masks` (16, 8, 4, 2, 1 for
+        /// the whole warp): every lane ends with the same result.
+        pub(crate) fn warp_reduce(
+            &self,
+            mut v: FloatValue<'ctx>,
+            masks: &[u32],
+            op: impl Fn(&Self, FloatValue<'ctx>, FloatValue<'ctx>) -> R<FloatValue<'ctx>>,
+        ) -> R<FloatValue<'ctx>> {
+            for &m in masks {
+                let o = self.shfl_xor(v, m)?;
+                v = op(self, v, o)?;
+            }
+            Ok(v)
+        }
+
+        // ---- types and memory ------------------------------------------------------------
+        /// The LLVM type of a float dtype's elements.
+        pub(crate) fn float_type(&self, dt: DType) -> R<FloatType<'ctx>> {
+            match dt {
+                DType::BF16 | DType::F16 | DType::F32 => Ok(self.bld().float_type(dt)),
+                other => Err(self.err(format!("{other} is not a float dtype"))),
+            }
+        }
+
+
+        /// `&ptr[idx]` for elements of type `ty`.
+        pub(crate) fn gep(&self, ty: BasicTypeEnum<'ctx>, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+            self.bld().gep(ty, ptr, idx)
+        }
+
+        /// Loads `n` consecutive elements of float dtype `dt` at `ptr[idx..]` as f32s, as one
+        /// vector access of `n · size` bytes aligned to that (the caller has proven it).
+        pub(crate) fn load_vec(&self, dt: DType, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>, n: u32) -> R<Vec<FloatValue<'ctx>>> {
+            let et = self.float_type(dt)?;
+            let p = self.gep(et.into(), ptr, idx)?;
+            let es = dt.size_bytes() as u32;
+            let kb = self.bld();
+            if n == 1 {
+                let v = kb.load(et.into(), p, es)?.into_float_value();
+                return Ok(vec![kb.to_f32(v)?]);
+            }
+            let v = kb.load(et.vec_type(n).into(), p, es * n)?.into_vector_value();
+            let mut out = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                let e = kb.b.build_extract_element(v, self.i32c(i as i32), "")?.into_float_value();
+                out.push(kb.to_f32(e)?);
+            }
+            Ok(out)
+        }
+
+        /// Stores f32s, rounded to `dt`, at `ptr[idx..]` as one vector access (aligned as
+        /// [`Kit::load_vec`] requires).
+        pub(crate) fn store_vec(&self, dt: DType, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>, vals: &[FloatValue<'ctx>]) -> R<()> {
+            let et = self.float_type(dt)?;
+            let p = self.gep(et.into(), ptr, idx)?;
+            let es = dt.size_bytes() as u32;
+            let n = vals.len() as u32;
+            let kb = self.bld();
+            if n == 1 {
+                let v = kb.from_f32(vals[0], dt)?;
+                return kb.store(p, v.into(), es);
+            }
+            let mut v = et.vec_type(n).get_poison();
+            for (i, &x) in vals.iter().enumerate() {
+                let e = kb.from_f32(x, dt)?;
+                v = kb.b.build_insert_element(v, e, self.i32c(i as i32), "")?;
+            }
+            kb.store(p, v.into(), es * n)
+        }
+
+        /// Loads `n` elements of `dt` (as f32s) that are `stride` elements apart, starting at
+        /// `ptr[idx]`, one scalar access each.
+        pub(crate) fn load_strided(&self, dt: DType, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>, stride: IntValue<'ctx>, n: u32) -> R<Vec<FloatValue<'ctx>>> {
+            let mut out = Vec::with_capacity(n as usize);
+            let mut at = idx;
+            for i in 0..n {
+                if i > 0 {
+                    at = self.add(at, stride)?;
+                }
+                out.extend(self.load_vec(dt, ptr, at, 1)?);
+            }
+            Ok(out)
+        }
+
+        /// Loads one i32 at `ptr[idx]`.
+        pub(crate) fn load_i32(&self, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            let p = self.gep(self.i32t.into(), ptr, idx)?;
+            Ok(self.bld().load(self.i32t.into(), p, 4)?.into_int_value())
+        }
+
+
+        /// A shared-memory block of `bytes` bytes, 16-byte aligned: a static `.shared` array
+        /// for [`SharedKind::Static`], the dynamic `extern .shared` area otherwise.
+        pub(crate) fn shared(&self, kind: SharedKind, bytes: u32) -> R<PointerValue<'ctx>> {
+            let i8t = self.ctx.i8_type();
+            match kind {
+                SharedKind::Static => Ok(self.kb.try_borrow_mut().map_err(|_| self.err("builder in use"))?.shared_array(i8t.into(), bytes.max(16), 16, "smem")),
+                SharedKind::Dynamic(_) => {
+                    let kb = self.bld();
+                    let g = kb.module.add_global(i8t.array_type(0), Some(AddressSpace::from(ADDRESS_SPACE_SHARED)), "smem_dyn");
+                    g.set_linkage(Linkage::External);
+                    g.set_alignment(16);
+                    Ok(g.as_pointer_value())
+                }
+            }
+        }
+
+        /// A byte offset into shared memory: `&base[off]` (i32 offset).
+        pub(crate) fn sh_at(&self, base: PointerValue<'ctx>, byte_off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+            self.gep(self.ctx.i8_type().into(), base, byte_off)
+        }
+
+        /// `n` consecutive f32-converted elements of `dt` from shared memory at `p`, one
+        /// vector access aligned to its size.
+        pub(crate) fn sh_load(&self, dt: DType, p: PointerValue<'ctx>, n: u32) -> R<Vec<FloatValue<'ctx>>> {
+            self.load_vec(dt, p, self.i32c(0), n)
+        }
+
+        /// Stores f32s rounded to `dt` into shared memory at `p` (one vector access).
+        pub(crate) fn sh_store(&self, dt: DType, p: PointerValue<'ctx>, vals: &[FloatValue<'ctx>]) -> R<()> {
+            self.store_vec(dt, p, self.i32c(0), vals)
+        }
+
+        // ---- variables and control flow --------------------------------------------------
+        /// A mutable f32 (a prologue alloca, promoted to a register by SROA) set to `init`.
+        pub(crate) fn var_f(&self, init: FloatValue<'ctx>) -> R<PointerValue<'ctx>> {
+            let ty = self.f32t;
+            let p = self.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(ty, "")?)))?;
+            self.set(p, init.into())?;
+            Ok(p)
+        }
+        /// A private (per-thread) slot for one element of float dtype `dt`: a prologue
+        /// alloca, which SROA removes when every access is a plain store then load.
+        pub(crate) fn private_slot(&self, dt: DType) -> R<PointerValue<'ctx>> {
+            let ty = self.float_type(dt)?;
+            self.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(ty, "")?)))
+        }
+
+        /// Runs `f` with the shared element evaluator ([`Eval`]) over `body`, whose
+        /// parameter `i` is read from `params[i]`; the kernel's size parameters serve its
+        /// dims. Kit methods must not be called inside `f` (the evaluator holds the builder).
+        pub(crate) fn with_eval<T>(&self, body: &Function, params: Vec<Buf<'ctx>>, f: impl FnOnce(&mut Eval<'_, 'ctx>) -> R<T>) -> R<T> {
+            let mut kb = self.kb.try_borrow_mut().map_err(|_| self.err("builder in use"))?;
+            let mut sizes = SizeTable::fixed(self.sizes.clone(), self.n_buffers, true);
+            let mut ev = Eval::new(&mut kb, &mut sizes, body, params, IndexWidth::I64);
+            f(&mut ev)
+        }
+
+        pub(crate) fn set(&self, p: PointerValue<'ctx>, v: BasicValueEnum<'ctx>) -> R<()> {
+            self.bld().b.build_store(p, v)?;
+            Ok(())
+        }
+        pub(crate) fn get_f(&self, p: PointerValue<'ctx>) -> R<FloatValue<'ctx>> {
+            Ok(self.bld().b.build_load(self.f32t, p, "")?.into_float_value())
+        }
+
+        fn block(&self, name: &str) -> BasicBlock<'ctx> {
+            self.bld().block(name)
+        }
+        fn here(&self) -> R<BasicBlock<'ctx>> {
+            self.bld().current_block()
+        }
+
+        /// `for (i = start; i < end; i += step) body(i)` on integers of `start`'s type
+        /// (signed compare). The body may build any control flow.
+        pub(crate) fn for_range(
+            &self,
+            start: IntValue<'ctx>,
+            end: IntValue<'ctx>,
+            step: IntValue<'ctx>,
+            body: impl FnOnce(&Self, IntValue<'ctx>) -> R<()>,
+        ) -> R<()> {
+            let pre = self.here()?;
+            let head = self.block("loop");
+            let bodyb = self.block("body");
+            let exit = self.block("endloop");
+            self.bld().br(head)?;
+            self.bld().position(head);
+            let phi = self.bld().b.build_phi(start.get_type(), "i")?;
+            let i = phi.as_basic_value().into_int_value();
+            let c = self.icmp(IntPredicate::SLT, i, end)?;
+            self.bld().cond_br(c, bodyb, exit)?;
+            self.bld().position(bodyb);
+            body(self, i)?;
+            let next = self.add(i, step)?;
+            let latch = self.here()?;
+            self.bld().br(head)?;
+            phi.add_incoming(&[(&start, pre), (&next, latch)]);
+            self.bld().position(exit);
+            Ok(())
+        }
+
+        /// `if cond { then() }`.
+        pub(crate) fn if_then(&self, cond: IntValue<'ctx>, then: impl FnOnce(&Self) -> R<()>) -> R<()> {
+            let tb = self.block("then");
+            let done = self.block("endif");
+            self.bld().cond_br(cond, tb, done)?;
+            self.bld().position(tb);
+            then(self)?;
+            self.bld().br(done)?;
+            self.bld().position(done);
+            Ok(())
+        }
+
+        /// `if cond { then() } else { other() }`.
+        pub(crate) fn if_else(
+            &self,
+            cond: IntValue<'ctx>,
+            then: impl FnOnce(&Self) -> R<()>,
+            other: impl FnOnce(&Self) -> R<()>,
+        ) -> R<()> {
+            let tb = self.block("then");
+            let eb = self.block("else");
+            let done = self.block("endif");
+            self.bld().cond_br(cond, tb, eb)?;
+            self.bld().position(tb);
+            then(self)?;
+            self.bld().br(done)?;
+            self.bld().position(eb);
+            other(self)?;
+            self.bld().br(done)?;
+            self.bld().position(done);
+            Ok(())
+        }
+
+        /// `n` elements of `dt` at `ptr[idx..]` as f32s when `valid`, else zeros; `vector`
+        /// says one aligned vector access is proven safe, otherwise `n` scalar accesses
+        /// `stride` apart. Nothing is read when `valid` is false.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn guarded_load(
+            &self,
+            valid: IntValue<'ctx>,
+            dt: DType,
+            ptr: PointerValue<'ctx>,
+            idx: IntValue<'ctx>,
+            n: u32,
+            vector: bool,
+            stride: IntValue<'ctx>,
+        ) -> R<Vec<FloatValue<'ctx>>> {
+            let vars: Vec<PointerValue> = (0..n).map(|_| self.var_f(self.f32c(0.0))).collect::<R<_>>()?;
+            self.if_then(valid, |k| {
+                let vals = if vector { k.load_vec(dt, ptr, idx, n)? } else { k.load_strided(dt, ptr, idx, stride, n)? };
+                for (p, v) in vars.iter().zip(vals) {
+                    k.set(*p, v.into())?;
+                }
+                Ok(())
+            })?;
+            vars.iter().map(|&p| self.get_f(p)).collect()
+        }
+
+        /// Closes the kernel, runs `default<O3>` and returns the PTX.
+        pub(crate) fn finish(self) -> R<String> {
+            let kb = self.kb.into_inner();
+            kb.ret()?;
+            kb.finish()
+        }
+    }
+
+    /// A kernel buffer as the generators see it.
+    #[derive(Clone, Debug)]
+    pub(crate) struct BufInfo {
+        pub dtype: DType,
+        pub shape: Vec<Dim>,
+        pub strides: Vec<Dim>,
+        pub align: u32,
+    }
+
+    /// Every buffer of kernel `kd`, inputs then outputs.
+    pub(crate) fn buffer_infos(graph: &KernelGraph, kd: &KernelData) -> Result<Vec<BufInfo>, String> {
+        kd.inputs
+            .iter()
+            .chain(&kd.outputs)
+            .map(|&b| {
+                let bd = graph.buffers.get(b).ok_or_else(|| format!("buffer {b} is missing"))?;
+                Ok(BufInfo { dtype: bd.ty.dtype, shape: bd.ty.shape.clone(), strides: bd.layout.strides.clone(), align: bd.layout.align.max(1) })
+            })
+            .collect()
+    }
+
+    /// A value of a kernel body read straight from a kernel input buffer: element `(i…)` of the
+    /// value is element `offset + Σ i·strides` of buffer `param`.
+    #[derive(Clone, Debug)]
+    pub(crate) struct View {
+        pub param: usize,
+        pub offset: Dim,
+        pub strides: Vec<Dim>,
+        /// Alignment of the buffer's base, bytes.
+        pub align: u32,
+    }
+
+    /// Follows `v` back through `reshape` and `slice` nodes (the views the passes leave at
+    /// the start of a body) to a parameter, and says where its elements live. A `reshape`
+    /// needs a contiguous input (row-major order is then the storage order); a `slice` adds
+    /// `start · stride` to the offset.
+    ///
+    /// # Errors
+    /// A message when `v` is computed by another op or is a reshape of a strided view.
+    pub(crate) fn input_view(body: &Function, v: Value, bufs: &[BufInfo]) -> Result<View, String> {
+        let mut chain = Vec::new();
+        let mut cur = v;
+        let param = loop {
+            let vd = body.values.get(cur).ok_or_else(|| format!("value {cur} does not exist"))?;
+            match vd.def {
+                ValueDef::Param(i) => break i,
+                ValueDef::Result(n, _) => {
+                    let nd = body.nodes.get(n).ok_or_else(|| format!("node {n} does not exist"))?;
+                    if !matches!(nd.op.kind, OpKind::Reshape | OpKind::Slice) {
+                        return Err(format!("{} is computed in the kernel (`{}`), not read from a buffer", body.label(v), nd.op.kind.name()));
+                    }
+                    chain.push(n);
+                    cur = *nd.inputs.first().ok_or_else(|| format!("{n} has no operand"))?;
+                }
+            }
+        };
+        let info = bufs.get(param).ok_or_else(|| format!("no buffer for parameter {param}"))?;
+        let mut shape = info.shape.clone();
+        let mut strides = info.strides.clone();
+        let mut offset = Dim::constant(0);
+        let mut contiguous = strides == Layout::contiguous(&shape).strides;
+        for &n in chain.iter().rev() {
+            let nd = &body.nodes[n];
+            let out = body.ty(*nd.results.first().ok_or_else(|| format!("{n} has no result"))?).shape.clone();
+            match nd.op.kind {
+                OpKind::Reshape => {
+                    if !contiguous {
+                        return Err(format!("{} reshapes a strided view", body.label(v)));
+                    }
+                    strides = Layout::contiguous(&out).strides;
+                }
+                _ => {
+                    let axis = nd.op.int("axis").ok_or("slice without an axis")?;
+                    let axis = sinter_ir::infer::norm_axis(axis, shape.len()).map_err(|e| e.to_string())?;
+                    let start = nd.op.dim("start").ok_or("slice without a start")?;
+                    offset = offset.add(&start.mul(&strides[axis]));
+                    contiguous = contiguous && shape[..axis].iter().all(Dim::is_one);
+                }
+            }
+            shape = out;
+        }
+        if strides.len() != body.ty(v).rank() {
+            return Err(format!("{} has {} strides for rank {}", body.label(v), strides.len(), body.ty(v).rank()));
+        }
+        Ok(View { param, offset, strides, align: info.align })
+    }
+
+    /// For a kernel output `out` that is `core` through `reshape`s (the views the passes
+    /// leave at the end of a body), the strides at which `core`'s elements are written into
+    /// output buffer `buf` (row-major order is storage order when the buffer is contiguous).
+    ///
+    /// # Errors
+    /// When another op lies between them or a reshape meets a strided output buffer.
+    pub(crate) fn output_strides(body: &Function, out: Value, core: Value, buf: &BufInfo) -> Result<Vec<Dim>, String> {
+        if out == core {
+            return Ok(buf.strides.clone());
+        }
+        let mut cur = out;
+        while cur != core {
+            match body.values.get(cur).map(|d| d.def) {
+                Some(ValueDef::Result(n, _)) if body.nodes[n].op.kind == OpKind::Reshape => cur = body.nodes[n].inputs[0],
+                _ => return Err(format!("output {} is not a reshape of the result", body.label(out))),
+            }
+        }
+        if buf.strides != Layout::contiguous(&buf.shape).strides {
+            return Err(format!("output {} reshapes into a strided buffer", body.label(out)));
+        }
+        Ok(Layout::contiguous(&body.ty(core).shape).strides)
+    }
+
+    /// Strides of a tensor of shape `shape` (layout `strides`) as seen from an output of rank
+    /// `out_rank` it broadcasts to (NumPy rules, right-aligned): one stride per output axis,
+    /// 0 where the tensor has no such axis or a size-1 axis.
+    pub(crate) fn broadcast_strides(shape: &[Dim], strides: &[Dim], out_rank: usize) -> Vec<Dim> {
+        let mut out = vec![Dim::constant(0); out_rank];
+        let r = shape.len();
+        for (a, (d, s)) in shape.iter().zip(strides).enumerate() {
+            if out_rank + a >= r && !d.is_one() {
+                out[out_rank + a - r] = s.clone();
+            }
+        }
+        out
+    }
+
+    /// The non-constant dims among `dims`, each once, in order.
+    pub(crate) fn dims_of(dims: &[Dim]) -> Vec<Dim> {
+        let mut out: Vec<Dim> = Vec::new();
+        for d in dims {
+            if d.as_const().is_none() && !out.contains(d) {
+                out.push(d.clone());
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use sinter_ir::{Buffer, BufferData, BufferRole, FunctionBuilder, Graph, KernelData, KernelParam, Layout, TensorType};
+
+    use crate::ptxas;
+
+    /// A kernel graph holding one kernel of `family` with `body`, every buffer contiguous.
+    pub(crate) fn single_kernel(family: Family, body: Function) -> (KernelGraph, Kernel) {
+        let mut g = KernelGraph::default();
+        let mut add = |v: Value, role: BufferRole| -> Buffer {
+            let ty = body.ty(v).clone();
+            let layout = Layout::contiguous(&ty.shape);
+            g.buffers.push(BufferData { name: body.values[v].name.clone(), ty, role, layout })
+        };
+        let inputs: Vec<Buffer> = body.params.iter().map(|&p| add(p, BufferRole::Input)).collect();
+        let outputs: Vec<Buffer> = body.outputs.iter().map(|&o| add(o, BufferRole::Output)).collect();
+        let k = g.kernels.push(KernelData { family, body, inputs: inputs.clone(), outputs: outputs.clone() });
+        g.inputs = inputs;
+        g.outputs = outputs;
+        (g, k)
+    }
+
+    pub(crate) fn ty(dt: DType, dims: &[Dim]) -> TensorType {
+        TensorType::new(dt, dims.iter().cloned())
+    }
+
+    pub(crate) fn d(n: i64) -> Dim {
+        Dim::constant(n)
+    }
+
+    pub(crate) fn sym(s: &str) -> Dim {
+        Dim::symbol(s)
+    }
+
+    /// One line about a plan: entry, target, launch geometry, parameters.
+    pub(crate) fn plan_line(plan: &LaunchPlan) -> String {
+        let grid: Vec<String> = plan.grid.iter().map(|g| format!("⌈{}/{}⌉", g.numerator, g.denominator)).collect();
+        let sizes: Vec<String> = plan
+            .params
+            .iter()
+            .filter_map(|p| match p {
+                KernelParam::Size(d) => Some(d.to_string()),
+                KernelParam::Buffer(_) => None,
+            })
+            .collect();
+        format!(
+            "{} {}: grid [{}], block {:?}, dynamic smem {}, {} buffers, sizes [{}]",
+            plan.entry,
+            plan.target,
+            grid.join(", "),
+            plan.block,
+            plan.shared_bytes,
+            plan.params.len() - sizes.len(),
+            sizes.join(", ")
+        )
+    }
+
+    /// Assembles `plan` with ptxas for its target, asserts no spills, no stack and no
+    /// warnings, and returns ptxas's line for the kernel; `None` when ptxas is missing outside
+    /// CI (it is an error in CI).
+    pub(crate) fn assemble(plan: &LaunchPlan) -> Option<String> {
+        let ptxas = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}"))?;
+        let target = Target::parse(&plan.target).unwrap();
+        let report = ptxas::assemble_with(&ptxas, &plan.ptx, &target).unwrap_or_else(|e| panic!("{}: {e}", plan.entry));
+        let k = report.function(&plan.entry).unwrap_or_else(|| panic!("{report:?}"));
+        assert!(!report.spills(), "{}: spills\n{report}", plan.entry);
+        assert_eq!(k.stack_frame_bytes, 0, "{}: stack\n{report}", plan.entry);
+        assert!(report.warnings.is_empty(), "{report}");
+        assert!(!plan.ptx.contains("call."), "{}: a call in the PTX", plan.entry);
+        Some(report.to_string())
+    }
+
+    /// `x [M, 576] · w [1536, 576]ᵀ + bias [1536]`, then silu: a projection with an epilogue.
+    fn projection(m: Dim, dt: DType) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+        let x = fb.param("x", ty(dt, &[m, d(576)]));
+        let w = fb.param("w", ty(dt, &[d(1536), d(576)]));
+        let bias = fb.param("bias", ty(dt, &[d(1536)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
+        let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[z]).unwrap())
+    }
+
+    /// `x + attn · wo [576, 576]ᵀ` (the residual add of a decoder layer), M rows.
+    fn residual(m: Dim) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "o_proj");
+        let attn = fb.param("attn", ty(DType::BF16, &[m.clone(), d(576)]));
+        let wo = fb.param("wo", ty(DType::BF16, &[d(576), d(576)]));
+        let x = fb.param("x", ty(DType::BF16, &[m, d(576)]));
+        let mm = fb.op1(OpKind::Matmul, &[attn, wo], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[x, mm], vec![]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
+    /// Batched scores `q [9, T, 64] · k [3→9 broadcast? no: 9, S, 64]ᵀ · 0.125` in f32 with a
+    /// second output (the unscaled product).
+    fn batched_scores() -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "scores");
+        let q = fb.param("q", ty(DType::F32, &[sym("B"), d(9), sym("T"), d(64)]));
+        let k = fb.param("k", ty(DType::F32, &[d(9), sym("S"), d(64)]));
+        let mm = fb.op1(OpKind::Matmul, &[q, k], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let c = fb.op1(OpKind::Constant, &[], vec![("value", Attr::Float(0.125)), ("dtype", Attr::DType(DType::F32))]).unwrap();
+        let s = fb.op1(OpKind::Mul, &[mm, c], vec![]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[s, mm]).unwrap())
+    }
+
+    /// `x [4, 100] · w [100, 200]` in f16 (B N-contiguous: a thread per column), cast to f32.
+    fn n_contiguous() -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
+        let x = fb.param("x", ty(DType::F16, &[d(4), d(100)]));
+        let w = fb.param("w", ty(DType::F16, &[d(100), d(200)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
+        let y = fb.op1(OpKind::Cast, &[mm], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
+    /// Every case at sm_80 and sm_90a: plan and ptxas resource line (no spills).
+    #[test]
+    fn ptxas_reports() {
+        let cases: Vec<(&str, (KernelGraph, Kernel))> = vec![
+            ("projection bf16 M=T (tiled)", projection(sym("T"), DType::BF16)),
+            ("projection bf16 M=1 (small M)", projection(d(1), DType::BF16)),
+            ("residual bf16 M=16 (small M)", residual(d(16))),
+            ("residual bf16 M=T (tiled)", residual(sym("T"))),
+            ("batched scores f32, two outputs (tiled)", batched_scores()),
+            ("f16 N-contiguous M=4 (small M, thread per column)", n_contiguous()),
+        ];
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            for (what, (g, k)) in &cases {
+                let plan = generate(g, *k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("matmul_ptxas", text);
+    }
+
+    #[test]
+    fn launch_plans() {
+        let (g, k) = projection(sym("T"), DType::BF16);
+        let plan = generate(&g, k, &Target::SM_90A).unwrap();
+        assert_eq!(plan.entry, "k0_matmul");
+        assert_eq!(plan.block, [256, 1, 1]);
+        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 64 });
+        assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 64 });
+        assert_eq!(plan.grid[2], GridDim::fixed(1));
+        assert_eq!(plan.shared_bytes, 0);
+        assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
+        assert!(plan.params[4..].iter().all(|p| matches!(p, KernelParam::Size(_))), "{:?}", plan.params);
+        assert!(plan.params.contains(&KernelParam::Size(sym("T"))));
+        assert!(plan.ptx.contains(".entry k0_matmul("), "{}", plan.ptx);
+        // The small-M path reads 16-byte vectors of x and w and reduces with shuffles.
+        let (g, k) = projection(d(1), DType::BF16);
+        let plan = generate(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.entry, "k0_matmul_small_m");
+        assert_eq!(plan.grid[0], GridDim { numerator: d(1536), denominator: 4 });
+        assert!(plan.ptx.contains("ld.global.nc.v4.b32"), "{}", plan.ptx);
+        assert!(plan.ptx.contains("shfl.sync.bfly.b32"), "{}", plan.ptx);
+        // Batched: grid.z is the batch.
+        let (g, k) = batched_scores();
+        let plan = generate(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.grid[2], GridDim { numerator: sym("B").scale(9), denominator: 1 });
+    }
+
+    #[test]
+    fn schedule_heuristic() {
+        assert_eq!(choose_schedule(&sym("T"), true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
+        assert_eq!(choose_schedule(&d(17), true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
+        assert_eq!(choose_schedule(&d(1), true), MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 32, columns: 4 }));
+        assert_eq!(choose_schedule(&d(16), false), MatmulSchedule::SmallM(SmallMSchedule { rows: 16, lanes: 1, columns: 128 }));
+        assert_eq!(TiledSchedule::DEFAULT.threads(), 256);
+        assert_eq!(TiledSchedule::DEFAULT.shared_bytes(), 8704);
+        // Other schedules generate and assemble too (the autotuner's candidates).
+        let (g, k) = residual(sym("T"));
+        for s in [
+            MatmulSchedule::Tiled(TiledSchedule { bm: 32, bn: 64, bk: 8, tm: 2, tn: 4 }),
+            MatmulSchedule::Tiled(TiledSchedule { bm: 128, bn: 64, bk: 8, tm: 4, tn: 4 }),
+            MatmulSchedule::Tiled(TiledSchedule { bm: 32, bn: 32, bk: 8, tm: 1, tn: 4 }),
+            MatmulSchedule::SmallM(SmallMSchedule { rows: 8, lanes: 8, columns: 16 }),
+        ] {
+            let plan = generate_with(&g, k, &Target::SM_80, &s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+            assemble(&plan);
+        }
+        let bad = MatmulSchedule::Tiled(TiledSchedule { bm: 64, bn: 64, bk: 16, tm: 3, tn: 4 });
+        assert!(matches!(generate_with(&g, k, &Target::SM_80, &bad), Err(CodegenError::Unsupported { .. })));
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_do() {
+        let unsupported = |f: Function| {
+            let (g, k) = single_kernel(Family::Matmul, f);
+            match generate(&g, k, &Target::SM_80) {
+                Err(CodegenError::Unsupported { kernel, message }) => format!("{kernel}: {message}"),
+                other => panic!("{other:?}"),
+            }
+        };
+        // A prologue (the operand is computed in the kernel).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "k");
+        let x = fb.param("x", ty(DType::F32, &[d(4), d(8)]));
+        let w = fb.param("w", ty(DType::F32, &[d(8), d(8)]));
+        let xn = fb.op1(OpKind::Neg, &[x], vec![]).unwrap();
+        let mm = fb.op1(OpKind::Matmul, &[xn, w], vec![]).unwrap();
+        let msg = unsupported(fb.finish(&[mm]).unwrap());
+        assert!(msg.contains("k0 (Matmul)") && msg.contains("kernel inputs"), "{msg}");
+        // An output of another shape.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "k");
+        let x = fb.param("x", ty(DType::F32, &[d(4), d(8)]));
+        let w = fb.param("w", ty(DType::F32, &[d(8), d(8)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
+        let r = fb.op1(OpKind::ReduceSum, &[mm], vec![]).unwrap();
+        let msg = unsupported(fb.finish(&[r]).unwrap());
+        assert!(msg.contains("matmul's shape"), "{msg}");
+        // Integer operands.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "k");
+        let x = fb.param("x", ty(DType::I32, &[d(4), d(8)]));
+        let w = fb.param("w", ty(DType::I32, &[d(8), d(8)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
+        let msg = unsupported(fb.finish(&[mm]).unwrap());
+        assert!(msg.contains("bf16, f16 or f32"), "{msg}");
+        // A kernel of another family.
+        let (g, k) = projection(d(2), DType::F32);
+        let mut g2 = g.clone();
+        g2.kernels[k].family = Family::Pointwise;
+        assert!(generate(&g2, k, &Target::SM_80).is_err());
+    }
+
+    /// Epilogues use the shared element evaluator: gelu, a broadcast bias of another dtype
+    /// through a cast, select on a comparison.
+    #[test]
+    fn rich_epilogue_assembles() {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "k");
+        let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(64)]));
+        let w = fb.param("w", ty(DType::BF16, &[d(100), d(64)]));
+        let b = fb.param("b", ty(DType::F32, &[d(1), d(100)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let m32 = fb.op1(OpKind::Cast, &[mm], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[m32, b], vec![]).unwrap();
+        let g = fb.op1(OpKind::Gelu, &[y], vec![("form", Attr::Str("tanh".into()))]).unwrap();
+        let zero = fb.op1(OpKind::Constant, &[], vec![("value", Attr::Float(0.0)), ("dtype", Attr::DType(DType::F32))]).unwrap();
+        let pos = fb.op1(OpKind::Gt, &[y, zero], vec![]).unwrap();
+        let o = fb.op1(OpKind::Select, &[pos, g, y], vec![]).unwrap();
+        let o = fb.op1(OpKind::Cast, &[o], vec![("dtype", Attr::DType(DType::BF16))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
+        for t in [Target::SM_80, Target::SM_90A] {
+            for s in [MatmulSchedule::Tiled(TiledSchedule::DEFAULT), MatmulSchedule::SmallM(SmallMSchedule { rows: 2, lanes: 32, columns: 4 })] {
+                let plan = generate_with(&g, k, &t, &s).unwrap();
+                assemble(&plan);
+            }
+        }
+    }
+}
+

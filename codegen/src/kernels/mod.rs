@@ -1,0 +1,241 @@
+//! Kernel generators, one file per family (as Triton's `TritonGPUToLLVM/` is organised):
+//!
+//! | family | file | what |
+//! |---|---|---|
+//! | [`Family::Pointwise`] | [`pointwise`] | any fused element-wise DAG, broadcasting, 16-byte vectors, grid-stride |
+//! | [`Family::RowReduction`] | [`reduce`] | reductions / softmax / norms over the last axis with prologue and epilogue |
+//! | [`Family::Layout`] | [`layout`] | transpose / permute / broadcast / concat / slice / reshape copies |
+//! | [`Family::Gather`] | [`gather`] | embedding rows |
+//! | [`Family::KvAppend`] | [`kv_append`] | new K/V rows scattered into the paged cache |
+//! | [`Family::Matmul`] | [`matmul`] | tiled matmul with epilogue |
+//! | [`Family::Attention`], [`Family::PagedAttention`] | [`attention`] | prefill and paged decode attention |
+//!
+//! Every generator returns a [`LaunchPlan`]: the PTX, its entry point, the grid as
+//! `ceil(dim / per_cta)` expressions of the kernel's symbols, the block, and the parameter
+//! list — **the kernel's buffers in order (inputs, then outputs: [`KernelParam::Buffer`]),
+//! then one `i64` per symbolic size it needs ([`KernelParam::Size`])**, so a kernel compiled
+//! once runs for every value of `T`, `P`, … Constant sizes are baked into the code.
+//!
+//! Buffers are read with the strides and alignment of their [`sinter_ir::Layout`]. Kernels
+//! assume an output buffer does not overlap any other buffer of the kernel (their pointers
+//! are `noalias`), except where a family says otherwise (`KvAppend`, whose output pages are
+//! its input pages).
+
+pub mod attention;
+pub(crate) mod element;
+pub mod gather;
+pub mod kv_append;
+pub mod layout;
+pub mod matmul;
+pub mod pointwise;
+pub mod reduce;
+
+use inkwell::context::Context;
+use sinter_ir::{BufferData, Dim, Family, Kernel, KernelData, KernelGraph, KernelParam};
+#[cfg(doc)]
+use sinter_ir::LaunchPlan;
+
+use self::element::{Buf, IndexWidth};
+use crate::emit::{KernelBuilder, ParamKind, SizeTable};
+use crate::math::R;
+use crate::target::Target;
+use crate::CodegenError;
+
+/// The lower-case name of a family, as used in entry-point names (`k3_pointwise`).
+pub fn family_name(f: Family) -> &'static str {
+    match f {
+        Family::Pointwise => "pointwise",
+        Family::RowReduction => "row_reduction",
+        Family::Matmul => "matmul",
+        Family::Attention => "attention",
+        Family::PagedAttention => "paged_attention",
+        Family::KvAppend => "kv_append",
+        Family::Gather => "gather",
+        Family::Layout => "layout",
+    }
+}
+
+/// A kernel being generated: the graph, the kernel and its data, with the checks every
+/// generator needs.
+pub(crate) struct KernelCtx<'g> {
+    pub graph: &'g KernelGraph,
+    pub kernel: Kernel,
+    pub data: &'g KernelData,
+}
+
+impl<'g> KernelCtx<'g> {
+    /// Looks the kernel up and checks that its body's signature matches its buffers
+    /// (parameters ↔ inputs, outputs ↔ outputs, same dtype and shape).
+    pub fn new(graph: &'g KernelGraph, kernel: Kernel) -> R<KernelCtx<'g>> {
+        let data = graph.kernels.get(kernel).ok_or_else(|| CodegenError::BadKernel {
+            kernel: kernel.to_string(),
+            message: format!("the kernel graph has {} kernels", graph.kernels.len()),
+        })?;
+        let cx = KernelCtx { graph, kernel, data };
+        let body = &data.body;
+        if body.params.len() != data.inputs.len() || body.outputs.len() != data.outputs.len() {
+            return Err(cx.bad(format!(
+                "the body has {} parameters and {} outputs, the kernel {} input and {} output buffers",
+                body.params.len(),
+                body.outputs.len(),
+                data.inputs.len(),
+                data.outputs.len()
+            )));
+        }
+        let pairs = body.params.iter().zip(&data.inputs).chain(body.outputs.iter().zip(&data.outputs));
+        for (i, (&v, &b)) in pairs.enumerate() {
+            let vd = body.values.get(v).ok_or_else(|| cx.bad(format!("body value {v} does not exist")))?;
+            let bd = graph.buffers.get(b).ok_or_else(|| cx.bad(format!("buffer {b} does not exist")))?;
+            if vd.ty != bd.ty {
+                return Err(cx.bad(format!("buffer {i} ({b}) is {}, the body's value is {}", bd.ty, vd.ty)));
+            }
+            if bd.layout.strides.len() != bd.ty.rank() {
+                return Err(cx.bad(format!("buffer {b} has {} strides for rank {}", bd.layout.strides.len(), bd.ty.rank())));
+            }
+        }
+        for (_, nd) in body.nodes.iter() {
+            if nd.inputs.iter().chain(&nd.results).any(|v| body.values.get(*v).is_none()) {
+                return Err(cx.bad("a node refers to a value the body does not have"));
+            }
+        }
+        Ok(cx)
+    }
+
+    /// `k3 (Pointwise)`.
+    pub fn name(&self) -> String {
+        format!("{} ({:?})", self.kernel, self.data.family)
+    }
+
+    /// The entry point's name: `k3_pointwise`.
+    pub fn entry(&self) -> String {
+        format!("{}_{}", self.kernel, family_name(self.data.family))
+    }
+
+    /// An unsupported-kernel error naming this kernel.
+    pub fn unsupported(&self, msg: impl Into<String>) -> CodegenError {
+        CodegenError::Unsupported { kernel: self.name(), message: msg.into() }
+    }
+
+    /// An ill-formed-kernel error naming this kernel.
+    pub fn bad(&self, msg: impl Into<String>) -> CodegenError {
+        CodegenError::BadKernel { kernel: self.name(), message: msg.into() }
+    }
+
+    /// Buffer `i` of the kernel (inputs, then outputs).
+    pub fn buffer(&self, i: usize) -> R<&'g BufferData> {
+        let n_in = self.data.inputs.len();
+        let b = if i < n_in { self.data.inputs.get(i) } else { self.data.outputs.get(i - n_in) };
+        b.and_then(|b| self.graph.buffers.get(*b)).ok_or_else(|| self.bad(format!("no buffer {i}")))
+    }
+
+    /// The number of buffers (inputs + outputs).
+    pub fn n_buffers(&self) -> usize {
+        self.data.inputs.len() + self.data.outputs.len()
+    }
+
+    /// Parameter kinds: inputs `noalias readonly`, outputs `noalias` — except in `KvAppend`
+    /// kernels, whose output pages are their input pages (nothing is `noalias` there).
+    pub fn param_kinds(&self) -> Vec<ParamKind> {
+        if self.data.family == Family::KvAppend {
+            let mut p = vec![ParamKind::Global { read_only: true, no_alias: false }; self.data.inputs.len()];
+            p.extend(std::iter::repeat_n(ParamKind::Global { read_only: false, no_alias: false }, self.data.outputs.len()));
+            return p;
+        }
+        let mut p = vec![ParamKind::input(); self.data.inputs.len()];
+        p.extend(std::iter::repeat_n(ParamKind::output(), self.data.outputs.len()));
+        p
+    }
+
+    /// The evaluator's view of buffer `i`.
+    pub fn buf<'ctx>(&self, kb: &KernelBuilder<'ctx>, i: usize) -> R<Buf<'ctx>> {
+        let bd = self.buffer(i)?;
+        Ok(Buf { ptr: kb.param_ptr(i)?, dtype: bd.ty.dtype, strides: bd.layout.strides.clone(), align: bd.layout.align.max(1) })
+    }
+
+    /// Whether every dim of every buffer and body value is a constant and every buffer's
+    /// extent is below 2³⁰ elements: then 32-bit indexing is exact (with room for a
+    /// grid-stride step past the end).
+    pub fn index_width(&self) -> IndexWidth {
+        const LIMIT: i64 = 1 << 30;
+        let mut all: Vec<&Dim> = Vec::new();
+        for (_, v) in self.data.body.values.iter() {
+            all.extend(v.ty.shape.iter());
+        }
+        let mut extents_ok = true;
+        for i in 0..self.n_buffers() {
+            let Ok(b) = self.buffer(i) else { return IndexWidth::I64 };
+            all.extend(b.ty.shape.iter());
+            all.extend(b.layout.strides.iter());
+            // The largest offset: Σ (d − 1)·stride.
+            let mut max: i64 = 0;
+            for (d, s) in b.ty.shape.iter().zip(&b.layout.strides) {
+                match (d.as_const(), s.as_const()) {
+                    (Some(d), Some(s)) => {
+                        let t = (d - 1).max(0).checked_mul(s.abs());
+                        max = t.and_then(|t| max.checked_add(t)).unwrap_or(i64::MAX);
+                    }
+                    _ => extents_ok = false,
+                }
+            }
+            let numel = b.ty.shape.iter().try_fold(1i64, |acc, d| d.as_const().and_then(|d| acc.checked_mul(d)));
+            if max >= LIMIT || numel.is_none_or(|n| n >= LIMIT) {
+                extents_ok = false;
+            }
+        }
+        for (_, nd) in self.data.body.nodes.iter() {
+            for a in &nd.op.attrs {
+                match a {
+                    sinter_ir::Attr::Dim(d) if d.as_const().is_none() => return IndexWidth::I64,
+                    sinter_ir::Attr::Dims(ds) if ds.iter().any(|d| d.as_const().is_none()) => return IndexWidth::I64,
+                    _ => {}
+                }
+            }
+        }
+        if extents_ok && all.iter().all(|d| d.as_const().is_some_and(|c| c.abs() < LIMIT)) {
+            IndexWidth::I32
+        } else {
+            IndexWidth::I64
+        }
+    }
+}
+
+/// Builds a kernel twice (see [`SizeTable`]): once to learn the symbolic sizes `emit` asks
+/// for, once with exactly those as `i64` parameters after the buffers. Returns the PTX and
+/// the parameter list (buffers `0..n`, then the sizes).
+pub(crate) fn build_twice(
+    cx: &KernelCtx<'_>,
+    target: &Target,
+    entry: &str,
+    max_threads: u32,
+    width: IndexWidth,
+    emit: impl for<'c> Fn(&mut KernelBuilder<'c>, &mut SizeTable<'c>) -> R<()>,
+) -> R<(String, Vec<KernelParam>)> {
+    let context = Context::create();
+    let wide = width == IndexWidth::I64;
+    let kinds = cx.param_kinds();
+    let dims = {
+        let mut kb = KernelBuilder::new(&context, entry, &kinds, *target)?;
+        let mut sizes = SizeTable::collecting(wide);
+        emit(&mut kb, &mut sizes)?;
+        sizes.dims().to_vec()
+    };
+    let mut kinds2 = kinds.clone();
+    kinds2.extend(std::iter::repeat_n(ParamKind::Size, dims.len()));
+    let mut kb = KernelBuilder::new(&context, entry, &kinds2, *target)?;
+    kb.set_max_threads(max_threads);
+    if max_threads < 1024 {
+        // See `set_min_ctas_per_sm`: keeps ptxas from spilling to reach full occupancy. (At
+        // 1024 threads the register cap is 64 either way, and the hint makes ptxas schedule
+        // more aggressively into it.)
+        kb.set_min_ctas_per_sm(1);
+    }
+    let mut sizes = SizeTable::fixed(dims.clone(), kinds.len(), wide);
+    emit(&mut kb, &mut sizes)?;
+    if sizes.dims().len() != dims.len() {
+        return Err(CodegenError::Builder("the second pass asked for other sizes than the first".into()));
+    }
+    let ptx = kb.finish()?;
+    let mut params: Vec<KernelParam> = (0..kinds.len()).map(KernelParam::Buffer).collect();
+    params.extend(dims.into_iter().map(KernelParam::Size));
+    Ok((ptx, params))
+}

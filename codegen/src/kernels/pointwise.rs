@@ -1,0 +1,356 @@
+//! The pointwise family ([`Family::Pointwise`]): any fused element-wise expression, written
+//! to contiguous (or strided) outputs of one shape. Also the engine of the [`super::layout`]
+//! and [`super::gather`] families, whose bodies are index remappings evaluated the same way.
+//!
+//! # What a kernel computes
+//! The body is a DAG of element-wise ops of the op table — unary (`neg abs exp log sqrt rsqrt
+//! recip sigmoid silu gelu(erf|tanh) tanh sin cos cast`), binary with NumPy broadcasting
+//! (`add sub mul div maximum minimum pow`), comparisons, `select`, `swiglu`, `rope` (both
+//! forms), sources (`constant`, `iota`) and views (`reshape`, `slice`, `broadcast`,
+//! `transpose`, `permute`, `concat`, `gather`) — whose outputs all have one shape `S`. Each
+//! output element is computed by the [`super::element`] evaluator: operands are read from
+//! their buffers with their strides (0 for broadcast axes), every op computes in `f32` (or
+//! in its integer dtype, saturating) and rounds its result to its dtype, as the interpreter
+//! does. Transcendentals are [`crate::math`]'s: `f32` results get the precise versions
+//! (≤ 3 ulp), `bf16`/`f16` results the fast ones (`ex2.approx`, `div.approx`), whose error is
+//! far below half a `bf16` ulp.
+//!
+//! # Schedule
+//! A thread handles `vec` consecutive elements of the innermost axis per step of a
+//! grid-stride loop (`block` threads per CTA, grid `⌈numel / (vec·block)⌉`, so the loop
+//! normally runs once; it stays correct if the runtime launches fewer CTAs).
+//!
+//! - **Flat** kernels — every value of the body has the outputs' element count or is a
+//!   single element, every full-size buffer is contiguous, and the ops are element-wise or
+//!   reshapes — index every buffer by the linear element index: `vec` is 16 bytes of the
+//!   narrowest full-size buffer (8 for `bf16`, 4 for `f32`; at most 8), each full group is one
+//!   16-byte `ld.global.nc.v4` per input and one `st.global.v4` per output, and the last
+//!   partial group (when `numel` is not provably a multiple of `vec`) is done element by
+//!   element: the scalar tail.
+//! - **Shaped** kernels (broadcasting, `iota`, `rope`, views) compute each group's
+//!   coordinates from its linear index (div/mod by the output dims, constants folded) and
+//!   vectorise along the innermost axis when its extent is provably a multiple of `vec`
+//!   (else `vec` = 1); each operand load is a vector load when it is contiguous along that
+//!   axis and aligned, else per element.
+//!
+//! Index arithmetic is 32-bit when every size is a constant and every buffer below 2³¹
+//! elements, 64-bit otherwise (any symbolic size).
+
+use sinter_ir::{Dim, Family, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, OpClass, OpKind, Value, ValueDef};
+
+use super::element::{divisible, At, Ax, Buf, Eval, Tag};
+use super::{build_twice, KernelCtx};
+use crate::math::R;
+use crate::target::Target;
+use crate::CodegenError;
+
+/// Threads per CTA and elements per thread-step of a pointwise kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PointwiseSchedule {
+    /// Threads per CTA (a multiple of 32, at most 1024).
+    pub block: u32,
+    /// Consecutive innermost elements per thread per step (a power of two ≤ 16); reduced
+    /// automatically where the innermost extent is not provably a multiple of it.
+    pub vec: u32,
+}
+
+impl PointwiseSchedule {
+    /// The default block: 256 threads.
+    pub const BLOCK: u32 = 256;
+}
+
+/// Generates pointwise kernel `kernel` of `graph` with the default schedule.
+///
+/// Parameters: the kernel's buffers, then its symbolic sizes. Grid `(⌈numel/(vec·block)⌉,
+/// 1, 1)`, block `(block, 1, 1)`, no dynamic shared memory.
+///
+/// # Errors
+/// [`CodegenError::Unsupported`] for ops that need their own kernel (matmul, attention,
+/// reductions) or outputs of different shapes; [`CodegenError::BadKernel`] for a body that
+/// does not match its buffers; LLVM errors.
+pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    generate_with(graph, kernel, target, None)
+}
+
+/// As [`generate`] with a chosen schedule (`None`: the default).
+///
+/// # Errors
+/// As [`generate`]; [`CodegenError::Unsupported`] for an invalid schedule.
+pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: Option<PointwiseSchedule>) -> Result<LaunchPlan, CodegenError> {
+    let cx = KernelCtx::new(graph, kernel)?;
+    if cx.data.family != Family::Pointwise {
+        return Err(cx.bad(format!("a {:?} kernel given to the pointwise generator", cx.data.family)));
+    }
+    generate_elementwise(&cx, target, schedule)
+}
+
+/// One output: the body value computed, the buffer written and the strides it is written
+/// with (a trailing reshape of a contiguous output is peeled: the value before it is written
+/// with contiguous strides of its own shape, the same storage order).
+struct Out {
+    value: Value,
+    buffer: usize,
+    strides: Vec<Dim>,
+}
+
+fn is_contiguous(shape: &[Dim], strides: &[Dim]) -> bool {
+    let c = Layout::contiguous(shape).strides;
+    shape.iter().zip(strides.iter().zip(&c)).all(|(d, (s, cs))| d.is_one() || s == cs)
+}
+
+/// The outputs with trailing reshapes peeled.
+fn outputs(cx: &KernelCtx<'_>) -> R<Vec<Out>> {
+    let body = &cx.data.body;
+    let n_in = cx.data.inputs.len();
+    let mut outs = Vec::new();
+    for (j, &o) in body.outputs.iter().enumerate() {
+        let b = cx.buffer(n_in + j)?;
+        let mut value = o;
+        let mut strides = b.layout.strides.clone();
+        if is_contiguous(&b.ty.shape, &strides) {
+            while let ValueDef::Result(n, _) = body.values[value].def {
+                let nd = &body.nodes[n];
+                if nd.op.kind != OpKind::Reshape {
+                    break;
+                }
+                let Some(&x) = nd.inputs.first() else { break };
+                value = x;
+                strides = Layout::contiguous(&body.ty(x).shape).strides;
+            }
+        }
+        outs.push(Out { value, buffer: n_in + j, strides });
+    }
+    Ok(outs)
+}
+
+/// Whether the flat (linear-index) schedule applies: see the module docs.
+fn flat_shapes(cx: &KernelCtx<'_>, n: &Dim, outs: &[Out]) -> Option<std::collections::HashMap<Value, Vec<Dim>>> {
+    let body = &cx.data.body;
+    let one = Dim::constant(1);
+    let mut shapes = std::collections::HashMap::new();
+    for (v, d) in body.values.iter() {
+        let numel = d.ty.numel();
+        if &numel == n {
+            shapes.insert(v, vec![n.clone()]);
+        } else if numel == one {
+            shapes.insert(v, vec![]);
+        } else {
+            return None;
+        }
+    }
+    for (_, nd) in body.nodes.iter() {
+        let ok = match nd.op.kind.info().class {
+            OpClass::Unary | OpClass::Binary | OpClass::Compare => true,
+            _ => matches!(nd.op.kind, OpKind::Swiglu | OpKind::Constant | OpKind::Broadcast | OpKind::Reshape),
+        };
+        if !ok {
+            return None;
+        }
+    }
+    for (i, &p) in body.params.iter().enumerate() {
+        let b = cx.buffer(i).ok()?;
+        if &body.ty(p).numel() == n && !is_contiguous(&b.ty.shape, &b.layout.strides) {
+            return None;
+        }
+    }
+    for o in outs {
+        if !is_contiguous(&body.ty(o.value).shape, &o.strides) {
+            return None;
+        }
+    }
+    Some(shapes)
+}
+
+/// The pointwise engine (also used by the layout and gather families).
+pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule: Option<PointwiseSchedule>) -> Result<LaunchPlan, CodegenError> {
+    let body = &cx.data.body;
+    let mut outs = outputs(cx)?;
+    if outs.is_empty() {
+        return Err(cx.bad("the kernel has no outputs"));
+    }
+    let same = |outs: &[Out]| outs.iter().all(|o| body.ty(o.value).shape == body.ty(outs[0].value).shape);
+    if !same(&outs) {
+        // Peeling made the shapes differ: write every output through its own shape.
+        outs = body
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(j, &o)| Ok(Out { value: o, buffer: cx.data.inputs.len() + j, strides: cx.buffer(cx.data.inputs.len() + j)?.layout.strides.clone() }))
+            .collect::<R<Vec<Out>>>()?;
+        if !same(&outs) {
+            return Err(cx.unsupported("the outputs have different shapes"));
+        }
+    }
+    let shape = body.ty(outs[0].value).shape.clone();
+    let n = Dim::product(&shape);
+    let flat = flat_shapes(cx, &n, &outs);
+    // Vector width: 16 bytes of the narrowest full-size buffer.
+    let mut min_size = usize::MAX;
+    for (i, &p) in body.params.iter().enumerate() {
+        if body.ty(p).numel() == n {
+            min_size = min_size.min(cx.buffer(i)?.ty.dtype.size_bytes());
+        }
+    }
+    for o in &outs {
+        min_size = min_size.min(cx.buffer(o.buffer)?.ty.dtype.size_bytes());
+    }
+    let block = schedule.map_or(PointwiseSchedule::BLOCK, |s| s.block);
+    if block == 0 || block % 32 != 0 || block > 1024 {
+        return Err(cx.unsupported(format!("block {block} is not a multiple of 32 in 32..=1024")));
+    }
+    let mut vec = schedule.map_or_else(|| (16 / min_size.max(1)).clamp(1, 8) as u32, |s| s.vec);
+    if !vec.is_power_of_two() || vec > 16 {
+        return Err(cx.unsupported(format!("vec {vec} is not a power of two ≤ 16")));
+    }
+    if flat.is_none() {
+        match shape.last() {
+            None => vec = 1,
+            Some(last) => {
+                while vec > 1 && !divisible(last, vec) {
+                    vec /= 2;
+                }
+            }
+        }
+    }
+    let width = cx.index_width();
+    let entry = cx.entry();
+    let (ptx, params) = build_twice(cx, target, &entry, block, width, |kb, sizes| {
+        let n_in = cx.data.inputs.len();
+        let mut pbufs = Vec::with_capacity(n_in);
+        for i in 0..n_in {
+            let mut b = cx.buf(kb, i)?;
+            if let Some(fs) = &flat {
+                b.strides = if fs.get(&body.params[i]).is_some_and(|s| s.len() == 1) { vec![Dim::constant(1)] } else { vec![] };
+            }
+            pbufs.push(b);
+        }
+        let mut obufs = Vec::with_capacity(outs.len());
+        for o in &outs {
+            let mut b = cx.buf(kb, o.buffer)?;
+            b.strides = if flat.is_some() { vec![Dim::constant(1)] } else { o.strides.clone() };
+            obufs.push(b);
+        }
+        let mut ev = Eval::new(kb, sizes, body, pbufs, width);
+        if let Some(fs) = &flat {
+            ev.shapes = fs.clone();
+        }
+        emit_loop(&mut ev, &n, &shape, vec, flat.is_some(), &outs, &obufs)
+    })?;
+    Ok(LaunchPlan {
+        entry,
+        ptx,
+        target: target.name().to_owned(),
+        grid: [GridDim { numerator: n, denominator: vec * block }, GridDim::fixed(1), GridDim::fixed(1)],
+        block: [block, 1, 1],
+        shared_bytes: 0,
+        params,
+    })
+}
+
+/// The grid-stride loop over groups of `vec` elements, and the stores.
+fn emit_loop<'ctx>(ev: &mut Eval<'_, 'ctx>, n: &Dim, shape: &[Dim], vec: u32, flat: bool, outs: &[Out], obufs: &[Buf<'ctx>]) -> R<()> {
+    let ity = ev.ity();
+    // Prologue: first group and stride.
+    let tid = ev.kb.tid_x()?;
+    let ntid = ev.kb.ntid_x()?;
+    let ctaid = ev.kb.ctaid_x()?;
+    let nctaid = ev.kb.nctaid_x()?;
+    let numel = ev.dim(n)?;
+    let (g0, gs, groups) = ev.kb.in_prologue(|kb| {
+        let z = |v| kb.b.build_int_z_extend_or_bit_cast(v, ity, "w");
+        let (tid, ntid, ctaid, nctaid) = (z(tid)?, z(ntid)?, z(ctaid)?, z(nctaid)?);
+        let g0 = kb.b.build_int_add(kb.b.build_int_mul(ctaid, ntid, "cs")?, tid, "g0")?;
+        let gs = kb.b.build_int_mul(nctaid, ntid, "gs")?;
+        let vm1 = ity.const_int(u64::from(vec - 1), false);
+        let v = ity.const_int(u64::from(vec), false);
+        let groups = kb.b.build_int_unsigned_div(kb.b.build_int_add(numel, vm1, "n")?, v, "groups")?;
+        Ok((g0, gs, groups))
+    })?;
+    let pre = ev.kb.current_block()?;
+    let header = ev.kb.block("loop");
+    let bodyb = ev.kb.block("group");
+    let exit = ev.kb.block("exit");
+    ev.kb.br(header)?;
+    ev.kb.position(header);
+    let g = ev.kb.b.build_phi(ity, "g")?;
+    g.add_incoming(&[(&g0, pre)]);
+    let gv = g.as_basic_value().into_int_value();
+    let more = ev.kb.b.build_int_compare(inkwell::IntPredicate::ULT, gv, groups, "more")?;
+    ev.kb.cond_br(more, bodyb, exit)?;
+    ev.kb.position(bodyb);
+    let e0 = ev.imul(gv, ev.ic(i64::from(vec)))?;
+    if flat {
+        let at = At { axes: vec![Ax { base: e0, step: vec > 1, aligned: true, zero: false, tag: Tag::Other }], lanes: vec };
+        if divisible(n, vec) {
+            ev.forget();
+            store_all(ev, &at, outs, obufs)?;
+        } else {
+            // Full groups vectorised; the last, partial one element by element.
+            let full_bb = ev.kb.block("full");
+            let tail_bb = ev.kb.block("tail");
+            let join = ev.kb.block("join");
+            let end = ev.iadd(e0, ev.ic(i64::from(vec)))?;
+            let full = ev.kb.b.build_int_compare(inkwell::IntPredicate::ULE, end, numel, "full")?;
+            ev.kb.cond_br(full, full_bb, tail_bb)?;
+            ev.kb.position(full_bb);
+            ev.forget();
+            store_all(ev, &at, outs, obufs)?;
+            ev.kb.br(join)?;
+            ev.kb.position(tail_bb);
+            for l in 0..vec {
+                let e = ev.iadd(e0, ev.ic(i64::from(l)))?;
+                let ok = ev.kb.b.build_int_compare(inkwell::IntPredicate::ULT, e, numel, "ok")?;
+                let one = ev.kb.block("one");
+                let next = ev.kb.block("next");
+                ev.kb.cond_br(ok, one, next)?;
+                ev.kb.position(one);
+                ev.forget();
+                let at1 = At { axes: vec![Ax { base: e, step: false, aligned: true, zero: false, tag: Tag::Other }], lanes: 1 };
+                store_all(ev, &at1, outs, obufs)?;
+                ev.kb.br(next)?;
+                ev.kb.position(next);
+            }
+            ev.kb.br(join)?;
+            ev.kb.position(join);
+        }
+    } else {
+        // Coordinates of the group's first element, innermost first.
+        let rank = shape.len();
+        let mut axes = vec![ev.zero_ax(); rank];
+        let mut rem = e0;
+        for a in (0..rank).rev() {
+            let d = &shape[a];
+            if d.is_one() {
+                continue;
+            }
+            let outer_all_one = shape[..a].iter().all(Dim::is_one);
+            let (c, next) = if outer_all_one {
+                (rem, rem)
+            } else {
+                let dv = ev.dim(d)?;
+                (ev.irem(rem, dv)?, ev.idiv(rem, dv)?)
+            };
+            let lane = a == rank - 1 && vec > 1;
+            axes[a] = Ax { base: c, step: lane, aligned: lane, zero: false, tag: Tag::Other };
+            rem = next;
+        }
+        let at = At { axes, lanes: if rank == 0 { 1 } else { vec } };
+        ev.forget();
+        store_all(ev, &at, outs, obufs)?;
+    }
+    // Latch.
+    let next = ev.iadd(gv, gs)?;
+    let latch = ev.kb.current_block()?;
+    g.add_incoming(&[(&next, latch)]);
+    ev.kb.br(header)?;
+    ev.kb.position(exit);
+    ev.kb.ret()
+}
+
+fn store_all<'ctx>(ev: &mut Eval<'_, 'ctx>, at: &At<'ctx>, outs: &[Out], obufs: &[Buf<'ctx>]) -> R<()> {
+    for (o, b) in outs.iter().zip(obufs) {
+        let vals = ev.eval(o.value, at)?;
+        ev.store(b, at, &vals)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,1133 @@
+//! Kernel generation, family by family: small kernel graphs built by hand (bodies with
+//! `FunctionBuilder`, buffers with `Layout::contiguous`), compiled through the public entry
+//! [`compile_kernel`] for sm_80 and sm_90a, every PTX assembled by ptxas (no spills, no stack),
+//! snapshots of the PTX of a pointwise and a softmax kernel and of the ptxas resource report of
+//! every case, and SASS checks with cuobjdump (16-byte loads in the vectorised pointwise
+//! kernel, butterfly shuffles in the reductions).
+//!
+//! ptxas and cuobjdump come from `scripts/setup` (`~/.cache/sinter/bin`); where they are
+//! missing the tests that need them say so and skip, except under CI (`CI` set), where they
+//! fail.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use sinter_codegen::target::Target;
+use sinter_codegen::{compile_kernel, ptxas, CodegenError};
+use sinter_ir::{
+    Attr, Buffer, BufferData, BufferRole, DType, Dim, Family, Function, FunctionBuilder, Graph, GridDim, Kernel, KernelData, KernelGraph, KernelParam, LaunchPlan, Layout, OpKind,
+    TensorType, Value,
+};
+
+fn d(n: i64) -> Dim {
+    Dim::constant(n)
+}
+fn s(name: &str) -> Dim {
+    Dim::symbol(name)
+}
+fn ty(dt: DType, dims: &[Dim]) -> TensorType {
+    TensorType::new(dt, dims.iter().cloned())
+}
+fn op(fb: &mut FunctionBuilder, kind: OpKind, ins: &[Value]) -> Value {
+    fb.op1(kind, ins, vec![]).unwrap()
+}
+fn op_a(fb: &mut FunctionBuilder, kind: OpKind, ins: &[Value], attrs: Vec<(&str, Attr)>) -> Value {
+    fb.op1(kind, ins, attrs).unwrap()
+}
+
+/// A kernel graph holding one kernel of `family` with `body`, every buffer contiguous.
+fn single(family: Family, body: Function) -> (KernelGraph, Kernel) {
+    let mut g = KernelGraph::default();
+    let mut add = |v: Value, role: BufferRole| -> Buffer {
+        let t = body.ty(v).clone();
+        let layout = Layout::contiguous(&t.shape);
+        g.buffers.push(BufferData { name: body.values[v].name.clone(), ty: t, role, layout })
+    };
+    let inputs: Vec<Buffer> = body.params.iter().map(|&p| add(p, BufferRole::Input)).collect();
+    let outputs: Vec<Buffer> = body.outputs.iter().map(|&o| add(o, BufferRole::Output)).collect();
+    let k = g.kernels.push(KernelData { family, body, inputs: inputs.clone(), outputs: outputs.clone() });
+    g.inputs = inputs;
+    g.outputs = outputs;
+    (g, k)
+}
+
+// ----- kernels ------------------------------------------------------------------------------
+
+/// `silu(a) · b` over `[rows, cols]` (the SwiGLU of an MLP, unfused form).
+fn silu_mul(dt: DType, rows: Dim, cols: Dim) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "silu_mul");
+    let a = fb.param("a", ty(dt, &[rows.clone(), cols.clone()]));
+    let b = fb.param("b", ty(dt, &[rows, cols]));
+    let sa = op(&mut fb, OpKind::Silu, &[a]);
+    let y = op(&mut fb, OpKind::Mul, &[sa, b]);
+    single(Family::Pointwise, fb.finish(&[y]).unwrap())
+}
+
+/// A DAG of most element-wise ops over a broadcast: `x [T, 17] f32`, `w [17] f32`, `m [T, 1]
+/// bool`, `i [T, 17] i32`; two outputs.
+fn elementwise_zoo(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "zoo");
+    let (t, n) = (s("T"), d(17));
+    let x = fb.param("x", ty(dt, &[t.clone(), n.clone()]));
+    let w = fb.param("w", ty(dt, std::slice::from_ref(&n)));
+    let m = fb.param("m", ty(DType::Bool, &[t.clone(), d(1)]));
+    let i = fb.param("i", ty(DType::I32, &[t.clone(), n.clone()]));
+    let xw = op(&mut fb, OpKind::Add, &[x, w]);
+    let g1 = op_a(&mut fb, OpKind::Gelu, &[xw], vec![("form", Attr::Str("erf".into()))]);
+    let g2 = op_a(&mut fb, OpKind::Gelu, &[xw], vec![("form", Attr::Str("tanh".into()))]);
+    let sg = op(&mut fb, OpKind::Sigmoid, &[g1]);
+    let ab = op(&mut fb, OpKind::Abs, &[g2]);
+    let rs = op(&mut fb, OpKind::Rsqrt, &[ab]);
+    let lg = op(&mut fb, OpKind::Log, &[ab]);
+    let ex = op(&mut fb, OpKind::Exp, &[lg]);
+    let two = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(2.0)), ("dtype", Attr::DType(dt))]);
+    let sq = op(&mut fb, OpKind::Pow, &[ex, two]);
+    let pw = op(&mut fb, OpKind::Pow, &[sq, sg]);
+    let mx = op(&mut fb, OpKind::Maximum, &[pw, rs]);
+    let mn = op(&mut fb, OpKind::Minimum, &[mx, xw]);
+    let th = op(&mut fb, OpKind::Tanh, &[mn]);
+    let sn = op(&mut fb, OpKind::Sin, &[th]);
+    let cs = op(&mut fb, OpKind::Cos, &[sn]);
+    let io = op_a(&mut fb, OpKind::Iota, &[], vec![("dtype", Attr::DType(dt)), ("shape", Attr::Dims(vec![t.clone(), n.clone()])), ("axis", Attr::Int(1))]);
+    let lt = op(&mut fb, OpKind::Lt, &[cs, io]);
+    let both = op(&mut fb, OpKind::Ne, &[lt, m]);
+    let sel = op(&mut fb, OpKind::Select, &[both, cs, xw]);
+    let dv = op(&mut fb, OpKind::Div, &[sel, w]);
+    let rc = op(&mut fb, OpKind::Recip, &[dv]);
+    let ng = op(&mut fb, OpKind::Neg, &[rc]);
+    let out = op_a(&mut fb, OpKind::Cast, &[ng], vec![("dtype", Attr::DType(DType::BF16))]);
+    // Integers: saturating arithmetic and casts.
+    let fi = op_a(&mut fb, OpKind::Cast, &[xw], vec![("dtype", Attr::DType(DType::I32))]);
+    let ia = op(&mut fb, OpKind::Add, &[fi, i]);
+    let im = op(&mut fb, OpKind::Mul, &[ia, i]);
+    let id = op(&mut fb, OpKind::Div, &[im, i]);
+    let il = op_a(&mut fb, OpKind::Cast, &[id], vec![("dtype", Attr::DType(DType::I64))]);
+    let il2 = op(&mut fb, OpKind::Mul, &[il, il]);
+    let ineg = op(&mut fb, OpKind::Neg, &[il2]);
+    let iout = op_a(&mut fb, OpKind::Cast, &[ineg], vec![("dtype", Attr::DType(DType::I32))]);
+    single(Family::Pointwise, fb.finish(&[out, iout]).unwrap())
+}
+
+/// `rope(q, positions)`: `q [T, 9, 64]`, `positions [T] i32`.
+fn rope(dt: DType, form: &str) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "rope");
+    let q = fb.param("q", ty(dt, &[s("T"), d(9), d(64)]));
+    let p = fb.param("positions", ty(DType::I32, &[s("T"), d(1)]));
+    let y = op_a(&mut fb, OpKind::Rope, &[q, p], vec![("theta", Attr::Float(100000.0)), ("form", Attr::Str(form.into()))]);
+    single(Family::Pointwise, fb.finish(&[y]).unwrap())
+}
+
+/// `swiglu(gate, up)` over `[T, 1536]`, and a cast to f32 as a second output.
+fn swiglu(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "swiglu");
+    let g = fb.param("gate", ty(dt, &[s("T"), d(1536)]));
+    let u = fb.param("up", ty(dt, &[s("T"), d(1536)]));
+    let y = op(&mut fb, OpKind::Swiglu, &[g, u]);
+    let c = op_a(&mut fb, OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::F32))]);
+    single(Family::Pointwise, fb.finish(&[y, c]).unwrap())
+}
+
+/// One row op over `x [R, n]`.
+fn row_kernel(dt: DType, rows: Dim, n: Dim, what: &str) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), what);
+    let x = fb.param("x", ty(dt, &[rows, n.clone()]));
+    let keep = |b: bool| vec![("keepdim", Attr::Bool(b))];
+    let y = match what {
+        "softmax" => op(&mut fb, OpKind::Softmax, &[x]),
+        "log_softmax" => op(&mut fb, OpKind::LogSoftmax, &[x]),
+        "rms_norm" => {
+            let w = fb.param("w", ty(dt, std::slice::from_ref(&n)));
+            op_a(&mut fb, OpKind::RmsNorm, &[x, w], vec![("eps", Attr::Float(1e-5))])
+        }
+        "layer_norm" => {
+            let w = fb.param("w", ty(dt, std::slice::from_ref(&n)));
+            let b = fb.param("b", ty(dt, std::slice::from_ref(&n)));
+            op_a(&mut fb, OpKind::LayerNorm, &[x, w, b], vec![("eps", Attr::Float(1e-5))])
+        }
+        "reduce_sum" => op_a(&mut fb, OpKind::ReduceSum, &[x], keep(true)),
+        "reduce_mean" => op_a(&mut fb, OpKind::ReduceMean, &[x], keep(false)),
+        "reduce_max" => op_a(&mut fb, OpKind::ReduceMax, &[x], keep(false)),
+        "reduce_min" => op_a(&mut fb, OpKind::ReduceMin, &[x], keep(true)),
+        _ => unreachable!("{what}"),
+    };
+    single(Family::RowReduction, fb.finish(&[y]).unwrap())
+}
+
+/// Softmax written out — `e = exp(x − max x)`, `e / Σe` — plus a masked prologue and the row
+/// max as a second output: one kernel, three reduction levels deep in dependencies.
+fn decomposed_softmax(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "softmax_decomposed");
+    let (r, n) = (s("T"), d(1000));
+    let x = fb.param("x", ty(dt, &[r.clone(), n.clone()]));
+    let mask = fb.param("mask", ty(dt, &[d(1), n.clone()]));
+    let scale = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(0.125)), ("dtype", Attr::DType(dt))]);
+    let xs = op(&mut fb, OpKind::Mul, &[x, scale]);
+    let xm = op(&mut fb, OpKind::Add, &[xs, mask]);
+    let m = op_a(&mut fb, OpKind::ReduceMax, &[xm], vec![("keepdim", Attr::Bool(true))]);
+    let c = op(&mut fb, OpKind::Sub, &[xm, m]);
+    let e = op(&mut fb, OpKind::Exp, &[c]);
+    let sum = op_a(&mut fb, OpKind::ReduceSum, &[e], vec![("keepdim", Attr::Bool(true))]);
+    let p = op(&mut fb, OpKind::Div, &[e, sum]);
+    let ent = op(&mut fb, OpKind::Mul, &[p, c]);
+    let h = op_a(&mut fb, OpKind::ReduceSum, &[ent], vec![("keepdim", Attr::Bool(false))]);
+    single(Family::RowReduction, fb.finish(&[p, m, h]).unwrap())
+}
+
+/// RMSNorm of Q/K heads (`x [T, 9, 64]`, weight `[64]`) followed by a residual add.
+fn qk_norm(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "qk_norm");
+    let x = fb.param("x", ty(dt, &[s("T"), d(9), d(64)]));
+    let w = fb.param("w", ty(dt, &[d(64)]));
+    let res = fb.param("res", ty(dt, &[s("T"), d(9), d(64)]));
+    let y = op_a(&mut fb, OpKind::RmsNorm, &[x, w], vec![("eps", Attr::Float(1e-6))]);
+    let z = op(&mut fb, OpKind::Add, &[y, res]);
+    single(Family::RowReduction, fb.finish(&[z]).unwrap())
+}
+
+/// Integer row sums and maxima.
+fn int_rows() -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "int_rows");
+    let x = fb.param("x", ty(DType::I32, &[s("R"), d(300)]));
+    let a = op_a(&mut fb, OpKind::ReduceSum, &[x], vec![("keepdim", Attr::Bool(true))]);
+    let b = op_a(&mut fb, OpKind::ReduceMax, &[x], vec![("keepdim", Attr::Bool(true))]);
+    single(Family::RowReduction, fb.finish(&[a, b]).unwrap())
+}
+
+/// `permute(x [T, 9, 64], [1, 0, 2])` → `[9, T, 64]`.
+fn transpose_heads(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "transpose");
+    let x = fb.param("x", ty(dt, &[s("T"), d(9), d(64)]));
+    let y = op_a(&mut fb, OpKind::Permute, &[x], vec![("perm", Attr::Ints(vec![1, 0, 2]))]);
+    single(Family::Layout, fb.finish(&[y]).unwrap())
+}
+
+/// `transpose(x [T, 576])` → `[576, T]` (the innermost axis moves).
+fn transpose_2d(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "transpose2d");
+    let x = fb.param("x", ty(dt, &[s("T"), d(576)]));
+    let y = op(&mut fb, OpKind::Transpose, &[x]);
+    single(Family::Layout, fb.finish(&[y]).unwrap())
+}
+
+/// `concat([k [P, 64], v [T, 64]], axis 0)` then a slice of columns 8..40 and a broadcast.
+fn concat_slice(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "concat");
+    let a = fb.param("past", ty(dt, &[s("P"), d(64)]));
+    let b = fb.param("new", ty(dt, &[s("T"), d(64)]));
+    let c = op_a(&mut fb, OpKind::Concat, &[a, b], vec![("axis", Attr::Int(0))]);
+    let sl = op_a(&mut fb, OpKind::Slice, &[c], vec![("axis", Attr::Int(1)), ("start", Attr::Int(8)), ("end", Attr::Int(40))]);
+    let total = s("P").add(&s("T"));
+    let bc = op_a(&mut fb, OpKind::Broadcast, &[sl], vec![("shape", Attr::Dims(vec![d(2), total, d(32)]))]);
+    single(Family::Layout, fb.finish(&[bc]).unwrap())
+}
+
+/// `gather(table [49152, 576], ids [B, T])`.
+fn embedding(dt: DType, idx: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "embed");
+    let t = fb.param("table", ty(dt, &[d(49152), d(576)]));
+    let i = fb.param("ids", ty(idx, &[s("B"), s("T")]));
+    let y = op(&mut fb, OpKind::Gather, &[t, i]);
+    single(Family::Gather, fb.finish(&[y]).unwrap())
+}
+
+/// `kv_append` into pages `[P, 16, 3, 64]` from new rows `[B, T, 3, 64]`.
+fn kv_append(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "kv_append");
+    let pages = ty(dt, &[s("P"), d(16), d(3), d(64)]);
+    let kp = fb.param("k_pages", pages.clone());
+    let vp = fb.param("v_pages", pages);
+    let kn = fb.param("k_new", ty(dt, &[s("B"), s("T"), d(3), d(64)]));
+    let vn = fb.param("v_new", ty(dt, &[s("B"), s("T"), d(3), d(64)]));
+    let bt = fb.param("block_table", ty(DType::I32, &[s("B"), s("M")]));
+    let sp = fb.param("start_pos", ty(DType::I32, &[s("B")]));
+    let r = fb.op(OpKind::KvAppend, &[kp, vp, kn, vn, bt, sp], vec![]).unwrap();
+    single(Family::KvAppend, fb.finish(&r).unwrap())
+}
+
+/// Views at both ends: `x [T, 576]` reshaped to `[T, 9, 64]`, plus a bias `[64]`, cast to
+/// f32 and reshaped back to `[T, 576]` (a trailing reshape is peeled off the output).
+fn views_pointwise() -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "views");
+    let x = fb.param("x", ty(DType::BF16, &[s("T"), d(576)]));
+    let b = fb.param("bias", ty(DType::BF16, &[d(64)]));
+    let r = op_a(&mut fb, OpKind::Reshape, &[x], vec![("shape", Attr::Dims(vec![s("T"), d(9), d(64)]))]);
+    let y = op(&mut fb, OpKind::Add, &[r, b]);
+    let c = op_a(&mut fb, OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::F32))]);
+    let o = op_a(&mut fb, OpKind::Reshape, &[c], vec![("shape", Attr::Dims(vec![s("T"), d(576)]))]);
+    single(Family::Pointwise, fb.finish(&[o]).unwrap())
+}
+
+/// Mixed dtypes in a flat kernel: `cast(a bf16, f32)·b + 1` (f32) and its bf16 cast.
+fn flat_mixed() -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "mixed");
+    let a = fb.param("a", ty(DType::BF16, &[s("T"), d(4096)]));
+    let b = fb.param("b", ty(DType::F32, &[s("T"), d(4096)]));
+    let af = op_a(&mut fb, OpKind::Cast, &[a], vec![("dtype", Attr::DType(DType::F32))]);
+    let m = op(&mut fb, OpKind::Mul, &[af, b]);
+    let one = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(1.0)), ("dtype", Attr::DType(DType::F32))]);
+    let y = op(&mut fb, OpKind::Add, &[m, one]);
+    let yb = op_a(&mut fb, OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::BF16))]);
+    single(Family::Pointwise, fb.finish(&[y, yb]).unwrap())
+}
+
+/// `concat` along the last axis: of `[T, 20]` and `[T, 44]` (groups straddle the seam) when
+/// `aligned` is false, of `[T, 16]` and `[T, 48]` otherwise; then a slice of columns 3..67 of
+/// a `[T, 100]` input (an unaligned start) added to it.
+fn concat_last(aligned: bool) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "concat_last");
+    let (na, nb) = if aligned { (16, 48) } else { (20, 44) };
+    let a = fb.param("a", ty(DType::BF16, &[s("T"), d(na)]));
+    let b = fb.param("b", ty(DType::BF16, &[s("T"), d(nb)]));
+    let x = fb.param("x", ty(DType::BF16, &[s("T"), d(100)]));
+    let c = op_a(&mut fb, OpKind::Concat, &[a, b], vec![("axis", Attr::Int(-1))]);
+    let sl = op_a(&mut fb, OpKind::Slice, &[x], vec![("axis", Attr::Int(-1)), ("start", Attr::Int(3)), ("end", Attr::Int(67))]);
+    let y = op(&mut fb, OpKind::Add, &[c, sl]);
+    single(Family::Layout, fb.finish(&[y]).unwrap())
+}
+
+/// Row epilogues: softmax written as `[R, 4, N/4]` (peeled reshape), and the row sum without
+/// keepdim times a per-row scale `[R]`.
+fn row_epilogues(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "row_epilogues");
+    let x = fb.param("x", ty(dt, &[s("R"), d(1024)]));
+    let scale = fb.param("scale", ty(dt, &[s("R")]));
+    let p = op(&mut fb, OpKind::Softmax, &[x]);
+    let pr = op_a(&mut fb, OpKind::Reshape, &[p], vec![("shape", Attr::Dims(vec![s("R"), d(4), d(256)]))]);
+    let sm = op_a(&mut fb, OpKind::ReduceSum, &[x], vec![("keepdim", Attr::Bool(false))]);
+    let sc = op(&mut fb, OpKind::Mul, &[sm, scale]);
+    single(Family::RowReduction, fb.finish(&[pr, sc]).unwrap())
+}
+
+/// `gather` then a scale by `√576` and a cast to f32 (Gemma's embedding).
+fn embedding_scaled() -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "embed_scaled");
+    let t = fb.param("table", ty(DType::BF16, &[d(1000), d(576)]));
+    let i = fb.param("ids", ty(DType::I64, &[s("T")]));
+    let g = op(&mut fb, OpKind::Gather, &[t, i]);
+    let k = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(24.0)), ("dtype", Attr::DType(DType::BF16))]);
+    let y = op(&mut fb, OpKind::Mul, &[g, k]);
+    let c = op_a(&mut fb, OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::F32))]);
+    single(Family::Gather, fb.finish(&[c]).unwrap())
+}
+
+// ----- tools ------------------------------------------------------------------------------
+
+/// Assembles `plan` for its target; asserts no spills, no stack, no warnings.
+fn assemble(plan: &LaunchPlan) -> Option<ptxas::PtxasReport> {
+    let path = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}"))?;
+    let target = Target::parse(&plan.target).unwrap();
+    let report = ptxas::assemble_with(&path, &plan.ptx, &target).unwrap_or_else(|e| panic!("{}: {e}\n{}", plan.entry, plan.ptx));
+    let k = report.function(&plan.entry).unwrap_or_else(|| panic!("{}: not in {report:?}", plan.entry));
+    assert!(!report.spills(), "{}: spills\n{report}", plan.entry);
+    assert_eq!(k.stack_frame_bytes, 0, "{}: stack\n{report}", plan.entry);
+    assert!(report.warnings.is_empty(), "{report}");
+    assert!(k.registers * plan.block.iter().product::<u32>() <= target.registers_per_sm(), "{}: {} registers × {:?} threads", plan.entry, k.registers, plan.block);
+    Some(report)
+}
+
+/// cuobjdump from the cache (it needs nvdisasm beside it, on PATH); `None` (skipped) where it
+/// is missing, a panic under CI.
+fn cuobjdump() -> Option<PathBuf> {
+    let cache = std::env::var_os("SINTER_CACHE").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/sinter")));
+    let p = cache.map(|c| c.join("bin/cuobjdump")).filter(|p| p.is_file());
+    if p.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "cuobjdump not found: run scripts/setup");
+        eprintln!("skipped: cuobjdump not found, run scripts/setup");
+    }
+    p
+}
+
+/// The SASS of a cubin.
+fn sass(tool: &PathBuf, cubin: &[u8], name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("sinter-sass-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("k.cubin");
+    std::fs::write(&f, cubin).unwrap();
+    let bin = tool.parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(tool).arg("--dump-sass").arg(&f).env("PATH", path).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "cuobjdump: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every case of the suite: (name, graph, kernel).
+fn cases() -> Vec<(String, (KernelGraph, Kernel))> {
+    let mut v: Vec<(String, (KernelGraph, Kernel))> = vec![
+        ("pointwise silu_mul bf16 [T,14336]".into(), silu_mul(DType::BF16, s("T"), d(14336))),
+        ("pointwise silu_mul f32 [T,17] (tail)".into(), silu_mul(DType::F32, s("T"), d(17))),
+        ("pointwise silu_mul bf16 [3,5] (i32 index)".into(), silu_mul(DType::BF16, d(3), d(5))),
+        ("pointwise zoo f32".into(), elementwise_zoo(DType::F32)),
+        ("pointwise zoo bf16".into(), elementwise_zoo(DType::BF16)),
+        ("pointwise rope rotate_half bf16".into(), rope(DType::BF16, "rotate_half")),
+        ("pointwise rope interleaved f32".into(), rope(DType::F32, "interleaved")),
+        ("pointwise swiglu bf16".into(), swiglu(DType::BF16)),
+        ("row softmax decomposed bf16".into(), decomposed_softmax(DType::BF16)),
+        ("row qk_norm bf16".into(), qk_norm(DType::BF16)),
+        ("row int sum/max i32".into(), int_rows()),
+        ("layout permute bf16".into(), transpose_heads(DType::BF16)),
+        ("layout transpose f32".into(), transpose_2d(DType::F32)),
+        ("layout concat/slice/broadcast bf16".into(), concat_slice(DType::BF16)),
+        ("gather embedding bf16 i32".into(), embedding(DType::BF16, DType::I32)),
+        ("gather embedding f32 i64".into(), embedding(DType::F32, DType::I64)),
+        ("kv_append bf16".into(), kv_append(DType::BF16)),
+        ("pointwise views bf16→f32".into(), views_pointwise()),
+        ("pointwise flat mixed bf16/f32".into(), flat_mixed()),
+        ("pointwise silu_mul f16 [T,100]".into(), silu_mul(DType::F16, s("T"), d(100))),
+        ("layout concat last (straddling) + slice".into(), concat_last(false)),
+        ("layout concat last (aligned) + slice".into(), concat_last(true)),
+        ("row epilogues f32".into(), row_epilogues(DType::F32)),
+        ("row softmax f16 [R,1000]".into(), row_kernel(DType::F16, s("R"), d(1000), "softmax")),
+        ("gather scaled embedding".into(), embedding_scaled()),
+    ];
+    for what in ["softmax", "log_softmax", "rms_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"] {
+        for dt in [DType::BF16, DType::F32] {
+            let ns: Vec<Dim> = if matches!(what, "softmax" | "rms_norm") {
+                vec![d(1), d(17), d(1000), d(3420), d(4096), d(32768), d(262144), s("N")]
+            } else {
+                vec![d(17), d(4096), d(262144), s("N")]
+            };
+            for n in ns {
+                v.push((format!("row {what} {dt} [R,{n}]"), row_kernel(dt, s("R"), n, what)));
+            }
+        }
+    }
+    v
+}
+
+// ----- tests ------------------------------------------------------------------------------
+
+/// Every case compiles for sm_80 and sm_90a and assembles without spills; the ptxas resource
+/// report of every kernel is a snapshot.
+#[test]
+fn every_family_assembles_without_spills() {
+    let mut lines = String::new();
+    let mut assembled = false;
+    for (name, (g, k)) in cases() {
+        for t in [Target::SM_80, Target::SM_90A] {
+            let plan = compile_kernel(&g, k, &t).unwrap_or_else(|e| panic!("{name} {t}: {e}"));
+            assert!(plan.ptx.contains(&format!(".visible .entry {}(", plan.entry)), "{name}");
+            assert_eq!(plan.params[..g.kernels[k].inputs.len()], (0..g.kernels[k].inputs.len()).map(KernelParam::Buffer).collect::<Vec<_>>()[..]);
+            if let Some(r) = assemble(&plan) {
+                assembled = true;
+                let f = r.function(&plan.entry).unwrap();
+                lines.push_str(&format!(
+                    "{name} | {t}: {} regs, {} barriers, {} B smem, {} B spill | grid {}/{} block {:?}\n",
+                    f.registers,
+                    f.barriers,
+                    f.shared_bytes,
+                    f.spill_store_bytes + f.spill_load_bytes,
+                    plan.grid[0].numerator,
+                    plan.grid[0].denominator,
+                    plan.block
+                ));
+            }
+        }
+    }
+    if assembled {
+        insta::assert_snapshot!("ptxas_reports", lines);
+    }
+}
+
+/// The PTX of the vectorised pointwise kernel and of a softmax, for both targets.
+#[test]
+fn ptx_snapshots() {
+    for t in [Target::SM_80, Target::SM_90A] {
+        let (g, k) = silu_mul(DType::BF16, s("T"), d(14336));
+        let plan = compile_kernel(&g, k, &t).unwrap();
+        insta::assert_snapshot!(format!("pointwise_silu_mul_bf16_{}", t.name()), plan.ptx);
+        let (g, k) = row_kernel(DType::BF16, s("R"), d(4096), "softmax");
+        let plan = compile_kernel(&g, k, &t).unwrap();
+        insta::assert_snapshot!(format!("softmax_bf16_4096_{}", t.name()), plan.ptx);
+    }
+}
+
+/// 16-byte loads (`LDG.E.128`) in the vectorised pointwise kernel, butterfly shuffles
+/// (`SHFL.BFLY`) in every reduction, checked in the SASS.
+#[test]
+fn sass_has_vector_loads_and_shuffles() {
+    let Some(tool) = cuobjdump() else { return };
+    for t in [Target::SM_80, Target::SM_90A] {
+        let (g, k) = silu_mul(DType::BF16, s("T"), d(14336));
+        let plan = compile_kernel(&g, k, &t).unwrap();
+        let Some(r) = assemble(&plan) else { return };
+        let code = sass(&tool, &r.cubin, "silu");
+        assert!(code.contains("LDG.E.128"), "{t}: no 16-byte load:\n{code}");
+        assert!(code.contains("STG.E.128"), "{t}: no 16-byte store:\n{code}");
+        let (g, k) = embedding(DType::BF16, DType::I32);
+        let plan = compile_kernel(&g, k, &t).unwrap();
+        let r = assemble(&plan).unwrap();
+        let code = sass(&tool, &r.cubin, "gather");
+        assert!(code.contains("LDG.E.128") && code.contains("STG.E.128"), "{t}: gather rows not vectorised:\n{code}");
+        for what in ["softmax", "rms_norm", "layer_norm", "reduce_max"] {
+            for n in [d(17), d(4096), d(262144), s("N")] {
+                let (g, k) = row_kernel(DType::BF16, s("R"), n.clone(), what);
+                let plan = compile_kernel(&g, k, &t).unwrap();
+                let r = assemble(&plan).unwrap();
+                let code = sass(&tool, &r.cubin, what);
+                assert!(code.contains("SHFL.BFLY"), "{t} {what} {n}: no butterfly shuffle:\n{code}");
+                if n == d(4096) {
+                    assert!(code.contains("LDG.E.128"), "{t} {what} {n}: row not read in 16-byte vectors:\n{code}");
+                }
+            }
+        }
+    }
+}
+
+/// Launch plans: symbolic sizes become `Size` parameters after the buffers, constant ones
+/// are baked in; grids are `ceil(work / per-CTA)` expressions.
+#[test]
+fn launch_plans() {
+    let (g, k) = silu_mul(DType::BF16, s("T"), d(14336));
+    let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+    assert_eq!(plan.entry, "k0_pointwise");
+    assert_eq!(plan.target, "sm_90a");
+    assert_eq!(plan.params, vec![KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Size(s("T").scale(14336))]);
+    assert_eq!(plan.grid[0], GridDim { numerator: s("T").scale(14336), denominator: 8 * 256 });
+    assert_eq!(plan.block, [256, 1, 1]);
+    assert_eq!(plan.shared_bytes, 0);
+    let (g, k) = silu_mul(DType::F32, d(3), d(5));
+    let plan = compile_kernel(&g, k, &Target::SM_80).unwrap();
+    assert_eq!(plan.params, vec![KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2)]);
+    let (g, k) = row_kernel(DType::BF16, s("R"), d(4096), "softmax");
+    let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+    assert_eq!(plan.entry, "k0_row_reduction");
+    assert_eq!(plan.grid[0], GridDim { numerator: s("R"), denominator: 1 });
+    assert_eq!(plan.block, [256, 1, 1]);
+    assert_eq!(plan.params, vec![KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Size(s("R"))]);
+    let (g, k) = row_kernel(DType::F32, s("R"), d(17), "softmax");
+    let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+    assert_eq!(plan.grid[0], GridDim { numerator: s("R"), denominator: 4 }, "a warp per row, four rows per CTA");
+    assert_eq!(plan.block, [128, 1, 1]);
+    let (g, k) = kv_append(DType::BF16);
+    let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+    assert_eq!(plan.params[..8], (0..8).map(KernelParam::Buffer).collect::<Vec<_>>()[..]);
+    assert!(plan.params[8..].iter().all(|p| matches!(p, KernelParam::Size(_))));
+    // The kv_append outputs alias the inputs: no pointer is noalias.
+    assert!(!plan.ptx.contains("ld.global.nc"), "{}", plan.ptx);
+}
+
+/// What the generators refuse, with errors that name the kernel.
+#[test]
+fn unsupported_kernels_are_errors() {
+    // A reduction over the first axis.
+    let mut fb = FunctionBuilder::new(&Graph::new(), "bad");
+    let x = fb.param("x", ty(DType::F32, &[d(4), d(8)]));
+    let y = op_a(&mut fb, OpKind::ReduceSum, &[x], vec![("axis", Attr::Int(0))]);
+    let (g, k) = single(Family::RowReduction, fb.finish(&[y]).unwrap());
+    let e = compile_kernel(&g, k, &Target::SM_80).unwrap_err();
+    assert!(matches!(e, CodegenError::Unsupported { .. }) && e.to_string().contains("k0") && e.to_string().contains("not the last"), "{e}");
+    // A matmul in a pointwise kernel.
+    let mut fb = FunctionBuilder::new(&Graph::new(), "bad");
+    let a = fb.param("a", ty(DType::F32, &[d(4), d(8)]));
+    let b = fb.param("b", ty(DType::F32, &[d(8), d(4)]));
+    let y = op(&mut fb, OpKind::Matmul, &[a, b]);
+    let (g, k) = single(Family::Pointwise, fb.finish(&[y]).unwrap());
+    let e = compile_kernel(&g, k, &Target::SM_80).unwrap_err();
+    assert!(e.to_string().contains("matmul") && e.to_string().contains("k0 (Pointwise)"), "{e}");
+    // A softmax outside a row-reduction kernel.
+    let mut fb = FunctionBuilder::new(&Graph::new(), "bad");
+    let x = fb.param("x", ty(DType::F32, &[d(4), d(8)]));
+    let y = op(&mut fb, OpKind::Softmax, &[x]);
+    let (g, k) = single(Family::Pointwise, fb.finish(&[y]).unwrap());
+    let e = compile_kernel(&g, k, &Target::SM_80).unwrap_err();
+    assert!(e.to_string().contains("RowReduction"), "{e}");
+    // A body that does not match its buffers.
+    let (mut g, k) = silu_mul(DType::BF16, d(4), d(8));
+    let b0 = g.kernels[k].inputs[0];
+    g.buffers[b0].ty = ty(DType::F32, &[d(4), d(8)]);
+    let e = compile_kernel(&g, k, &Target::SM_80).unwrap_err();
+    assert!(matches!(e, CodegenError::BadKernel { .. }), "{e}");
+    // A kernel that does not exist.
+    let e = compile_kernel(&g, Kernel::from_u32(7), &Target::SM_80).unwrap_err();
+    assert!(e.to_string().contains("k7"), "{e}");
+}
+
+/// Strided inputs: a transposed (non-contiguous) input buffer is read with its strides, and
+/// an input slice with a 2-byte-aligned base is read element by element.
+#[test]
+fn strided_and_unaligned_inputs() {
+    let (mut g, k) = silu_mul(DType::BF16, d(64), d(128));
+    let b0 = g.kernels[k].inputs[0];
+    g.buffers[b0].layout = Layout { strides: vec![d(1), d(64)], align: 256 };
+    let b1 = g.kernels[k].inputs[1];
+    g.buffers[b1].layout.align = 2;
+    for t in [Target::SM_80, Target::SM_90A] {
+        let plan = compile_kernel(&g, k, &t).unwrap();
+        assemble(&plan);
+        // The output is still written in 16-byte vectors.
+        assert!(plan.ptx.contains("st.global.v4.b32"), "{}", plan.ptx);
+    }
+}
+
+// ----- running kernels on the CPU -----------------------------------------------------------
+
+/// Runs a kernel's LLVM IR on the host: the verified IR of [`compile_kernel`] (captured with
+/// `sinter_codegen::emit::capture_ir`) is retargeted to x86-64 — address spaces dropped, the
+/// special registers, shuffles, barriers and `ex2`/`div` approximations replaced by calls into
+/// a C harness — compiled with LLVM 22's `llc` and the system C compiler, and launched with
+/// one POSIX thread per GPU thread (a CTA at a time; `bar.sync` is a barrier of the CTA's
+/// threads, `shfl.sync.bfly` an exchange through a per-warp slot array between two barriers
+/// of the warp's 32 threads). `ex2.approx` is modelled as the exact `2^x` rounded to f32 (the
+/// device's is within 2 ulp of it).
+///
+/// This checks the generated arithmetic, indexing, vectorisation, bounds and grid-stride logic
+/// against the interpreter without a GPU; it does not check the NVPTX back end or ptxas (the
+/// GPU tests do).
+mod sim {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use sinter_ir::{KernelParam, LaunchPlan};
+
+    pub struct Tools {
+        llc: PathBuf,
+        cc: String,
+    }
+
+    /// `llc` of LLVM 22 and a C compiler, or `None` (the simulation tests skip).
+    pub fn tools() -> Option<Tools> {
+        let prefix = std::env::var("LLVM_SYS_221_PREFIX").unwrap_or_else(|_| "/usr/lib/llvm-22".into());
+        let llc = Path::new(&prefix).join("bin/llc");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let cc_ok = Command::new(&cc).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+        if !llc.is_file() || !cc_ok {
+            eprintln!("skipped: no llc ({}) or C compiler ({cc}) to run kernels on the CPU", llc.display());
+            return None;
+        }
+        Some(Tools { llc, cc })
+    }
+
+    /// The NVPTX kernel IR rewritten for the host.
+    pub fn host_ir(ir: &str) -> String {
+        let mut out = String::new();
+        for line in ir.lines() {
+            if line.starts_with("target datalayout") {
+                continue;
+            }
+            if line.starts_with("target triple") {
+                out.push_str("target triple = \"x86_64-unknown-linux-gnu\"\n");
+                continue;
+            }
+            if line.starts_with("attributes #") {
+                let n = line.split_whitespace().nth(1).unwrap_or("#0");
+                out.push_str(&format!("attributes {n} = {{ nounwind }}\n"));
+                continue;
+            }
+            if let Some(conv) = convert_line(line) {
+                out.push_str(&conv);
+                continue;
+            }
+            let mut l = line.replace("ptx_kernel ", "").replace(" addrspace(1)", "").replace(" addrspace(3)", "").replace(" addrspace(4)", "");
+            for (from, to) in [
+                ("@llvm.nvvm.read.ptx.sreg.tid.x", "@sim_tid_x"),
+                ("@llvm.nvvm.read.ptx.sreg.ntid.x", "@sim_ntid_x"),
+                ("@llvm.nvvm.read.ptx.sreg.ctaid.x", "@sim_ctaid_x"),
+                ("@llvm.nvvm.read.ptx.sreg.nctaid.x", "@sim_nctaid_x"),
+                ("@llvm.nvvm.shfl.sync.bfly.f32", "@sim_shfl_f32"),
+                ("@llvm.nvvm.shfl.sync.bfly.i32", "@sim_shfl_i32"),
+                ("@llvm.nvvm.barrier.cta.sync.aligned.all", "@sim_barrier"),
+                ("@llvm.nvvm.ex2.approx.f32", "@sim_ex2"),
+                ("@llvm.nvvm.div.approx.f", "@sim_div"),
+                ("asm \"mov.b64 $0, $1;\", \"=l,l\"", "@sim_id64"),
+                ("asm \"mov.b32 $0, $1;\", \"=r,r\"", "@sim_id32"),
+            ] {
+                l = l.replace(from, to);
+            }
+            out.push_str(&l);
+            out.push('\n');
+        }
+        out.push_str("declare i64 @sim_id64(i64)\ndeclare i32 @sim_id32(i32)\n");
+        out.push_str("declare i16 @sim_f32_to_bf16(float)\ndeclare i16 @sim_f32_to_f16(float)\n");
+        out.push_str("declare float @sim_bf16_to_f32(i16)\ndeclare float @sim_f16_to_f32(i16)\n");
+        out
+    }
+
+    /// `%r = fptrunc float %x to bfloat` (and `half`, and the `fpext`s back) as calls into
+    /// the harness with integer arguments, so that no compiler-runtime ABI for `bfloat`/`half`
+    /// is involved.
+    fn convert_line(line: &str) -> Option<String> {
+        let t = line.trim_start();
+        let indent = &line[..line.len() - t.len()];
+        let (name, rest) = t.split_once(" = ")?;
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        match words.as_slice() {
+            ["fptrunc", "float", x, "to", ty @ ("bfloat" | "half")] => {
+                let f = if *ty == "bfloat" { "sim_f32_to_bf16" } else { "sim_f32_to_f16" };
+                Some(format!("{indent}{name}.bits = call i16 @{f}(float {x})\n{indent}{name} = bitcast i16 {name}.bits to {ty}\n"))
+            }
+            ["fpext", ty @ ("bfloat" | "half"), x, "to", "float"] => {
+                let f = if *ty == "bfloat" { "sim_bf16_to_f32" } else { "sim_f16_to_f32" };
+                Some(format!("{indent}{name}.bits = bitcast {ty} {x} to i16\n{indent}{name} = call float @{f}(i16 {name}.bits)\n"))
+            }
+            _ => None,
+        }
+    }
+
+    const HARNESS: &str = r#"
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static __thread unsigned t_tid, t_cta;
+static unsigned g_ntid, g_nctaid, g_cta;
+unsigned sim_tid_x(void) { return t_tid; }
+unsigned sim_ntid_x(void) { return g_ntid; }
+unsigned sim_ctaid_x(void) { return t_cta; }
+unsigned sim_nctaid_x(void) { return g_nctaid; }
+static pthread_barrier_t cta_bar, warp_bar[32];
+static uint32_t slots[32][32];
+static uint32_t shfl(uint32_t v, int lanemask) {
+    unsigned w = t_tid / 32, l = t_tid % 32;
+    slots[w][l] = v;
+    pthread_barrier_wait(&warp_bar[w]);
+    uint32_t r = slots[w][(l ^ lanemask) & 31];
+    pthread_barrier_wait(&warp_bar[w]);
+    return r;
+}
+float sim_shfl_f32(int m, float v, int lm, int c) { uint32_t u; memcpy(&u, &v, 4); u = shfl(u, lm); memcpy(&v, &u, 4); return v; }
+int sim_shfl_i32(int m, int v, int lm, int c) { return (int)shfl((uint32_t)v, lm); }
+void sim_barrier(int id) { pthread_barrier_wait(&cta_bar); }
+float sim_ex2(float x) { return (float)exp2((double)x); }
+float sim_div(float a, float b) { return a / b; }
+int64_t sim_id64(int64_t x) { return x; }
+int32_t sim_id32(int32_t x) { return x; }
+/* bf16 / f16 conversions, round to nearest even (libgcc 12 lacks the bf16 ones). */
+uint16_t sim_f32_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+uint16_t sim_f32_to_f16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffff;
+    if (a > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    if (a >= 0x477ff000) return (uint16_t)(sign | 0x7c00);
+    if (a < 0x38800000) { /* subnormal or zero */
+        float af; memcpy(&af, &a, 4);
+        float q = af * 16777216.0f; /* 2^24: units of the smallest subnormal */
+        uint32_t n = (uint32_t)nearbyintf(q);
+        return (uint16_t)(sign | n);
+    }
+    uint32_t e = ((a >> 23) - 112) << 10, m = a & 0x7fffff;
+    uint32_t h = e | (m >> 13);
+    uint32_t rest = m & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+float sim_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0) { float f = m / 16777216.0f; memcpy(&u, &f, 4); u |= sign; }
+    else if (e == 31) u = sign | 0x7f800000 | (m << 13);
+    else u = sign | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &u, 4); return f;
+}
+float sim_bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+KERNEL_DECL;
+static void *bufs[64];
+static long long sizes[64];
+static void *thread_main(void *p) {
+    t_tid = (unsigned)(uintptr_t)p;
+    t_cta = g_cta;
+    KERNEL_CALL;
+    return 0;
+}
+int main(int argc, char **argv) {
+    g_nctaid = (unsigned)atoi(argv[1]);
+    g_ntid = (unsigned)atoi(argv[2]);
+    int nb = atoi(argv[3]), ns = atoi(argv[4]), a = 5;
+    for (int i = 0; i < nb; i++) {
+        FILE *f = fopen(argv[a], "rb"); long n;
+        fseek(f, 0, SEEK_END); n = ftell(f); fseek(f, 0, SEEK_SET);
+        bufs[i] = malloc(n > 0 ? n : 1);
+        if (n > 0 && fread(bufs[i], 1, n, f) != (size_t)n) return 2;
+        fclose(f); a++;
+    }
+    for (int i = 0; i < ns; i++) sizes[i] = atoll(argv[a++]);
+    pthread_barrier_init(&cta_bar, 0, g_ntid);
+    for (unsigned w = 0; w < (g_ntid + 31) / 32; w++) pthread_barrier_init(&warp_bar[w], 0, 32);
+    pthread_t *th = malloc(sizeof(pthread_t) * g_ntid);
+    pthread_attr_t attr; pthread_attr_init(&attr); pthread_attr_setstacksize(&attr, 1 << 18);
+    for (g_cta = 0; g_cta < g_nctaid; g_cta++) {
+        for (unsigned t = 0; t < g_ntid; t++) if (pthread_create(&th[t], &attr, thread_main, (void *)(uintptr_t)t)) return 3;
+        for (unsigned t = 0; t < g_ntid; t++) pthread_join(th[t], 0);
+    }
+    a = 5;
+    for (int i = 0; i < nb; i++) {
+        FILE *f = fopen(argv[a], "rb+"); long n;
+        fseek(f, 0, SEEK_END); n = ftell(f); fseek(f, 0, SEEK_SET);
+        if (n > 0) fwrite(bufs[i], 1, n, f);
+        fclose(f); a++;
+    }
+    return 0;
+}
+"#;
+
+    /// Runs `plan` (whose verified IR is `ir`) with `ctas` CTAs on `buffers` (inputs then
+    /// outputs, as bytes; updated in place) and the plan's sizes evaluated as `sizes`.
+    pub fn run(tools: &Tools, tag: &str, plan: &LaunchPlan, ir: &str, buffers: &mut [Vec<u8>], sizes: &[i64], ctas: u32) {
+        let dir = std::env::temp_dir().join(format!("sinter-sim-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("k.ll"), host_ir(ir)).unwrap();
+        let st = Command::new(&tools.llc).args(["-O2", "-filetype=obj", "-relocation-model=pic", "-o"]).arg(dir.join("k.o")).arg(dir.join("k.ll")).output().unwrap();
+        assert!(st.status.success(), "llc: {}", String::from_utf8_lossy(&st.stderr));
+        let args: Vec<&str> = plan.params.iter().map(|p| if matches!(p, KernelParam::Buffer(_)) { "void *" } else { "long long" }).collect();
+        let mut call = Vec::new();
+        let (mut b, mut s) = (0, 0);
+        for p in &plan.params {
+            if matches!(p, KernelParam::Buffer(_)) {
+                call.push(format!("bufs[{b}]"));
+                b += 1;
+            } else {
+                call.push(format!("sizes[{s}]"));
+                s += 1;
+            }
+        }
+        let c = HARNESS
+            .replace("KERNEL_DECL", &format!("extern void {}({})", plan.entry, args.join(", ")))
+            .replace("KERNEL_CALL", &format!("{}({})", plan.entry, call.join(", ")));
+        std::fs::write(dir.join("h.c"), c).unwrap();
+        let st = Command::new(&tools.cc).args(["-O1", "-o"]).arg(dir.join("sim")).arg(dir.join("h.c")).arg(dir.join("k.o")).args(["-lpthread", "-lm"]).output().unwrap();
+        assert!(st.status.success(), "cc: {}", String::from_utf8_lossy(&st.stderr));
+        let mut cmd = Command::new(dir.join("sim"));
+        cmd.arg(ctas.to_string()).arg(plan.block[0].to_string()).arg(buffers.len().to_string()).arg(sizes.len().to_string());
+        for (i, buf) in buffers.iter().enumerate() {
+            let f = dir.join(format!("b{i}"));
+            std::fs::write(&f, buf).unwrap();
+            cmd.arg(f);
+        }
+        for v in sizes {
+            cmd.arg(v.to_string());
+        }
+        let st = cmd.output().unwrap();
+        assert!(st.status.success(), "{tag}: the simulated kernel failed: {:?} {}", st.status, String::from_utf8_lossy(&st.stderr));
+        for (i, buf) in buffers.iter_mut().enumerate() {
+            *buf = std::fs::read(dir.join(format!("b{i}"))).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+use sinter_ir::interp::{run_kernel_graph, Tensor};
+use sinter_ir::Bindings;
+
+/// A deterministic pseudo-random stream (SplitMix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[lo, hi)`.
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+fn random(rng: &mut Rng, dt: DType, shape: &[usize], lo: f64, hi: f64) -> Tensor {
+    Tensor::from_fn(dt, shape, |_| {
+        let v = rng.uniform(lo, hi);
+        if dt.is_float() {
+            v
+        } else {
+            v.floor()
+        }
+    })
+}
+
+fn with(t: Tensor, f: impl Fn(usize, f64) -> f64) -> Tensor {
+    let (dt, shape) = (t.dtype(), t.shape().to_vec());
+    let data: Vec<f64> = t.data().iter().enumerate().map(|(i, &v)| f(i, v)).collect();
+    Tensor::new(dt, &shape, data).unwrap()
+}
+
+fn encode(dt: DType, data: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() * dt.size_bytes());
+    for &v in data {
+        match dt {
+            DType::BF16 => out.extend(half::bf16::from_f64(v).to_bits().to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(v).to_bits().to_le_bytes()),
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            DType::I32 => out.extend((v as i32).to_le_bytes()),
+            DType::I64 => out.extend((v as i64).to_le_bytes()),
+            DType::Bool => out.push(u8::from(v != 0.0)),
+        }
+    }
+    out
+}
+
+fn decode(dt: DType, bytes: &[u8], n: usize) -> Vec<f64> {
+    let w = dt.size_bytes();
+    (0..n)
+        .map(|i| {
+            let b = &bytes[i * w..(i + 1) * w];
+            match dt {
+                DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+                DType::F16 => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+                DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
+                DType::Bool => f64::from(b[0]),
+            }
+        })
+        .collect()
+}
+
+/// Bytes after each output buffer that must stay untouched.
+const GUARD: usize = 64;
+
+/// Runs kernel `k` of `g` on the CPU (see [`sim`]) with `inputs` and compares every output with
+/// the interpreter under DESIGN.md's tolerance (f32: rtol 1e-5, atol 1e-6·max|ref|; bf16:
+/// rtol 1.6e-2, atol 1e-2·max|ref|; NaN exactly where the reference has NaN; integers exact),
+/// checking that nothing is written past an output. Returns the outputs (or `None`, skipped).
+fn check_on_cpu(tag: &str, gk: &(KernelGraph, Kernel), bindings: &Bindings, inputs: &[Tensor], max_ctas: u32) -> Option<Vec<Vec<f64>>> {
+    let tools = sim::tools()?;
+    let (g, k) = gk;
+    let (plan, irs) = sinter_codegen::emit::capture_ir(|| compile_kernel(g, *k, &Target::SM_90A));
+    let plan = plan.unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let ir = irs.last().unwrap_or_else(|| panic!("{tag}: no IR captured"));
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let kd = &g.kernels[*k];
+    let mut buffers: Vec<Vec<u8>> = inputs.iter().map(|t| encode(t.dtype(), t.data())).collect();
+    let mut out_meta = Vec::new();
+    for (j, &b) in kd.outputs.iter().enumerate() {
+        let bd = &g.buffers[b];
+        let n = bd.ty.shape.iter().map(|d| d.eval(bindings).unwrap() as usize).product::<usize>();
+        let mut bytes = if kd.family == Family::KvAppend { buffers[j].clone() } else { vec![0xFF; n * bd.ty.dtype.size_bytes()] };
+        bytes.extend(std::iter::repeat_n(0xA5, GUARD));
+        out_meta.push((bd.ty.dtype, n));
+        buffers.push(bytes);
+    }
+    let sizes: Vec<i64> = plan.params.iter().filter_map(|p| if let KernelParam::Size(d) = p { Some(d.eval(bindings).unwrap()) } else { None }).collect();
+    let ctas = plan.grid[0].eval(bindings).unwrap().min(max_ctas);
+    sim::run(&tools, tag, &plan, ir, &mut buffers, &sizes, ctas);
+    // The interpreter rejects out-of-range gather indices: those tags end in "oor" and the
+    // caller checks the outputs itself.
+    let reference = if tag.ends_with("oor") {
+        None
+    } else {
+        Some(run_kernel_graph(g, &refs, bindings).unwrap_or_else(|e| panic!("{tag}: the interpreter: {e}")))
+    };
+    let mut outs = Vec::new();
+    for (j, (dt, n)) in out_meta.iter().enumerate() {
+        let bytes = &buffers[inputs.len() + j];
+        assert!(bytes[n * dt.size_bytes()..].iter().all(|&b| b == 0xA5), "{tag}: output {j} written past its end");
+        let got = decode(*dt, bytes, *n);
+        if let Some(r) = &reference {
+            compare(&format!("{tag} output {j}"), *dt, &got, r[j].data());
+        }
+        outs.push(got);
+    }
+    Some(outs)
+}
+
+fn compare(tag: &str, dt: DType, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{tag}");
+    let max = want.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+    let (rtol, atol) = match dt {
+        DType::BF16 => (1.6e-2, 1e-2 * max),
+        DType::F16 => (2e-3, 1e-3 * max),
+        DType::F32 => (1e-5, 1e-6 * max),
+        _ => (0.0, 0.0),
+    };
+    let mut bad = Vec::new();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_nan() || g.is_nan() {
+            w.is_nan() && g.is_nan()
+        } else if w.is_infinite() || g.is_infinite() {
+            g == w
+        } else {
+            (g - w).abs() <= atol + rtol * w.abs()
+        };
+        if !ok {
+            bad.push(format!("[{i}] got {g}, want {w}"));
+        }
+    }
+    assert!(bad.is_empty(), "{tag}: {} of {} elements differ (max|ref| {max}):\n{}", bad.len(), got.len(), bad.iter().take(12).cloned().collect::<Vec<_>>().join("\n"));
+}
+
+fn bind(pairs: &[(&str, i64)]) -> Bindings {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[test]
+fn cpu_pointwise_matches_the_interpreter() {
+    let mut rng = Rng(1);
+    // Vectorised, several CTAs' worth of groups on 3 CTAs (grid-stride).
+    let gk = silu_mul(DType::BF16, s("T"), d(14336));
+    let ins = [random(&mut rng, DType::BF16, &[3, 14336], -8.0, 8.0), random(&mut rng, DType::BF16, &[3, 14336], -2.0, 2.0)];
+    check_on_cpu("silu_mul bf16", &gk, &bind(&[("T", 3)]), &ins, 3);
+    // Scalar tail, with special values.
+    let gk = silu_mul(DType::F32, s("T"), d(17));
+    let a = with(random(&mut rng, DType::F32, &[5, 17], -100.0, 100.0), |i, v| match i {
+        0 => f64::NEG_INFINITY,
+        1 => f64::INFINITY,
+        2 => f64::NAN,
+        3 => 0.0,
+        _ => v,
+    });
+    let ins = [a, random(&mut rng, DType::F32, &[5, 17], -2.0, 2.0)];
+    check_on_cpu("silu_mul f32 tail", &gk, &bind(&[("T", 5)]), &ins, 1);
+    // 32-bit indices.
+    let gk = silu_mul(DType::BF16, d(3), d(5));
+    let ins = [random(&mut rng, DType::BF16, &[3, 5], -4.0, 4.0), random(&mut rng, DType::BF16, &[3, 5], -4.0, 4.0)];
+    check_on_cpu("silu_mul i32 index", &gk, &Bindings::new(), &ins, 1);
+    // The zoo of element-wise ops, both dtypes.
+    for dt in [DType::F32, DType::BF16] {
+        let gk = elementwise_zoo(dt);
+        let t = 6;
+        let ins = [
+            random(&mut rng, dt, &[t, 17], -3.0, 3.0),
+            random(&mut rng, dt, &[17], 0.5, 2.0),
+            random(&mut rng, DType::Bool, &[t, 1], 0.0, 2.0),
+            with(random(&mut rng, DType::I32, &[t, 17], -50.0, 50.0), |_, v| if v == 0.0 { 7.0 } else { v }),
+        ];
+        check_on_cpu(&format!("zoo {dt}"), &gk, &bind(&[("T", t as i64)]), &ins, 2);
+    }
+    // RoPE, both forms, positions up to 10⁵.
+    for (dt, form) in [(DType::BF16, "rotate_half"), (DType::F32, "interleaved"), (DType::F32, "rotate_half"), (DType::BF16, "interleaved")] {
+        let gk = rope(dt, form);
+        let ins = [random(&mut rng, dt, &[4, 9, 64], -2.0, 2.0), random(&mut rng, DType::I32, &[4, 1], 0.0, 100_000.0)];
+        check_on_cpu(&format!("rope {form} {dt}"), &gk, &bind(&[("T", 4)]), &ins, 2);
+    }
+    let gk = swiglu(DType::BF16);
+    let ins = [random(&mut rng, DType::BF16, &[2, 1536], -6.0, 6.0), random(&mut rng, DType::BF16, &[2, 1536], -2.0, 2.0)];
+    check_on_cpu("swiglu", &gk, &bind(&[("T", 2)]), &ins, 1);
+}
+
+/// Rows of `[rows, n]` with the special rows of DESIGN.md: all −inf, one NaN, one +inf, all
+/// zero, a very negative but finite row, then random ones.
+fn special_rows(rng: &mut Rng, dt: DType, rows: usize, n: usize, what: &str) -> Tensor {
+    let x = random(rng, dt, &[rows, n], -4.0, 4.0);
+    let soft = what.contains("softmax");
+    with(x, |i, v| {
+        let (r, c) = (i / n, i % n);
+        match r {
+            0 if soft => f64::NEG_INFINITY,
+            0 => 0.0,
+            1 if c == n / 2 => f64::NAN,
+            2 if c == n / 3 && soft => f64::INFINITY,
+            3 if soft => -1e4 + v,
+            3 => 0.0,
+            _ => v,
+        }
+    })
+}
+
+#[test]
+fn cpu_views_and_mixed_dtypes_match_the_interpreter() {
+    let mut rng = Rng(5);
+    let b = bind(&[("T", 3)]);
+    check_on_cpu("views", &views_pointwise(), &b, &[random(&mut rng, DType::BF16, &[3, 576], -4.0, 4.0), random(&mut rng, DType::BF16, &[64], -1.0, 1.0)], 2);
+    check_on_cpu("flat mixed", &flat_mixed(), &b, &[random(&mut rng, DType::BF16, &[3, 4096], -4.0, 4.0), random(&mut rng, DType::F32, &[3, 4096], -1.0, 1.0)], 2);
+    check_on_cpu("silu_mul f16", &silu_mul(DType::F16, s("T"), d(100)), &b, &[random(&mut rng, DType::F16, &[3, 100], -8.0, 8.0), random(&mut rng, DType::F16, &[3, 100], -2.0, 2.0)], 2);
+    for aligned in [false, true] {
+        let (na, nb) = if aligned { (16, 48) } else { (20, 44) };
+        let ins = [random(&mut rng, DType::BF16, &[3, na], -4.0, 4.0), random(&mut rng, DType::BF16, &[3, nb], -4.0, 4.0), random(&mut rng, DType::BF16, &[3, 100], -4.0, 4.0)];
+        check_on_cpu(&format!("concat last {aligned}"), &concat_last(aligned), &b, &ins, 2);
+    }
+    let ins = [random(&mut rng, DType::F32, &[3, 1024], -4.0, 4.0), random(&mut rng, DType::F32, &[3], -1.0, 1.0)];
+    check_on_cpu("row epilogues", &row_epilogues(DType::F32), &bind(&[("R", 3)]), &ins, 2);
+    let ins = [special_rows(&mut rng, DType::F16, 5, 1000, "softmax")];
+    check_on_cpu("softmax f16", &row_kernel(DType::F16, s("R"), d(1000), "softmax"), &bind(&[("R", 5)]), &ins, 2);
+    let ins = [random(&mut rng, DType::BF16, &[1000, 576], -1.0, 1.0), random(&mut rng, DType::I64, &[3], 0.0, 1000.0)];
+    check_on_cpu("gather scaled", &embedding_scaled(), &b, &ins, 2);
+}
+
+#[test]
+fn cpu_row_reductions_match_the_interpreter() {
+    let mut rng = Rng(2);
+    for what in ["softmax", "log_softmax", "rms_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"] {
+        for dt in [DType::F32, DType::BF16] {
+            let ns: &[(Dim, usize)] = &[(d(1), 1), (d(17), 17), (d(1000), 1000), (d(3420), 3420), (d(4096), 4096), (s("N"), 777), (d(40000), 40000)];
+            for (nd, n) in ns {
+                let rows = 6;
+                let gk = row_kernel(dt, s("R"), nd.clone(), what);
+                let mut ins = vec![special_rows(&mut rng, dt, rows, *n, what)];
+                if matches!(what, "rms_norm" | "layer_norm") {
+                    ins.push(random(&mut rng, dt, &[*n], 0.5, 1.5));
+                }
+                if what == "layer_norm" {
+                    ins.push(random(&mut rng, dt, &[*n], -0.5, 0.5));
+                }
+                let b = bind(&[("R", rows as i64), ("N", *n as i64)]);
+                check_on_cpu(&format!("{what} {dt} N={n}"), &gk, &b, &ins, 2);
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_long_rows_and_fused_rows() {
+    let mut rng = Rng(3);
+    // A long row, multi-pass.
+    for what in ["softmax", "layer_norm"] {
+        let gk = row_kernel(DType::F32, s("R"), d(262144), what);
+        let mut ins = vec![random(&mut rng, DType::F32, &[1, 262144], -5.0, 5.0)];
+        if what == "layer_norm" {
+            ins.push(random(&mut rng, DType::F32, &[262144], 0.5, 1.5));
+            ins.push(random(&mut rng, DType::F32, &[262144], -0.5, 0.5));
+        }
+        check_on_cpu(&format!("{what} 262144"), &gk, &bind(&[("R", 1)]), &ins, 1);
+    }
+    // Decomposed softmax with a −inf mask and three outputs.
+    let gk = decomposed_softmax(DType::BF16);
+    let mask = with(random(&mut rng, DType::BF16, &[1, 1000], -1.0, 1.0), |i, v| if i % 7 == 0 { f64::NEG_INFINITY } else { v });
+    let ins = [random(&mut rng, DType::BF16, &[5, 1000], -20.0, 20.0), mask];
+    check_on_cpu("softmax decomposed", &gk, &bind(&[("T", 5)]), &ins, 2);
+    let gk = qk_norm(DType::BF16);
+    let ins = [random(&mut rng, DType::BF16, &[3, 9, 64], -3.0, 3.0), random(&mut rng, DType::BF16, &[64], 0.5, 1.5), random(&mut rng, DType::BF16, &[3, 9, 64], -1.0, 1.0)];
+    check_on_cpu("qk_norm", &gk, &bind(&[("T", 3)]), &ins, 3);
+    let gk = int_rows();
+    let ins = [random(&mut rng, DType::I32, &[3, 300], -1e7, 1e7)];
+    check_on_cpu("int rows", &gk, &bind(&[("R", 3)]), &ins, 2);
+}
+
+#[test]
+fn cpu_layout_gather_kv_append_match_the_interpreter() {
+    let mut rng = Rng(4);
+    let gk = transpose_heads(DType::BF16);
+    check_on_cpu("permute", &gk, &bind(&[("T", 5)]), &[random(&mut rng, DType::BF16, &[5, 9, 64], -4.0, 4.0)], 2);
+    let gk = transpose_2d(DType::F32);
+    check_on_cpu("transpose", &gk, &bind(&[("T", 7)]), &[random(&mut rng, DType::F32, &[7, 576], -4.0, 4.0)], 2);
+    let gk = concat_slice(DType::BF16);
+    let ins = [random(&mut rng, DType::BF16, &[3, 64], -4.0, 4.0), random(&mut rng, DType::BF16, &[5, 64], -4.0, 4.0)];
+    check_on_cpu("concat/slice/broadcast", &gk, &bind(&[("P", 3), ("T", 5)]), &ins, 2);
+    for (dt, it) in [(DType::BF16, DType::I32), (DType::F32, DType::I64)] {
+        let gk = embedding(dt, it);
+        let table = random(&mut rng, dt, &[49152, 576], -1.0, 1.0);
+        let ids = random(&mut rng, it, &[2, 3], 0.0, 49152.0);
+        check_on_cpu(&format!("gather {dt} {it}"), &gk, &bind(&[("B", 2), ("T", 3)]), &[table.clone(), ids], 2);
+        // Out-of-range indices give a NaN row (the interpreter reports an error).
+        let ids = Tensor::new(it, &[2, 3], vec![0.0, -1.0, 49152.0, 5.0, 1e9, 49151.0]).unwrap();
+        let outs = check_on_cpu(&format!("gather {dt} oor"), &gk, &bind(&[("B", 2), ("T", 3)]), &[table.clone(), ids], 2).unwrap_or_default();
+        if let Some(out) = outs.first() {
+            for (row, ok) in [(0, true), (1, false), (2, false), (3, true), (4, false), (5, true)] {
+                let vals = &out[row * 576..(row + 1) * 576];
+                if ok {
+                    let src = [0usize, 0, 0, 5, 0, 49151][row];
+                    assert_eq!(vals, &table.data()[src * 576..(src + 1) * 576], "row {row}");
+                } else {
+                    assert!(vals.iter().all(|v| v.is_nan()), "row {row}: {:?}", &vals[..4]);
+                }
+            }
+        }
+    }
+    let gk = kv_append(DType::BF16);
+    let (p, b, t, m) = (6usize, 2usize, 5usize, 3usize);
+    let kp = random(&mut rng, DType::BF16, &[p, 16, 3, 64], -1.0, 1.0);
+    let vp = random(&mut rng, DType::BF16, &[p, 16, 3, 64], -1.0, 1.0);
+    let kn = random(&mut rng, DType::BF16, &[b, t, 3, 64], -1.0, 1.0);
+    let vn = random(&mut rng, DType::BF16, &[b, t, 3, 64], -1.0, 1.0);
+    // Sequence 0 starts at 14 (crosses a page), sequence 1 at 30.
+    let bt = Tensor::new(DType::I32, &[b, m], vec![4.0, 1.0, 0.0, 2.0, 5.0, 3.0]).unwrap();
+    let sp = Tensor::new(DType::I32, &[b], vec![14.0, 30.0]).unwrap();
+    check_on_cpu("kv_append", &gk, &bind(&[("P", p as i64), ("B", b as i64), ("T", t as i64), ("M", m as i64)]), &[kp, vp, kn, vn, bt, sp], 3);
+}
