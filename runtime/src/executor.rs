@@ -64,6 +64,26 @@ pub struct Executor {
     loaded: Vec<Arc<LoadedKernel>>,
     output_guard: Option<(usize, u8)>,
     checked: bool,
+    /// Outputs that update another buffer in place → that buffer's storage root.
+    aliases: BTreeMap<Buffer, Buffer>,
+}
+
+/// The in-place updates of a kernel graph: each output of a `KvAppend` kernel (the updated
+/// `k_pages`, `v_pages`) is the same storage as the kernel's page input, so a decode step
+/// writes its new rows into the cache instead of copying the cache. Chains (layer after layer
+/// threading one page pool) resolve to the first buffer. The lowering guarantees that a page
+/// input has no reader after the kernel that updates it.
+pub fn in_place_aliases(graph: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
+    let mut aliases: BTreeMap<Buffer, Buffer> = BTreeMap::new();
+    for data in graph.kernels.values() {
+        if data.family == sinter_ir::Family::KvAppend {
+            for (out, inp) in data.outputs.iter().zip(&data.inputs).take(2) {
+                let root = aliases.get(inp).copied().unwrap_or(*inp);
+                aliases.insert(*out, root);
+            }
+        }
+    }
+    aliases
 }
 
 /// What one execution set up: the buffer of every graph buffer that has one.
@@ -107,7 +127,7 @@ impl Executor {
             }
         }
         let loaded = plans.iter().map(|p| device.load(p)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Executor { device: device.clone(), graph: graph.clone(), plans, loaded, output_guard: None, checked: false })
+        Ok(Executor { device: device.clone(), graph: graph.clone(), plans, loaded, output_guard: None, checked: false, aliases: in_place_aliases(graph) })
     }
 
     /// Allocates every output with at least `bytes` guard bytes past its extent and fills each
@@ -261,11 +281,40 @@ impl Executor {
         Ok(CapturedGraph { graph, device: self.device.clone(), outputs, _keep: keep, entries: self.plans.iter().map(|p| p.entry.clone()).collect(), bindings })
     }
 
+    /// A buffer's storage: itself, or the buffer it aliases (see [`in_place_aliases`]).
+    fn root(&self, b: Buffer) -> Buffer {
+        self.aliases.get(&b).copied().unwrap_or(b)
+    }
+
+    /// The slot of `b`, allocating (or sharing its alias root's storage) on first use.
+    fn slot(&self, b: Buffer, slots: &mut BTreeMap<Buffer, DeviceBuffer>, bindings: &Bindings, guard: usize) -> Result<DeviceBuffer, RuntimeError> {
+        if let Some(buf) = slots.get(&b) {
+            return Ok(buf.clone());
+        }
+        let r = self.root(b);
+        let buf = match slots.get(&r) {
+            Some(buf) => buf.clone(),
+            None => {
+                let buf = self.allocate(r, bindings, guard)?;
+                slots.insert(r, buf.clone());
+                buf
+            }
+        };
+        slots.insert(b, buf.clone());
+        Ok(buf)
+    }
+
     fn prepare(&self, inputs: &[&DeviceBuffer], extra: &Bindings) -> Result<Prepared, RuntimeError> {
         let bindings = self.bindings(inputs, extra)?;
         let mut slots = BTreeMap::new();
         for (b, buf) in self.graph.inputs.iter().zip(inputs) {
             slots.insert(*b, (*buf).clone());
+        }
+        // Outputs that update a buffer in place share its storage.
+        for b in &self.graph.outputs {
+            if self.aliases.contains_key(b) {
+                self.slot(*b, &mut slots, &bindings, 0)?;
+            }
         }
         let (guard, pattern) = self.output_guard.unwrap_or((0, 0));
         for b in &self.graph.outputs {
@@ -322,8 +371,7 @@ impl Executor {
                 // Everything is allocated and resolved before capture begins: allocation and
                 // attribute changes are not allowed while a stream is capturing.
                 for b in last_use.keys() {
-                    let buf = self.allocate(*b, &bindings, 0)?;
-                    slots.insert(*b, buf);
+                    self.slot(*b, &mut slots, &bindings, 0)?;
                 }
                 let resolved = (0..n).map(|i| self.resolve_kernel(i, kernels[i], &slots, &bindings)).collect::<Result<Vec<_>, _>>()?;
                 self.device.synchronize()?;
@@ -356,10 +404,7 @@ impl Executor {
                 let mut events = Vec::new();
                 for (i, data) in kernels.iter().enumerate() {
                     for b in data.inputs.iter().chain(&data.outputs) {
-                        if !slots.contains_key(b) {
-                            let buf = self.allocate(*b, &bindings, 0)?;
-                            slots.insert(*b, buf);
-                        }
+                        self.slot(*b, &mut slots, &bindings, 0)?;
                     }
                     let r = self.resolve_kernel(i, data, &slots, &bindings)?;
                     if profiling {
