@@ -162,6 +162,12 @@ impl GpuProgram {
         Ok(())
     }
 
+    /// Binds a parameter to a buffer already on the device (shared, not copied): one upload
+    /// of the weights serves the prefill and the decode program.
+    pub fn bind_buffer(&mut self, name: &str, buf: DeviceBuffer) {
+        self.bound.insert(name.to_string(), buf);
+    }
+
     /// Runs with host inputs (uploaded for this run) and the bound weights; returns the
     /// outputs on the host.
     ///

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use sinter::gpu::Lowering;
 use sinter::llm::{fetch, Engine, LlamaModel, SampleOptions};
 use sinter::{graph, zoo, Backend, DType, Program, Tensor};
 
@@ -48,6 +49,23 @@ enum ModeArg {
     Decode,
 }
 
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum LoweringArg {
+    /// The e-graph passes: recognitions and fused kernels.
+    Fused,
+    /// One kernel per IR node.
+    Unfused,
+}
+
+impl From<LoweringArg> for Lowering {
+    fn from(l: LoweringArg) -> Lowering {
+        match l {
+            LoweringArg::Fused => Lowering::Fused,
+            LoweringArg::Unfused => Lowering::Unfused,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text with a Llama-family GGUF model (SmolLM2-135M-Instruct by default).
@@ -83,6 +101,25 @@ enum Cmd {
         /// Print the time of each kernel of one decode step.
         #[arg(long)]
         profile: bool,
+        /// How the graphs become GPU kernels.
+        #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
+        lowering: LoweringArg,
+    },
+    /// Compile a model's prefill and decode kernels into the kernel cache for a target, with
+    /// no GPU (a build without LLVM then runs them from the cache).
+    Precompile {
+        /// A Llama-family GGUF file or Hugging Face folder; default: SmolLM2 from the cache.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// sm_80, sm_90 or sm_90a.
+        #[arg(long, default_value = "sm_90a")]
+        target: String,
+        /// Storage dtype.
+        #[arg(long, value_enum, default_value_t = Dt::Bf16)]
+        dtype: Dt,
+        /// How the graphs become GPU kernels.
+        #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
+        lowering: LoweringArg,
     },
     /// Build a small example graph, print it, and run it on the interpreter.
     Demo,
@@ -137,9 +174,10 @@ fn main() -> ExitCode {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
             zoo::build(&model, mode, dtype.into()).map(|g| print!("{g}")).map_err(Into::into)
         }
-        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile } => {
-            run(RunArgs { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype: dtype.into(), profile })
+        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, lowering } => {
+            run(RunArgs { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype: dtype.into(), profile, lowering: lowering.into() })
         }
+        Cmd::Precompile { model, target, dtype, lowering } => precompile(model, &target, dtype.into(), lowering.into()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -208,6 +246,26 @@ struct RunArgs {
     seed: u64,
     dtype: DType,
     profile: bool,
+    lowering: Lowering,
+}
+
+fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowering) -> AnyResult {
+    let path = match model {
+        Some(p) => p,
+        None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
+    };
+    let m = LlamaModel::open(&path, dtype, |_, _| {})?;
+    let cache = sinter_runtime::KernelCache::open_default()?;
+    let t0 = Instant::now();
+    for mode in [zoo::Mode::Prefill, zoo::Mode::Decode] {
+        let g = zoo::llama::build(&m.cfg, mode, dtype)?;
+        let kg = sinter::gpu::lower(&g, lowering)?;
+        let mut stats = sinter::gpu::CompileStats::default();
+        sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
+        eprintln!("{mode:?}: {} kernels ({} compiled, {} cached) for {target}", stats.kernels, stats.built, stats.cached);
+    }
+    eprintln!("into {} in {:.1} s", cache.dir().display(), t0.elapsed().as_secs_f64());
+    Ok(())
 }
 
 fn run(a: RunArgs) -> AnyResult {
@@ -217,13 +275,23 @@ fn run(a: RunArgs) -> AnyResult {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         return Err(format!("--top-p must be in (0, 1], got {}", a.top_p).into());
     }
-    match a.device {
-        Some(Device::Gpu) => return Err("this build has no GPU backend yet (the CUDA runtime lands with code generation I); use --device cpu".into()),
-        Some(Device::Cpu) => eprintln!("device: CPU (reference interpreter)"),
-        None => eprintln!("device: CPU (reference interpreter; this build has no GPU backend yet)"),
+    let gpu = match a.device {
+        Some(Device::Cpu) => None,
+        Some(Device::Gpu) => Some(sinter_runtime::Device::open()?),
+        None => match sinter_runtime::Device::open() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("no GPU ({e}): running on the CPU reference interpreter");
+                None
+            }
+        },
+    };
+    match &gpu {
+        Some(d) => eprintln!("device: {} ({:?} lowering)", d.info(), a.lowering),
+        None => eprintln!("device: CPU (reference interpreter)"),
     }
-    if a.profile {
-        eprintln!("--profile: the interpreter runs no kernels; per-kernel times need the GPU backend");
+    if a.profile && gpu.is_none() {
+        eprintln!("--profile: the interpreter runs no kernels; per-kernel times need the GPU");
     }
     let path = match &a.model {
         Some(p) => p.clone(),
@@ -248,8 +316,22 @@ fn run(a: RunArgs) -> AnyResult {
     }
     let ids = prompts.iter().map(|p| model.chat_prompt(p)).collect::<Result<Vec<_>, _>>()?;
     let t_compile = Instant::now();
-    let engine = Engine::new(model)?;
+    let engine = match &gpu {
+        Some(d) => Engine::new_gpu(model, d, a.lowering)?,
+        None => Engine::new(model)?,
+    };
     let compile_time = t_compile.elapsed();
+    if let Some((pk, dk, ps, ds)) = engine.gpu_stats() {
+        let layers = engine.model().cfg.n_layers.max(1);
+        eprintln!(
+            "kernels: prefill {pk} ({:.1} per layer), decode {dk} ({:.1} per layer); {} compiled, {} from the cache, in {:.2} s",
+            pk as f64 / layers as f64,
+            dk as f64 / layers as f64,
+            ps.built + ds.built,
+            ps.cached + ds.cached,
+            ps.seconds + ds.seconds
+        );
+    }
     eprintln!("loaded {} in {:.2} s; graphs built and verified in {:.3} s", path.display(), load_time.as_secs_f64(), compile_time.as_secs_f64());
     let opts = SampleOptions { max_new: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed };
     let single = ids.len() == 1;
@@ -282,7 +364,7 @@ fn run(a: RunArgs) -> AnyResult {
     }
     let new_tokens: usize = gen.tokens.iter().map(Vec::len).sum();
     eprintln!(
-        "prompt: {} tokens in {:.2} s ({:.1} tok/s); decode: {} steps, {} tokens in {:.2} s ({:.2} tok/s); interpreter: no kernels (kernels per layer apply to the GPU backend); compile {:.3} s",
+        "prompt: {} tokens in {:.2} s ({:.1} tok/s); decode: {} steps, {} tokens in {:.2} s ({:.2} tok/s); compile {:.3} s",
         gen.prompt_tokens,
         gen.prefill_time.as_secs_f64(),
         gen.prompt_tokens as f64 / gen.prefill_time.as_secs_f64().max(1e-9),

@@ -26,7 +26,9 @@ use rand::{Rng, SeedableRng};
 
 use crate::zoo::llama::{self, LlamaConfig};
 use crate::zoo::Mode;
+use crate::gpu::{CompileStats, GpuProgram, Lowering};
 use crate::{Backend, DType, Error, Program, Tensor};
+use sinter_runtime::{Device, DeviceBuffer};
 use chat::Message;
 use gguf::{GgufFile, ModelError};
 use tokenizer::Tokenizer;
@@ -189,11 +191,24 @@ pub struct Generation {
     pub decode_time: Duration,
 }
 
+/// Where an [`Engine`] runs its two graphs.
+enum Programs {
+    /// The CPU reference interpreter.
+    Cpu { prefill: Program, decode: Program },
+    /// The GPU: weights uploaded once, the KV cache kept on the device and updated in place.
+    Gpu { prefill: GpuProgram, decode: GpuProgram, device: Device },
+}
+
+/// The KV page pools of a generation.
+enum Pages {
+    Host(Arc<Tensor>, Arc<Tensor>),
+    Device(DeviceBuffer, DeviceBuffer),
+}
+
 /// Prefill and decode programs of one model, sharing its weights.
 pub struct Engine {
     model: LlamaModel,
-    prefill: Program,
-    decode: Program,
+    programs: Programs,
 }
 
 fn argmax(row: &[f64]) -> u32 {
@@ -248,7 +263,69 @@ impl Engine {
             prefill.bind(name, t.clone())?;
             decode.bind(name, t.clone())?;
         }
-        Ok(Engine { model, prefill, decode })
+        Ok(Engine { model, programs: Programs::Cpu { prefill, decode } })
+    }
+
+    /// Compiles both graphs for the GPU (`lowering` picks fused or one kernel per node; kernels
+    /// come from the kernel cache or the code generator) and uploads the weights once.
+    ///
+    /// # Errors
+    /// Lowering, code generation, cache or driver errors.
+    pub fn new_gpu(model: LlamaModel, device: &Device, lowering: Lowering) -> Result<Engine, Error> {
+        let mut prefill = GpuProgram::compile(&llama::build(&model.cfg, Mode::Prefill, model.dtype)?, device, lowering)?;
+        let mut decode = GpuProgram::compile(&llama::build(&model.cfg, Mode::Decode, model.dtype)?, device, lowering)?;
+        for (name, t) in &model.weights {
+            let buf = device.upload_tensor(t)?;
+            prefill.bind_buffer(name, buf.clone());
+            decode.bind_buffer(name, buf);
+        }
+        Ok(Engine { model, programs: Programs::Gpu { prefill, decode, device: device.clone() } })
+    }
+
+    /// Kernels of the prefill and decode graphs on the GPU, with what compiling them took;
+    /// `None` on the interpreter.
+    pub fn gpu_stats(&self) -> Option<(usize, usize, CompileStats, CompileStats)> {
+        match &self.programs {
+            Programs::Gpu { prefill, decode, .. } => {
+                Some((prefill.kernel_graph().kernels.len(), decode.kernel_graph().kernels.len(), prefill.stats().clone(), decode.stats().clone()))
+            }
+            Programs::Cpu { .. } => None,
+        }
+    }
+
+    fn new_pages(&self, shape: &[usize]) -> Result<Pages, Error> {
+        let dt = self.model.dtype;
+        Ok(match &self.programs {
+            Programs::Cpu { .. } => Pages::Host(Arc::new(Tensor::zeros(dt, shape)), Arc::new(Tensor::zeros(dt, shape))),
+            Programs::Gpu { device, .. } => Pages::Device(device.alloc_zeroed(dt, shape)?, device.alloc_zeroed(dt, shape)?),
+        })
+    }
+
+    /// One run of the prefill or the decode graph: the logits `[T, vocab]` on the host; the
+    /// pages are updated (in place on the GPU).
+    fn step(&self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor, pages: &mut Pages) -> Result<Tensor, Error> {
+        match (&self.programs, pages) {
+            (Programs::Cpu { prefill, decode: dec }, Pages::Host(kp, vp)) => {
+                let p = if decode { dec } else { prefill };
+                let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", kp), ("v_pages", vp)], &[])?;
+                let mut r = r.into_iter();
+                let (Some(logits), Some(k), Some(v)) = (r.next(), r.next(), r.next()) else {
+                    return Err(Error::Unsupported("the graph returned fewer than 3 outputs".into()));
+                };
+                *kp = Arc::new(k);
+                *vp = Arc::new(v);
+                Ok(logits)
+            }
+            (Programs::Gpu { prefill, decode: dec, device }, Pages::Device(kp, vp)) => {
+                let p = if decode { dec } else { prefill };
+                let (t, ps, b) = (device.upload_tensor(tokens)?, device.upload_tensor(pos)?, device.upload_tensor(bt)?);
+                let r = p.run_device(&[("tokens", &t), ("positions", &ps), ("block_tables", &b), ("k_pages", kp), ("v_pages", vp)], &crate::Bindings::new())?;
+                let logits = r.first().ok_or_else(|| Error::Unsupported("the graph returned no logits".into()))?;
+                // The pages were updated in place (`kv_append` aliases its page inputs).
+                Ok(device.download_tensor(logits)?)
+            }
+            _ => Err(Error::Unsupported("the pages and the programs live on different devices".into())),
+        }
     }
 
     /// The model.
@@ -266,7 +343,6 @@ impl Engine {
     /// an empty prompt; interpreter errors.
     pub fn generate(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32)) -> Result<Generation, Error> {
         let cfg = &self.model.cfg;
-        let dt = self.model.dtype;
         let b = prompts.len();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         if prompts.iter().any(Vec::is_empty) {
@@ -280,8 +356,7 @@ impl Engine {
         // Page of (layer, sequence, j): every layer's and sequence's pages are disjoint.
         let page = |layer: usize, seq: usize, j: usize| ((layer * b + seq) * m + j) as f64;
         let pool = [l * b * m, ps, cfg.n_kv_heads, cfg.head_dim];
-        let mut k_pages = Arc::new(Tensor::zeros(dt, &pool));
-        let mut v_pages = Arc::new(Tensor::zeros(dt, &pool));
+        let mut pages = self.new_pages(&pool)?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed);
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
         let mut done = vec![false; b];
@@ -293,12 +368,7 @@ impl Engine {
             let tokens = Tensor::new(DType::I64, &[n], prompt.iter().map(|&t| t as f64).collect())?;
             let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
             let bt = Tensor::from_fn(DType::I32, &[l, 1, m], |i| page(i[0], s, i[2]));
-            let r = self.prefill.run(&[("tokens", &tokens), ("positions", &pos), ("block_tables", &bt), ("k_pages", &k_pages), ("v_pages", &v_pages)], &[])?;
-            let mut r = r.into_iter();
-            let (logits, kp, vp) = (r.next(), r.next(), r.next());
-            let (Some(logits), Some(kp), Some(vp)) = (logits, kp, vp) else { return Err(Error::Unsupported("prefill returned fewer than 3 outputs".into())) };
-            k_pages = Arc::new(kp);
-            v_pages = Arc::new(vp);
+            let logits = self.step(false, &tokens, &pos, &bt, &mut pages)?;
             let row = &logits.data()[(n - 1) * vocab..n * vocab];
             let t = sample(row, o, &mut rng);
             last[s] = t;
@@ -318,11 +388,7 @@ impl Engine {
             let tokens = Tensor::new(DType::I64, &[b], last.iter().map(|&t| t as f64).collect())?;
             // Position of the new token = tokens already in the cache.
             let pos = Tensor::new(DType::I32, &[b], (0..b).map(|s| (prompts[s].len() + out[s].len() - 1) as f64).collect())?;
-            let r = self.decode.run(&[("tokens", &tokens), ("positions", &pos), ("block_tables", &bt), ("k_pages", &k_pages), ("v_pages", &v_pages)], &[])?;
-            let mut r = r.into_iter();
-            let (Some(logits), Some(kp), Some(vp)) = (r.next(), r.next(), r.next()) else { return Err(Error::Unsupported("decode returned fewer than 3 outputs".into())) };
-            k_pages = Arc::new(kp);
-            v_pages = Arc::new(vp);
+            let logits = self.step(true, &tokens, &pos, &bt, &mut pages)?;
             steps += 1;
             for s in 0..b {
                 if done[s] {
@@ -350,11 +416,10 @@ impl Engine {
         }
         let m = n.div_ceil(cfg.page_size);
         let pool = [cfg.n_layers * m, cfg.page_size, cfg.n_kv_heads, cfg.head_dim];
-        let kp = Tensor::zeros(self.model.dtype, &pool);
+        let mut pages = self.new_pages(&pool)?;
         let toks = Tensor::new(DType::I64, &[n], tokens.iter().map(|&t| t as f64).collect())?;
         let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
         let bt = Tensor::from_fn(DType::I32, &[cfg.n_layers, 1, m], |i| (i[0] * m + i[2]) as f64);
-        let r = self.prefill.run(&[("tokens", &toks), ("positions", &pos), ("block_tables", &bt), ("k_pages", &kp), ("v_pages", &kp)], &[])?;
-        r.into_iter().next().ok_or_else(|| Error::Unsupported("prefill returned no logits".into()))
+        self.step(false, &toks, &pos, &bt, &mut pages)
     }
 }
