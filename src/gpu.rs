@@ -46,7 +46,14 @@ pub struct CompileStats {
 /// The cache key of one kernel (see the module docs).
 pub fn kernel_key(kg: &KernelGraph, k: Kernel, target: &str) -> CacheKey {
     let kd = &kg.kernels[k];
-    let mut text = format!("family {:?}\n{}", kd.family, sinter_ir::text::print_function(&kd.body));
+    // The body's name carries the kernel's index: identical kernels (the same op in every
+    // layer) must share one cache entry and one loaded module.
+    let mut body = kd.body.clone();
+    body.name = "kernel".into();
+    for v in body.values.values_mut() {
+        v.name = None;
+    }
+    let mut text = format!("family {:?}\n{}", kd.family, sinter_ir::text::print_function(&body));
     for &b in kd.inputs.iter().chain(&kd.outputs) {
         let bd = &kg.buffers[b];
         let strides: Vec<String> = bd.layout.strides.iter().map(|d| d.to_string()).collect();

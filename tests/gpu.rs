@@ -394,3 +394,42 @@ fn gpu_zoo_models_match_the_interpreter() {
     }
     assert!(fails.is_empty(), "{} zoo failures:\n{}", fails.len(), fails.join("\n"));
 }
+
+/// SmolLM2-135M on the GPU (one kernel per node; kernels from the cache): teacher-forced logits
+/// against the transformers fixture with the bf16 tolerance of `tests/smollm2.rs`, and the
+/// greedy answer names Paris. Skipped where the model or the GPU is missing.
+#[test]
+fn gpu_smollm2_matches_the_fixture_and_answers() {
+    let Some(dev) = device() else { return };
+    let path = sinter::llm::fetch::default_model_path();
+    if !path.exists() {
+        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
+        eprintln!("skipped: {} is missing", path.display());
+        return;
+    }
+    let model = sinter::llm::LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    let engine = sinter::llm::Engine::new_gpu(model, &dev, Lowering::Unfused).unwrap();
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2/fixture.json")).unwrap()).unwrap();
+    let vocab = engine.model().cfg.vocab;
+    let mut worst: f64 = 0.0;
+    for (i, p) in fixture["prompts"].as_array().unwrap().iter().enumerate() {
+        let ids: Vec<u32> = p["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let ours = engine.logits(&ids[..8]).unwrap();
+        let bytes = std::fs::read(format!("{}/tests/fixtures/smollm2/logits_bf16_{i}.bin", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let theirs: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        for pos in 0..8 {
+            let a = &ours.data()[pos * vocab..(pos + 1) * vocab];
+            let b = &theirs[pos * vocab..(pos + 1) * vocab];
+            let d = a.iter().zip(b).map(|(x, y)| (x - *y as f64).abs()).fold(0.0, f64::max);
+            worst = worst.max(d);
+            assert!(d <= 1.5, "prompt {i} position {pos}: max |logit diff| {d} > 1.5");
+        }
+    }
+    eprintln!("GPU bf16 vs transformers bf16: max |logit difference| {worst:.3}");
+    let ids = engine.model().chat_prompt("What is the capital of France?").unwrap();
+    let out = engine.generate(&[ids], &sinter::llm::SampleOptions::greedy(16), &mut |_, _| {}).unwrap();
+    let text = engine.model().tokenizer.decode(&out.tokens[0]).unwrap();
+    eprintln!("GPU answer: {text:?}; prefill {:.1} ms, {} decode steps in {:.1} ms", out.prefill_time.as_secs_f64() * 1e3, out.decode_steps, out.decode_time.as_secs_f64() * 1e3);
+    assert!(text.contains("Paris"), "{text}");
+}
