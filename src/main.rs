@@ -104,6 +104,9 @@ enum Cmd {
         /// How the graphs become GPU kernels.
         #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
         lowering: LoweringArg,
+        /// Generate --max-tokens tokens even past EOS (for throughput measurements).
+        #[arg(long)]
+        ignore_eos: bool,
     },
     /// Compile a model's prefill and decode kernels into the kernel cache for a target, with
     /// no GPU (a build without LLVM then runs them from the cache).
@@ -174,8 +177,8 @@ fn main() -> ExitCode {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
             zoo::build(&model, mode, dtype.into()).map(|g| print!("{g}")).map_err(Into::into)
         }
-        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, lowering } => {
-            run(RunArgs { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype: dtype.into(), profile, lowering: lowering.into() })
+        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, lowering, ignore_eos } => {
+            run(RunArgs { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype: dtype.into(), profile, lowering: lowering.into(), ignore_eos })
         }
         Cmd::Precompile { model, target, dtype, lowering } => precompile(model, &target, dtype.into(), lowering.into()),
     };
@@ -247,6 +250,7 @@ struct RunArgs {
     dtype: DType,
     profile: bool,
     lowering: Lowering,
+    ignore_eos: bool,
 }
 
 fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowering) -> AnyResult {
@@ -333,7 +337,7 @@ fn run(a: RunArgs) -> AnyResult {
         );
     }
     eprintln!("loaded {} in {:.2} s; graphs built and verified in {:.3} s", path.display(), load_time.as_secs_f64(), compile_time.as_secs_f64());
-    let opts = SampleOptions { max_new: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed };
+    let opts = SampleOptions { max_new: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed, stop_at_eos: !a.ignore_eos };
     let single = ids.len() == 1;
     let mut streamed: Vec<u32> = Vec::new();
     let mut printed = 0usize;

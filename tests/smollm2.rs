@@ -136,7 +136,7 @@ fn batched_generation_equals_one_at_a_time_and_sampling_repeats() {
         let alone = e.generate(std::slice::from_ref(p), &opts, &mut |_, _| {}).unwrap();
         assert_eq!(alone.tokens[0], together.tokens[i], "prompt {i}");
     }
-    let sampled = SampleOptions { max_new: 6, temperature: 0.8, top_p: 0.9, seed: 42 };
+    let sampled = SampleOptions { max_new: 6, temperature: 0.8, top_p: 0.9, seed: 42, stop_at_eos: true };
     let a = e.generate(&prompts[..1], &sampled, &mut |_, _| {}).unwrap();
     let b = e.generate(&prompts[..1], &sampled, &mut |_, _| {}).unwrap();
     assert_eq!(a.tokens, b.tokens, "the same seed gives the same sample");

@@ -167,12 +167,14 @@ pub struct SampleOptions {
     pub top_p: f64,
     /// Seed of the sampler's RNG (ChaCha), so sampled runs repeat.
     pub seed: u64,
+    /// Stop a sequence at EOS (true), or always generate `max_new` tokens (benchmarks).
+    pub stop_at_eos: bool,
 }
 
 impl SampleOptions {
     /// Greedy decoding of up to `max_new` tokens.
     pub fn greedy(max_new: usize) -> SampleOptions {
-        SampleOptions { max_new, temperature: 0.0, top_p: 1.0, seed: 0 }
+        SampleOptions { max_new, temperature: 0.0, top_p: 1.0, seed: 0, stop_at_eos: true }
     }
 }
 
@@ -375,7 +377,7 @@ impl Engine {
             if o.max_new > 0 {
                 out[s].push(t);
                 on_token(s, t);
-                done[s] = t == self.model.tokenizer.eos || o.max_new == 1;
+                done[s] = (o.stop_at_eos && t == self.model.tokenizer.eos) || o.max_new == 1;
             } else {
                 done[s] = true;
             }
@@ -398,7 +400,7 @@ impl Engine {
                 last[s] = t;
                 out[s].push(t);
                 on_token(s, t);
-                done[s] = t == self.model.tokenizer.eos || out[s].len() >= o.max_new;
+                done[s] = (o.stop_at_eos && t == self.model.tokenizer.eos) || out[s].len() >= o.max_new;
             }
         }
         Ok(Generation { tokens: out, prompt_tokens: prompts.iter().map(Vec::len).sum(), prefill_time, decode_steps: steps, decode_time: t1.elapsed() })
