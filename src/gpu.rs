@@ -139,7 +139,12 @@ impl GpuProgram {
         let cache = KernelCache::open_default()?;
         let mut stats = CompileStats::default();
         let plans = plans(&kg, target_for(device), &cache, &mut stats)?;
-        let exec = Executor::new(device, &kg, plans)?;
+        let mut exec = Executor::new(device, &kg, plans)?;
+        // SINTER_POISON=1 fills every output with 0xFF bytes (NaN in every float dtype) before
+        // each launch, so that an element a kernel forgets to write shows up in the tests.
+        if std::env::var_os("SINTER_POISON").is_some() {
+            exec = exec.with_output_guard(256, 0xFF);
+        }
         stats.seconds = t0.elapsed().as_secs_f64();
         Ok(GpuProgram { device: device.clone(), exec, kg, bound: BTreeMap::new(), stats })
     }

@@ -447,8 +447,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let mut fails = Vec::new();
     for (mode, t) in [(Mode::Prefill, 37usize), (Mode::Decode, 3)] {
-        for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let dt = DType::F32;
+        for (lowering, dt) in [(Lowering::Unfused, DType::F32), (Lowering::Unfused, DType::BF16), (Lowering::Fused, DType::F32)] {
             let g = llama::build(&cfg, mode, dt).unwrap();
             let mut p = sinter::Program::compile(g.clone(), sinter::Backend::Interpreter).unwrap();
             let ws = crate::zoo::bind_random_weights(&mut p, 3);
@@ -472,7 +471,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
             bindings.insert("T".into(), t as i64);
             bindings.insert("M".into(), m as i64);
             bindings.insert("P".into(), pages as i64);
-            let label = format!("llama tiny {mode:?} T={t} [{lowering:?}]");
+            let label = format!("llama tiny {mode:?} {dt} T={t} [{lowering:?}]");
             for (k, kd) in kg.kernels.iter() {
                 let ins: Vec<&Tensor> = kd.inputs.iter().map(|b| &values[b]).collect();
                 let mut body_graph = sinter::Graph::new();
@@ -491,7 +490,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
                 let one = KernelGraph { buffers: kg.buffers.clone(), kernels, inputs: inputs.clone(), outputs: kd.outputs.clone() };
                 let mut stats = sinter::gpu::CompileStats::default();
                 let r = sinter::gpu::plans(&one, sinter::gpu::target_for(&dev), &cache, &mut stats)
-                    .and_then(|plans| Ok(sinter_runtime::Executor::new(&dev, &one, plans)?))
+                    .and_then(|plans| Ok(sinter_runtime::Executor::new(&dev, &one, plans)?.with_output_guard(256, 0xFF)))
                     .and_then(|ex| {
                         let bufs = inputs.iter().map(|b| dev.upload_tensor(&values[b])).collect::<Result<Vec<_>, _>>()?;
                         let refs: Vec<&sinter_runtime::DeviceBuffer> = bufs.iter().collect();

@@ -76,10 +76,23 @@ pub struct Executor {
 pub fn in_place_aliases(graph: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
     let mut aliases: BTreeMap<Buffer, Buffer> = BTreeMap::new();
     for data in graph.kernels.values() {
-        if data.family == sinter_ir::Family::KvAppend {
-            for (out, inp) in data.outputs.iter().zip(&data.inputs).take(2) {
-                let root = aliases.get(inp).copied().unwrap_or(*inp);
-                aliases.insert(*out, root);
+        if data.family != sinter_ir::Family::KvAppend {
+            continue;
+        }
+        // Find the kv_append node of the body: its page operands are body parameters
+        // (kernel inputs), its results body outputs (kernel outputs).
+        let body = &data.body;
+        for nd in body.nodes.values() {
+            if nd.op.kind != sinter_ir::OpKind::KvAppend {
+                continue;
+            }
+            for (page_operand, result) in nd.inputs.iter().zip(&nd.results).take(2) {
+                let input = body.params.iter().position(|p| p == page_operand).and_then(|i| data.inputs.get(i));
+                let output = body.outputs.iter().position(|o| o == result).and_then(|i| data.outputs.get(i));
+                if let (Some(inp), Some(out)) = (input, output) {
+                    let root = aliases.get(inp).copied().unwrap_or(*inp);
+                    aliases.insert(*out, root);
+                }
             }
         }
     }
