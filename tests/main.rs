@@ -12,3 +12,4 @@ mod hf_folder;
 mod book;
 mod passes;
 mod gpu;
+mod fused_zoo;

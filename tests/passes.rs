@@ -14,7 +14,7 @@ use super::zoo::Rng;
 
 /// Seeded inputs for every parameter of `@main`: token ids, positions, block tables and empty
 /// pages for the named inputs; weights as `bind_random_weights` makes them.
-fn inputs(g: &Graph, n_tokens: usize, decode: bool) -> Vec<Tensor> {
+pub(crate) fn inputs(g: &Graph, n_tokens: usize, decode: bool) -> Vec<Tensor> {
     let f = g.func("main").unwrap();
     let mut rng = Rng::new(11);
     let mut out = vec![];
@@ -64,7 +64,7 @@ fn assert_f32_close(what: &str, reference: &Tensor, out: &Tensor) {
     assert!(den == 0.0 || (num / den).sqrt() < 1e-5, "{what}: norm-wise error {}", (num / den).sqrt());
 }
 
-fn check_against_reference(name: &str, g: &Graph, kg: &KernelGraph, ins: &[Tensor]) {
+pub(crate) fn check_against_reference(name: &str, g: &Graph, kg: &KernelGraph, ins: &[Tensor]) {
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = interp::run(g, "main", &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{name}: reference: {e}"));
     let got = run_kernel_graph(kg, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{name}: kernel graph: {e}"));
@@ -89,7 +89,9 @@ fn tiny_llama_prefill_compiles_fused_and_matches_the_reference() {
     println!("{report}");
     assert!(has_kernel(&kg, Family::Attention, "attention"), "attention recognised");
     assert!(has_kernel(&kg, Family::RowReduction, "rms_norm"), "RMSNorm as a RowReduction");
-    assert!(kg.kernels.values().any(|k| k.family == Family::Matmul && k.body.nodes.values().any(|n| n.op.kind.name() == "swiglu")), "SwiGLU in a matmul epilogue");
+    // Within the code generator's contract the merged gate/up matmul writes its whole output
+    // and SwiGLU runs over its column slices in the next Pointwise kernel.
+    assert!(has_kernel(&kg, Family::Pointwise, "swiglu"), "SwiGLU over the merged gate/up output");
     for r in ["attention", "rms-norm", "swiglu", "merge-parallel-matmuls"] {
         assert!(report.rules_fired.contains_key(r), "rule {r} fired: {:?}", report.rules_fired);
     }
@@ -194,7 +196,13 @@ fn smollm2_full_size_kernel_counts() {
             report.functions.iter().find(|f| f.name == "layer").map(|f| f.phases.iter().map(|p| p.egraph_nodes).collect::<Vec<_>>()),
             report.seconds
         );
-        assert_eq!(per_layer, 8, "{mode:?}: RMSNorm, QKV+RoPE, kv_append, attention, O+residual, RMSNorm, gate/up+SwiGLU, down+residual\n{report}");
+        // Within the code generator's contract (matmul epilogues element-wise on the whole
+        // output, attention operands in buffers): RMSNorm, QKV, RoPE(Q), attention, the
+        // attention output's reshape copy, O+residual, RMSNorm, gate/up, SwiGLU,
+        // down+residual, and — prefill: RoPE(K) with the V copy, kv_append; decode:
+        // kv_append with RoPE(K) as prologue.
+        let want = if mode == Mode::Prefill { 12 } else { 11 };
+        assert_eq!(per_layer, want, "{mode:?}\n{report}");
         assert!(kg.kernels.len() < report.kernels_before);
         let name = if mode == Mode::Prefill { "passes_smollm2_prefill_report" } else { "passes_smollm2_decode_report" };
         insta::assert_snapshot!(name, report_for(&report, &["main", "layer#0", "layer#29"]));

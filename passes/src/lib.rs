@@ -14,12 +14,16 @@
 //! 5. [`report`] — the fusion report: rules fired, stop reasons, e-graph sizes, kernels with
 //!    their families, ops and bytes, before and after; Graphviz output.
 //!
+//! [`contract`] restates which kernel bodies each generator of `sinter-codegen` accepts;
+//! under [`PassOptions::codegen_contract`] (the default) every kernel is checked against it.
+//!
 //! [`check`] evaluates every e-node of a saturated e-graph on the interpreter: the soundness
 //! check of every rule. [`lower_unfused`] gives the one-kernel-per-node graph that the fused
 //! one is compared with.
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod contract;
 pub mod cost;
 pub mod eval;
 pub mod extract;
@@ -69,6 +73,11 @@ pub struct PassOptions {
     pub fuse: bool,
     /// Extract after every phase (for the IR-after-each-pass snapshots); off extracts once.
     pub snapshots: bool,
+    /// Fuse only into kernel bodies the code generator accepts ([`contract`]): matmul
+    /// epilogues element-wise on the full output, attention and matmul operands written to
+    /// buffers by a kernel, every kernel checked. Off gives the unconstrained fusion (whose
+    /// kernels the interpreter runs but `sinter-codegen` may refuse).
+    pub codegen_contract: bool,
 }
 
 impl PassOptions {
@@ -80,7 +89,7 @@ impl PassOptions {
 
 impl Default for PassOptions {
     fn default() -> PassOptions {
-        PassOptions { cost: CostConfig::prefill(), limits: Limits::default(), merge_parallel_matmuls: true, fuse: true, snapshots: false }
+        PassOptions { cost: CostConfig::prefill(), limits: Limits::default(), merge_parallel_matmuls: true, fuse: true, snapshots: false, codegen_contract: true }
     }
 }
 

@@ -32,6 +32,17 @@
 //! storage, so it never gets a kernel of its own in [`compile`] (in [`lower_unfused`] it is a
 //! Layout copy kernel).
 //!
+//! **Within the code generator's contract** ([`crate::PassOptions::codegen_contract`], the
+//! default; [`crate::contract`]) the bodies are narrower: a Matmul body is its matmul on
+//! kernel inputs and an element-wise epilogue writing outputs of the matmul's shape (the
+//! column slices of a merged projection are read, strided, by the Pointwise kernels after
+//! it); Attention and PagedAttention bodies are the single op on kernel inputs; a KvAppend
+//! body may compute its new rows (views, RoPE) but writes only the pages. An operand these
+//! generators read as a buffer, when it is a view, is written by the Pointwise/Layout kernel
+//! that computes its base or by a Layout kernel of its own (a reshape of an attention output
+//! before the output projection is then a copy). [`build_within_contract`] checks every
+//! kernel and splits any the partitioner got wrong.
+//!
 //! **Aliasing.** `kv_append` is functional in the IR; on the device its outputs are its page
 //! inputs updated in place. The report lists these aliases (`FusionReport::aliases`).
 //!
@@ -323,6 +334,8 @@ struct Spec {
     pull_roots: Vec<Value>,
     exports: Vec<Value>,
     origin: usize,
+    /// The partition's kernel it comes from (none for a graph output's view kernel).
+    group: Option<usize>,
 }
 
 /// What [`build_kernel_graph`] says about each kernel beyond the [`KernelGraph`].
@@ -332,6 +345,8 @@ pub struct KernelMeta {
     pub origin: String,
     /// A weight concatenation (inputs only): run once at load time.
     pub load_time: bool,
+    /// The kernel of the partition it was built from (`None`: a graph output's view copy).
+    pub group: Option<usize>,
 }
 
 /// Builds the kernel graph of a flat function under a partition.
@@ -347,35 +362,36 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
         let grp = &part.groups[g];
         let mut members = grp.nodes.clone();
         members.sort();
-        let origin = members.iter().find(|&&n| partition::role(f, n) != Role::Point).or(members.first()).and_then(|n| flat.origin.get(n)).copied().unwrap_or(0);
+        let origin_node = members
+            .iter()
+            .copied()
+            .find(|&n| partition::role(f, n) != Role::Point)
+            .or(members.first().copied())
+            .or_else(|| grp.roots.first().and_then(|r| uses.producer.get(r).copied()));
+        let origin = origin_node.and_then(|n| flat.origin.get(&n)).copied().unwrap_or(0);
         spec_of_group.insert(g, specs.len());
-        specs.push(Spec { family: grp.family, members, pull_roots: vec![], exports: vec![], origin });
+        specs.push(Spec { family: grp.family, members, pull_roots: grp.roots.clone(), exports: vec![], origin, group: Some(g) });
     }
-    let spec_of_node = |n: Node| part.group_of.get(&n).and_then(|g| spec_of_group.get(g)).copied();
-    // Which values each non-view node reads (through views and sources).
-    let mut value_users: HashMap<Value, Vec<Node>> = HashMap::new();
-    for (m, nd) in f.nodes.iter() {
-        if !part.group_of.contains_key(&m) {
-            continue;
-        }
-        for &v in &nd.inputs {
-            for b in uses.bases(f, v) {
-                value_users.entry(b).or_default().push(m);
-            }
-            // In one-per-node mode views are grouped: the direct operand is the base.
-            if part.group_of.contains_key(&m) {
-                value_users.entry(v).or_default().push(m);
+    // The kernel writing a value: its root's host, or the kernel of the node computing it.
+    let spec_of_value = |v: Value| part.source(&uses, v).and_then(|g| spec_of_group.get(&g)).copied();
+    // Which values each kernel reads (through views and sources it recomputes).
+    let mut value_users: HashMap<Value, Vec<usize>> = HashMap::new();
+    for (si, spec) in specs.iter().enumerate() {
+        let g = spec.group;
+        let vals = spec.members.iter().flat_map(|&m| f.nodes[m].inputs.iter().copied()).chain(spec.pull_roots.iter().copied());
+        for v in vals {
+            for b in part.reads(f, &uses, v, g) {
+                value_users.entry(b).or_default().push(si);
             }
         }
     }
-    // Exports: results read by another kernel.
+    // Exports: results (and roots) read by another kernel.
     for (si, spec) in specs.iter_mut().enumerate() {
-        for &n in &spec.members {
-            for &r in &f.nodes[n].results {
-                let crosses = value_users.get(&r).into_iter().flatten().any(|&u| spec_of_node(u) != Some(si));
-                if crosses && !spec.exports.contains(&r) {
-                    spec.exports.push(r);
-                }
+        let written = spec.members.iter().flat_map(|&n| f.nodes[n].results.iter().copied()).chain(spec.pull_roots.iter().copied()).collect::<Vec<_>>();
+        for r in written {
+            let crosses = value_users.get(&r).into_iter().flatten().any(|&u| u != si);
+            if crosses && !spec.exports.contains(&r) {
+                spec.exports.push(r);
             }
         }
     }
@@ -385,7 +401,7 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             continue;
         }
         let Some(&p) = uses.producer.get(&o) else { continue };
-        if let Some(si) = spec_of_node(p) {
+        if let Some(si) = spec_of_value(o) {
             if !specs[si].exports.contains(&o) {
                 specs[si].exports.push(o);
             }
@@ -393,9 +409,9 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
         }
         // A view/source chain over one kernel's result: that kernel writes it (a view at the
         // end of its body); otherwise (over inputs, or several kernels) a kernel of its own.
-        let bases = uses.bases(f, o);
+        let bases = part.reads(f, &uses, o, None);
         let host = match bases.as_slice() {
-            [b] => uses.producer.get(b).and_then(|&bp| spec_of_node(bp)),
+            [b] => spec_of_value(*b),
             _ => None,
         };
         match host {
@@ -406,11 +422,12 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             None => {
                 let has_view = chain_nodes(f, &uses, part, o).iter().any(|&n| partition::role(f, n) == Role::View);
                 let origin = flat.origin.get(&p).copied().unwrap_or(0);
-                specs.push(Spec { family: if has_view { Family::Layout } else { Family::Pointwise }, members: vec![], pull_roots: vec![o], exports: vec![o], origin });
+                specs.push(Spec { family: if has_view { Family::Layout } else { Family::Pointwise }, members: vec![], pull_roots: vec![o], exports: vec![o], origin, group: None });
             }
         }
     }
-    // Bodies.
+    // Bodies: the members, and the view/source chains they and the roots need, up to
+    // parameters, grouped nodes' results and other kernels' roots.
     struct Body {
         nodes: Vec<Node>,
         params: Vec<Value>,
@@ -420,7 +437,11 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
         let mut set: BTreeSet<Node> = spec.members.iter().copied().collect();
         let mut stack: Vec<Value> = spec.members.iter().flat_map(|&n| f.nodes[n].inputs.iter().copied()).collect();
         stack.extend(spec.pull_roots.iter().copied());
+        let own = |v: &Value| spec.pull_roots.contains(v);
         while let Some(v) = stack.pop() {
+            if part.host_of.contains_key(&v) && !own(&v) && part.host_of.get(&v).copied() != spec.group {
+                continue;
+            }
             if let Some(&p) = uses.producer.get(&v) {
                 if !part.group_of.contains_key(&p) && set.insert(p) {
                     stack.extend(f.nodes[p].inputs.iter().copied());
@@ -440,11 +461,11 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
         bodies.push(Body { nodes, params });
     }
     // Every value a body reads from another kernel is exported by that kernel.
-    for b in &bodies {
+    for (si, b) in bodies.iter().enumerate() {
         for &v in &b.params {
-            if let Some(si) = uses.producer.get(&v).and_then(|&p| spec_of_node(p)) {
-                if !specs[si].exports.contains(&v) {
-                    specs[si].exports.push(v);
+            if let Some(sj) = spec_of_value(v) {
+                if sj != si && !specs[sj].exports.contains(&v) {
+                    specs[sj].exports.push(v);
                 }
             }
         }
@@ -471,9 +492,12 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             }
         }
     }
+    // A kernel launches, among those ready, in the order of its first member (a kernel of
+    // roots alone: of its first view; a graph output's view copy: of its last).
     let key = |si: usize| -> usize {
         let s = &specs[si];
-        s.members.first().map(|n| n.as_u32() as usize).or_else(|| bodies[si].nodes.last().map(|n| n.as_u32() as usize)).unwrap_or(0)
+        let chain = if s.group.is_some() { bodies[si].nodes.first() } else { bodies[si].nodes.last() };
+        s.members.first().or(chain).map(|n| n.as_u32() as usize).unwrap_or(0)
     };
     let mut order = vec![];
     let mut done = vec![false; specs.len()];
@@ -554,7 +578,7 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             && body.nodes.len() == 1
             && f.nodes[body.nodes[0]].op.kind == OpKind::Concat
             && body.params.iter().all(|v| matches!(f.values[*v].def, ValueDef::Param(_)));
-        metas.push(KernelMeta { origin: flat.origins.get(spec.origin).cloned().unwrap_or_default(), load_time });
+        metas.push(KernelMeta { origin: flat.origins.get(spec.origin).cloned().unwrap_or_default(), load_time, group: spec.group });
         kg.kernels.push(KernelData { family: spec.family, body: bf, inputs, outputs: outs });
     }
     for &o in &outputs {
@@ -605,6 +629,45 @@ pub fn lower_unfused(g: &Graph) -> Result<KernelGraph, PassError> {
     Ok(build_kernel_graph(&flat, &part)?.0)
 }
 
+/// How many times [`build_within_contract`] splits refused kernels before giving up.
+const CONTRACT_ROUNDS: usize = 8;
+
+/// Fuses `flat` within the code generator's contract ([`crate::contract`]): the contract-aware
+/// partition, [`partition::legalise`], then every built kernel is checked; a kernel outside
+/// the contract is split ([`partition::dissolve`]) and the graph rebuilt.
+///
+/// # Errors
+/// Kernels still outside the contract after `CONTRACT_ROUNDS` (8) rounds (a bug), and
+/// [`build_kernel_graph`]'s errors.
+pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
+    let f = &flat.func;
+    let uses = Uses::with(f, true);
+    let mut part = partition::fuse_with(f, cost, true);
+    partition::legalise(f, &uses, &mut part);
+    for round in 0.. {
+        let (kg, metas) = build_kernel_graph(flat, &part)?;
+        let mut refused = vec![];
+        for ((k, kd), meta) in kg.kernels.iter().zip(&metas) {
+            if let Err(e) = crate::contract::check(kd) {
+                refused.push((k, kd.family, meta.group, e));
+            }
+        }
+        if refused.is_empty() {
+            return Ok((kg, metas));
+        }
+        let splittable: Vec<usize> = refused.iter().filter_map(|r| r.2).filter(|&g| part.groups[g].nodes.len() + part.groups[g].roots.len() > 1).collect();
+        if round + 1 >= CONTRACT_ROUNDS || splittable.is_empty() {
+            let list: Vec<String> = refused.iter().map(|(k, fam, _, e)| format!("{k} ({fam:?}): {e}")).collect();
+            return Err(PassError::Lower(format!("kernels outside the code generator's contract: {}", list.join("; "))));
+        }
+        for g in splittable {
+            partition::dissolve(f, &uses, &mut part, g);
+        }
+        partition::legalise(f, &uses, &mut part);
+    }
+    unreachable!("the loop returns")
+}
+
 /// Compiles a graph to a [`KernelGraph`]: optimises every function once (saturation in
 /// phases, DAG-aware extraction), inlines the optimised bodies at their calls, merges
 /// duplicates, fuses kernels, and reports what happened.
@@ -625,8 +688,12 @@ pub fn compile(g: &Graph, opts: &PassOptions) -> Result<(KernelGraph, FusionRepo
     }
     sinter_ir::verify(&opt_graph).map_err(|e| PassError::Lower(format!("internal: the optimised graph does not verify: {e}")))?;
     let flat = reductions_to_last_axis(&cse_dce(&inline(&opt_graph)?))?;
-    let part = if opts.fuse { partition::fuse(&flat.func, &opts.cost) } else { partition::one_per_node(&flat.func) };
-    let (kg, metas) = build_kernel_graph(&flat, &part)?;
+    let (kg, metas) = if opts.fuse && opts.codegen_contract {
+        build_within_contract(&flat, &opts.cost)?
+    } else {
+        let part = if opts.fuse { partition::fuse(&flat.func, &opts.cost) } else { partition::one_per_node(&flat.func) };
+        build_kernel_graph(&flat, &part)?
+    };
     let seconds = start.elapsed().as_secs_f64();
     // The baseline: one kernel per node of the original graph.
     let base_flat = reductions_to_last_axis(&inline(g)?)?;

@@ -27,11 +27,34 @@
 //! A join is refused when it would make the kernel graph cyclic (some other operand of the
 //! node depends on the kernel being joined). Anchored kernels are preferred over pointwise
 //! ones when a node could join either.
+//!
+//! **The code generator's contract** ([`crate::contract`], on by default:
+//! [`crate::PassOptions::codegen_contract`]) narrows this to the bodies each generator
+//! accepts:
+//!
+//! - every `slice` is a view (the element evaluator reads any slice strided), so the column
+//!   slices of a merged QKV or gate/up output are read by the kernels that use them;
+//! - a matmul epilogue takes only element-wise nodes of the matmul's output shape that read
+//!   the matmul's result (or an epilogue value) directly — the epilogue sees one accumulator
+//!   element, so slices, reshapes and `rope` of the result go to the next Pointwise kernel;
+//!   `rope` joins no RowReduction either;
+//! - a Pointwise kernel used only by a `kv_append` becomes its prologue (the new K rows'
+//!   RoPE in decode);
+//! - [`legalise`]: an operand that a generator reads as a buffer (matmul and attention
+//!   operands, `kv_append`'s pages) or a graph output that is a view must be written by some
+//!   kernel: the Pointwise/Layout kernel its view chain starts from writes it when its outputs
+//!   keep one shape, otherwise a Layout kernel of its own does (a *root*: a view chain a
+//!   kernel computes and writes); Layout kernels of roots merge into a kernel of the same
+//!   output shape reading the same kernels (the V and K of a QKV split, all of GPT-2's Q, K
+//!   and V);
+//! - a kernel that still breaks the contract (checked on the built bodies) is split into
+//!   one kernel per node ([`dissolve`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use sinter_ir::{Family, Function, Node, OpClass, OpKind, Value};
+use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 
+use crate::contract::{is_elementwise, is_strict_operand, one_shape};
 use crate::cost::{is_contiguous_slice, CostConfig};
 
 /// What a node is to the partitioner.
@@ -73,6 +96,14 @@ pub fn role(f: &Function, n: Node) -> Role {
     }
 }
 
+/// The role of node `n` under the code generator's contract: every `slice` is a view.
+pub fn role_in(f: &Function, n: Node, contract: bool) -> Role {
+    if contract && f.nodes[n].op.kind == OpKind::Slice {
+        return Role::View;
+    }
+    role(f, n)
+}
+
 /// The family of a kernel made of node `n` alone (one kernel per node).
 pub fn family_alone(f: &Function, n: Node) -> Family {
     match role(f, n) {
@@ -89,8 +120,21 @@ pub struct Group {
     pub family: Family,
     /// Member nodes, in node order.
     pub nodes: Vec<Node>,
+    /// Results of view/source chains (ungrouped nodes) that this kernel computes and writes
+    /// to buffers of their own (see [`legalise`]).
+    pub roots: Vec<Value>,
     /// Largest result an epilogue node may have, in elements at the cost config's sizes.
     limit: f64,
+    /// The matmul's output shape (Matmul kernels).
+    shape: Vec<Dim>,
+    /// Split for the contract: never merged again.
+    pinned: bool,
+}
+
+impl Group {
+    fn new(family: Family, nodes: Vec<Node>, limit: f64) -> Group {
+        Group { family, nodes, roots: vec![], limit, shape: vec![], pinned: false }
+    }
 }
 
 /// A partition of a function's nodes into kernels.
@@ -100,12 +144,44 @@ pub struct Partition {
     pub groups: Vec<Group>,
     /// The kernel of each grouped node (views and sources are not grouped when fusing).
     pub group_of: HashMap<Node, usize>,
+    /// The kernel writing each root (a materialised view/source chain result).
+    pub host_of: HashMap<Value, usize>,
 }
 
 impl Partition {
     /// Indices of the non-empty kernels.
     pub fn live(&self) -> impl Iterator<Item = usize> + '_ {
-        self.groups.iter().enumerate().filter(|(_, g)| !g.nodes.is_empty()).map(|(i, _)| i)
+        self.groups.iter().enumerate().filter(|(_, g)| !g.nodes.is_empty() || !g.roots.is_empty()).map(|(i, _)| i)
+    }
+
+    /// The kernel that writes `v`: its root host, or the kernel of the node computing it.
+    pub fn source(&self, uses: &Uses, v: Value) -> Option<usize> {
+        self.host_of.get(&v).copied().or_else(|| uses.producer.get(&v).and_then(|n| self.group_of.get(n)).copied())
+    }
+
+    /// The values kernel `g` reads from its buffers to compute `v`: `v`'s view/source chain
+    /// (ungrouped nodes) is looked through, up to parameters, results of grouped nodes, and
+    /// roots of other kernels. `g = None`: every root is a boundary.
+    pub fn reads(&self, f: &Function, uses: &Uses, v: Value, g: Option<usize>) -> Vec<Value> {
+        let mut out = vec![];
+        let mut stack = vec![v];
+        let mut seen = HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            if let Some(&h) = self.host_of.get(&x) {
+                if Some(h) != g {
+                    out.push(x);
+                    continue;
+                }
+            }
+            match uses.producer.get(&x) {
+                Some(&n) if !self.group_of.contains_key(&n) => stack.extend(f.nodes[n].inputs.iter().copied()),
+                _ => out.push(x),
+            }
+        }
+        out
     }
 }
 
@@ -114,7 +190,7 @@ pub fn one_per_node(f: &Function) -> Partition {
     let mut p = Partition::default();
     for n in f.nodes.keys() {
         p.group_of.insert(n, p.groups.len());
-        p.groups.push(Group { family: family_alone(f, n), nodes: vec![n], limit: 0.0 });
+        p.groups.push(Group::new(family_alone(f, n), vec![n], 0.0));
     }
     p
 }
@@ -126,20 +202,27 @@ pub struct Uses {
     /// For every non-view/non-source node, the non-view/non-source nodes that read its
     /// results (directly or through views and sources).
     pub users: HashMap<Node, Vec<Node>>,
+    /// Roles are taken under the code generator's contract ([`role_in`]).
+    pub contract: bool,
 }
 
 impl Uses {
     /// Computes the facts.
     pub fn new(f: &Function) -> Uses {
+        Uses::with(f, false)
+    }
+
+    /// Computes the facts, with roles under the contract or not.
+    pub fn with(f: &Function, contract: bool) -> Uses {
         let mut producer = HashMap::new();
         for (n, nd) in f.nodes.iter() {
             for &r in &nd.results {
                 producer.insert(r, n);
             }
         }
-        let mut u = Uses { producer, users: HashMap::new() };
+        let mut u = Uses { producer, users: HashMap::new(), contract };
         for (m, nd) in f.nodes.iter() {
-            if matches!(role(f, m), Role::View | Role::Source) {
+            if matches!(role_in(f, m, contract), Role::View | Role::Source) {
                 continue;
             }
             for &v in &nd.inputs {
@@ -167,7 +250,7 @@ impl Uses {
                 continue;
             }
             match self.producer.get(&x) {
-                Some(&n) if matches!(role(f, n), Role::View | Role::Source) => stack.extend(f.nodes[n].inputs.iter().copied()),
+                Some(&n) if matches!(role_in(f, n, self.contract), Role::View | Role::Source) => stack.extend(f.nodes[n].inputs.iter().copied()),
                 _ => out.push(x),
             }
         }
@@ -175,13 +258,20 @@ impl Uses {
     }
 }
 
-/// Partitions `f` into fused kernels (see the module docs).
+/// Partitions `f` into fused kernels (see the module docs), without the code generator's
+/// contract.
 pub fn fuse(f: &Function, cfg: &CostConfig) -> Partition {
-    let uses = Uses::new(f);
+    fuse_with(f, cfg, false)
+}
+
+/// Partitions `f` into fused kernels; `contract`: within the code generator's contract (then
+/// [`legalise`] is still to run).
+pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
+    let uses = Uses::with(f, contract);
     let mut p = Partition::default();
     let numel = |v: Value| cfg.numel(f.ty(v));
     for (n, nd) in f.nodes.iter() {
-        let r = role(f, n);
+        let r = role_in(f, n, contract);
         let operand_groups = |p: &Partition| -> Vec<usize> {
             let mut gs = vec![];
             for &v in &nd.inputs {
@@ -209,7 +299,8 @@ pub fn fuse(f: &Function, cfg: &CostConfig) -> Partition {
                     let grp = &p.groups[g];
                     let fits = match grp.family {
                         Family::Pointwise => true,
-                        Family::Matmul | Family::RowReduction => out_n <= grp.limit,
+                        Family::Matmul => out_n <= grp.limit && (!contract || epilogue_ok(f, &uses, &p, g, n)),
+                        Family::RowReduction => out_n <= grp.limit && (!contract || nd.op.kind != OpKind::Rope),
                         _ => false,
                     };
                     fits && !creates_cycle(f, &uses, &p, g, n)
@@ -280,16 +371,69 @@ pub fn fuse(f: &Function, cfg: &CostConfig) -> Partition {
             }
             Role::Anchor(fam) => {
                 let limit = if fam == Family::Matmul { out_n } else { 0.0 };
-                new_group(&mut p, fam, n, limit);
+                let g = new_group(&mut p, fam, n, limit);
+                if fam == Family::Matmul {
+                    p.groups[g].shape = nd.results.first().map(|&r| f.ty(r).shape.clone()).unwrap_or_default();
+                }
+                if contract && fam == Family::KvAppend {
+                    // Prologue: a Pointwise kernel whose results only this kv_append reads
+                    // (through its new rows, block table or positions, never its pages).
+                    let outputs: HashSet<Value> = f.outputs.iter().copied().collect();
+                    let mut cands = vec![];
+                    for &v in nd.inputs.iter().skip(2) {
+                        for b in uses.bases(f, v) {
+                            if let Some(&h) = uses.producer.get(&b).and_then(|pn| p.group_of.get(pn)) {
+                                if !cands.contains(&h) {
+                                    cands.push(h);
+                                }
+                            }
+                        }
+                    }
+                    let pages: Vec<Value> = nd.inputs.iter().take(2).flat_map(|&v| uses.bases(f, v)).collect();
+                    for h in cands {
+                        if p.groups[h].family != Family::Pointwise {
+                            continue;
+                        }
+                        let members: BTreeSet<Node> = p.groups[h].nodes.iter().copied().collect();
+                        let only_here = members.iter().all(|m| {
+                            uses.users.get(m).into_iter().flatten().all(|u| *u == n || members.contains(u))
+                                && f.nodes[*m].results.iter().all(|r| !outputs.contains(r) && !pages.contains(r))
+                        });
+                        if only_here {
+                            let moved = std::mem::take(&mut p.groups[h].nodes);
+                            for m in &moved {
+                                p.group_of.insert(*m, g);
+                            }
+                            p.groups[g].nodes.extend(moved);
+                            p.groups[g].nodes.sort();
+                        }
+                    }
+                }
             }
         }
     }
     p
 }
 
+/// Whether element-wise node `n` may join Matmul kernel `g` as epilogue under the contract:
+/// its result has the matmul's shape, and every operand computed in `g` is the result of a
+/// member (no view between) of the matmul's shape. (The epilogue is evaluated from one
+/// accumulator element: anything reading the result at another coordinate is wrong.)
+fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> bool {
+    let nd = &f.nodes[n];
+    let shape = &p.groups[g].shape;
+    if !is_elementwise(nd.op.kind) || nd.results.iter().any(|&r| f.ty(r).shape != *shape) {
+        return false;
+    }
+    nd.inputs.iter().all(|&v| {
+        let from_g = uses.bases(f, v).iter().any(|b| uses.producer.get(b).and_then(|pn| p.group_of.get(pn)) == Some(&g));
+        !from_g || (uses.producer.get(&v).and_then(|pn| p.group_of.get(pn)) == Some(&g) && f.ty(v).shape == *shape)
+    })
+}
+
 fn new_group(p: &mut Partition, family: Family, n: Node, limit: f64) -> usize {
     let g = p.groups.len();
-    p.groups.push(Group { family, nodes: vec![n], limit });
+    p.groups.push(Group::new(family, vec![n], limit));
     p.group_of.insert(n, g);
     g
 }
@@ -352,4 +496,232 @@ fn reaches(uses: &Uses, p: &Partition, from: usize, to: usize) -> bool {
         }
     }
     false
+}
+
+/// What the kernels of a partition read from each other.
+#[derive(Clone, Debug)]
+pub struct Flow {
+    /// Per kernel: the values it writes for other kernels and the graph outputs, in the order
+    /// they are first read.
+    pub exports: Vec<Vec<Value>>,
+    /// Per kernel: the kernels it reads.
+    pub deps: Vec<BTreeSet<usize>>,
+    /// Per kernel: the kernels reading it.
+    pub readers: Vec<BTreeSet<usize>>,
+}
+
+/// Computes the [`Flow`] of `p`.
+pub fn flow(f: &Function, uses: &Uses, p: &Partition) -> Flow {
+    let n = p.groups.len();
+    let mut exports: Vec<Vec<Value>> = vec![vec![]; n];
+    let mut deps = vec![BTreeSet::new(); n];
+    let mut readers = vec![BTreeSet::new(); n];
+    for g in p.live() {
+        let grp = &p.groups[g];
+        let vals = grp.nodes.iter().flat_map(|&m| f.nodes[m].inputs.iter().copied()).chain(grp.roots.iter().copied());
+        for v in vals {
+            for x in p.reads(f, uses, v, Some(g)) {
+                if let Some(s) = p.source(uses, x) {
+                    if s != g {
+                        deps[g].insert(s);
+                        readers[s].insert(g);
+                        if !exports[s].contains(&x) {
+                            exports[s].push(x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for &o in &f.outputs {
+        if let Some(s) = p.source(uses, o) {
+            if !exports[s].contains(&o) {
+                exports[s].push(o);
+            }
+        }
+    }
+    Flow { exports, deps, readers }
+}
+
+/// The shape of `v` once trailing reshapes (ungrouped, computed in the kernel) are peeled, as
+/// the pointwise generator writes its outputs.
+fn peeled_shape(f: &Function, uses: &Uses, p: &Partition, g: usize, mut v: Value) -> Vec<Dim> {
+    loop {
+        match uses.producer.get(&v) {
+            Some(&n) if !p.group_of.contains_key(&n) && f.nodes[n].op.kind == OpKind::Reshape && p.host_of.get(&v).is_none_or(|&h| h == g) => {
+                v = f.nodes[n].inputs[0];
+            }
+            _ => return f.ty(v).shape.clone(),
+        }
+    }
+}
+
+/// Whether kernel `g` of a pointwise family can write `values` (one shape, peeled or not).
+fn writes_one_shape(f: &Function, uses: &Uses, p: &Partition, g: usize, values: &[Value]) -> bool {
+    let plain: Vec<Vec<Dim>> = values.iter().map(|&v| f.ty(v).shape.clone()).collect();
+    let peeled: Vec<Vec<Dim>> = values.iter().map(|&v| peeled_shape(f, uses, p, g, v)).collect();
+    one_shape(&plain, &peeled)
+}
+
+fn pointwise_engine(fam: Family) -> bool {
+    matches!(fam, Family::Pointwise | Family::Layout | Family::Gather)
+}
+
+/// A new kernel writing root `v` alone: Layout when its chain has a view, else Pointwise.
+fn root_group(f: &Function, uses: &Uses, p: &mut Partition, v: Value, pinned: bool) -> usize {
+    let mut has_view = false;
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x) || (x != v && p.host_of.contains_key(&x)) {
+            continue;
+        }
+        if let Some(&n) = uses.producer.get(&x) {
+            if !p.group_of.contains_key(&n) {
+                has_view |= role_in(f, n, uses.contract) == Role::View;
+                stack.extend(f.nodes[n].inputs.iter().copied());
+            }
+        }
+    }
+    let g = p.groups.len();
+    let mut grp = Group::new(if has_view { Family::Layout } else { Family::Pointwise }, vec![], 0.0);
+    grp.pinned = pinned;
+    grp.roots.push(v);
+    p.groups.push(grp);
+    p.host_of.insert(v, g);
+    g
+}
+
+/// Makes a fused partition meet the code generator's contract where kernels read buffers
+/// (see the module docs): every operand a generator needs as a kernel input and every graph
+/// output that a view/source chain computes becomes a root of some kernel; roots stay out of
+/// kernels whose outputs would then differ in shape; kernels of roots alone merge into kernels
+/// of the same output shape that read the same kernels, where that closes no cycle.
+pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
+    // 1. Roots.
+    let mut need: Vec<Value> = vec![];
+    for g in p.live().collect::<Vec<_>>() {
+        for &m in &p.groups[g].nodes {
+            let nd = &f.nodes[m];
+            for (i, &v) in nd.inputs.iter().enumerate() {
+                if is_strict_operand(nd.op.kind, i) && !need.contains(&v) {
+                    need.push(v);
+                }
+            }
+        }
+    }
+    for &o in &f.outputs {
+        if !need.contains(&o) {
+            need.push(o);
+        }
+    }
+    need.retain(|v| uses.producer.contains_key(v) && p.source(uses, *v).is_none());
+    for v in need {
+        let srcs: BTreeSet<usize> = p.reads(f, uses, v, None).into_iter().filter_map(|x| p.source(uses, x)).collect();
+        match srcs.first() {
+            Some(&h) if srcs.len() == 1 && pointwise_engine(p.groups[h].family) && !p.groups[h].pinned => {
+                p.groups[h].roots.push(v);
+                p.host_of.insert(v, h);
+            }
+            _ => {
+                root_group(f, uses, p, v, false);
+            }
+        }
+    }
+    // 2. A kernel whose outputs would differ in shape writes none of its roots.
+    loop {
+        let fl = flow(f, uses, p);
+        let mut changed = false;
+        for g in p.live().collect::<Vec<_>>() {
+            if !pointwise_engine(p.groups[g].family) || p.groups[g].roots.is_empty() || writes_one_shape(f, uses, p, g, &fl.exports[g]) {
+                continue;
+            }
+            let keep = usize::from(p.groups[g].nodes.is_empty());
+            if p.groups[g].roots.len() <= keep {
+                continue;
+            }
+            let moved: Vec<Value> = p.groups[g].roots.drain(keep..).collect();
+            let pinned = p.groups[g].pinned;
+            for r in moved {
+                p.host_of.remove(&r);
+                root_group(f, uses, p, r, pinned);
+            }
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+    // 3. Kernels of roots alone merge into a kernel of the same output shape (kernels with
+    //    nodes first) that reads every kernel they read, unless a reader of theirs reaches it;
+    //    one merge per round (two merges checked on the same flow could close a cycle
+    //    together).
+    loop {
+        let fl = flow(f, uses, p);
+        let live: Vec<usize> = p.live().collect();
+        let mut order: Vec<usize> = live.iter().copied().filter(|&q| !p.groups[q].nodes.is_empty()).collect();
+        order.extend(live.iter().copied().filter(|&q| p.groups[q].nodes.is_empty()));
+        // The kernels reaching `q` (its ancestors), computed once per kernel per round.
+        let mut ancestors: HashMap<usize, HashSet<usize>> = HashMap::new();
+        let mut merged = None;
+        'outer: for &pg in &live {
+            let grp = &p.groups[pg];
+            if !grp.nodes.is_empty() || grp.pinned || grp.roots.is_empty() {
+                continue;
+            }
+            for &q in &order {
+                let qg = &p.groups[q];
+                if q == pg || qg.pinned || !pointwise_engine(qg.family) || !fl.deps[pg].is_subset(&fl.deps[q]) {
+                    continue;
+                }
+                let mut vals = fl.exports[q].clone();
+                vals.extend(fl.exports[pg].iter().copied());
+                if !writes_one_shape(f, uses, p, q, &vals) {
+                    continue;
+                }
+                let anc = ancestors.entry(q).or_insert_with(|| {
+                    let mut seen = HashSet::new();
+                    let mut stack = vec![q];
+                    while let Some(g) = stack.pop() {
+                        if seen.insert(g) {
+                            stack.extend(fl.deps[g].iter().copied());
+                        }
+                    }
+                    seen
+                });
+                if fl.readers[pg].iter().any(|r| anc.contains(r)) {
+                    continue;
+                }
+                merged = Some((pg, q));
+                break 'outer;
+            }
+        }
+        let Some((pg, q)) = merged else { break };
+        let roots = std::mem::take(&mut p.groups[pg].roots);
+        for &r in &roots {
+            p.host_of.insert(r, q);
+        }
+        p.groups[q].roots.extend(roots);
+        if p.groups[pg].family == Family::Pointwise && p.groups[q].family == Family::Layout {
+            p.groups[q].family = Family::Pointwise;
+        }
+    }
+}
+
+/// Splits kernel `g` into one kernel per node and one per root, none of which merges again
+/// (for a kernel the contract check refused).
+pub fn dissolve(f: &Function, uses: &Uses, p: &mut Partition, g: usize) {
+    let nodes = std::mem::take(&mut p.groups[g].nodes);
+    let roots = std::mem::take(&mut p.groups[g].roots);
+    for n in nodes {
+        let h = new_group(p, family_alone(f, n), n, 0.0);
+        p.groups[h].pinned = true;
+        if p.groups[h].family == Family::Matmul {
+            p.groups[h].shape = f.nodes[n].results.first().map(|&r| f.ty(r).shape.clone()).unwrap_or_default();
+        }
+    }
+    for r in roots {
+        p.host_of.remove(&r);
+        root_group(f, uses, p, r, true);
+    }
 }

@@ -185,7 +185,7 @@ impl FusionReport {
             }
         }
         let cfg = &opts.cost;
-        let meta = KernelMeta { origin: String::new(), load_time: false };
+        let meta = KernelMeta { origin: String::new(), load_time: false, group: None };
         let base_reports: Vec<KernelReport> = base.kernels.iter().map(|(k, kd)| KernelReport::new(k, kd, base, &meta, cfg)).collect();
         let mut aliases = vec![];
         for kd in kg.kernels.values() {

@@ -1,0 +1,346 @@
+//! The code generator's contract: which kernel bodies each family's generator accepts.
+//!
+//! `sinter-codegen` generates one family per file (`codegen/src/kernels/`); each generator
+//! accepts only some bodies and answers `Unsupported` for the rest. The passes do not depend
+//! on the code generator (ARCHITECTURE.md: the arrows point one way), so the rules are
+//! restated here, and [`check`] runs them on every kernel that [`crate::compile`] produces
+//! under [`crate::PassOptions::codegen_contract`]: a kernel outside them is split
+//! ([`crate::partition::dissolve`]) and the graph rebuilt.
+//!
+//! | family | body |
+//! |---|---|
+//! | Pointwise, Layout, Gather | element-wise ops, sources and views (no matmul, attention, `kv_append`, row reductions); every output of one shape, or of one shape once trailing `reshape`s are peeled |
+//! | RowReduction | row nodes (`reduce_*`, `softmax`, `log_softmax`, `rms_norm`, `layer_norm`) over the last axis of operands of one shape `[L…, N]`, element-wise prologue and epilogue; every output (trailing reshapes peeled) `[L…, N]`, `[L…, 1]` or `[L…]` |
+//! | Matmul | exactly one `matmul` of two float kernel inputs of one dtype; every other node element-wise; every value computed from the matmul's result has its shape and is computed from it element by element (no view, no `rope`: the epilogue sees the accumulator of one output element only); every output of the matmul's shape |
+//! | Attention, PagedAttention | exactly one `attention` / `paged_attention` node whose operands are kernel inputs and whose result is the one output |
+//! | KvAppend | one `kv_append` whose page operands are kernel inputs and whose two results are exactly the outputs; element-wise ops and views on the other operands |
+
+use std::collections::HashSet;
+
+use sinter_ir::{Dim, Family, Function, KernelData, OpClass, OpKind, Value, ValueDef};
+
+/// Whether `k` is a row node of the RowReduction family.
+pub fn is_row_node(k: OpKind) -> bool {
+    use OpKind::*;
+    matches!(k, ReduceSum | ReduceMax | ReduceMin | ReduceMean | Softmax | LogSoftmax | RmsNorm | LayerNorm)
+}
+
+/// Whether `k` computes each output element from the same element of its operands
+/// (broadcasting aside): unary, binary, comparison, `select`, `swiglu`.
+pub fn is_elementwise(k: OpKind) -> bool {
+    matches!(k.info().class, OpClass::Unary | OpClass::Binary | OpClass::Compare) || k == OpKind::Swiglu
+}
+
+/// Whether the element evaluator can compute `k` (everything but the ops that need a kernel
+/// of their own, and row nodes outside row reductions).
+fn evaluable(k: OpKind) -> bool {
+    !matches!(k, OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention | OpKind::KvAppend | OpKind::Call) && !is_row_node(k)
+}
+
+/// Operand positions of `k` that a generator reads as a buffer (they must be kernel inputs).
+pub fn is_strict_operand(k: OpKind, i: usize) -> bool {
+    match k {
+        OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention => true,
+        OpKind::KvAppend => i < 2,
+        _ => false,
+    }
+}
+
+/// Follows `v` back through `reshape` nodes of `body` (as the generators peel trailing
+/// reshapes of contiguous outputs).
+pub fn peel(body: &Function, mut v: Value) -> Value {
+    while let ValueDef::Result(n, _) = body.values[v].def {
+        let nd = &body.nodes[n];
+        if nd.op.kind != OpKind::Reshape {
+            break;
+        }
+        v = nd.inputs[0];
+    }
+    v
+}
+
+/// Whether outputs of shapes `plain` (as written) and `peeled` (trailing reshapes peeled) can
+/// be written by one pointwise kernel: all of one shape either way.
+pub fn one_shape(plain: &[Vec<Dim>], peeled: &[Vec<Dim>]) -> bool {
+    let same = |s: &[Vec<Dim>]| s.iter().all(|x| *x == s[0]);
+    plain.is_empty() || same(plain) || same(peeled)
+}
+
+/// Checks a kernel's body against its family's rules (see the module docs).
+///
+/// # Errors
+/// What the generator would reject, in words.
+pub fn check(kd: &KernelData) -> Result<(), String> {
+    let body = &kd.body;
+    if body.outputs.is_empty() {
+        return Err("the kernel has no outputs".into());
+    }
+    let is_param = |v: Value| matches!(body.values[v].def, ValueDef::Param(_));
+    match kd.family {
+        Family::Pointwise | Family::Layout | Family::Gather => {
+            if let Some(nd) = body.nodes.values().find(|nd| !evaluable(nd.op.kind)) {
+                return Err(format!("`{}` in a {:?} kernel", nd.op.kind.name(), kd.family));
+            }
+            let plain: Vec<Vec<Dim>> = body.outputs.iter().map(|&o| body.ty(o).shape.clone()).collect();
+            let peeled: Vec<Vec<Dim>> = body.outputs.iter().map(|&o| body.ty(peel(body, o)).shape.clone()).collect();
+            if !one_shape(&plain, &peeled) {
+                return Err("the outputs have different shapes".into());
+            }
+            Ok(())
+        }
+        Family::RowReduction => {
+            let mut sref: Option<Vec<Dim>> = None;
+            for nd in body.nodes.values() {
+                let k = nd.op.kind;
+                if !evaluable(k) && !is_row_node(k) {
+                    return Err(format!("`{}` in a RowReduction kernel", k.name()));
+                }
+                if !is_row_node(k) {
+                    continue;
+                }
+                let xs = body.ty(nd.inputs[0]).shape.clone();
+                if xs.is_empty() {
+                    return Err(format!("`{}` of a scalar", k.name()));
+                }
+                if let Some(a) = nd.op.int("axis") {
+                    if !(a == -1 || a + 1 == xs.len() as i64) {
+                        return Err(format!("`{}` over axis {a}, not the last", k.name()));
+                    }
+                }
+                match &sref {
+                    None => sref = Some(xs),
+                    Some(s) if *s == xs => {}
+                    Some(_) => return Err("row nodes over rows of different shapes".into()),
+                }
+            }
+            let Some(sref) = sref else { return Err("no row node".into()) };
+            let lead = sref[..sref.len() - 1].to_vec();
+            let mut lead1 = lead.clone();
+            lead1.push(Dim::constant(1));
+            for &o in &body.outputs {
+                let mut v = o;
+                loop {
+                    let sh = &body.ty(v).shape;
+                    if *sh == sref || *sh == lead1 || *sh == lead {
+                        break;
+                    }
+                    match body.values[v].def {
+                        ValueDef::Result(n, _) if body.nodes[n].op.kind == OpKind::Reshape => v = body.nodes[n].inputs[0],
+                        _ => return Err(format!("output {} is {}, neither a row nor one value per row", body.label(o), body.ty(o))),
+                    }
+                }
+            }
+            Ok(())
+        }
+        Family::Matmul => {
+            let mut mms = body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::Matmul);
+            let Some((mm, mnd)) = mms.next() else { return Err("no matmul".into()) };
+            if mms.next().is_some() {
+                return Err("more than one matmul".into());
+            }
+            if mnd.inputs.len() != 2 || mnd.results.len() != 1 || !mnd.inputs.iter().all(|&v| is_param(v)) {
+                return Err("the matmul's operands must be kernel inputs".into());
+            }
+            let (a, b) = (body.ty(mnd.inputs[0]), body.ty(mnd.inputs[1]));
+            if !a.dtype.is_float() || a.dtype != b.dtype {
+                return Err(format!("matmul of {a} and {b}"));
+            }
+            let shape = body.ty(mnd.results[0]).shape.clone();
+            let mut derived: HashSet<Value> = mnd.results.iter().copied().collect();
+            for (n, nd) in body.nodes.iter() {
+                if n == mm {
+                    continue;
+                }
+                if !evaluable(nd.op.kind) {
+                    return Err(format!("`{}` in a Matmul kernel", nd.op.kind.name()));
+                }
+                let from_mm: Vec<Value> = nd.inputs.iter().copied().filter(|v| derived.contains(v)).collect();
+                if from_mm.is_empty() {
+                    continue;
+                }
+                if !is_elementwise(nd.op.kind) {
+                    return Err(format!("`{}` of the matmul's result in the epilogue", nd.op.kind.name()));
+                }
+                if from_mm.iter().any(|&v| body.ty(v).shape != shape) || nd.results.iter().any(|&r| body.ty(r).shape != shape) {
+                    return Err("an epilogue value of another shape than the matmul's".into());
+                }
+                derived.extend(nd.results.iter().copied());
+            }
+            for &o in &body.outputs {
+                if body.ty(o).shape != shape {
+                    return Err(format!("output {} is {}, not of the matmul's shape", body.label(o), body.ty(o)));
+                }
+            }
+            Ok(())
+        }
+        Family::Attention | Family::PagedAttention => {
+            let want = if kd.family == Family::Attention { OpKind::Attention } else { OpKind::PagedAttention };
+            let mut nodes = body.nodes.values();
+            match (nodes.next(), nodes.next()) {
+                (Some(nd), None) if nd.op.kind == want => {
+                    if !nd.inputs.iter().all(|&v| is_param(v)) {
+                        return Err("operands must be kernel inputs".into());
+                    }
+                    if body.outputs.as_slice() != nd.results.as_slice() {
+                        return Err("the one output must be the node's result".into());
+                    }
+                    Ok(())
+                }
+                _ => Err(format!("the body must be exactly one `{}` node", want.name())),
+            }
+        }
+        Family::KvAppend => {
+            let mut kv = body.nodes.values().filter(|nd| nd.op.kind == OpKind::KvAppend);
+            let Some(nd) = kv.next() else { return Err("no kv_append".into()) };
+            if kv.next().is_some() {
+                return Err("more than one kv_append".into());
+            }
+            if let Some(o) = body.nodes.values().find(|o| o.op.kind != OpKind::KvAppend && !evaluable(o.op.kind)) {
+                return Err(format!("`{}` in a KvAppend kernel", o.op.kind.name()));
+            }
+            if nd.inputs.len() != 6 || !nd.inputs[..2].iter().all(|&v| is_param(v)) {
+                return Err("the page operands must be kernel inputs".into());
+            }
+            let outs: HashSet<Value> = body.outputs.iter().copied().collect();
+            let res: HashSet<Value> = nd.results.iter().copied().collect();
+            if body.outputs.len() != nd.results.len() || outs != res {
+                return Err("the outputs must be exactly the kv_append's results".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compile, PassOptions};
+    use sinter_ir::interp::{self, run_kernel_graph, Tensor};
+    use sinter_ir::{Bindings, Graph, KernelGraph};
+
+    fn refused(kg: &KernelGraph) -> Vec<String> {
+        kg.kernels.iter().filter_map(|(k, kd)| check(kd).err().map(|e| format!("{k} ({:?}): {e}", kd.family))).collect()
+    }
+
+    /// Compiles `src` with and without the contract; checks the contract holds with it and the
+    /// fused graph matches the reference (T = 5).
+    fn compile_both(src: &str) -> (KernelGraph, KernelGraph) {
+        let g: Graph = sinter_ir::parse(src).unwrap();
+        let (kg, _) = compile(&g, &PassOptions::default()).unwrap();
+        assert_eq!(refused(&kg), Vec::<String>::new());
+        let f = g.entry().unwrap();
+        let b: Bindings = [("T".to_string(), 5)].into_iter().collect();
+        let ins: Vec<Tensor> = f
+            .params
+            .iter()
+            .map(|&p| {
+                let ty = f.ty(p);
+                let shape: Vec<usize> = ty.shape.iter().map(|d| d.eval(&b).unwrap() as usize).collect();
+                Tensor::from_fn(ty.dtype, &shape, |i| ((i.iter().sum::<usize>() * 7 + 3) % 11) as f64 / 11.0 - 0.4)
+            })
+            .collect();
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let want = interp::run(&g, &f.name, &refs, &b).unwrap();
+        let got = run_kernel_graph(&kg, &refs, &b).unwrap();
+        for (w, o) in want.iter().zip(&got) {
+            crate::check::compare(w, o, false).unwrap();
+        }
+        let (free, _) = compile(&g, &PassOptions { codegen_contract: false, ..PassOptions::default() }).unwrap();
+        (kg, free)
+    }
+
+    #[test]
+    fn merged_projection_with_rope_and_attention_stays_within_the_contract() {
+        // A QKV projection whose column slices are reshaped, RoPE'd and fed to attention:
+        // unconstrained, the slices and RoPE join the matmul's epilogue and the reshapes the
+        // attention kernel; within the contract the matmul writes its whole output, RoPE runs in
+        // Pointwise kernels reading the slices strided, and attention reads buffers.
+        let src = "func @main(%x: f32[T, 16], %w: f32[32, 16], %pos: i32[T]) {
+  %qkv: f32[T, 32] = matmul(%x, %w) {transpose_b=true}
+  %q: f32[T, 16] = slice(%qkv) {start=0, end=16}
+  %k: f32[T, 8] = slice(%qkv) {start=16, end=24}
+  %v: f32[T, 8] = slice(%qkv) {start=24, end=32}
+  %q3: f32[T, 2, 8] = reshape(%q) {shape=[T, 2, 8]}
+  %k3: f32[T, 1, 8] = reshape(%k) {shape=[T, 1, 8]}
+  %p: i32[T, 1] = reshape(%pos) {shape=[T, 1]}
+  %qr: f32[T, 2, 8] = rope(%q3, %p) {theta=10000.0}
+  %kr: f32[T, 1, 8] = rope(%k3, %p) {theta=10000.0}
+  %q4: f32[1, T, 2, 8] = reshape(%qr) {shape=[1, T, 2, 8]}
+  %k4: f32[1, T, 1, 8] = reshape(%kr) {shape=[1, T, 1, 8]}
+  %v4: f32[1, T, 1, 8] = reshape(%v) {shape=[1, T, 1, 8]}
+  %o: f32[1, T, 2, 8] = attention(%q4, %k4, %v4) {scale=0.35, causal=true, heads=2, kv_heads=1, layout=\"bshd\"}
+  %o2: f32[T, 16] = reshape(%o) {shape=[T, 16]}
+  return %o2
+}";
+        let (kg, free) = compile_both(src);
+        assert!(!refused(&free).is_empty(), "the unconstrained fusion leaves the contract here");
+        let fams: Vec<Family> = kg.kernels.values().map(|k| k.family).collect();
+        // matmul; RoPE(Q); RoPE(K) with the V copy (one output shape); attention; the output's
+        // reshape copy.
+        assert_eq!(fams, [Family::Matmul, Family::Pointwise, Family::Pointwise, Family::Attention, Family::Layout], "{fams:?}");
+        let mm = kg.kernels.values().find(|k| k.family == Family::Matmul).unwrap();
+        assert_eq!(mm.body.nodes.len(), 1);
+        assert!(kg.kernels.values().any(|k| k.family == Family::Pointwise && k.body.outputs.len() == 2));
+    }
+
+    #[test]
+    fn a_kernel_outside_the_contract_is_split() {
+        // `e` and `f` fuse into one Pointwise DAG with `s`, but `f` is also an output of
+        // another shape: the kernel would write [T, 8] and [8]; it is split.
+        let src = "func @main(%x: f32[T, 8], %w: f32[8]) {
+  %e: f32[T, 8] = exp(%x)
+  %f: f32[8] = tanh(%w)
+  %s: f32[T, 8] = add(%e, %f)
+  return %s, %f
+}";
+        let (kg, free) = compile_both(src);
+        assert!(!refused(&free).is_empty());
+        assert_eq!((free.kernels.len(), kg.kernels.len()), (1, 3), "one kernel per node once split");
+    }
+
+    #[test]
+    fn check_names_what_a_generator_refuses() {
+        let body = |fam: Family, src: &str| {
+            let g = sinter_ir::parse(src).unwrap();
+            let f = g.entry().unwrap().clone();
+            check(&KernelData { family: fam, body: f, inputs: vec![], outputs: vec![] }).err().unwrap_or_default()
+        };
+        let rope = body(
+            Family::Matmul,
+            "func @k(%x: f32[4, 8], %w: f32[8, 8], %p: i32[4, 1]) {
+  %m: f32[4, 8] = matmul(%x, %w)
+  %r: f32[4, 8] = rope(%m, %p) {theta=10000.0}
+  return %r
+}",
+        );
+        assert!(rope.contains("rope"), "{rope}");
+        let view = body(
+            Family::Attention,
+            "func @k(%q: f32[1, 4, 2, 8]) {
+  %r: f32[1, 4, 2, 8] = reshape(%q) {shape=[1, 4, 2, 8]}
+  %o: f32[1, 4, 2, 8] = attention(%r, %r, %r) {scale=0.35, heads=2, kv_heads=2, layout=\"bshd\"}
+  return %o
+}",
+        );
+        assert!(view.contains("exactly one"), "{view}");
+        let shapes = body(
+            Family::Pointwise,
+            "func @k(%x: f32[4, 8], %y: f32[8]) {
+  %a: f32[4, 8] = exp(%x)
+  %b: f32[8] = exp(%y)
+  return %a, %b
+}",
+        );
+        assert!(shapes.contains("different shapes"), "{shapes}");
+        // A trailing reshape is peeled: [4, 8] and reshape([4, 8]) → [32] are one shape.
+        let peeled = body(
+            Family::Pointwise,
+            "func @k(%x: f32[4, 8]) {
+  %a: f32[4, 8] = exp(%x)
+  %b: f32[32] = reshape(%a) {shape=[32]}
+  return %a, %b
+}",
+        );
+        assert_eq!(peeled, "");
+    }
+}
