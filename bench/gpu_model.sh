@@ -15,7 +15,7 @@ ln -sf /tmp/m/model.gguf "$SINTER_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 echo b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 > "$SINTER_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf.sha256"
 echo "== SmolLM2 GPU test (fixture, greedy answer)"
 "$G/main-test" gpu_smollm2 --nocapture 2>&1 | tee "$OUT/smollm2-gpu-test.log" | grep -E "GPU|test result|panicked|skipped|max"
-for low in unfused fused; do
+for low in ${LOWERINGS:-unfused}; do
     echo "== sinter run --device gpu --lowering $low"
     "$G/sinter" run --device gpu --lowering $low --max-tokens 32 2>&1 | tee "$OUT/run-$low.log" | tail -6
     echo "== decode throughput, batch 1 ($low)"
