@@ -15,7 +15,7 @@
 //! - **Indices**: thread and block indices come from `llvm.nvvm.read.ptx.sreg.*` (32 bits,
 //!   [`KernelBuilder::tid_x`] …); index arithmetic is done in 64 bits wherever a tensor may
 //!   exceed 2³¹ elements (the generators pick the width, see
-//!   [`crate::kernels::element::IndexWidth`]).
+//!   `kernels::element::IndexWidth`).
 //! - **Floats**: `bf16`/`f16` are stored as LLVM `bfloat`/`half` and computed in `f32`:
 //!   [`KernelBuilder::to_f32`] extends, [`KernelBuilder::from_f32`] rounds to nearest even
 //!   (`fptrunc`, which the back end emits as `cvt.rn.bf16.f32` / `cvt.rn.f16.f32`), and

@@ -15,16 +15,20 @@
 //! full range", CUDA C Programming Guide, table of single-precision intrinsics: `exp2f`
 //! 2 ulp). Every error bound below adds those 2 ulp.
 //!
-//! Accuracy of the precise versions (measured on the CPU model, plus the 2 ulp of `ex2`):
+//! Accuracy of the precise versions (measured on the CPU model by this module's tests, plus
+//! the device's 2 ulp of `ex2` where it is used):
 //!
 //! | function | method | bound |
 //! |---|---|---|
-//! | [`exp`] precise | `ex2(x·log2e)` with the product's rounding error fed back (`fma`) | ≤ 3 ulp |
+//! | [`exp`] precise | `ex2(x·log2e)` with the product's rounding error fed back (`fma`) | ≤ 1 + 2 ulp |
 //! | [`exp`] fast | `ex2(x·log2e)` | ≤ 2 ulp + `|x|·2⁻²⁴` relative |
+//! | [`exp_shifted`] (softmax) | `ex2((x − y)·log2e)` | ≤ 2 ulp + `|x−y|·2⁻²³` relative |
 //! | [`log`] | Cephes `logf`: frexp, a degree-9 polynomial in `m−1` | ≤ 2 ulp |
-//! | [`tanh`] | Cephes `tanhf` below 0.625, `1 − 2/(e^{2x}+1)` above | ≤ 4 ulp |
-//! | [`sincos`] | argument reduced by `π/2` in f64 (3-term Cody–Waite with `fma`), Cephes `sinf`/`cosf` polynomials on `[−π/4, π/4]` | ≤ 2 ulp, or ≤ 1.2e-7 absolute, for `|x| < 2⁵⁰` |
-//! | [`erf`] | two minimax pieces (Njuffa): `x·P(x²)` below 0.9277, `1 − exp(Q(|x|))` above | ≤ 4 ulp |
+//! | [`tanh`] | Cephes `tanhf` below 0.625, `1 − 2/(e^{2x}+1)` above | ≤ 3 + 2 ulp |
+//! | [`sigmoid`], [`silu`] | `e = e^{−|x|}`, `1/(1+e)` or `e/(1+e)` (no overflow, subnormal tail kept) | ≤ 4 + 2 ulp |
+//! | [`erf`] | two minimax pieces (N. Juffa): `x·P(x²)` below 0.9277, `1 − exp(Q(|x|))` above | ≤ 2 + 2 ulp |
+//! | [`gelu_erf`], [`gelu_tanh`] | `x/2·(1 + erf(x/√2))` with an `erfc` tail fitted here; `x·sigmoid(2a)` | ≤ 1e-6 relative (tanh form: `(1 + |x|³/16)·1e-6`) |
+//! | [`sincos`], [`sincos_d`] | argument reduced by `π/2` in f64 (3-term Cody–Waite with `fma`), Cephes `sinf`/`cosf` polynomials on `[−π/4, π/4]` | ≤ 1.2e-7 absolute for `|x| < 2⁵⁰` |
 //! | [`pow`] | in f64: `exp(y·log|x|)` (series for both), IEEE special cases | ≤ 1 ulp |
 //!
 //! `fast` variants (used where the result is rounded to `bf16`/`f16`, whose ulp is 2¹⁵ or
@@ -445,7 +449,7 @@ fn erfc_tail<M: Ops>(m: &mut M, t: M::F, hi: M::F, lo: M::F) -> R<M::F> {
 }
 
 /// GELU, erf form: `x/2·(1 + erf(x/√2))`. For `x/√2 ≤ −0.9277` the sum `1 + erf` is
-/// `erfc(|x|/√2)`: `precise` takes it from [`erfc_tail`] with `t² = x²/2` split exactly
+/// `erfc(|x|/√2)`: `precise` takes it from `erfc_tail` with `t² = x²/2` split exactly
 /// from `x` (relative error ≤ 1e-6 in the whole tail), otherwise from the `e^{Q}` of
 /// [`erf`]'s large piece (absolute error ≤ 1e-8 of the result, enough for bf16/f16).
 pub fn gelu_erf<M: Ops>(m: &mut M, x: M::F, precise: bool) -> R<M::F> {

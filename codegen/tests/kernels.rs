@@ -769,7 +769,8 @@ int main(int argc, char **argv) {
     /// Runs `plan` (whose verified IR is `ir`) with `ctas` CTAs on `buffers` (inputs then
     /// outputs, as bytes; updated in place) and the plan's sizes evaluated as `sizes`.
     pub fn run(tools: &Tools, tag: &str, plan: &LaunchPlan, ir: &str, buffers: &mut [Vec<u8>], sizes: &[i64], ctas: u32) {
-        let dir = std::env::temp_dir().join(format!("sinter-sim-{}-{tag}", std::process::id()));
+        let safe: String = tag.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let dir = std::env::temp_dir().join(format!("sinter-sim-{}-{safe}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("k.ll"), host_ir(ir)).unwrap();
@@ -900,7 +901,12 @@ fn check_on_cpu(tag: &str, gk: &(KernelGraph, Kernel), bindings: &Bindings, inpu
     for (j, &b) in kd.outputs.iter().enumerate() {
         let bd = &g.buffers[b];
         let n = bd.ty.shape.iter().map(|d| d.eval(bindings).unwrap() as usize).product::<usize>();
-        let mut bytes = if kd.family == Family::KvAppend { buffers[j].clone() } else { vec![0xFF; n * bd.ty.dtype.size_bytes()] };
+        // KvAppend updates its pages in place: output j starts as the page input it aliases.
+        let alias = (kd.family == Family::KvAppend).then(|| page_param(&kd.body, j)).flatten();
+        let mut bytes = match alias {
+            Some(i) => buffers[i].clone(),
+            None => vec![0xFF; n * bd.ty.dtype.size_bytes()],
+        };
         bytes.extend(std::iter::repeat_n(0xA5, GUARD));
         out_meta.push((bd.ty.dtype, n));
         buffers.push(bytes);
@@ -926,6 +932,15 @@ fn check_on_cpu(tag: &str, gk: &(KernelGraph, Kernel), bindings: &Bindings, inpu
         outs.push(got);
     }
     Some(outs)
+}
+
+/// The parameter position of page operand `j` of the body's `kv_append`.
+fn page_param(body: &Function, j: usize) -> Option<usize> {
+    let nd = body.nodes.values().find(|nd| nd.op.kind == OpKind::KvAppend)?;
+    match body.values[*nd.inputs.get(j)?].def {
+        sinter_ir::ValueDef::Param(i) => Some(i),
+        _ => None,
+    }
 }
 
 fn compare(tag: &str, dt: DType, got: &[f64], want: &[f64]) {
@@ -1046,7 +1061,8 @@ fn cpu_row_reductions_match_the_interpreter() {
     let mut rng = Rng(2);
     for what in ["softmax", "log_softmax", "rms_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"] {
         for dt in [DType::F32, DType::BF16] {
-            let ns: &[(Dim, usize)] = &[(d(1), 1), (d(17), 17), (d(1000), 1000), (d(3420), 3420), (d(4096), 4096), (s("N"), 777), (d(40000), 40000)];
+            let all: &[(Dim, usize)] = &[(d(1), 1), (d(17), 17), (d(1000), 1000), (d(3420), 3420), (d(4096), 4096), (s("N"), 777), (d(40000), 40000)];
+            let ns = if what.starts_with("reduce") { &all[1..6] } else { all };
             for (nd, n) in ns {
                 let rows = 6;
                 let gk = row_kernel(dt, s("R"), nd.clone(), what);
@@ -1076,6 +1092,13 @@ fn cpu_long_rows_and_fused_rows() {
             ins.push(random(&mut rng, DType::F32, &[262144], -0.5, 0.5));
         }
         check_on_cpu(&format!("{what} 262144"), &gk, &bind(&[("R", 1)]), &ins, 1);
+    }
+    // LayerNorm of rows with a large mean and a small spread (the corrected two-pass).
+    for n in [4096usize, 100_000] {
+        let gk = row_kernel(DType::F32, s("R"), if n == 4096 { d(4096) } else { s("N") }, "layer_norm");
+        let x = with(random(&mut rng, DType::F32, &[2, n], -1.0, 1.0), |_, v| ((1000.0 + 0.01 * v) as f32) as f64);
+        let ins = [x, random(&mut rng, DType::F32, &[n], 0.5, 1.5), random(&mut rng, DType::F32, &[n], -0.5, 0.5)];
+        check_on_cpu(&format!("layer_norm offset {n}"), &gk, &bind(&[("R", 2), ("N", n as i64)]), &ins, 1);
     }
     // Decomposed softmax with a −inf mask and three outputs.
     let gk = decomposed_softmax(DType::BF16);
@@ -1130,4 +1153,109 @@ fn cpu_layout_gather_kv_append_match_the_interpreter() {
     let bt = Tensor::new(DType::I32, &[b, m], vec![4.0, 1.0, 0.0, 2.0, 5.0, 3.0]).unwrap();
     let sp = Tensor::new(DType::I32, &[b], vec![14.0, 30.0]).unwrap();
     check_on_cpu("kv_append", &gk, &bind(&[("P", p as i64), ("B", b as i64), ("T", t as i64), ("M", m as i64)]), &[kp, vp, kn, vn, bt, sp], 3);
+}
+
+/// Kernel bodies as the passes produce them for the zoo models (`tests/fused_zoo.rs` with
+/// `SINTER_DUMP_KERNELS=1`: SmolLM2-135M decode, tiny Llama decode, tiny GPT-2), run on the CPU
+/// against the interpreter.
+const ZOO_BODIES: &str = r#"
+func @k4_pointwise(%v0: bf16[T, 960], %positions: i32[T]) {
+  %v2: bf16[T, 576] = slice(%v0) {start=0, end=576}
+  %v3: bf16[T, 9, 64] = reshape(%v2) {shape=[T, 9, 64]}
+  %v4: i32[T, 1] = reshape(%positions) {shape=[T, 1]}
+  %v5: bf16[T, 9, 64] = rope(%v3, %v4) {theta=100000.0}
+  %v6: bf16[T, 9, 1, 64] = reshape(%v5) {shape=[T, 9, 1, 64]}
+  return %v6
+}
+func @k5_pointwise(%positions: i32[T]) {
+  %v1: i32[] = constant() {value=1.0, dtype=i32}
+  %v2: i32[T] = add(%positions, %v1)
+  return %v2
+}
+func @k7_layout(%block_tables: i32[2, T, M]) {
+  %v1: i32[1, T, M] = slice(%block_tables) {axis=-3, start=0, end=1}
+  %v2: i32[T, M] = reshape(%v1) {shape=[T, M]}
+  %v3: i32[1, T, M] = slice(%block_tables) {axis=-3, start=1, end=2}
+  %v4: i32[T, M] = reshape(%v3) {shape=[T, M]}
+  return %v4, %v2
+}
+func @k8_kv_append(%positions: i32[T], %v1: bf16[T, 64], %k_pages: bf16[P, 4, 2, 8], %v_pages: bf16[P, 4, 2, 8], %v4: i32[T, M]) {
+  %v5: i32[T, 1] = reshape(%positions) {shape=[T, 1]}
+  %v6: bf16[T, 16] = slice(%v1) {start=32, end=48}
+  %v7: bf16[T, 2, 8] = reshape(%v6) {shape=[T, 2, 8]}
+  %v8: bf16[T, 2, 8] = rope(%v7, %v5) {theta=10000.0}
+  %v9: bf16[T, 1, 2, 8] = reshape(%v8) {shape=[T, 1, 2, 8]}
+  %v10: bf16[T, 16] = slice(%v1) {start=48, end=64}
+  %v11: bf16[T, 1, 2, 8] = reshape(%v10) {shape=[T, 1, 2, 8]}
+  %v12: bf16[P, 4, 2, 8], %v13: bf16[P, 4, 2, 8] = kv_append(%k_pages, %v_pages, %v9, %v11, %v4, %positions)
+  return %v12, %v13
+}
+func @k14_pointwise(%v0: bf16[T, 96]) {
+  %v1: bf16[T, 48] = slice(%v0) {start=0, end=48}
+  %v2: bf16[T, 48] = slice(%v0) {start=48, end=96}
+  %v3: bf16[T, 48] = swiglu(%v1, %v2)
+  return %v3
+}
+func @k2_row_reduction(%v0: bf16[T, 32], %v1: bf16[T, 32], %w: bf16[32], %b: bf16[32]) {
+  %v4: bf16[T, 32] = add(%v0, %v1)
+  %v5: bf16[T, 32] = layer_norm(%v4, %w, %b) {eps=1e-5}
+  return %v4, %v5
+}
+func @k4_layout(%v0: bf16[T, 96]) {
+  %v1: bf16[T, 32] = slice(%v0) {start=0, end=32}
+  %v2: bf16[1, T, 4, 8] = reshape(%v1) {shape=[1, T, 4, 8]}
+  %v3: bf16[T, 32] = slice(%v0) {start=32, end=64}
+  %v4: bf16[1, T, 4, 8] = reshape(%v3) {shape=[1, T, 4, 8]}
+  %v5: bf16[T, 32] = slice(%v0) {start=64, end=96}
+  %v6: bf16[1, T, 4, 8] = reshape(%v5) {shape=[1, T, 4, 8]}
+  return %v6, %v4, %v2
+}
+func @k1_row_reduction(%v0: bf16[T, 576], %w: bf16[576]) {
+  %v2: bf16[T, 576] = rms_norm(%v0, %w) {eps=1e-5}
+  return %v2
+}
+func @k0_gather(%token_embd.weight: bf16[49152, 576], %tokens: i64[T]) {
+  %v2: bf16[T, 576] = gather(%token_embd.weight, %tokens)
+  return %v2
+}
+"#;
+
+#[test]
+fn cpu_zoo_bodies_match_the_interpreter() {
+    let g = sinter_ir::parse(ZOO_BODIES).unwrap_or_else(|e| panic!("{e}"));
+    let mut rng = Rng(6);
+    let (t, p, m) = (3usize, 16usize, 3usize);
+    let b = bind(&[("T", t as i64), ("P", p as i64), ("M", m as i64)]);
+    for f in g.funcs.values() {
+        let family = match f.name.split_once('_').map(|(_, fam)| fam) {
+            Some("pointwise") => Family::Pointwise,
+            Some("layout") => Family::Layout,
+            Some("kv_append") => Family::KvAppend,
+            Some("row_reduction") => Family::RowReduction,
+            Some("gather") => Family::Gather,
+            other => panic!("{other:?}"),
+        };
+        let inputs: Vec<Tensor> = f
+            .params
+            .iter()
+            .map(|&v| {
+                let tt = f.ty(v);
+                let shape: Vec<usize> = tt.shape.iter().map(|d| d.eval(&b).unwrap() as usize).collect();
+                let name = f.values[v].name.clone().unwrap_or_default();
+                let (lo, hi) = match (name.as_str(), tt.dtype, shape.len()) {
+                    ("positions", _, _) => (0.0, (m * 4) as f64),
+                    ("tokens", _, _) => (0.0, 49152.0),
+                    (_, DType::I32, _) => (0.0, p as f64),
+                    _ => (-3.0, 3.0),
+                };
+                if tt.dtype == DType::I32 && shape.len() == 2 {
+                    // A block table: distinct pages per sequence, so no two tokens share a slot.
+                    let cols = shape[1];
+                    return Tensor::from_fn(DType::I32, &shape, |ix| ((ix[0] * cols + ix[1]) % p) as f64);
+                }
+                random(&mut rng, tt.dtype, &shape, lo, hi)
+            })
+            .collect();
+        check_on_cpu(&f.name, &single(family, f.clone()), &b, &inputs, 2);
+    }
 }

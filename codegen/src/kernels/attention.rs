@@ -37,6 +37,12 @@
 //! to `[0, M·S]` and a page number to `[0, P)`, so a corrupt table cannot fault (the
 //! interpreter reports those as errors).
 //!
+//! # Bodies
+//! One `attention` / `paged_attention` node whose operands are kernel inputs, possibly through
+//! views (`reshape` of a contiguous buffer, `slice` — the passes reshape `[T, H, D]` rows into
+//! `[1, T, H, D]` and slice one layer's block table out of all layers'), and whose result is
+//! the kernel's one output, possibly through `reshape`s into a contiguous buffer.
+//!
 //! # Schedules
 //! [`AttentionSchedule`] (warps, rows per warp) is a parameter; [`choose_prefill_schedule`] and
 //! [`choose_paged_schedule`] pick the largest query tile that fits 48 KiB of static shared
@@ -46,7 +52,7 @@
 use inkwell::context::Context;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
-use sinter_ir::{BufferData, DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind, ValueDef};
+use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
 use super::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
 use super::KernelCtx;
@@ -636,8 +642,8 @@ impl Prefill {
 }
 
 /// Generates prefill attention kernel `kernel` of `graph` ([`Family::Attention`], one
-/// `attention` node of kernel inputs q, k, v and an optional additive mask) with the schedule
-/// [`choose_prefill_schedule`] picks.
+/// `attention` node of kernel inputs q, k, v and an optional additive mask, through views;
+/// see the module docs) with the schedule [`choose_prefill_schedule`] picks.
 ///
 /// Shapes: q `[B, H, Sq, D]`, k `[B, Hkv, Skv, D]`, v `[B, Hkv, Skv, Dv]` (`bshd`: `[B, S, H,
 /// D]`; any strides), mask broadcasting to `[B, H, Sq, Skv]`; D and Dv constants ≤ 256, B,
@@ -849,8 +855,8 @@ impl Paged {
 }
 
 /// Generates paged decode attention kernel `kernel` of `graph` ([`Family::PagedAttention`],
-/// one `paged_attention` node of kernel inputs) with the schedule [`choose_paged_schedule`]
-/// picks.
+/// one `paged_attention` node of kernel inputs, through views; see the module docs) with the
+/// schedule [`choose_paged_schedule`] picks.
 ///
 /// Shapes: q `[B, H, T, D]`, k_pages / v_pages `[P, S, Hkv, D]`, block_table `[B, M]` i32,
 /// seq_lens `[B]` i32, output like q; D a constant ≤ 256; B, T, P, S, M any. Grid
@@ -955,6 +961,7 @@ fn build_paged<'ctx>(kit: &Kit<'ctx>, p: &Paged, c: &Core) -> R<()> {
 mod tests {
     use super::*;
     use crate::kernels::matmul::tests::{assemble, d, plan_line, single_kernel, sym, ty};
+    use sinter_ir::interp::Tensor;
     use sinter_ir::{Attr, FunctionBuilder, Graph, KernelParam};
 
     /// `attention(q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], mask [Sq, Skv]?)`.
@@ -1120,6 +1127,162 @@ mod tests {
         // The wrong generator for the family.
         let (g, kk) = paged(DType::BF16, 4, 2, d(1), 64, 16);
         assert!(matches!(generate_prefill(&g, kk, &Target::SM_80), Err(CodegenError::BadKernel { .. })));
+    }
+
+    /// The attention kernels the passes produce for a Llama layer (SmolLM2 sizes): operands
+    /// are reshaped kernel inputs, the paged kernel's block table a slice of the per-layer
+    /// tables.
+    #[test]
+    fn llama_layer_bodies() {
+        // Prefill: q [T, 9, 64], k [T, 3, 64], v [T, 192] viewed as [1, T, H, 64] (bshd).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let q = fb.param("q", ty(DType::BF16, &[sym("T"), d(9), d(64)]));
+        let k = fb.param("k", ty(DType::BF16, &[sym("T"), d(3), d(64)]));
+        let v = fb.param("v", ty(DType::BF16, &[sym("T"), d(192)]));
+        let view = |fb: &mut FunctionBuilder, x, h| fb.op1(OpKind::Reshape, &[x], vec![("shape", Attr::Dims(vec![d(1), sym("T"), d(h), d(64)]))]).unwrap();
+        let (q4, k4, v4) = (view(&mut fb, q, 9), view(&mut fb, k, 3), view(&mut fb, v, 3));
+        let attrs = vec![("scale", Attr::Float(0.125)), ("causal", Attr::Bool(true)), ("heads", Attr::Int(9)), ("kv_heads", Attr::Int(3)), ("layout", Attr::Str("bshd".into()))];
+        let o = fb.op1(OpKind::Attention, &[q4, k4, v4], attrs).unwrap();
+        let (g, kk) = single_kernel(Family::Attention, fb.finish(&[o]).unwrap());
+        // Decode: block_tables [L, T, M] sliced to layer 1, q [T, 9, 64] viewed as [T, 9, 1, 64].
+        let mut fb = FunctionBuilder::new(&Graph::new(), "decode");
+        let tables = fb.param("block_tables", ty(DType::I32, &[d(2), sym("T"), sym("M")]));
+        let q = fb.param("q", ty(DType::BF16, &[sym("T"), d(9), d(64)]));
+        let kp = fb.param("k_pages", ty(DType::BF16, &[sym("P"), d(16), d(3), d(64)]));
+        let vp = fb.param("v_pages", ty(DType::BF16, &[sym("P"), d(16), d(3), d(64)]));
+        let lens = fb.param("seq_lens", ty(DType::I32, &[sym("T")]));
+        let t1 = fb.op1(OpKind::Slice, &[tables], vec![("axis", Attr::Int(-3)), ("start", Attr::Dim(d(1))), ("end", Attr::Dim(d(2)))]).unwrap();
+        let bt = fb.op1(OpKind::Reshape, &[t1], vec![("shape", Attr::Dims(vec![sym("T"), sym("M")]))]).unwrap();
+        let q4 = fb.op1(OpKind::Reshape, &[q], vec![("shape", Attr::Dims(vec![sym("T"), d(9), d(1), d(64)]))]).unwrap();
+        let attrs = vec![("scale", Attr::Float(0.125)), ("causal", Attr::Bool(true)), ("heads", Attr::Int(9)), ("kv_heads", Attr::Int(3))];
+        let o = fb.op1(OpKind::PagedAttention, &[q4, kp, vp, bt, lens], attrs).unwrap();
+        let o3 = fb.op1(OpKind::Reshape, &[o], vec![("shape", Attr::Dims(vec![sym("T"), d(576)]))]).unwrap();
+        let (gp, kp) = single_kernel(Family::PagedAttention, fb.finish(&[o3]).unwrap());
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            let plans = [generate_prefill(&g, kk, &t).unwrap(), generate_paged(&gp, kp, &t).unwrap()];
+            for plan in &plans {
+                let Some(report) = assemble(plan) else { return };
+                text.push_str(&format!("{}\n{report}", plan_line(plan)));
+            }
+            assert!(plans[0].ptx.contains("ld.global.nc.v4"), "the reshaped operands are still contiguous");
+        }
+        insta::assert_snapshot!("attention_llama_ptxas", text);
+        // The block table's view: layer 1 starts T·M elements in.
+        let p = Paged::analyse(&gp, kp).unwrap();
+        assert_eq!(p.table.1, sym("M").mul(&sym("T")));
+        // A reshape of a strided input is refused.
+        let mut g2 = g.clone();
+        let qb = g2.kernels[kk].inputs[0];
+        g2.buffers[qb].layout.strides = vec![d(1), sym("T"), sym("T").scale(9)];
+        let e = generate_prefill(&g2, kk, &Target::SM_80).unwrap_err();
+        assert!(e.to_string().contains("reshapes a strided view"), "{e}");
+    }
+
+    fn bind(pairs: &[(&str, i64)]) -> sinter_ir::Bindings {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    fn with_values(t: Tensor, edits: &[(usize, f64)]) -> Tensor {
+        let mut data = t.data().to_vec();
+        for &(i, v) in edits {
+            data[i] = v;
+        }
+        Tensor::new(t.dtype(), t.shape(), data).unwrap()
+    }
+
+    /// Prefill attention emulated on the CPU against the interpreter (see
+    /// `matmul::emu`): causal with Sq ≠ Skv both ways, GQA, tails, an additive mask with
+    /// fully masked rows, NaN where the reference reads it and where it does not.
+    #[test]
+    fn emulated_prefill_matches_interpreter() {
+        use crate::kernels::matmul::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_80);
+        // GQA 4/2, D = 64, causal, Sq = T, Skv = S.
+        let (g, k) = prefill(DType::BF16, 4, 2, sym("T"), sym("S"), 64, 64, true, false);
+        for (b, t, sk) in [(1usize, 37usize, 50usize), (2, 50, 37), (1, 1, 70), (1, 33, 0), (1, 3, 1)] {
+            let ins = [random(DType::BF16, &[b, 4, t, 64], 1), random(DType::BF16, &[b, 2, sk, 64], 2), random(DType::BF16, &[b, 2, sk, 64], 3)];
+            check(&format!("bf16 causal GQA B={b} Sq={t} Skv={sk}"), &g, k, gen, &ins, &bind(&[("B", b as i64), ("T", t as i64), ("S", sk as i64)]));
+        }
+        // f32, not causal, D = 40 (no 16-byte chunks), an additive mask [Sq, Skv] with one row
+        // fully −inf, scattered −inf, and NaN in K at a key row 5 cannot see (causal off here:
+        // every row sees it, so rows become NaN exactly as in the reference).
+        let (g, k) = prefill(DType::F32, 2, 1, sym("T"), sym("S"), 40, 40, false, true);
+        let (t, sk) = (19usize, 45usize);
+        let mut mask = vec![0.0; t * sk];
+        for j in 0..sk {
+            mask[4 * sk + j] = f64::NEG_INFINITY; // row 4: fully masked → 0
+        }
+        for (i, m) in mask.iter_mut().enumerate() {
+            if i % 7 == 3 {
+                *m = f64::NEG_INFINITY;
+            }
+        }
+        let mask = Tensor::new(DType::F32, &[t, sk], mask).unwrap();
+        let ins = [random(DType::F32, &[1, 2, t, 40], 4), random(DType::F32, &[1, 1, sk, 40], 5), random(DType::F32, &[1, 1, sk, 40], 6), mask.clone()];
+        check("f32 masked, fully masked row", &g, k, gen, &ins, &bind(&[("B", 1), ("T", t as i64), ("S", sk as i64)]));
+        // NaN in V at keys the mask hides from every row (−inf in all rows for key 40..45) but
+        // in a tile that also holds visible keys: the reference multiplies 0·NaN there, so
+        // every row whose 16-key tile holding key 40 is not all −inf becomes NaN.
+        let mut mdata = mask.data().to_vec();
+        for i in 0..t {
+            for j in 40..sk {
+                mdata[i * sk + j] = f64::NEG_INFINITY;
+            }
+        }
+        let mask2 = Tensor::new(DType::F32, &[t, sk], mdata).unwrap();
+        let v_nan = with_values(random(DType::F32, &[1, 1, sk, 40], 6), &[(41 * 40 + 3, f64::NAN)]);
+        let ins = [ins[0].clone(), ins[1].clone(), v_nan, mask2];
+        check("f32 NaN in V under a −inf mask", &g, k, gen, &ins, &bind(&[("B", 1), ("T", t as i64), ("S", sk as i64)]));
+        // Causal: NaN in K and V at keys hidden from early rows stays out of them; NaN in q
+        // row 2 makes exactly that row NaN.
+        let (g, k) = prefill(DType::F32, 2, 2, sym("T"), sym("T"), 32, 32, true, false);
+        let t = 40usize;
+        let q = with_values(random(DType::F32, &[1, 2, t, 32], 7), &[(2 * 32 + 5, f64::NAN)]);
+        let kk = with_values(random(DType::F32, &[1, 2, t, 32], 8), &[(30 * 32 + 1, f64::NAN)]);
+        let v = with_values(random(DType::F32, &[1, 2, t, 32], 9), &[(35 * 32 + 2, f64::NAN)]);
+        check("f32 causal NaN", &g, k, gen, &[q, kk, v], &bind(&[("B", 1), ("T", t as i64)]));
+        // D = 80, Dv = 96 (two head dims), bf16, causal with Sq > Skv (the first rows see nothing).
+        let (g, k) = prefill(DType::BF16, 2, 1, sym("T"), sym("S"), 80, 96, true, false);
+        let ins = [random(DType::BF16, &[1, 2, 20, 80], 10), random(DType::BF16, &[1, 1, 9, 80], 11), random(DType::BF16, &[1, 1, 9, 96], 12)];
+        check("bf16 D80 Dv96 Sq>Skv", &g, k, gen, &ins, &bind(&[("B", 1), ("T", 20), ("S", 9)]));
+        // Other schedules agree.
+        let (g, k) = prefill(DType::BF16, 4, 2, sym("T"), sym("S"), 64, 64, true, false);
+        let ins = [random(DType::BF16, &[1, 4, 21, 64], 13), random(DType::BF16, &[1, 2, 40, 64], 14), random(DType::BF16, &[1, 2, 40, 64], 15)];
+        for sch in [AttentionSchedule { warps: 4, rows_per_warp: 1 }, AttentionSchedule { warps: 2, rows_per_warp: 8 }] {
+            let gen_s = |g: &KernelGraph, k: Kernel| generate_prefill_with(g, k, &Target::SM_80, &sch);
+            check(&format!("bf16 schedule {sch:?}"), &g, k, gen_s, &ins, &bind(&[("B", 1), ("T", 21), ("S", 40)]));
+        }
+    }
+
+    /// Paged decode emulated against the interpreter: lengths 0, 1, a partly filled last
+    /// page, a full table; pages in scrambled order; T = 1 and T = 3 (causal within the
+    /// step); GQA 4/2.
+    #[test]
+    fn emulated_paged_matches_interpreter() {
+        use crate::kernels::matmul::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate_paged(g, k, &Target::SM_80);
+        let (b, pages, page, m) = (4usize, 12usize, 4usize, 3usize);
+        let table: Vec<f64> = (0..b * m).map(|i| ((i * 7 + 3) % pages) as f64).collect();
+        let table = Tensor::new(DType::I32, &[b, m], table).unwrap();
+        let lens = Tensor::new(DType::I32, &[b], vec![0.0, 1.0, 6.0, 12.0]).unwrap();
+        for tq in [1usize, 3] {
+            let (g, k) = paged(DType::BF16, 4, 2, d(tq as i64), 64, page as i64);
+            let ins = [
+                random(DType::BF16, &[b, 4, tq, 64], 20),
+                random(DType::BF16, &[pages, page, 2, 64], 21),
+                random(DType::BF16, &[pages, page, 2, 64], 22),
+                table.clone(),
+                lens.clone(),
+            ];
+            check(&format!("bf16 paged T={tq}"), &g, k, gen, &ins, &bind(&[("B", b as i64), ("P", pages as i64), ("M", m as i64)]));
+        }
+        // f32, D = 32, T symbolic, one sequence much longer than a tile (40 keys).
+        let (g, k) = paged(DType::F32, 2, 1, sym("T"), 32, 16);
+        let table = Tensor::new(DType::I32, &[2, 3], vec![2.0, 0.0, 1.0, 5.0, 4.0, 3.0]).unwrap();
+        let lens = Tensor::new(DType::I32, &[2], vec![40.0, 17.0]).unwrap();
+        let ins = [random(DType::F32, &[2, 2, 2, 32], 23), random(DType::F32, &[6, 16, 1, 32], 24), random(DType::F32, &[6, 16, 1, 32], 25), table, lens];
+        check("f32 paged T=2", &g, k, gen, &ins, &bind(&[("B", 2), ("T", 2), ("P", 6), ("M", 3)]));
     }
 
     /// The `bshd` layout and non-contiguous strides (q a transposed view) generate and

@@ -160,8 +160,9 @@ pub(crate) enum RowScalars<'ctx> {
     RmsNorm { r: FloatValue<'ctx> },
     /// `layer_norm` after the mean pass.
     LayerNormMean { mean: FloatValue<'ctx> },
-    /// `layer_norm`, complete: `r = 1/√(var + eps)`.
-    LayerNorm { mean: FloatValue<'ctx>, r: FloatValue<'ctx> },
+    /// `layer_norm`, complete: the row mean is `mean + d` (`mean` the first pass's, `d` the
+    /// second pass's correction), `r = 1/√(var + eps)`.
+    LayerNorm { mean: FloatValue<'ctx>, d: FloatValue<'ctx>, r: FloatValue<'ctx> },
 }
 
 /// The evaluator: emits IR computing body values at coordinates.
@@ -1346,13 +1347,14 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 }
                 Ok(out)
             }
-            (LayerNorm, RowScalars::LayerNorm { mean, r }) => {
+            (LayerNorm, RowScalars::LayerNorm { mean, d, r }) => {
                 let cs = self.centered(node, mean, at)?;
                 let ws = self.operand(node, 1, result, at)?;
                 let bs = self.operand(node, 2, result, at)?;
                 let mut out = Vec::with_capacity(cs.len());
                 for ((c, w), b) in cs.into_iter().zip(ws).zip(bs) {
-                    let h = self.kb.fmul(c.f()?, r)?;
+                    let c = self.kb.fsub(c.f()?, d)?;
+                    let h = self.kb.fmul(c, r)?;
                     let h = self.kb.round_to(h, dt)?;
                     let o = self.kb.ffma(h, w.f()?, b.f()?)?;
                     out.push(Scalar::F(self.kb.round_to(o, dt)?));

@@ -1,15 +1,31 @@
 //! The matmul family ([`Family::Matmul`]): a (batched) matrix product with a fused
-//! element-wise epilogue, on CUDA cores, correct for every shape.
+//! epilogue, on CUDA cores, correct for every shape.
 //!
 //! # What a kernel computes
-//! The body holds one `matmul` node `c = a · b` (`a [..., M, K]`, `b [..., K, N]` after the
+//! The body holds one `matmul` node `R = a · b` (`a [..., M, K]`, `b [..., K, N]` after the
 //! optional `transpose_a` / `transpose_b` of the last two axes; batch axes broadcast by NumPy
-//! rules; `bf16`, `f16` or `f32` operands of one dtype) whose operands are kernel inputs, and
-//! any element-wise epilogue the shared element evaluator (`kernels::element`) computes, per
-//! output element, from the matmul's result, the other kernel inputs and constants: a bias
-//! `[N]` broadcast over rows, a residual `[..., M, N]`, `cast`, `silu`, `gelu`, `mul`,
-//! `select`, … Every kernel output is a value of the body with the matmul's output shape
-//! `[..., M, N]` (the matmul's result itself, or an epilogue value).
+//! rules; `bf16`, `f16` or `f32` operands of one dtype) whose operands are kernel inputs,
+//! possibly through views (`reshape` of a contiguous buffer, `slice`: the passes leave them at
+//! the start of a body), and an epilogue that the shared element evaluator
+//! (`kernels::element`) computes from R, the other kernel inputs (any views, any broadcast)
+//! and constants. The epilogue decides how N is tiled (`Epi`):
+//! - **direct** — every output is R or an element-wise function of R at the same element
+//!   (bias `[N]` over rows, residual `[..., M, N]`, `cast`, `silu`, `gelu`, `mul`, `select`,
+//!   …): each thread evaluates it from its accumulators;
+//! - **columns** — each output comes from one column segment of R (a `slice` of its last
+//!   axis, or all of R, possibly after element-wise ops such as GPT-2's QKV bias) through
+//!   element-wise ops, `reshape`s and `rope` (a merged QKV projection with RoPE on Q and K):
+//!   the CTA's accumulator tile is staged in shared memory (rounded to R's dtype) and the
+//!   epilogue reads R there, so a RoPE partner in the same head is at hand (the tile width is a
+//!   multiple of the head dim: 64, or 128 / 256 for those heads);
+//! - **paired** — the outputs combine 2 or 4 equal-width column segments of R element-wise
+//!   (SwiGLU over a merged gate/up projection): a CTA's tile holds the matching columns of
+//!   every segment side by side (its B slab is gathered from each segment), and the epilogue
+//!   reads each segment from its part of the staged tile.
+//!
+//! Anything else — an epilogue reading R at another element than its own in another way, a
+//! reduction, a transpose of R — is refused ([`CodegenError::Unsupported`] naming the op),
+//! never computed wrongly.
 //!
 //! Numerics (DESIGN.md, "Numerical conventions"): products are accumulated in f32, the
 //! matmul result is rounded once to its dtype, and then every epilogue node is computed in
@@ -40,14 +56,21 @@
 //!   §4) motivates the flat-GEMM split.
 //!
 //! [`choose_schedule`] picks between them by shape: a constant M ≤ 16 gets the small-M kernel,
-//! anything else (a symbolic M included) the tiled one.
+//! anything else (a symbolic M included) the tiled one. Columns and paired epilogues always use
+//! the tiled kernel, with a tile as wide as they need (16 rows when M is a constant ≤ 16).
+//!
+//! # Tests
+//! Every kernel is assembled by ptxas for sm_80 and sm_90a (no spills; the resource lines are
+//! insta snapshots), and run on the CPU against the interpreter by an emulator (`emu`, test
+//! only) that JIT-compiles the kernel's LLVM IR for the host and runs each CTA's threads as OS
+//! threads, barriers and shuffles emulated: tails, batches, epilogues, NaN.
 
 use inkwell::context::Context;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
-use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, Value, ValueDef};
+use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpClass, OpKind, Value, ValueDef};
 
-use self::kit::{broadcast_strides, dims_of, Kit, SharedKind, R};
+use self::kit::{broadcast_strides, buffer_infos, dims_of, input_view, BufInfo, Kit, SharedKind, R};
 use super::element::{At, Buf};
 use super::KernelCtx;
 use crate::target::Target;
@@ -191,7 +214,7 @@ pub fn choose_schedule(m: &Dim, b_k_contiguous: bool) -> MatmulSchedule {
 /// the matmul's shape; LLVM and target errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let spec = Spec::analyse(graph, kernel)?;
-    let schedule = choose_schedule(&spec.m, spec.b.ks.as_const() == Some(1));
+    let schedule = spec.default_schedule();
     generate_spec(&spec, target, &schedule)
 }
 
@@ -209,7 +232,8 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 
 fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Result<LaunchPlan, CodegenError> {
     let (tag, check, threads) = match schedule {
-        MatmulSchedule::Tiled(s) => ("matmul", s.check(), s.threads()),
+        MatmulSchedule::Tiled(s) => ("matmul", s.check().and_then(|()| spec.fits(s)), s.threads()),
+        MatmulSchedule::SmallM(s) if spec.epi.staged() => ("matmul_small_m", Err(format!("{s:?}: the small-M kernel takes element-wise epilogues only")), 0),
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
@@ -222,7 +246,14 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     })?;
     let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
     let grid = match schedule {
-        MatmulSchedule::Tiled(s) => [GridDim { numerator: spec.m.clone(), denominator: s.bm }, GridDim { numerator: spec.n.clone(), denominator: s.bn }, batch],
+        MatmulSchedule::Tiled(s) => {
+            // Paired: a CTA covers bn / segments output columns.
+            let cols = match &spec.epi {
+                Epi::Paired { segs, width, .. } => GridDim { numerator: width.clone(), denominator: s.bn / segs.len() as u32 },
+                _ => GridDim { numerator: spec.n.clone(), denominator: s.bn },
+            };
+            [GridDim { numerator: spec.m.clone(), denominator: s.bm }, cols, batch]
+        }
         MatmulSchedule::SmallM(s) => [GridDim { numerator: spec.n.clone(), denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch],
     };
     Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes: 0, params })
@@ -236,12 +267,14 @@ fn unsupported(kernel: &str, reason: impl Into<String>) -> CodegenError {
 /// Row padding of the shared-memory slabs, in f32s (keeps rows 16-byte aligned).
 const PAD: u32 = 4;
 
-/// One matmul operand: kernel parameter, dtype, strides of its batch axes as seen from the
-/// output's batch axes (0 where broadcast), and the strides of its two matrix axes.
+/// One matmul operand: kernel parameter, dtype, element offset (a view of the buffer), the
+/// strides of its batch axes as seen from the output's batch axes (0 where broadcast), and
+/// the strides of its two matrix axes.
 #[derive(Clone, Debug)]
 struct MatOperand {
     buffer: usize,
     dtype: DType,
+    offset: Dim,
     batch_strides: Vec<Dim>,
     /// Stride of the non-contracted axis (A: m, B: n).
     outer: Dim,
@@ -253,23 +286,177 @@ struct MatOperand {
 
 impl MatOperand {
     /// Whether `c` consecutive k-elements can be one aligned vector load at every k that is a
-    /// multiple of `c`: k is contiguous, every other stride is a multiple of `c`, the base is
-    /// aligned to the vector's bytes.
+    /// multiple of `c`: k is contiguous, the offset and every other stride are multiples of
+    /// `c`, the base is aligned to the vector's bytes.
     fn vector_ok(&self, c: u32) -> bool {
         let c64 = i64::from(c);
         self.ks.as_const() == Some(1)
             && self.outer.div_exact(c64).is_some()
+            && self.offset.div_exact(c64).is_some()
             && self.batch_strides.iter().all(|s| s.div_exact(c64).is_some())
             && self.align >= c * self.dtype.size_bytes() as u32
     }
 }
 
-/// A kernel buffer as the element evaluator sees it: dtype, strides, alignment.
+/// A column segment of the matmul's result: columns `start .. start + width` (the whole
+/// result: `0 .. N`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Seg {
+    start: Dim,
+    width: Dim,
+}
+
+/// How the epilogue reads the matmul's result R, which decides how the kernel tiles N.
 #[derive(Clone, Debug)]
-struct BufInfo {
-    dtype: DType,
-    strides: Vec<Dim>,
-    align: u32,
+enum Epi {
+    /// Every output is R or an element-wise function of R at the same coordinate, with R's
+    /// shape: each thread evaluates the epilogue straight from its accumulators.
+    Direct,
+    /// Each output comes from one column segment of R (a `slice` of its last axis, or R
+    /// whole) through element-wise ops, `reshape`s and `rope` (a merged QKV projection with
+    /// RoPE on Q and K): CTAs tile R's columns, stage their tile in shared memory, and the
+    /// epilogue reads it from there, so a RoPE partner (same head) is at hand. `rope_d` (1
+    /// without rope) divides the tile width and every segment's start and width.
+    Columns { segs: Vec<Seg>, rope_d: i64 },
+    /// The outputs combine `segs.len()` column segments of R of one width element-wise (SwiGLU
+    /// over a merged gate/up projection): CTAs tile output columns, each computing the
+    /// matching columns of every segment side by side.
+    Paired {
+        /// Each segment's `slice` value in the body and its segment index.
+        slices: Vec<(Value, usize)>,
+        /// The distinct segments, by start.
+        segs: Vec<Seg>,
+        width: Dim,
+    },
+}
+
+impl Epi {
+    /// Whether the epilogue reads the accumulator tile from shared memory.
+    fn staged(&self) -> bool {
+        !matches!(self, Epi::Direct)
+    }
+}
+
+/// Classifies the epilogue: which values derive from the matmul result `r` and how (see
+/// [`Epi`]); errors name what no mode covers.
+fn analyse_epilogue(body: &Function, r: Value, batch: &[Dim], m: &Dim) -> Result<Epi, String> {
+    use std::collections::{BTreeSet, HashMap};
+    let r_ty = body.ty(r);
+    let rank = r_ty.rank();
+    let full = Seg { start: Dim::constant(0), width: r_ty.shape[rank - 1].clone() };
+    let mut segs: HashMap<Value, BTreeSet<Seg>> = HashMap::new();
+    segs.insert(r, BTreeSet::from([full.clone()]));
+    let mut rope_d: Option<i64> = None;
+    let mut reshaped = false;
+    let mut slices: Vec<(Value, Seg)> = Vec::new();
+    let mut sliced_derived = false;
+    for (node, nd) in body.nodes.iter() {
+        if nd.op.kind == OpKind::Matmul {
+            continue;
+        }
+        let derived: Vec<usize> = (0..nd.inputs.len()).filter(|&i| segs.contains_key(&nd.inputs[i])).collect();
+        if derived.is_empty() {
+            continue;
+        }
+        let res = match nd.results.as_slice() {
+            [v] => *v,
+            _ => return Err(format!("{node} `{}` has {} results", nd.op.kind.name(), nd.results.len())),
+        };
+        let res_shape = &body.ty(res).shape;
+        let set = match nd.op.kind {
+            OpKind::Slice => {
+                let axis = nd.op.int("axis").ok_or("slice without an axis")?;
+                let axis = sinter_ir::infer::norm_axis(axis, body.ty(nd.inputs[0]).rank()).map_err(|e| e.to_string())?;
+                // A column slice of R, or of a value computed from all of R element by element
+                // (same columns).
+                let x = nd.inputs[0];
+                if segs[&x] != BTreeSet::from([full.clone()]) || body.ty(x).shape != r_ty.shape || axis != rank - 1 {
+                    return Err("a slice in the epilogue that is not a column slice of the matmul's result".into());
+                }
+                if x != r {
+                    sliced_derived = true;
+                }
+                let start = nd.op.dim("start").ok_or("slice without start")?.clone();
+                let end = nd.op.dim("end").ok_or("slice without end")?.clone();
+                let seg = Seg { width: end.sub(&start), start };
+                slices.push((res, seg.clone()));
+                BTreeSet::from([seg])
+            }
+            OpKind::Reshape => {
+                reshaped = true;
+                segs[&nd.inputs[0]].clone()
+            }
+            OpKind::Rope => {
+                if derived != [0] {
+                    return Err("rope positions computed from the matmul's result".into());
+                }
+                let d = body.ty(nd.inputs[0]).shape.last().and_then(Dim::as_const).ok_or("rope over a symbolic last axis")?;
+                if rope_d.is_some_and(|x| x != d) {
+                    return Err("ropes of two head dims in one epilogue".into());
+                }
+                rope_d = Some(d);
+                segs[&nd.inputs[0]].clone()
+            }
+            k if matches!(k.info().class, OpClass::Unary | OpClass::Binary | OpClass::Compare) || matches!(k, OpKind::Swiglu | OpKind::Broadcast) => {
+                let mut set = BTreeSet::new();
+                for &i in &derived {
+                    if &body.ty(nd.inputs[i]).shape != res_shape {
+                        return Err(format!("`{}` broadcasts a value computed from the matmul's result", k.name()));
+                    }
+                    set.extend(segs[&nd.inputs[i]].iter().cloned());
+                }
+                set
+            }
+            other => return Err(format!("`{}` on the matmul's result (the epilogue takes element-wise ops, column slices, reshapes and rope)", other.name())),
+        };
+        segs.insert(res, set);
+    }
+    let mut out_sets = Vec::new();
+    for &o in &body.outputs {
+        out_sets.push(segs.get(&o).ok_or_else(|| format!("output {} does not depend on the matmul", body.label(o)))?);
+    }
+    if slices.is_empty() && rope_d.is_none() && !reshaped && body.outputs.iter().all(|&o| body.ty(o).shape == r_ty.shape) {
+        return Ok(Epi::Direct);
+    }
+    // Every output is [batch.., M, width] in row-major order (reshaped or not).
+    let rows = Dim::product(batch).mul(m);
+    let fits = |o: Value, width: &Dim| Dim::product(&body.ty(o).shape) == rows.mul(width);
+    if segs.values().all(|s| s.len() == 1) {
+        let d = rope_d.unwrap_or(1);
+        if d > 1 && 64 % d != 0 && d != 128 && d != 256 {
+            return Err(format!("rope over {d} columns (head dims dividing 64, or 128 or 256, are supported)"));
+        }
+        let mut per_out = Vec::new();
+        for (&o, set) in body.outputs.iter().zip(&out_sets) {
+            let seg = set.iter().next().ok_or("an output without a segment")?.clone();
+            if !fits(o, &seg.width) {
+                return Err(format!("output {} is not a row-major view of its columns of the matmul's result", body.label(o)));
+            }
+            if d > 1 && (seg.start.div_exact(d).is_none() || seg.width.div_exact(d).is_none()) {
+                return Err(format!("rope heads of {d} columns do not align with the columns {}..{}+{}", seg.start, seg.start, seg.width));
+            }
+            per_out.push(seg);
+        }
+        return Ok(Epi::Columns { segs: per_out, rope_d: d });
+    }
+    if rope_d.is_some() || sliced_derived {
+        return Err("an epilogue that combines column segments, with rope or with slices of computed values".into());
+    }
+    let distinct: Vec<Seg> = segs.iter().filter(|(v, _)| **v != r).flat_map(|(_, s)| s.iter().cloned()).collect::<BTreeSet<_>>().into_iter().collect();
+    if distinct.contains(&full) || !matches!(distinct.len(), 2 | 4) {
+        return Err(format!("an epilogue combining {} column segments of the matmul's result (2 or 4 slices of one width are supported)", distinct.len()));
+    }
+    let width = distinct[0].width.clone();
+    if distinct.iter().any(|s| s.width != width) {
+        return Err("combined column segments of different widths".into());
+    }
+    for &o in &body.outputs {
+        if !fits(o, &width) {
+            return Err(format!("output {} is not a row-major view of the combined columns", body.label(o)));
+        }
+    }
+    let slices = slices.into_iter().map(|(v, seg)| (v, distinct.iter().position(|d| *d == seg).unwrap_or(0))).collect();
+    Ok(Epi::Paired { slices, segs: distinct, width })
 }
 
 /// What the generators need to know about a matmul kernel.
@@ -286,14 +473,17 @@ struct Spec {
     k: Dim,
     /// The output's batch axes.
     batch: Vec<Dim>,
-    /// The body with the matmul's result turned into one more parameter (the last), which
-    /// the epilogue reads from the accumulator: the element evaluator then computes every
-    /// output from it, the kernel inputs and constants.
+    /// How the epilogue reads the result.
+    epi: Epi,
+    /// The body with the values the epilogue reads the result through turned into more
+    /// parameters after the kernel inputs: the matmul's result (Direct, Columns) or each
+    /// segment's slice (Paired, in `slices` order). The element evaluator computes every
+    /// output from them, the kernel inputs and constants.
     epilogue: Function,
     /// Every buffer, inputs then outputs.
     buffers: Vec<BufInfo>,
     /// Every dim the kernel may read at run time (a superset: all shapes, strides and
-    /// attribute dims of the body).
+    /// attribute dims of the body, the views' offsets).
     all_dims: Vec<Dim>,
 }
 
@@ -308,16 +498,11 @@ impl Spec {
             return Err(CodegenError::BadKernel { kernel: format!("{name} ({:?})", kd.family), message: "not a Matmul kernel".into() });
         }
         let body = &kd.body;
-        let mut buffers = Vec::new();
+        let buffers = buffer_infos(graph, kd).map_err(&no)?;
         let mut all_dims: Vec<Dim> = Vec::new();
-        for &buf in kd.inputs.iter().chain(&kd.outputs) {
-            let bd = graph.buffers.get(buf).ok_or_else(|| no(format!("buffer {buf} is missing")))?;
-            if bd.layout.strides.len() != bd.ty.rank() {
-                return Err(no(format!("buffer {buf} has {} strides for {}", bd.layout.strides.len(), bd.ty)));
-            }
-            all_dims.extend(bd.ty.shape.iter().cloned());
-            all_dims.extend(bd.layout.strides.iter().cloned());
-            buffers.push(BufInfo { dtype: bd.ty.dtype, strides: bd.layout.strides.clone(), align: bd.layout.align });
+        for b in &buffers {
+            all_dims.extend(b.shape.iter().cloned());
+            all_dims.extend(b.strides.iter().cloned());
         }
         for (_, vd) in body.values.iter() {
             all_dims.extend(vd.ty.shape.iter().cloned());
@@ -332,21 +517,13 @@ impl Spec {
             }
         }
         let mut mm = body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::Matmul);
-        let (matmul, mnd) = mm.next().ok_or_else(|| no("the body has no matmul".into()))?;
+        let (_, mnd) = mm.next().ok_or_else(|| no("the body has no matmul".into()))?;
         if mm.next().is_some() {
             return Err(no("the body has more than one matmul".into()));
         }
-        let param_of = |v: Value| match body.values[v].def {
-            ValueDef::Param(i) => Some(i),
-            ValueDef::Result(..) => None,
-        };
         let (av, bv, mm_out) = match (mnd.inputs.as_slice(), mnd.results.as_slice()) {
             ([a, b], [c]) => (*a, *b, *c),
             _ => return Err(no("matmul needs two operands and one result".into())),
-        };
-        let (ai, bi) = match (param_of(av), param_of(bv)) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(no("matmul operands must be kernel inputs (no prologue yet)".into())),
         };
         let (at, bt) = (body.ty(av), body.ty(bv));
         let dtype = at.dtype;
@@ -364,9 +541,10 @@ impl Spec {
         let batch: Vec<Dim> = out_ty.shape[..rank - 2].to_vec();
         let ra = at.rank();
         let k = if ta { at.shape[ra - 2].clone() } else { at.shape[ra - 1].clone() };
-        let mat = |pi: usize, ty: &sinter_ir::TensorType, transposed: bool, is_a: bool| -> MatOperand {
-            let info = &buffers[pi];
-            let st = &info.strides;
+        // The operands are kernel inputs, possibly through views (a reshape, a slice).
+        let mat = |v: Value, ty: &sinter_ir::TensorType, transposed: bool, is_a: bool| -> R<MatOperand> {
+            let view = input_view(body, v, &buffers).map_err(|e| no(format!("matmul operand: {e}")))?;
+            let st = &view.strides;
             let r = ty.rank();
             // A [.., M, K]: outer = m-axis; B [.., K, N]: outer = n-axis. Transposes swap.
             let (s_rows, s_cols) = (st[r - 2].clone(), st[r - 1].clone());
@@ -375,23 +553,34 @@ impl Spec {
                 (true, true) | (false, false) => (s_cols, s_rows),
             };
             let bs = broadcast_strides(&ty.shape[..r - 2], &st[..r - 2], rank - 2);
-            MatOperand { buffer: pi, dtype, batch_strides: bs, outer, ks, align: info.align }
+            Ok(MatOperand { buffer: view.param, dtype, offset: view.offset, batch_strides: bs, outer, ks, align: view.align })
         };
-        let a = mat(ai, at, ta, true);
-        let b = mat(bi, bt, tb, false);
-        all_dims.extend(a.batch_strides.iter().cloned());
-        all_dims.extend(b.batch_strides.iter().cloned());
-        for (j, &v) in body.outputs.iter().enumerate() {
-            let t = body.ty(v);
-            if t.shape != out_ty.shape {
-                return Err(no(format!("output {j} ({}) is {t}; every output must have the matmul's shape {out_ty}", body.label(v))));
+        let a = mat(av, at, ta, true)?;
+        let b = mat(bv, bt, tb, false)?;
+        for op in [&a, &b] {
+            all_dims.extend(op.batch_strides.iter().cloned());
+            all_dims.extend([op.offset.clone(), op.outer.clone(), op.ks.clone()]);
+        }
+        let epi = analyse_epilogue(body, mm_out, &batch, &m).map_err(&no)?;
+        // The epilogue body: the values the epilogue reads the result through become
+        // parameters after the kernel inputs.
+        let mut epilogue = body.clone();
+        let as_params: Vec<Value> = match &epi {
+            Epi::Direct | Epi::Columns { .. } => vec![mm_out],
+            Epi::Paired { slices, .. } => slices.iter().map(|(v, _)| *v).collect(),
+        };
+        for v in as_params {
+            epilogue.values[v].def = ValueDef::Param(epilogue.params.len());
+            epilogue.params.push(v);
+        }
+        match &epi {
+            Epi::Direct => {}
+            Epi::Columns { segs, .. } => all_dims.extend(segs.iter().flat_map(|s| [s.start.clone(), s.width.clone()])),
+            Epi::Paired { segs, width, .. } => {
+                all_dims.extend(segs.iter().map(|s| s.start.clone()));
+                all_dims.push(width.clone());
             }
         }
-        // The epilogue body: the matmul's result becomes parameter `n_inputs`.
-        let mut epilogue = body.clone();
-        epilogue.values[mm_out].def = ValueDef::Param(epilogue.params.len());
-        epilogue.params.push(mm_out);
-        let _ = matmul;
         Ok(Spec {
             kernel_name: name,
             n_inputs: kd.inputs.len(),
@@ -403,10 +592,56 @@ impl Spec {
             n,
             k,
             batch,
+            epi,
             epilogue,
             buffers,
             all_dims: dims_of(&all_dims),
         })
+    }
+}
+
+impl Spec {
+    /// The schedule [`generate`] uses: [`choose_schedule`] for an element-wise epilogue; for a
+    /// staged one (see [`Epi`]) the tiled kernel with a tile as wide as the epilogue needs
+    /// (64 columns, or a RoPE head of 128 or 256, or 32 per combined segment), 16 rows when M
+    /// is a constant ≤ 16.
+    fn default_schedule(&self) -> MatmulSchedule {
+        let bn = match &self.epi {
+            Epi::Direct => return choose_schedule(&self.m, self.b.ks.as_const() == Some(1)),
+            Epi::Columns { rope_d, .. } => (*rope_d as u32).max(64),
+            Epi::Paired { segs, .. } => 32 * segs.len() as u32,
+        };
+        let small = self.m.as_const().is_some_and(|m| m <= 16);
+        MatmulSchedule::Tiled(match bn {
+            64 if small => TiledSchedule { bm: 16, bn: 64, bk: 16, tm: 1, tn: 4 },
+            64 => TiledSchedule::DEFAULT,
+            128 => TiledSchedule { bm: 64, bn: 128, bk: 16, tm: 4, tn: 4 },
+            _ => TiledSchedule { bm: 32, bn, bk: 16, tm: 4, tn: 4 },
+        })
+    }
+
+    /// Whether tiled schedule `s` suits this kernel's epilogue (tile width a multiple of the
+    /// RoPE head or of the segment count; the staged tile fits static shared memory).
+    fn fits(&self, s: &TiledSchedule) -> Result<(), String> {
+        let ok = match &self.epi {
+            Epi::Direct => true,
+            Epi::Columns { rope_d, .. } => i64::from(s.bn) % rope_d == 0,
+            Epi::Paired { segs, .. } => s.bn % segs.len() as u32 == 0,
+        };
+        if !ok {
+            return Err(format!("{s:?} does not suit the epilogue {:?}", self.epi));
+        }
+        if self.epi.staged() && self.staged_bytes(s) > 48 * 1024 {
+            return Err(format!("{s:?}: the staged tile needs {} bytes of shared memory", self.staged_bytes(s)));
+        }
+        Ok(())
+    }
+
+    /// Static shared memory of the tiled kernel: the slabs, or the staged tile (in the
+    /// matmul's dtype) where that is larger.
+    fn staged_bytes(&self, s: &TiledSchedule) -> u32 {
+        let tile = if self.epi.staged() { s.bm * s.bn * self.dtype.size_bytes() as u32 } else { 0 };
+        s.shared_bytes().max(tile)
     }
 }
 
@@ -442,7 +677,8 @@ fn batch_bases<'ctx>(kit: &Kit<'ctx>, spec: &Spec, z: IntValue<'ctx>) -> R<Bases
         }
         Ok(acc)
     };
-    let (a, b) = (base(&spec.a.batch_strides)?, base(&spec.b.batch_strides)?);
+    let a = kit.add(kit.dim(&spec.a.offset)?, base(&spec.a.batch_strides)?)?;
+    let b = kit.add(kit.dim(&spec.b.offset)?, base(&spec.b.batch_strides)?)?;
     Ok(Bases { coords, a, b })
 }
 
@@ -497,7 +733,7 @@ fn name_error(e: CodegenError, kernel: &str) -> CodegenError {
 }
 
 /// The tiled kernel (see [`TiledSchedule`]).
-fn build_tiled(kit: &Kit<'_>, spec: &Spec, s: &TiledSchedule) -> R<()> {
+fn build_tiled<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &TiledSchedule) -> R<()> {
     let threads = s.threads();
     let tid = kit.sreg("tid.x")?;
     let bx = kit.zext64(kit.sreg("ctaid.x")?)?;
@@ -516,8 +752,29 @@ fn build_tiled(kit: &Kit<'_>, spec: &Spec, s: &TiledSchedule) -> R<()> {
 
     let a_row = s.bm + PAD; // f32s per k-row of the A slab
     let b_row = s.bn + PAD;
-    let smem = kit.shared(SharedKind::Static, s.shared_bytes())?;
+    let smem = kit.shared(SharedKind::Static, spec.staged_bytes(s))?;
     let b_off = s.b_slab_offset();
+    // The column of R that virtual tile column `v` (i32) computes, and whether it exists.
+    let tile = by;
+    let colmap = |k: &Kit<'ctx>, v: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+        match &spec.epi {
+            Epi::Paired { segs, width, .. } => {
+                let sub = s.bn / segs.len() as u32;
+                let seg = k.udiv(v, k.i32c(sub as i32))?;
+                let j = k.add(k.mul(tile, k.i64c(i64::from(sub)))?, k.zext64(k.urem(v, k.i32c(sub as i32))?)?)?;
+                let mut start = k.dim(&segs[0].start)?;
+                for (i, sg) in segs.iter().enumerate().skip(1) {
+                    let here = k.icmp(IntPredicate::EQ, seg, k.i32c(i as i32))?;
+                    start = k.select_int(here, k.dim(&sg.start)?, start)?;
+                }
+                Ok((k.add(start, j)?, k.icmp(IntPredicate::SLT, j, k.dim(width)?)?))
+            }
+            _ => {
+                let n = k.add(n0, k.zext64(v)?)?;
+                Ok((n, k.icmp(IntPredicate::SLT, n, ndim)?))
+            }
+        }
+    };
 
     let acc: Vec<PointerValue> = (0..s.tm * s.tn).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<_>>()?;
     let tx = kit.urem(tid, kit.i32c((s.bn / s.tn) as i32))?;
@@ -549,9 +806,9 @@ fn build_tiled(kit: &Kit<'_>, spec: &Spec, s: &TiledSchedule) -> R<()> {
             } else {
                 (k.udiv(e, k.i32c(s.bn as i32))?, k.urem(e, k.i32c(s.bn as i32))?)
             };
-            let n = k.add(n0, k.zext64(nn)?)?;
+            let (n, n_ok) = colmap(k, nn)?;
             let kk64 = k.add(k0, k.zext64(kk)?)?;
-            let valid = k.and(k.icmp(IntPredicate::SLT, n, ndim)?, k.icmp(IntPredicate::SLT, kk64, kdim)?)?;
+            let valid = k.and(n_ok, k.icmp(IntPredicate::SLT, kk64, kdim)?)?;
             let idx = k.add(bases.b, k.add(k.mul(n, b_outer)?, k.mul(kk64, b_ks)?)?)?;
             let v = k.guarded_load(valid, spec.dtype, b_ptr, idx, 1, true, zero64)?;
             let off = k.add(k.i32c(b_off as i32), k.mul(k.add(k.mul(kk, k.i32c(b_row as i32))?, nn)?, k.i32c(4))?)?;
@@ -578,6 +835,9 @@ fn build_tiled(kit: &Kit<'_>, spec: &Spec, s: &TiledSchedule) -> R<()> {
         k.barrier()
     })?;
 
+    if spec.epi.staged() {
+        return staged_epilogue(kit, spec, s, smem, (m0, tile, bz), &acc, (tid, tx, ty));
+    }
     // Epilogue: every thread its micro-tile, bounds-checked.
     let mbase = kit.add(m0, kit.zext64(kit.mul(ty, kit.i32c(s.tm as i32))?)?)?;
     let nbase = kit.add(n0, kit.zext64(kit.mul(tx, kit.i32c(s.tn as i32))?)?)?;
@@ -591,6 +851,119 @@ fn build_tiled(kit: &Kit<'_>, spec: &Spec, s: &TiledSchedule) -> R<()> {
         }
     }
     Ok(())
+}
+
+/// The epilogue of [`Epi::Columns`] and [`Epi::Paired`]: the accumulators, rounded to the
+/// matmul's dtype, are staged in shared memory as the CTA's `bm × bn` tile (virtual columns:
+/// R's columns `tile·bn + v`, or for Paired segment `v / sub`'s columns `tile·sub + v mod sub`
+/// with `sub = bn / segments`); then the threads walk the tile's elements and evaluate every
+/// output whose element it is, through the element evaluator, reading R (or the segments)
+/// from the tile.
+#[allow(clippy::too_many_arguments)]
+fn staged_epilogue<'ctx>(
+    kit: &Kit<'ctx>,
+    spec: &Spec,
+    s: &TiledSchedule,
+    smem: PointerValue<'ctx>,
+    (m0, tile, z): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    acc: &[PointerValue<'ctx>],
+    (tid, tx, ty): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+) -> R<()> {
+    let dt = spec.dtype;
+    let es = dt.size_bytes() as i32;
+    let bn = s.bn as i32;
+    // 1. Stage: thread (ty, tx) owns rows ty·tm.., columns tx·tn.. (the k loop ended on a
+    // barrier, so the slabs' memory is free).
+    for i in 0..s.tm {
+        let row = kit.add(kit.mul(ty, kit.i32c(s.tm as i32))?, kit.i32c(i as i32))?;
+        let e = kit.add(kit.mul(row, kit.i32c(bn))?, kit.mul(tx, kit.i32c(s.tn as i32))?)?;
+        let vals: Vec<FloatValue> = (0..s.tn).map(|j| kit.get_f(acc[(i * s.tn + j) as usize])).collect::<R<_>>()?;
+        kit.sh_store(dt, kit.sh_at(smem, kit.mul(e, kit.i32c(es))?)?, &vals)?;
+    }
+    kit.barrier()?;
+    // 2. The element evaluator reads R (Columns) or each segment (Paired) from the tile: a
+    // "buffer" whose element (.., m, c) is tile[(m − m0)·bn + (c − c0)] (+ the segment's
+    // block), i.e. based at tile − (m0·bn + c0) with strides (0.., bn, 1).
+    let rank = spec.batch.len() + 2;
+    let tile_strides: Vec<Dim> = (0..rank).map(|i| Dim::constant(if i == rank - 2 { i64::from(s.bn) } else if i == rank - 1 { 1 } else { 0 })).collect();
+    let row_base = kit.mul(m0, kit.i64c(i64::from(s.bn)))?;
+    let tile_buf = |k: &Kit<'ctx>, first_col: IntValue<'ctx>, block: i64| -> R<Buf<'ctx>> {
+        let shift = k.sub(k.i64c(block), k.add(row_base, first_col)?)?;
+        Ok(Buf { ptr: k.gep_raw(dt, smem, shift)?, dtype: dt, strides: tile_strides.clone(), align: es as u32 })
+    };
+    let mdim = kit.dim(&spec.m)?;
+    let n_out = spec.n_buffers - spec.n_inputs;
+    let total = (s.bm * s.bn) as i32;
+    kit.for_range(tid, kit.i32c(total), kit.i32c(s.threads() as i32), |k, e| {
+        let r = k.udiv(e, k.i32c(bn))?;
+        let v = k.urem(e, k.i32c(bn))?;
+        let m = k.add(m0, k.zext64(r)?)?;
+        let m_ok = k.icmp(IntPredicate::SLT, m, mdim)?;
+        // (output index, element valid, column within its segment, segment width)
+        let mut todo = Vec::new();
+        let mut extra = Vec::new();
+        match &spec.epi {
+            Epi::Columns { segs, .. } => {
+                let n = k.add(k.mul(tile, k.i64c(i64::from(s.bn)))?, k.zext64(v)?)?;
+                let n_ok = k.and(m_ok, k.icmp(IntPredicate::SLT, n, k.dim(&spec.n)?)?)?;
+                for (j, seg) in segs.iter().enumerate() {
+                    let (a, w) = (k.dim(&seg.start)?, k.dim(&seg.width)?);
+                    let c = k.sub(n, a)?;
+                    let inside = k.and(k.icmp(IntPredicate::SGE, c, k.i64c(0))?, k.icmp(IntPredicate::SLT, c, w)?)?;
+                    todo.push((j, k.and(n_ok, inside)?, c, w));
+                }
+                extra.push(tile_buf(k, k.mul(tile, k.i64c(i64::from(s.bn)))?, 0)?);
+            }
+            Epi::Paired { slices, segs, width } => {
+                let sub = s.bn / segs.len() as u32;
+                let jj = k.add(k.mul(tile, k.i64c(i64::from(sub)))?, k.zext64(v)?)?;
+                let w = k.dim(width)?;
+                let ok = k.and(m_ok, k.and(k.icmp(IntPredicate::ULT, v, k.i32c(sub as i32))?, k.icmp(IntPredicate::SLT, jj, w)?)?)?;
+                for j in 0..n_out {
+                    todo.push((j, ok, jj, w));
+                }
+                let first = k.mul(tile, k.i64c(i64::from(sub)))?;
+                for (_, si) in slices {
+                    extra.push(tile_buf(k, first, (*si as i64) * i64::from(sub))?);
+                }
+            }
+            Epi::Direct => return Err(k.err("a direct epilogue is not staged")),
+        }
+        for (j, ok, c, w) in todo {
+            let extra = extra.clone();
+            k.if_then(ok, |k| {
+                // The output's coordinate: the row-major position (z·M + m)·w + c unravelled
+                // over the output's shape.
+                let out = spec.epilogue.outputs[j];
+                let shape = spec.epilogue.ty(out).shape.clone();
+                let mut rest = k.add(k.mul(k.add(k.mul(z, mdim)?, m)?, w)?, c)?;
+                let mut coords = vec![k.i64c(0); shape.len()];
+                for (i, d) in shape.iter().enumerate().rev() {
+                    if i == 0 {
+                        coords[i] = rest;
+                    } else {
+                        let dv = k.dim(d)?;
+                        coords[i] = k.urem(rest, dv)?;
+                        rest = k.udiv(rest, dv)?;
+                    }
+                }
+                let info = &spec.buffers[spec.n_inputs + j];
+                let obuf = Buf { ptr: k.buf(spec.n_inputs + j)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align };
+                let mut bufs = Vec::with_capacity(spec.n_inputs + extra.len());
+                for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
+                    bufs.push(Buf { ptr: k.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
+                }
+                bufs.extend(extra);
+                k.with_eval(&spec.epilogue, bufs, |ev| {
+                    let at = At { axes: coords.iter().map(|&c| ev.uniform_ax(c)).collect(), lanes: 1 };
+                    let vals = ev.eval(out, &at)?;
+                    ev.store(&obuf, &at, &vals)
+                })
+                .map_err(|e| name_error(e, &spec.kernel_name))
+            })?;
+        }
+        Ok(())
+    })
 }
 
 /// The small-M kernel (see [`SmallMSchedule`]).
@@ -685,6 +1058,13 @@ pub(crate) mod kit {
 
     /// Results of this module.
     pub(crate) type R<T> = Result<T, CodegenError>;
+
+    #[cfg(test)]
+    thread_local! {
+        /// Tests set it to get the kernel's LLVM IR in [`sinter_ir::LaunchPlan::ptx`] instead of
+        /// PTX (see `tests::emu`).
+        pub(crate) static EMIT_IR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
 
     /// Where a kernel's shared memory comes from.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -786,7 +1166,32 @@ pub(crate) mod kit {
                 kit
             };
             let params = kit.params();
+            #[cfg(test)]
+            if EMIT_IR.with(|f| f.get()) {
+                return Ok((kit.ir_text()?, params));
+            }
             Ok((kit.finish()?, params))
+        }
+
+        /// The kernel's LLVM IR as built (no optimisation), the prologue closed: what the
+        /// CPU emulator of the tests runs.
+        #[cfg(test)]
+        fn ir_text(self) -> R<String> {
+            let kb = self.kb.into_inner();
+            kb.ret()?;
+            let first = kb.func.get_first_basic_block().ok_or_else(|| CodegenError::Builder("no prologue".into()))?;
+            let body = first.get_next_basic_block().ok_or_else(|| CodegenError::Builder("no body".into()))?;
+            kb.position(first);
+            kb.br(body)?;
+            if EMIT_IR.with(|f| f.get()) && std::env::var_os("SINTER_EMU_O3").is_some() {
+                let machine = crate::target_machine(&kb.target)?;
+                kb.module.set_triple(&machine.get_triple());
+                kb.module.set_data_layout(&machine.get_target_data().get_data_layout());
+                kb.module
+                    .run_passes("default<O3>", &machine, inkwell::passes::PassBuilderOptions::create())
+                    .map_err(|e| CodegenError::Builder(e.to_string()))?;
+            }
+            Ok(kb.ir_text())
         }
 
         /// The builder (borrowed for one call).
@@ -1070,6 +1475,14 @@ pub(crate) mod kit {
                     Ok(g.as_pointer_value())
                 }
             }
+        }
+
+        /// `&ptr[idx]` for elements of float dtype `dt`, as a plain (not `inbounds`) GEP: the
+        /// result may lie outside the object (a pre-offset base that later indices bring back).
+        pub(crate) fn gep_raw(&self, dt: DType, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+            let ty = self.float_type(dt)?;
+            // SAFETY (of the IR, not of Rust): nothing is dereferenced here.
+            Ok(unsafe { self.bld().b.build_gep(ty, ptr, &[idx], "") }?)
         }
 
         /// A byte offset into shared memory: `&base[off]` (i32 offset).
@@ -1362,6 +1775,7 @@ pub(crate) mod kit {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use sinter_ir::interp::Tensor;
     use sinter_ir::{Buffer, BufferData, BufferRole, FunctionBuilder, Graph, KernelData, KernelParam, Layout, TensorType};
 
     use crate::ptxas;
@@ -1565,7 +1979,7 @@ pub(crate) mod tests {
         let xn = fb.op1(OpKind::Neg, &[x], vec![]).unwrap();
         let mm = fb.op1(OpKind::Matmul, &[xn, w], vec![]).unwrap();
         let msg = unsupported(fb.finish(&[mm]).unwrap());
-        assert!(msg.contains("k0 (Matmul)") && msg.contains("kernel inputs"), "{msg}");
+        assert!(msg.contains("k0 (Matmul)") && msg.contains("computed in the kernel"), "{msg}");
         // An output of another shape.
         let mut fb = FunctionBuilder::new(&Graph::new(), "k");
         let x = fb.param("x", ty(DType::F32, &[d(4), d(8)]));
@@ -1573,7 +1987,7 @@ pub(crate) mod tests {
         let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
         let r = fb.op1(OpKind::ReduceSum, &[mm], vec![]).unwrap();
         let msg = unsupported(fb.finish(&[r]).unwrap());
-        assert!(msg.contains("matmul's shape"), "{msg}");
+        assert!(msg.contains("`reduce_sum` on the matmul's result"), "{msg}");
         // Integer operands.
         let mut fb = FunctionBuilder::new(&Graph::new(), "k");
         let x = fb.param("x", ty(DType::I32, &[d(4), d(8)]));
@@ -1586,6 +2000,272 @@ pub(crate) mod tests {
         let mut g2 = g.clone();
         g2.kernels[k].family = Family::Pointwise;
         assert!(generate(&g2, k, &Target::SM_80).is_err());
+    }
+
+    /// The merged QKV projection as the passes fuse it (SmolLM2 sizes): one matmul, column
+    /// slices for Q, K, V, RoPE on Q and K after a reshape to heads.
+    pub(crate) fn qkv_rope(m: Dim, dt: DType) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "qkv");
+        let x = fb.param("x", ty(dt, &[m.clone(), d(576)]));
+        let w = fb.param("w", ty(dt, &[d(960), d(576)]));
+        let pos = fb.param("positions", ty(DType::I32, std::slice::from_ref(&m)));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let p2 = fb.op1(OpKind::Reshape, &[pos], vec![("shape", Attr::Dims(vec![m.clone(), d(1)]))]).unwrap();
+        let slice = |fb: &mut FunctionBuilder, a: i64, b: i64| {
+            fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(a))), ("end", Attr::Dim(d(b)))]).unwrap()
+        };
+        let q = slice(&mut fb, 0, 576);
+        let q = fb.op1(OpKind::Reshape, &[q], vec![("shape", Attr::Dims(vec![m.clone(), d(9), d(64)]))]).unwrap();
+        let q = fb.op1(OpKind::Rope, &[q, p2], vec![("theta", Attr::Float(100000.0))]).unwrap();
+        let k = slice(&mut fb, 576, 768);
+        let k = fb.op1(OpKind::Reshape, &[k], vec![("shape", Attr::Dims(vec![m.clone(), d(3), d(64)]))]).unwrap();
+        let k = fb.op1(OpKind::Rope, &[k, p2], vec![("theta", Attr::Float(100000.0))]).unwrap();
+        let v = slice(&mut fb, 768, 960);
+        single_kernel(Family::Matmul, fb.finish(&[q, k, v]).unwrap())
+    }
+
+    /// The merged gate/up projection with SwiGLU over its halves.
+    pub(crate) fn gate_up(m: Dim, dt: DType) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "mlp");
+        let x = fb.param("x", ty(dt, &[m, d(576)]));
+        let w = fb.param("w", ty(dt, &[d(3072), d(576)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let g = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(1536)))]).unwrap();
+        let u = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(1536))), ("end", Attr::Dim(d(3072)))]).unwrap();
+        let o = fb.op1(OpKind::Swiglu, &[g, u], vec![]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[o]).unwrap())
+    }
+
+    /// `x + reshape(attn [1, M, 9, 64]) · wo` — the operand through a view, as the passes
+    /// leave the attention output.
+    fn o_proj_view(m: Dim) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "o_proj");
+        let attn = fb.param("attn", ty(DType::BF16, &[d(1), m.clone(), d(9), d(64)]));
+        let wo = fb.param("wo", ty(DType::BF16, &[d(576), d(576)]));
+        let x = fb.param("x", ty(DType::BF16, &[m.clone(), d(576)]));
+        let a = fb.op1(OpKind::Reshape, &[attn], vec![("shape", Attr::Dims(vec![m, d(576)]))]).unwrap();
+        let mm = fb.op1(OpKind::Matmul, &[a, wo], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[x, mm], vec![]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
+    /// The fused bodies the passes produce for a Llama layer generate and assemble, prefill
+    /// (symbolic M) and decode (M = 1), with the staged epilogue where they need it.
+    #[test]
+    fn llama_layer_bodies() {
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            for (what, (g, k)) in [
+                ("qkv+rope M=T", qkv_rope(sym("T"), DType::BF16)),
+                ("qkv+rope M=1", qkv_rope(d(1), DType::BF16)),
+                ("gate/up swiglu M=T", gate_up(sym("T"), DType::BF16)),
+                ("gate/up swiglu M=1", gate_up(d(1), DType::BF16)),
+                ("o_proj through a view M=T", o_proj_view(sym("T"))),
+                ("o_proj through a view M=1", o_proj_view(d(1))),
+            ] {
+                let plan = generate(&g, k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("matmul_llama_ptxas", text);
+        // The tiling each epilogue needs.
+        let spec = |(g, k): (KernelGraph, Kernel)| Spec::analyse(&g, k).unwrap();
+        assert!(matches!(spec(qkv_rope(sym("T"), DType::BF16)).epi, Epi::Columns { rope_d: 64, .. }));
+        assert!(matches!(spec(gate_up(sym("T"), DType::BF16)).epi, Epi::Paired { .. }));
+        assert!(matches!(spec(o_proj_view(sym("T"))).epi, Epi::Direct));
+        let (g, k) = gate_up(sym("T"), DType::BF16);
+        let plan = generate(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 32 }, "32 output columns per CTA");
+        let (g, k) = o_proj_view(d(1));
+        assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
+        // The small-M kernel refuses a staged epilogue.
+        let (g, k) = qkv_rope(d(1), DType::BF16);
+        let small = MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 32, columns: 4 });
+        assert!(matches!(generate_with(&g, k, &Target::SM_80, &small), Err(CodegenError::Unsupported { .. })));
+    }
+
+    /// Epilogues no mode covers are refused, never computed wrongly: RoPE across the whole
+    /// width with a head that does not divide the tile, a broadcast of the result.
+    #[test]
+    fn rejects_cross_element_epilogues() {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "k");
+        let x = fb.param("x", ty(DType::F32, &[sym("T"), d(32)]));
+        let w = fb.param("w", ty(DType::F32, &[d(96), d(32)]));
+        let pos = fb.param("pos", ty(DType::I32, &[sym("T"), d(1)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let r = fb.op1(OpKind::Reshape, &[mm], vec![("shape", Attr::Dims(vec![sym("T"), d(1), d(96)]))]).unwrap();
+        let p3 = fb.op1(OpKind::Reshape, &[pos], vec![("shape", Attr::Dims(vec![sym("T"), d(1)]))]).unwrap();
+        let o = fb.op1(OpKind::Rope, &[r, p3], vec![("theta", Attr::Float(10000.0))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
+        let e = generate(&g, k, &Target::SM_80).unwrap_err();
+        assert!(e.to_string().contains("rope over 96 columns"), "{e}");
+        // A reduction of the result.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "k");
+        let x = fb.param("x", ty(DType::F32, &[d(4), d(8)]));
+        let w = fb.param("w", ty(DType::F32, &[d(8), d(8)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
+        let t = fb.op1(OpKind::Transpose, &[mm], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[t]).unwrap());
+        let e = generate(&g, k, &Target::SM_80).unwrap_err();
+        assert!(e.to_string().contains("`transpose` on the matmul's result"), "{e}");
+    }
+
+    fn bind(pairs: &[(&str, i64)]) -> sinter_ir::Bindings {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    /// Emulated on the CPU against the interpreter (see [`super::emu`]): the tiled and the
+    /// small-M kernels, tails in M, N and K, epilogues, batches.
+    #[test]
+    fn emulated_matches_interpreter() {
+        use super::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate(g, k, &Target::SM_80);
+        // x [T, 40] · w [N=70, 40]ᵀ + bias, silu: tiled (T symbolic), tails everywhere.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+        let x = fb.param("x", ty(DType::F32, &[sym("T"), d(40)]));
+        let w = fb.param("w", ty(DType::F32, &[d(70), d(40)]));
+        let bias = fb.param("bias", ty(DType::F32, &[d(70)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
+        let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[z]).unwrap());
+        for t in [1usize, 17, 65] {
+            let ins = [random(DType::F32, &[t, 40], 1), random(DType::F32, &[70, 40], 2), random(DType::F32, &[70], 3)];
+            check(&format!("f32 proj T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+        }
+        // The same in bf16 at M = 3 (small-M, warp per column, 16-byte vectors of x and w).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+        let x = fb.param("x", ty(DType::BF16, &[d(3), d(64)]));
+        let w = fb.param("w", ty(DType::BF16, &[d(70), d(64)]));
+        let r = fb.param("r", ty(DType::BF16, &[d(3), d(70)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[r, mm], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
+        let ins = [random(DType::BF16, &[3, 64], 4), random(DType::BF16, &[70, 64], 5), random(DType::BF16, &[3, 70], 6)];
+        check("bf16 small-M residual", &g, k, gen, &ins, &bind(&[]));
+        // f32 at M = 2: a warp per column with 16-byte vectors (4 floats).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "proj32");
+        let x = fb.param("x", ty(DType::F32, &[d(2), d(64)]));
+        let w = fb.param("w", ty(DType::F32, &[d(45), d(64)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g32, k32) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let ins32 = [random(DType::F32, &[2, 64], 40), random(DType::F32, &[45, 64], 41)];
+        check("f32 small-M warp per column", &g32, k32, gen, &ins32, &bind(&[]));
+        // K-contiguous B at small M through the tiled kernel too.
+        let tiled = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
+        check("bf16 residual, tiled", &g, k, tiled, &ins, &bind(&[]));
+        // Batched, A broadcast over the batch, B not transposed (N contiguous), K = 1000.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
+        let a = fb.param("a", ty(DType::F32, &[d(5), d(1000)]));
+        let b = fb.param("b", ty(DType::F32, &[d(2), d(1000), d(17)]));
+        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let ins = [random(DType::F32, &[5, 1000], 7), random(DType::F32, &[2, 1000, 17], 8)];
+        check("f32 batched N-contiguous (small-M, thread per column)", &g, k, gen, &ins, &bind(&[]));
+        check("f32 batched N-contiguous, tiled", &g, k, tiled, &ins, &bind(&[]));
+        // transpose_a, M = 0 rows-worth of nothing: K = 0 gives zeros.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "ta");
+        let a = fb.param("a", ty(DType::F32, &[sym("K"), d(33)]));
+        let b = fb.param("b", ty(DType::F32, &[sym("K"), d(9)]));
+        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_a", Attr::Bool(true))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        for kk in [0usize, 1, 19] {
+            let ins = [random(DType::F32, &[kk, 33], 9), random(DType::F32, &[kk, 9], 10)];
+            check(&format!("f32 transpose_a K={kk}"), &g, k, gen, &ins, &bind(&[("K", kk as i64)]));
+        }
+    }
+
+    /// The staged epilogues, emulated: QKV with RoPE (Columns) and gate/up SwiGLU (Paired),
+    /// at tiny sizes with tails.
+    #[test]
+    fn emulated_staged_epilogues() {
+        use super::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate(g, k, &Target::SM_80);
+        // QKV: x [T, 24] · w [(4+2+2)·16 = 128, 24]ᵀ; q, k roped with head dim 16.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "qkv");
+        let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(24)]));
+        let w = fb.param("w", ty(DType::BF16, &[d(128), d(24)]));
+        let pos = fb.param("positions", ty(DType::I32, &[sym("T")]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let p2 = fb.op1(OpKind::Reshape, &[pos], vec![("shape", Attr::Dims(vec![sym("T"), d(1)]))]).unwrap();
+        let sl = |fb: &mut FunctionBuilder, a: i64, b: i64| fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(a))), ("end", Attr::Dim(d(b)))]).unwrap();
+        let q = sl(&mut fb, 0, 64);
+        let q = fb.op1(OpKind::Reshape, &[q], vec![("shape", Attr::Dims(vec![sym("T"), d(4), d(16)]))]).unwrap();
+        let q = fb.op1(OpKind::Rope, &[q, p2], vec![("theta", Attr::Float(10000.0))]).unwrap();
+        let kk = sl(&mut fb, 64, 96);
+        let kk = fb.op1(OpKind::Reshape, &[kk], vec![("shape", Attr::Dims(vec![sym("T"), d(2), d(16)]))]).unwrap();
+        let kk = fb.op1(OpKind::Rope, &[kk, p2], vec![("theta", Attr::Float(10000.0)), ("form", Attr::Str("interleaved".into()))]).unwrap();
+        let v = sl(&mut fb, 96, 128);
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[q, kk, v]).unwrap());
+        for t in [1usize, 5, 70] {
+            let posv = Tensor::new(DType::I32, &[t], (0..t).map(|i| (i * 3 + 1) as f64).collect()).unwrap();
+            let ins = [random(DType::BF16, &[t, 24], 11), random(DType::BF16, &[128, 24], 12), posv];
+            check(&format!("bf16 qkv+rope T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+        }
+        // The same QKV in f32 (also emulated from optimised IR under SINTER_EMU_O3).
+        let (g32, k32) = {
+            let kd = &g.kernels[k];
+            let mut body = kd.body.clone();
+            for (_, vd) in body.values.iter_mut() {
+                if vd.ty.dtype == DType::BF16 {
+                    vd.ty.dtype = DType::F32;
+                }
+            }
+            single_kernel(Family::Matmul, body)
+        };
+        let posv = Tensor::new(DType::I32, &[9], (0..9).map(|i| (i * 5) as f64).collect()).unwrap();
+        let ins = [random(DType::F32, &[9, 24], 18), random(DType::F32, &[128, 24], 19), posv];
+        check("f32 qkv+rope T=9", &g32, k32, gen, &ins, &bind(&[("T", 9)]));
+        // gate/up: x [T, 24] · w [2·40, 24]ᵀ, swiglu over the halves (40 = one 32-column
+        // tile and a tail).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "mlp");
+        let x = fb.param("x", ty(DType::F32, &[sym("T"), d(24)]));
+        let w = fb.param("w", ty(DType::F32, &[d(80), d(24)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let g0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(40)))]).unwrap();
+        let u0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(40))), ("end", Attr::Dim(d(80)))]).unwrap();
+        let o = fb.op1(OpKind::Swiglu, &[g0, u0], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
+        for t in [1usize, 17] {
+            let ins = [random(DType::F32, &[t, 24], 13), random(DType::F32, &[80, 24], 14)];
+            check(&format!("f32 gate/up swiglu T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+        }
+        // GPT-2's QKV: a bias added before the column slices.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "qkv_bias");
+        let x = fb.param("x", ty(DType::F32, &[sym("T"), d(8)]));
+        let w = fb.param("w", ty(DType::F32, &[d(96), d(8)]));
+        let b = fb.param("b", ty(DType::F32, &[d(96)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[mm, b], vec![]).unwrap();
+        let outs: Vec<Value> = (0..3).map(|i| fb.op1(OpKind::Slice, &[y], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(32 * i))), ("end", Attr::Dim(d(32 * i + 32)))]).unwrap()).collect();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&outs).unwrap());
+        let ins = [random(DType::F32, &[9, 8], 15), random(DType::F32, &[96, 8], 16), random(DType::F32, &[96], 17)];
+        check("f32 qkv with bias", &g, k, gen, &ins, &bind(&[("T", 9)]));
+    }
+
+    /// The Llama layer bodies at SmolLM2's sizes, emulated for a decode step (M = 1) or a
+    /// short prefill (M = 3) (the emulator's barriers make large grids slow).
+    #[test]
+    fn emulated_llama_bodies() {
+        use super::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate(g, k, &Target::SM_90A);
+        for m in [1usize, 3] {
+            let md = d(m as i64);
+            if m == 3 {
+                let posv = Tensor::new(DType::I32, &[m], (0..m).map(|i| (i + 100) as f64).collect()).unwrap();
+                let (g, k) = qkv_rope(md.clone(), DType::BF16);
+                let ins = [random(DType::BF16, &[m, 576], 30), random(DType::BF16, &[960, 576], 31), posv];
+                check(&format!("SmolLM2 qkv+rope M={m}"), &g, k, gen, &ins, &bind(&[]));
+            } else {
+                let (g, k) = gate_up(md.clone(), DType::BF16);
+                let ins = [random(DType::BF16, &[m, 576], 32), random(DType::BF16, &[3072, 576], 33)];
+                check(&format!("SmolLM2 gate/up M={m}"), &g, k, gen, &ins, &bind(&[]));
+            }
+            let (g, k) = o_proj_view(md);
+            let ins = [random(DType::BF16, &[1, m, 9, 64], 34), random(DType::BF16, &[576, 576], 35), random(DType::BF16, &[m, 576], 36)];
+            check(&format!("SmolLM2 o_proj M={m}"), &g, k, gen, &ins, &bind(&[]));
+        }
     }
 
     /// Epilogues use the shared element evaluator: gelu, a broadcast bias of another dtype
@@ -1614,3 +2294,380 @@ pub(crate) mod tests {
     }
 }
 
+
+/// A CPU emulator for the tests: runs a kernel's LLVM IR (as built, before the NVPTX back
+/// end; [`kit::EMIT_IR`]) on the host and compares it with the interpreter.
+///
+/// The IR is rewritten for the host — address spaces dropped, the PTX calling convention
+/// dropped, NVVM intrinsics (special registers, `bar.sync`, `bar.warp.sync`,
+/// `shfl.sync.bfly`, `ex2.approx`) and bf16 conversions turned into calls of the functions
+/// below — and compiled with MCJIT. CTAs run one after another (the kernel's shared memory is
+/// one global); the threads of a CTA run as OS threads, with `std::sync::Barrier`s for the
+/// CTA barrier and for each warp (shuffles exchange values through per-warp slots). This
+/// checks the generators' index arithmetic, masking, tiling and synchronisation structure on
+/// edge cases; it does not check the NVPTX back end or ptxas (ptxas assembles every kernel
+/// in the other tests) nor the device's `ex2.approx` (the host's `exp2` stands in).
+#[cfg(test)]
+pub(crate) mod emu {
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    use inkwell::context::Context;
+    use inkwell::memory_buffer::MemoryBuffer;
+    use inkwell::targets::{InitializationConfig, Target as LlvmTarget};
+    use inkwell::OptimizationLevel;
+    use sinter_ir::interp::{self, Tensor};
+    use sinter_ir::{Bindings, DType, Graph, Kernel, KernelGraph, KernelParam, LaunchPlan};
+
+    use super::kit::EMIT_IR;
+    use crate::CodegenError;
+
+    struct Warp {
+        barrier: Barrier,
+        slots: [AtomicU32; 32],
+    }
+
+    struct Cta {
+        barrier: Barrier,
+        warps: Vec<Warp>,
+    }
+
+    struct ThreadCtx {
+        tid: u32,
+        ntid: u32,
+        ctaid: [u32; 3],
+        nctaid: [u32; 3],
+        cta: Arc<Cta>,
+    }
+
+    thread_local! {
+        static CTX: RefCell<Option<ThreadCtx>> = const { RefCell::new(None) };
+    }
+
+    fn with<T>(f: impl FnOnce(&ThreadCtx) -> T) -> T {
+        CTX.with(|c| f(c.borrow().as_ref().expect("an emulated thread")))
+    }
+
+    extern "C" fn emu_tid_x() -> i32 {
+        with(|c| c.tid as i32)
+    }
+    extern "C" fn emu_ntid_x() -> i32 {
+        with(|c| c.ntid as i32)
+    }
+    extern "C" fn emu_ctaid_x() -> i32 {
+        with(|c| c.ctaid[0] as i32)
+    }
+    extern "C" fn emu_ctaid_y() -> i32 {
+        with(|c| c.ctaid[1] as i32)
+    }
+    extern "C" fn emu_ctaid_z() -> i32 {
+        with(|c| c.ctaid[2] as i32)
+    }
+    extern "C" fn emu_nctaid_x() -> i32 {
+        with(|c| c.nctaid[0] as i32)
+    }
+    extern "C" fn emu_nctaid_y() -> i32 {
+        with(|c| c.nctaid[1] as i32)
+    }
+    extern "C" fn emu_nctaid_z() -> i32 {
+        with(|c| c.nctaid[2] as i32)
+    }
+    extern "C" fn emu_barrier(_: i32) {
+        let cta = with(|c| c.cta.clone());
+        cta.barrier.wait();
+    }
+    extern "C" fn emu_warp_sync(_: i32) {
+        let (cta, w) = with(|c| (c.cta.clone(), c.tid / 32));
+        cta.warps[w as usize].barrier.wait();
+    }
+    extern "C" fn emu_shfl(_: i32, v: f32, lane_mask: i32, _: i32) -> f32 {
+        let (cta, tid) = with(|c| (c.cta.clone(), c.tid));
+        let warp = &cta.warps[(tid / 32) as usize];
+        let lane = (tid % 32) as usize;
+        warp.slots[lane].store(v.to_bits(), Ordering::SeqCst);
+        warp.barrier.wait();
+        let r = f32::from_bits(warp.slots[lane ^ (lane_mask as usize & 31)].load(Ordering::SeqCst));
+        warp.barrier.wait();
+        r
+    }
+    extern "C" fn emu_ex2(x: f32) -> f32 {
+        x.exp2()
+    }
+    extern "C" fn emu_div_approx(a: f32, b: f32) -> f32 {
+        a / b
+    }
+    extern "C" fn emu_f2bf(x: f32) -> u16 {
+        f32_to_bf16(x)
+    }
+    extern "C" fn emu_bf2f(b: u16) -> f32 {
+        f32::from_bits(u32::from(b) << 16)
+    }
+
+    /// f32 → bf16 bits, round to nearest even (NaN stays NaN).
+    fn f32_to_bf16(x: f32) -> u16 {
+        if x.is_nan() {
+            return 0x7fc0;
+        }
+        let b = x.to_bits();
+        let round = 0x7fff + ((b >> 16) & 1);
+        (b.wrapping_add(round) >> 16) as u16
+    }
+
+    /// The kernel's IR rewritten for the host (see the module docs), plus `emu_entry(ptr
+    /// args)` that calls the kernel with parameters loaded from an array of 8-byte slots.
+    fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
+        let renames = [
+            ("llvm.nvvm.read.ptx.sreg.tid.x", "emu_tid_x"),
+            ("llvm.nvvm.read.ptx.sreg.ntid.x", "emu_ntid_x"),
+            ("llvm.nvvm.read.ptx.sreg.ctaid.x", "emu_ctaid_x"),
+            ("llvm.nvvm.read.ptx.sreg.ctaid.y", "emu_ctaid_y"),
+            ("llvm.nvvm.read.ptx.sreg.ctaid.z", "emu_ctaid_z"),
+            ("llvm.nvvm.read.ptx.sreg.nctaid.x", "emu_nctaid_x"),
+            ("llvm.nvvm.read.ptx.sreg.nctaid.y", "emu_nctaid_y"),
+            ("llvm.nvvm.read.ptx.sreg.nctaid.z", "emu_nctaid_z"),
+            ("llvm.nvvm.barrier.cta.sync.aligned.all", "emu_barrier"),
+            ("llvm.nvvm.bar.warp.sync", "emu_warp_sync"),
+            ("llvm.nvvm.shfl.sync.bfly.f32", "emu_shfl"),
+            ("llvm.nvvm.ex2.approx.f32", "emu_ex2"),
+            ("llvm.nvvm.ex2.approx.ftz.f", "emu_ex2"),
+            ("llvm.nvvm.div.approx.f", "emu_div_approx"),
+        ];
+        let mut text = ir.replace("ptx_kernel ", "").replace("addrspace(1)", "").replace("addrspace(3)", "").replace("addrspacecast", "bitcast");
+        for (from, to) in renames {
+            text = text.replace(&format!("@{from}("), &format!("@{to}("));
+        }
+        let mut out = String::new();
+        let mut tmp = 0;
+        for line in text.lines() {
+            let t = line.trim_start();
+            let indent = &line[..line.len() - t.len()];
+            if t.starts_with("target triple") || t.starts_with("target datalayout") {
+                continue;
+            }
+            if t.starts_with("declare") && t.contains("@emu_") {
+                // Drop the intrinsic's attributes (`memory(none)` would allow merging calls).
+                let cut = t.rfind(')').map_or(t.len(), |i| i + 1);
+                out.push_str(&t[..cut]);
+                out.push('\n');
+                continue;
+            }
+            if let Some((lhs, rhs)) = t.split_once(" = fptrunc float ") {
+                if let Some(op) = rhs.strip_suffix(" to bfloat") {
+                    tmp += 1;
+                    out.push_str(&format!("{indent}%emu.t{tmp} = call i16 @emu_f2bf(float {op})\n{indent}{lhs} = bitcast i16 %emu.t{tmp} to bfloat\n"));
+                    continue;
+                }
+            }
+            if let Some((lhs, rhs)) = t.split_once(" = fpext bfloat ") {
+                if let Some(op) = rhs.strip_suffix(" to float") {
+                    tmp += 1;
+                    out.push_str(&format!("{indent}%emu.t{tmp} = bitcast bfloat {op} to i16\n{indent}{lhs} = call float @emu_bf2f(i16 %emu.t{tmp})\n"));
+                    continue;
+                }
+            }
+            assert!(!t.contains(" half ") && !t.contains(" to half"), "the emulator does not convert f16: {t}");
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str("declare i16 @emu_f2bf(float)\ndeclare float @emu_bf2f(i16)\n");
+        out.push_str("define void @emu_entry(ptr %args) {\n");
+        let mut call = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            let ty = match p {
+                KernelParam::Buffer(_) => "ptr",
+                KernelParam::Size(_) => "i64",
+            };
+            out.push_str(&format!("  %p{i} = getelementptr i64, ptr %args, i64 {i}\n  %a{i} = load {ty}, ptr %p{i}\n"));
+            call.push(format!("{ty} %a{i}"));
+        }
+        out.push_str(&format!("  call void @{entry}({})\n  ret void\n}}\n", call.join(", ")));
+        out
+    }
+
+    /// Runs `plan` (whose `ptx` holds the kernel's IR) on the host over `bufs` (every
+    /// kernel buffer's bytes, inputs then outputs) with the symbols of `bindings`.
+    fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
+        LlvmTarget::initialize_native(&InitializationConfig::default()).expect("a native LLVM target");
+        let ir = host_ir(&plan.ptx, &plan.entry, &plan.params);
+        if let Some(dir) = std::env::var_os("SINTER_EMU_DUMP") {
+            let _ = std::fs::write(std::path::Path::new(&dir).join(format!("{}_{}.ll", plan.entry, ir.len())), &ir);
+        }
+        let ctx = Context::create();
+        let module = ctx
+            .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "emu"))
+            .unwrap_or_else(|e| panic!("{}: the host IR does not parse: {e}\n{ir}", plan.entry));
+        let ee = module.create_jit_execution_engine(OptimizationLevel::None).expect("MCJIT");
+        let fns: [(&str, usize); 16] = [
+            ("emu_tid_x", emu_tid_x as *const () as usize),
+            ("emu_ntid_x", emu_ntid_x as *const () as usize),
+            ("emu_ctaid_x", emu_ctaid_x as *const () as usize),
+            ("emu_ctaid_y", emu_ctaid_y as *const () as usize),
+            ("emu_ctaid_z", emu_ctaid_z as *const () as usize),
+            ("emu_nctaid_x", emu_nctaid_x as *const () as usize),
+            ("emu_nctaid_y", emu_nctaid_y as *const () as usize),
+            ("emu_nctaid_z", emu_nctaid_z as *const () as usize),
+            ("emu_barrier", emu_barrier as *const () as usize),
+            ("emu_warp_sync", emu_warp_sync as *const () as usize),
+            ("emu_shfl", emu_shfl as *const () as usize),
+            ("emu_ex2", emu_ex2 as *const () as usize),
+            ("emu_div_approx", emu_div_approx as *const () as usize),
+            ("emu_f2bf", emu_f2bf as *const () as usize),
+            ("emu_bf2f", emu_bf2f as *const () as usize),
+            ("emu_tid_x", emu_tid_x as *const () as usize),
+        ];
+        for (name, addr) in fns {
+            if let Some(f) = module.get_function(name) {
+                ee.add_global_mapping(&f, addr);
+            }
+        }
+        let mut dynamic = vec![0u8; plan.shared_bytes as usize + 16];
+        if let Some(g) = module.get_global("smem_dyn") {
+            let addr = (dynamic.as_mut_ptr() as usize).div_ceil(16) * 16;
+            ee.add_global_mapping(&g, addr);
+        }
+        // SAFETY: `emu_entry` has this signature (built just above).
+        let entry = unsafe { ee.get_function::<unsafe extern "C" fn(*const u64)>("emu_entry") }.expect("emu_entry");
+        let f = unsafe { entry.as_raw() };
+        let args: Vec<u64> = plan
+            .params
+            .iter()
+            .map(|p| match p {
+                KernelParam::Buffer(i) => bufs[*i].as_mut_ptr() as u64,
+                KernelParam::Size(d) => d.eval(bindings).expect("a bound size") as u64,
+            })
+            .collect();
+        let grid: Vec<u32> = plan.grid.iter().map(|g| g.eval(bindings).expect("a bound grid")).collect();
+        let threads = plan.block[0];
+        let args_addr = args.as_ptr() as usize;
+        // One OS thread per kernel thread, reused for every CTA in turn: a barrier of all
+        // threads separates CTAs (their shared memory is one global).
+        let cta = Arc::new(Cta {
+            barrier: Barrier::new(threads as usize),
+            warps: (0..threads.div_ceil(32)).map(|_| Warp { barrier: Barrier::new(32), slots: std::array::from_fn(|_| AtomicU32::new(0)) }).collect(),
+        });
+        let (gx, gy, gz) = (grid[0], grid[1], grid[2]);
+        let ctas: Vec<[u32; 3]> = (0..gz).flat_map(|z| (0..gy).flat_map(move |y| (0..gx).map(move |x| [x, y, z]))).collect();
+        std::thread::scope(|s| {
+            for tid in 0..threads {
+                let cta = cta.clone();
+                let nctaid = [grid[0], grid[1], grid[2]];
+                let ctas = &ctas;
+                std::thread::Builder::new()
+                    .stack_size(8 << 20)
+                    .spawn_scoped(s, move || {
+                        for &ctaid in ctas {
+                            CTX.with(|c| *c.borrow_mut() = Some(ThreadCtx { tid, ntid: threads, ctaid, nctaid, cta: cta.clone() }));
+                            // SAFETY: the kernel reads the argument slots and the buffers they
+                            // point to, which outlive the scope; its own bounds checks are
+                            // what this tests.
+                            unsafe { f(args_addr as *const u64) };
+                            cta.barrier.wait();
+                        }
+                        CTX.with(|c| *c.borrow_mut() = None);
+                    })
+                    .expect("a thread");
+            }
+        });
+        drop(dynamic);
+    }
+
+    /// Bytes past each output's extent, filled with a canary and checked after the run.
+    const GUARD: usize = 256;
+
+    fn to_bytes(t: &Tensor) -> Vec<u8> {
+        let mut v = Vec::new();
+        for &x in t.data() {
+            match t.dtype() {
+                DType::BF16 => v.extend(f32_to_bf16(x as f32).to_le_bytes()),
+                DType::F32 => v.extend((x as f32).to_le_bytes()),
+                DType::I32 => v.extend((x as i32).to_le_bytes()),
+                DType::I64 => v.extend((x as i64).to_le_bytes()),
+                DType::Bool => v.push(u8::from(x != 0.0)),
+                DType::F16 => panic!("the emulator does not convert f16"),
+            }
+        }
+        v.extend(std::iter::repeat_n(0xA5, GUARD));
+        v
+    }
+
+    fn from_bytes(dt: DType, b: &[u8], n: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| match dt {
+                DType::BF16 => f64::from(emu_bf2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
+                DType::F32 => f64::from(f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])),
+                other => panic!("output dtype {other} not compared"),
+            })
+            .collect()
+    }
+
+    /// Generates kernel `k` with `gen` (as IR), runs it on `inputs` under `bindings` and
+    /// compares every output with the interpreter's run of the kernel's body: element-wise
+    /// within DESIGN.md's tolerance (bf16: rtol 1.6e-2, atol 1e-2·max|ref|; f32: rtol 1e-5,
+    /// atol 1e-6·max|ref| — loosened to 2e-5 for the host's exp2), NaN exactly where the
+    /// reference has NaN, and nothing written past any output.
+    pub(crate) fn check(what: &str, g: &KernelGraph, k: Kernel, gen: impl Fn(&KernelGraph, Kernel) -> Result<LaunchPlan, CodegenError>, inputs: &[Tensor], bindings: &Bindings) {
+        let body = &g.kernels[k].body;
+        if std::env::var_os("SINTER_EMU_O3").is_some() && body.values.values().any(|v| v.ty.dtype == DType::BF16) {
+            // Optimised IR computes in bf16 where it can prove it exact (`fadd bfloat`), which
+            // the host JIT cannot lower without compiler-rt's bf16 routines.
+            eprintln!("{what}: skipped under SINTER_EMU_O3 (bf16)");
+            return;
+        }
+        let mut graph = Graph::new();
+        graph.add_func(body.clone());
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let want = interp::run(&graph, &body.name, &refs, bindings).unwrap_or_else(|e| panic!("{what}: reference: {e}"));
+        EMIT_IR.with(|f| f.set(true));
+        let plan = gen(g, k);
+        EMIT_IR.with(|f| f.set(false));
+        let plan = plan.unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut bufs: Vec<Vec<u8>> = inputs.iter().map(to_bytes).collect();
+        for w in &want {
+            let mut b = vec![0xFFu8; w.data().len() * w.dtype().size_bytes()];
+            b.extend(std::iter::repeat_n(0xA5, GUARD));
+            bufs.push(b);
+        }
+        run(&plan, bindings, &mut bufs);
+        for (j, w) in want.iter().enumerate() {
+            let b = &bufs[inputs.len() + j];
+            let n = w.data().len();
+            let bytes = n * w.dtype().size_bytes();
+            assert!(b[bytes..].iter().all(|&x| x == 0xA5), "{what}: output {j} written past its end");
+            let got = from_bytes(w.dtype(), b, n);
+            let maxref = w.data().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+            let (rtol, atol) = match w.dtype() {
+                DType::BF16 => (1.6e-2, 1e-2 * maxref),
+                _ => (2e-5, 2e-6 * maxref),
+            };
+            let mut worst = 0.0f64;
+            for (i, (&o, &r)) in got.iter().zip(w.data()).enumerate() {
+                if r.is_nan() || o.is_nan() {
+                    assert!(r.is_nan() && o.is_nan(), "{what}: output {j} element {i}: {o} vs reference {r}");
+                    continue;
+                }
+                if r.is_infinite() || o.is_infinite() {
+                    assert_eq!(o, r, "{what}: output {j} element {i}");
+                    continue;
+                }
+                let err = (o - r).abs();
+                assert!(err <= atol + rtol * r.abs(), "{what}: output {j} element {i} (of {:?}): {o} vs reference {r} (max |ref| {maxref})", w.shape());
+                worst = worst.max(err);
+            }
+            eprintln!("{what}: output {j} {:?} matches (max abs error {worst:.3e}, max |ref| {maxref:.3e})", w.shape());
+        }
+    }
+
+    /// Deterministic values in [−1, 1) (a 64-bit LCG), rounded to `dt`.
+    pub(crate) fn random(dt: DType, shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let data = (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::new(dt, shape, data).expect("a tensor")
+    }
+}

@@ -8,7 +8,7 @@
 //! (`add sub mul div maximum minimum pow`), comparisons, `select`, `swiglu`, `rope` (both
 //! forms), sources (`constant`, `iota`) and views (`reshape`, `slice`, `broadcast`,
 //! `transpose`, `permute`, `concat`, `gather`) — whose outputs all have one shape `S`. Each
-//! output element is computed by the [`super::element`] evaluator: operands are read from
+//! output element is computed by the `element.rs` evaluator: operands are read from
 //! their buffers with their strides (0 for broadcast axes), every op computes in `f32` (or
 //! in its integer dtype, saturating) and rounds its result to its dtype, as the interpreter
 //! does. Transcendentals are [`crate::math`]'s: `f32` results get the precise versions

@@ -8,7 +8,7 @@
 //! space*; `N` any length: 1, 17, 1000, 3420, 4096, 262144, or a symbol; any number of rows
 //! `R = ΠL`). The body's outputs are *row values* (shape `[L…, N]`, written per element) or
 //! *row scalars* (`[L…, 1]` or `[L…]`, written once per row); prologue and epilogue ops are
-//! evaluated element by element by the [`super::element`] evaluator, a row node's result
+//! evaluated element by element by the `element.rs` evaluator, a row node's result
 //! being read through its row statistics. Numerics (DESIGN.md, "Numerical conventions"):
 //!
 //! - statistics in f32 (integer sums, maxima and minima in i64, saturated to the dtype);
@@ -19,25 +19,30 @@
 //! - `log_softmax = (x − m) − log Σe` with the precise [`crate::math::log`];
 //! - `rms_norm`: `r = 1/√(Σx²/N + eps)` with `eps` rounded to f32 and added in f32,
 //!   `out = round(round(x·r)·w)` (a zero row gives 0); `layer_norm`: two passes over the row
-//!   (mean, then the biased variance of `x − mean`: exact, no Welford), `out =
-//!   round(round((x−mean)·r)·w + b)`.
+//!   (mean₀ = Σx/N, then `Σ(x − mean₀)` and `Σ(x − mean₀)²` together: the corrected two-pass
+//!   algorithm, mean = mean₀ + d, var = Σ(x−mean₀)²/N − d², accurate even for rows with a
+//!   large mean and a small spread; no Welford), `out = round(round((x−mean)·r)·w + b)`.
 //!
 //! # Schedule ([`RowSchedule`])
-//! A row is reduced by one warp (short rows: `N ≤ 128·vec`, four rows per 128-thread CTA)
-//! or one CTA of up to 1024 threads. Each thread reduces its elements sequentially, then the
-//! row group combines the per-thread partials with butterfly shuffles
-//! (`shfl.sync.bfly`, CUDA C Programming Guide §7.22, PTX ISA §9.7.8.6) and, across warps,
-//! through shared memory (each warp's result in `smem[warp]`, a barrier, and every thread
-//! combining the `T/32` partials in the same order, so all threads hold the same bits — as
-//! Triton's reduce lowering does: thread → warp shuffle → shared memory).
+//! A row is reduced by one warp (short rows: `N ≤ 64·vec`, four rows per 128-thread CTA) or
+//! one CTA of 64 to 1024 threads (`vec` = 16 bytes of the narrowest row buffer: 8 `bf16`, 4
+//! `f32`, halved until it divides `N`). Each thread reduces its elements sequentially, then
+//! the row group combines the per-thread partials with butterfly shuffles (`shfl.sync.bfly`,
+//! CUDA C Programming Guide §7.22, PTX ISA §9.7.8.6) and, across warps, through shared memory
+//! (each warp's result in `smem[warp]`, a barrier, and every thread combining the `T/32`
+//! partials in the same order, so all threads hold the same bits — as Triton's reduce lowering
+//! does: thread → warp shuffle → shared memory). Rows are looped over grid-stride.
 //!
-//! - **One read** (`N` constant, at most 32 elements per thread, 16 with 1024 threads): the
-//!   thread's elements are
-//!   loaded once (16-byte vectors where proven) and stay in registers through every
-//!   reduction level and the output pass.
-//! - **Multi-pass** (long or symbolic rows, e.g. `N ≥ 64k` or `N = T`): a loop over the row
-//!   per reduction level (`softmax`: max, then sum, then the output pass: three reads of the
-//!   row, the later ones mostly from L2), `unroll` vectors per thread per iteration.
+//! - **One read** (`N` constant, at most 32 elements per thread, 16 with 1024 threads; e.g.
+//!   `N = 4096` `bf16`: 256 threads × 2 vectors of 8): the thread's elements are loaded once
+//!   (16-byte vectors where proven) and stay in registers through every reduction level and
+//!   the output pass. Elements past the row end (a partial last vector group) are read at a
+//!   clamped in-bounds address and masked out of the statistics and the stores.
+//! - **Multi-pass** (longer rows, e.g. `N ≥ 32k` `bf16`, or a symbolic `N`): 512 threads (256
+//!   for a symbolic `N`) loop over the row once per reduction level (`softmax`: max, then sum,
+//!   then the output pass: three reads of the row, the later ones mostly from L2), `unroll`
+//!   vectors per thread per iteration. (An online-softmax variant merging the first two passes
+//!   is not implemented.)
 //!
 //! A reduction *level* is a set of statistics that can be computed in the same pass: a
 //! statistic's level is one more than the deepest statistic its input depends on (softmax's
@@ -198,7 +203,9 @@ enum StatKind {
     SumSquares,
     /// `layer_norm`: Σ x.
     LnSum,
-    /// `layer_norm`: Σ (x − mean)².
+    /// `layer_norm`: Σ (x − mean₀), the correction of the first pass's mean.
+    LnDev,
+    /// `layer_norm`: Σ (x − mean₀)².
     LnVar,
 }
 
@@ -309,7 +316,7 @@ impl Analysis {
                 ReduceMin => (vec![(StatKind::Reduce(Combine::Min), dep + 1)], dep + 1),
                 Softmax | LogSoftmax => (vec![(StatKind::SoftmaxMax, dep + 1), (StatKind::SoftmaxSum, dep + 2)], dep + 2),
                 RmsNorm => (vec![(StatKind::SumSquares, dep + 1)], dep + 1),
-                _ => (vec![(StatKind::LnSum, dep + 1), (StatKind::LnVar, dep + 2)], dep + 2),
+                _ => (vec![(StatKind::LnSum, dep + 1), (StatKind::LnDev, dep + 2), (StatKind::LnVar, dep + 2)], dep + 2),
             };
             if int && !matches!(nd.op.kind, ReduceSum | ReduceMax | ReduceMin) {
                 return Err(cx.bad(format!("{node} `{}` of an integer tensor", nd.op.kind.name())));
@@ -400,6 +407,13 @@ fn depth(body: &Function, v: Value, final_level: &HashMap<Node, usize>) -> usize
         }
     }
     best
+}
+
+/// Row statistics of a node waiting for the rest of its statistics: softmax's `(m, m is −inf,
+/// m_safe)`, layer_norm's mean correction `d`.
+struct Pending<'ctx> {
+    softmax: HashMap<Node, (FloatValue<'ctx>, IntValue<'ctx>, FloatValue<'ctx>)>,
+    ln: HashMap<Node, FloatValue<'ctx>>,
 }
 
 struct Emitter<'p, 'ctx> {
@@ -534,7 +548,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             None => None,
         };
         // Pending softmax / layer-norm pieces.
-        let mut pending_m: HashMap<Node, (FloatValue<'ctx>, IntValue<'ctx>, FloatValue<'ctx>)> = HashMap::new();
+        let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
         for level in 1..=self.plan.levels {
             let stats: Vec<Stat> = self.plan.stats.iter().copied().filter(|st| st.level == level).collect();
             let partials = match &chunks {
@@ -662,17 +676,21 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 }
                 out
             }
-            StatKind::LnVar => {
+            StatKind::LnDev | StatKind::LnVar => {
                 let Some(RowScalars::LayerNormMean { mean }) = ev.rows.get(&st.node).copied() else {
                     return Err(CodegenError::Builder("layer_norm variance before its mean".into()));
                 };
                 let cs = ev.centered(st.node, mean, at)?;
-                let mut out = Vec::with_capacity(cs.len());
-                for v in cs {
-                    let f = v.f()?;
-                    out.push(Scalar::F(ev.kb.fmul(f, f)?));
+                if st.kind == StatKind::LnDev {
+                    cs
+                } else {
+                    let mut out = Vec::with_capacity(cs.len());
+                    for v in cs {
+                        let f = v.f()?;
+                        out.push(Scalar::F(ev.kb.fmul(f, f)?));
+                    }
+                    out
                 }
-                out
             }
         };
         vals.into_iter()
@@ -901,7 +919,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     }
 
     /// Turns a statistic's total into the row scalars its node's outputs read.
-    fn finish_stat(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, total: Acc<'ctx>, nv: IntValue<'ctx>, pending: &mut HashMap<Node, (FloatValue<'ctx>, IntValue<'ctx>, FloatValue<'ctx>)>) -> R<()> {
+    fn finish_stat(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, total: Acc<'ctx>, nv: IntValue<'ctx>, pending: &mut Pending<'ctx>) -> R<()> {
+        let Pending { softmax: pending, ln: pending_d } = pending;
         let nd = &ev.f.nodes[st.node];
         let kind = nd.op.kind;
         let result = nd.results[0];
@@ -953,16 +972,32 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 RowScalars::RmsNorm { r: ev.kb.fdiv(one, sq)? }
             }
             (StatKind::LnSum, Acc::F(sum)) => RowScalars::LayerNormMean { mean: ev.kb.fdiv(sum, nf)? },
+            (StatKind::LnDev, Acc::F(dev)) => {
+                // Corrected two-pass (Björck; Chan, Golub & LeVeque 1983): the first pass's
+                // f32 mean is off by d = Σ(x − mean₀)/N, which this pass measures exactly
+                // enough; var = Σ(x − mean₀)²/N − d².
+                let Some(RowScalars::LayerNormMean { mean }) = ev.rows.get(&st.node).copied() else {
+                    return Err(CodegenError::Builder("layer_norm correction before mean".into()));
+                };
+                let d = ev.kb.fdiv(dev, nf)?;
+                pending_d.insert(st.node, d);
+                RowScalars::LayerNormMean { mean }
+            }
             (StatKind::LnVar, Acc::F(ss)) => {
                 let Some(RowScalars::LayerNormMean { mean }) = ev.rows.get(&st.node).copied() else {
                     return Err(CodegenError::Builder("layer_norm variance before mean".into()));
                 };
-                let var = ev.kb.fdiv(ss, nf)?;
+                let d = pending_d.get(&st.node).copied().ok_or_else(|| CodegenError::Builder("layer_norm variance before its correction".into()))?;
+                let m2 = ev.kb.fdiv(ss, nf)?;
+                let nd = ev.kb.fneg(d)?;
+                let var = ev.kb.ffma(nd, d, m2)?;
+                let zero = ev.kb.f32c(0.0);
+                let var = ev.kb.combine_f32(Combine::Max, var, zero)?;
                 let e = ev.kb.f32c(eps.unwrap_or(0.0));
                 let v = ev.kb.fadd(var, e)?;
                 let sq = ev.kb.fsqrt(v)?;
                 let one = ev.kb.f32c(1.0);
-                RowScalars::LayerNorm { mean, r: ev.kb.fdiv(one, sq)? }
+                RowScalars::LayerNorm { mean, d, r: ev.kb.fdiv(one, sq)? }
             }
             _ => return Err(CodegenError::Builder("a statistic of the wrong kind".into())),
         };
