@@ -395,7 +395,7 @@ fn gpu_zoo_models_match_the_interpreter() {
     assert!(fails.is_empty(), "{} zoo failures:\n{}", fails.len(), fails.join("\n"));
 }
 
-/// SmolLM2-135M on the GPU (one kernel per node; kernels from the cache): teacher-forced logits
+/// SmolLM2-135M on the GPU (fused kernels, from the cache): teacher-forced logits
 /// against the transformers fixture with the bf16 tolerance of `tests/smollm2.rs`, and the
 /// greedy answer names Paris. Skipped where the model or the GPU is missing.
 #[test]
@@ -408,7 +408,7 @@ fn gpu_smollm2_matches_the_fixture_and_answers() {
         return;
     }
     let model = sinter::llm::LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
-    let engine = sinter::llm::Engine::new_gpu(model, &dev, Lowering::Unfused).unwrap();
+    let engine = sinter::llm::Engine::new_gpu(model, &dev, Lowering::Fused).unwrap();
     let fixture: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2/fixture.json")).unwrap()).unwrap();
     let vocab = engine.model().cfg.vocab;
