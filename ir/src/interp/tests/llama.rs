@@ -1,7 +1,6 @@
 //! A small Llama-like decoder layer (rms_norm, matmuls, rope, GQA attention, swiglu) defined
 //! once and called twice from `@main` with different weights.
 
-use std::time::Instant;
 
 use super::*;
 use crate::builder::{BuildError, FunctionBuilder};
