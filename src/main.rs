@@ -151,6 +151,18 @@ enum Cmd {
         /// The file.
         file: PathBuf,
     },
+    /// Run the fusion passes on a zoo model (smollm2-135m, llama3-8b, gpt2) or a `.sir` file and
+    /// print the fusion report, the kernels and the kernels per layer.
+    Explain {
+        /// A zoo model's name or a `.sir` file.
+        target: String,
+        /// Storage dtype (zoo models).
+        #[arg(long, value_enum, default_value_t = Dt::Bf16)]
+        dtype: Dt,
+        /// Write Graphviz files of each graph before and after fusion into this folder.
+        #[arg(long)]
+        dot: Option<PathBuf>,
+    },
     /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2).
     Graph {
         /// The model's zoo name.
@@ -168,6 +180,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Demo => demo(),
+        Cmd::Explain { target, dtype, dot } => explain(&target, dtype.into(), dot.as_deref()),
         Cmd::Bench { only, anchors, iters, json, precompile } => match precompile {
             Some(t) => sinter::bench::precompile(&only, &t).map(|s| eprintln!("{} kernels: {} compiled, {} already cached", s.kernels, s.built, s.cached)).map_err(Into::into),
             None => bench(&only, anchors.as_deref(), iters, json.as_deref()),
@@ -226,6 +239,40 @@ fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json:
     let rows = sinter::bench::run(only, &anchors, iters.max(1))?;
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>) -> AnyResult {
+    let graphs: Vec<(String, sinter::Graph)> = if target.ends_with(".sir") {
+        let text = std::fs::read_to_string(target).map_err(|e| format!("cannot read {target}: {e}"))?;
+        vec![("graph".into(), sinter::ir::parse(&text).map_err(|e| format!("{target}:{e}"))?)]
+    } else if target == "gpt2" {
+        vec![("prefill".into(), zoo::build(target, zoo::Mode::Prefill, dtype)?)]
+    } else {
+        vec![("prefill".into(), zoo::build(target, zoo::Mode::Prefill, dtype)?), ("decode".into(), zoo::build(target, zoo::Mode::Decode, dtype)?)]
+    };
+    for (mode, g) in &graphs {
+        let (kg, report) = sinter_passes::compile(g, &sinter_passes::PassOptions::default())?;
+        println!("=== {target} ({mode}) ===");
+        println!("{report}");
+        for (k, kd) in kg.kernels.iter() {
+            let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
+            println!("{k} {:?}: {}", kd.family, ops.join(" "));
+        }
+        let block = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
+        if let Some(n) = block {
+            println!("kernels per layer ({mode}): {n}");
+        }
+        if let Some(dir) = dot {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            let name = std::path::Path::new(target).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| target.to_string());
+            let before = dir.join(format!("{name}-{mode}-before.dot"));
+            let after = dir.join(format!("{name}-{mode}-after.dot"));
+            std::fs::write(&before, sinter_passes::report::graph_dot(g)).map_err(|e| format!("cannot write {}: {e}", before.display()))?;
+            std::fs::write(&after, report.to_dot(&kg)).map_err(|e| format!("cannot write {}: {e}", after.display()))?;
+            eprintln!("wrote {} and {}", before.display(), after.display());
+        }
     }
     Ok(())
 }

@@ -208,3 +208,20 @@ fn smollm2_full_size_kernel_counts() {
         insta::assert_snapshot!(name, report_for(&report, &["main", "layer#0", "layer#29"]));
     }
 }
+
+/// `sinter explain` prints the fusion report and the kernels per layer, and writes Graphviz
+/// files that `dot` accepts.
+#[test]
+fn explain_prints_kernels_per_layer_and_writes_dot() {
+    let dir = std::env::temp_dir().join(format!("sinter-explain-{}", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["explain", "gpt2", "--dot"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kernels per layer (prefill): "), "{text}");
+    let after = std::fs::read_to_string(dir.join("gpt2-prefill-after.dot")).unwrap();
+    assert!(after.starts_with("digraph"), "{}", &after[..after.len().min(80)]);
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["explain", "gpt5"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no zoo model is called `gpt5`"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
