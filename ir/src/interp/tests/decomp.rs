@@ -420,7 +420,12 @@ proptest! {
         let decomp = build(&params, |b, p| Ok(vec![attention_decomposed(b, p, &c)?]));
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let (a, r) = run_both(&fused, &decomp, &refs);
-        assert_close(&a, &r, c.dtype, &format!("attention {c:?}"));
+        // With large scores (`big`) the f32 decomposition rounds exp(s − max) and the row sum
+        // in f32 over up to 47 keys; its error reaches a few 1e-6·max|ref| where the fused op,
+        // computed in f64, has none. Widen the absolute tolerance to 1e-5·max|ref| there.
+        let max = r.data().iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+        let extra = if c.big && c.dtype == DType::F32 { 1e-5 * max } else { 0.0 };
+        assert_close_with(&a, &r, c.dtype, extra, &format!("attention {c:?}"));
         for b in 0..c.batch {
             for h in 0..c.heads {
                 for i in 0..c.sq {
