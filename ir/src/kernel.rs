@@ -92,6 +92,23 @@ pub enum Family {
     Layout,
 }
 
+impl Family {
+    /// The lower-case name (`pointwise`, `row_reduction`, ...), as kernel entry points, body
+    /// names and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Pointwise => "pointwise",
+            Family::RowReduction => "row_reduction",
+            Family::Matmul => "matmul",
+            Family::Attention => "attention",
+            Family::PagedAttention => "paged_attention",
+            Family::KvAppend => "kv_append",
+            Family::Gather => "gather",
+            Family::Layout => "layout",
+        }
+    }
+}
+
 /// One kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelData {

@@ -604,16 +604,7 @@ fn chain_nodes(f: &Function, uses: &Uses, part: &Partition, v: Value) -> Vec<Nod
 
 /// The lower-case name of a family (kernel names, reports).
 pub fn family_name(f: Family) -> &'static str {
-    match f {
-        Family::Pointwise => "pointwise",
-        Family::RowReduction => "row_reduction",
-        Family::Matmul => "matmul",
-        Family::Attention => "attention",
-        Family::PagedAttention => "paged_attention",
-        Family::KvAppend => "kv_append",
-        Family::Gather => "gather",
-        Family::Layout => "layout",
-    }
+    f.name()
 }
 
 /// One kernel per node of the graph (calls inlined, no rewriting, no fusion): the baseline the

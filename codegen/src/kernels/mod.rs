@@ -43,16 +43,7 @@ use crate::CodegenError;
 
 /// The lower-case name of a family, as used in entry-point names (`k3_pointwise`).
 pub fn family_name(f: Family) -> &'static str {
-    match f {
-        Family::Pointwise => "pointwise",
-        Family::RowReduction => "row_reduction",
-        Family::Matmul => "matmul",
-        Family::Attention => "attention",
-        Family::PagedAttention => "paged_attention",
-        Family::KvAppend => "kv_append",
-        Family::Gather => "gather",
-        Family::Layout => "layout",
-    }
+    f.name()
 }
 
 /// A kernel being generated: the graph, the kernel and its data, with the checks every
