@@ -13,6 +13,7 @@
 pub mod builder;
 pub mod dim;
 pub mod dtype;
+pub mod epilogue;
 pub mod graph;
 pub mod infer;
 pub mod interp;

@@ -33,15 +33,17 @@
 //! Layout copy kernel).
 //!
 //! **Within the code generator's contract** ([`crate::PassOptions::codegen_contract`], the
-//! default; [`crate::contract`]) the bodies are narrower: a Matmul body is its matmul on
-//! kernel inputs and an element-wise epilogue writing outputs of the matmul's shape (the
-//! column slices of a merged projection are read, strided, by the Pointwise kernels after
-//! it); Attention and PagedAttention bodies are the single op on kernel inputs; a KvAppend
-//! body may compute its new rows (views, RoPE) but writes only the pages. An operand these
-//! generators read as a buffer, when it is a view, is written by the Pointwise/Layout kernel
-//! that computes its base or by a Layout kernel of its own (a reshape of an attention output
-//! before the output projection is then a copy). [`build_within_contract`] checks every
-//! kernel and splits any the partitioner got wrong.
+//! default; [`crate::contract`]) the bodies are what the generators accept: a Matmul body is
+//! its matmul on kernel inputs (through views) and an epilogue that
+//! [`sinter_ir::epilogue::analyse`] accepts — for a decoder layer, the QKV projection with
+//! RoPE on Q and K that also scatters K and V into the paged cache (`kv_append`), and the
+//! gate/up projection with SwiGLU over its halves; Attention and PagedAttention bodies are
+//! the single op on views of kernel inputs, writing through a reshape; a KvAppend body may
+//! compute its new rows (views, RoPE) but writes only the pages. An operand these generators
+//! read as a buffer is read in place when it is a view of a buffer (a reshape of an
+//! attention output before the output projection costs nothing), and otherwise written by the
+//! kernel that computes its base or by a Layout kernel of its own. [`build_within_contract`]
+//! checks every kernel and splits any the partitioner got wrong.
 //!
 //! **Aliasing.** `kv_append` is functional in the IR; on the device its outputs are its page
 //! inputs updated in place. The report lists these aliases (`FusionReport::aliases`).
@@ -524,7 +526,16 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
         }
     }
     if order.len() != specs.len() {
-        return Err(PassError::Lower("internal: the kernel graph is cyclic".into()));
+        let stuck: Vec<String> = (0..specs.len())
+            .filter(|&si| !done[si])
+            .take(6)
+            .map(|si| {
+                let ops: Vec<&str> = specs[si].members.iter().map(|&n| f.nodes[n].op.kind.name()).collect();
+                let waits: Vec<usize> = deps[si].iter().copied().filter(|&d| !done[d]).collect();
+                format!("kernel of [{}] waits for {waits:?}", ops.join(" "))
+            })
+            .collect();
+        return Err(PassError::Lower(format!("internal: the kernel graph is cyclic: {}", stuck.join("; "))));
     }
     // Buffers.
     let mut kg = KernelGraph::default();

@@ -34,19 +34,22 @@
 //!
 //! - every `slice` is a view (the element evaluator reads any slice strided), so the column
 //!   slices of a merged QKV or gate/up output are read by the kernels that use them;
-//! - a matmul epilogue takes only element-wise nodes of the matmul's output shape that read
-//!   the matmul's result (or an epilogue value) directly — the epilogue sees one accumulator
-//!   element, so slices, reshapes and `rope` of the result go to the next Pointwise kernel;
-//!   `rope` joins no RowReduction either;
-//! - a Pointwise kernel used only by a `kv_append` becomes its prologue (the new K rows'
-//!   RoPE in decode);
+//! - a matmul epilogue takes element-wise nodes and `rope` (positions from elsewhere) no
+//!   larger than the matmul's output that read its values directly or through `reshape`s and
+//!   last-axis slices — the column segments of a merged QKV projection with RoPE, the halves
+//!   of a merged gate/up projection; `rope` joins no RowReduction;
+//! - a `kv_append` whose new K and V rows both come from one Matmul kernel joins it (the QKV
+//!   projection's epilogue scatters K and V into the paged cache) when its pages are buffers
+//!   and its block table and positions come from elsewhere; otherwise a Pointwise kernel used
+//!   only by a `kv_append` becomes its prologue;
 //! - [`legalise`]: an operand that a generator reads as a buffer (matmul and attention
 //!   operands, `kv_append`'s pages) or a graph output that is a view must be written by some
-//!   kernel: the Pointwise/Layout kernel its view chain starts from writes it when its outputs
-//!   keep one shape, otherwise a Layout kernel of its own does (a *root*: a view chain a
-//!   kernel computes and writes); Layout kernels of roots merge into a kernel of the same
-//!   output shape reading the same kernels (the V and K of a QKV split, all of GPT-2's Q, K
-//!   and V);
+//!   kernel, unless the generator can read it as a view of a buffer (`reshape`s and `slice`s
+//!   of a written value, no reshape of a strided slice): the Pointwise/Layout kernel its view
+//!   chain starts from writes it when its outputs keep one shape, a Matmul kernel writes a
+//!   column view of its values as an output of its own, otherwise a Layout kernel of its own
+//!   does (a *root*: a view chain a kernel computes and writes); Layout kernels of roots merge
+//!   into a kernel of the same output shape reading the same kernels;
 //! - a kernel that still breaks the contract (checked on the built bodies) is split into
 //!   one kernel per node ([`dissolve`]).
 
@@ -369,6 +372,11 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     }
                 }
             }
+            Role::Anchor(Family::KvAppend) if contract && kv_append_joins(f, &uses, &p, n).is_some() => {
+                if let Some(g) = kv_append_joins(f, &uses, &p, n) {
+                    join(&mut p, g, n);
+                }
+            }
             Role::Anchor(fam) => {
                 let limit = if fam == Family::Matmul { out_n } else { 0.0 };
                 let g = new_group(&mut p, fam, n, limit);
@@ -415,20 +423,63 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
     p
 }
 
-/// Whether element-wise node `n` may join Matmul kernel `g` as epilogue under the contract:
-/// its result has the matmul's shape, and every operand computed in `g` is the result of a
-/// member (no view between) of the matmul's shape. (The epilogue is evaluated from one
-/// accumulator element: anything reading the result at another coordinate is wrong.)
+/// Whether node `n` may join Matmul kernel `g` as epilogue under the contract (what
+/// [`sinter_ir::epilogue::analyse`] accepts; the built kernel is checked again): an
+/// element-wise node or a `rope` (positions not from `g`) whose result is no larger than the
+/// matmul's, reading `g`'s values directly or through `reshape`s and column slices (a merged
+/// QKV or gate/up projection's parts).
 fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> bool {
     let nd = &f.nodes[n];
-    let shape = &p.groups[g].shape;
-    if !is_elementwise(nd.op.kind) || nd.results.iter().any(|&r| f.ty(r).shape != *shape) {
+    if !(is_elementwise(nd.op.kind) || nd.op.kind == OpKind::Rope) {
         return false;
     }
-    nd.inputs.iter().all(|&v| {
-        let from_g = uses.bases(f, v).iter().any(|b| uses.producer.get(b).and_then(|pn| p.group_of.get(pn)) == Some(&g));
-        !from_g || (uses.producer.get(&v).and_then(|pn| p.group_of.get(pn)) == Some(&g) && f.ty(v).shape == *shape)
+    let in_g = |x: Value| uses.producer.get(&x).and_then(|pn| p.group_of.get(pn)) == Some(&g);
+    nd.inputs.iter().enumerate().all(|(i, &v)| {
+        let from_g = uses.bases(f, v).iter().any(|b| in_g(*b));
+        if !from_g {
+            return true;
+        }
+        if nd.op.kind == OpKind::Rope && i != 0 {
+            return false;
+        }
+        // Walk the view chain back to g: reshapes and last-axis slices only.
+        let mut x = v;
+        loop {
+            if in_g(x) {
+                return true;
+            }
+            let Some(&pn) = uses.producer.get(&x) else { return false };
+            let vnd = &f.nodes[pn];
+            let last_axis_slice = vnd.op.kind == OpKind::Slice && vnd.op.int("axis").is_some_and(|a| a == -1 || a + 1 == f.ty(vnd.inputs[0]).rank() as i64);
+            if !(vnd.op.kind == OpKind::Reshape || last_axis_slice) {
+                return false;
+            }
+            x = vnd.inputs[0];
+        }
     })
+}
+
+/// The Matmul kernel a `kv_append` node `n` joins under the contract: the one computing both
+/// its new K and V rows (through views), when its pages are buffers (graph parameters or
+/// another kernel's results, updated in place), its block table and positions are not computed there, and joining closes no
+/// cycle — the projection's epilogue then scatters K and V into the cache.
+fn kv_append_joins(f: &Function, uses: &Uses, p: &Partition, n: Node) -> Option<usize> {
+    let nd = &f.nodes[n];
+    if nd.inputs.len() != 6 {
+        return None;
+    }
+    let group = |v: Value| -> Vec<Option<usize>> { uses.bases(f, v).iter().map(|b| uses.producer.get(b).and_then(|pn| p.group_of.get(pn)).copied()).collect() };
+    let (gk, gv) = (group(nd.inputs[2]), group(nd.inputs[3]));
+    let g = match (gk.as_slice(), gv.as_slice()) {
+        ([Some(a)], [Some(b)]) if a == b && p.groups[*a].family == Family::Matmul && !p.groups[*a].pinned => *a,
+        _ => return None,
+    };
+    let pages_outside = nd.inputs[..2].iter().all(|&v| {
+        let computed = uses.producer.get(&v).is_some_and(|&pn| !matches!(role_in(f, pn, uses.contract), Role::View | Role::Source));
+        (computed || !uses.producer.contains_key(&v)) && !group(v).contains(&Some(g))
+    });
+    let others_outside = nd.inputs[4..].iter().all(|&v| !group(v).contains(&Some(g)));
+    (pages_outside && others_outside && !creates_cycle(f, uses, p, g, n)).then_some(g)
 }
 
 fn new_group(p: &mut Partition, family: Family, n: Node, limit: f64) -> usize {
@@ -615,11 +666,11 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
             need.push(o);
         }
     }
-    need.retain(|v| uses.producer.contains_key(v) && p.source(uses, *v).is_none());
+    need.retain(|v| uses.producer.contains_key(v) && p.source(uses, *v).is_none() && !buffer_view(f, uses, p, *v));
     for v in need {
         let srcs: BTreeSet<usize> = p.reads(f, uses, v, None).into_iter().filter_map(|x| p.source(uses, x)).collect();
         match srcs.first() {
-            Some(&h) if srcs.len() == 1 && pointwise_engine(p.groups[h].family) && !p.groups[h].pinned => {
+            Some(&h) if srcs.len() == 1 && !p.groups[h].pinned && (pointwise_engine(p.groups[h].family) || (p.groups[h].family == Family::Matmul && column_view(f, uses, p, h, v))) => {
                 p.groups[h].roots.push(v);
                 p.host_of.insert(v, h);
             }
@@ -706,6 +757,59 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
             p.groups[q].family = Family::Pointwise;
         }
     }
+}
+
+/// Whether `v` is a chain of `reshape`s and last-axis `slice`s of a value of Matmul kernel
+/// `g`: a columns epilogue writes it as an output of its own.
+fn column_view(f: &Function, uses: &Uses, p: &Partition, g: usize, v: Value) -> bool {
+    let mut x = v;
+    loop {
+        let Some(&n) = uses.producer.get(&x) else { return false };
+        if p.group_of.get(&n) == Some(&g) {
+            return x != v;
+        }
+        let nd = &f.nodes[n];
+        let last_axis_slice = nd.op.kind == OpKind::Slice && nd.op.int("axis").is_some_and(|a| a == -1 || a + 1 == f.ty(nd.inputs[0]).rank() as i64);
+        if p.group_of.contains_key(&n) || !(nd.op.kind == OpKind::Reshape || last_axis_slice) {
+            return false;
+        }
+        x = nd.inputs[0];
+    }
+}
+
+/// Whether `v` is a view the generators read straight from a buffer (`sinter_ir::epilogue::
+/// viewed_param`): `reshape`s and `slice`s of a graph parameter or of a value some kernel
+/// writes, no `reshape` of a strided slice (buffers are contiguous).
+fn buffer_view(f: &Function, uses: &Uses, p: &Partition, v: Value) -> bool {
+    let mut chain = vec![];
+    let mut x = v;
+    loop {
+        let written = x != v && (p.source(uses, x).is_some() || !uses.producer.contains_key(&x));
+        if written {
+            break;
+        }
+        match uses.producer.get(&x) {
+            Some(&n) if matches!(f.nodes[n].op.kind, OpKind::Reshape | OpKind::Slice) && !p.group_of.contains_key(&n) => {
+                chain.push(n);
+                x = f.nodes[n].inputs[0];
+            }
+            _ => return false,
+        }
+    }
+    let mut contiguous = true;
+    for &n in chain.iter().rev() {
+        let nd = &f.nodes[n];
+        let shape = &f.ty(nd.inputs[0]).shape;
+        if nd.op.kind == OpKind::Reshape {
+            if !contiguous {
+                return false;
+            }
+        } else {
+            let Some(axis) = nd.op.int("axis").and_then(|a| sinter_ir::infer::norm_axis(a, shape.len()).ok()) else { return false };
+            contiguous = contiguous && shape[..axis].iter().all(Dim::is_one);
+        }
+    }
+    true
 }
 
 /// Splits kernel `g` into one kernel per node and one per root, none of which merges again

@@ -93,8 +93,17 @@ impl KernelReport {
             let outs: Vec<sinter_ir::TensorType> = nd.results.iter().map(|&r| body.ty(r).clone()).collect();
             flops += cost::flops(cfg, &nd.op, &ins, &outs);
             tc |= cost::uses_tensor_cores(&nd.op, &ins);
-            if matches!(nd.op.kind, OpKind::PagedAttention | OpKind::KvAppend | OpKind::Gather) {
+            if matches!(nd.op.kind, OpKind::PagedAttention | OpKind::Gather) {
                 (read, written) = cost::op_read_write(cfg, &nd.op, &ins, &outs);
+            }
+            if nd.op.kind == OpKind::KvAppend {
+                // The page buffers (in and out, one storage) are not streamed: only the new
+                // rows are written into them (wherever the kv_append sits: its own kernel or a
+                // projection's epilogue).
+                let pages: f64 = ins.iter().take(2).map(|t| cfg.bytes(t)).sum();
+                let new: f64 = ins.get(2..4).map(|s| s.iter().map(|t| cfg.bytes(t)).sum()).unwrap_or(0.0);
+                read -= pages;
+                written += new - pages;
             }
         }
         let modelled_us = cost::kernel_us(&cfg.device, read + written, flops, tc);

@@ -68,18 +68,17 @@ pub struct Executor {
     aliases: BTreeMap<Buffer, Buffer>,
 }
 
-/// The in-place updates of a kernel graph: each output of a `KvAppend` kernel (the updated
-/// `k_pages`, `v_pages`) is the same storage as the kernel's page input, so a decode step
+/// The in-place updates of a kernel graph: each output of a kernel that is a `kv_append`
+/// result (the updated `k_pages`, `v_pages`, in a KvAppend kernel or a projection's epilogue)
+/// is the same storage as the kernel's page input, so a decode step
 /// writes its new rows into the cache instead of copying the cache. Chains (layer after layer
 /// threading one page pool) resolve to the first buffer. The lowering guarantees that a page
 /// input has no reader after the kernel that updates it.
 pub fn in_place_aliases(graph: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
     let mut aliases: BTreeMap<Buffer, Buffer> = BTreeMap::new();
     for data in graph.kernels.values() {
-        if data.family != sinter_ir::Family::KvAppend {
-            continue;
-        }
-        // Find the kv_append node of the body: its page operands are body parameters
+        // Find the kv_append node of the body (a KvAppend kernel's, or one in a projection's
+        // epilogue, as the passes fuse them): its page operands are body parameters
         // (kernel inputs), its results body outputs (kernel outputs).
         let body = &data.body;
         for nd in body.nodes.values() {

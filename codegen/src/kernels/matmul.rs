@@ -8,7 +8,8 @@
 //! possibly through views (`reshape` of a contiguous buffer, `slice`: the passes leave them at
 //! the start of a body), and an epilogue that the shared element evaluator
 //! (`kernels::element`) computes from R, the other kernel inputs (any views, any broadcast)
-//! and constants. The epilogue decides how N is tiled (`Epi`):
+//! and constants. The epilogue decides how N is tiled (`Epi`, from the shared analysis
+//! [`sinter_ir::epilogue::analyse`]):
 //! - **direct** — every output is R or an element-wise function of R at the same element
 //!   (bias `[N]` over rows, residual `[..., M, N]`, `cast`, `silu`, `gelu`, `mul`, `select`,
 //!   …): each thread evaluates it from its accumulators;
@@ -17,7 +18,10 @@
 //!   element-wise ops, `reshape`s and `rope` (a merged QKV projection with RoPE on Q and K):
 //!   the CTA's accumulator tile is staged in shared memory (rounded to R's dtype) and the
 //!   epilogue reads R there, so a RoPE partner in the same head is at hand (the tile width is a
-//!   multiple of the head dim: 64, or 128 / 256 for those heads);
+//!   multiple of the head dim: 64, or 128 / 256 for those heads); an output may be a result of
+//!   a `kv_append` whose new K/V rows are such values: each element of the rows is then
+//!   scattered into the paged cache through the block table (`scatter_append`, the KvAppend
+//!   family's addressing), so the projection writes the cache itself;
 //! - **paired** — the outputs combine 2 or 4 equal-width column segments of R element-wise
 //!   (SwiGLU over a merged gate/up projection): a CTA's tile holds the matching columns of
 //!   every segment side by side (its B slab is gathered from each segment), and the epilogue
@@ -68,10 +72,12 @@
 use inkwell::context::Context;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
-use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpClass, OpKind, Value, ValueDef};
+use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, OpKind, Value, ValueDef};
+
+use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 
 use self::kit::{broadcast_strides, buffer_infos, dims_of, input_view, BufInfo, Kit, SharedKind, R};
-use super::element::{At, Buf};
+use super::element::{At, Buf, Eval, Scalar};
 use super::KernelCtx;
 use crate::target::Target;
 use crate::CodegenError;
@@ -298,167 +304,6 @@ impl MatOperand {
     }
 }
 
-/// A column segment of the matmul's result: columns `start .. start + width` (the whole
-/// result: `0 .. N`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Seg {
-    start: Dim,
-    width: Dim,
-}
-
-/// How the epilogue reads the matmul's result R, which decides how the kernel tiles N.
-#[derive(Clone, Debug)]
-enum Epi {
-    /// Every output is R or an element-wise function of R at the same coordinate, with R's
-    /// shape: each thread evaluates the epilogue straight from its accumulators.
-    Direct,
-    /// Each output comes from one column segment of R (a `slice` of its last axis, or R
-    /// whole) through element-wise ops, `reshape`s and `rope` (a merged QKV projection with
-    /// RoPE on Q and K): CTAs tile R's columns, stage their tile in shared memory, and the
-    /// epilogue reads it from there, so a RoPE partner (same head) is at hand. `rope_d` (1
-    /// without rope) divides the tile width and every segment's start and width.
-    Columns { segs: Vec<Seg>, rope_d: i64 },
-    /// The outputs combine `segs.len()` column segments of R of one width element-wise (SwiGLU
-    /// over a merged gate/up projection): CTAs tile output columns, each computing the
-    /// matching columns of every segment side by side.
-    Paired {
-        /// Each segment's `slice` value in the body and its segment index.
-        slices: Vec<(Value, usize)>,
-        /// The distinct segments, by start.
-        segs: Vec<Seg>,
-        width: Dim,
-    },
-}
-
-impl Epi {
-    /// Whether the epilogue reads the accumulator tile from shared memory.
-    fn staged(&self) -> bool {
-        !matches!(self, Epi::Direct)
-    }
-}
-
-/// Classifies the epilogue: which values derive from the matmul result `r` and how (see
-/// [`Epi`]); errors name what no mode covers.
-fn analyse_epilogue(body: &Function, r: Value, batch: &[Dim], m: &Dim) -> Result<Epi, String> {
-    use std::collections::{BTreeSet, HashMap};
-    let r_ty = body.ty(r);
-    let rank = r_ty.rank();
-    let full = Seg { start: Dim::constant(0), width: r_ty.shape[rank - 1].clone() };
-    let mut segs: HashMap<Value, BTreeSet<Seg>> = HashMap::new();
-    segs.insert(r, BTreeSet::from([full.clone()]));
-    let mut rope_d: Option<i64> = None;
-    let mut reshaped = false;
-    let mut slices: Vec<(Value, Seg)> = Vec::new();
-    let mut sliced_derived = false;
-    for (node, nd) in body.nodes.iter() {
-        if nd.op.kind == OpKind::Matmul {
-            continue;
-        }
-        let derived: Vec<usize> = (0..nd.inputs.len()).filter(|&i| segs.contains_key(&nd.inputs[i])).collect();
-        if derived.is_empty() {
-            continue;
-        }
-        let res = match nd.results.as_slice() {
-            [v] => *v,
-            _ => return Err(format!("{node} `{}` has {} results", nd.op.kind.name(), nd.results.len())),
-        };
-        let res_shape = &body.ty(res).shape;
-        let set = match nd.op.kind {
-            OpKind::Slice => {
-                let axis = nd.op.int("axis").ok_or("slice without an axis")?;
-                let axis = sinter_ir::infer::norm_axis(axis, body.ty(nd.inputs[0]).rank()).map_err(|e| e.to_string())?;
-                // A column slice of R, or of a value computed from all of R element by element
-                // (same columns).
-                let x = nd.inputs[0];
-                if segs[&x] != BTreeSet::from([full.clone()]) || body.ty(x).shape != r_ty.shape || axis != rank - 1 {
-                    return Err("a slice in the epilogue that is not a column slice of the matmul's result".into());
-                }
-                if x != r {
-                    sliced_derived = true;
-                }
-                let start = nd.op.dim("start").ok_or("slice without start")?.clone();
-                let end = nd.op.dim("end").ok_or("slice without end")?.clone();
-                let seg = Seg { width: end.sub(&start), start };
-                slices.push((res, seg.clone()));
-                BTreeSet::from([seg])
-            }
-            OpKind::Reshape => {
-                reshaped = true;
-                segs[&nd.inputs[0]].clone()
-            }
-            OpKind::Rope => {
-                if derived != [0] {
-                    return Err("rope positions computed from the matmul's result".into());
-                }
-                let d = body.ty(nd.inputs[0]).shape.last().and_then(Dim::as_const).ok_or("rope over a symbolic last axis")?;
-                if rope_d.is_some_and(|x| x != d) {
-                    return Err("ropes of two head dims in one epilogue".into());
-                }
-                rope_d = Some(d);
-                segs[&nd.inputs[0]].clone()
-            }
-            k if matches!(k.info().class, OpClass::Unary | OpClass::Binary | OpClass::Compare) || matches!(k, OpKind::Swiglu | OpKind::Broadcast) => {
-                let mut set = BTreeSet::new();
-                for &i in &derived {
-                    if &body.ty(nd.inputs[i]).shape != res_shape {
-                        return Err(format!("`{}` broadcasts a value computed from the matmul's result", k.name()));
-                    }
-                    set.extend(segs[&nd.inputs[i]].iter().cloned());
-                }
-                set
-            }
-            other => return Err(format!("`{}` on the matmul's result (the epilogue takes element-wise ops, column slices, reshapes and rope)", other.name())),
-        };
-        segs.insert(res, set);
-    }
-    let mut out_sets = Vec::new();
-    for &o in &body.outputs {
-        out_sets.push(segs.get(&o).ok_or_else(|| format!("output {} does not depend on the matmul", body.label(o)))?);
-    }
-    if slices.is_empty() && rope_d.is_none() && !reshaped && body.outputs.iter().all(|&o| body.ty(o).shape == r_ty.shape) {
-        return Ok(Epi::Direct);
-    }
-    // Every output is [batch.., M, width] in row-major order (reshaped or not).
-    let rows = Dim::product(batch).mul(m);
-    let fits = |o: Value, width: &Dim| Dim::product(&body.ty(o).shape) == rows.mul(width);
-    if segs.values().all(|s| s.len() == 1) {
-        let d = rope_d.unwrap_or(1);
-        if d > 1 && 64 % d != 0 && d != 128 && d != 256 {
-            return Err(format!("rope over {d} columns (head dims dividing 64, or 128 or 256, are supported)"));
-        }
-        let mut per_out = Vec::new();
-        for (&o, set) in body.outputs.iter().zip(&out_sets) {
-            let seg = set.iter().next().ok_or("an output without a segment")?.clone();
-            if !fits(o, &seg.width) {
-                return Err(format!("output {} is not a row-major view of its columns of the matmul's result", body.label(o)));
-            }
-            if d > 1 && (seg.start.div_exact(d).is_none() || seg.width.div_exact(d).is_none()) {
-                return Err(format!("rope heads of {d} columns do not align with the columns {}..{}+{}", seg.start, seg.start, seg.width));
-            }
-            per_out.push(seg);
-        }
-        return Ok(Epi::Columns { segs: per_out, rope_d: d });
-    }
-    if rope_d.is_some() || sliced_derived {
-        return Err("an epilogue that combines column segments, with rope or with slices of computed values".into());
-    }
-    let distinct: Vec<Seg> = segs.iter().filter(|(v, _)| **v != r).flat_map(|(_, s)| s.iter().cloned()).collect::<BTreeSet<_>>().into_iter().collect();
-    if distinct.contains(&full) || !matches!(distinct.len(), 2 | 4) {
-        return Err(format!("an epilogue combining {} column segments of the matmul's result (2 or 4 slices of one width are supported)", distinct.len()));
-    }
-    let width = distinct[0].width.clone();
-    if distinct.iter().any(|s| s.width != width) {
-        return Err("combined column segments of different widths".into());
-    }
-    for &o in &body.outputs {
-        if !fits(o, &width) {
-            return Err(format!("output {} is not a row-major view of the combined columns", body.label(o)));
-        }
-    }
-    let slices = slices.into_iter().map(|(v, seg)| (v, distinct.iter().position(|d| *d == seg).unwrap_or(0))).collect();
-    Ok(Epi::Paired { slices, segs: distinct, width })
-}
-
 /// What the generators need to know about a matmul kernel.
 struct Spec {
     kernel_name: String,
@@ -506,6 +351,9 @@ impl Spec {
         }
         for (_, vd) in body.values.iter() {
             all_dims.extend(vd.ty.shape.iter().cloned());
+            // The evaluator unravels reshapes through row-major strides and element counts.
+            all_dims.extend(Layout::contiguous(&vd.ty.shape).strides);
+            all_dims.push(Dim::product(&vd.ty.shape));
         }
         for (_, nd) in body.nodes.iter() {
             for a in &nd.op.attrs {
@@ -561,7 +409,7 @@ impl Spec {
             all_dims.extend(op.batch_strides.iter().cloned());
             all_dims.extend([op.offset.clone(), op.outer.clone(), op.ks.clone()]);
         }
-        let epi = analyse_epilogue(body, mm_out, &batch, &m).map_err(&no)?;
+        let epi = epilogue::analyse(body, mm_out).map_err(&no)?;
         // The epilogue body: the values the epilogue reads the result through become
         // parameters after the kernel inputs.
         let mut epilogue = body.clone();
@@ -902,8 +750,10 @@ fn staged_epilogue<'ctx>(
         // (output index, element valid, column within its segment, segment width)
         let mut todo = Vec::new();
         let mut extra = Vec::new();
+        let mut appends: &[Option<epilogue::Append>] = &[];
         match &spec.epi {
-            Epi::Columns { segs, .. } => {
+            Epi::Columns { segs, appends: a, .. } => {
+                appends = a;
                 let n = k.add(k.mul(tile, k.i64c(i64::from(s.bn)))?, k.zext64(v)?)?;
                 let n_ok = k.and(m_ok, k.icmp(IntPredicate::SLT, n, k.dim(&spec.n)?)?)?;
                 for (j, seg) in segs.iter().enumerate() {
@@ -931,11 +781,13 @@ fn staged_epilogue<'ctx>(
         }
         for (j, ok, c, w) in todo {
             let extra = extra.clone();
+            let append = appends.get(j).cloned().flatten();
             k.if_then(ok, |k| {
                 // The output's coordinate: the row-major position (z·M + m)·w + c unravelled
-                // over the output's shape.
+                // over the output's shape (for a kv_append result, over its new rows' shape).
                 let out = spec.epilogue.outputs[j];
-                let shape = spec.epilogue.ty(out).shape.clone();
+                let val = append.as_ref().map_or(out, |a| a.new);
+                let shape = spec.epilogue.ty(val).shape.clone();
                 let mut rest = k.add(k.mul(k.add(k.mul(z, mdim)?, m)?, w)?, c)?;
                 let mut coords = vec![k.i64c(0); shape.len()];
                 for (i, d) in shape.iter().enumerate().rev() {
@@ -956,14 +808,66 @@ fn staged_epilogue<'ctx>(
                 bufs.extend(extra);
                 k.with_eval(&spec.epilogue, bufs, |ev| {
                     let at = At { axes: coords.iter().map(|&c| ev.uniform_ax(c)).collect(), lanes: 1 };
-                    let vals = ev.eval(out, &at)?;
-                    ev.store(&obuf, &at, &vals)
+                    let vals = ev.eval(val, &at)?;
+                    match &append {
+                        None => ev.store(&obuf, &at, &vals),
+                        Some(a) => scatter_append(ev, &spec.epilogue, a, &coords, &obuf, &vals),
+                    }
                 })
                 .map_err(|e| name_error(e, &spec.kernel_name))
             })?;
         }
         Ok(())
     })
+}
+
+/// Stores `vals`, the element `(b, t, h, d)` = `coords` of a `kv_append`'s new rows, into
+/// its output pages `obuf` at `[block_table[b][slot / S], slot % S, h, d]` with `slot =
+/// start_pos[b] + t` — the kv_append family's addressing (`kernels::kv_append`), including
+/// its rule for bad input: a slot outside `0 .. max_pages·S` or a page outside `0 .. P`
+/// writes nothing. The output pages are the input pages updated in place (the runtime passes
+/// one buffer for both); the input page pointer is never read.
+fn scatter_append<'ctx>(ev: &mut Eval<'_, 'ctx>, body: &Function, a: &epilogue::Append, coords: &[IntValue<'ctx>], obuf: &Buf<'ctx>, vals: &[Scalar<'ctx>]) -> R<()> {
+    let nd = &body.nodes[a.node];
+    let (pages, bt, sp) = (nd.inputs[a.which], nd.inputs[4], nd.inputs[5]);
+    let pshape = body.ty(pages).shape.clone();
+    let btshape = body.ty(bt).shape.clone();
+    if pshape.len() != 4 || btshape.len() != 2 || coords.len() != 4 {
+        return Err(CodegenError::BadKernel { kernel: String::new(), message: "kv_append: pages and new rows must have rank 4, the block table rank 2".into() });
+    }
+    let i64t = ev.ity();
+    let uni = |ev: &Eval<'_, 'ctx>, v| ev.uniform_ax(v);
+    let sext = |ev: &Eval<'_, 'ctx>, v: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        Ok(if v.get_type() == i64t { v } else { ev.kb.b.build_int_s_extend(v, i64t, "sx")? })
+    };
+    let start = ev.eval(sp, &At { axes: vec![uni(ev, coords[0])], lanes: 1 })?[0].i()?;
+    let start = sext(ev, start)?;
+    let slot = ev.iadd(start, coords[1])?;
+    let (ps, mp, np) = (ev.dim(&pshape[1])?, ev.dim(&btshape[1])?, ev.dim(&pshape[0])?);
+    let cap = ev.imul(ps, mp)?;
+    let ge0 = ev.kb.b.build_int_compare(IntPredicate::SGE, slot, i64t.const_zero(), "ge0")?;
+    let ltc = ev.kb.b.build_int_compare(IntPredicate::SLT, slot, cap, "ltc")?;
+    let slot_ok = ev.kb.b.build_and(ge0, ltc, "slot_ok")?;
+    let then = ev.kb.block("append_slot");
+    let skip = ev.kb.block("append_skip");
+    ev.kb.cond_br(slot_ok, then, skip)?;
+    ev.kb.position(then);
+    let pidx = ev.kb.b.build_int_unsigned_div(slot, ps, "pidx")?;
+    let row = ev.kb.b.build_int_unsigned_rem(slot, ps, "row")?;
+    let page = ev.eval(bt, &At { axes: vec![uni(ev, coords[0]), uni(ev, pidx)], lanes: 1 })?[0].i()?;
+    let page = sext(ev, page)?;
+    let pge0 = ev.kb.b.build_int_compare(IntPredicate::SGE, page, i64t.const_zero(), "pge0")?;
+    let pltn = ev.kb.b.build_int_compare(IntPredicate::SLT, page, np, "pltn")?;
+    let page_ok = ev.kb.b.build_and(pge0, pltn, "page_ok")?;
+    let write = ev.kb.block("append_write");
+    ev.kb.cond_br(page_ok, write, skip)?;
+    ev.kb.position(write);
+    let dst = At { axes: vec![uni(ev, page), uni(ev, row), uni(ev, coords[2]), uni(ev, coords[3])], lanes: 1 };
+    ev.store(obuf, &dst, vals)?;
+    ev.kb.br(skip)?;
+    ev.kb.position(skip);
+    ev.forget();
+    Ok(())
 }
 
 /// The small-M kernel (see [`SmallMSchedule`]).
@@ -2217,6 +2121,54 @@ pub(crate) mod tests {
         let posv = Tensor::new(DType::I32, &[9], (0..9).map(|i| (i * 5) as f64).collect()).unwrap();
         let ins = [random(DType::F32, &[9, 24], 18), random(DType::F32, &[128, 24], 19), posv];
         check("f32 qkv+rope T=9", &g32, k32, gen, &ins, &bind(&[("T", 9)]));
+        // QKV with RoPE whose K and V also go into a paged cache (kv_append in the epilogue),
+        // in the prefill form (one sequence, new rows [1, T, 2, 16], start_pos [1]) and the
+        // decode form (T sequences of one token, rows [T, 1, 2, 16], start_pos [T]); pages
+        // [4, 4, 2, 16], a block table of 3 pages per sequence.
+        for decode in [false, true] {
+            let nb = if decode { sym("T") } else { d(1) };
+            let mut fb = FunctionBuilder::new(&Graph::new(), "qkv_append");
+            let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(24)]));
+            let w = fb.param("w", ty(DType::BF16, &[d(128), d(24)]));
+            let pos = fb.param("positions", ty(DType::I32, &[sym("T")]));
+            let kp = fb.param("k_pages", ty(DType::BF16, &[d(4), d(4), d(2), d(16)]));
+            let vp = fb.param("v_pages", ty(DType::BF16, &[d(4), d(4), d(2), d(16)]));
+            let bt = fb.param("block_table", ty(DType::I32, &[nb.clone(), d(3)]));
+            let sp = fb.param("start_pos", ty(DType::I32, std::slice::from_ref(&nb)));
+            let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+            let p2 = fb.op1(OpKind::Reshape, &[pos], vec![("shape", Attr::Dims(vec![sym("T"), d(1)]))]).unwrap();
+            let sl = |fb: &mut FunctionBuilder, a: i64, b: i64| fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(a))), ("end", Attr::Dim(d(b)))]).unwrap();
+            let rs = |fb: &mut FunctionBuilder, x: Value, dims: Vec<Dim>| fb.op1(OpKind::Reshape, &[x], vec![("shape", Attr::Dims(dims))]).unwrap();
+            let q = sl(&mut fb, 0, 64);
+            let q = rs(&mut fb, q, vec![sym("T"), d(4), d(16)]);
+            let q = fb.op1(OpKind::Rope, &[q, p2], vec![("theta", Attr::Float(10000.0))]).unwrap();
+            let kk = sl(&mut fb, 64, 96);
+            let kk = rs(&mut fb, kk, vec![sym("T"), d(2), d(16)]);
+            let kk = fb.op1(OpKind::Rope, &[kk, p2], vec![("theta", Attr::Float(10000.0))]).unwrap();
+            let v = sl(&mut fb, 96, 128);
+            let rows = |t: Dim| if decode { vec![t, d(1), d(2), d(16)] } else { vec![d(1), t, d(2), d(16)] };
+            let k4 = rs(&mut fb, kk, rows(sym("T")));
+            let v4 = rs(&mut fb, v, rows(sym("T")));
+            let res = fb.op(OpKind::KvAppend, &[kp, vp, k4, v4, bt, sp], vec![]).unwrap();
+            let (g, k) = single_kernel(Family::Matmul, fb.finish(&[q, kk, res[0], res[1]]).unwrap());
+            for t in [1usize, 5, 11] {
+                let posv = Tensor::new(DType::I32, &[t], (0..t).map(|i| (i * 3 + 1) as f64).collect()).unwrap();
+                let nseq = if decode { t } else { 1 };
+                let table = Tensor::new(DType::I32, &[nseq, 3], (0..nseq * 3).map(|i| [2.0, 0.0, 3.0][i % 3]).collect()).unwrap();
+                // Prefill: slots 1..=t; decode: sequence b at slot (b·5) mod 12.
+                let starts = Tensor::new(DType::I32, &[nseq], (0..nseq).map(|b| if decode { ((b * 5) % 12) as f64 } else { 1.0 }).collect()).unwrap();
+                let ins = [
+                    random(DType::BF16, &[t, 24], 21),
+                    random(DType::BF16, &[128, 24], 22),
+                    posv,
+                    random(DType::BF16, &[4, 4, 2, 16], 23),
+                    random(DType::BF16, &[4, 4, 2, 16], 24),
+                    table,
+                    starts,
+                ];
+                check(&format!("bf16 qkv+rope+kv_append decode={decode} T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+            }
+        }
         // gate/up: x [T, 24] · w [2·40, 24]ᵀ, swiglu over the halves (40 = one 32-column
         // tile and a tail).
         let mut fb = FunctionBuilder::new(&Graph::new(), "mlp");
@@ -2623,8 +2575,21 @@ pub(crate) mod emu {
         EMIT_IR.with(|f| f.set(false));
         let plan = plan.unwrap_or_else(|e| panic!("{what}: {e}"));
         let mut bufs: Vec<Vec<u8>> = inputs.iter().map(to_bytes).collect();
-        for w in &want {
-            let mut b = vec![0xFFu8; w.data().len() * w.dtype().size_bytes()];
+        // A kv_append result is its page input updated in place (as the runtime passes one
+        // buffer for both): the output starts as a copy of the input.
+        let mut in_place = std::collections::HashMap::new();
+        for nd in body.nodes.values().filter(|nd| nd.op.kind == sinter_ir::OpKind::KvAppend) {
+            for (page, r) in nd.inputs.iter().zip(&nd.results) {
+                if let (Some(i), Some(j)) = (body.params.iter().position(|p| p == page), body.outputs.iter().position(|o| o == r)) {
+                    in_place.insert(j, i);
+                }
+            }
+        }
+        for (j, w) in want.iter().enumerate() {
+            let mut b = match in_place.get(&j) {
+                Some(&i) => bufs[i].clone(),
+                None => vec![0xFFu8; w.data().len() * w.dtype().size_bytes()],
+            };
             b.extend(std::iter::repeat_n(0xA5, GUARD));
             bufs.push(b);
         }
