@@ -1,28 +1,52 @@
 #!/usr/bin/env bash
-# The GPU machine's side of the SmolLM2 run. Earlier calls copied .carry/gpu to /tmp/g and the
-# model's first two parts to /tmp/p1, /tmp/p2; this call carries the third part (.carry/m3)
-# and the gguf wheel (.whl) for the PyTorch anchor. Runs: the SmolLM2 GPU test against the
-# transformers fixture, `sinter run --device gpu` (greedy answer; decode tokens/s at batch 1
-# and 16 after a short prompt, 256 steps) with both lowerings, and the PyTorch anchor
-# (bench/smollm2_graph_anchor.py) in the same call.
+# The GPU machine's side of the SmolLM2 run, in one device call (about 5 minutes). Earlier calls
+# copied .carry/gpu to /tmp/g (the LLVM-less `sinter`, the LLVM-less test binary `main-test`,
+# the kernel cache) and the model's first two parts to /tmp/p1, /tmp/p2; this call carries the
+# third part (.carry/m3) and the gguf wheel (.whl) for the PyTorch anchor. Runs:
+# - the SmolLM2 GPU tests: fixture + greedy answer, CUDA-graph decode == eager decode, profile;
+# - `sinter run --device gpu`: the greedy answer; decode tokens/s with a 16-token prompt and 256
+#   decode steps at batch 1 and 16, with the decode step replayed as a CUDA graph and with
+#   SINTER_NO_CUDA_GRAPH=1 (eager launches); prefill tokens/s at 512 and 2048 prompt tokens
+#   (batch 1); one `--profile` (per-kernel times of a decode step). Every measured run is
+#   preceded by an untimed one (--warmup: allocations, capture);
+# - the PyTorch anchor (bench/smollm2_graph_anchor.py), same shapes, same call.
+# Logs go to $OUT. LOWERING=unfused measures the unfused kernels instead.
 set -u
 G=/tmp/g
-export SINTER_CACHE="$G/cache" SINTER_GPU_REQUIRED=1
+export SINTER_CACHE="$G/cache" SINTER_GPU_REQUIRED=1 SINTER_GPU_MODEL_REQUIRED=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/m "$SINTER_CACHE/models"
 cat /tmp/p1 /tmp/p2 .carry/m3/p3 > /tmp/m/model.gguf
 sha256sum /tmp/m/model.gguf
 ln -sf /tmp/m/model.gguf "$SINTER_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 echo b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 > "$SINTER_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf.sha256"
-echo "== SmolLM2 GPU test (fixture, greedy answer)"
-"$G/main-test" gpu_smollm2 --nocapture 2>&1 | tee "$OUT/smollm2-gpu-test.log" | grep -E "GPU|test result|panicked|skipped|max"
-for low in ${LOWERINGS:-unfused}; do
-    echo "== sinter run --device gpu --lowering $low"
-    "$G/sinter" run --device gpu --lowering $low --max-tokens 32 2>&1 | tee "$OUT/run-$low.log" | tail -6
-    echo "== decode throughput, batch 1 ($low)"
-    "$G/sinter" run --device gpu --lowering $low --prompt "Tell me a long story about a dragon." --max-tokens 256 --ignore-eos 2>&1 | tail -1
-    echo "== decode throughput, batch 16 ($low)"
-    "$G/sinter" run --device gpu --lowering $low --batch-file bench/prompts16.txt --max-tokens 256 --ignore-eos 2>&1 | tail -1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+LOW="${LOWERING:-fused}"
+echo "== SmolLM2 GPU tests (fixture and answer; CUDA graph vs eager decode; profile)"
+timeout 240 "$G/main-test" gpu_smollm2 engine_gpu --test-threads 1 --nocapture 2>&1 | tee "$OUT/smollm2-gpu-tests.log" \
+    | grep -E "GPU|batch|test result|panicked|skipped|max|FAILED|^test "
+# sinter run with the given label and arguments: standard output (text, --profile table) in
+# $OUT/run-LABEL.out, standard error in $OUT/run-LABEL.log; prints the summary lines.
+run() {
+    local label="$1"; shift
+    local f="$OUT/run-${label// /_}"
+    echo "== $label"
+    timeout 90 "$G/sinter" run --device gpu --lowering "$LOW" "$@" > "$f.out" 2> "$f.log"
+    echo "   (exit $?)"
+    grep -E "^(prompt:|kernels per layer|compile:|warm-up|error)" "$f.log"
+}
+run "answer" --max-tokens 32
+head -c 300 "$OUT/run-answer.out"; echo
+for mode in graph eager; do
+    if [ "$mode" = eager ]; then export SINTER_NO_CUDA_GRAPH=1; else unset SINTER_NO_CUDA_GRAPH; fi
+    run "decode batch 1 $mode" --prompt-tokens 16 --max-tokens 257 --ignore-eos --warmup
+    run "decode batch 16 $mode" --prompt-tokens 16 --batch 16 --max-tokens 257 --ignore-eos --warmup
 done
+unset SINTER_NO_CUDA_GRAPH
+run "prefill 512" --prompt-tokens 512 --max-tokens 1 --warmup
+run "prefill 2048" --prompt-tokens 2048 --max-tokens 1 --warmup
+run "profile" --prompt-tokens 16 --max-tokens 33 --ignore-eos --profile
+sed -n '/^total: /,$p' "$OUT/run-profile.out"
+echo "   (one line per kernel: $OUT/run-profile.out)"
 echo "== PyTorch anchor, same call"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 MODEL_DIR=/tmp/m timeout 300 python3 bench/smollm2_graph_anchor.py 2>&1 | tail -15

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use sinter_ir::{Bindings, Graph, Kernel, KernelGraph, LaunchPlan};
-use sinter_runtime::{CacheKey, Device, DeviceBuffer, Executor, KernelCache, Lookup, RuntimeError};
+use sinter_runtime::{CacheKey, CapturedGraph, Device, DeviceBuffer, Executor, KernelCache, Lookup, Profile, RuntimeError};
 
 use crate::{Error, Tensor};
 
@@ -41,6 +41,17 @@ pub struct CompileStats {
     pub built: usize,
     /// Wall time of lowering + code generation + loading, seconds.
     pub seconds: f64,
+    /// Of which lowering the graph to kernels (the e-graph passes), seconds.
+    pub lower_seconds: f64,
+    /// Of which generating the `built` kernels (LLVM, ptxas checks): the cold compile, seconds.
+    pub build_seconds: f64,
+    /// Of which reading the `cached` kernels from the kernel cache, seconds.
+    pub cache_seconds: f64,
+    /// Of which loading every kernel on the device (the driver's PTX JIT), seconds.
+    pub load_seconds: f64,
+    /// Kernels per decoder layer as the fusion report counts them (`None` for the unfused
+    /// lowering, which makes no report, or a graph without layers).
+    pub kernels_per_layer: Option<usize>,
 }
 
 /// The cache key of one kernel (see the module docs).
@@ -78,21 +89,36 @@ fn build_plan(kg: &KernelGraph, k: Kernel, target: &str) -> Result<LaunchPlan, E
 /// # Errors
 /// Code generation errors; [`Error::KernelNotCached`] in a build without LLVM.
 pub fn plans(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats) -> Result<Vec<LaunchPlan>, Error> {
+    plans_with_progress(kg, target, cache, stats, &mut |_, _| {})
+}
+
+/// [`plans`], calling `progress(done, total)` after each kernel.
+///
+/// # Errors
+/// As [`plans`].
+pub fn plans_with_progress(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<LaunchPlan>, Error> {
     let mut out = Vec::with_capacity(kg.kernels.len());
+    let total = kg.kernels.len();
     for k in kg.kernels.keys() {
         let key = kernel_key(kg, k, target);
-        match cache.get(&key) {
+        let t0 = Instant::now();
+        let found = cache.get(&key);
+        stats.cache_seconds += t0.elapsed().as_secs_f64();
+        match found {
             Lookup::Hit(plan) => {
                 stats.cached += 1;
                 out.push(plan);
             }
             Lookup::Miss | Lookup::Corrupt { .. } => {
+                let t1 = Instant::now();
                 let plan = build_plan(kg, k, target)?;
                 cache.put(&key, &plan)?;
+                stats.build_seconds += t1.elapsed().as_secs_f64();
                 stats.built += 1;
                 out.push(plan);
             }
         }
+        progress(out.len(), total);
     }
     stats.kernels = kg.kernels.len();
     Ok(out)
@@ -103,9 +129,19 @@ pub fn plans(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut Co
 /// # Errors
 /// [`Error::Passes`].
 pub fn lower(graph: &Graph, lowering: Lowering) -> Result<KernelGraph, Error> {
+    Ok(lower_counting(graph, lowering)?.0)
+}
+
+/// [`lower`], with the kernels per decoder layer (`layer` or `block` calls) the fusion
+/// report counts.
+fn lower_counting(graph: &Graph, lowering: Lowering) -> Result<(KernelGraph, Option<usize>), Error> {
     Ok(match lowering {
-        Lowering::Unfused => sinter_passes::lower_unfused(graph)?,
-        Lowering::Fused => sinter_passes::compile(graph, &sinter_passes::PassOptions::default())?.0,
+        Lowering::Unfused => (sinter_passes::lower_unfused(graph)?, None),
+        Lowering::Fused => {
+            let (kg, report) = sinter_passes::compile(graph, &sinter_passes::PassOptions::default())?;
+            let per_layer = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
+            (kg, per_layer)
+        }
     })
 }
 
@@ -134,12 +170,25 @@ impl GpuProgram {
     /// # Errors
     /// Lowering, code generation, cache or driver errors.
     pub fn compile(graph: &Graph, device: &Device, lowering: Lowering) -> Result<GpuProgram, Error> {
+        GpuProgram::compile_with_progress(graph, device, lowering, &mut |_, _| {})
+    }
+
+    /// [`GpuProgram::compile`], calling `progress(done, total)` once before lowering (with
+    /// `total` 0: the kernel count is not known yet) and after each kernel's plan is found or
+    /// built.
+    ///
+    /// # Errors
+    /// As [`GpuProgram::compile`].
+    pub fn compile_with_progress(graph: &Graph, device: &Device, lowering: Lowering, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
         let t0 = Instant::now();
-        let kg = lower(graph, lowering)?;
+        progress(0, 0);
+        let (kg, per_layer) = lower_counting(graph, lowering)?;
         let cache = KernelCache::open_default()?;
-        let mut stats = CompileStats::default();
-        let plans = plans(&kg, target_for(device), &cache, &mut stats)?;
+        let mut stats = CompileStats { lower_seconds: t0.elapsed().as_secs_f64(), kernels_per_layer: per_layer, ..CompileStats::default() };
+        let plans = plans_with_progress(&kg, target_for(device), &cache, &mut stats, progress)?;
+        let t_load = Instant::now();
         let mut exec = Executor::new(device, &kg, plans)?;
+        stats.load_seconds = t_load.elapsed().as_secs_f64();
         // SINTER_POISON=1 fills every output with 0xFF bytes (NaN in every float dtype) before
         // each launch, so that an element a kernel forgets to write shows up in the tests.
         if std::env::var_os("SINTER_POISON").is_some() {
@@ -202,17 +251,114 @@ impl GpuProgram {
     /// # Errors
     /// As [`GpuProgram::run`].
     pub fn run_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<Vec<DeviceBuffer>, Error> {
+        Ok(self.exec.run_named(&self.with_bound(inputs), symbols)?)
+    }
+
+    /// Device inputs by name, completed with the bound weights.
+    fn with_bound<'a>(&'a self, inputs: &[(&'a str, &'a DeviceBuffer)]) -> Vec<(&'a str, &'a DeviceBuffer)> {
         let mut all: Vec<(&str, &DeviceBuffer)> = inputs.to_vec();
         for (n, b) in &self.bound {
             if !inputs.iter().any(|(m, _)| m == n) {
                 all.push((n.as_str(), b));
             }
         }
-        Ok(self.exec.run_named(&all, symbols)?)
+        all
+    }
+
+    /// [`GpuProgram::run_device`], timing each kernel with CUDA events.
+    ///
+    /// # Errors
+    /// As [`GpuProgram::run`].
+    pub fn run_device_profiled(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<(Vec<DeviceBuffer>, Profile), Error> {
+        Ok(self.exec.run_profiled_named(&self.with_bound(inputs), symbols)?)
+    }
+
+    /// Captures one run on device-resident inputs (and the bound weights) as a CUDA graph,
+    /// without running it: every replay reads the same input buffers and writes the same
+    /// output buffers (see [`Executor::capture`]).
+    ///
+    /// # Errors
+    /// As [`GpuProgram::run`]; capture and instantiation errors.
+    pub fn capture_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<CapturedGraph, Error> {
+        Ok(self.exec.capture_named(&self.with_bound(inputs), symbols)?)
     }
 
     /// The executor (for profiling and CUDA-graph capture).
     pub fn executor(&self) -> &Executor {
         &self.exec
+    }
+}
+
+/// One kernel's line of a [`ProfileReport`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileRow {
+    /// The kernel (`k12`).
+    pub kernel: Kernel,
+    /// Its family's name (`matmul`, `paged_attention`, ...).
+    pub family: &'static str,
+    /// The ops of its body, in order, as `sinter explain` names them.
+    pub ops: Vec<&'static str>,
+    /// Device time, microseconds.
+    pub micros: f64,
+}
+
+/// A [`Profile`] of a kernel graph's run with each kernel's family and ops, and the time per
+/// family; its `Display` prints one line per kernel, the total, then the per-family totals.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProfileReport {
+    /// Kernels in launch order.
+    pub rows: Vec<ProfileRow>,
+    /// Sum of the kernels' times, microseconds.
+    pub kernel_micros: f64,
+    /// From the first kernel's start to the last kernel's end (launch gaps included),
+    /// microseconds.
+    pub span_micros: f64,
+}
+
+impl ProfileReport {
+    /// Joins `profile` (a run of `kg`) with `kg`'s kernels.
+    pub fn new(kg: &KernelGraph, profile: &Profile) -> ProfileReport {
+        let rows: Vec<ProfileRow> = profile
+            .kernels
+            .iter()
+            .map(|t| {
+                let (family, ops) = match kg.kernels.get(t.kernel) {
+                    Some(kd) => (kd.family.name(), kd.body.nodes.values().map(|n| n.op.kind.name()).collect()),
+                    None => ("?", Vec::new()),
+                };
+                ProfileRow { kernel: t.kernel, family, ops, micros: t.micros }
+            })
+            .collect();
+        let kernel_micros = rows.iter().map(|r| r.micros).sum();
+        ProfileReport { rows, kernel_micros, span_micros: profile.total_micros }
+    }
+
+    /// `(family, kernels, microseconds)`, the most expensive family first.
+    pub fn by_family(&self) -> Vec<(&'static str, usize, f64)> {
+        let mut m: BTreeMap<&'static str, (usize, f64)> = BTreeMap::new();
+        for r in &self.rows {
+            let e = m.entry(r.family).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += r.micros;
+        }
+        let mut v: Vec<(&'static str, usize, f64)> = m.into_iter().map(|(f, (n, us))| (f, n, us)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(b.0)));
+        v
+    }
+}
+
+impl std::fmt::Display for ProfileReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total = self.kernel_micros.max(f64::MIN_POSITIVE);
+        writeln!(f, "{:<6} {:<16} {:>10} {:>6}  ops", "kernel", "family", "us", "%")?;
+        for r in &self.rows {
+            writeln!(f, "{:<6} {:<16} {:>10.2} {:>5.1}%  {}", r.kernel.to_string(), r.family, r.micros, 100.0 * r.micros / total, r.ops.join(" "))?;
+        }
+        writeln!(f, "total: {} kernels, {:.2} us of kernel time, {:.2} us from the first start to the last end", self.rows.len(), self.kernel_micros, self.span_micros)?;
+        writeln!(f, "per family:")?;
+        for (fam, n, us) in self.by_family() {
+            writeln!(f, "  {fam:<16} {n:>5} kernels {us:>12.2} us {:>5.1}%", 100.0 * us / total)?;
+        }
+        Ok(())
     }
 }

@@ -98,9 +98,26 @@ enum Cmd {
         /// Storage dtype of weights and activations.
         #[arg(long, value_enum, default_value_t = Dt::Bf16)]
         dtype: Dt,
-        /// Print the time of each kernel of one decode step.
+        /// After generating, time each kernel of one decode step (GPU only): one line per kernel
+        /// with its family and ops, the total, and the time per family.
         #[arg(long)]
         profile: bool,
+        /// Use a synthetic prompt of exactly N tokens instead of the chat-rendered --prompt
+        /// (its tokens repeated to length N), e.g. to measure prefill at 512 or 2048 tokens.
+        #[arg(long, value_name = "N", conflicts_with = "batch_file")]
+        prompt_tokens: Option<usize>,
+        /// With --prompt-tokens: decode this many synthetic prompts together (each starts one
+        /// token later in the repeated text).
+        #[arg(long, default_value_t = 1, requires = "prompt_tokens")]
+        batch: usize,
+        /// Run the whole generation once untimed before the measured run (device allocations,
+        /// CUDA-graph capture), so that the figures are steady-state.
+        #[arg(long)]
+        warmup: bool,
+        /// Launch every kernel of each decode step from the host instead of replaying the step
+        /// as a CUDA graph (also: SINTER_NO_CUDA_GRAPH=1).
+        #[arg(long)]
+        no_cuda_graph: bool,
         /// How the graphs become GPU kernels.
         #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
         lowering: LoweringArg,
@@ -129,7 +146,8 @@ enum Cmd {
     /// Run each kernel family on the GPU at the shapes of bench/anchors.py and print time,
     /// GB/s or TFLOP/s and the ratio to the anchors measured in the same call.
     Bench {
-        /// Groups to run: swiglu rmsnorm softmax matmul attn decode (default: all).
+        /// Groups to run (default: all): swiglu rmsnorm softmax bias rope gather cast kv_append
+        /// layernorm log_softmax reduce rows matmul attn decode.
         #[arg(long, num_args = 1..)]
         only: Vec<String>,
         /// anchors.json written by bench/anchors.py in the same device call.
@@ -190,9 +208,24 @@ fn main() -> ExitCode {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
             zoo::build(&model, mode, dtype.into()).map(|g| print!("{g}")).map_err(Into::into)
         }
-        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, lowering, ignore_eos } => {
-            run(RunArgs { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype: dtype.into(), profile, lowering: lowering.into(), ignore_eos })
-        }
+        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, prompt_tokens, batch, warmup, no_cuda_graph, lowering, ignore_eos } => run(RunArgs {
+            prompt,
+            batch_file,
+            max_tokens,
+            device,
+            model,
+            temperature,
+            top_p,
+            seed,
+            dtype: dtype.into(),
+            profile,
+            prompt_tokens,
+            batch,
+            warmup,
+            no_cuda_graph,
+            lowering: lowering.into(),
+            ignore_eos,
+        }),
         Cmd::Precompile { model, target, dtype, lowering } => precompile(model, &target, dtype.into(), lowering.into()),
     };
     match r {
@@ -296,8 +329,20 @@ struct RunArgs {
     seed: u64,
     dtype: DType,
     profile: bool,
+    prompt_tokens: Option<usize>,
+    batch: usize,
+    warmup: bool,
+    no_cuda_graph: bool,
     lowering: Lowering,
     ignore_eos: bool,
+}
+
+/// `n` tokens of `base` repeated, starting `offset` tokens in.
+fn synthetic_prompt(base: &[u32], n: usize, offset: usize) -> Vec<u32> {
+    if base.is_empty() {
+        return Vec::new();
+    }
+    (0..n).map(|i| base[(i + offset) % base.len()]).collect()
 }
 
 fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowering) -> AnyResult {
@@ -313,7 +358,7 @@ fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowe
         let kg = sinter::gpu::lower(&g, lowering)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
-        eprintln!("{mode:?}: {} kernels ({} compiled, {} cached) for {target}", stats.kernels, stats.built, stats.cached);
+        eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);
     }
     eprintln!("into {} in {:.1} s", cache.dir().display(), t0.elapsed().as_secs_f64());
     Ok(())
@@ -341,9 +386,6 @@ fn run(a: RunArgs) -> AnyResult {
         Some(d) => eprintln!("device: {} ({:?} lowering)", d.info(), a.lowering),
         None => eprintln!("device: CPU (reference interpreter)"),
     }
-    if a.profile && gpu.is_none() {
-        eprintln!("--profile: the interpreter runs no kernels; per-kernel times need the GPU");
-    }
     let path = match &a.model {
         Some(p) => p.clone(),
         None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
@@ -365,26 +407,54 @@ fn run(a: RunArgs) -> AnyResult {
     if prompts.is_empty() {
         return Err("the batch file has no prompts".into());
     }
-    let ids = prompts.iter().map(|p| model.chat_prompt(p)).collect::<Result<Vec<_>, _>>()?;
+    let ids = match a.prompt_tokens {
+        Some(0) => return Err("--prompt-tokens must be at least 1".into()),
+        Some(n) => {
+            if a.batch == 0 {
+                return Err("--batch must be at least 1".into());
+            }
+            let base = model.chat_prompt(&a.prompt)?;
+            (0..a.batch).map(|s| synthetic_prompt(&base, n, s)).collect::<Vec<_>>()
+        }
+        None => prompts.iter().map(|p| model.chat_prompt(p)).collect::<Result<Vec<_>, _>>()?,
+    };
+    if ids.iter().any(Vec::is_empty) {
+        return Err("a prompt has no tokens".into());
+    }
+    let longest = ids.iter().map(Vec::len).max().unwrap_or(0);
+    if longest + a.max_tokens > model.cfg.context {
+        return Err(sinter::llm::gguf::ModelError::ContextOverflow { tokens: longest, max_new: a.max_tokens, context: model.cfg.context }.into());
+    }
     let t_compile = Instant::now();
-    let engine = match &gpu {
-        Some(d) => Engine::new_gpu(model, d, a.lowering)?,
+    let mut engine = match &gpu {
+        Some(d) => {
+            let bar = ProgressBar::new(0);
+            bar.set_style(ProgressStyle::with_template("compiling {msg} [{bar:30}] {pos}/{len} kernels").map_err(|e| e.to_string())?.progress_chars("=> "));
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            let e = Engine::new_gpu_with_progress(model, d, a.lowering, &mut |graph, done, total| {
+                if total == 0 {
+                    bar.set_message(format!("{graph} (lowering)"));
+                } else {
+                    bar.set_message(graph.to_string());
+                }
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            e?
+        }
         None => Engine::new(model)?,
     };
-    let compile_time = t_compile.elapsed();
-    if let Some((pk, dk, ps, ds)) = engine.gpu_stats() {
-        let layers = engine.model().cfg.n_layers.max(1);
-        eprintln!(
-            "kernels: prefill {pk} ({:.1} per layer), decode {dk} ({:.1} per layer); {} compiled, {} from the cache, in {:.2} s",
-            pk as f64 / layers as f64,
-            dk as f64 / layers as f64,
-            ps.built + ds.built,
-            ps.cached + ds.cached,
-            ps.seconds + ds.seconds
-        );
+    if a.no_cuda_graph {
+        engine.set_cuda_graph(false);
     }
-    eprintln!("loaded {} in {:.2} s; graphs built and verified in {:.3} s", path.display(), load_time.as_secs_f64(), compile_time.as_secs_f64());
+    let compile_time = t_compile.elapsed();
+    eprintln!("loaded {} in {:.2} s; graphs built and compiled in {:.2} s", path.display(), load_time.as_secs_f64(), compile_time.as_secs_f64());
     let opts = SampleOptions { max_new: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed, stop_at_eos: !a.ignore_eos };
+    if a.warmup {
+        let w = engine.generate(&ids, &opts, &mut |_, _| {})?;
+        eprintln!("warm-up: {} decode steps untimed", w.decode_steps);
+    }
     let single = ids.len() == 1;
     let mut streamed: Vec<u32> = Vec::new();
     let mut printed = 0usize;
@@ -407,6 +477,11 @@ fn run(a: RunArgs) -> AnyResult {
     })?;
     if single {
         println!();
+    } else if a.prompt_tokens.is_some() {
+        for (s, t) in gen.tokens.iter().enumerate() {
+            let text = tok.decode(&t.iter().copied().filter(|&x| x != eos).collect::<Vec<_>>())?;
+            println!("[{s}] {text}");
+        }
     } else {
         for (p, t) in prompts.iter().zip(&gen.tokens) {
             let text = tok.decode(&t.iter().copied().filter(|&x| x != eos).collect::<Vec<_>>())?;
@@ -414,16 +489,59 @@ fn run(a: RunArgs) -> AnyResult {
         }
     }
     let new_tokens: usize = gen.tokens.iter().map(Vec::len).sum();
+    let decoded = new_tokens.saturating_sub(ids.len());
+    let how = if gen.decode_steps == 0 {
+        "no decode step".to_string()
+    } else if gen.cuda_graph {
+        if gen.capture_time.is_zero() {
+            "CUDA graph replayed".to_string()
+        } else {
+            format!("CUDA graph, captured in {:.1} ms, not counted", gen.capture_time.as_secs_f64() * 1e3)
+        }
+    } else if engine.is_gpu() {
+        "eager launches".to_string()
+    } else {
+        "interpreter".to_string()
+    };
     eprintln!(
-        "prompt: {} tokens in {:.2} s ({:.1} tok/s); decode: {} steps, {} tokens in {:.2} s ({:.2} tok/s); compile {:.3} s",
+        "prompt: {} tokens in {:.3} s ({:.1} tok/s); decode: {} steps at batch {}, {decoded} tokens in {:.3} s ({:.2} tok/s; {how})",
         gen.prompt_tokens,
         gen.prefill_time.as_secs_f64(),
         gen.prompt_tokens as f64 / gen.prefill_time.as_secs_f64().max(1e-9),
         gen.decode_steps,
-        new_tokens.saturating_sub(ids.len()),
+        ids.len(),
         gen.decode_time.as_secs_f64(),
-        new_tokens.saturating_sub(ids.len()) as f64 / gen.decode_time.as_secs_f64().max(1e-9),
-        compile_time.as_secs_f64()
+        decoded as f64 / gen.decode_time.as_secs_f64().max(1e-9),
     );
+    match engine.gpu_stats() {
+        Some((pk, dk, ps, ds)) => {
+            let layers = engine.model().cfg.n_layers.max(1);
+            let per_layer = |n: usize, s: &sinter::gpu::CompileStats| match s.kernels_per_layer {
+                Some(k) => k.to_string(),
+                None => format!("~{:.1}", n as f64 / layers as f64),
+            };
+            eprintln!("kernels per layer: prefill {}, decode {} ({pk} prefill and {dk} decode kernels in all)", per_layer(pk, &ps), per_layer(dk, &ds));
+            eprintln!(
+                "compile: {:.2} s = lowering {:.2} s + cold code generation {:.2} s ({} kernels) + cache reads {:.2} s ({} kernels from the cache) + loading {:.2} s",
+                ps.seconds + ds.seconds,
+                ps.lower_seconds + ds.lower_seconds,
+                ps.build_seconds + ds.build_seconds,
+                ps.built + ds.built,
+                ps.cache_seconds + ds.cache_seconds,
+                ps.cached + ds.cached,
+                ps.load_seconds + ds.load_seconds,
+            );
+        }
+        None => eprintln!("kernels: none (the CPU reference interpreter runs the graphs); graphs built in {:.3} s", compile_time.as_secs_f64()),
+    }
+    if a.profile {
+        match engine.profile_decode(ids.len()) {
+            Ok(report) => {
+                println!("profile of one decode step at batch {} (eager launches timed with CUDA events):", ids.len());
+                print!("{report}");
+            }
+            Err(e) => eprintln!("--profile: not available: {e}"),
+        }
+    }
     Ok(())
 }

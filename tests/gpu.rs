@@ -11,6 +11,10 @@
 //! Where there is no GPU the tests print that they were skipped; with `SINTER_GPU_REQUIRED=1`
 //! (set on the GPU machine) a missing GPU fails them.
 //!
+//! `gpu_tensors_beyond_2_31_elements` runs kernels on tensors of more than 2³¹ elements
+//! (64-bit indexing), checked at sampled positions against values computed here in f64 (the
+//! interpreter is too slow for them).
+//!
 //! The GPU machine has no LLVM: there the tests run in a build without the `llvm` feature,
 //! from a kernel cache filled here by `precompile_gpu_test_kernels` (run with
 //! `SINTER_PRECOMPILE=sm_90a` and `SINTER_CACHE` pointing at the folder to carry).
@@ -187,7 +191,7 @@ fn every_gpu_case_compiles_and_assembles_without_spills() {
     let Some(ptxas) = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap() else { return };
     let mut fails = Vec::new();
     let mut kernels = 0;
-    for c in family_cases() {
+    for c in family_cases().into_iter().chain(big_cases()) {
         let g = sinter::ir::parse(&c.src).unwrap();
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let kg = match lowering {
@@ -291,6 +295,188 @@ fn family_cases() -> Vec<Case> {
     cases
 }
 
+/// Elements of the flat tensor of `gpu_tensors_beyond_2_31_elements`: past 2³¹ by a few
+/// thousand, and not a multiple of the vector width (a scalar tail past 2³¹).
+const BIG_N: usize = (1 << 31) + 4099;
+/// Rows and columns of its 2-D tensor: 2³¹ + 32768 elements, the last row wholly past 2³¹.
+const BIG_ROWS: usize = 65537;
+const BIG_COLS: usize = 32768;
+
+/// The graphs of `gpu_tensors_beyond_2_31_elements` (each one kernel when fused): `silu(a)·b`
+/// over `BIG_N` elements (a flat kernel), `rms_norm` with a weight over `[BIG_ROWS, BIG_COLS]`
+/// (a row reduction) and a broadcast `x + bias` over the same shape (a shaped kernel). Not run
+/// on the interpreter (17 GB of f64 a tensor, and minutes); compiled into the cache by
+/// `precompile_gpu_test_kernels` and checked by ptxas with the other cases.
+fn big_cases() -> Vec<Case> {
+    let (n, r, c) = (BIG_N, BIG_ROWS, BIG_COLS);
+    vec![
+        Case::new("silu*mul bf16 2^31+4099 elements", format!("func @main(%a: bf16[{n}], %b: bf16[{n}]) {{\n  %s: bf16[{n}] = silu(%a)\n  %y: bf16[{n}] = mul(%s, %b)\n  return %y\n}}"), &[], 0, 1.0, Box::new(none)),
+        Case::new("rms_norm bf16 [65537, 32768]", format!("func @main(%x: bf16[{r}, {c}], %w: bf16[{c}]) {{\n  %y: bf16[{r}, {c}] = rms_norm(%x, %w) {{eps=1e-5}}\n  return %y\n}}"), &[], 0, 1.0, Box::new(none)),
+        Case::new("broadcast add bf16 [65537, 32768] + [32768]", format!("func @main(%x: bf16[{r}, {c}], %bias: bf16[{c}]) {{\n  %y: bf16[{r}, {c}] = add(%x, %bias)\n  return %y\n}}"), &[], 0, 1.0, Box::new(none)),
+    ]
+}
+
+/// Element `i` of the big inputs: `k/32` for a hash `k` of `(i, seed)` in −128..128, exact in
+/// bf16, so any element can be recomputed from its index.
+fn big_value(i: usize, seed: u64) -> f64 {
+    let mut z = (i as u64).wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 56) as f64 - 128.0) / 32.0
+}
+
+/// The bf16 bytes of `big_value(0..n, seed)`, encoded on every core.
+fn big_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; 2 * n];
+    let threads = std::thread::available_parallelism().map_or(4, |t| t.get());
+    let per = n.div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for (t, chunk) in out.chunks_mut(2 * per).enumerate() {
+            sc.spawn(move || {
+                for (j, e) in chunk.chunks_exact_mut(2).enumerate() {
+                    // Exact in bf16: the top half of the f32 bits.
+                    let bits = ((big_value(t * per + j, seed) as f32).to_bits() >> 16) as u16;
+                    e.copy_from_slice(&bits.to_le_bytes());
+                }
+            });
+        }
+    });
+    out
+}
+
+/// The bf16 element `i` of `bytes`.
+fn bf16_at(bytes: &[u8], i: usize) -> f64 {
+    f32::from_bits(u32::from(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])) << 16) as f64
+}
+
+/// Sampled flat positions below `n`: the first 2048, the last 6147 (every element past 2³¹
+/// when `n` = `BIG_N`) and 2000 pseudo-random ones.
+fn big_samples(n: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..2048).chain(n.saturating_sub(6147)..n).collect();
+    let mut rng = crate::zoo::Rng::new(77);
+    v.extend((0..2000).map(|_| (((rng.next_f64() + 1.0) * 0.5 * n as f64) as usize).min(n - 1)));
+    v
+}
+
+/// Sampled rows of `[BIG_ROWS, BIG_COLS]` (the first, the rows around 2³⁰ and 2³¹ elements,
+/// the last, 40 pseudo-random) and, in each, 200 columns (the first 64, the last 64, 72
+/// pseudo-random): 9600 positions as `(row, column)`.
+fn big_row_samples() -> Vec<(usize, Vec<usize>)> {
+    let mut rng = crate::zoo::Rng::new(78);
+    let mut pick = |hi: usize| (((rng.next_f64() + 1.0) * 0.5 * hi as f64) as usize).min(hi - 1);
+    let mut rows = vec![0, 1, 2, 32767, 32768, 65534, 65535, 65536];
+    rows.extend((0..40).map(|_| pick(BIG_ROWS)));
+    rows.into_iter()
+        .map(|r| {
+            let mut cols: Vec<usize> = (0..64).chain(BIG_COLS - 64..BIG_COLS).collect();
+            cols.extend((0..72).map(|_| pick(BIG_COLS)));
+            (r, cols)
+        })
+        .collect()
+}
+
+/// Without a GPU: the big inputs are exact in bf16 (their bytes decode to `big_value`), on
+/// both sides of a thread's chunk, and the samples stay in range and reach the tails.
+#[test]
+fn big_inputs_are_exact_in_bf16() {
+    let n = 100_003;
+    let bytes = big_bytes(n, 9);
+    for i in (0..n).step_by(7).chain(n - 20..n) {
+        let v = big_value(i, 9);
+        assert_eq!(bf16_at(&bytes, i), v, "element {i}");
+        assert_eq!(DType::BF16.round(v), v);
+        assert!((-4.0..4.0).contains(&v));
+    }
+    let at = big_samples(BIG_N);
+    assert!(at.iter().all(|&i| i < BIG_N) && at.contains(&(BIG_N - 1)) && at.contains(&(1 << 31)));
+    assert!((9000..11000).contains(&at.len()));
+    let rows = big_row_samples();
+    assert!(rows.iter().all(|(r, cols)| *r < BIG_ROWS && cols.iter().all(|&c| c < BIG_COLS)));
+    assert!(rows.iter().any(|(r, _)| *r == BIG_ROWS - 1));
+}
+
+/// Compares sampled GPU values with the f64 reference under [`check`]'s bf16 rule.
+fn check_samples(name: &str, got: Vec<f64>, want: Vec<f64>) -> Result<(), String> {
+    let n = got.len();
+    let got = Tensor::new(DType::BF16, &[n], got).map_err(|e| e.to_string())?;
+    let want = Tensor::new(DType::BF16, &[n], want).map_err(|e| e.to_string())?;
+    check(name, &got, &want, 1.0)
+}
+
+/// Tensors of more than 2³¹ elements (64-bit indexing): `silu(a)·b` over 2³¹ + 4099 bf16
+/// elements (about 4.3 GB a tensor), `rms_norm` with a weight and a broadcast add over
+/// `[65537, 32768]` (2³¹ + 32768 elements), each checked at about 10 000 sampled positions
+/// (every element past 2³¹ of the flat tensor, the last row of the 2-D one) against values
+/// computed here in f64 and rounded to bf16 as the interpreter rounds. Needs about 14 GB of
+/// device memory and 9 GB of host memory; skipped (saying so) with less device memory.
+#[test]
+fn gpu_tensors_beyond_2_31_elements() {
+    let Some(dev) = device() else { return };
+    let need = 3 * 2 * BIG_N + (1 << 30);
+    if dev.free_memory() < need {
+        eprintln!("skipped: {} GB of device memory free, {} GB needed", dev.free_memory() >> 30, need >> 30);
+        return;
+    }
+    let bf16 = |x: f64| DType::BF16.round(x);
+    let cases = big_cases();
+    let graph = |i: usize| sinter::ir::parse(&cases[i].src).unwrap();
+    let none_bound = Bindings::new();
+    let mut fails = Vec::new();
+
+    // silu(a)·b, flat.
+    {
+        let p = GpuProgram::compile(&graph(0), &dev, Lowering::Fused).unwrap();
+        let a = dev.upload_bytes(DType::BF16, &[BIG_N], &big_bytes(BIG_N, 1)).unwrap();
+        let b = dev.upload_bytes(DType::BF16, &[BIG_N], &big_bytes(BIG_N, 2)).unwrap();
+        let out = p.run_device(&[("a", &a), ("b", &b)], &none_bound).unwrap();
+        let bytes = dev.read_bytes(&out[0]).unwrap();
+        drop((a, b, out));
+        assert_eq!(bytes.len(), 2 * BIG_N);
+        let at = big_samples(BIG_N);
+        let got: Vec<f64> = at.iter().map(|&i| bf16_at(&bytes, i)).collect();
+        let want: Vec<f64> = at
+            .iter()
+            .map(|&i| {
+                // The passes fuse silu·mul into the swiglu op, rounded once (the unfused
+                // form's second rounding is within the tolerance).
+                let (x, y) = (big_value(i, 1), big_value(i, 2));
+                bf16(x / (1.0 + (-x).exp()) * y)
+            })
+            .collect();
+        fails.extend(check_samples(&cases[0].name, got, want).err());
+        eprintln!("checked: {} ({} kernel(s), {} samples)", cases[0].name, p.kernel_graph().kernels.len(), at.len());
+    }
+
+    // rms_norm and the broadcast add over [65537, 32768], on one input.
+    let x = dev.upload_bytes(DType::BF16, &[BIG_ROWS, BIG_COLS], &big_bytes(BIG_ROWS * BIG_COLS, 3)).unwrap();
+    let w = dev.upload_bytes(DType::BF16, &[BIG_COLS], &big_bytes(BIG_COLS, 4)).unwrap();
+    let samples = big_row_samples();
+    for (i, input) in [(1usize, "w"), (2, "bias")] {
+        let p = GpuProgram::compile(&graph(i), &dev, Lowering::Fused).unwrap();
+        let out = p.run_device(&[("x", &x), (input, &w)], &none_bound).unwrap();
+        let bytes = dev.read_bytes(&out[0]).unwrap();
+        drop(out);
+        assert_eq!(bytes.len(), 2 * BIG_ROWS * BIG_COLS);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for (r, cols) in &samples {
+            let base = r * BIG_COLS;
+            // The row's root mean square, in f64 over every element of the row.
+            let ms = (0..BIG_COLS).map(|c| big_value(base + c, 3).powi(2)).sum::<f64>() / BIG_COLS as f64;
+            let r = (ms + f64::from(1e-5f32)).sqrt();
+            for &c in cols {
+                got.push(bf16_at(&bytes, base + c));
+                let (xv, wv) = (big_value(base + c, 3), big_value(c, 4));
+                // As the interpreter rounds: the normalised value, then its product with the weight.
+                want.push(if i == 1 { bf16(bf16(xv / r) * wv) } else { bf16(xv + wv) });
+            }
+        }
+        fails.extend(check_samples(&cases[i].name, got, want).err());
+        eprintln!("checked: {} ({} kernel(s), {} samples)", cases[i].name, p.kernel_graph().kernels.len(), samples.iter().map(|s| s.1.len()).sum::<usize>());
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
 /// The zoo graphs the GPU test runs: (label, graph, interpreter program with seeded weights,
 /// weights, named inputs).
 type ZooCase = (String, sinter::Graph, Vec<(String, Tensor)>, std::collections::BTreeMap<String, Tensor>, Vec<Tensor>);
@@ -340,8 +526,15 @@ fn precompile_gpu_test_kernels() {
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let mut stats = sinter::gpu::CompileStats::default();
     let mut total = 0;
-    let mut graphs: Vec<sinter::Graph> = family_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
+    let mut graphs: Vec<sinter::Graph> = family_cases().iter().chain(&big_cases()).map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
     graphs.extend(zoo_cases().into_iter().map(|z| z.1));
+    for (cfg, lowerings) in sweep_configs() {
+        for mode in [sinter::zoo::Mode::Prefill, sinter::zoo::Mode::Decode] {
+            for dt in lowerings.iter().map(|l| l.1).collect::<std::collections::BTreeSet<_>>() {
+                graphs.push(sinter::zoo::llama::build(&cfg, mode, dt).unwrap());
+            }
+        }
+    }
     let mut fails = Vec::new();
     for g in &graphs {
         for lowering in [Lowering::Unfused, Lowering::Fused] {
@@ -434,6 +627,18 @@ fn gpu_smollm2_matches_the_fixture_and_answers() {
     assert!(text.contains("Paris"), "{text}");
 }
 
+/// The Llama configurations the kernel-by-kernel sweep runs, with their (lowering, dtype)
+/// pairs: the tiny one, and SmolLM2-135M's shapes (hidden 576, 9 heads of 64, 3 KV heads, FFN
+/// 1536) with one layer and a 1000-token vocabulary, bf16 as the model runs.
+fn sweep_configs() -> Vec<(sinter::zoo::llama::LlamaConfig, Vec<(Lowering, DType)>)> {
+    use sinter::zoo::llama::LlamaConfig;
+    let smol = LlamaConfig { n_layers: 1, vocab: 1000, ..LlamaConfig::smollm2_135m() };
+    vec![
+        (LlamaConfig::tiny(), vec![(Lowering::Unfused, DType::F32), (Lowering::Unfused, DType::BF16), (Lowering::Fused, DType::F32)]),
+        (smol, vec![(Lowering::Unfused, DType::BF16), (Lowering::Fused, DType::BF16)]),
+    ]
+}
+
 /// Kernel by kernel: every kernel of the unfused and fused tiny Llama (prefill over 37 tokens,
 /// several pages; decode of 3 sequences) runs alone on the GPU on the interpreter's values of
 /// its inputs, and its outputs are compared with the interpreter's. Names the first kernel that
@@ -443,11 +648,11 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
     use sinter::zoo::{llama, Mode};
     use sinter_ir::KernelGraph;
     let Some(dev) = device() else { return };
-    let cfg = llama::LlamaConfig::tiny();
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let mut fails = Vec::new();
+    for (cfg, lowerings) in sweep_configs() {
     for (mode, t) in [(Mode::Prefill, 37usize), (Mode::Decode, 3)] {
-        for (lowering, dt) in [(Lowering::Unfused, DType::F32), (Lowering::Unfused, DType::BF16), (Lowering::Fused, DType::F32)] {
+        for &(lowering, dt) in &lowerings {
             let g = llama::build(&cfg, mode, dt).unwrap();
             let mut p = sinter::Program::compile(g.clone(), sinter::Backend::Interpreter).unwrap();
             let ws = crate::zoo::bind_random_weights(&mut p, 3);
@@ -471,7 +676,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
             bindings.insert("T".into(), t as i64);
             bindings.insert("M".into(), m as i64);
             bindings.insert("P".into(), pages as i64);
-            let label = format!("llama tiny {mode:?} {dt} T={t} [{lowering:?}]");
+            let label = format!("llama {} {mode:?} {dt} T={t} [{lowering:?}]", cfg.hidden);
             for (k, kd) in kg.kernels.iter() {
                 let ins: Vec<&Tensor> = kd.inputs.iter().map(|b| &values[b]).collect();
                 let mut body_graph = sinter::Graph::new();
@@ -513,6 +718,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
             }
             eprintln!("checked: {label}, {} kernels", kg.kernels.len());
         }
+    }
     }
     fails.truncate(6);
     assert!(fails.is_empty(), "kernels that disagree with the interpreter:\n{}", fails.join("\n\n"));

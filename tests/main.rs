@@ -13,3 +13,4 @@ mod book;
 mod passes;
 mod gpu;
 mod fused_zoo;
+mod engine_gpu;

@@ -234,4 +234,33 @@ impl Graph {
     pub fn entry(&self) -> Option<&Function> {
         self.func("main").or_else(|| self.funcs.values().last())
     }
+
+    /// This graph with symbols fixed: every dim of every value type and every dim attribute of
+    /// every function, with the symbols named in `values` replaced by their constants (e.g. a
+    /// decode graph specialised to a batch of `T = 1`, so that the code generator can choose
+    /// the flat GEMM for its projections). Symbols are per function but named alike across a
+    /// model's functions (`T` of a layer is the caller's `T`), so all functions get the same
+    /// substitution. The result should be verified ([`crate::verify`]): a value that made a
+    /// shape rule hold only symbolically may not hold for the constant.
+    pub fn specialize(&self, values: &std::collections::BTreeMap<String, i64>) -> Graph {
+        let map: std::collections::BTreeMap<String, Dim> = values.iter().map(|(k, v)| (k.clone(), Dim::constant(*v))).collect();
+        let mut g = self.clone();
+        for f in g.funcs.values_mut() {
+            for (_, vd) in f.values.iter_mut() {
+                for d in vd.ty.shape.iter_mut() {
+                    *d = d.substitute(&map);
+                }
+            }
+            for (_, nd) in f.nodes.iter_mut() {
+                for a in nd.op.attrs.iter_mut() {
+                    match a {
+                        crate::ops::Attr::Dims(v) => v.iter_mut().for_each(|d| *d = d.substitute(&map)),
+                        crate::ops::Attr::Dim(d) => *d = d.substitute(&map),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        g
+    }
 }

@@ -613,6 +613,30 @@ impl Device {
         codec::decode_f64(buf.dtype(), &self.read_bytes(buf)?)
     }
 
+    /// Elements `first .. first + count` of `buf` (in memory order) as `f64`s: part of a
+    /// tensor, e.g. the last row of a prefill's logits, without reading the rest.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Buffer`] when the range is not inside the buffer's elements; as
+    /// [`Device::read_bytes`].
+    pub fn download_range_f64(&self, buf: &DeviceBuffer, first: usize, count: usize) -> Result<Vec<f64>, RuntimeError> {
+        let size = buf.dtype().size_bytes();
+        let end = first.checked_add(count).filter(|&e| e <= buf.numel());
+        let (Some(offset), Some(len), Some(_)) = (first.checked_mul(size), count.checked_mul(size), end) else {
+            return Err(RuntimeError::Buffer(format!("elements {first}..{first}+{count} are not inside {buf:?}")));
+        };
+        codec::decode_f64(buf.dtype(), &self.read_range(buf, offset, len)?)
+    }
+
+    /// Fills `buf`'s extent with zero bytes (stream ordered: after the work queued before it,
+    /// before any later launch; it does not wait).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] when the fill fails.
+    pub fn zero(&self, buf: &DeviceBuffer) -> Result<(), RuntimeError> {
+        self.fill(buf, 0, 0, buf.len_bytes())
+    }
+
     /// `buf`'s elements as typed host values.
     ///
     /// # Errors

@@ -293,6 +293,24 @@ impl Executor {
         Ok(CapturedGraph { graph, device: self.device.clone(), outputs, _keep: keep, entries: self.plans.iter().map(|p| p.entry.clone()).collect(), bindings })
     }
 
+    /// [`Executor::run_profiled`] with inputs by name.
+    ///
+    /// # Errors
+    /// As [`Executor::run_named`].
+    pub fn run_profiled_named(&self, inputs: &[(&str, &DeviceBuffer)], bindings: &Bindings) -> Result<(Vec<DeviceBuffer>, Profile), RuntimeError> {
+        let ordered = self.order_named(inputs)?;
+        self.run_profiled(&ordered, bindings)
+    }
+
+    /// [`Executor::capture`] with inputs by name.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Graph`] for a missing, unknown or unnamed input; as [`Executor::capture`].
+    pub fn capture_named(&self, inputs: &[(&str, &DeviceBuffer)], bindings: &Bindings) -> Result<CapturedGraph, RuntimeError> {
+        let ordered = self.order_named(inputs)?;
+        self.capture(&ordered, bindings)
+    }
+
     /// A buffer's storage: itself, or the buffer it aliases (see [`in_place_aliases`]).
     fn root(&self, b: Buffer) -> Buffer {
         self.aliases.get(&b).copied().unwrap_or(b)
@@ -490,6 +508,12 @@ pub struct CapturedGraph {
     entries: Vec<String>,
     bindings: Bindings,
 }
+
+// SAFETY: the driver's graph and graph-exec handles are not tied to the thread that made
+// them (every cudarc call on them binds the context first), and the buffers it keeps are
+// `Send`. It is not `Sync`: launching one graph exec from two threads at once is not allowed,
+// so a shared captured graph sits behind a lock.
+unsafe impl Send for CapturedGraph {}
 
 impl CapturedGraph {
     /// Enqueues the whole graph on the device's stream (asynchronous; read the outputs or call

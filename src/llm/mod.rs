@@ -17,18 +17,19 @@ pub mod gguf;
 pub mod hf;
 pub mod tokenizer;
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
 use crate::zoo::llama::{self, LlamaConfig};
 use crate::zoo::Mode;
-use crate::gpu::{CompileStats, GpuProgram, Lowering};
+use crate::gpu::{CompileStats, GpuProgram, Lowering, ProfileReport};
 use crate::{Backend, DType, Error, Program, Tensor};
-use sinter_runtime::{Device, DeviceBuffer};
+use sinter_runtime::{CapturedGraph, Device, DeviceBuffer};
 use chat::Message;
 use gguf::{GgufFile, ModelError};
 use tokenizer::Tokenizer;
@@ -189,28 +190,119 @@ pub struct Generation {
     pub prefill_time: Duration,
     /// Decode steps run (each produces one token for every sequence of the batch).
     pub decode_steps: usize,
-    /// Time spent in decode steps.
+    /// Time spent in decode steps, without `capture_time`.
     pub decode_time: Duration,
+    /// True when the decode steps were replayed from a CUDA graph (the GPU, with CUDA graphs
+    /// on: see [`Engine::set_cuda_graph`]).
+    pub cuda_graph: bool,
+    /// Time this call spent capturing the decode step as a CUDA graph: zero when it replayed a
+    /// graph an earlier call at the same batch size captured, or when no graph is used.
+    pub capture_time: Duration,
 }
 
 /// Where an [`Engine`] runs its two graphs.
 enum Programs {
     /// The CPU reference interpreter.
     Cpu { prefill: Program, decode: Program },
-    /// The GPU: weights uploaded once, the KV cache kept on the device and updated in place.
-    Gpu { prefill: GpuProgram, decode: GpuProgram, device: Device },
+    /// The GPU.
+    Gpu(Box<GpuPrograms>),
 }
 
-/// The KV page pools of a generation.
-enum Pages {
-    Host(Arc<Tensor>, Arc<Tensor>),
-    Device(DeviceBuffer, DeviceBuffer),
+/// The GPU's programs: weights uploaded once, the KV cache kept on the device and updated in
+/// place, and the device state of each batch size seen so far.
+struct GpuPrograms {
+    prefill: GpuProgram,
+    decode: GpuProgram,
+    device: Device,
+    batches: Mutex<BTreeMap<usize, GpuBatch>>,
+}
+
+/// Pages per sequence (and layer) the GPU cache holds at least: 256 tokens with 16-token pages.
+const MIN_GPU_PAGES: usize = 16;
+
+/// The device state of GPU generation at one batch size `B`, kept between [`Engine::generate`]
+/// calls so that the decode step captured as a CUDA graph can be replayed on it.
+///
+/// A captured graph bakes in every device address and every dimension: `T = B`, `M` (the
+/// block tables' width, [`GpuBatch::pages_per_seq`]) and `P` (the pool's pages). None of them
+/// changes from step to step: what does — the token ids and positions — lives in the device
+/// buffers `tokens` and `positions` that the graph reads, rewritten before each replay; the
+/// sequence lengths are computed on the device from `positions` (`positions + 1`), and the
+/// paged attention kernel reads them from device memory, so it attends to exactly the cached
+/// tokens whatever `M` is. `M` is chosen with room to spare (the pages a call needs, rounded
+/// up to a power of two, at least [`MIN_GPU_PAGES`], at most the context's); a later call that
+/// needs more pages replaces the state and captures again.
+struct GpuBatch {
+    /// Pages per sequence and layer (`M`).
+    pages_per_seq: usize,
+    /// The key and value page pools `[L·B·M, page_size, kv_heads, head_dim]`, shared by the
+    /// eager prefill and the decode step (captured or not), updated in place by `kv_append`.
+    k_pages: DeviceBuffer,
+    v_pages: DeviceBuffer,
+    /// The decode step's inputs: `tokens: i64[B]`, `positions: i32[B]`, `block_tables:
+    /// i32[L, B, M]` (fixed: page `(l·B + b)·M + j` is sequence `b`'s page `j` in layer `l`).
+    tokens: DeviceBuffer,
+    positions: DeviceBuffer,
+    block_tables: DeviceBuffer,
+    /// The decode step captured on these buffers (on the first decode step with CUDA graphs on).
+    graph: Option<CapturedGraph>,
+}
+
+/// Page of layer `layer`, sequence `seq`, slot `j`, with `b` sequences of `m` pages each:
+/// every layer's and sequence's pages are disjoint.
+fn page_index(layer: usize, seq: usize, j: usize, b: usize, m: usize) -> f64 {
+    ((layer * b + seq) * m + j) as f64
+}
+
+impl GpuBatch {
+    fn new(device: &Device, cfg: &LlamaConfig, dtype: DType, b: usize, m: usize) -> Result<GpuBatch, Error> {
+        let l = cfg.n_layers;
+        let pool = [l * b * m, cfg.page_size, cfg.n_kv_heads, cfg.head_dim];
+        let bt = Tensor::from_fn(DType::I32, &[l, b, m], |i| page_index(i[0], i[1], i[2], b, m));
+        Ok(GpuBatch {
+            pages_per_seq: m,
+            k_pages: device.alloc_zeroed(dtype, &pool)?,
+            v_pages: device.alloc_zeroed(dtype, &pool)?,
+            tokens: device.alloc_zeroed(DType::I64, &[b])?,
+            positions: device.alloc_zeroed(DType::I32, &[b])?,
+            block_tables: device.upload_tensor(&bt)?,
+            graph: None,
+        })
+    }
+
+    /// The decode graph's inputs, by name.
+    fn inputs(&self) -> [(&'static str, &DeviceBuffer); 5] {
+        [("tokens", &self.tokens), ("positions", &self.positions), ("block_tables", &self.block_tables), ("k_pages", &self.k_pages), ("v_pages", &self.v_pages)]
+    }
+
+    /// Checks that a run's page outputs are the pools themselves (`kv_append` updated them in
+    /// place), so that the next step and the captured graph see the new rows.
+    fn check_in_place(&self, outputs: &[DeviceBuffer]) -> Result<(), Error> {
+        match outputs {
+            [_, k, v, ..] if k.same_memory(&self.k_pages) && v.same_memory(&self.v_pages) => Ok(()),
+            _ => Err(Error::Unsupported("the decode step did not update the KV page pools in place (kv_append outputs are not aliased to its page inputs)".into())),
+        }
+    }
+}
+
+/// Whether CUDA graphs are on by default: yes, unless `SINTER_NO_CUDA_GRAPH` is set to
+/// something other than empty or `0`.
+pub fn cuda_graph_default() -> bool {
+    !matches!(std::env::var("SINTER_NO_CUDA_GRAPH").as_deref(), Ok(v) if !v.is_empty() && v != "0")
 }
 
 /// Prefill and decode programs of one model, sharing its weights.
+///
+/// On the GPU, decode steps are captured as a CUDA graph (once per batch size, on the first
+/// decode step at that size) and replayed: each later step copies only the token ids and
+/// positions into the device buffers the graph reads, launches the whole step with one driver
+/// call, and reads back the logits. Prefill runs eagerly on the same page pools.
+/// `SINTER_NO_CUDA_GRAPH=1` (or [`Engine::set_cuda_graph`]) launches every kernel of every
+/// decode step from the host instead, on the same buffers.
 pub struct Engine {
     model: LlamaModel,
     programs: Programs,
+    cuda_graph: bool,
 }
 
 fn argmax(row: &[f64]) -> u32 {
@@ -252,6 +344,131 @@ fn sample(row: &[f64], o: &SampleOptions, rng: &mut rand::rngs::StdRng) -> u32 {
     probs[0].0 as u32
 }
 
+/// One generation's use of the prefill and decode graphs and of its KV cache.
+trait Session {
+    /// Prefills sequence `seq` with `prompt` (its keys and values go to its pages); returns
+    /// the logits of the prompt's last token.
+    fn prefill(&mut self, seq: usize, prompt: &[u32]) -> Result<Vec<f64>, Error>;
+    /// One decode step: `tokens[s]` at position `positions[s]` for every sequence `s`; returns
+    /// the logits `[B · vocab]`.
+    fn decode(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f64>, Error>;
+    /// Time spent capturing CUDA graphs so far.
+    fn capture_time(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+fn tokens_tensor(tokens: &[u32]) -> Result<Tensor, Error> {
+    Ok(Tensor::new(DType::I64, &[tokens.len()], tokens.iter().map(|&t| f64::from(t)).collect())?)
+}
+
+/// The interpreter's session: page pools on the host, `M` pages per sequence.
+struct CpuSession<'a> {
+    prefill: &'a Program,
+    decode: &'a Program,
+    kp: Arc<Tensor>,
+    vp: Arc<Tensor>,
+    /// The decode block tables `[L, B, M]`.
+    bt: Tensor,
+    layers: usize,
+    b: usize,
+    m: usize,
+    vocab: usize,
+}
+
+impl CpuSession<'_> {
+    fn run(&mut self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor) -> Result<Tensor, Error> {
+        let p = if decode { self.decode } else { self.prefill };
+        let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", &self.kp), ("v_pages", &self.vp)], &[])?;
+        let mut r = r.into_iter();
+        let (Some(logits), Some(k), Some(v)) = (r.next(), r.next(), r.next()) else {
+            return Err(Error::Unsupported("the graph returned fewer than 3 outputs".into()));
+        };
+        self.kp = Arc::new(k);
+        self.vp = Arc::new(v);
+        Ok(logits)
+    }
+}
+
+impl Session for CpuSession<'_> {
+    fn prefill(&mut self, seq: usize, prompt: &[u32]) -> Result<Vec<f64>, Error> {
+        let (n, b, m, vocab) = (prompt.len(), self.b, self.m, self.vocab);
+        let tokens = tokens_tensor(prompt)?;
+        let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
+        let bt = Tensor::from_fn(DType::I32, &[self.layers, 1, m], |i| page_index(i[0], seq, i[2], b, m));
+        let logits = self.run(false, &tokens, &pos, &bt)?;
+        Ok(logits.data()[(n - 1) * vocab..n * vocab].to_vec())
+    }
+
+    fn decode(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f64>, Error> {
+        let tokens = tokens_tensor(tokens)?;
+        let pos = Tensor::new(DType::I32, &[positions.len()], positions.iter().map(|&p| p as f64).collect())?;
+        let bt = std::mem::replace(&mut self.bt, Tensor::zeros(DType::I32, &[0]));
+        let r = self.run(true, &tokens, &pos, &bt);
+        self.bt = bt;
+        Ok(r?.data().to_vec())
+    }
+}
+
+/// The GPU's session: the batch size's persistent [`GpuBatch`].
+struct GpuSession<'a> {
+    prefill: &'a GpuProgram,
+    decode: &'a GpuProgram,
+    device: &'a Device,
+    state: &'a mut GpuBatch,
+    layers: usize,
+    b: usize,
+    vocab: usize,
+    cuda_graph: bool,
+    capture_time: Duration,
+}
+
+impl Session for GpuSession<'_> {
+    fn prefill(&mut self, seq: usize, prompt: &[u32]) -> Result<Vec<f64>, Error> {
+        let (n, b, m, vocab, dev) = (prompt.len(), self.b, self.state.pages_per_seq, self.vocab, self.device);
+        let tokens = dev.upload_tensor(&tokens_tensor(prompt)?)?;
+        let pos = dev.upload_tensor(&Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64))?;
+        let bt = dev.upload_tensor(&Tensor::from_fn(DType::I32, &[self.layers, 1, m], |i| page_index(i[0], seq, i[2], b, m)))?;
+        let st = &*self.state;
+        let r = self.prefill.run_device(
+            &[("tokens", &tokens), ("positions", &pos), ("block_tables", &bt), ("k_pages", &st.k_pages), ("v_pages", &st.v_pages)],
+            &crate::Bindings::new(),
+        )?;
+        st.check_in_place(&r)?;
+        // Only the last row: a long prompt's logits are `n × vocab`.
+        Ok(dev.download_range_f64(&r[0], (n - 1) * vocab, vocab)?)
+    }
+
+    fn decode(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f64>, Error> {
+        let dev = self.device;
+        dev.write_f64(&self.state.tokens, &tokens.iter().map(|&t| f64::from(t)).collect::<Vec<_>>())?;
+        dev.write_f64(&self.state.positions, &positions.iter().map(|&p| p as f64).collect::<Vec<_>>())?;
+        let logits = if self.cuda_graph {
+            if self.state.graph.is_none() {
+                let t0 = Instant::now();
+                let g = self.decode.capture_device(&self.state.inputs(), &crate::Bindings::new())?;
+                self.state.check_in_place(g.outputs())?;
+                self.state.graph = Some(g);
+                self.capture_time += t0.elapsed();
+            }
+            let g = self.state.graph.as_ref().ok_or_else(|| Error::Unsupported("no captured decode graph".into()))?;
+            g.replay()?;
+            g.outputs().first().cloned()
+        } else {
+            let r = self.decode.run_device(&self.state.inputs(), &crate::Bindings::new())?;
+            self.state.check_in_place(&r)?;
+            r.into_iter().next()
+        };
+        let logits = logits.ok_or_else(|| Error::Unsupported("the decode graph returned no logits".into()))?;
+        // Reading the logits waits for the step.
+        Ok(dev.download_f64(&logits)?)
+    }
+
+    fn capture_time(&self) -> Duration {
+        self.capture_time
+    }
+}
+
 impl Engine {
     /// Builds the prefill and decode graphs for the model's config and dtype, compiles them
     /// for the interpreter, and binds the weights (shared, not copied).
@@ -265,68 +482,60 @@ impl Engine {
             prefill.bind(name, t.clone())?;
             decode.bind(name, t.clone())?;
         }
-        Ok(Engine { model, programs: Programs::Cpu { prefill, decode } })
+        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false })
     }
 
     /// Compiles both graphs for the GPU (`lowering` picks fused or one kernel per node; kernels
-    /// come from the kernel cache or the code generator) and uploads the weights once.
+    /// come from the kernel cache or the code generator) and uploads the weights once. Decode
+    /// steps replay a CUDA graph unless `SINTER_NO_CUDA_GRAPH` is set ([`cuda_graph_default`]).
     ///
     /// # Errors
     /// Lowering, code generation, cache or driver errors.
     pub fn new_gpu(model: LlamaModel, device: &Device, lowering: Lowering) -> Result<Engine, Error> {
-        let mut prefill = GpuProgram::compile(&llama::build(&model.cfg, Mode::Prefill, model.dtype)?, device, lowering)?;
-        let mut decode = GpuProgram::compile(&llama::build(&model.cfg, Mode::Decode, model.dtype)?, device, lowering)?;
+        Engine::new_gpu_with_progress(model, device, lowering, &mut |_, _, _| {})
+    }
+
+    /// [`Engine::new_gpu`], calling `progress(graph, done, total)` as the kernels of the
+    /// `"prefill"` and the `"decode"` graph are found in the cache or compiled (`total` is 0
+    /// while the graph is being lowered).
+    ///
+    /// # Errors
+    /// As [`Engine::new_gpu`].
+    pub fn new_gpu_with_progress(model: LlamaModel, device: &Device, lowering: Lowering, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Engine, Error> {
+        let prefill = GpuProgram::compile_with_progress(&llama::build(&model.cfg, Mode::Prefill, model.dtype)?, device, lowering, &mut |d, t| progress("prefill", d, t))?;
+        let decode = GpuProgram::compile_with_progress(&llama::build(&model.cfg, Mode::Decode, model.dtype)?, device, lowering, &mut |d, t| progress("decode", d, t))?;
+        let (mut prefill, mut decode) = (prefill, decode);
         for (name, t) in &model.weights {
             let buf = device.upload_tensor(t)?;
             prefill.bind_buffer(name, buf.clone());
             decode.bind_buffer(name, buf);
         }
-        Ok(Engine { model, programs: Programs::Gpu { prefill, decode, device: device.clone() } })
+        let batches = Mutex::new(BTreeMap::new());
+        let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches }));
+        Ok(Engine { model, programs, cuda_graph: cuda_graph_default() })
+    }
+
+    /// Turns CUDA-graph replay of decode steps on or off (GPU only; the interpreter ignores it).
+    pub fn set_cuda_graph(&mut self, on: bool) {
+        self.cuda_graph = on;
+    }
+
+    /// Whether decode steps replay a CUDA graph: on the GPU with CUDA graphs on.
+    pub fn cuda_graph(&self) -> bool {
+        self.cuda_graph && self.is_gpu()
+    }
+
+    /// True when the engine runs on the GPU.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.programs, Programs::Gpu(_))
     }
 
     /// Kernels of the prefill and decode graphs on the GPU, with what compiling them took;
     /// `None` on the interpreter.
     pub fn gpu_stats(&self) -> Option<(usize, usize, CompileStats, CompileStats)> {
         match &self.programs {
-            Programs::Gpu { prefill, decode, .. } => {
-                Some((prefill.kernel_graph().kernels.len(), decode.kernel_graph().kernels.len(), prefill.stats().clone(), decode.stats().clone()))
-            }
+            Programs::Gpu(g) => Some((g.prefill.kernel_graph().kernels.len(), g.decode.kernel_graph().kernels.len(), g.prefill.stats().clone(), g.decode.stats().clone())),
             Programs::Cpu { .. } => None,
-        }
-    }
-
-    fn new_pages(&self, shape: &[usize]) -> Result<Pages, Error> {
-        let dt = self.model.dtype;
-        Ok(match &self.programs {
-            Programs::Cpu { .. } => Pages::Host(Arc::new(Tensor::zeros(dt, shape)), Arc::new(Tensor::zeros(dt, shape))),
-            Programs::Gpu { device, .. } => Pages::Device(device.alloc_zeroed(dt, shape)?, device.alloc_zeroed(dt, shape)?),
-        })
-    }
-
-    /// One run of the prefill or the decode graph: the logits `[T, vocab]` on the host; the
-    /// pages are updated (in place on the GPU).
-    fn step(&self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor, pages: &mut Pages) -> Result<Tensor, Error> {
-        match (&self.programs, pages) {
-            (Programs::Cpu { prefill, decode: dec }, Pages::Host(kp, vp)) => {
-                let p = if decode { dec } else { prefill };
-                let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", kp), ("v_pages", vp)], &[])?;
-                let mut r = r.into_iter();
-                let (Some(logits), Some(k), Some(v)) = (r.next(), r.next(), r.next()) else {
-                    return Err(Error::Unsupported("the graph returned fewer than 3 outputs".into()));
-                };
-                *kp = Arc::new(k);
-                *vp = Arc::new(v);
-                Ok(logits)
-            }
-            (Programs::Gpu { prefill, decode: dec, device }, Pages::Device(kp, vp)) => {
-                let p = if decode { dec } else { prefill };
-                let (t, ps, b) = (device.upload_tensor(tokens)?, device.upload_tensor(pos)?, device.upload_tensor(bt)?);
-                let r = p.run_device(&[("tokens", &t), ("positions", &ps), ("block_tables", &b), ("k_pages", kp), ("v_pages", vp)], &crate::Bindings::new())?;
-                let logits = r.first().ok_or_else(|| Error::Unsupported("the graph returned no logits".into()))?;
-                // The pages were updated in place (`kv_append` aliases its page inputs).
-                Ok(device.download_tensor(logits)?)
-            }
-            _ => Err(Error::Unsupported("the pages and the programs live on different devices".into())),
         }
     }
 
@@ -340,10 +549,22 @@ impl Engine {
     /// sequence per step, until each has produced EOS or `max_new` tokens. `on_token(seq,
     /// token)` sees every token as it is chosen.
     ///
+    /// On the GPU, calls wait for each other (they share the device state of their batch
+    /// size), so the callbacks must not call `generate` on the same engine.
+    ///
     /// # Errors
     /// [`ModelError::ContextOverflow`] when a prompt plus `max_new` exceeds the context;
-    /// an empty prompt; interpreter errors.
+    /// an empty prompt; interpreter or device errors.
     pub fn generate(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32)) -> Result<Generation, Error> {
+        self.generate_observed(prompts, o, on_token, &mut |_, _| {})
+    }
+
+    /// [`Engine::generate`], also showing `on_logits(seq, logits)` the logits (`vocab` values)
+    /// each token of sequence `seq` was chosen from, just before `on_token` sees the token.
+    ///
+    /// # Errors
+    /// As [`Engine::generate`].
+    pub fn generate_observed(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32), on_logits: &mut dyn FnMut(usize, &[f64])) -> Result<Generation, Error> {
         let cfg = &self.model.cfg;
         let b = prompts.len();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
@@ -353,63 +574,124 @@ impl Engine {
         if longest + o.max_new > cfg.context {
             return Err(ModelError::ContextOverflow { tokens: longest, max_new: o.max_new, context: cfg.context }.into());
         }
+        if b == 0 {
+            return Ok(Generation { tokens: vec![], prompt_tokens: 0, prefill_time: Duration::ZERO, decode_steps: 0, decode_time: Duration::ZERO, cuda_graph: false, capture_time: Duration::ZERO });
+        }
         let (l, ps) = (cfg.n_layers, cfg.page_size);
-        let m = (longest + o.max_new).div_ceil(ps).max(1);
-        // Page of (layer, sequence, j): every layer's and sequence's pages are disjoint.
-        let page = |layer: usize, seq: usize, j: usize| ((layer * b + seq) * m + j) as f64;
-        let pool = [l * b * m, ps, cfg.n_kv_heads, cfg.head_dim];
-        let mut pages = self.new_pages(&pool)?;
+        let need = (longest + o.max_new).div_ceil(ps).max(1);
+        match &self.programs {
+            Programs::Cpu { prefill, decode } => {
+                let pool = [l * b * need, ps, cfg.n_kv_heads, cfg.head_dim];
+                let dt = self.model.dtype;
+                let bt = Tensor::from_fn(DType::I32, &[l, b, need], |i| page_index(i[0], i[1], i[2], b, need));
+                let (kp, vp) = (Arc::new(Tensor::zeros(dt, &pool)), Arc::new(Tensor::zeros(dt, &pool)));
+                let mut s = CpuSession { prefill, decode, kp, vp, bt, layers: l, b, m: need, vocab: cfg.vocab };
+                self.run_session(&mut s, prompts, o, on_token, on_logits)
+            }
+            Programs::Gpu(g) => {
+                let GpuPrograms { prefill, decode, device, batches } = &**g;
+                // A poisoned lock: a panic left the state mid-step; the pools are zeroed below
+                // and a half-made capture is never stored, so it is still usable.
+                let mut guard = batches.lock().unwrap_or_else(|e| e.into_inner());
+                if guard.get(&b).is_none_or(|st| st.pages_per_seq < need) {
+                    // Free the old state (pools, captured graph) before allocating the new one.
+                    guard.remove(&b);
+                    let most = cfg.context.div_ceil(ps).max(need);
+                    let m = need.next_power_of_two().max(MIN_GPU_PAGES).min(most);
+                    guard.insert(b, GpuBatch::new(device, cfg, self.model.dtype, b, m)?);
+                }
+                let state = guard.get_mut(&b).ok_or_else(|| Error::Unsupported("no device state for the batch".into()))?;
+                // A fresh cache: the result of a call does not depend on the calls before it.
+                device.zero(&state.k_pages)?;
+                device.zero(&state.v_pages)?;
+                let cuda_graph = self.cuda_graph;
+                let mut s = GpuSession { prefill, decode, device, state, layers: l, b, vocab: cfg.vocab, cuda_graph, capture_time: Duration::ZERO };
+                let mut out = self.run_session(&mut s, prompts, o, on_token, on_logits)?;
+                out.cuda_graph = cuda_graph && out.decode_steps > 0;
+                Ok(out)
+            }
+        }
+    }
+
+    /// The sampling loop of [`Engine::generate_observed`] over a session.
+    fn run_session(&self, s: &mut dyn Session, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32), on_logits: &mut dyn FnMut(usize, &[f64])) -> Result<Generation, Error> {
+        let b = prompts.len();
+        let vocab = self.model.cfg.vocab;
+        let eos = self.model.tokenizer.eos;
         let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed);
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
         let mut done = vec![false; b];
         let mut last = vec![0u32; b];
-        let vocab = cfg.vocab;
         let t0 = Instant::now();
-        for (s, prompt) in prompts.iter().enumerate() {
-            let n = prompt.len();
-            let tokens = Tensor::new(DType::I64, &[n], prompt.iter().map(|&t| t as f64).collect())?;
-            let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
-            let bt = Tensor::from_fn(DType::I32, &[l, 1, m], |i| page(i[0], s, i[2]));
-            let logits = self.step(false, &tokens, &pos, &bt, &mut pages)?;
-            let row = &logits.data()[(n - 1) * vocab..n * vocab];
-            let t = sample(row, o, &mut rng);
-            last[s] = t;
+        for (seq, prompt) in prompts.iter().enumerate() {
+            let row = s.prefill(seq, prompt)?;
+            on_logits(seq, &row);
+            let t = sample(&row, o, &mut rng);
+            last[seq] = t;
             if o.max_new > 0 {
-                out[s].push(t);
-                on_token(s, t);
-                done[s] = (o.stop_at_eos && t == self.model.tokenizer.eos) || o.max_new == 1;
+                out[seq].push(t);
+                on_token(seq, t);
+                done[seq] = (o.stop_at_eos && t == eos) || o.max_new == 1;
             } else {
-                done[s] = true;
+                done[seq] = true;
             }
         }
         let prefill_time = t0.elapsed();
         let t1 = Instant::now();
         let mut steps = 0;
-        let bt = Tensor::from_fn(DType::I32, &[l, b, m], |i| page(i[0], i[1], i[2]));
         while done.iter().any(|d| !d) {
-            let tokens = Tensor::new(DType::I64, &[b], last.iter().map(|&t| t as f64).collect())?;
             // Position of the new token = tokens already in the cache.
-            let pos = Tensor::new(DType::I32, &[b], (0..b).map(|s| (prompts[s].len() + out[s].len() - 1) as f64).collect())?;
-            let logits = self.step(true, &tokens, &pos, &bt, &mut pages)?;
+            let positions: Vec<usize> = (0..b).map(|seq| prompts[seq].len() + out[seq].len() - 1).collect();
+            let logits = s.decode(&last, &positions)?;
             steps += 1;
-            for s in 0..b {
-                if done[s] {
+            for seq in 0..b {
+                if done[seq] {
                     continue;
                 }
-                let t = sample(&logits.data()[s * vocab..(s + 1) * vocab], o, &mut rng);
-                last[s] = t;
-                out[s].push(t);
-                on_token(s, t);
-                done[s] = (o.stop_at_eos && t == self.model.tokenizer.eos) || out[s].len() >= o.max_new;
+                let row = &logits[seq * vocab..(seq + 1) * vocab];
+                on_logits(seq, row);
+                let t = sample(row, o, &mut rng);
+                last[seq] = t;
+                out[seq].push(t);
+                on_token(seq, t);
+                done[seq] = (o.stop_at_eos && t == eos) || out[seq].len() >= o.max_new;
             }
         }
-        Ok(Generation { tokens: out, prompt_tokens: prompts.iter().map(Vec::len).sum(), prefill_time, decode_steps: steps, decode_time: t1.elapsed() })
+        let capture_time = s.capture_time();
+        let decode_time = t1.elapsed().saturating_sub(capture_time);
+        let prompt_tokens = prompts.iter().map(Vec::len).sum();
+        Ok(Generation { tokens: out, prompt_tokens, prefill_time, decode_steps: steps, decode_time, cuda_graph: false, capture_time })
+    }
+
+    /// Times each kernel of one decode step at batch size `batch` (eagerly, with CUDA events),
+    /// on the device state the last [`Engine::generate`] at that batch size left: its last
+    /// step runs again (rewriting the same cache rows with the same values). Without such a
+    /// call, one step of token 0 at position 0 on empty pages.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on the interpreter (it runs no kernels) or for a batch of 0;
+    /// device errors.
+    pub fn profile_decode(&self, batch: usize) -> Result<ProfileReport, Error> {
+        let Programs::Gpu(g) = &self.programs else {
+            return Err(Error::Unsupported("per-kernel profiles need the GPU: the CPU reference interpreter runs no kernels".into()));
+        };
+        if batch == 0 {
+            return Err(Error::Unsupported("a decode step of 0 sequences".into()));
+        }
+        let mut guard = g.batches.lock().unwrap_or_else(|e| e.into_inner());
+        let state = match guard.entry(batch) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(GpuBatch::new(&g.device, &self.model.cfg, self.model.dtype, batch, MIN_GPU_PAGES)?),
+        };
+        let (outs, profile) = g.decode.run_device_profiled(&state.inputs(), &crate::Bindings::new())?;
+        state.check_in_place(&outs)?;
+        Ok(ProfileReport::new(g.decode.kernel_graph(), &profile))
     }
 
     /// Teacher-forced logits of `tokens` (one sequence, prefill graph): `[len, vocab]`, f64.
     ///
     /// # Errors
-    /// Interpreter errors; a sequence longer than the context.
+    /// Interpreter or device errors; a sequence longer than the context.
     pub fn logits(&self, tokens: &[u32]) -> Result<Tensor, Error> {
         let cfg = &self.model.cfg;
         let n = tokens.len();
@@ -418,10 +700,24 @@ impl Engine {
         }
         let m = n.div_ceil(cfg.page_size);
         let pool = [cfg.n_layers * m, cfg.page_size, cfg.n_kv_heads, cfg.head_dim];
-        let mut pages = self.new_pages(&pool)?;
-        let toks = Tensor::new(DType::I64, &[n], tokens.iter().map(|&t| t as f64).collect())?;
+        let toks = tokens_tensor(tokens)?;
         let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
-        let bt = Tensor::from_fn(DType::I32, &[cfg.n_layers, 1, m], |i| (i[0] * m + i[2]) as f64);
-        self.step(false, &toks, &pos, &bt, &mut pages)
+        let bt = Tensor::from_fn(DType::I32, &[cfg.n_layers, 1, m], |i| page_index(i[0], 0, i[2], 1, m));
+        let dt = self.model.dtype;
+        match &self.programs {
+            Programs::Cpu { prefill, .. } => {
+                let (kp, vp) = (Tensor::zeros(dt, &pool), Tensor::zeros(dt, &pool));
+                let r = prefill.run(&[("tokens", &toks), ("positions", &pos), ("block_tables", &bt), ("k_pages", &kp), ("v_pages", &vp)], &[])?;
+                r.into_iter().next().ok_or_else(|| Error::Unsupported("the graph returned no logits".into()))
+            }
+            Programs::Gpu(g) => {
+                let (prefill, device) = (&g.prefill, &g.device);
+                let (t, p, b) = (device.upload_tensor(&toks)?, device.upload_tensor(&pos)?, device.upload_tensor(&bt)?);
+                let (kp, vp) = (device.alloc_zeroed(dt, &pool)?, device.alloc_zeroed(dt, &pool)?);
+                let r = prefill.run_device(&[("tokens", &t), ("positions", &p), ("block_tables", &b), ("k_pages", &kp), ("v_pages", &vp)], &crate::Bindings::new())?;
+                let logits = r.first().ok_or_else(|| Error::Unsupported("the graph returned no logits".into()))?;
+                Ok(device.download_tensor(logits)?)
+            }
+        }
     }
 }

@@ -1,0 +1,156 @@
+//! The GPU engine's decode steps replayed from a CUDA graph against the same steps launched
+//! kernel by kernel: SmolLM2-135M (bf16, fused kernels from the cache), greedy, the same
+//! tokens and the same logits (within two bf16 steps; the kernels are deterministic, so the
+//! difference is expected to be 0), at batch 1 and at batch 3 with prompts of different
+//! lengths, over at least 20 decode steps; a second call at batch 1 must replay the graph
+//! captured by the first, and a call that needs more KV pages must capture again.
+//!
+//! Skipped, with a message, where there is no GPU (`SINTER_GPU_REQUIRED=1` makes that a
+//! failure) or no model file (`SINTER_GPU_MODEL_REQUIRED=1` makes that a failure). The
+//! kernels are the prefill and decode kernels `sinter precompile` puts in the cache: capture
+//! and replay launch no other kernels.
+
+use sinter::gpu::Lowering;
+use sinter::llm::{Engine, Generation, LlamaModel, SampleOptions};
+use sinter::DType;
+use sinter_runtime::Device;
+
+fn device() -> Option<Device> {
+    match Device::open() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(std::env::var_os("SINTER_GPU_REQUIRED").is_none(), "SINTER_GPU_REQUIRED is set but: {e}");
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
+fn gpu_engine() -> Option<Engine> {
+    let dev = device()?;
+    let path = sinter::llm::fetch::default_model_path();
+    if !path.exists() {
+        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
+        eprintln!("skipped: {} is missing", path.display());
+        return None;
+    }
+    let model = LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    Some(Engine::new_gpu(model, &dev, Lowering::Fused).unwrap())
+}
+
+/// Greedy generation of exactly `max_new` tokens per sequence, with the logits each token was
+/// chosen from: `logits[seq][i]` for token `i` of sequence `seq`.
+fn generate(engine: &Engine, prompts: &[Vec<u32>], max_new: usize) -> (Generation, Vec<Vec<Vec<f64>>>) {
+    let mut logits: Vec<Vec<Vec<f64>>> = vec![Vec::new(); prompts.len()];
+    let o = SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(max_new) };
+    let g = engine.generate_observed(prompts, &o, &mut |_, _| {}, &mut |s, row| logits[s].push(row.to_vec())).unwrap();
+    (g, logits)
+}
+
+#[test]
+fn gpu_cuda_graph_decode_matches_eager_decode() {
+    let Some(mut engine) = gpu_engine() else { return };
+    let prompt = |text: &str| engine.model().chat_prompt(text).unwrap();
+    let batch3 = vec![prompt("What is 12 times 7?"), prompt("Write a haiku about the sea."), prompt("Tell me a long story about a dragon who learns to fly over the mountains.")];
+    let lens: Vec<usize> = batch3.iter().map(Vec::len).collect();
+    assert!(lens[0] != lens[1] && lens[1] != lens[2] && lens[0] != lens[2], "the batch's prompts should differ in length: {lens:?}");
+    // (what, prompts, tokens per sequence, whether the CUDA-graph run must capture)
+    let cases = [
+        ("batch 1", vec![prompt("What is the capital of France?")], 24, true),
+        ("batch 3, prompts of different lengths", batch3, 24, true),
+        ("batch 1 again, another prompt (replays the first capture)", vec![prompt("Name three colours.")], 21, false),
+        ("batch 1, more KV pages than the first capture had (captures again)", vec![prompt("Count from one to a hundred.")], 300, true),
+    ];
+    let mut fails = Vec::new();
+    for (what, prompts, max_new, captures) in cases {
+        engine.set_cuda_graph(false);
+        let (eager, eager_logits) = generate(&engine, &prompts, max_new);
+        engine.set_cuda_graph(true);
+        let (graph, graph_logits) = generate(&engine, &prompts, max_new);
+        assert!(!eager.cuda_graph, "{what}: the eager run replayed a graph");
+        assert!(graph.cuda_graph, "{what}: the CUDA-graph run did not replay a graph");
+        assert!(graph.decode_steps >= 20, "{what}: {} decode steps", graph.decode_steps);
+        assert_eq!(captures, !graph.capture_time.is_zero(), "{what}: captured in {:?}", graph.capture_time);
+        let mut worst = 0f64;
+        for (s, (a, b)) in graph_logits.iter().zip(&eager_logits).enumerate() {
+            assert_eq!(a.len(), b.len(), "{what}: sequence {s}");
+            for (i, (ra, rb)) in a.iter().zip(b).enumerate() {
+                for (x, y) in ra.iter().zip(rb) {
+                    let d = (x - y).abs();
+                    worst = worst.max(d);
+                    if d.is_nan() || d > 1e-3 + 8e-3 * y.abs() {
+                        fails.push(format!("{what}: sequence {s}, token {i}: logit {x} (graph) vs {y} (eager)"));
+                        break;
+                    }
+                }
+            }
+        }
+        if graph.tokens != eager.tokens {
+            fails.push(format!("{what}: tokens differ:\n graph {:?}\n eager {:?}", graph.tokens, eager.tokens));
+        }
+        let rate = |g: &Generation| (g.tokens.iter().map(Vec::len).sum::<usize>() - prompts.len()) as f64 / g.decode_time.as_secs_f64().max(1e-9);
+        eprintln!(
+            "{what}: {} steps, tokens equal: {}, max |logit difference| {worst}; decode {:.1} tok/s eager, {:.1} tok/s CUDA graph (captured in {:.1} ms)",
+            graph.decode_steps,
+            graph.tokens == eager.tokens,
+            rate(&eager),
+            rate(&graph),
+            graph.capture_time.as_secs_f64() * 1e3
+        );
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// `Engine::profile_decode` on the GPU: one row per decode kernel, family totals adding up.
+#[test]
+fn gpu_profile_of_a_decode_step_names_every_kernel() {
+    let Some(engine) = gpu_engine() else { return };
+    let ids = engine.model().chat_prompt("Hi").unwrap();
+    engine.generate(&[ids], &SampleOptions::greedy(4), &mut |_, _| {}).unwrap();
+    let report = engine.profile_decode(1).unwrap();
+    let (_, decode_kernels, _, _) = engine.gpu_stats().unwrap();
+    assert_eq!(report.rows.len(), decode_kernels);
+    assert!(report.rows.iter().all(|r| r.micros > 0.0 && !r.ops.is_empty()), "{report}");
+    let by_family: f64 = report.by_family().iter().map(|f| f.2).sum();
+    assert!((by_family - report.kernel_micros).abs() <= 1e-6 * report.kernel_micros.max(1.0));
+    eprintln!("{report}");
+}
+
+/// On the interpreter, a profile is refused with an error (no panic).
+#[test]
+fn cpu_profile_is_refused_with_an_error() {
+    let path = sinter::llm::fetch::default_model_path();
+    if !path.exists() {
+        eprintln!("skipped: {} is missing", path.display());
+        return;
+    }
+    let model = LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    let engine = Engine::new(model).unwrap();
+    let e = engine.profile_decode(1).unwrap_err();
+    assert!(e.to_string().contains("GPU"), "{e}");
+}
+
+/// The `--profile` table (no GPU needed): a made-up profile of the tiny Llama's fused decode
+/// kernels is joined with each kernel's family and ops, and summed per family.
+#[test]
+fn profile_report_lists_kernels_and_family_totals() {
+    use sinter::zoo::{llama, Mode};
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::BF16).unwrap();
+    let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+    let kernels: Vec<sinter_runtime::KernelTime> =
+        kg.kernels.keys().enumerate().map(|(i, k)| sinter_runtime::KernelTime { kernel: k, entry: format!("e{i}"), micros: (i + 1) as f64 }).collect();
+    let n = kernels.len();
+    let profile = sinter_runtime::Profile { kernels, total_micros: 1e6 };
+    let report = sinter::gpu::ProfileReport::new(&kg, &profile);
+    assert_eq!(report.rows.len(), n);
+    assert_eq!(report.kernel_micros, (n * (n + 1) / 2) as f64);
+    let fams = report.by_family();
+    assert_eq!(fams.iter().map(|f| f.1).sum::<usize>(), n);
+    assert!(fams.windows(2).all(|w| w[0].2 >= w[1].2), "{fams:?}");
+    assert!(fams.iter().any(|f| f.0 == "paged_attention"), "{fams:?}");
+    let text = report.to_string();
+    assert_eq!(text.lines().filter(|l| l.starts_with('k')).count(), n + 1, "{text}"); // the header and one line per kernel
+    assert!(text.contains("per family:") && text.contains("total: "), "{text}");
+    let first = &kg.kernels[report.rows[0].kernel];
+    assert_eq!(report.rows[0].family, first.family.name());
+}
