@@ -7,9 +7,9 @@
 //! - Output the book shows is checked: the printed IR and tables of chapter 3, and every
 //!   ```` ```console ```` block whose first line is `$ sinter ...` is run with the built binary and
 //!   compared (a line `…` stands for lines left out).
-//! - The op reference (`book/src/reference/ops.md`, from `OP_TABLE`) and the CLI reference
-//!   (`book/src/reference/cli.md`, from `sinter --help`) are generated: the tests render them
-//!   and fail when the pages differ. Regenerate with
+//! - Generated parts (the op and CLI references, `<!-- generated: NAME -->` regions, the PTX of
+//!   chapter 5, the figures of chapter 4: see "Checks of the book itself") fail the tests when
+//!   they differ from what the code gives now. Regenerate them with
 //!   `SINTER_BLESS_BOOK=1 cargo test --test main book` and review the diff.
 //! - `mdbook build` must succeed, and every relative link and `#anchor` of the HTML must
 //!   resolve. Without mdbook the test says so and passes, except under `CI`.
@@ -305,6 +305,232 @@ fn attention_agrees_with_its_spelling() -> Result<(), Box<dyn std::error::Error>
 // ANCHOR_END: attention_agrees
 
 // ---------------------------------------------------------------------------------------------
+// Chapter 4: what the passes make of the zoo's decoder layers.
+
+#[test]
+// ANCHOR: seven_kernels
+fn seven_kernels_per_decoder_layer() -> Result<(), Box<dyn std::error::Error>> {
+    use sinter::zoo::{self, Mode};
+    use sinter_passes::{compile, PassOptions};
+
+    let cases = [
+        ("smollm2-135m", Mode::Prefill, "layer#1", "attention"),
+        ("smollm2-135m", Mode::Decode, "layer#1", "paged_attention"),
+        ("gpt2", Mode::Prefill, "block#1", "attention"),
+    ];
+    for (model, mode, call, attention) in cases {
+        let g = zoo::build(model, mode, DType::BF16)?;
+        let (kernels, report) = compile(&g, &PassOptions::default())?;
+        assert_eq!(kernels.kernels.len(), report.kernels.len());
+        // The kernels of one decoder layer, in launch order; weight concatenations run once,
+        // when the weights are bound, not per step.
+        let layer: Vec<_> = report.kernels.iter().filter(|k| k.origin == call && !k.load_time).collect();
+        let families: Vec<&str> = layer.iter().map(|k| k.family.name()).collect();
+        assert_eq!(families, ["row_reduction", "matmul", attention, "matmul", "row_reduction", "matmul", "matmul"]);
+        // What each matmul's epilogue does, by the last op of its body.
+        let last: Vec<&str> = layer.iter().map(|k| k.ops.last().unwrap().as_str()).collect();
+        let (qkv, o_proj, up, down) = (last[1], last[3], last[5], last[6]);
+        if model == "gpt2" {
+            assert_eq!([layer[0].ops.as_slice(), &layer[4].ops], [["layer_norm"], ["layer_norm"]]);
+            assert!(layer[1].ops.starts_with(&["matmul".into(), "add".into()])); // QKV + bias, then split
+            assert_eq!([o_proj, up, down], ["add", "gelu", "add"]); // bias + residual; bias, GELU
+        } else {
+            assert_eq!([layer[0].ops.as_slice(), &layer[4].ops], [["rms_norm"], ["rms_norm"]]);
+            assert_eq!(qkv, "kv_append"); // RoPE on Q and K, K and V scattered into the pages
+            assert!(layer[1].ops.iter().filter(|op| *op == "rope").count() == 2);
+            assert_eq!([o_proj, up, down], ["add", "swiglu", "add"]); // residual; SwiGLU; residual
+        }
+    }
+    Ok(())
+}
+// ANCHOR_END: seven_kernels
+
+/// Chapter 4's table of rules is `sinter_passes::rules::catalogue()`, and the optimised `layer`
+/// it shows is what the e-graph makes of SmolLM2's prefill layer.
+#[test]
+fn ch4_shows_the_rules_and_the_optimised_layer() {
+    let mut table = String::from("| rule | family | rewrites |\n|---|---|---|\n");
+    for r in sinter_passes::rules::catalogue() {
+        table += &format!("| `{}` | {} | {} |\n", r.name, r.family, r.doc.replace('|', "\\|"));
+    }
+    check_region("fusion.md", "rules", &table);
+
+    let g = sinter::zoo::build("smollm2-135m", sinter::zoo::Mode::Prefill, DType::BF16).unwrap();
+    let (_, report) = sinter_passes::compile(&g, &sinter_passes::PassOptions::default()).unwrap();
+    let layer = report.functions.iter().find(|f| f.name == "layer").unwrap();
+    let (phase, text) = layer.snapshots.last().unwrap();
+    assert_eq!(phase, "fusion");
+    check_region("fusion.md", "layer-optimised", &format!("```text\n{text}```\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 5: the PTX of a pointwise kernel and of a softmax kernel.
+
+// ANCHOR: ptx_graphs
+fn swiglu_graph() -> Result<Graph, sinter::BuildError> {
+    graph! {
+        fn main(gate: bf16[4096, 1536], up: bf16[4096, 1536]) -> bf16[4096, 1536] {
+            gate.silu() * up
+        }
+    }
+}
+
+fn softmax_graph() -> Result<Graph, sinter::BuildError> {
+    graph! {
+        fn main(x: bf16[4096, 4096]) -> bf16[4096, 4096] {
+            let x32 = x.cast(f32);
+            let e = (x32 - x32.max(-1)).exp();
+            (e / e.sum(-1)).cast(bf16)
+        }
+    }
+}
+// ANCHOR_END: ptx_graphs
+
+/// The two graphs of chapter 5 are one kernel each after the passes: a `swiglu` pointwise kernel
+/// and a softmax row reduction with its casts fused.
+#[test]
+fn ch5_graphs_are_one_kernel_each() {
+    use sinter::gpu::{lower, Lowering};
+    for (g, family, ops) in [
+        (swiglu_graph().unwrap(), sinter::ir::Family::Pointwise, vec!["swiglu"]),
+        (softmax_graph().unwrap(), sinter::ir::Family::RowReduction, vec!["cast", "softmax", "cast"]),
+    ] {
+        let kg = lower(&g, Lowering::Fused).unwrap();
+        let kernels: Vec<_> = kg.kernels.values().collect();
+        assert_eq!(kernels.len(), 1);
+        assert_eq!(kernels[0].family, family);
+        assert_eq!(kernels[0].body.nodes.values().map(|n| n.op.kind.name()).collect::<Vec<_>>(), ops);
+    }
+}
+
+#[cfg(feature = "llvm")]
+// ANCHOR: ptx_of
+/// The kernels of `g` after the fusion passes, each with its PTX and launch plan for sm_90a.
+fn ptx_of(g: &Graph) -> Result<Vec<(sinter::ir::Family, sinter::ir::LaunchPlan)>, sinter::Error> {
+    let kg = sinter::gpu::lower(g, sinter::gpu::Lowering::Fused)?;
+    let target = sinter_codegen::Target::SM_90A;
+    let mut plans = Vec::new();
+    for (k, kd) in kg.kernels.iter() {
+        let plan = sinter_codegen::compile_kernel(&kg, k, &target).map_err(|e| sinter::Error::Unsupported(e.to_string()))?;
+        plans.push((kd.family, plan));
+    }
+    Ok(plans)
+}
+// ANCHOR_END: ptx_of
+
+/// A launch plan's grid, `⌈T/64⌉` for a symbolic count, the number of CTAs for a constant one.
+#[cfg(feature = "llvm")]
+fn grid_text(plan: &sinter::ir::LaunchPlan) -> String {
+    let axis = |g: &sinter::ir::GridDim| match g.numerator.as_const() {
+        Some(n) => (n + i64::from(g.denominator) - 1).div_euclid(i64::from(g.denominator)).to_string(),
+        None if g.denominator == 1 => g.numerator.to_string(),
+        None => format!("⌈{}/{}⌉", g.numerator, g.denominator),
+    };
+    format!("{} × {} × {}", axis(&plan.grid[0]), axis(&plan.grid[1]), axis(&plan.grid[2]))
+}
+
+/// What `ptxas -v` says of `ptx` (its lines but the compile time), or `None` without ptxas
+/// (outside CI).
+#[cfg(feature = "llvm")]
+fn ptxas_report(ptx: &str) -> Option<sinter_codegen::PtxasReport> {
+    let ptxas = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap()?;
+    Some(sinter_codegen::ptxas::assemble_with(&ptxas, ptx, &sinter_codegen::Target::SM_90A).unwrap())
+}
+
+/// Chapter 5 shows the PTX the code generator writes now: the whole text is committed as
+/// `book/src/ptx/<name>.ptx` (regenerated by `SINTER_BLESS_BOOK=1`), every excerpt of the
+/// chapter marked `<!-- ptx: NAME -->` is a run of its lines (`…` for lines left out; an
+/// annotation `  // ←…` at the end of a line is the book's), and the launch plan and the
+/// `ptxas -v` report are generated regions.
+#[cfg(feature = "llvm")]
+#[test]
+fn ch5_ptx_is_what_the_code_generator_writes() {
+    for (name, g) in [("swiglu", swiglu_graph().unwrap()), ("softmax", softmax_graph().unwrap())] {
+        let plans = ptx_of(&g).unwrap();
+        assert_eq!(plans.len(), 1, "{name}: the passes fuse it into one kernel");
+        let (family, plan) = &plans[0];
+        check_generated(&format!("book/src/ptx/{name}.ptx"), &plan.ptx, "the code generator");
+        let ptx = read(&format!("book/src/ptx/{name}.ptx"));
+        assert_ptx_excerpts("ptx.md", name, &ptx);
+        let launch = format!(
+            "```text\nentry {}   family {}   grid {} CTAs   block {} threads   params {}\n```\n",
+            plan.entry,
+            family.name(),
+            grid_text(plan),
+            plan.block[0],
+            plan.params.len()
+        );
+        check_region("ptx.md", &format!("{name}-launch"), &launch);
+        if let Some(report) = ptxas_report(&plan.ptx) {
+            let log: String = report.log.lines().filter(|l| !l.contains("Compile time")).map(|l| format!("{l}\n")).collect();
+            check_region("ptx.md", &format!("{name}-ptxas"), &format!("```console\n$ ptxas -arch=sm_90a -v {name}.ptx -o {name}.cubin\n{log}```\n"));
+        }
+    }
+}
+
+/// Every fenced block of `book/src/<chapter>` right after a `<!-- ptx: NAME -->` line is a run
+/// of lines of `ptx`: compared with runs of whitespace collapsed, `…` standing for any lines,
+/// and an annotation `  // ←…` at the end of a line dropped.
+#[cfg(feature = "llvm")]
+fn assert_ptx_excerpts(chapter: &str, name: &str, ptx: &str) {
+    let page = read(&format!("book/src/{chapter}"));
+    let norm = |l: &str| l.split_once("// ←").map_or(l, |(code, _)| code).split_whitespace().collect::<Vec<_>>().join(" ");
+    let got: Vec<String> = ptx.lines().map(norm).collect();
+    let marker = format!("<!-- ptx: {name} -->");
+    let mut found = 0;
+    for piece in page.split(&marker).skip(1) {
+        let block: Vec<String> = piece.trim_start().lines().skip(1).take_while(|l| !l.starts_with("```")).map(norm).collect();
+        let mut want: Vec<&str> = vec!["…"];
+        want.extend(block.iter().map(String::as_str));
+        want.push("…");
+        let got: Vec<&str> = got.iter().map(String::as_str).collect();
+        assert!(matches_with_gaps(&want, &got), "book/src/{chapter}: an excerpt marked `{marker}` is not in book/src/ptx/{name}.ptx:\n{}", block.join("\n"));
+        found += 1;
+    }
+    assert!(found > 0, "book/src/{chapter} shows no excerpt of {name}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 6: the kernels of one SmolLM2 decoder layer, as the code generator builds them.
+
+/// A table of the kernels of SmolLM2's `layer#1` in `mode`: entry point, grid, block, and what
+/// `ptxas -v` reports (registers per thread, static shared memory, spills).
+#[cfg(feature = "llvm")]
+fn layer_kernel_table(mode: sinter::zoo::Mode) -> Option<String> {
+    use sinter_passes::{compile, PassOptions};
+    let g = sinter::zoo::build("smollm2-135m", mode, DType::BF16).unwrap();
+    let (kg, report) = compile(&g, &PassOptions::default()).unwrap();
+    let mut s = String::from("| kernel | ops | grid (CTAs) | threads | registers | static smem | spills |\n|---|---|---|---|---|---|---|\n");
+    for kr in report.kernels.iter().filter(|k| k.origin == "layer#1" && !k.load_time) {
+        let plan = sinter_codegen::compile_kernel(&kg, kr.kernel, &sinter_codegen::Target::SM_90A).unwrap();
+        let ptxas = ptxas_report(&plan.ptx)?;
+        let f = ptxas.function(&plan.entry).unwrap();
+        let ops: Vec<&str> = kr.ops.iter().map(String::as_str).filter(|o| !matches!(*o, "reshape" | "slice")).collect();
+        s += &format!(
+            "| `{}` | {} | {} | {} | {} | {} B | {} |\n",
+            plan.entry,
+            ops.join(" "),
+            grid_text(&plan),
+            plan.block[0],
+            f.registers,
+            f.shared_bytes,
+            if f.spills() { "yes" } else { "none" }
+        );
+    }
+    Some(s)
+}
+
+/// Chapter 6's tables are what the code generator and ptxas make of the layer's kernels now.
+#[cfg(feature = "llvm")]
+#[test]
+fn ch6_layer_kernels_are_what_the_code_generator_builds() {
+    for (mode, name) in [(sinter::zoo::Mode::Prefill, "prefill"), (sinter::zoo::Mode::Decode, "decode")] {
+        let Some(table) = layer_kernel_table(mode) else { return };
+        check_region("kernels.md", &format!("layer-{name}"), &table);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Chapter 6: paged attention reads the cache through the block table.
 
 #[test]
@@ -438,6 +664,80 @@ fn an_op_is_a_row_of_the_table() -> Result<(), Box<dyn std::error::Error>> {
 // ANCHOR_END: op_row
 
 // ---------------------------------------------------------------------------------------------
+// Chapter 9: a new rewrite rule, and its soundness test.
+
+// ANCHOR: gelu_rule
+use sinter::ir::OpKind;
+use sinter_passes::rules::{comm_args, is_const, mk, unary_args, RuleFn};
+
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` → `gelu(x, form = "tanh")`: GPT-2's GELU as
+/// Hugging Face writes it, with `x³` as `x·x·x` in either grouping. (egg's `Id` is not
+/// re-exported, so outside `sinter-passes` the rule is a closure coerced to `RuleFn`; the
+/// rules in `passes/src/rules/` are plain `fn`s of the same type.)
+const GELU_TANH: RuleFn = |eg, id| {
+    let same = |a, b| eg.find(a) == eg.find(b);
+    let square_of = |s, x| comm_args(eg, s, OpKind::Mul).iter().any(|&(a, b)| same(a, x) && same(b, x));
+    let cube_of = |c, x| comm_args(eg, c, OpKind::Mul).iter().any(|&(a, s)| same(a, x) && square_of(s, x));
+    let mut xs = Vec::new();
+    for (half_x, one_plus_t) in comm_args(eg, id, OpKind::Mul) {
+        for (half, x) in comm_args(eg, half_x, OpKind::Mul) {
+            for (one, t) in comm_args(eg, one_plus_t, OpKind::Add) {
+                for u in unary_args(eg, t, OpKind::Tanh) {
+                    for (c, inner) in comm_args(eg, u, OpKind::Mul) {
+                        for (x2, cubic) in comm_args(eg, inner, OpKind::Add) {
+                            for (k, cube) in comm_args(eg, cubic, OpKind::Mul) {
+                                let constants = is_const(eg, half, 0.5)
+                                    && is_const(eg, one, 1.0)
+                                    && is_const(eg, c, (2.0 / std::f64::consts::PI).sqrt())
+                                    && is_const(eg, k, 0.044715);
+                                if constants && same(x2, x) && cube_of(cube, x) {
+                                    xs.push(x);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let form = ("form", sinter::ir::Attr::Str("tanh".into()));
+    xs.into_iter().filter_map(|x| mk(eg, OpKind::Gelu, vec![form.clone()], &[x]).map(|gelu| (id, gelu))).collect()
+};
+// ANCHOR_END: gelu_rule
+
+#[test]
+// ANCHOR: gelu_rule_test
+fn the_gelu_rule_fires_and_is_sound() -> Result<(), Box<dyn std::error::Error>> {
+    use sinter_passes::check::check_egraph;
+    use sinter_passes::optimise::{saturate, Phase};
+    use sinter_passes::{rules, PassOptions};
+
+    let g = graph! {
+        fn act(x: f32[T, 64]) -> f32[T, 64] {
+            0.5 * x * (1.0 + (0.7978845608028654 * (x + 0.044715 * (x * x * x))).tanh())
+        }
+    }?;
+    let f = g.entry().unwrap();
+    let callees: std::collections::BTreeMap<_, _> = g.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
+    let rule = rules::rule("gelu-tanh", &[OpKind::Mul], GELU_TANH).unwrap();
+    let sat = saturate(f, &callees, &PassOptions::default(), &Phase::ALL, &[rule])?;
+    assert!(sat.phases.iter().any(|p| p.rules_fired.contains_key("gelu-tanh")));
+
+    // Extraction takes the op: one node instead of eleven.
+    let (_, best) = sat.snapshots.last().unwrap();
+    assert_eq!(best.nodes.values().map(|n| n.op.kind.name()).collect::<Vec<_>>(), ["gelu"]);
+
+    // Soundness: on these inputs every e-node of the saturated e-graph, the new `gelu` included,
+    // evaluates on the interpreter to its class's value (within f32 tolerance).
+    let x = Tensor::from_fn(DType::F32, &[7, 64], |i| (i[0] as f64 - 3.0) * 1.5 + i[1] as f64 / 32.0);
+    let bindings = [("T".to_string(), 7)].into_iter().collect();
+    let checked = check_egraph(&sat.egraph, &sat.original, &[&x], &bindings, Some(&g)).map_err(|m| format!("{m:?}"))?;
+    assert!(checked.evaluated >= 12);
+    Ok(())
+}
+// ANCHOR_END: gelu_rule_test
+
+// ---------------------------------------------------------------------------------------------
 // Chapter 10: errors.
 
 #[test]
@@ -483,6 +783,18 @@ fn errors_are_values() -> Result<(), Box<dyn std::error::Error>> {
 
 // =============================================================================================
 // Checks of the book itself.
+//
+// Generated, and regenerated by `SINTER_BLESS_BOOK=1`:
+// - the op reference (`book/src/reference/ops.md`, from `OP_TABLE`) and the CLI reference
+//   (`book/src/reference/cli.md`, from `sinter --help`);
+// - the regions of chapters between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`:
+//   the rule catalogue and the optimised layer of chapter 4, the launch plans and `ptxas -v`
+//   reports of chapter 5, the layer's kernels of chapter 6;
+// - the PTX of chapter 5 (`book/src/ptx/`); each excerpt marked `<!-- ptx: NAME -->` in the
+//   chapter must be a run of its lines;
+// - the figures of chapter 4 (`book/src/figures/`): the DOT files are what
+//   `sinter explain smollm2-135m --dot` writes, cut to one decoder layer, and each SVG must have
+//   been rendered from its DOT file (bless runs Graphviz's `dot -Tsvg`).
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -509,6 +821,7 @@ fn bless() -> bool {
 fn check_generated(rel: &str, rendered: &str, from: &str) {
     let path = root().join(rel);
     if bless() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, rendered).unwrap();
         eprintln!("wrote {rel}");
         return;
@@ -701,6 +1014,148 @@ fn ch10_errors_page_lists_every_variant() {
                 "book/src/reference/errors.md does not list `{name}::{v}` ({file}): add a row for it"
             );
         }
+    }
+}
+
+// --- generated regions of chapters ------------------------------------------------------------
+
+/// Checks the region of `book/src/<chapter>` between the lines `<!-- generated: NAME -->` and
+/// `<!-- end generated: NAME -->` against `body`, or rewrites it under `SINTER_BLESS_BOOK=1`.
+fn check_region(chapter: &str, name: &str, body: &str) {
+    let rel = format!("book/src/{chapter}");
+    let page = read(&rel);
+    let (open, close) = (format!("<!-- generated: {name} -->\n"), format!("<!-- end generated: {name} -->"));
+    let start = page.find(&open).unwrap_or_else(|| panic!("{rel} has no `{}` line", open.trim())) + open.len();
+    let end = start + page[start..].find(&close).unwrap_or_else(|| panic!("{rel} has no `{close}` line"));
+    let current = &page[start..end];
+    if current == body {
+        return;
+    }
+    if bless() {
+        std::fs::write(root().join(&rel), format!("{}{body}{}", &page[..start], &page[end..])).unwrap();
+        eprintln!("rewrote region `{name}` of {rel}");
+        return;
+    }
+    panic!("{rel}: region `{name}` is out of date: regenerate it with `SINTER_BLESS_BOOK=1 cargo test --test main book` and review the diff.\nIt should read:\n{body}");
+}
+
+// --- chapter 4's figures: `sinter explain --dot`, one decoder layer, rendered by Graphviz ------
+
+/// The one digraph named `name` of a DOT text holding several (`--dot` writes every function
+/// of the graph into the `-before.dot` file).
+fn dot_digraph(text: &str, name: &str) -> String {
+    let head = format!("digraph \"{name}\" {{\n");
+    let start = text.find(&head).unwrap_or_else(|| panic!("no digraph \"{name}\" in the DOT file"));
+    let end = start + text[start..].find("\n}\n").expect("an unterminated digraph") + 3;
+    text[start..end].to_string()
+}
+
+/// `(node, attributes)` of a DOT statement line `  node [attributes];`, or `(from, to)` of an
+/// edge line `  from -> to;`.
+fn dot_node(line: &str) -> Option<(&str, &str)> {
+    let (id, rest) = line.strip_prefix("  ")?.split_once(" [")?;
+    (!id.contains(' ') && id != "node" && id != "edge").then_some((id, rest))
+}
+
+fn dot_edge(line: &str) -> Option<(&str, &str)> {
+    line.strip_prefix("  ")?.strip_suffix(';')?.split_once(" -> ")
+}
+
+/// The kernels of one call (`layer#1`) of a `-after.dot` kernel graph, with the buffers they
+/// read and write. A weight concatenation (a `layout` kernel doing `concat` of graph inputs
+/// only, which runs once when the weights are bound) is drawn dashed and grey.
+fn dot_one_call(text: &str, origin: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let tag = format!("\\n{origin} ");
+    let kernels: Vec<&str> = lines.iter().filter_map(|l| dot_node(l)).filter(|(_, a)| a.contains(&tag)).map(|(id, _)| id).collect();
+    let edges: Vec<(&str, &str)> = lines.iter().filter_map(|l| dot_edge(l)).filter(|(a, b)| kernels.contains(a) || kernels.contains(b)).collect();
+    let is_input = |b: &str| lines.iter().filter_map(|l| dot_node(l)).any(|(id, a)| id == b && a.contains("fillcolor=palegreen"));
+    let mut out: Vec<String> = lines.iter().take_while(|l| dot_node(l).is_none()).map(|l| l.to_string()).collect();
+    for l in &lines {
+        let Some((id, attrs)) = dot_node(l) else { continue };
+        if kernels.contains(&id) {
+            let load_time = attrs.contains("\\nconcat\\n") && edges.iter().filter(|(_, b)| *b == id).all(|(a, _)| is_input(a));
+            out.push(if load_time { l.replace("style=filled, fillcolor=lightyellow", "style=\"filled,dashed\", fillcolor=gray92") } else { l.to_string() });
+        } else if edges.iter().any(|(a, b)| *a == id || *b == id) {
+            out.push(l.to_string());
+        }
+    }
+    out.extend(edges.iter().map(|(a, b)| format!("  {a} -> {b};")));
+    out.push("}".into());
+    out.join("\n") + "\n"
+}
+
+/// The figures of chapter 4, `(file stem, DOT)`: SmolLM2's `layer` function before fusion and
+/// the kernels of its second call after, for prefill and decode, from `sinter explain --dot`.
+fn chapter4_figures() -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("book-explain-dot");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = sinter_cmd(&["explain", "smollm2-135m", "--dot", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "sinter explain --dot failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut figs = Vec::new();
+    for mode in ["prefill", "decode"] {
+        let file = |when: &str| std::fs::read_to_string(dir.join(format!("smollm2-135m-{mode}-{when}.dot"))).unwrap();
+        figs.push((format!("smollm2-layer-{mode}-before"), dot_digraph(&file("before"), "layer")));
+        figs.push((format!("smollm2-layer-{mode}-after"), dot_one_call(&file("after"), "layer#1")));
+    }
+    figs
+}
+
+/// What an SVG that Graphviz made from `dot` must name: the graph, every node and every edge
+/// (each has a `<title>` element).
+fn dot_titles(dot: &str) -> std::collections::BTreeSet<String> {
+    let mut t = std::collections::BTreeSet::new();
+    for l in dot.lines() {
+        if let Some(name) = l.strip_prefix("digraph ").and_then(|r| r.strip_suffix(" {")) {
+            t.insert(name.trim_matches('"').to_string());
+        } else if let Some((a, b)) = dot_edge(l) {
+            t.insert(format!("{a}->{b}"));
+        } else if let Some((id, _)) = dot_node(l) {
+            t.insert(id.to_string());
+        }
+    }
+    t
+}
+
+fn svg_titles(svg: &str) -> std::collections::BTreeSet<String> {
+    svg.split("<title>").skip(1).filter_map(|s| s.split_once("</title>")).map(|(t, _)| t.replace("&#45;", "-").replace("&gt;", ">")).collect()
+}
+
+/// Chapter 4's figures are what `sinter explain smollm2-135m --dot` writes now: the DOT files
+/// beside the SVGs must equal it, and each SVG must have been rendered from its DOT file (its
+/// nodes and edges are the DOT's). `SINTER_BLESS_BOOK=1` rewrites the DOT files and renders
+/// the SVGs with Graphviz's `dot -Tsvg` (which `scripts/setup` installs).
+#[test]
+fn ch4_figures_are_what_sinter_explain_dot_writes() {
+    let figs = chapter4_figures();
+    let page = read("book/src/fusion.md");
+    for (stem, dot) in &figs {
+        let dot_rel = format!("book/src/figures/{stem}.dot");
+        let svg_rel = format!("book/src/figures/{stem}.svg");
+        assert!(page.contains(&format!("figures/{stem}.svg")), "fusion.md does not show {svg_rel}");
+        check_generated(&dot_rel, dot, "`sinter explain smollm2-135m --dot`");
+        if bless() {
+            let out = Command::new("dot").arg("-Tsvg").arg(root().join(&dot_rel)).arg("-o").arg(root().join(&svg_rel)).output();
+            let out = out.unwrap_or_else(|e| panic!("cannot run Graphviz's `dot` (scripts/setup installs it): {e}"));
+            assert!(out.status.success(), "dot -Tsvg {dot_rel}: {}", String::from_utf8_lossy(&out.stderr));
+            eprintln!("wrote {svg_rel}");
+        }
+        let svg = read(&svg_rel);
+        assert_eq!(svg_titles(&svg), dot_titles(dot), "{svg_rel} was not rendered from {dot_rel}: regenerate both with `SINTER_BLESS_BOOK=1 cargo test --test main book`");
+    }
+}
+
+/// The figures the chapters quote from `bench/RESULTS.md` (which the book includes as its
+/// Results page) are still there: `(chapter, as the chapter says it, as RESULTS.md says it)`.
+#[test]
+fn quoted_results_are_in_bench_results() {
+    let results = read("bench/RESULTS.md");
+    for (chapter, shown, source) in [
+        ("kernels.md", "128 CTAs at 9% of", "9.1% of copy"),
+        ("kernels.md", "0.04× cuBLAS's bf16 rate at 4096³", "| 4096³ | 1 | 4.699 ms | 29.2 TFLOP/s | cuBLAS 8192³ 686 TFLOP/s | 0.04× |"),
+    ] {
+        assert_shows(chapter, shown);
+        assert!(results.contains(source), "bench/RESULTS.md no longer says `{source}`: update what book/src/{chapter} quotes (`{shown}`)");
     }
 }
 
