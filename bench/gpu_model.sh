@@ -36,16 +36,30 @@ run() {
 }
 run "answer" --max-tokens 32
 head -c 300 "$OUT/run-answer.out"; echo
+LOW=unfused run "answer unfused" --max-tokens 32
+head -c 300 "$OUT/run-answer_unfused.out"; echo
 for mode in graph eager; do
     if [ "$mode" = eager ]; then export SINTER_NO_CUDA_GRAPH=1; else unset SINTER_NO_CUDA_GRAPH; fi
     run "decode batch 1 $mode" --prompt-tokens 16 --max-tokens 257 --ignore-eos --warmup
     run "decode batch 16 $mode" --prompt-tokens 16 --batch 16 --max-tokens 257 --ignore-eos --warmup
 done
 unset SINTER_NO_CUDA_GRAPH
+# The symbolic decode graph (64-row matmul tiles) instead of the one specialised to the batch.
+export SINTER_NO_SPECIALIZE=1
+run "decode batch 1 symbolic" --prompt-tokens 16 --max-tokens 257 --ignore-eos --warmup
+run "decode batch 16 symbolic" --prompt-tokens 16 --batch 16 --max-tokens 257 --ignore-eos --warmup
+run "profile symbolic" --prompt-tokens 16 --max-tokens 33 --ignore-eos --profile
+unset SINTER_NO_SPECIALIZE
 run "prefill 512" --prompt-tokens 512 --max-tokens 1 --warmup
 run "prefill 2048" --prompt-tokens 2048 --max-tokens 1 --warmup
 run "profile" --prompt-tokens 16 --max-tokens 33 --ignore-eos --profile
 sed -n '/^total: /,$p' "$OUT/run-profile.out"
+echo "   the 4 kernels of layer 0 and the slowest 12 (specialised):"
+grep -E "^k[0-9]+ " "$OUT/run-profile.out" | sed -n '2,12p'
+grep -E "^k[0-9]+ " "$OUT/run-profile.out" | sort -k3 -g -r | head -12
+echo "   symbolic:"
+sed -n '/^total: /,$p' "$OUT/run-profile_symbolic.out"
+grep -E "^k[0-9]+ " "$OUT/run-profile_symbolic.out" | sed -n '2,12p'
 echo "   (one line per kernel: $OUT/run-profile.out)"
 echo "== PyTorch anchor, same call"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site

@@ -140,6 +140,10 @@ enum Cmd {
         /// How the graphs become GPU kernels.
         #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
         lowering: LoweringArg,
+        /// Batch sizes whose decode graph is also compiled specialised (the batch a constant:
+        /// the flat GEMM for the projections); other batches run the symbolic decode graph.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16])]
+        decode_batches: Vec<usize>,
     },
     /// Build a small example graph, print it, and run it on the interpreter.
     Demo,
@@ -226,7 +230,7 @@ fn main() -> ExitCode {
             lowering: lowering.into(),
             ignore_eos,
         }),
-        Cmd::Precompile { model, target, dtype, lowering } => precompile(model, &target, dtype.into(), lowering.into()),
+        Cmd::Precompile { model, target, dtype, lowering, decode_batches } => precompile(model, &target, dtype.into(), lowering.into(), &decode_batches),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -345,7 +349,7 @@ fn synthetic_prompt(base: &[u32], n: usize, offset: usize) -> Vec<u32> {
     (0..n).map(|i| base[(i + offset) % base.len()]).collect()
 }
 
-fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowering) -> AnyResult {
+fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowering, decode_batches: &[usize]) -> AnyResult {
     let path = match model {
         Some(p) => p,
         None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
@@ -359,6 +363,13 @@ fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowe
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
         eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);
+    }
+    for &b in decode_batches {
+        let g = sinter::llm::decode_graph_for_batch(&m.cfg, dtype, b)?;
+        let kg = sinter::gpu::lower(&g, lowering)?;
+        let mut stats = sinter::gpu::CompileStats::default();
+        sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
+        eprintln!("Decode at batch {b}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);
     }
     eprintln!("into {} in {:.1} s", cache.dir().display(), t0.elapsed().as_secs_f64());
     Ok(())

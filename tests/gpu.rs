@@ -483,14 +483,17 @@ type ZooCase = (String, sinter::Graph, Vec<(String, Tensor)>, std::collections::
 
 fn zoo_cases() -> Vec<ZooCase> {
     use sinter::zoo::{gpt2, llama, Mode};
-    let cfg = llama::LlamaConfig::tiny();
+    // The tiny Llama, and SmolLM2's shapes with two layers and a 1000-token vocabulary over a
+    // 37-token prompt (the whole graph, buffers reused across kernels as in the model).
+    let smol = llama::LlamaConfig { n_layers: 2, vocab: 1000, ..llama::LlamaConfig::smollm2_135m() };
     let mut out = Vec::new();
+    for (cfg, dts, t_prefill) in [(llama::LlamaConfig::tiny(), vec![DType::F32, DType::BF16], 7), (smol, vec![DType::BF16], 37)] {
     for mode in [Mode::Prefill, Mode::Decode] {
-        for dt in [DType::F32, DType::BF16] {
+        for &dt in &dts {
             let g = llama::build(&cfg, mode, dt).unwrap();
             let mut p = sinter::Program::compile(g.clone(), sinter::Backend::Interpreter).unwrap();
             let ws = crate::zoo::bind_random_weights(&mut p, 3);
-            let t = if mode == Mode::Prefill { 7 } else { 3 };
+            let t = if mode == Mode::Prefill { t_prefill } else { 3 };
             let nb = if mode == Mode::Prefill { 1 } else { t };
             let m = 4usize;
             let pages = cfg.n_layers * nb * m;
@@ -501,8 +504,9 @@ fn zoo_cases() -> Vec<ZooCase> {
             let named = vec![("tokens".to_string(), toks), ("positions".into(), pos), ("block_tables".into(), bt), ("k_pages".into(), kp.clone()), ("v_pages".into(), kp)];
             let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
             let want = p.run(&refs, &[]).unwrap();
-            out.push((format!("llama tiny {mode:?} {dt}"), g, named, ws, want));
+            out.push((format!("llama hidden {} {mode:?} {dt}", cfg.hidden), g, named, ws, want));
         }
+    }
     }
     let g = gpt2::build(&gpt2::Gpt2Config::tiny(), DType::F32).unwrap();
     let mut p = sinter::Program::compile(g.clone(), sinter::Backend::Interpreter).unwrap();

@@ -212,9 +212,65 @@ enum Programs {
 /// place, and the device state of each batch size seen so far.
 struct GpuPrograms {
     prefill: GpuProgram,
+    /// The decode graph for any batch (`T` symbolic).
     decode: GpuProgram,
     device: Device,
     batches: Mutex<BTreeMap<usize, GpuBatch>>,
+    /// The uploaded weights, by name (bound into every program, never copied).
+    weights: Vec<(String, DeviceBuffer)>,
+    lowering: Lowering,
+    /// The decode graph specialised to each batch size seen ([`decode_graph_for_batch`]);
+    /// `None` where its kernels are not in the kernel cache of a build without LLVM (the
+    /// symbolic program serves that batch).
+    specialised: Mutex<BTreeMap<usize, Option<Arc<GpuProgram>>>>,
+}
+
+/// The decode graph of `cfg` specialised to a batch of `b` sequences (`T = b`,
+/// [`sinter_ir::Graph::specialize`]): with the batch a constant, the code generator takes the
+/// small-M GEMV for the projections whose epilogue is element-wise (output, down and LM-head
+/// projections) and 16-row tiles for the others, instead of the 64-row tiles a symbolic
+/// batch gets.
+///
+/// # Errors
+/// Graph build or verification errors.
+pub fn decode_graph_for_batch(cfg: &LlamaConfig, dtype: DType, b: usize) -> Result<crate::Graph, Error> {
+    let g = llama::build(cfg, Mode::Decode, dtype)?;
+    let s = g.specialize(&[("T".to_string(), b as i64)].into_iter().collect());
+    sinter_ir::verify(&s)?;
+    Ok(s)
+}
+
+/// Whether decode graphs are specialised to their batch: yes, unless `SINTER_NO_SPECIALIZE`
+/// is set to something other than empty or `0`.
+pub fn specialise_default() -> bool {
+    !matches!(std::env::var("SINTER_NO_SPECIALIZE").as_deref(), Ok(v) if !v.is_empty() && v != "0")
+}
+
+impl GpuPrograms {
+    /// The decode program for a batch of `b`: the specialised one when its kernels can be had
+    /// (compiled, or from the cache), else the symbolic one.
+    fn decode_for(&self, cfg: &LlamaConfig, dtype: DType, b: usize, on: bool) -> Result<Option<Arc<GpuProgram>>, Error> {
+        if !on {
+            return Ok(None);
+        }
+        let mut map = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = map.get(&b) {
+            return Ok(p.clone());
+        }
+        let g = decode_graph_for_batch(cfg, dtype, b)?;
+        let p = match GpuProgram::compile(&g, &self.device, self.lowering) {
+            Ok(mut p) => {
+                for (name, buf) in &self.weights {
+                    p.bind_buffer(name, buf.clone());
+                }
+                Some(Arc::new(p))
+            }
+            Err(Error::KernelNotCached { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        map.insert(b, p.clone());
+        Ok(p)
+    }
 }
 
 /// Pages per sequence (and layer) the GPU cache holds at least: 256 tokens with 16-token pages.
@@ -298,11 +354,14 @@ pub fn cuda_graph_default() -> bool {
 /// positions into the device buffers the graph reads, launches the whole step with one driver
 /// call, and reads back the logits. Prefill runs eagerly on the same page pools.
 /// `SINTER_NO_CUDA_GRAPH=1` (or [`Engine::set_cuda_graph`]) launches every kernel of every
-/// decode step from the host instead, on the same buffers.
+/// decode step from the host instead, on the same buffers. Decode steps run the decode graph
+/// specialised to the batch size ([`decode_graph_for_batch`]) where its kernels can be had,
+/// unless `SINTER_NO_SPECIALIZE=1` (or [`Engine::set_specialise`]).
 pub struct Engine {
     model: LlamaModel,
     programs: Programs,
     cuda_graph: bool,
+    specialise: bool,
 }
 
 fn argmax(row: &[f64]) -> u32 {
@@ -482,7 +541,7 @@ impl Engine {
             prefill.bind(name, t.clone())?;
             decode.bind(name, t.clone())?;
         }
-        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false })
+        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false, specialise: false })
     }
 
     /// Compiles both graphs for the GPU (`lowering` picks fused or one kernel per node; kernels
@@ -505,19 +564,33 @@ impl Engine {
         let prefill = GpuProgram::compile_with_progress(&llama::build(&model.cfg, Mode::Prefill, model.dtype)?, device, lowering, &mut |d, t| progress("prefill", d, t))?;
         let decode = GpuProgram::compile_with_progress(&llama::build(&model.cfg, Mode::Decode, model.dtype)?, device, lowering, &mut |d, t| progress("decode", d, t))?;
         let (mut prefill, mut decode) = (prefill, decode);
+        let mut weights = Vec::with_capacity(model.weights.len());
         for (name, t) in &model.weights {
             let buf = device.upload_tensor(t)?;
             prefill.bind_buffer(name, buf.clone());
-            decode.bind_buffer(name, buf);
+            decode.bind_buffer(name, buf.clone());
+            weights.push((name.clone(), buf));
         }
         let batches = Mutex::new(BTreeMap::new());
-        let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches }));
-        Ok(Engine { model, programs, cuda_graph: cuda_graph_default() })
+        let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches, weights, lowering, specialised: Mutex::new(BTreeMap::new()) }));
+        Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default() })
     }
 
     /// Turns CUDA-graph replay of decode steps on or off (GPU only; the interpreter ignores it).
     pub fn set_cuda_graph(&mut self, on: bool) {
         self.cuda_graph = on;
+    }
+
+    /// Turns the batch-specialised decode graphs on or off (GPU only): off, every batch runs
+    /// the symbolic decode graph. Device state already made for a batch (pools, a captured
+    /// graph) is dropped, as it belongs to the other program.
+    pub fn set_specialise(&mut self, on: bool) {
+        if self.specialise != on {
+            if let Programs::Gpu(g) = &self.programs {
+                g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            }
+        }
+        self.specialise = on;
     }
 
     /// Whether decode steps replay a CUDA graph: on the GPU with CUDA graphs on.
@@ -589,7 +662,9 @@ impl Engine {
                 self.run_session(&mut s, prompts, o, on_token, on_logits)
             }
             Programs::Gpu(g) => {
-                let GpuPrograms { prefill, decode, device, batches } = &**g;
+                let specialised = g.decode_for(cfg, self.model.dtype, b, self.specialise)?;
+                let GpuPrograms { prefill, decode, device, batches, .. } = &**g;
+                let decode = specialised.as_deref().unwrap_or(decode);
                 // A poisoned lock: a panic left the state mid-step; the pools are zeroed below
                 // and a half-made capture is never stored, so it is still usable.
                 let mut guard = batches.lock().unwrap_or_else(|e| e.into_inner());
@@ -683,9 +758,11 @@ impl Engine {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(GpuBatch::new(&g.device, &self.model.cfg, self.model.dtype, batch, MIN_GPU_PAGES)?),
         };
-        let (outs, profile) = g.decode.run_device_profiled(&state.inputs(), &crate::Bindings::new())?;
+        let specialised = g.decode_for(&self.model.cfg, self.model.dtype, batch, self.specialise)?;
+        let decode = specialised.as_deref().unwrap_or(&g.decode);
+        let (outs, profile) = decode.run_device_profiled(&state.inputs(), &crate::Bindings::new())?;
         state.check_in_place(&outs)?;
-        Ok(ProfileReport::new(g.decode.kernel_graph(), &profile))
+        Ok(ProfileReport::new(decode.kernel_graph(), &profile))
     }
 
     /// Teacher-forced logits of `tokens` (one sequence, prefill graph): `[len, vocab]`, f64.
