@@ -60,8 +60,13 @@
 //!   §4) motivates the flat-GEMM split.
 //!
 //! [`choose_schedule`] picks between them by shape: a constant M ≤ 16 gets the small-M kernel,
-//! anything else (a symbolic M included) the tiled one. Columns and paired epilogues always use
-//! the tiled kernel, with a tile as wide as they need (16 rows when M is a constant ≤ 16).
+//! anything else (a symbolic M included) the tiled one. The small-M kernel takes every epilogue
+//! mode: for a paired epilogue each group computes the n-th column of every segment (SwiGLU of
+//! a merged gate/up projection from two dot products); for a columns epilogue it computes its
+//! column and the column's RoPE partner in the head (n ± d/2, or n xor 1 for the interleaved
+//! form), stages them in its slice of shared memory at their place in the head, and the
+//! epilogue (RoPE, the `kv_append` scatter) reads R there. With a symbolic M, columns and
+//! paired epilogues use the tiled kernel with a tile as wide as they need.
 //!
 //! # Tests
 //! Every kernel is assembled by ptxas for sm_80 and sm_90a (no spills; the resource lines are
@@ -239,7 +244,6 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Result<LaunchPlan, CodegenError> {
     let (tag, check, threads) = match schedule {
         MatmulSchedule::Tiled(s) => ("matmul", s.check().and_then(|()| spec.fits(s)), s.threads()),
-        MatmulSchedule::SmallM(s) if spec.epi.staged() => ("matmul_small_m", Err(format!("{s:?}: the small-M kernel takes element-wise epilogues only")), 0),
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
@@ -260,7 +264,13 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
             };
             [GridDim { numerator: spec.m.clone(), denominator: s.bm }, cols, batch]
         }
-        MatmulSchedule::SmallM(s) => [GridDim { numerator: spec.n.clone(), denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch],
+        MatmulSchedule::SmallM(s) => {
+            let cols = match &spec.epi {
+                Epi::Paired { width, .. } => width.clone(),
+                _ => spec.n.clone(),
+            };
+            [GridDim { numerator: cols, denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch]
+        }
     };
     Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes: 0, params })
 }
@@ -456,6 +466,10 @@ impl Spec {
     fn default_schedule(&self) -> MatmulSchedule {
         let bn = match &self.epi {
             Epi::Direct => return choose_schedule(&self.m, self.b.ks.as_const() == Some(1)),
+            // A constant M ≤ 16 (a batch-specialised decode step): the flat GEMM, each group
+            // computing its column and the RoPE partner (columns) or the n-th column of every
+            // segment (paired).
+            _ if self.m.as_const().is_some_and(|m| (1..=16).contains(&m)) => return choose_schedule(&self.m, self.b.ks.as_const() == Some(1)),
             Epi::Columns { rope_d, .. } => (*rope_d as u32).max(64),
             Epi::Paired { segs, .. } => 32 * segs.len() as u32,
         };
@@ -535,16 +549,29 @@ fn batch_bases<'ctx>(kit: &Kit<'ctx>, spec: &Spec, z: IntValue<'ctx>) -> R<Bases
 /// element evaluator ([`super::element::Eval`]) — and stores every output there. The caller
 /// has checked m < M and n < N.
 fn epilogue_and_store<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m: IntValue<'ctx>, n: IntValue<'ctx>, acc: FloatValue<'ctx>) -> R<()> {
-    let mut bufs = Vec::with_capacity(spec.n_buffers + 1);
+    epilogue_and_store_accs(kit, spec, bases, m, n, &[acc])
+}
+
+/// [`epilogue_and_store`] with one accumulator per segment (a paired epilogue: `accs[s]` is
+/// segment `s`'s column `n`; each slice the epilogue reads gets its segment's value) or one
+/// (direct).
+fn epilogue_and_store_accs<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m: IntValue<'ctx>, n: IntValue<'ctx>, accs: &[FloatValue<'ctx>]) -> R<()> {
+    let mut bufs = Vec::with_capacity(spec.n_buffers + accs.len());
     for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
         bufs.push(Buf { ptr: kit.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
     }
     let rank = spec.batch.len() + 2;
-    // The accumulator, as a one-element "buffer" of the matmul's dtype read at offset 0: a
+    // Each accumulator, as a one-element "buffer" of the matmul's dtype read at offset 0: a
     // store and a load of a private alloca, which SROA folds into a rounding to the dtype.
-    let slot = kit.private_slot(spec.dtype)?;
-    kit.store_vec(spec.dtype, slot, kit.i64c(0), &[acc])?;
-    bufs.push(Buf { ptr: slot, dtype: spec.dtype, strides: vec![Dim::constant(0); rank], align: 16 });
+    let per_param: Vec<FloatValue<'ctx>> = match &spec.epi {
+        Epi::Paired { slices, .. } => slices.iter().map(|(_, si)| accs.get(*si).copied().ok_or_else(|| kit.err("no accumulator for a segment"))).collect::<R<_>>()?,
+        _ => vec![*accs.first().ok_or_else(|| kit.err("no accumulator"))?],
+    };
+    for acc in per_param {
+        let slot = kit.private_slot(spec.dtype)?;
+        kit.store_vec(spec.dtype, slot, kit.i64c(0), &[acc])?;
+        bufs.push(Buf { ptr: slot, dtype: spec.dtype, strides: vec![Dim::constant(0); rank], align: 16 });
+    }
     let outs: Vec<(Value, Buf)> = spec
         .epilogue
         .outputs
@@ -780,45 +807,57 @@ fn staged_epilogue<'ctx>(
             Epi::Direct => return Err(k.err("a direct epilogue is not staged")),
         }
         for (j, ok, c, w) in todo {
-            let extra = extra.clone();
             let append = appends.get(j).cloned().flatten();
-            k.if_then(ok, |k| {
-                // The output's coordinate: the row-major position (z·M + m)·w + c unravelled
-                // over the output's shape (for a kv_append result, over its new rows' shape).
-                let out = spec.epilogue.outputs[j];
-                let val = append.as_ref().map_or(out, |a| a.new);
-                let shape = spec.epilogue.ty(val).shape.clone();
-                let mut rest = k.add(k.mul(k.add(k.mul(z, mdim)?, m)?, w)?, c)?;
-                let mut coords = vec![k.i64c(0); shape.len()];
-                for (i, d) in shape.iter().enumerate().rev() {
-                    if i == 0 {
-                        coords[i] = rest;
-                    } else {
-                        let dv = k.dim(d)?;
-                        coords[i] = k.urem(rest, dv)?;
-                        rest = k.udiv(rest, dv)?;
-                    }
-                }
-                let info = &spec.buffers[spec.n_inputs + j];
-                let obuf = Buf { ptr: k.buf(spec.n_inputs + j)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align };
-                let mut bufs = Vec::with_capacity(spec.n_inputs + extra.len());
-                for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
-                    bufs.push(Buf { ptr: k.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
-                }
-                bufs.extend(extra);
-                k.with_eval(&spec.epilogue, bufs, |ev| {
-                    let at = At { axes: coords.iter().map(|&c| ev.uniform_ax(c)).collect(), lanes: 1 };
-                    let vals = ev.eval(val, &at)?;
-                    match &append {
-                        None => ev.store(&obuf, &at, &vals),
-                        Some(a) => scatter_append(ev, &spec.epilogue, a, &coords, &obuf, &vals),
-                    }
-                })
-                .map_err(|e| name_error(e, &spec.kernel_name))
-            })?;
+            k.if_then(ok, |k| columns_output(k, spec, j, append.as_ref(), (z, m, c, w), extra.clone()))?;
         }
         Ok(())
     })
+}
+
+/// Writes output `j` of a columns epilogue at its element for R's row `m` of batch `z` and
+/// column `c` of the output's segment (of width `w`): the output's coordinate is the
+/// row-major position `(z·M + m)·w + c` unravelled over its shape (for a `kv_append` result,
+/// over its new rows' shape, then scattered into the pages). `extra` are the evaluator's
+/// buffers after the kernel inputs (R, as the caller stages it).
+fn columns_output<'ctx>(
+    k: &Kit<'ctx>,
+    spec: &Spec,
+    j: usize,
+    append: Option<&epilogue::Append>,
+    (z, m, c, w): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    extra: Vec<Buf<'ctx>>,
+) -> R<()> {
+    let mdim = k.dim(&spec.m)?;
+    let out = spec.epilogue.outputs[j];
+    let val = append.map_or(out, |a| a.new);
+    let shape = spec.epilogue.ty(val).shape.clone();
+    let mut rest = k.add(k.mul(k.add(k.mul(z, mdim)?, m)?, w)?, c)?;
+    let mut coords = vec![k.i64c(0); shape.len()];
+    for (i, d) in shape.iter().enumerate().rev() {
+        if i == 0 {
+            coords[i] = rest;
+        } else {
+            let dv = k.dim(d)?;
+            coords[i] = k.urem(rest, dv)?;
+            rest = k.udiv(rest, dv)?;
+        }
+    }
+    let info = &spec.buffers[spec.n_inputs + j];
+    let obuf = Buf { ptr: k.buf(spec.n_inputs + j)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align };
+    let mut bufs = Vec::with_capacity(spec.n_inputs + extra.len());
+    for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
+        bufs.push(Buf { ptr: k.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
+    }
+    bufs.extend(extra);
+    k.with_eval(&spec.epilogue, bufs, |ev| {
+        let at = At { axes: coords.iter().map(|&c| ev.uniform_ax(c)).collect(), lanes: 1 };
+        let vals = ev.eval(val, &at)?;
+        match append {
+            None => ev.store(&obuf, &at, &vals),
+            Some(a) => scatter_append(ev, &spec.epilogue, a, &coords, &obuf, &vals),
+        }
+    })
+    .map_err(|e| name_error(e, &spec.kernel_name))
 }
 
 /// Stores `vals`, the element `(b, t, h, d)` = `coords` of a `kv_append`'s new rows, into
@@ -877,58 +916,148 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
     let by = kit.zext64(kit.sreg("ctaid.y")?)?;
     let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
     let bases = batch_bases(kit, spec, bz)?;
-    let (mdim, ndim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.n)?, kit.dim(&spec.k)?);
+    let (mdim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.k)?);
     let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
     let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
     let (b_outer, b_ks) = (kit.dim(&spec.b.outer)?, kit.dim(&spec.b.ks)?);
-
+    // The columns of R a group computes for its output column n: n itself, or (paired) the
+    // n-th column of every segment, each with its own accumulators.
     let lanes = s.lanes;
     let g = kit.zext64(kit.udiv(tid, kit.i32c(lanes as i32))?)?;
     let lane = kit.zext64(kit.urem(tid, kit.i32c(lanes as i32))?)?;
     let n = kit.add(kit.mul(bx, kit.i64c(i64::from(s.columns)))?, g)?;
     let m0 = kit.mul(by, kit.i64c(i64::from(s.rows)))?;
-    let n_valid = kit.icmp(IntPredicate::SLT, n, ndim)?;
+    // Columns (QKV + RoPE): column n and its RoPE partners in the same head (rotate-half:
+    // n ± d/2; interleaved: n xor 1), so that the epilogue reads R at either.
+    let mut rope_head = 1i64;
+    let (ncols, cols) = match &spec.epi {
+        Epi::Paired { segs, width, .. } => (kit.dim(width)?, segs.iter().map(|sg| kit.add(n, kit.dim(&sg.start)?)).collect::<R<Vec<_>>>()?),
+        Epi::Direct => (kit.dim(&spec.n)?, vec![n]),
+        Epi::Columns { rope_d, .. } => {
+            let mut cols = vec![n];
+            let d = *rope_d;
+            if d > 1 {
+                rope_head = d;
+                let forms: std::collections::BTreeSet<bool> = spec.epilogue.nodes.values().filter(|nd| nd.op.kind == OpKind::Rope).map(|nd| nd.op.str("form") == Some("interleaved")).collect();
+                let within = kit.urem(n, kit.i64c(d))?;
+                if forms.contains(&false) {
+                    let first = kit.icmp(IntPredicate::SLT, within, kit.i64c(d / 2))?;
+                    let up = kit.add(n, kit.i64c(d / 2))?;
+                    let down = kit.sub(n, kit.i64c(d / 2))?;
+                    cols.push(kit.select_i(first, up, down)?);
+                }
+                if forms.contains(&true) {
+                    cols.push(kit.xor(n, kit.i64c(1))?);
+                }
+            }
+            (kit.dim(&spec.n)?, cols)
+        }
+    };
+    let n_valid = kit.icmp(IntPredicate::SLT, n, ncols)?;
+    // Columns: each group stages its head of R in shared memory for the epilogue (a private
+    // array indexed by column would live on the stack).
+    let group_tile = if matches!(spec.epi, Epi::Columns { .. }) {
+        let head_bytes = rope_head as u32 * spec.dtype.size_bytes() as u32;
+        let smem = kit.shared(SharedKind::Static, s.columns * head_bytes)?;
+        let gi = kit.udiv(tid, kit.i32c(lanes as i32))?;
+        Some(kit.sh_at(smem, kit.mul(gi, kit.i32c(head_bytes as i32))?)?)
+    } else {
+        None
+    };
 
     // Vector width along K: 16 bytes where both operands allow it and K is a multiple.
     let es = spec.dtype.size_bytes() as u32;
     let vw = 16 / es;
     let c = if lanes > 1 && spec.a.vector_ok(vw) && spec.b.vector_ok(vw) && spec.k.div_exact(i64::from(vw)).is_some() { vw } else { 1 };
 
-    let acc: Vec<PointerValue> = (0..s.rows).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<_>>()?;
+    // acc[column][row]
+    let acc: Vec<Vec<PointerValue>> = cols.iter().map(|_| (0..s.rows).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
     let m_valid: Vec<IntValue> = (0..s.rows)
         .map(|i| kit.icmp(IntPredicate::SLT, kit.add(m0, kit.i64c(i64::from(i)))?, mdim))
         .collect::<R<_>>()?;
     let start = kit.mul(lane, kit.i64c(i64::from(c)))?;
     let step = kit.i64c(i64::from(c * lanes));
     kit.for_range(start, kdim, step, |k, kk| {
-        let bidx = k.add(bases.b, k.add(k.mul(n, b_outer)?, k.mul(kk, b_ks)?)?)?;
-        let bv = k.guarded_load(n_valid, spec.dtype, b_ptr, bidx, c, c > 1, b_ks)?;
-        for (i, p) in acc.iter().enumerate() {
+        let mut bvs = Vec::with_capacity(cols.len());
+        for &col in &cols {
+            let bidx = k.add(bases.b, k.add(k.mul(col, b_outer)?, k.mul(kk, b_ks)?)?)?;
+            bvs.push(k.guarded_load(n_valid, spec.dtype, b_ptr, bidx, c, c > 1, b_ks)?);
+        }
+        for i in 0..s.rows as usize {
             let m = k.add(m0, k.i64c(i as i64))?;
             let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
             let av = k.guarded_load(m_valid[i], spec.dtype, a_ptr, aidx, c, c > 1, a_ks)?;
-            let mut sum = k.get_f(*p)?;
-            for (x, y) in av.iter().zip(&bv) {
-                sum = k.fma(*x, *y, sum)?;
+            for (seg_acc, bv) in acc.iter().zip(&bvs) {
+                let p = seg_acc[i];
+                let mut sum = k.get_f(p)?;
+                for (x, y) in av.iter().zip(bv) {
+                    sum = k.fma(*x, *y, sum)?;
+                }
+                k.set(p, sum.into())?;
             }
-            k.set(*p, sum.into())?;
         }
         Ok(())
     })?;
     // Reduce over the lanes of a column (lanes are aligned groups of a warp).
     let masks: Vec<u32> = (0..lanes.trailing_zeros()).rev().map(|b| 1 << b).collect();
-    let mut sums = Vec::with_capacity(acc.len());
-    for p in &acc {
-        sums.push(kit.warp_reduce(kit.get_f(*p)?, &masks, |k, x, y| k.fadd(x, y))?);
+    let mut sums: Vec<Vec<FloatValue>> = Vec::with_capacity(acc.len());
+    for seg_acc in &acc {
+        let mut v = Vec::with_capacity(seg_acc.len());
+        for p in seg_acc {
+            v.push(kit.warp_reduce(kit.get_f(*p)?, &masks, |k, x, y| k.fadd(x, y))?);
+        }
+        sums.push(v);
     }
     let writer = kit.and(kit.icmp(IntPredicate::EQ, lane, kit.i64c(0))?, n_valid)?;
     kit.if_then(writer, |k| {
-        for (i, sum) in sums.iter().enumerate() {
+        for i in 0..s.rows as usize {
             let m = k.add(m0, k.i64c(i as i64))?;
-            k.if_then(m_valid[i], |k| epilogue_and_store(k, spec, &bases, m, n, *sum))?;
+            let row: Vec<FloatValue> = sums.iter().map(|v| v[i]).collect();
+            match &spec.epi {
+                Epi::Columns { segs, appends, .. } => k.if_then(m_valid[i], |k| small_m_columns(k, spec, (bz, m, n), &cols, &row, (group_tile, rope_head), segs, appends))?,
+                _ => k.if_then(m_valid[i], |k| epilogue_and_store_accs(k, spec, &bases, m, n, &row))?,
+            }
         }
         Ok(())
     })
+}
+
+/// The columns epilogue of the small-M kernel at R's element (row `m` of batch `z`, column
+/// `n`): the accumulators of `cols` (n and its RoPE partners) are rounded to R's dtype into
+/// the group's shared-memory copy of n's head of `head` columns (`tile`; written and read by
+/// the same thread, so no barrier), which the evaluator reads as R (row stride 0, column
+/// stride 1, based at the head's first column); then every output whose segment holds column
+/// n is written ([`columns_output`]).
+#[allow(clippy::too_many_arguments)]
+fn small_m_columns<'ctx>(
+    k: &Kit<'ctx>,
+    spec: &Spec,
+    (z, m, n): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    cols: &[IntValue<'ctx>],
+    accs: &[FloatValue<'ctx>],
+    (tile, head): (Option<PointerValue<'ctx>>, i64),
+    segs: &[epilogue::Seg],
+    appends: &[Option<epilogue::Append>],
+) -> R<()> {
+    let dt = spec.dtype;
+    let arr = tile.ok_or_else(|| k.err("no staging tile for a columns epilogue"))?;
+    let first = k.sub(n, k.urem(n, k.i64c(head))?)?;
+    let es = dt.size_bytes() as i32;
+    for (&col, &acc) in cols.iter().zip(accs) {
+        let off = k.mul(k.trunc32(k.sub(col, first)?)?, k.i32c(es))?;
+        k.sh_store(dt, k.sh_at(arr, off)?, &[acc])?;
+    }
+    let rank = spec.batch.len() + 2;
+    let strides: Vec<Dim> = (0..rank).map(|i| Dim::constant(i64::from(i == rank - 1))).collect();
+    let rbuf = Buf { ptr: k.gep_raw(dt, arr, k.sub(k.i64c(0), first)?)?, dtype: dt, strides, align: dt.size_bytes() as u32 };
+    for (j, seg) in segs.iter().enumerate() {
+        let (a, w) = (k.dim(&seg.start)?, k.dim(&seg.width)?);
+        let c = k.sub(n, a)?;
+        let inside = k.and(k.icmp(IntPredicate::SGE, c, k.i64c(0))?, k.icmp(IntPredicate::SLT, c, w)?)?;
+        let append = appends.get(j).cloned().flatten();
+        k.if_then(inside, |k| columns_output(k, spec, j, append.as_ref(), (z, m, c, w), vec![rbuf.clone()]))?;
+    }
+    Ok(())
 }
 
 /// The toolkit the matmul and attention generators build with: a thin layer over
@@ -1202,6 +1331,14 @@ pub(crate) mod kit {
         }
         pub(crate) fn select_f(&self, c: IntValue<'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
             Ok(self.bld().b.build_select(c, a, b, "")?.into_float_value())
+        }
+        /// `c ? a : b` on integers.
+        pub(crate) fn select_i(&self, c: IntValue<'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_select(c, a, b, "")?.into_int_value())
+        }
+        /// Bitwise exclusive or.
+        pub(crate) fn xor(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_xor(a, b, "")?)
         }
         /// i32 → i64, zero-extended (indices known non-negative).
         pub(crate) fn zext64(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
@@ -1983,10 +2120,14 @@ pub(crate) mod tests {
         assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 32 }, "32 output columns per CTA");
         let (g, k) = o_proj_view(d(1));
         assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
-        // The small-M kernel refuses a staged epilogue.
+        // At a constant M the paired and columns epilogues take the small-M kernel too (each
+        // group computes the n-th column of both halves, or its column and RoPE partner).
+        let (g, k) = gate_up(d(1), DType::BF16);
+        let plan = generate(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.entry, "k0_matmul_small_m");
+        assert_eq!(plan.grid[0], GridDim { numerator: d(1536), denominator: 4 }, "4 output columns per CTA");
         let (g, k) = qkv_rope(d(1), DType::BF16);
-        let small = MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 32, columns: 4 });
-        assert!(matches!(generate_with(&g, k, &Target::SM_80, &small), Err(CodegenError::Unsupported { .. })));
+        assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
     }
 
     /// Epilogues no mode covers are refused, never computed wrongly: RoPE across the whole
@@ -2125,48 +2266,61 @@ pub(crate) mod tests {
         // in the prefill form (one sequence, new rows [1, T, 2, 16], start_pos [1]) and the
         // decode form (T sequences of one token, rows [T, 1, 2, 16], start_pos [T]); pages
         // [4, 4, 2, 16], a block table of 3 pages per sequence.
-        for decode in [false, true] {
-            let nb = if decode { sym("T") } else { d(1) };
+        // Built with a symbolic T (the tiled kernel with staged tiles) and with T a constant
+        // (a batch-specialised step: the small-M kernel, each group computing its column and
+        // the RoPE partner), with both RoPE forms.
+        let qkv_append = |tdim: Dim, decode: bool, form: &str| {
+            let nb = if decode { tdim.clone() } else { d(1) };
             let mut fb = FunctionBuilder::new(&Graph::new(), "qkv_append");
-            let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(24)]));
+            let x = fb.param("x", ty(DType::BF16, &[tdim.clone(), d(24)]));
             let w = fb.param("w", ty(DType::BF16, &[d(128), d(24)]));
-            let pos = fb.param("positions", ty(DType::I32, &[sym("T")]));
+            let pos = fb.param("positions", ty(DType::I32, std::slice::from_ref(&tdim)));
             let kp = fb.param("k_pages", ty(DType::BF16, &[d(4), d(4), d(2), d(16)]));
             let vp = fb.param("v_pages", ty(DType::BF16, &[d(4), d(4), d(2), d(16)]));
             let bt = fb.param("block_table", ty(DType::I32, &[nb.clone(), d(3)]));
             let sp = fb.param("start_pos", ty(DType::I32, std::slice::from_ref(&nb)));
             let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
-            let p2 = fb.op1(OpKind::Reshape, &[pos], vec![("shape", Attr::Dims(vec![sym("T"), d(1)]))]).unwrap();
+            let p2 = fb.op1(OpKind::Reshape, &[pos], vec![("shape", Attr::Dims(vec![tdim.clone(), d(1)]))]).unwrap();
             let sl = |fb: &mut FunctionBuilder, a: i64, b: i64| fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(a))), ("end", Attr::Dim(d(b)))]).unwrap();
             let rs = |fb: &mut FunctionBuilder, x: Value, dims: Vec<Dim>| fb.op1(OpKind::Reshape, &[x], vec![("shape", Attr::Dims(dims))]).unwrap();
+            let rope_attrs = || vec![("theta", Attr::Float(10000.0)), ("form", Attr::Str(form.to_string()))];
             let q = sl(&mut fb, 0, 64);
-            let q = rs(&mut fb, q, vec![sym("T"), d(4), d(16)]);
-            let q = fb.op1(OpKind::Rope, &[q, p2], vec![("theta", Attr::Float(10000.0))]).unwrap();
+            let q = rs(&mut fb, q, vec![tdim.clone(), d(4), d(16)]);
+            let q = fb.op1(OpKind::Rope, &[q, p2], rope_attrs()).unwrap();
             let kk = sl(&mut fb, 64, 96);
-            let kk = rs(&mut fb, kk, vec![sym("T"), d(2), d(16)]);
-            let kk = fb.op1(OpKind::Rope, &[kk, p2], vec![("theta", Attr::Float(10000.0))]).unwrap();
+            let kk = rs(&mut fb, kk, vec![tdim.clone(), d(2), d(16)]);
+            let kk = fb.op1(OpKind::Rope, &[kk, p2], rope_attrs()).unwrap();
             let v = sl(&mut fb, 96, 128);
             let rows = |t: Dim| if decode { vec![t, d(1), d(2), d(16)] } else { vec![d(1), t, d(2), d(16)] };
-            let k4 = rs(&mut fb, kk, rows(sym("T")));
-            let v4 = rs(&mut fb, v, rows(sym("T")));
+            let k4 = rs(&mut fb, kk, rows(tdim.clone()));
+            let v4 = rs(&mut fb, v, rows(tdim.clone()));
             let res = fb.op(OpKind::KvAppend, &[kp, vp, k4, v4, bt, sp], vec![]).unwrap();
-            let (g, k) = single_kernel(Family::Matmul, fb.finish(&[q, kk, res[0], res[1]]).unwrap());
-            for t in [1usize, 5, 11] {
-                let posv = Tensor::new(DType::I32, &[t], (0..t).map(|i| (i * 3 + 1) as f64).collect()).unwrap();
-                let nseq = if decode { t } else { 1 };
-                let table = Tensor::new(DType::I32, &[nseq, 3], (0..nseq * 3).map(|i| [2.0, 0.0, 3.0][i % 3]).collect()).unwrap();
-                // Prefill: slots 1..=t; decode: sequence b at slot (b·5) mod 12.
-                let starts = Tensor::new(DType::I32, &[nseq], (0..nseq).map(|b| if decode { ((b * 5) % 12) as f64 } else { 1.0 }).collect()).unwrap();
-                let ins = [
-                    random(DType::BF16, &[t, 24], 21),
-                    random(DType::BF16, &[128, 24], 22),
-                    posv,
-                    random(DType::BF16, &[4, 4, 2, 16], 23),
-                    random(DType::BF16, &[4, 4, 2, 16], 24),
-                    table,
-                    starts,
-                ];
-                check(&format!("bf16 qkv+rope+kv_append decode={decode} T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+            single_kernel(Family::Matmul, fb.finish(&[q, kk, res[0], res[1]]).unwrap())
+        };
+        for decode in [false, true] {
+            for form in ["rotate_half", "interleaved"] {
+                for t in [1usize, 5, 11] {
+                    let posv = Tensor::new(DType::I32, &[t], (0..t).map(|i| (i * 3 + 1) as f64).collect()).unwrap();
+                    let nseq = if decode { t } else { 1 };
+                    let table = Tensor::new(DType::I32, &[nseq, 3], (0..nseq * 3).map(|i| [2.0, 0.0, 3.0][i % 3]).collect()).unwrap();
+                    // Prefill: slots 1..=t; decode: sequence b at slot (b·5) mod 12.
+                    let starts = Tensor::new(DType::I32, &[nseq], (0..nseq).map(|b| if decode { ((b * 5) % 12) as f64 } else { 1.0 }).collect()).unwrap();
+                    let ins = [
+                        random(DType::BF16, &[t, 24], 21),
+                        random(DType::BF16, &[128, 24], 22),
+                        posv,
+                        random(DType::BF16, &[4, 4, 2, 16], 23),
+                        random(DType::BF16, &[4, 4, 2, 16], 24),
+                        table,
+                        starts,
+                    ];
+                    for constant in [false, true] {
+                        let (g, k) = qkv_append(if constant { d(t as i64) } else { sym("T") }, decode, form);
+                        let entry = generate(&g, k, &Target::SM_80).unwrap().entry;
+                        assert_eq!(entry.ends_with("small_m"), constant, "{entry}");
+                        check(&format!("bf16 qkv+rope({form})+kv_append decode={decode} T={t} ({entry})"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+                    }
+                }
             }
         }
         // gate/up: x [T, 24] · w [2·40, 24]ᵀ, swiglu over the halves (40 = one 32-column
@@ -2182,6 +2336,21 @@ pub(crate) mod tests {
         for t in [1usize, 17] {
             let ins = [random(DType::F32, &[t, 24], 13), random(DType::F32, &[80, 24], 14)];
             check(&format!("f32 gate/up swiglu T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+        }
+        // The same at constant M (a batch-specialised decode step): the small-M kernel, K a
+        // multiple of 8 for its 16-byte vectors in bf16, and a tail of columns.
+        for m in [1i64, 3, 16] {
+            let mut fb = FunctionBuilder::new(&Graph::new(), "mlp_m");
+            let x = fb.param("x", ty(DType::BF16, &[d(m), d(64)]));
+            let w = fb.param("w", ty(DType::BF16, &[d(2 * 37), d(64)]));
+            let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+            let g0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(37)))]).unwrap();
+            let u0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(37))), ("end", Attr::Dim(d(74)))]).unwrap();
+            let o = fb.op1(OpKind::Swiglu, &[g0, u0], vec![]).unwrap();
+            let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
+            assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
+            let ins = [random(DType::BF16, &[m as usize, 64], 25), random(DType::BF16, &[74, 64], 26)];
+            check(&format!("bf16 gate/up swiglu small-M M={m}"), &g, k, gen, &ins, &bind(&[]));
         }
         // GPT-2's QKV: a bias added before the column slices.
         let mut fb = FunctionBuilder::new(&Graph::new(), "qkv_bias");
