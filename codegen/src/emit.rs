@@ -746,6 +746,9 @@ impl<'ctx> Ops for KernelBuilder<'ctx> {
     fn ishr(&mut self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
         Ok(self.b.build_right_shift(a, self.i32c(s as i64), false, "i")?)
     }
+    fn ixor(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_xor(a, b, "i")?)
+    }
     fn ieq(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         Ok(self.b.build_int_compare(IntPredicate::EQ, a, b, "c")?)
     }
@@ -828,6 +831,9 @@ impl<'ctx> Ops for KernelBuilder<'ctx> {
     }
     fn lshr(&mut self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
         Ok(self.b.build_right_shift(a, self.i64c(s as i64), false, "l")?)
+    }
+    fn l2i(&mut self, a: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_truncate(a, self.cx.i32_type(), "i")?)
     }
     fn llt(&mut self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         self.slt(a, b)

@@ -105,6 +105,8 @@ pub trait Ops {
     fn ior(&mut self, a: Self::I, b: Self::I) -> R<Self::I>;
     /// `a >> s`, logical.
     fn ishr(&mut self, a: Self::I, s: u32) -> R<Self::I>;
+    /// `a ^ b`.
+    fn ixor(&mut self, a: Self::I, b: Self::I) -> R<Self::I>;
     /// `a == b`.
     fn ieq(&mut self, a: Self::I, b: Self::I) -> R<Self::B>;
     /// `c ? a : b`.
@@ -162,6 +164,8 @@ pub trait Ops {
     fn lshl(&mut self, a: Self::L, s: u32) -> R<Self::L>;
     /// `a >> s`, logical.
     fn lshr(&mut self, a: Self::L, s: u32) -> R<Self::L>;
+    /// The low 32 bits of `a`.
+    fn l2i(&mut self, a: Self::L) -> R<Self::I>;
     /// `a < b`, signed.
     fn llt(&mut self, a: Self::L, b: Self::L) -> R<Self::B>;
     /// `c ? a : b`.
@@ -500,19 +504,23 @@ const PIO2: [f64; 3] = [std::f64::consts::FRAC_PI_2, 6.123_233_995_736_766e-17, 
 /// `fma`s in f64 (accurate while `|k| < 2⁵⁰`), then Cephes `sinf`/`cosf` polynomials on
 /// `r` (rounded to f32, `|r| ≤ π/4`) and the quadrant `k mod 4`. Absolute error ≤ 1.2e-7.
 /// NaN or ±inf in gives NaN.
+///
+/// The rounding is the "magic number" one: `t = a·(2/π) + 1.5·2⁵²` (one `fma`) holds `k` in
+/// its low mantissa bits (exact while `|k| < 2⁵¹`), `k = t − 1.5·2⁵²`, and the quadrant is
+/// `t`'s two lowest bits — no `f64` rounding or `f64 → int` conversion (each a quarter-rate
+/// instruction on the GPU), and the signs are applied with integer `xor`s.
 pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
     let two_over_pi = m.dc(std::f64::consts::FRAC_2_PI);
-    let q = m.dmul(a, two_over_pi)?;
-    let k = m.drint(q)?;
+    let magic = m.dc(6_755_399_441_055_744.0); // 1.5·2⁵²
+    let t = m.dfma(a, two_over_pi, magic)?;
+    let k = m.dsub(t, magic)?;
     let mut r = a;
     for part in PIO2 {
         let p = m.dc(-part);
         r = m.dfma(k, p, r)?;
     }
     let rf = m.d2f(r)?;
-    let kl = m.d2l(k)?;
-    let three = m.lc(3);
-    let quad = m.land(kl, three)?;
+    let tb = m.dbits(t)?;
     let z = m.fmul(rf, rf)?;
     // sin r = r + r·z·P(z)
     let ps = horner(m, z, &[-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1])?;
@@ -525,26 +533,31 @@ pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
     let one = m.fc(1.0);
     let c0 = m.ffma(mhalf, z, one)?;
     let c = m.ffma(zz, pc, c0)?;
-    let ns = m.fneg(s)?;
-    let nc = m.fneg(c)?;
-    // quad ∈ {0, 1, 2, 3}.
-    let q1 = m.lc(1);
-    let q2 = m.lc(2);
-    let q3 = m.lc(3);
-    let eq0 = m.llt(quad, q1)?;
-    let lt2 = m.llt(quad, q2)?;
-    let lt3 = m.llt(quad, q3)?;
-    let ge1 = m.bnot(eq0)?;
-    let eq1 = m.band(ge1, lt2)?;
-    let ge2 = m.bnot(lt2)?;
-    let eq2 = m.band(ge2, lt3)?;
-    // sin: q0 s, q1 c, q2 −s, q3 −c; cos: q0 c, q1 −s, q2 −c, q3 s.
-    let sin = m.fsel(eq2, ns, nc)?;
-    let sin = m.fsel(eq1, c, sin)?;
-    let sin = m.fsel(eq0, s, sin)?;
-    let cos = m.fsel(eq2, nc, s)?;
-    let cos = m.fsel(eq1, ns, cos)?;
-    let cos = m.fsel(eq0, c, cos)?;
+    // quad = k mod 4: sin is q0 s, q1 c, q2 −s, q3 −c; cos is q0 c, q1 −s, q2 −c, q3 s — the
+    // odd quadrants swap s and c, sin is negated where bit 1 of q is set, cos where bit 1 of
+    // q + 1 is.
+    let q = m.l2i(tb)?;
+    let one_i = m.ic(1);
+    let q1 = m.iand(q, one_i)?;
+    let zero_i = m.ic(0);
+    let even = m.ieq(q1, zero_i)?;
+    let sm = m.fsel(even, s, c)?;
+    let cm = m.fsel(even, c, s)?;
+    let one_l = m.lc(1);
+    let tb1 = m.ladd(tb, one_l)?;
+    let two = m.lc(2);
+    let ss = m.land(tb, two)?;
+    let ss = m.lshl(ss, 30)?;
+    let ss = m.l2i(ss)?;
+    let cs = m.land(tb1, two)?;
+    let cs = m.lshl(cs, 30)?;
+    let cs = m.l2i(cs)?;
+    let smb = m.fbits(sm)?;
+    let sin = m.ixor(smb, ss)?;
+    let sin = m.ffrom_bits(sin)?;
+    let cmb = m.fbits(cm)?;
+    let cos = m.ixor(cmb, cs)?;
+    let cos = m.ffrom_bits(cos)?;
     Ok((sin, cos))
 }
 
@@ -767,6 +780,9 @@ impl Ops for CpuOps {
     fn ishr(&mut self, a: i32, s: u32) -> R<i32> {
         Ok(((a as u32) >> s) as i32)
     }
+    fn ixor(&mut self, a: i32, b: i32) -> R<i32> {
+        Ok(a ^ b)
+    }
     fn ieq(&mut self, a: i32, b: i32) -> R<bool> {
         Ok(a == b)
     }
@@ -847,6 +863,9 @@ impl Ops for CpuOps {
     }
     fn lshr(&mut self, a: i64, s: u32) -> R<i64> {
         Ok(((a as u64) >> s) as i64)
+    }
+    fn l2i(&mut self, a: i64) -> R<i32> {
+        Ok(a as i32)
     }
     fn llt(&mut self, a: i64, b: i64) -> R<bool> {
         Ok(a < b)

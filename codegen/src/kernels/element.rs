@@ -180,6 +180,20 @@ pub(crate) struct Eval<'a, 'ctx> {
     memo: HashMap<Key, Lanes<'ctx>>,
     derived: HashMap<DerivedKey, Lanes<'ctx>>,
     rope_tables: HashMap<(u64, i64), PointerValue<'ctx>>,
+    /// Set by a generator that maps a thread to both halves of a rotate-half RoPE's last axis
+    /// (see [`RopePair`]).
+    pub rope_pair: Option<RopePair<'ctx>>,
+}
+
+/// A hint from the generator: the coordinate `first` of the last axis (of length `d`) is in
+/// the first half (`first < d/2`), and `second = first + d/2` is evaluated next in the same
+/// group. A rotate-half `rope` evaluated at `first` then computes both halves with one
+/// sine/cosine per pair (each half is the other's partner) and memoises the second.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RopePair<'ctx> {
+    pub first: IntValue<'ctx>,
+    pub second: IntValue<'ctx>,
+    pub d: i64,
 }
 
 /// Whether `d` is provably a multiple of `k`.
@@ -199,7 +213,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// An evaluator for body `f` with its parameters' buffers.
     pub fn new(kb: &'a mut KernelBuilder<'ctx>, sizes: &'a mut SizeTable<'ctx>, f: &'a Function, params: Vec<Buf<'ctx>>, width: IndexWidth) -> Self {
         let shapes = f.values.iter().map(|(v, d)| (v, d.ty.shape.clone())).collect();
-        Eval { kb, sizes, f, params, shapes, width, rows: HashMap::new(), memo: HashMap::new(), derived: HashMap::new(), rope_tables: HashMap::new() }
+        Eval { kb, sizes, f, params, shapes, width, rows: HashMap::new(), memo: HashMap::new(), derived: HashMap::new(), rope_tables: HashMap::new(), rope_pair: None }
     }
 
     /// Forgets every memoised value (their SSA values may no longer dominate).
@@ -1134,6 +1148,10 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// ≤ 1.2e-7); `out_a = x_a·cos − x_b·sin`, `out_b = x_b·cos + x_a·sin` with one `fma`
     /// each, rounded once to the dtype. Error bound: `|Δout| ≤ 2.5e-7·(|x_a| + |x_b|)` before
     /// the final rounding, for positions below 2⁵⁰.
+    ///
+    /// One sine/cosine per pair: the interleaved form shares it between the two lanes of a
+    /// pair; the rotate-half form, under a generator's [`RopePair`] hint, computes both halves
+    /// of the pair at once (one load of each half, two outputs) and memoises the second.
     fn rope(&mut self, node: Node, result: Value, at: &At<'ctx>) -> R<Lanes<'ctx>> {
         let x = self.input(node, 0)?;
         let pos = self.input(node, 1)?;
@@ -1178,8 +1196,39 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 t
             }
         };
-        let xs = self.eval(x, at)?;
         let base = last.base;
+        // Rotate-half with both halves in this thread: `base` is in the first half.
+        let paired = match self.rope_pair {
+            Some(rp) if !interleaved && rp.d == d && rp.first.as_value_ref() == base.as_value_ref() => Some(rp.second),
+            _ => None,
+        };
+        if let Some(second) = paired {
+            let xs = self.eval(x, at)?;
+            let mut axes = at.axes.clone();
+            axes[rank - 1] = Ax { base: second, tag: Tag::Other, ..last };
+            let at2 = At { axes, lanes };
+            let xp = self.eval(x, &at2)?;
+            let mut out1 = Vec::with_capacity(lanes as usize);
+            let mut out2 = Vec::with_capacity(lanes as usize);
+            for l in 0..lanes as usize {
+                let pi = if l > 0 { self.iadd(base, self.ic(l as i64))? } else { base };
+                let (s, c) = self.rope_sincos(table, pi, pd)?;
+                let xa = xs[l].f()?;
+                let xb = xp[l].f()?;
+                // First half: x_a·c − x_b·s; second: x_b·c + x_a·s.
+                let xbs = self.kb.fmul(xb, s)?;
+                let nxbs = self.kb.fneg(xbs)?;
+                let r1 = self.kb.ffma(xa, c, nxbs)?;
+                out1.push(Scalar::F(self.kb.round_to(r1, dt)?));
+                let xas = self.kb.fmul(xa, s)?;
+                let r2 = self.kb.ffma(xb, c, xas)?;
+                out2.push(Scalar::F(self.kb.round_to(r2, dt)?));
+            }
+            let k2 = Self::key(result, &at2);
+            self.memo.insert(k2, out2);
+            return Ok(out1);
+        }
+        let xs = self.eval(x, at)?;
         // Partner values, pair indices and signs per lane.
         let (partner, pair_base, neg_first): (Lanes<'ctx>, IntValue<'ctx>, Option<IntValue<'ctx>>) = if interleaved {
             if lanes == 1 {
@@ -1208,20 +1257,21 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             let pair = self.kb.b.build_select(first, base, down, "pair")?.into_int_value();
             (xp, pair, Some(first))
         };
-        let f64t: BasicTypeEnum<'ctx> = self.kb.cx.f64_type().into();
         let mut out = Vec::with_capacity(lanes as usize);
+        let mut sc: Option<(FloatValue<'ctx>, FloatValue<'ctx>)> = None;
         for l in 0..lanes as usize {
-            let pi = if interleaved && lanes > 1 {
-                self.iadd(pair_base, self.ic((l / 2) as i64))?
-            } else if l > 0 {
-                self.iadd(pair_base, self.ic(l as i64))?
-            } else {
-                pair_base
-            };
-            let tp = self.kb.gep(f64t, table, pi)?;
-            let inv = self.kb.load(f64t, tp, 8)?.into_float_value();
-            let angle = self.kb.dmul(pd, inv)?;
-            let (s, c) = math::sincos_d(self.kb, angle)?;
+            // Interleaved lanes 2i and 2i + 1 are one pair: one angle.
+            if !(interleaved && lanes > 1 && l % 2 == 1) || sc.is_none() {
+                let pi = if interleaved && lanes > 1 {
+                    self.iadd(pair_base, self.ic((l / 2) as i64))?
+                } else if l > 0 {
+                    self.iadd(pair_base, self.ic(l as i64))?
+                } else {
+                    pair_base
+                };
+                sc = Some(self.rope_sincos(table, pi, pd)?);
+            }
+            let (s, c) = sc.ok_or_else(|| CodegenError::Builder("no angle".into()))?;
             let xa = xs[l].f()?;
             let xb = partner[l].f()?;
             let xbs = self.kb.fmul(xb, s)?;
@@ -1241,6 +1291,15 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             out.push(Scalar::F(self.kb.round_to(r, dt)?));
         }
         Ok(out)
+    }
+
+    /// `(sin, cos)` of RoPE pair `pi`'s angle `pos · inv_freq[pi]` (f64).
+    fn rope_sincos(&mut self, table: PointerValue<'ctx>, pi: IntValue<'ctx>, pd: FloatValue<'ctx>) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let f64t: BasicTypeEnum<'ctx> = self.kb.cx.f64_type().into();
+        let tp = self.kb.gep(f64t, table, pi)?;
+        let inv = self.kb.load(f64t, tp, 8)?.into_float_value();
+        let angle = self.kb.dmul(pd, inv)?;
+        math::sincos_d(self.kb, angle)
     }
 
     // ----- row-reduction nodes ------------------------------------------------------------

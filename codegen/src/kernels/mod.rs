@@ -201,6 +201,20 @@ pub(crate) fn build_twice(
     width: IndexWidth,
     emit: impl for<'c> Fn(&mut KernelBuilder<'c>, &mut SizeTable<'c>) -> R<()>,
 ) -> R<(String, Vec<KernelParam>)> {
+    build_twice_occupancy(cx, target, entry, max_threads, 1, width, emit)
+}
+
+/// As [`build_twice`], asking ptxas to fit at least `min_ctas` CTAs on an SM (see
+/// [`KernelBuilder::set_min_ctas_per_sm`]); `min_ctas` 1 is [`build_twice`].
+pub(crate) fn build_twice_occupancy(
+    cx: &KernelCtx<'_>,
+    target: &Target,
+    entry: &str,
+    max_threads: u32,
+    min_ctas: u32,
+    width: IndexWidth,
+    emit: impl for<'c> Fn(&mut KernelBuilder<'c>, &mut SizeTable<'c>) -> R<()>,
+) -> R<(String, Vec<KernelParam>)> {
     let context = Context::create();
     let wide = width == IndexWidth::I64;
     let kinds = cx.param_kinds();
@@ -218,7 +232,7 @@ pub(crate) fn build_twice(
         // See `set_min_ctas_per_sm`: keeps ptxas from spilling to reach full occupancy. (At
         // 1024 threads the register cap is 64 either way, and the hint makes ptxas schedule
         // more aggressively into it.)
-        kb.set_min_ctas_per_sm(1);
+        kb.set_min_ctas_per_sm(min_ctas.max(1));
     }
     let mut sizes = SizeTable::fixed(dims.clone(), kinds.len(), wide);
     emit(&mut kb, &mut sizes)?;

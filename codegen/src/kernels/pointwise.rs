@@ -32,13 +32,18 @@
 //!   vectorise along the innermost axis when its extent is provably a multiple of `vec`
 //!   (else `vec` = 1); each operand load is a vector load when it is contiguous along that
 //!   axis and aligned, else per element.
+//! - **Paired** (a shaped kernel with a rotate-half `rope` over the outputs' last axis of
+//!   constant length `D`, `D/2` a multiple of `vec`): the loop runs over the outputs' shape
+//!   with its last axis halved, and a group computes its `vec` elements `j…` and the `vec`
+//!   elements `j + D/2…`, each the other's RoPE partner: one load of each half, one
+//!   sine/cosine per pair, two vector stores (see `element.rs`, `RopePair`).
 //!
 //! Index arithmetic is 32-bit when every size is a constant and every buffer below 2³¹
 //! elements, 64-bit otherwise (any symbolic size).
 
 use sinter_ir::{Dim, Family, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, OpClass, OpKind, Value, ValueDef};
 
-use super::element::{divisible, At, Ax, Buf, Eval, Tag};
+use super::element::{divisible, At, Ax, Buf, Eval, RopePair, Tag};
 use super::{build_twice, KernelCtx};
 use crate::math::R;
 use crate::target::Target;
@@ -212,6 +217,20 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
             }
         }
     }
+    // Rotate-half RoPE over the outputs' last axis: a thread takes `vec` elements of the
+    // first half and the `vec` elements half an axis later (each the other's partner).
+    let pair_half = if flat.is_none() { rope_pair_half(body, &shape, vec) } else { None };
+    let (loop_shape, loop_n) = match pair_half {
+        Some(h) => {
+            let mut ls = shape.clone();
+            if let Some(l) = ls.last_mut() {
+                *l = Dim::constant(h);
+            }
+            let ln = Dim::product(&ls);
+            (ls, ln)
+        }
+        None => (shape.clone(), n.clone()),
+    };
     let width = cx.index_width();
     let entry = cx.entry();
     let (ptx, params) = build_twice(cx, target, &entry, block, width, |kb, sizes| {
@@ -234,21 +253,42 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
         if let Some(fs) = &flat {
             ev.shapes = fs.clone();
         }
-        emit_loop(&mut ev, &n, &shape, vec, flat.is_some(), &outs, &obufs)
+        emit_loop(&mut ev, &loop_n, &loop_shape, vec, flat.is_some(), pair_half, &outs, &obufs)
     })?;
     Ok(LaunchPlan {
         entry,
         ptx,
         target: target.name().to_owned(),
-        grid: [GridDim { numerator: n, denominator: vec * block }, GridDim::fixed(1), GridDim::fixed(1)],
+        grid: [GridDim { numerator: loop_n, denominator: vec * block }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [block, 1, 1],
         shared_bytes: 0,
         params,
     })
 }
 
-/// The grid-stride loop over groups of `vec` elements, and the stores.
-fn emit_loop<'ctx>(ev: &mut Eval<'_, 'ctx>, n: &Dim, shape: &[Dim], vec: u32, flat: bool, outs: &[Out], obufs: &[Buf<'ctx>]) -> R<()> {
+/// `Some(D/2)` when the body has a rotate-half `rope` over the outputs' last axis (of
+/// constant length `D`, `D/2` a multiple of `vec`): the paired schedule, where a thread
+/// computes elements `j` and `j + D/2` of the last axis (see [`RopePair`]).
+fn rope_pair_half(body: &sinter_ir::Function, shape: &[Dim], vec: u32) -> Option<i64> {
+    let d = shape.last()?.as_const()?;
+    if d < 2 || d % 2 != 0 || (d / 2) % i64::from(vec) != 0 {
+        return None;
+    }
+    body.nodes
+        .iter()
+        .any(|(_, nd)| {
+            nd.op.kind == OpKind::Rope
+                && nd.op.str("form") != Some("interleaved")
+                && nd.inputs.first().is_some_and(|&x| body.ty(x).shape.last().and_then(Dim::as_const) == Some(d))
+        })
+        .then_some(d / 2)
+}
+
+/// The grid-stride loop over groups of `vec` elements, and the stores. `shape` and `n` are
+/// the loop's index space: the outputs' shape, or (`pair_half` set) the outputs' shape with
+/// its last axis halved, each group then covering its elements and those `pair_half` later.
+#[allow(clippy::too_many_arguments)]
+fn emit_loop<'ctx>(ev: &mut Eval<'_, 'ctx>, n: &Dim, shape: &[Dim], vec: u32, flat: bool, pair_half: Option<i64>, outs: &[Out], obufs: &[Buf<'ctx>]) -> R<()> {
     let ity = ev.ity();
     // Prologue: first group and stride.
     let tid = ev.kb.tid_x()?;
@@ -336,7 +376,19 @@ fn emit_loop<'ctx>(ev: &mut Eval<'_, 'ctx>, n: &Dim, shape: &[Dim], vec: u32, fl
         }
         let at = At { axes, lanes: if rank == 0 { 1 } else { vec } };
         ev.forget();
-        store_all(ev, &at, outs, obufs)?;
+        match pair_half {
+            Some(h) if rank > 0 => {
+                let first = at.axes[rank - 1].base;
+                let second = ev.iadd(first, ev.ic(h))?;
+                ev.rope_pair = Some(RopePair { first, second, d: 2 * h });
+                let mut at2 = at.clone();
+                at2.axes[rank - 1].base = second;
+                store_all(ev, &at, outs, obufs)?;
+                store_all(ev, &at2, outs, obufs)?;
+                ev.rope_pair = None;
+            }
+            _ => store_all(ev, &at, outs, obufs)?,
+        }
     }
     // Latch.
     let next = ev.iadd(gv, gs)?;

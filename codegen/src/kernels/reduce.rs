@@ -56,7 +56,7 @@ use inkwell::IntPredicate;
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, Node, OpKind, Value, ValueDef};
 
 use super::element::{divisible, At, Ax, Buf, Eval, RowScalars, Scalar, Tag};
-use super::{build_twice, KernelCtx};
+use super::{build_twice_occupancy, KernelCtx};
 use crate::emit::Combine;
 use crate::math::{self, Ops, R};
 use crate::target::Target;
@@ -163,7 +163,8 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     let width = cx.index_width();
     let entry = cx.entry();
     let block = sched.threads_per_row * sched.rows_per_cta;
-    let (ptx, params) = build_twice(&cx, target, &entry, block, width, |kb, sizes| {
+    let min_ctas = occupancy(&cx.data.body, sched);
+    let (ptx, params) = build_twice_occupancy(&cx, target, &entry, block, min_ctas, width, |kb, sizes| {
         let n_in = cx.data.inputs.len();
         let mut pbufs = Vec::with_capacity(n_in);
         for i in 0..n_in {
@@ -188,6 +189,24 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
         shared_bytes: 0,
         params,
     })
+}
+
+/// The CTAs per SM asked of ptxas (`.minnctapersm`). The one-read schedule holds a CTA's
+/// row in registers from its loads to its stores, through every reduction level; the SM's
+/// memory pipe is kept full only by the other CTAs resident meanwhile, so occupancy is what
+/// its bandwidth depends on (at 256 threads: 60 registers allow 4 CTAs, 48 five, 40 six).
+/// With at most 16 elements per thread, ask for a register budget of 40 a thread (48 with a
+/// `layer_norm`, whose centred values and two extra statistics need more); otherwise 1,
+/// ptxas's own choice.
+fn occupancy(body: &Function, s: RowSchedule) -> u32 {
+    let Some(c) = s.chunks else { return 1 };
+    let block = s.threads_per_row * s.rows_per_cta;
+    if s.threads_per_row < 128 || c * s.vec > 16 || block > 512 {
+        return 1;
+    }
+    let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
+    let regs = if heavy { 48 } else { 40 };
+    (65536 / (block * regs)).clamp(1, 2048 / block)
 }
 
 /// A per-row statistic: one reduction over the row of an element expression.
