@@ -727,3 +727,74 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
     fails.truncate(6);
     assert!(fails.is_empty(), "kernels that disagree with the interpreter:\n{}", fails.join("\n\n"));
 }
+
+/// SmolLM2 with real weights, the unfused lowering against the fused one (which matches
+/// transformers), step by step: a 37-token prefill into fresh page pools (logits, and every
+/// layer's K and V pages), then one decode step from the fused prefill's cache. Names the
+/// first layer whose cache disagrees. Skipped without a GPU or the model.
+#[test]
+fn gpu_smollm2_unfused_agrees_with_fused() {
+    use sinter::zoo::{llama, Mode};
+    let Some(dev) = device() else { return };
+    let path = sinter::llm::fetch::default_model_path();
+    if !path.exists() {
+        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
+        eprintln!("skipped: {} is missing", path.display());
+        return;
+    }
+    let model = sinter::llm::LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    let cfg = model.cfg.clone();
+    let ids = model.chat_prompt("What is the capital of France?").unwrap();
+    let n = ids.len();
+    let m = 16usize;
+    let (l, ps, hkv, hd) = (cfg.n_layers, cfg.page_size, cfg.n_kv_heads, cfg.head_dim);
+    let pool = [l * m, ps, hkv, hd];
+    let weights: Vec<(String, sinter_runtime::DeviceBuffer)> = model.weights.iter().map(|(k, t)| (k.clone(), dev.upload_tensor(t).unwrap())).collect();
+    let program = |mode: Mode, lowering: Lowering| {
+        let mut p = GpuProgram::compile(&llama::build(&cfg, mode, DType::BF16).unwrap(), &dev, lowering).unwrap();
+        for (k, b) in &weights {
+            p.bind_buffer(k, b.clone());
+        }
+        p
+    };
+    let bt = Tensor::from_fn(DType::I32, &[l, 1, m], |i| (i[0] * m + i[2]) as f64);
+    let toks = Tensor::from_fn(DType::I64, &[n], |i| f64::from(ids[i[0]]));
+    let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
+    let zeros = Tensor::zeros(DType::BF16, &pool);
+    let run = |p: &GpuProgram, toks: &Tensor, pos: &Tensor, kp: &Tensor, vp: &Tensor| {
+        p.run(&[("tokens", toks), ("positions", pos), ("block_tables", &bt), ("k_pages", kp), ("v_pages", vp)], &Bindings::new()).unwrap()
+    };
+    let maxdiff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| if x.is_nan() != y.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max);
+    let mut fails = Vec::new();
+    let fused = run(&program(Mode::Prefill, Lowering::Fused), &toks, &pos, &zeros, &zeros);
+    let unfused = run(&program(Mode::Prefill, Lowering::Unfused), &toks, &pos, &zeros, &zeros);
+    let d = maxdiff(fused[0].data(), unfused[0].data());
+    eprintln!("prefill logits [{n}, vocab]: max |fused − unfused| {d:.3}");
+    if d > 1.5 {
+        fails.push(format!("prefill logits differ by {d}"));
+    }
+    let per_layer = m * ps * hkv * hd;
+    for (which, idx) in [("K", 1), ("V", 2)] {
+        for layer in 0..l {
+            let r = layer * per_layer..(layer + 1) * per_layer;
+            let d = maxdiff(&fused[idx].data()[r.clone()], &unfused[idx].data()[r]);
+            if d > 0.25 {
+                fails.push(format!("prefill {which} pages of layer {layer}: max |fused − unfused| {d}"));
+                break;
+            }
+        }
+    }
+    // One decode step of the next token from the fused prefill's cache.
+    let row = &fused[0].data()[(n - 1) * cfg.vocab..n * cfg.vocab];
+    let next = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0;
+    let dt = Tensor::from_fn(DType::I64, &[1], |_| next as f64);
+    let dp = Tensor::from_fn(DType::I32, &[1], |_| n as f64);
+    let df = run(&program(Mode::Decode, Lowering::Fused), &dt, &dp, &fused[1], &fused[2]);
+    let du = run(&program(Mode::Decode, Lowering::Unfused), &dt, &dp, &fused[1], &fused[2]);
+    let d = maxdiff(df[0].data(), du[0].data());
+    eprintln!("decode logits: max |fused − unfused| {d:.3}; pages K {:.3} V {:.3}", maxdiff(df[1].data(), du[1].data()), maxdiff(df[2].data(), du[2].data()));
+    if d > 1.5 {
+        fails.push(format!("decode logits differ by {d}"));
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
