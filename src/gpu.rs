@@ -203,6 +203,85 @@ impl GpuProgram {
         &self.kg
     }
 
+    /// Runs, once, every kernel that reads only bound buffers (weights) or such kernels'
+    /// results — the load-time kernels of the fusion report, such as the concatenation of the
+    /// Q, K and V weights that a merged projection reads — and drops them from the program:
+    /// their results become bound inputs (named `folded:<buffer>`). Call it after binding the
+    /// weights; rebinding a weight afterwards does not refold. Returns how many kernels were
+    /// folded.
+    ///
+    /// # Errors
+    /// Driver errors of the one run; loading the remaining kernels.
+    pub fn fold_bound(&mut self) -> Result<usize, Error> {
+        use std::collections::BTreeSet;
+        let kg = &self.kg;
+        let mut constant: BTreeSet<sinter_ir::Buffer> =
+            kg.inputs.iter().copied().filter(|b| kg.buffers[*b].name.as_ref().is_some_and(|n| self.bound.contains_key(n))).collect();
+        let outputs: BTreeSet<sinter_ir::Buffer> = kg.outputs.iter().copied().collect();
+        let mut folded = BTreeSet::new();
+        for (i, kd) in kg.kernels.values().enumerate() {
+            let in_place = kd.body.nodes.values().any(|nd| nd.op.kind == sinter_ir::OpKind::KvAppend);
+            if !kd.inputs.is_empty() && !in_place && kd.inputs.iter().all(|b| constant.contains(b)) && !kd.outputs.iter().any(|b| outputs.contains(b)) {
+                folded.insert(i);
+                constant.extend(kd.outputs.iter().copied());
+            }
+        }
+        if folded.is_empty() {
+            return Ok(0);
+        }
+        let plans = self.exec.plans().to_vec();
+        // The folded kernels alone: their bound inputs in, every result a later kernel reads out.
+        let mut sub = KernelGraph { buffers: kg.buffers.clone(), ..KernelGraph::default() };
+        let mut sub_plans = Vec::new();
+        let mut rest = KernelGraph { buffers: kg.buffers.clone(), inputs: kg.inputs.clone(), outputs: kg.outputs.clone(), ..KernelGraph::default() };
+        let mut rest_plans = Vec::new();
+        for (i, (kd, plan)) in kg.kernels.values().zip(plans).enumerate() {
+            if folded.contains(&i) {
+                for b in &kd.inputs {
+                    if !sub.inputs.contains(b) && !sub.kernels.values().any(|k| k.outputs.contains(b)) {
+                        sub.inputs.push(*b);
+                    }
+                }
+                sub.kernels.push(kd.clone());
+                sub_plans.push(plan);
+            } else {
+                rest.kernels.push(kd.clone());
+                rest_plans.push(plan);
+            }
+        }
+        for kd in rest.kernels.values() {
+            for b in &kd.inputs {
+                if sub.kernels.values().any(|k| k.outputs.contains(b)) && !sub.outputs.contains(b) {
+                    sub.outputs.push(*b);
+                }
+            }
+        }
+        let inputs: Vec<DeviceBuffer> = sub
+            .inputs
+            .iter()
+            .map(|b| {
+                let name = kg.buffers[*b].name.clone().unwrap_or_default();
+                self.bound.get(&name).cloned().ok_or_else(|| Error::Unsupported(format!("folding: weight {name} is not bound")))
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
+        let results = Executor::new(&self.device, &sub, sub_plans)?.run(&refs, &Bindings::new())?;
+        for (b, buf) in sub.outputs.iter().zip(results) {
+            let name = format!("folded:{b}");
+            rest.buffers[*b].name = Some(name.clone());
+            rest.buffers[*b].role = sinter_ir::BufferRole::Input;
+            rest.inputs.push(*b);
+            self.bound.insert(name, buf);
+        }
+        let mut exec = Executor::new(&self.device, &rest, rest_plans)?;
+        if std::env::var_os("SINTER_POISON").is_some() {
+            exec = exec.with_output_guard(256, 0xFF);
+        }
+        self.exec = exec;
+        self.kg = rest;
+        Ok(folded.len())
+    }
+
     /// What compiling took.
     pub fn stats(&self) -> &CompileStats {
         &self.stats

@@ -168,6 +168,11 @@ impl Executor {
         &self.graph
     }
 
+    /// The launch plans, one per kernel in launch order.
+    pub fn plans(&self) -> &[LaunchPlan] {
+        &self.plans
+    }
+
     /// The loaded kernels, in launch order (registers, spills: [`LoadedKernel::attributes`]).
     pub fn kernels(&self) -> &[Arc<LoadedKernel>] {
         &self.loaded

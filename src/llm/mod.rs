@@ -263,6 +263,7 @@ impl GpuPrograms {
                 for (name, buf) in &self.weights {
                     p.bind_buffer(name, buf.clone());
                 }
+                p.fold_bound()?;
                 Some(Arc::new(p))
             }
             Err(Error::KernelNotCached { .. }) => None,
@@ -571,6 +572,9 @@ impl Engine {
             decode.bind_buffer(name, buf.clone());
             weights.push((name.clone(), buf));
         }
+        // The load-time kernels (the merged projections' weight concatenations) run once here.
+        prefill.fold_bound()?;
+        decode.fold_bound()?;
         let batches = Mutex::new(BTreeMap::new());
         let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches, weights, lowering, specialised: Mutex::new(BTreeMap::new()) }));
         Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default() })
