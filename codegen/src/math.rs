@@ -28,7 +28,7 @@
 //! | [`sigmoid`], [`silu`] | `e = e^{−|x|}`, `1/(1+e)` or `e/(1+e)` (no overflow, subnormal tail kept) | ≤ 4 + 2 ulp |
 //! | [`erf`] | two minimax pieces (N. Juffa): `x·P(x²)` below 0.9277, `1 − exp(Q(|x|))` above | ≤ 2 + 2 ulp |
 //! | [`gelu_erf`], [`gelu_tanh`] | `x/2·(1 + erf(x/√2))` with an `erfc` tail fitted here; `x·sigmoid(2a)` | ≤ 1e-6 relative (tanh form: `(1 + |x|³/16)·1e-6`) |
-//! | [`sincos`], [`sincos_d`] | argument reduced by `π/2` in f64 (3-term Cody–Waite with `fma`), Cephes `sinf`/`cosf` polynomials on `[−π/4, π/4]` | ≤ 1.2e-7 absolute for `|x| < 2⁵⁰` |
+//! | [`sincos`], [`sincos_d`] | argument reduced by `π/2` in f64 (2-term Cody–Waite with `fma`: the third term is below 2e-18), Cephes `sinf`/`cosf` polynomials on `[−π/4, π/4]` | ≤ 1.2e-7 absolute for `|x| < 2⁵⁰` |
 //! | [`pow`] | in f64: `exp(y·log|x|)` (series for both), IEEE special cases | ≤ 1 ulp |
 //!
 //! `fast` variants (used where the result is rounded to `bf16`/`f16`, whose ulp is 2¹⁵ or
@@ -500,8 +500,8 @@ pub fn gelu_tanh<M: Ops>(m: &mut M, x: M::F, precise: bool) -> R<M::F> {
 /// π/2 in three f64 parts (hi + mid + lo), for Cody–Waite reduction with `fma`.
 const PIO2: [f64; 3] = [std::f64::consts::FRAC_PI_2, 6.123_233_995_736_766e-17, -1.497_384_904_859_169_8e-33];
 
-/// `(sin a, cos a)` for an `f64` angle, as `f32`: `k = rint(a·2/π)`, `r = a − k·π/2` by three
-/// `fma`s in f64 (accurate while `|k| < 2⁵⁰`), then Cephes `sinf`/`cosf` polynomials on
+/// `(sin a, cos a)` for an `f64` angle, as `f32`: `k = rint(a·2/π)`, `r = a − k·π/2` by two
+/// `fma`s in f64 with the first two parts of `PIO2` (accurate while `|k| < 2⁵⁰`), then Cephes `sinf`/`cosf` polynomials on
 /// `r` (rounded to f32, `|r| ≤ π/4`) and the quadrant `k mod 4`. Absolute error ≤ 1.2e-7.
 /// NaN or ±inf in gives NaN.
 ///
@@ -515,7 +515,10 @@ pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
     let t = m.dfma(a, two_over_pi, magic)?;
     let k = m.dsub(t, magic)?;
     let mut r = a;
-    for part in PIO2 {
+    // Two parts of π/2 are enough: the third (1.5e-33) moves r by |k|·1.5e-33 < 2e-18 for
+    // |k| < 2⁵⁰, far below f32 (one `fma` a sine/cosine less).
+    for part in &PIO2[..2] {
+        let part = *part;
         let p = m.dc(-part);
         r = m.dfma(k, p, r)?;
     }

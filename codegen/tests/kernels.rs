@@ -1287,13 +1287,35 @@ fn cpu_long_rows_and_fused_rows() {
         }
         check_on_cpu(&format!("{what} 262144"), &gk, &bind(&[("R", 1)]), &ins, 1);
     }
+    // The online softmax of the multi-pass schedule: rows whose max grows along the row, with
+    // a −inf prefix (a thread's or a warp's part all −inf), and a masked tail.
+    for what in ["softmax", "log_softmax"] {
+        let gk = row_kernel(DType::F32, s("R"), d(40000), what);
+        let x = with(random(&mut rng, DType::F32, &[3, 40000], -5.0, 5.0), |i, v| {
+            let (r, c) = (i / 40000, i % 40000);
+            match r {
+                0 if c < 30000 => f64::NEG_INFINITY,
+                1 => v + c as f64 * 1e-3,
+                2 if c >= 7 => f64::NEG_INFINITY,
+                _ => v,
+            }
+        });
+        check_on_cpu(&format!("{what} online 40000"), &gk, &bind(&[("R", 3)]), &[x], 3);
+    }
     // LayerNorm of rows with a large mean and a small spread (the corrected two-pass).
-    for n in [4096usize, 100_000] {
-        let gk = row_kernel(DType::F32, s("R"), if n == 4096 { d(4096) } else { s("N") }, "layer_norm");
+    // (4096 and 1000: the one-read schedule's per-warp statistics merged across warps, 1000
+    // with partial warps; 100000: the multi-pass schedule.)
+    for n in [1000usize, 4096, 100_000] {
+        let gk = row_kernel(DType::F32, s("R"), if n < 100_000 { d(n as i64) } else { s("N") }, "layer_norm");
         let x = with(random(&mut rng, DType::F32, &[2, n], -1.0, 1.0), |_, v| ((1000.0 + 0.01 * v) as f32) as f64);
         let ins = [x, random(&mut rng, DType::F32, &[n], 0.5, 1.5), random(&mut rng, DType::F32, &[n], -0.5, 0.5)];
         check_on_cpu(&format!("layer_norm offset {n}"), &gk, &bind(&[("R", 2), ("N", n as i64)]), &ins, 1);
     }
+    // The same in bf16: a mean of 64 and values 63…65 (a few bf16 steps apart).
+    let gk = row_kernel(DType::BF16, s("R"), d(4096), "layer_norm");
+    let x = with(random(&mut rng, DType::BF16, &[3, 4096], -1.0, 1.0), |_, v| DType::BF16.round(64.0 + v));
+    let ins = [x, random(&mut rng, DType::BF16, &[4096], 0.5, 1.5), random(&mut rng, DType::BF16, &[4096], -0.5, 0.5)];
+    check_on_cpu("layer_norm offset bf16", &gk, &bind(&[("R", 3)]), &ins, 3);
     // Decomposed softmax with a −inf mask and three outputs.
     let gk = decomposed_softmax(DType::BF16);
     let mask = with(random(&mut rng, DType::BF16, &[1, 1000], -1.0, 1.0), |i, v| if i % 7 == 0 { f64::NEG_INFINITY } else { v });

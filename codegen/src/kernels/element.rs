@@ -1411,9 +1411,12 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let ws = self.operand(node, 1, result, at)?;
                 let bs = self.operand(node, 2, result, at)?;
                 let mut out = Vec::with_capacity(cs.len());
+                // (c − d)·r as one `fma`, c·r − d·r (|d| is a small correction of the mean:
+                // the rounding of d·r is far below an f32 ulp of the result).
+                let dr = self.kb.fmul(d, r)?;
+                let ndr = self.kb.fneg(dr)?;
                 for ((c, w), b) in cs.into_iter().zip(ws).zip(bs) {
-                    let c = self.kb.fsub(c.f()?, d)?;
-                    let h = self.kb.fmul(c, r)?;
+                    let h = self.kb.ffma(c.f()?, r, ndr)?;
                     let h = self.kb.round_to(h, dt)?;
                     let o = self.kb.ffma(h, w.f()?, b.f()?)?;
                     out.push(Scalar::F(self.kb.round_to(o, dt)?));

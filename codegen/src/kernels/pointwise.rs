@@ -32,11 +32,13 @@
 //!   vectorise along the innermost axis when its extent is provably a multiple of `vec`
 //!   (else `vec` = 1); each operand load is a vector load when it is contiguous along that
 //!   axis and aligned, else per element.
-//! - **Paired** (a shaped kernel with a rotate-half `rope` over the outputs' last axis of
-//!   constant length `D`, `D/2` a multiple of `vec`): the loop runs over the outputs' shape
-//!   with its last axis halved, and a group computes its `vec` elements `j…` and the `vec`
-//!   elements `j + D/2…`, each the other's RoPE partner: one load of each half, one
-//!   sine/cosine per pair, two vector stores (see `element.rs`, `RopePair`).
+//! - **Paired** (a shaped kernel with a `rope` over the outputs' last axis of constant length
+//!   `D`, `D/2` a multiple of `vec`): the loop runs over the outputs' shape with its last
+//!   axis halved, and a group computes its `vec` elements `j…` and the `vec` elements `j +
+//!   D/2…` (both groups' input loads issued first). Rotate-half: each is the other's RoPE
+//!   partner: one load of each half, one sine/cosine per pair, two vector stores (see
+//!   `element.rs`, `RopePair`); interleaved (`vec ≥ 2`): two independent groups of adjacent
+//!   pairs, one position load and one index computation for both.
 //!
 //! Index arithmetic is 32-bit when every size is a constant and every buffer below 2³¹
 //! elements, 64-bit otherwise (any symbolic size).
@@ -269,6 +271,12 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
 /// `Some(D/2)` when the body has a rotate-half `rope` over the outputs' last axis (of
 /// constant length `D`, `D/2` a multiple of `vec`): the paired schedule, where a thread
 /// computes elements `j` and `j + D/2` of the last axis (see [`RopePair`]).
+///
+/// An interleaved `rope` (`vec ≥ 2`) takes the same schedule: its pairs are adjacent lanes, so
+/// the two groups are independent, but a thread then has two 16-byte loads in flight (both
+/// issued before any arithmetic, see [`emit_loop`]) and computes one position and one set of
+/// coordinates for 2·`vec` elements — as many bytes in flight per thread as the rotate-half
+/// form's (the interleaved kernel was latency-bound with one group per thread).
 fn rope_pair_half(body: &sinter_ir::Function, shape: &[Dim], vec: u32) -> Option<i64> {
     let d = shape.last()?.as_const()?;
     if d < 2 || d % 2 != 0 || (d / 2) % i64::from(vec) != 0 {
@@ -278,7 +286,7 @@ fn rope_pair_half(body: &sinter_ir::Function, shape: &[Dim], vec: u32) -> Option
         .iter()
         .any(|(_, nd)| {
             nd.op.kind == OpKind::Rope
-                && nd.op.str("form") != Some("interleaved")
+                && (nd.op.str("form") != Some("interleaved") || vec >= 2)
                 && nd.inputs.first().is_some_and(|&x| body.ty(x).shape.last().and_then(Dim::as_const) == Some(d))
         })
         .then_some(d / 2)
@@ -383,6 +391,22 @@ fn emit_loop<'ctx>(ev: &mut Eval<'_, 'ctx>, n: &Dim, shape: &[Dim], vec: u32, fl
                 ev.rope_pair = Some(RopePair { first, second, d: 2 * h });
                 let mut at2 = at.clone();
                 at2.axes[rank - 1].base = second;
+                // Both groups' loads of the full-shape inputs first (memoised), so that they
+                // are in flight together.
+                let full: Vec<Value> = ev
+                    .f
+                    .params
+                    .iter()
+                    .copied()
+                    .filter(|&p| {
+                        let ps = &ev.f.ty(p).shape;
+                        ps.len() == rank && ps[rank - 1].as_const() == Some(2 * h) && ps[..rank - 1] == shape[..rank - 1]
+                    })
+                    .collect();
+                for p in full {
+                    ev.eval(p, &at)?;
+                    ev.eval(p, &at2)?;
+                }
                 store_all(ev, &at, outs, obufs)?;
                 store_all(ev, &at2, outs, obufs)?;
                 ev.rope_pair = None;

@@ -21,7 +21,10 @@
 //!   `out = round(round(x·r)·w)` (a zero row gives 0); `layer_norm`: two passes over the row
 //!   (mean₀ = Σx/N, then `Σ(x − mean₀)` and `Σ(x − mean₀)²` together: the corrected two-pass
 //!   algorithm, mean = mean₀ + d, var = Σ(x−mean₀)²/N − d², accurate even for rows with a
-//!   large mean and a small spread; no Welford), `out = round(round((x−mean)·r)·w + b)`.
+//!   large mean and a small spread; no Welford), `out = round(round((x−mean)·r)·w + b)`. In
+//!   the one-read schedule the same corrected two-pass runs per warp on the values in
+//!   registers (shuffles only) and the warps' `(count, mean, M2)` are merged once through
+//!   shared memory with Chan et al.'s parallel formula (one barrier; see `LnFused`).
 //!
 //! # Schedule ([`RowSchedule`])
 //! A row is reduced by one warp (short rows: `N ≤ 64·vec`, four rows per 128-thread CTA) or
@@ -39,10 +42,12 @@
 //!   the output pass. Elements past the row end (a partial last vector group) are read at a
 //!   clamped in-bounds address and masked out of the statistics and the stores.
 //! - **Multi-pass** (longer rows, e.g. `N ≥ 32k` `bf16`, or a symbolic `N`): 512 threads (256
-//!   for a symbolic `N`) loop over the row once per reduction level (`softmax`: max, then sum,
-//!   then the output pass: three reads of the row, the later ones mostly from L2), `unroll`
-//!   vectors per thread per iteration. (An online-softmax variant merging the first two passes
-//!   is not implemented.)
+//!   for a symbolic `N`) loop over the row once per reduction level, then once for the
+//!   outputs, `unroll` vectors per thread per iteration. `softmax`/`log_softmax` take one
+//!   level: the online softmax (Milakov & Gimelshein 2018, `SoftmaxOnline`) keeps a running
+//!   max and a sum rescaled by `e^(m_old − m_new)`, so the row is read twice (statistics,
+//!   outputs) rather than three times; `−inf` parts contribute 0 (the shift is 0 where the
+//!   max is −inf), a NaN or +inf makes the sum NaN, as in the two-pass form.
 //!
 //! A reduction *level* is a set of statistics that can be computed in the same pass: a
 //! statistic's level is one more than the deepest statistic its input depends on (softmax's
@@ -156,10 +161,13 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     if cx.data.family != Family::RowReduction {
         return Err(cx.bad(format!("a {:?} kernel given to the row-reduction generator", cx.data.family)));
     }
-    let plan = Analysis::new(&cx)?;
+    let plan = Analysis::new(&cx, false)?;
     let min_size = plan.min_row_elem_size(&cx)?;
     let sched = schedule.unwrap_or_else(|| RowSchedule::choose(&plan.n, min_size));
     sched.check(&plan.n).map_err(|e| cx.unsupported(format!("schedule: {e}")))?;
+    // The one-read schedule computes a LayerNorm's statistics in one level (see `LnFused`);
+    // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
+    let plan = Analysis::new(&cx, sched.chunks.is_some())?;
     let width = cx.index_width();
     let entry = cx.entry();
     let block = sched.threads_per_row * sched.rows_per_cta;
@@ -226,6 +234,16 @@ enum StatKind {
     LnDev,
     /// `layer_norm`: Σ (x − mean₀)².
     LnVar,
+    /// `layer_norm` in the one-read schedule, all its statistics in one level: per warp, the
+    /// corrected two-pass on the values in registers (shuffles only), then the warps'
+    /// `(count, mean, M2)` merged once through shared memory (Chan, Golub & LeVeque's
+    /// parallel formula): one barrier instead of two.
+    LnFused,
+    /// `softmax`/`log_softmax` in the multi-pass schedule: the max and Σe in one pass over
+    /// the row (online softmax, Milakov & Gimelshein 2018): a running `(m, s)` per thread,
+    /// `s` rescaled by `e^(m_old − m_new)` when the max grows, merged across lanes and warps
+    /// the same way. Two accumulators (`m`, then `s`).
+    SoftmaxOnline,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -280,7 +298,10 @@ fn is_row_node(k: OpKind) -> bool {
 }
 
 impl Analysis {
-    fn new(cx: &KernelCtx<'_>) -> R<Analysis> {
+    /// `fused_ln` (the one-read schedule): a `layer_norm` is one [`StatKind::LnFused`]
+    /// statistic rather than three over two levels; otherwise (multi-pass) a softmax is one
+    /// [`StatKind::SoftmaxOnline`] rather than two over two levels.
+    fn new(cx: &KernelCtx<'_>, fused_ln: bool) -> R<Analysis> {
         let body = &cx.data.body;
         let mut sref: Option<Vec<Dim>> = None;
         let mut row_nodes = Vec::new();
@@ -333,8 +354,10 @@ impl Analysis {
                 ReduceSum | ReduceMean => (vec![(StatKind::Reduce(Combine::Sum), dep + 1)], dep + 1),
                 ReduceMax => (vec![(StatKind::Reduce(Combine::Max), dep + 1)], dep + 1),
                 ReduceMin => (vec![(StatKind::Reduce(Combine::Min), dep + 1)], dep + 1),
+                Softmax | LogSoftmax if !fused_ln => (vec![(StatKind::SoftmaxOnline, dep + 1)], dep + 1),
                 Softmax | LogSoftmax => (vec![(StatKind::SoftmaxMax, dep + 1), (StatKind::SoftmaxSum, dep + 2)], dep + 2),
                 RmsNorm => (vec![(StatKind::SumSquares, dep + 1)], dep + 1),
+                _ if fused_ln => (vec![(StatKind::LnFused, dep + 1)], dep + 1),
                 _ => (vec![(StatKind::LnSum, dep + 1), (StatKind::LnDev, dep + 2), (StatKind::LnVar, dep + 2)], dep + 2),
             };
             if int && !matches!(nd.op.kind, ReduceSum | ReduceMax | ReduceMin) {
@@ -569,7 +592,27 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         // Pending softmax / layer-norm pieces.
         let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
         for level in 1..=self.plan.levels {
-            let stats: Vec<Stat> = self.plan.stats.iter().copied().filter(|st| st.level == level).collect();
+            let all: Vec<Stat> = self.plan.stats.iter().copied().filter(|st| st.level == level).collect();
+            let (fused, stats): (Vec<Stat>, Vec<Stat>) = all.into_iter().partition(|st| st.kind == StatKind::LnFused);
+            if let Some(chs) = &chunks {
+                for st in &fused {
+                    self.layer_norm_fused(ev, st, chs, warp, nv)?;
+                }
+            }
+            let (online, stats): (Vec<Stat>, Vec<Stat>) = stats.into_iter().partition(|st| st.kind == StatKind::SoftmaxOnline);
+            if !online.is_empty() {
+                // Multi-pass only: one pass for the online statistics.
+                let acc = self.loop_level(ev, &online, &lead, t, nv)?;
+                for (i, st) in online.iter().enumerate() {
+                    let (Some(Acc::F(m)), Some(Acc::F(sm))) = (acc.get(2 * i).copied(), acc.get(2 * i + 1).copied()) else {
+                        return Err(CodegenError::Builder("online softmax accumulators".into()));
+                    };
+                    self.softmax_online_finish(ev, st, m, sm, warp)?;
+                }
+            }
+            if stats.is_empty() {
+                continue;
+            }
             let partials = match &chunks {
                 Some(chs) => {
                     let mut acc = self.identities(ev, &stats);
@@ -671,7 +714,75 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     }
 
     fn identities(&self, ev: &Eval<'_, 'ctx>, stats: &[Stat]) -> Vec<Acc<'ctx>> {
-        stats.iter().map(|st| self.identity(ev, st)).collect()
+        let mut out = Vec::with_capacity(stats.len());
+        for st in stats {
+            if st.kind == StatKind::SoftmaxOnline {
+                out.push(Acc::F(ev.kb.f32c(f32::NEG_INFINITY)));
+                out.push(Acc::F(ev.kb.f32c(0.0)));
+            } else {
+                out.push(self.identity(ev, st));
+            }
+        }
+        out
+    }
+
+    /// Merges two online-softmax partials `(m_a, s_a)`, `(m_b, s_b)`: `m = max(m_a, m_b)`
+    /// (NaN-propagating), `s = s_a·e^(m_a − m') + s_b·e^(m_b − m')` with `m'` = `m`, or 0 where
+    /// `m` is −inf (so that an all −inf part contributes 0, not NaN).
+    fn online_merge(&self, ev: &mut Eval<'_, 'ctx>, ma: FloatValue<'ctx>, sa: FloatValue<'ctx>, mb: FloatValue<'ctx>, sb: FloatValue<'ctx>) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let m = ev.kb.combine_f32(Combine::Max, ma, mb)?;
+        let ninf = ev.kb.f32c(f32::NEG_INFINITY);
+        let all = ev.kb.feq(m, ninf)?;
+        let zero = ev.kb.f32c(0.0);
+        let ms = ev.kb.fsel(all, zero, m)?;
+        let ea = math::exp_shifted(ev.kb, ma, ms)?;
+        let eb = math::exp_shifted(ev.kb, mb, ms)?;
+        let t = ev.kb.fmul(sb, eb)?;
+        Ok((m, ev.kb.ffma(sa, ea, t)?))
+    }
+
+    /// The online softmax's row statistics from the threads' `(m, s)`: warp shuffles, then
+    /// (CTA mode) shared memory, merged in the same order by every thread.
+    fn softmax_online_finish(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, m: FloatValue<'ctx>, s: FloatValue<'ctx>, warp: IntValue<'ctx>) -> R<()> {
+        let (mut m, mut s) = (m, s);
+        for off in [16, 8, 4, 2, 1] {
+            let mo = ev.kb.shfl_bfly_f32(m, off)?;
+            let so = ev.kb.shfl_bfly_f32(s, off)?;
+            (m, s) = self.online_merge(ev, m, s, mo, so)?;
+        }
+        let nw = self.sched.threads_per_row / 32;
+        if nw > 1 {
+            let f32t = ev.kb.cx.f32_type();
+            let arr = ev.kb.shared_array(f32t.into(), 2 * nw, 16, &format!("sm_{}", st.node.as_u32()));
+            let i0 = ev.imul(warp, ev.ic(2))?;
+            let p = ev.kb.gep(f32t.into(), arr, i0)?;
+            ev.kb.store(p, m.into(), 4)?;
+            let i1 = ev.iadd(i0, ev.ic(1))?;
+            let p = ev.kb.gep(f32t.into(), arr, i1)?;
+            ev.kb.store(p, s.into(), 4)?;
+            ev.kb.barrier()?;
+            let mut acc: Option<(FloatValue<'ctx>, FloatValue<'ctx>)> = None;
+            for w in 0..nw {
+                let p = ev.kb.gep(f32t.into(), arr, ev.ic(i64::from(2 * w)))?;
+                let mw = ev.kb.load(f32t.into(), p, 4)?.into_float_value();
+                let p = ev.kb.gep(f32t.into(), arr, ev.ic(i64::from(2 * w + 1)))?;
+                let sw = ev.kb.load(f32t.into(), p, 4)?.into_float_value();
+                acc = Some(match acc {
+                    None => (mw, sw),
+                    Some((ma, sa)) => self.online_merge(ev, ma, sa, mw, sw)?,
+                });
+            }
+            (m, s) = acc.ok_or_else(|| CodegenError::Builder("no warps".into()))?;
+        }
+        let ninf = ev.kb.f32c(f32::NEG_INFINITY);
+        let all = ev.kb.feq(m, ninf)?;
+        let zero = ev.kb.f32c(0.0);
+        let m_safe = ev.kb.fsel(all, zero, m)?;
+        let one = ev.kb.f32c(1.0);
+        let inv_s = ev.kb.fdiv(one, s)?;
+        let log_s = math::log(ev.kb, s)?;
+        ev.rows.insert(st.node, RowScalars::Softmax { m_safe, m, inv_s, log_s, all_neg_inf: all });
+        Ok(())
     }
 
     /// The element values a statistic reduces, at a chunk.
@@ -679,7 +790,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let x = ev.f.nodes[st.node].inputs[0];
         let i64t = ev.kb.cx.i64_type();
         let vals: Vec<Scalar<'ctx>> = match st.kind {
-            StatKind::Reduce(_) | StatKind::SoftmaxMax | StatKind::LnSum => ev.eval(x, at)?,
+            StatKind::Reduce(_) | StatKind::SoftmaxMax | StatKind::SoftmaxOnline | StatKind::LnSum | StatKind::LnFused => ev.eval(x, at)?,
             StatKind::SoftmaxSum => {
                 let Some(RowScalars::SoftmaxMax { m_safe }) = ev.rows.get(&st.node).copied() else {
                     return Err(CodegenError::Builder("softmax sum before its max".into()));
@@ -743,6 +854,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// Folds one chunk's elements into the running values (unchanged where the chunk is
     /// outside the row).
     fn accumulate(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], ch: &Chunk<'ctx>, acc: Vec<Acc<'ctx>>) -> R<Vec<Acc<'ctx>>> {
+        if stats.iter().any(|st| st.kind == StatKind::SoftmaxOnline) {
+            return self.accumulate_online(ev, stats, ch, acc);
+        }
         let mut out = Vec::with_capacity(stats.len());
         for (st, a) in stats.iter().zip(acc) {
             let els = self.elements(ev, st, &ch.at)?;
@@ -755,6 +869,50 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 Some(v) => self.select(ev, v, merged, a)?,
                 None => merged,
             });
+        }
+        Ok(out)
+    }
+
+    /// [`Self::accumulate`] for online-softmax statistics (two accumulators each): the
+    /// chunk's max `c`, `m' = max(m, c)`, `s' = s·e^(m − m'_safe) + Σ e^(x − m'_safe)`.
+    fn accumulate_online(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], ch: &Chunk<'ctx>, acc: Vec<Acc<'ctx>>) -> R<Vec<Acc<'ctx>>> {
+        let mut out = Vec::with_capacity(acc.len());
+        let mut i = 0;
+        for st in stats {
+            if st.kind != StatKind::SoftmaxOnline {
+                return Err(CodegenError::Builder("online softmax mixed with other statistics in one pass".into()));
+            }
+            let (Some(Acc::F(m)), Some(Acc::F(s))) = (acc.get(i).copied(), acc.get(i + 1).copied()) else {
+                return Err(CodegenError::Builder("online softmax accumulators".into()));
+            };
+            i += 2;
+            let x = ev.f.nodes[st.node].inputs[0];
+            let xs = ev.eval(x, &ch.at)?;
+            let mut cm = m;
+            for v in &xs {
+                cm = ev.kb.combine_f32(Combine::Max, cm, v.f()?)?;
+            }
+            let ninf = ev.kb.f32c(f32::NEG_INFINITY);
+            let all = ev.kb.feq(cm, ninf)?;
+            let zero = ev.kb.f32c(0.0);
+            let ms = ev.kb.fsel(all, zero, cm)?;
+            let scale = math::exp_shifted(ev.kb, m, ms)?;
+            let mut part = ev.kb.f32c(-0.0);
+            for v in &xs {
+                let e = math::exp_shifted(ev.kb, v.f()?, ms)?;
+                part = ev.kb.fadd(part, e)?;
+            }
+            let ns = ev.kb.ffma(s, scale, part)?;
+            match ch.valid {
+                Some(v) => {
+                    out.push(Acc::F(ev.kb.fsel(v, cm, m)?));
+                    out.push(Acc::F(ev.kb.fsel(v, ns, s)?));
+                }
+                None => {
+                    out.push(Acc::F(cm));
+                    out.push(Acc::F(ns));
+                }
+            }
         }
         Ok(out)
     }
@@ -935,6 +1093,148 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             out.push(acc.ok_or_else(|| CodegenError::Builder("no warps".into()))?);
         }
         Ok(out)
+    }
+
+    /// A `layer_norm`'s statistics in the one-read schedule ([`StatKind::LnFused`]).
+    ///
+    /// Warp `w` (`n_w` valid elements, a constant: `N` is) computes `b_w = Σx/n_w` (f32,
+    /// shuffles), then `dev_w = Σ(x − b_w)` and `q_w = Σ(x − b_w)²` on the values in
+    /// registers (shuffles): its mean is `b_w + dev_w/n_w` and `M2_w = q_w − dev_w²/n_w`, the
+    /// corrected two-pass. The warps' `(b_w, dev_w, q_w)` go through shared memory once (one
+    /// barrier); every thread then merges them relative to warp 0's `b_0` (Chan et al.: `δ_w
+    /// = (b_w − b_0) + dev_w/n_w`, `d = Σ n_w δ_w / N`, `M2 = Σ M2_w + Σ n_w (δ_w − d)²`),
+    /// so the row mean is `b_0 + d` without rounding it to one f32 (rows with a large mean
+    /// and a small spread stay accurate), and the output reads `(x − b_w) − (d − (b_w −
+    /// b_0))` from the centred values already in registers.
+    fn layer_norm_fused(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, chs: &[Chunk<'ctx>], warp: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
+        let s = self.sched;
+        let node = st.node;
+        let eps = ev.f.nodes[node].op.float("eps").map(|e| e as f32);
+        let n = self.plan.n.as_const().ok_or_else(|| CodegenError::Builder("a one-read layer_norm of a symbolic length".into()))?.max(0);
+        let nw = s.threads_per_row / 32;
+        let tv = i64::from(s.threads_per_row) * i64::from(s.vec);
+        let wspan = 32 * i64::from(s.vec);
+        // Valid elements of warp `w` of the row group.
+        let count = |w: i64| -> i64 { (0..i64::from(chs.len() as u32)).map(|ci| (n - ci * tv - w * wspan).clamp(0, wspan)).sum() };
+        let counts: Vec<i64> = (0..i64::from(nw)).map(count).collect();
+        // This thread's warp's count (uniform over the warp).
+        let n_own = if counts.iter().all(|&c| c == counts[0]) {
+            ev.kb.f32c(counts[0].max(1) as f32)
+        } else {
+            let mut acc = ev.kb.f32c(counts[0].max(1) as f32);
+            for (w, &c) in counts.iter().enumerate().skip(1) {
+                let is = ev.kb.b.build_int_compare(IntPredicate::EQ, warp, ev.ic(w as i64), "isw")?;
+                acc = ev.kb.fsel(is, ev.kb.f32c(c.max(1) as f32), acc)?;
+            }
+            acc
+        };
+        // Σx over the warp, its base b_w.
+        let sum_st = Stat { kind: StatKind::LnSum, ..*st };
+        let mut acc = self.identities(ev, &[sum_st]);
+        for ch in chs {
+            acc = self.accumulate(ev, &[sum_st], ch, acc)?;
+        }
+        let Some(Acc::F(sum_t)) = acc.first().copied() else {
+            return Err(CodegenError::Builder("layer_norm sum not in f32".into()));
+        };
+        let sum_w = ev.kb.warp_allreduce_f32(Combine::Sum, sum_t)?;
+        let b_w = ev.kb.fdiv(sum_w, n_own)?;
+        // Σ(x − b_w) and Σ(x − b_w)² (one `fma` an element) on the registers.
+        let (mut dev_t, mut q_t) = (ev.kb.f32c(-0.0), ev.kb.f32c(-0.0));
+        for ch in chs {
+            let cs = ev.centered(node, b_w, &ch.at)?;
+            let (mut dv, mut q) = (dev_t, q_t);
+            for c in cs {
+                let c = c.f()?;
+                dv = ev.kb.fadd(dv, c)?;
+                q = ev.kb.ffma(c, c, q)?;
+            }
+            (dev_t, q_t) = match ch.valid {
+                Some(v) => (ev.kb.fsel(v, dv, dev_t)?, ev.kb.fsel(v, q, q_t)?),
+                None => (dv, q),
+            };
+        }
+        let dev_w = ev.kb.warp_allreduce_f32(Combine::Sum, dev_t)?;
+        let q_w = ev.kb.warp_allreduce_f32(Combine::Sum, q_t)?;
+        let f32t = ev.kb.cx.f32_type();
+        let nf = ev.kb.b.build_unsigned_int_to_float(nv, f32t, "n")?;
+        let (d, m2) = if nw <= 1 {
+            let d = ev.kb.fdiv(dev_w, nf)?;
+            let m2 = ev.kb.fdiv(q_w, nf)?;
+            let nd = ev.kb.fneg(d)?;
+            (d, ev.kb.ffma(nd, d, m2)?)
+        } else {
+            // (b_w, dev_w/n_w, M2_w, 0) of each warp: one 16-byte store, a barrier, 16-byte
+            // loads.
+            let mw = ev.kb.fdiv(dev_w, n_own)?;
+            let ndv = ev.kb.fneg(dev_w)?;
+            let m2w = ev.kb.ffma(ndv, mw, q_w)?;
+            let v4 = f32t.vec_type(4);
+            let arr = ev.kb.shared_array(f32t.into(), 4 * nw, 16, &format!("ln_{}", node.as_u32()));
+            let mut v = v4.get_undef();
+            for (i, x) in [b_w, mw, m2w, ev.kb.f32c(0.0)].into_iter().enumerate() {
+                v = ev.kb.b.build_insert_element(v, x, ev.kb.cx.i32_type().const_int(i as u64, false), "ln")?;
+            }
+            // The warp index computed again here from `%tid.x` (made opaque): kept from the
+            // prologue, its shared address is what ptxas spills at 48 registers.
+            let _ = warp;
+            let tid = ev.kb.tid_x()?;
+            let tid = ev.kb.opaque(tid)?;
+            let tid = ev.kb.b.build_int_z_extend_or_bit_cast(tid, ev.ity(), "tid")?;
+            let warp = ev.kb.b.build_right_shift(tid, ev.ic(5), false, "warp")?;
+            let idx = ev.imul(warp, ev.ic(4))?;
+            let p = ev.kb.gep(f32t.into(), arr, idx)?;
+            ev.kb.store(p, v.into(), 16)?;
+            ev.kb.barrier()?;
+            let mut parts = Vec::with_capacity(nw as usize);
+            for (w, &c) in counts.iter().enumerate() {
+                if c == 0 {
+                    continue;
+                }
+                let p = ev.kb.gep(f32t.into(), arr, ev.ic(4 * w as i64))?;
+                let v = ev.kb.load(v4.into(), p, 16)?.into_vector_value();
+                let mut e = [f32t.const_zero(); 3];
+                for (i, slot) in e.iter_mut().enumerate() {
+                    *slot = ev.kb.b.build_extract_element(v, ev.kb.cx.i32_type().const_int(i as u64, false), "ln")?.into_float_value();
+                }
+                parts.push((c, e));
+            }
+            let b0 = parts.first().map(|p| p.1[0]).ok_or_else(|| CodegenError::Builder("an empty layer_norm row".into()))?;
+            // δ_w = (b_w − b_0) + dev_w/n_w; d = Σ n_w δ_w / N; M2 = Σ M2_w + Σ n_w δ_w² − N d²
+            // (δ_0 ≈ 0, so |d| ≤ max |δ_w − δ_0| + |δ_0|: no cancellation that matters).
+            let mut sd = ev.kb.f32c(-0.0);
+            let mut s2 = ev.kb.f32c(-0.0);
+            let mut m2 = ev.kb.f32c(-0.0);
+            for (c, [b, mw, m2w]) in &parts {
+                let cf = ev.kb.f32c(*c as f32);
+                let off = ev.kb.fsub(*b, b0)?;
+                let delta = ev.kb.fadd(off, *mw)?;
+                let cd = ev.kb.fmul(cf, delta)?;
+                sd = ev.kb.fadd(sd, cd)?;
+                s2 = ev.kb.ffma(cd, delta, s2)?;
+                m2 = ev.kb.fadd(m2, *m2w)?;
+            }
+            let d = ev.kb.fdiv(sd, nf)?;
+            let m2 = ev.kb.fadd(m2, s2)?;
+            let nd = ev.kb.fneg(d)?;
+            let m2 = ev.kb.fdiv(m2, nf)?;
+            let m2 = ev.kb.ffma(nd, d, m2)?;
+            // The output centres on this warp's b_w: (x − b_w) − (b_0 + d − b_w) (b_w read
+            // back from shared memory rather than kept in a register across the barrier).
+            let p = ev.kb.gep(f32t.into(), arr, idx)?;
+            let b_own = ev.kb.load(f32t.into(), p, 16)?.into_float_value();
+            let own = ev.kb.fsub(b_own, b0)?;
+            (ev.kb.fsub(d, own)?, m2)
+        };
+        let zero = ev.kb.f32c(0.0);
+        let var = ev.kb.combine_f32(Combine::Max, m2, zero)?;
+        let e = ev.kb.f32c(eps.unwrap_or(0.0));
+        let v = ev.kb.fadd(var, e)?;
+        let sq = ev.kb.fsqrt(v)?;
+        let one = ev.kb.f32c(1.0);
+        let r = ev.kb.fdiv(one, sq)?;
+        ev.rows.insert(node, RowScalars::LayerNorm { mean: b_w, d, r });
+        Ok(())
     }
 
     /// Turns a statistic's total into the row scalars its node's outputs read.
