@@ -765,6 +765,9 @@ fn gpu_smollm2_unfused_agrees_with_fused() {
         p.run(&[("tokens", toks), ("positions", pos), ("block_tables", &bt), ("k_pages", kp), ("v_pages", vp)], &Bindings::new()).unwrap()
     };
     let maxdiff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| if x.is_nan() != y.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max);
+    // Cache entries: within two bf16 ulps of each other (the two lowerings round at the same
+    // points but accumulate in different orders; measured: 0.31 on K values of magnitude ~32).
+    let beyond_ulps = |a: &[f64], b: &[f64]| a.iter().zip(b).filter(|(x, y)| x.is_nan() != y.is_nan() || (*x - *y).abs() > 0.05 + 1.6e-2 * y.abs()).count();
     let mut fails = Vec::new();
     let fused = run(&program(Mode::Prefill, Lowering::Fused), &toks, &pos, &zeros, &zeros);
     let unfused = run(&program(Mode::Prefill, Lowering::Unfused), &toks, &pos, &zeros, &zeros);
@@ -777,9 +780,10 @@ fn gpu_smollm2_unfused_agrees_with_fused() {
     for (which, idx) in [("K", 1), ("V", 2)] {
         for layer in 0..l {
             let r = layer * per_layer..(layer + 1) * per_layer;
-            let d = maxdiff(&fused[idx].data()[r.clone()], &unfused[idx].data()[r]);
-            if d > 0.25 {
-                fails.push(format!("prefill {which} pages of layer {layer}: max |fused − unfused| {d}"));
+            let (a, b) = (&fused[idx].data()[r.clone()], &unfused[idx].data()[r]);
+            let bad = beyond_ulps(b, a);
+            if bad > 0 {
+                fails.push(format!("prefill {which} pages of layer {layer}: {bad} entries beyond two bf16 ulps (max |fused − unfused| {})", maxdiff(a, b)));
                 break;
             }
         }
