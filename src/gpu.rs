@@ -4,7 +4,9 @@
 //!
 //! **Kernel cache.** Every compiled kernel is stored under `$SINTER_CACHE/kernels`, keyed by
 //! its family, its body's IR text, its buffers' types and layouts, the target, the PTX
-//! version, the LLVM version and the sinter version. A build without the `llvm` feature
+//! version, the LLVM version, the sinter version and a fingerprint of the code generator's
+//! and IR's sources (computed by `build.rs`, so that a cache filled by one version of the
+//! generator is never served to another). A build without the `llvm` feature
 //! compiles nothing: it runs kernels from the cache (compiled earlier on a machine with LLVM
 //! and carried over) and reports a missing one as [`Error::KernelNotCached`].
 
@@ -70,7 +72,9 @@ pub fn kernel_key(kg: &KernelGraph, k: Kernel, target: &str) -> CacheKey {
         let strides: Vec<String> = bd.layout.strides.iter().map(|d| d.to_string()).collect();
         text.push_str(&format!("buffer {} strides [{}] align {}\n", bd.ty, strides.join(", "), bd.layout.align));
     }
-    CacheKey::new(&text, "auto", target, PTX_VERSION, LLVM_VERSION)
+    // The schedule field carries the code generator's fingerprint (build.rs): a kernel cached
+    // by another version of the generator is a miss, never a stale hit.
+    CacheKey::new(&text, concat!("auto codegen ", env!("SINTER_CODEGEN_FINGERPRINT")), target, PTX_VERSION, LLVM_VERSION)
 }
 
 #[cfg(feature = "llvm")]
