@@ -210,7 +210,7 @@ fn main() -> ExitCode {
         Cmd::Check { file } => check(&file),
         Cmd::Graph { model, mode, dtype } => {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
-            zoo::build(&model, mode, dtype.into()).map(|g| print!("{g}")).map_err(Into::into)
+            zoo::build(&model, mode, dtype.into()).map_err(Into::into).and_then(|g| out(&g.to_string()))
         }
         Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, prompt_tokens, batch, warmup, no_cuda_graph, lowering, ignore_eos } => run(RunArgs {
             prompt,
@@ -242,6 +242,16 @@ fn main() -> ExitCode {
 }
 
 type AnyResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Writes `text` to standard output; a reader that stops early (`sinter explain … | head`) is
+/// not an error.
+fn out(text: &str) -> AnyResult {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
 
 fn demo() -> AnyResult {
     let g = graph! {
@@ -281,28 +291,37 @@ fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json:
 }
 
 fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>) -> AnyResult {
-    let graphs: Vec<(String, sinter::Graph)> = if target.ends_with(".sir") {
+    use std::fmt::Write as _;
+    // The Graphviz folder is checked before the passes run.
+    if let Some(dir) = dot {
+        if dir.exists() && !dir.is_dir() {
+            return Err(format!("--dot {}: not a directory", dir.display()).into());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| format!("--dot: cannot create {}: {e}", dir.display()))?;
+    }
+    // A path (a `.sir` name, or anything that exists) is a file; anything else a zoo model.
+    let graphs: Vec<(String, sinter::Graph)> = if target.ends_with(".sir") || std::path::Path::new(target).exists() {
         let text = std::fs::read_to_string(target).map_err(|e| format!("cannot read {target}: {e}"))?;
         vec![("graph".into(), sinter::ir::parse(&text).map_err(|e| format!("{target}:{e}"))?)]
     } else if target == "gpt2" {
         vec![("prefill".into(), zoo::build(target, zoo::Mode::Prefill, dtype)?)]
     } else {
-        vec![("prefill".into(), zoo::build(target, zoo::Mode::Prefill, dtype)?), ("decode".into(), zoo::build(target, zoo::Mode::Decode, dtype)?)]
+        let build = |mode| zoo::build(target, mode, dtype).map_err(|e| format!("{e}; or give a `.sir` file"));
+        vec![("prefill".into(), build(zoo::Mode::Prefill)?), ("decode".into(), build(zoo::Mode::Decode)?)]
     };
     for (mode, g) in &graphs {
         let (kg, report) = sinter_passes::compile(g, &sinter_passes::PassOptions::default())?;
-        println!("=== {target} ({mode}) ===");
-        println!("{report}");
+        let mut text = format!("=== {target} ({mode}) ===\n{report}\n");
         for (k, kd) in kg.kernels.iter() {
             let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
-            println!("{k} {:?}: {}", kd.family, ops.join(" "));
+            writeln!(text, "{k} {:?}: {}", kd.family, ops.join(" "))?;
         }
         let block = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
         if let Some(n) = block {
-            println!("kernels per layer ({mode}): {n}");
+            writeln!(text, "kernels per layer ({mode}): {n}")?;
         }
+        out(&text)?;
         if let Some(dir) = dot {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             let name = std::path::Path::new(target).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| target.to_string());
             let before = dir.join(format!("{name}-{mode}-before.dot"));
             let after = dir.join(format!("{name}-{mode}-after.dot"));
@@ -318,8 +337,7 @@ fn check(file: &PathBuf) -> AnyResult {
     let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let g = sinter::ir::parse(&text).map_err(|e| format!("{}:{e}", file.display()))?;
     sinter::ir::verify(&g).map_err(|e| format!("{}: {e}", file.display()))?;
-    print!("{g}");
-    Ok(())
+    out(&g.to_string())
 }
 
 struct RunArgs {
