@@ -13,28 +13,9 @@
 use sinter::gpu::Lowering;
 use sinter::llm::{Engine, Generation, LlamaModel, SampleOptions};
 use sinter::DType;
-use sinter_runtime::Device;
-
-fn device() -> Option<Device> {
-    match Device::open() {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var_os("SINTER_GPU_REQUIRED").is_none(), "SINTER_GPU_REQUIRED is set but: {e}");
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-    }
-}
 
 fn gpu_engine() -> Option<Engine> {
-    let dev = device()?;
-    let path = sinter::llm::fetch::default_model_path();
-    if !path.exists() {
-        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
-        eprintln!("skipped: {} is missing", path.display());
-        return None;
-    }
-    let model = LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    let (dev, model) = crate::gpu::gpu_and_smollm2()?;
     Some(Engine::new_gpu(model, &dev, Lowering::Fused).unwrap())
 }
 

@@ -25,7 +25,9 @@ use sinter_runtime::Device;
 
 use crate::zoo::Rng;
 
-fn device() -> Option<Device> {
+/// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes
+/// a missing GPU a failure).
+pub(crate) fn device() -> Option<Device> {
     match Device::open() {
         Ok(d) => Some(d),
         Err(e) => {
@@ -34,6 +36,19 @@ fn device() -> Option<Device> {
             None
         }
     }
+}
+
+/// The GPU and SmolLM2-135M (bf16) from its cache folder, or `None` with a message that the
+/// test is skipped (`SINTER_GPU_MODEL_REQUIRED=1` makes a missing model a failure).
+pub(crate) fn gpu_and_smollm2() -> Option<(Device, sinter::llm::LlamaModel)> {
+    let dev = device()?;
+    let path = sinter::llm::fetch::default_model_path();
+    if !path.exists() {
+        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
+        eprintln!("skipped: {} is missing", path.display());
+        return None;
+    }
+    Some((dev, sinter::llm::LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap()))
 }
 
 /// DESIGN.md's comparison; `widen` multiplies both tolerances for cases that say why.
@@ -597,14 +612,7 @@ fn gpu_zoo_models_match_the_interpreter() {
 /// greedy answer names Paris. Skipped where the model or the GPU is missing.
 #[test]
 fn gpu_smollm2_matches_the_fixture_and_answers() {
-    let Some(dev) = device() else { return };
-    let path = sinter::llm::fetch::default_model_path();
-    if !path.exists() {
-        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
-        eprintln!("skipped: {} is missing", path.display());
-        return;
-    }
-    let model = sinter::llm::LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    let Some((dev, model)) = gpu_and_smollm2() else { return };
     let engine = sinter::llm::Engine::new_gpu(model, &dev, Lowering::Fused).unwrap();
     let fixture: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2/fixture.json")).unwrap()).unwrap();
@@ -735,14 +743,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
 #[test]
 fn gpu_smollm2_unfused_agrees_with_fused() {
     use sinter::zoo::{llama, Mode};
-    let Some(dev) = device() else { return };
-    let path = sinter::llm::fetch::default_model_path();
-    if !path.exists() {
-        assert!(std::env::var_os("SINTER_GPU_MODEL_REQUIRED").is_none(), "{} is missing", path.display());
-        eprintln!("skipped: {} is missing", path.display());
-        return;
-    }
-    let model = sinter::llm::LlamaModel::load(&path, DType::BF16, |_, _| {}).unwrap();
+    let Some((dev, model)) = gpu_and_smollm2() else { return };
     let cfg = model.cfg.clone();
     let ids = model.chat_prompt("What is the capital of France?").unwrap();
     let n = ids.len();

@@ -316,11 +316,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                         if p.groups[g].family == Family::Pointwise {
                             for h in operand_groups(&p) {
                                 if h != g && p.groups[h].family == Family::Pointwise && !reaches_around(&uses, &p, h, g) && !reaches_around(&uses, &p, g, h) {
-                                    let moved = std::mem::take(&mut p.groups[h].nodes);
-                                    for m in &moved {
-                                        p.group_of.insert(*m, g);
-                                    }
-                                    p.groups[g].nodes.extend(moved);
+                                    absorb(&mut p, h, g);
                                 }
                             }
                         }
@@ -363,11 +359,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                         uses.users.get(m).into_iter().flatten().all(|u| *u == n || members.contains(u) || !p.group_of.contains_key(u))
                     });
                     if only_here {
-                        let moved = std::mem::take(&mut p.groups[pg].nodes);
-                        for m in &moved {
-                            p.group_of.insert(*m, g);
-                        }
-                        p.groups[g].nodes.extend(moved);
+                        absorb(&mut p, pg, g);
                         p.groups[g].nodes.sort();
                     }
                 }
@@ -408,11 +400,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                                 && f.nodes[*m].results.iter().all(|r| !outputs.contains(r) && !pages.contains(r))
                         });
                         if only_here {
-                            let moved = std::mem::take(&mut p.groups[h].nodes);
-                            for m in &moved {
-                                p.group_of.insert(*m, g);
-                            }
-                            p.groups[g].nodes.extend(moved);
+                            absorb(&mut p, h, g);
                             p.groups[g].nodes.sort();
                         }
                     }
@@ -480,6 +468,15 @@ fn kv_append_joins(f: &Function, uses: &Uses, p: &Partition, n: Node) -> Option<
     });
     let others_outside = nd.inputs[4..].iter().all(|&v| !group(v).contains(&Some(g)));
     (pages_outside && others_outside && !creates_cycle(f, uses, p, g, n)).then_some(g)
+}
+
+/// Moves every node of group `from` into group `into` (appended; `from` is left empty).
+fn absorb(p: &mut Partition, from: usize, into: usize) {
+    let moved = std::mem::take(&mut p.groups[from].nodes);
+    for m in &moved {
+        p.group_of.insert(*m, into);
+    }
+    p.groups[into].nodes.extend(moved);
 }
 
 fn new_group(p: &mut Partition, family: Family, n: Node, limit: f64) -> usize {
