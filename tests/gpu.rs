@@ -279,6 +279,7 @@ fn family_cases() -> Vec<Case> {
         ins[0].1 = Tensor::new(DType::BF16, &[33, 576], d).unwrap();
     })));
     cases.push(Case::new("layer_norm f32", "func @main(%x: f32[9, 768], %w: f32[768], %b: f32[768]) {\n  %y: f32[9, 768] = layer_norm(%x, %w, %b) {eps=1e-5}\n  return %y\n}", &[], 9, 4.0, Box::new(none)));
+    cases.extend(long_row_cases());
     // Layout, gather, kv_append.
     cases.push(Case::new("transpose/permute/concat/slice/broadcast", "func @main(%x: f32[3, 5, 7], %y: f32[3, 2, 7]) {\n  %t: f32[3, 7, 5] = transpose(%x) {dim0=1, dim1=2}\n  %p: f32[7, 3, 5] = permute(%x) {perm=[2, 0, 1]}\n  %c: f32[3, 7, 7] = concat(%x, %y) {axis=1}\n  %s: f32[3, 3, 7] = slice(%x) {axis=1, start=1, end=4}\n  %b: f32[2, 3, 5, 7] = broadcast(%x) {shape=[2, 3, 5, 7]}\n  return %t, %p, %c, %s, %b\n}", &[], 10, 1.0, Box::new(none)));
     cases.push(Case::new("gather embedding", "func @main(%table: bf16[7, 64], %idx: i64[T]) {\n  %y: bf16[T, 64] = gather(%table, %idx)\n  return %y\n}", &[("T", 17)], 11, 1.0, Box::new(none)));
@@ -294,6 +295,63 @@ fn family_cases() -> Vec<Case> {
         cases.push(Case::new(format!("attention causal Sq={sq} Skv={skv} H={h}/{hkv} D={d}"), &src, &[], 14, 1.0, Box::new(none)));
     }
     cases.push(Case::new("attention causal with more queries than keys (fully masked rows)", "func @main(%q: f32[1, 2, 5, 64], %k: f32[1, 2, 2, 64], %v: f32[1, 2, 2, 64]) {\n  %o: f32[1, 2, 5, 64] = attention(%q, %k, %v) {scale=0.125, causal=true, heads=2, kv_heads=2}\n  return %o\n}", &[], 15, 10.0, Box::new(none)));
+    // Attention on tensor cores (bf16/f16, head dims multiples of 16): tails of one to five key
+    // tiles, not causal, GQA 8, head dims 80, 96 (Dv 64) and 256, f16, causal with more
+    // queries than keys.
+    for (dt, sq, skv, h, hkv, d, dv, causal) in [
+        ("bf16", 129, 129, 2, 2, 128, 128, false),
+        ("bf16", 300, 300, 8, 1, 128, 128, true),
+        ("bf16", 70, 75, 2, 1, 80, 80, true),
+        ("bf16", 70, 75, 2, 1, 96, 64, true),
+        ("bf16", 70, 75, 2, 1, 256, 256, true),
+        ("f16", 100, 100, 4, 2, 128, 128, true),
+        ("bf16", 40, 30, 2, 2, 64, 64, true),
+    ] {
+        let src = format!("func @main(%q: {dt}[2, {h}, {sq}, {d}], %k: {dt}[2, {hkv}, {skv}, {d}], %v: {dt}[2, {hkv}, {skv}, {dv}]) {{\n  %o: {dt}[2, {h}, {sq}, {dv}] = attention(%q, %k, %v) {{scale=0.125, causal={causal}, heads={h}, kv_heads={hkv}}}\n  return %o\n}}");
+        cases.push(Case::new(format!("attention {dt} causal={causal} Sq={sq} Skv={skv} H={h}/{hkv} D={d} Dv={dv}"), &src, &[], 17, 1.0, Box::new(none)));
+    }
+    // NaN and ±inf where the interpreter never multiplies them (V rows hidden by the causal
+    // mask) and where it does; NaN in q row 7 and in a K row hidden from the first rows.
+    cases.push(Case::new(
+        "attention bf16 causal NaN/inf in hidden V rows",
+        "func @main(%q: bf16[1, 2, 100, 64], %k: bf16[1, 1, 100, 64], %v: bf16[1, 1, 100, 64]) {\n  %o: bf16[1, 2, 100, 64] = attention(%q, %k, %v) {scale=0.125, causal=true, heads=2, kv_heads=1}\n  return %o\n}",
+        &[],
+        18,
+        1.0,
+        Box::new(|ins: &mut Vec<(String, Tensor)>| {
+            specials("q", &[(7 * 64 + 4, f64::NAN)])(ins);
+            specials("k", &[(50 * 64 + 1, f64::NAN)])(ins);
+            specials("v", &[(35 * 64 + 3, f64::NAN), (70 * 64 + 9, f64::INFINITY), (80 * 64 + 10, f64::INFINITY), (81 * 64 + 10, f64::NEG_INFINITY)])(ins);
+        }),
+    ));
+    // An additive mask: row 2 fully −inf (→ 0), rows 5 and 9 with leading −inf groups the
+    // interpreter skips, NaN and +inf in V rows some rows skip and others multiply by 0.
+    cases.push(Case::new(
+        "attention bf16 additive mask, skipped groups, NaN/inf in V",
+        "func @main(%q: bf16[1, 2, 12, 64], %k: bf16[1, 2, 45, 64], %v: bf16[1, 2, 45, 64], %mask: bf16[12, 45]) {\n  %o: bf16[1, 2, 12, 64] = attention(%q, %k, %v, %mask) {scale=0.125, causal=false, heads=2, kv_heads=2}\n  return %o\n}",
+        &[],
+        19,
+        1.0,
+        Box::new(|ins: &mut Vec<(String, Tensor)>| {
+            let (t, s) = (12usize, 45usize);
+            let mut mask = vec![0.0; t * s];
+            for j in 0..s {
+                mask[2 * s + j] = f64::NEG_INFINITY;
+                if j < 21 {
+                    mask[5 * s + j] = f64::NEG_INFINITY;
+                }
+                if j < 41 && j != 33 {
+                    mask[9 * s + j] = f64::NEG_INFINITY;
+                }
+            }
+            for (n, x) in ins.iter_mut() {
+                if n == "mask" {
+                    *x = Tensor::new(DType::BF16, &[t, s], mask.clone()).unwrap();
+                }
+            }
+            specials("v", &[(5 * 64 + 1, f64::NAN), (18 * 64 + 2, f64::NAN), (3 * 64 + 6, f64::INFINITY)])(ins);
+        }),
+    ));
     // Paged cache: append then attend, partly filled last page, GQA.
     cases.push(Case::new(
                 "kv_append + paged_attention",
@@ -307,7 +365,79 @@ fn family_cases() -> Vec<Case> {
             ins[5].1 = Tensor::new(DType::I32, &[3], vec![0.0, 17.0, 40.0]).unwrap();
         }),
     ));
+    // Split-KV decode (clusters of 8 on sm_90): long sequences split across 32 workers,
+    // empty and one-key sequences, a partly filled last page, T = 1 and T = 4 (causal within
+    // the step), GQA 4 and 16 (two row tiles), D 128 and 64.
+    for (t, h, hkv, dh) in [(1, 8, 2, 128), (4, 8, 2, 128), (1, 16, 1, 64)] {
+        let src = format!("func @main(%q: bf16[3, {h}, {t}, {dh}], %kp: bf16[200, 16, {hkv}, {dh}], %vp: bf16[200, 16, {hkv}, {dh}], %bt: i32[3, 70], %len: i32[3]) {{\n  %o: bf16[3, {h}, {t}, {dh}] = paged_attention(%q, %kp, %vp, %bt, %len) {{scale=0.088, heads={h}, kv_heads={hkv}}}\n  return %o\n}}");
+        cases.push(Case::new(
+            format!("split-KV paged_attention T={t} H={h}/{hkv} D={dh}, lengths 0/1111/333"),
+            &src,
+            &[],
+            17,
+            1.0,
+            Box::new(|ins: &mut Vec<(String, Tensor)>| {
+                ins[3].1 = Tensor::from_fn(DType::I32, &[3, 70], |i| ((i[0] * 70 + i[1] * 3) % 200) as f64);
+                ins[4].1 = Tensor::new(DType::I32, &[3], vec![0.0, 1111.0, 333.0]).unwrap();
+            }),
+        ));
+    }
     cases
+}
+
+/// Long rows, which sm_90a splits over a thread-block cluster (the cluster schedule of
+/// `reduce.rs`): softmax, log_softmax, rms_norm and layer_norm over rows of 32768, 33000 (a
+/// short last slice), 262144 and 262147 (odd: scalar loads) bf16 and 32768 f32, few rows,
+/// with special rows: row 0 all −inf (softmax) or all zero (the norms), a NaN in row 1, a
+/// +inf in row 2 (softmax: a NaN row, as the interpreter gives).
+fn long_row_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (dt, n, rows) in [("bf16", 32768usize, 3usize), ("bf16", 33000, 3), ("bf16", 262144, 3), ("bf16", 262147, 3), ("f32", 32768, 3)] {
+        for what in ["softmax", "log_softmax", "rms_norm", "layer_norm"] {
+            let (params, call) = match what {
+                "rms_norm" => (format!(", %w: {dt}[{n}]"), format!("rms_norm(%x, %w) {{eps=1e-5}}")),
+                "layer_norm" => (format!(", %w: {dt}[{n}], %b: {dt}[{n}]"), format!("layer_norm(%x, %w, %b) {{eps=1e-5}}")),
+                _ => (String::new(), format!("{what}(%x)")),
+            };
+            let src = format!("func @main(%x: {dt}[R, {n}]{params}) {{\n  %y: {dt}[R, {n}] = {call}\n  return %y\n}}");
+            let soft = what.contains("softmax");
+            let edit = move |ins: &mut Vec<(String, Tensor)>| {
+                let t = &ins[0].1;
+                let mut d = t.data().to_vec();
+                for v in &mut d[..n] {
+                    *v = if soft { f64::NEG_INFINITY } else { 0.0 };
+                }
+                d[n + n / 2] = f64::NAN;
+                if soft {
+                    d[2 * n + n / 3] = f64::INFINITY;
+                }
+                ins[0].1 = Tensor::new(t.dtype(), t.shape(), d).unwrap();
+            };
+            cases.push(Case::new(format!("{what} {dt} rows of {n}"), &src, &[("R", rows as i64)], 17, 1.0, Box::new(edit)));
+        }
+    }
+    cases
+}
+
+/// Without a GPU: the long-row cases take the cluster schedule on sm_90a (a cluster launch
+/// of the row-reduction kernel: `.reqnctapercluster`, distributed shared memory) and not on
+/// sm_80, under both lowerings.
+#[cfg(feature = "llvm")]
+#[test]
+fn long_rows_take_the_cluster_schedule_on_sm_90a() {
+    for c in long_row_cases() {
+        let g = sinter::ir::parse(&c.src).unwrap();
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            let kg = sinter::gpu::lower(&g, lowering).unwrap();
+            let rows: Vec<_> = kg.kernels.keys().filter(|&k| kg.kernels[k].family == sinter::ir::Family::RowReduction).collect();
+            assert_eq!(rows.len(), 1, "{} [{lowering:?}]", c.name);
+            let plan = sinter_codegen::compile_kernel(&kg, rows[0], &sinter_codegen::Target::SM_90A).unwrap();
+            assert!(plan.ptx.contains(".reqnctapercluster 1, ") && plan.ptx.contains("mapa.shared::cluster"), "{} [{lowering:?}]: not the cluster schedule on sm_90a", c.name);
+            assert!(plan.grid[1].numerator.as_const().is_some_and(|n| (2..=8).contains(&n)), "{}: grid {:?}", c.name, plan.grid);
+            let plan = sinter_codegen::compile_kernel(&kg, rows[0], &sinter_codegen::Target::SM_80).unwrap();
+            assert!(!plan.ptx.contains("cluster"), "{} [{lowering:?}]: a cluster on sm_80", c.name);
+        }
+    }
 }
 
 /// Elements of the flat tensor of `gpu_tensors_beyond_2_31_elements`: past 2³¹ by a few

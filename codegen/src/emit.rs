@@ -469,6 +469,166 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(())
     }
 
+    // ---- tensor-core primitives (sm_80+) ---------------------------------------------------
+    //
+    // The building blocks of the Ampere-style tensor-core kernels (the matmul's
+    // `MmaSchedule`, tensor-core attention): asynchronous global→shared copies, `ldmatrix`
+    // fragment loads and the `m16n8k16` warp MMA. Each is one NVVM intrinsic of LLVM 22, so
+    // the CPU emulator of the tests (`kernels::matmul::emu`) can model it.
+
+    /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes` (PTX ISA §9.7.9.3, "cp.async";
+    /// `llvm.nvvm.cp.async.cg.shared.global.16.s`): starts an asynchronous copy of 16 bytes
+    /// from global memory `src` (`ptr addrspace(1)`) to shared memory `dst`
+    /// (`ptr addrspace(3)`), cached in L2 only (`.cg`). Only the first `src_bytes` (an `i32`,
+    /// 0 ..= 16) are read, the rest of the 16 destination bytes are zero-filled: 0 reads
+    /// nothing (the source address is not accessed), which predicates a copy off where its
+    /// source lies outside a tensor, and 2·(elements left) zero-fills a tail. Both addresses
+    /// must be 16-byte aligned.
+    ///
+    /// The copy is asynchronous: group the copies issued so far with
+    /// [`KernelBuilder::cp_async_commit`], wait for groups with [`KernelBuilder::cp_async_wait`]
+    /// (which covers only the calling thread's copies), then [`KernelBuilder::barrier`] before
+    /// other threads read the data.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cp_async_16(&self, dst: PointerValue<'ctx>, src: PointerValue<'ctx>, src_bytes: IntValue<'ctx>) -> R<()> {
+        self.intrinsic("llvm.nvvm.cp.async.cg.shared.global.16.s", &[], &[dst.into(), src.into(), src_bytes.into()])?;
+        Ok(())
+    }
+
+    /// `cp.async.commit_group` (PTX ISA §9.7.9.3.2; `llvm.nvvm.cp.async.commit.group`): closes
+    /// the calling thread's group of [`KernelBuilder::cp_async_16`] copies issued since the
+    /// last commit (an empty group is fine and completes at once).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cp_async_commit(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.cp.async.commit.group", &[], &[])?;
+        Ok(())
+    }
+
+    /// `cp.async.wait_group n` (PTX ISA §9.7.9.3.3; `llvm.nvvm.cp.async.wait.group`): waits
+    /// until at most `n` of the calling thread's committed groups are still pending (the
+    /// older ones have landed in shared memory). With a pipeline of `s` stages that commits
+    /// one group per stage, `n = s − 2` makes the oldest stage ready.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cp_async_wait(&self, n: u32) -> R<()> {
+        self.intrinsic("llvm.nvvm.cp.async.wait.group", &[], &[self.i32c(i64::from(n)).into()])?;
+        Ok(())
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` (PTX ISA §9.7.14.5.15;
+    /// `llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16` and its `.x1`/`.x2`/`.trans`
+    /// variants): the warp loads `count` (1, 2 or 4) 8×8 matrices of 16-bit elements from
+    /// shared memory. Lane `8·j + r` supplies `ptr`, the address of row `r` of matrix `j`
+    /// (16 contiguous bytes, 16-byte aligned; lanes beyond `8·count` supply nothing); every
+    /// lane receives one `i32` per matrix: without `trans`, lane `l` gets elements
+    /// `(l/4, 2·(l%4))` and `(l/4, 2·(l%4)+1)` of matrix `j` (low half first); with `trans`,
+    /// elements `(2·(l%4), l/4)` and `(2·(l%4)+1, l/4)` — the transposed matrix.
+    ///
+    /// These are the register fragments of `mma.m16n8k16` ([`KernelBuilder::mma_m16n8k16`]):
+    /// a 16×16 A tile stored row-major (K contiguous) is one `x4` with lane `l` pointing at
+    /// row `l % 16`, column `8·(l / 16)`; stored column-major (M contiguous), the same with
+    /// `trans`. A 16(K)×16(N) B tile stored N-major (`[N, K]`, K contiguous) is one `x4` with
+    /// lane `l` at row `(l % 8) + 8·(l / 16)`, column `8·((l / 8) % 2)`, giving the fragments
+    /// of two n8 tiles; stored K-major (`[K, N]`) the same with `trans` and rows/columns
+    /// swapped. All 32 lanes must execute it (`.sync.aligned`).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`], also for a `count` other than 1, 2, 4.
+    pub fn ldmatrix(&self, ptr: PointerValue<'ctx>, count: u32, trans: bool) -> R<Vec<IntValue<'ctx>>> {
+        if !matches!(count, 1 | 2 | 4) {
+            return Err(CodegenError::Builder(format!("ldmatrix of {count} matrices")));
+        }
+        let name = format!("llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{count}{}.b16", if trans { ".trans" } else { "" });
+        // Overloaded on the pointer (`.p3` for shared memory).
+        let v = self.intrinsic_value(&name, &[ptr.get_type().into()], &[ptr.into()])?;
+        if count == 1 {
+            return Ok(vec![v.into_int_value()]);
+        }
+        let s = v.into_struct_value();
+        (0..count).map(|i| Ok(self.b.build_extract_value(s, i, "frag")?.into_int_value())).collect()
+    }
+
+    /// [`KernelBuilder::ldmatrix`] of four matrices: the A fragment of one `m16n8k16`, or
+    /// the B fragments of two.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn ldmatrix_x4(&self, ptr: PointerValue<'ctx>, trans: bool) -> R<[IntValue<'ctx>; 4]> {
+        let v = self.ldmatrix(ptr, 4, trans)?;
+        Ok([v[0], v[1], v[2], v[3]])
+    }
+
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32` (PTX ISA
+    /// §9.7.14.5.14; `llvm.nvvm.mma.m16n8k16.row.col.bf16` / `.f32.f32` for f16): the warp
+    /// computes `D = A·B + C` for a 16×16 A (`dtype` bf16 or f16), a 16×8 B and f32 C, D,
+    /// with products exact and sums in f32. With `g = lane / 4`, `t = lane % 4`, each lane
+    /// holds (each `i32` two 16-bit elements, the lower column or row first):
+    /// - `a[0]`: A(g, 2t..2t+1), `a[1]`: A(g+8, 2t..), `a[2]`: A(g, 2t+8..), `a[3]`: A(g+8, 2t+8..);
+    /// - `b[0]`: B(2t..2t+1, g), `b[1]`: B(2t+8..2t+9, g);
+    /// - `c[0]`, `c[1]`: C(g, 2t), C(g, 2t+1); `c[2]`, `c[3]`: C(g+8, 2t), C(g+8, 2t+1) — and D alike.
+    ///
+    /// [`KernelBuilder::ldmatrix`] loads A and B fragments in this layout; for an A made in
+    /// registers (attention's P), [`KernelBuilder::pack_x2`] packs two f32s. All 32 lanes
+    /// must execute it.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`], also for a `dtype` other than bf16 and f16.
+    pub fn mma_m16n8k16(&self, dtype: DType, a: [IntValue<'ctx>; 4], b: [IntValue<'ctx>; 2], c: [FloatValue<'ctx>; 4]) -> R<[FloatValue<'ctx>; 4]> {
+        let name = match dtype {
+            DType::BF16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+            DType::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+            other => return Err(CodegenError::Builder(format!("mma.m16n8k16 of {other}"))),
+        };
+        let mut args: Vec<BasicMetadataValueEnum<'ctx>> = Vec::with_capacity(10);
+        for x in a.iter().chain(&b) {
+            if dtype == DType::F16 {
+                let h2 = self.cx.f16_type().vec_type(2);
+                args.push(self.b.build_bit_cast(*x, h2, "h2")?.into());
+            } else {
+                args.push((*x).into());
+            }
+        }
+        args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+        let s = self.intrinsic_value(name, &[], &args)?.into_struct_value();
+        let d = |i: u32| -> R<FloatValue<'ctx>> { Ok(self.b.build_extract_value(s, i, "d")?.into_float_value()) };
+        Ok([d(0)?, d(1)?, d(2)?, d(3)?])
+    }
+
+    /// Two f32s rounded to nearest even into `dtype` (bf16 or f16) and packed into one `i32`
+    /// (`lo` in bits 0–15, `hi` in 16–31): a register of an `mma` A or B fragment
+    /// (`cvt.rn.bf16x2.f32` / `cvt.rn.f16x2.f32`, PTX ISA §9.7.9.21).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`], also for another `dtype`.
+    pub fn pack_x2(&self, dtype: DType, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Err(CodegenError::Builder(format!("pack_x2 of {dtype}")));
+        }
+        let vt = self.float_type(dtype).vec_type(2);
+        let mut v = vt.get_poison();
+        for (i, x) in [lo, hi].into_iter().enumerate() {
+            let r = self.from_f32(x, dtype)?;
+            v = self.b.build_insert_element(v, r, self.i32c(i as i64), "p")?;
+        }
+        Ok(self.b.build_bit_cast(v, self.cx.i32_type(), "x2")?.into_int_value())
+    }
+
+    /// `vote.sync.any.pred p, pred, 0xffffffff` (PTX ISA §9.7.13.10; `llvm.nvvm.vote.any.sync`):
+    /// whether `pred` (an `i1`) holds in any lane of the warp; every lane gets the answer, and
+    /// ptxas knows it is warp-uniform (a branch on it is not divergent). All 32 lanes must
+    /// take part.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn vote_any(&self, pred: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.intrinsic_value("llvm.nvvm.vote.any.sync", &[], &[self.i32c(-1).into(), pred.into()])?.into_int_value())
+    }
+
     /// `shfl.sync.bfly.b32 v, lane_mask, 0x1f, 0xffffffff`: the value of lane `lane ^ lane_mask`
     /// (all 32 lanes must take part).
     ///
@@ -661,6 +821,91 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// The textual LLVM IR of the module (for debugging and error messages).
     pub fn ir_text(&self) -> String {
         self.module.print_to_string().to_string()
+    }
+
+    // ---- thread-block clusters (sm_90+) ----------------------------------------------------
+
+    /// Declares the kernel's cluster shape `dims` (CTAs along x, y, z): the function attribute
+    /// `"nvvm.cluster_dim"` of LLVM 22, emitted as `.explicitcluster` and `.reqnctapercluster`
+    /// (PTX ISA §11.7). A plain `cuLaunchKernel` then launches clusters of that shape; every
+    /// grid dimension must be a multiple of the cluster's (CUDA C Programming Guide §2.2.1,
+    /// "Thread Block Clusters"), and 8 CTAs is the portable maximum.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] below sm_90.
+    pub fn set_cluster_dims(&self, dims: [u32; 3]) -> R<()> {
+        if self.target.sm_version() < 90 {
+            return Err(CodegenError::Builder(format!("thread-block clusters need sm_90, not {}", self.target)));
+        }
+        let v = format!("{},{},{}", dims[0], dims[1], dims[2]);
+        self.func.add_attribute(AttributeLoc::Function, self.cx.create_string_attribute("nvvm.cluster_dim", &v));
+        Ok(())
+    }
+
+    /// The address of `p` (this CTA's shared memory) in the shared memory of CTA `rank` of
+    /// the cluster: `mapa.shared::cluster.u32` (PTX ISA §9.7.9, "mapa";
+    /// `llvm.nvvm.mapa.shared.cluster`), a `ptr addrspace(7)` (`.shared::cluster`) that
+    /// `ld.shared::cluster` reads (distributed shared memory).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn mapa_shared(&self, p: PointerValue<'ctx>, rank: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        Ok(self.intrinsic_value("llvm.nvvm.mapa.shared.cluster", &[], &[p.into(), rank.into()])?.into_pointer_value())
+    }
+
+    /// A barrier of every thread of the cluster: `barrier.cluster.arrive.aligned` (release)
+    /// then `barrier.cluster.wait.aligned` (acquire) (PTX ISA §9.7.13.4), so that shared
+    /// memory written before it, in any CTA of the cluster, is visible after it. Every thread
+    /// of every CTA of the cluster must reach it.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cluster_barrier(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.barrier.cluster.arrive.aligned", &[], &[])?;
+        self.intrinsic("llvm.nvvm.barrier.cluster.wait.aligned", &[], &[])?;
+        Ok(())
+    }
+
+    /// [`KernelBuilder::cluster_barrier`] without its memory ordering
+    /// (`barrier.cluster.arrive.relaxed.aligned`, then `barrier.cluster.wait.aligned`): only
+    /// an execution barrier. A release arrive costs a `MEMBAR.ALL.GPU` in every thread (ptxas
+    /// 12.9, sm_90a), which waits for the thread's outstanding global stores.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cluster_barrier_relaxed(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", &[], &[])?;
+        self.intrinsic("llvm.nvvm.barrier.cluster.wait.aligned", &[], &[])?;
+        Ok(())
+    }
+
+    /// The base of the kernel's dynamic shared memory (`extern .shared .align 16 .b8
+    /// dsmem[]`, sized by the launch), offset by an opaque zero (`mov.u32 $0, 0;` as inline
+    /// asm) computed in the prologue: every access is then an instruction off this base, never
+    /// a constant expression over the global, which lets the CPU simulation of the tests give
+    /// each CTA of a cluster its own copy (ptxas folds the zero).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn dynamic_shared_base(&mut self) -> R<PointerValue<'ctx>> {
+        let i8t = self.cx.i8_type();
+        let g = match self.module.get_global("dsmem") {
+            Some(g) => g,
+            None => {
+                let g = self.module.add_global(i8t.array_type(0), Some(AddressSpace::from(ADDRESS_SPACE_SHARED)), "dsmem");
+                g.set_linkage(Linkage::External);
+                g.set_alignment(16);
+                g
+            }
+        };
+        self.in_prologue(|kb| {
+            let i32t = kb.cx.i32_type();
+            let f = kb.cx.create_inline_asm(i32t.fn_type(&[], false), "mov.u32 $0, 0;".to_owned(), "=r".to_owned(), false, false, None, false);
+            let z = kb.b.build_indirect_call(i32t.fn_type(&[], false), f, &[], "smem_off")?;
+            let z = basic(z.try_as_basic_value().basic(), "inline asm")?.into_int_value();
+            // SAFETY (of the IR, not of Rust): an in-bounds offset of the dynamic area.
+            Ok(unsafe { kb.b.build_gep(i8t, g.as_pointer_value(), &[z], "dsmem") }?)
+        })
     }
 }
 

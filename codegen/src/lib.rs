@@ -133,10 +133,11 @@ impl From<inkwell::builder::BuilderError> for CodegenError {
 /// The plan's parameters are the kernel's buffers in order — `KernelParam::Buffer(i)` for
 /// `i` over its inputs then its outputs — followed by one `KernelParam::Size(dim)` (an `i64`)
 /// per symbolic size the code needs; constant sizes are compiled in, so one PTX serves every
-/// value of the symbols. The grid is `ceil(dim / per_cta)` per axis, the block fixed, and the
-/// families of this crate use static shared memory only (`shared_bytes` 0). Outputs must not
-/// alias other buffers of the kernel, except for `KvAppend`, whose output pages *are* its
-/// input pages (see [`kernels::kv_append`]).
+/// value of the symbols. The grid is `ceil(dim / per_cta)` per axis, the block fixed; the
+/// tensor-core kernels (matmul, prefill attention) use dynamic shared memory (`shared_bytes`,
+/// beyond 48 KiB where the runtime opts in), the others static shared memory only
+/// (`shared_bytes` 0). Outputs must not alias other buffers of the kernel, except for
+/// `KvAppend`, whose output pages *are* its input pages (see [`kernels::kv_append`]).
 ///
 /// | family | generator |
 /// |---|---|
@@ -147,7 +148,7 @@ impl From<inkwell::builder::BuilderError> for CodegenError {
 /// | `KvAppend` | [`kernels::kv_append::generate`] |
 /// | `Matmul` | [`kernels::matmul::generate`] |
 /// | `Attention` | [`kernels::attention::generate_prefill`] |
-/// | `PagedAttention` | [`kernels::attention::generate_paged`] |
+/// | `PagedAttention` | [`kernels::decode::generate`] (split-KV; [`kernels::attention::generate_paged`] is the single-CTA alternative) |
 ///
 /// # Errors
 /// [`CodegenError::Unsupported`] (a body outside what the family's generator handles) and
@@ -166,7 +167,7 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
         Family::KvAppend => kernels::kv_append::generate(graph, kernel, target),
         Family::Matmul => kernels::matmul::generate(graph, kernel, target),
         Family::Attention => kernels::attention::generate_prefill(graph, kernel, target),
-        Family::PagedAttention => kernels::attention::generate_paged(graph, kernel, target),
+        Family::PagedAttention => kernels::decode::generate(graph, kernel, target),
     };
     // Errors raised deep in a generator leave the kernel's name empty: fill it in.
     let name = format!("{kernel} ({:?})", data.family);

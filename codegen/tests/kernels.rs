@@ -174,6 +174,27 @@ fn decomposed_softmax(dt: DType) -> (KernelGraph, Kernel) {
     single(Family::RowReduction, fb.finish(&[p, m, h]).unwrap())
 }
 
+/// The softmax of `x + y` written out over rows of `n` (two row inputs, a `[1, n]` −inf mask
+/// broadcast over the rows, three reduction levels: max, Σe, the entropy), with the row max
+/// and the entropy as extra outputs.
+fn decomposed_softmax_sum(dt: DType, n: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "softmax_sum_decomposed");
+    let (r, n) = (s("R"), d(n));
+    let x = fb.param("x", ty(dt, &[r.clone(), n.clone()]));
+    let y = fb.param("y", ty(dt, &[r.clone(), n.clone()]));
+    let mask = fb.param("mask", ty(dt, &[d(1), n.clone()]));
+    let xy = op(&mut fb, OpKind::Add, &[x, y]);
+    let xm = op(&mut fb, OpKind::Add, &[xy, mask]);
+    let m = op_a(&mut fb, OpKind::ReduceMax, &[xm], vec![("keepdim", Attr::Bool(true))]);
+    let c = op(&mut fb, OpKind::Sub, &[xm, m]);
+    let e = op(&mut fb, OpKind::Exp, &[c]);
+    let sum = op_a(&mut fb, OpKind::ReduceSum, &[e], vec![("keepdim", Attr::Bool(true))]);
+    let p = op(&mut fb, OpKind::Div, &[e, sum]);
+    let ent = op(&mut fb, OpKind::Mul, &[p, c]);
+    let h = op_a(&mut fb, OpKind::ReduceSum, &[ent], vec![("keepdim", Attr::Bool(false))]);
+    single(Family::RowReduction, fb.finish(&[p, m, h]).unwrap())
+}
+
 /// RMSNorm of Q/K heads (`x [T, 9, 64]`, weight `[64]`) followed by a residual add.
 fn qk_norm(dt: DType) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "qk_norm");
@@ -408,13 +429,22 @@ fn matmul_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
     single(Family::Matmul, fb.finish(&[y]).unwrap())
 }
 
-/// Causal grouped-query prefill attention: `q [B, H, S, D]`, `k`, `v [B, Hkv, S, D]`.
-fn attention_at(dt: DType, b: i64, h: i64, hkv: i64, seq: i64, hd: i64) -> (KernelGraph, Kernel) {
+/// `x [M, K] · w [K, N]` (B N-contiguous).
+fn matmul_kn_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+    let x = fb.param("x", ty(dt, &[d(m), d(k)]));
+    let w = fb.param("w", ty(dt, &[d(k), d(n)]));
+    let y = op(&mut fb, OpKind::Matmul, &[x, w]);
+    single(Family::Matmul, fb.finish(&[y]).unwrap())
+}
+
+/// Grouped-query prefill attention: `q [B, H, S, D]`, `k`, `v [B, Hkv, S, D]`.
+fn attention_at(dt: DType, b: i64, h: i64, hkv: i64, seq: i64, hd: i64, causal: bool) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
     let q = fb.param("q", ty(dt, &[d(b), d(h), d(seq), d(hd)]));
     let k = fb.param("k", ty(dt, &[d(b), d(hkv), d(seq), d(hd)]));
     let v = fb.param("v", ty(dt, &[d(b), d(hkv), d(seq), d(hd)]));
-    let attrs = vec![("scale", Attr::Float(1.0 / (hd as f64).sqrt())), ("causal", Attr::Bool(true)), ("heads", Attr::Int(h)), ("kv_heads", Attr::Int(hkv))];
+    let attrs = vec![("scale", Attr::Float(1.0 / (hd as f64).sqrt())), ("causal", Attr::Bool(causal)), ("heads", Attr::Int(h)), ("kv_heads", Attr::Int(hkv))];
     let o = op_a(&mut fb, OpKind::Attention, &[q, k, v], attrs);
     single(Family::Attention, fb.finish(&[o]).unwrap())
 }
@@ -447,6 +477,11 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
             add(format!("row_{what}_{r}x{n}"), format!("row reduction: {what} of bf16[{r},{n}]"), row_kernel(DType::BF16, d(r), d(n), what));
         }
     }
+    // The cluster schedule on sm_90a (the multi-pass one on sm_80): 8 CTAs × 512 threads, and
+    // 3 CTAs with a short last slice (rows of 32768 above: 2 CTAs × 256 threads).
+    for (what, r, n) in [("rms_norm", 16, 262144), ("softmax", 16, 262144), ("softmax", 3, 33000)] {
+        add(format!("row_{what}_{r}x{n}"), format!("row reduction: {what} of bf16[{r},{n}]"), row_kernel(DType::BF16, d(r), d(n), what));
+    }
     for form in ["rotate_half", "interleaved"] {
         for (t, h, hd) in [(128, 9, 64), (7, 32, 128)] {
             add(format!("rope_{form}_{t}x{h}x{hd}"), format!("rope {form}: bf16[{t},{h},{hd}], positions i32[{t},1]"), rope_at(DType::BF16, form, t, h, hd));
@@ -471,13 +506,16 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
         add(format!("layout_concat_{r}x{ca}_{cb}"), format!("layout: concat bf16[{r},{ca}], bf16[{r},{cb}] along the last axis"), concat_at(DType::BF16, r, ca, cb));
     }
     for (m, n, k) in [(256, 1536, 576), (512, 4096, 4096)] {
-        add(format!("matmul_tiled_{m}x{n}x{k}"), format!("matmul (tiled): bf16[{m},{k}] · bf16[{n},{k}]ᵀ"), matmul_at(DType::BF16, m, n, k));
+        add(format!("matmul_mma_{m}x{n}x{k}"), format!("matmul (tensor cores): bf16[{m},{k}] · bf16[{n},{k}]ᵀ"), matmul_at(DType::BF16, m, n, k));
     }
+    add("matmul_mma_kn_256x1536x576".into(), "matmul (tensor cores, B [K, N]): bf16[256,576] · bf16[576,1536]".into(), matmul_kn_at(DType::BF16, 256, 1536, 576));
+    add("matmul_tiled_f32_256x1536x576".into(), "matmul (tiled): f32[256,576] · f32[1536,576]ᵀ".into(), matmul_at(DType::F32, 256, 1536, 576));
     for (m, n, k) in [(1, 1536, 576), (16, 4096, 4096)] {
         add(format!("matmul_small_m_{m}x{n}x{k}"), format!("matmul (small M): bf16[{m},{k}] · bf16[{n},{k}]ᵀ"), matmul_at(DType::BF16, m, n, k));
     }
-    add("attention_causal_gqa_9_3_s128_d64".into(), "attention, causal GQA 9/3: bf16 B1 S128 D64".into(), attention_at(DType::BF16, 1, 9, 3, 128, 64));
-    add("attention_causal_gqa_32_8_s512_d128".into(), "attention, causal GQA 32/8: bf16 B2 S512 D128".into(), attention_at(DType::BF16, 2, 32, 8, 512, 128));
+    add("attention_causal_gqa_9_3_s128_d64".into(), "attention, causal GQA 9/3: bf16 B1 S128 D64".into(), attention_at(DType::BF16, 1, 9, 3, 128, 64, true));
+    add("attention_causal_gqa_32_8_s512_d128".into(), "attention, causal GQA 32/8: bf16 B2 S512 D128".into(), attention_at(DType::BF16, 2, 32, 8, 512, 128, true));
+    add("attention_mha_32_s4096_d128".into(), "attention, not causal, MHA 32: bf16 B2 S4096 D128 (the benchmark's shape)".into(), attention_at(DType::BF16, 2, 32, 32, 4096, 128, false));
     add("paged_attention_9_3_d64".into(), "paged attention, GQA 9/3: bf16 B4 D64, pages [64,16,3,64], block table [4,16]".into(), paged_at(DType::BF16, 4, 9, 3, 64, 64, 16, 16));
     add("paged_attention_32_8_d128".into(), "paged attention, GQA 32/8: bf16 B16 D128, pages [1024,16,8,128], block table [16,64]".into(), paged_at(DType::BF16, 16, 32, 8, 128, 1024, 16, 64));
     v
@@ -663,7 +701,60 @@ fn sass_has_vector_loads_and_shuffles() {
                 if n == d(4096) {
                     assert!(code.contains("LDG.E.128"), "{t} {what} {n}: row not read in 16-byte vectors:\n{code}");
                 }
+                if n == d(262144) && t == Target::SM_90A && what != "reduce_max" {
+                    // The cluster schedule: the slice staged and read back in 16-byte vectors,
+                    // the cluster barrier in hardware.
+                    for ins in ["LDG.E.128", "STS.128", "LDS.128", "UCGABAR_ARV", "UCGABAR_WAIT"] {
+                        assert!(code.contains(ins), "{t} {what} {n}: no {ins}:\n{code}");
+                    }
+                }
             }
+        }
+    }
+}
+
+/// The tensor-core matmul is what it claims in the SASS: `HMMA` (mma.sync), `LDSM`
+/// (ldmatrix; `.MT88` transposed for a `[K, N]` B) and `LDGSTS` (cp.async), with the main
+/// loop's shared-memory reads and copies in between the MMAs, at sm_80 and sm_90a.
+#[test]
+fn sass_has_tensor_core_instructions() {
+    let Some(tool) = cuobjdump() else { return };
+    for t in [Target::SM_80, Target::SM_90A] {
+        for (what, gk) in [("[N, K] B", matmul_at(DType::BF16, 512, 4096, 4096)), ("[K, N] B", matmul_kn_at(DType::BF16, 256, 1536, 576)), ("f16", matmul_at(DType::F16, 256, 1536, 576))] {
+            let plan = compile_kernel(&gk.0, gk.1, &t).unwrap();
+            assert!(plan.entry.ends_with("_mma"), "{t} {what}: {}", plan.entry);
+            let Some(r) = assemble(&plan) else { return };
+            let code = sass(&tool, &r.cubin, "mma");
+            for want in ["HMMA.16816.F32", "LDSM.16.M", "LDGSTS.E.BYPASS", "DEPBAR", "BAR.SYNC"] {
+                assert!(code.contains(want), "{t} {what}: no {want}:\n{code}");
+            }
+            assert_eq!(code.contains("LDSM.16.MT88.4"), what == "[K, N] B", "{t} {what}: transposed ldmatrix only for [K, N]");
+            // 64×64 warp tiles: 32 MMAs per 16-deep k-step, 4 steps per 64-deep stage.
+            assert!(code.matches("HMMA.16816").count() >= 128, "{t} {what}: {} HMMA", code.matches("HMMA.16816").count());
+        }
+    }
+}
+
+/// Prefill attention on tensor cores, in the SASS: `HMMA` for Q·Kᵀ and P·V, `LDSM` for Q
+/// and K and its transposed form (`.MT88`) for V, `LDGSTS` (cp.async) for the tiles,
+/// `MUFU.EX2` alone for the exponentials (no subnormal range fix-ups), `VOTE.ANY` for the
+/// warp's decisions, at sm_80 and sm_90a, for head dims 64 and 128, causal or not.
+#[test]
+fn sass_attention_has_tensor_core_instructions() {
+    let Some(tool) = cuobjdump() else { return };
+    for t in [Target::SM_80, Target::SM_90A] {
+        for (hd, causal) in [(64, true), (128, true), (128, false)] {
+            let (g, k) = attention_at(DType::BF16, 2, 32, 8, 512, hd, causal);
+            let plan = compile_kernel(&g, k, &t).unwrap();
+            let Some(r) = assemble(&plan) else { return };
+            let code = sass(&tool, &r.cubin, "attention");
+            for want in ["HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128", "MUFU.EX2", "SHFL.BFLY", "VOTE.ANY", "BAR.SYNC", "STG.E.128"] {
+                assert!(code.contains(want), "{t} D{hd} causal={causal}: no {want}:\n{code}");
+            }
+            // One 32- or 64-key tile: 2 slabs × (D/16 · kv/8 for S + kv/16 · D/8 for O).
+            let hmma = code.matches("HMMA.16816").count();
+            assert!(hmma >= 128, "{t} D{hd}: {hmma} HMMA");
+            assert!(!code.contains("LDL") && !code.contains("STL"), "{t} D{hd}: local memory");
         }
     }
 }
@@ -762,7 +853,11 @@ fn strided_and_unaligned_inputs() {
 /// a C harness — compiled with LLVM 22's `llc` and the system C compiler, and launched with
 /// one POSIX thread per GPU thread (a CTA at a time; `bar.sync` is a barrier of the CTA's
 /// threads, `shfl.sync.bfly` an exchange through a per-warp slot array between two barriers
-/// of the warp's 32 threads). `ex2.approx` is modelled as the exact `2^x` rounded to f32 (the
+/// of the warp's 32 threads). A cluster kernel (`nvvm.cluster_dim`, the cluster schedule of
+/// the row reductions) runs a cluster at a time: its CTAs' threads together, each CTA with
+/// its own copy of the dynamic shared memory (the kernel addresses it from the opaque zero
+/// of `dynamic_shared_base`, which the harness makes the CTA's offset), `mapa` an offset
+/// between copies, `barrier.cluster` a barrier of all the cluster's threads. `ex2.approx` is modelled as the exact `2^x` rounded to f32 (the
 /// device's is within 2 ulp of it).
 ///
 /// This checks the generated arithmetic, indexing, vectorisation, bounds and grid-stride logic
@@ -808,12 +903,22 @@ mod sim {
                 out.push_str(&format!("attributes {n} = {{ nounwind }}\n"));
                 continue;
             }
+            if line.contains("asm sideeffect \".pragma") {
+                // A ptxas directive (`.pragma "nounroll"`): nothing to run.
+                continue;
+            }
             if let Some(conv) = convert_line(line) {
                 out.push_str(&conv);
                 continue;
             }
-            let mut l = line.replace("ptx_kernel ", "").replace(" addrspace(1)", "").replace(" addrspace(3)", "").replace(" addrspace(4)", "");
+            let mut l = line.replace("ptx_kernel ", "").replace(" addrspace(1)", "").replace(" addrspace(3)", "").replace(" addrspace(4)", "").replace(" addrspace(7)", "");
             for (from, to) in [
+                ("@llvm.nvvm.read.ptx.sreg.cluster.ctarank", "@sim_cluster_ctarank"),
+                ("@llvm.nvvm.mapa.shared.cluster", "@sim_mapa"),
+                ("@llvm.nvvm.barrier.cluster.arrive.aligned", "@sim_cluster_arrive"),
+                ("@llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", "@sim_cluster_arrive_relaxed"),
+                ("@llvm.nvvm.barrier.cluster.wait.aligned", "@sim_cluster_wait"),
+                ("asm \"mov.u32 $0, 0;\", \"=r\"", "@sim_smem_off"),
                 ("@llvm.nvvm.read.ptx.sreg.tid.x", "@sim_tid_x"),
                 ("@llvm.nvvm.read.ptx.sreg.ntid.x", "@sim_ntid_x"),
                 ("@llvm.nvvm.read.ptx.sreg.ctaid.x", "@sim_ctaid_x"),
@@ -822,6 +927,7 @@ mod sim {
                 ("@llvm.nvvm.shfl.sync.bfly.i32", "@sim_shfl_i32"),
                 ("@llvm.nvvm.barrier.cta.sync.aligned.all", "@sim_barrier"),
                 ("@llvm.nvvm.ex2.approx.f32", "@sim_ex2"),
+                ("@llvm.nvvm.ex2.approx.ftz.f32", "@sim_ex2"),
                 ("@llvm.nvvm.div.approx.f", "@sim_div"),
                 ("asm \"mov.b64 $0, $1;\", \"=l,l\"", "@sim_id64"),
                 ("asm \"mov.b32 $0, $1;\", \"=r,r\"", "@sim_id32"),
@@ -832,6 +938,9 @@ mod sim {
             out.push('\n');
         }
         out.push_str("declare i64 @sim_id64(i64)\ndeclare i32 @sim_id32(i32)\n");
+        if ir.contains("mov.u32 $0, 0;") {
+            out.push_str("declare i32 @sim_smem_off()\n");
+        }
         out.push_str("declare i16 @sim_f32_to_bf16(float)\ndeclare i16 @sim_f32_to_f16(float)\n");
         out.push_str("declare float @sim_bf16_to_f32(i16)\ndeclare float @sim_f16_to_f32(i16)\n");
         out
@@ -850,6 +959,17 @@ mod sim {
                 let f = if *ty == "bfloat" { "sim_f32_to_bf16" } else { "sim_f32_to_f16" };
                 Some(format!("{indent}{name}.bits = call i16 @{f}(float {x})\n{indent}{name} = bitcast i16 {name}.bits to {ty}\n"))
             }
+            ["fptrunc", "<2", "x", "float>", x, "to", "<2", "x", "bfloat>"] => {
+                let mut o = String::new();
+                for i in 0..2 {
+                    o.push_str(&format!("{indent}{name}.e{i} = extractelement <2 x float> {x}, i32 {i}\n"));
+                    o.push_str(&format!("{indent}{name}.b{i} = call i16 @sim_f32_to_bf16(float {name}.e{i})\n"));
+                }
+                o.push_str(&format!("{indent}{name}.v0 = insertelement <2 x i16> poison, i16 {name}.b0, i32 0\n"));
+                o.push_str(&format!("{indent}{name}.v1 = insertelement <2 x i16> {name}.v0, i16 {name}.b1, i32 1\n"));
+                o.push_str(&format!("{indent}{name} = bitcast <2 x i16> {name}.v1 to <2 x bfloat>\n"));
+                Some(o)
+            }
             ["fpext", ty @ ("bfloat" | "half"), x, "to", "float"] => {
                 let f = if *ty == "bfloat" { "sim_bf16_to_f32" } else { "sim_f16_to_f32" };
                 Some(format!("{indent}{name}.bits = bitcast {ty} {x} to i16\n{indent}{name} = call float @{f}(i16 {name}.bits)\n"))
@@ -865,25 +985,37 @@ mod sim {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-static __thread unsigned t_tid, t_cta;
-static unsigned g_ntid, g_nctaid, g_cta;
+static __thread unsigned t_tid, t_cta, t_rank;
+static unsigned g_ntid, g_nctaid, g_cta, g_cluster;
 unsigned sim_tid_x(void) { return t_tid; }
 unsigned sim_ntid_x(void) { return g_ntid; }
 unsigned sim_ctaid_x(void) { return t_cta; }
 unsigned sim_nctaid_x(void) { return g_nctaid; }
-static pthread_barrier_t cta_bar, warp_bar[32];
-static uint32_t slots[32][32];
+/* A cluster's CTAs run together, each with its own barrier, warp slots and copy of the
+   dynamic shared memory `dsmem` (the kernel addresses it through `sim_smem_off`). */
+#define MAX_CLUSTER 8
+#define SMEM_STRIDE (256 << 10)
+unsigned char dsmem[MAX_CLUSTER * SMEM_STRIDE] __attribute__((aligned(16)));
+static pthread_barrier_t cta_bar[MAX_CLUSTER], warp_bar[MAX_CLUSTER][32], cluster_bar;
+static uint32_t slots[MAX_CLUSTER][32][32];
 static uint32_t shfl(uint32_t v, int lanemask) {
     unsigned w = t_tid / 32, l = t_tid % 32;
-    slots[w][l] = v;
-    pthread_barrier_wait(&warp_bar[w]);
-    uint32_t r = slots[w][(l ^ lanemask) & 31];
-    pthread_barrier_wait(&warp_bar[w]);
+    slots[t_rank][w][l] = v;
+    pthread_barrier_wait(&warp_bar[t_rank][w]);
+    uint32_t r = slots[t_rank][w][(l ^ lanemask) & 31];
+    pthread_barrier_wait(&warp_bar[t_rank][w]);
     return r;
 }
 float sim_shfl_f32(int m, float v, int lm, int c) { uint32_t u; memcpy(&u, &v, 4); u = shfl(u, lm); memcpy(&v, &u, 4); return v; }
 int sim_shfl_i32(int m, int v, int lm, int c) { return (int)shfl((uint32_t)v, lm); }
-void sim_barrier(int id) { pthread_barrier_wait(&cta_bar); }
+void sim_barrier(int id) { pthread_barrier_wait(&cta_bar[t_rank]); }
+unsigned sim_cluster_ctarank(void) { return t_rank; }
+int sim_smem_off(void) { return (int)(t_rank * SMEM_STRIDE); }
+void *sim_mapa(void *p, int r) { return (unsigned char *)p + ((long)r - (long)t_rank) * SMEM_STRIDE; }
+/* arrive + wait: the arrive is the whole barrier (a stronger order than the hardware's). */
+void sim_cluster_arrive(void) { pthread_barrier_wait(&cluster_bar); }
+void sim_cluster_arrive_relaxed(void) { pthread_barrier_wait(&cluster_bar); }
+void sim_cluster_wait(void) {}
 float sim_ex2(float x) { return (float)exp2((double)x); }
 float sim_div(float a, float b) { return a / b; }
 int64_t sim_id64(int64_t x) { return x; }
@@ -924,7 +1056,9 @@ KERNEL_DECL;
 static void *bufs[64];
 static long long sizes[64];
 static void *thread_main(void *p) {
-    t_tid = (unsigned)(uintptr_t)p;
+    unsigned i = (unsigned)(uintptr_t)p;
+    t_tid = i % g_ntid;
+    t_rank = i / g_ntid;
     t_cta = g_cta;
     KERNEL_CALL;
     return 0;
@@ -932,7 +1066,9 @@ static void *thread_main(void *p) {
 int main(int argc, char **argv) {
     g_nctaid = (unsigned)atoi(argv[1]);
     g_ntid = (unsigned)atoi(argv[2]);
-    int nb = atoi(argv[3]), ns = atoi(argv[4]), a = 5;
+    g_cluster = (unsigned)atoi(argv[3]);
+    int nb = atoi(argv[4]), ns = atoi(argv[5]), a = 6;
+    if (g_cluster < 1 || g_cluster > MAX_CLUSTER) return 4;
     for (int i = 0; i < nb; i++) {
         FILE *f = fopen(argv[a], "rb"); long n;
         fseek(f, 0, SEEK_END); n = ftell(f); fseek(f, 0, SEEK_SET);
@@ -941,15 +1077,19 @@ int main(int argc, char **argv) {
         fclose(f); a++;
     }
     for (int i = 0; i < ns; i++) sizes[i] = atoll(argv[a++]);
-    pthread_barrier_init(&cta_bar, 0, g_ntid);
-    for (unsigned w = 0; w < (g_ntid + 31) / 32; w++) pthread_barrier_init(&warp_bar[w], 0, 32);
-    pthread_t *th = malloc(sizeof(pthread_t) * g_ntid);
+    unsigned nt = g_ntid * g_cluster;
+    pthread_barrier_init(&cluster_bar, 0, nt);
+    for (unsigned r = 0; r < g_cluster; r++) {
+        pthread_barrier_init(&cta_bar[r], 0, g_ntid);
+        for (unsigned w = 0; w < (g_ntid + 31) / 32; w++) pthread_barrier_init(&warp_bar[r][w], 0, 32);
+    }
+    pthread_t *th = malloc(sizeof(pthread_t) * nt);
     pthread_attr_t attr; pthread_attr_init(&attr); pthread_attr_setstacksize(&attr, 1 << 18);
     for (g_cta = 0; g_cta < g_nctaid; g_cta++) {
-        for (unsigned t = 0; t < g_ntid; t++) if (pthread_create(&th[t], &attr, thread_main, (void *)(uintptr_t)t)) return 3;
-        for (unsigned t = 0; t < g_ntid; t++) pthread_join(th[t], 0);
+        for (unsigned t = 0; t < nt; t++) if (pthread_create(&th[t], &attr, thread_main, (void *)(uintptr_t)t)) return 3;
+        for (unsigned t = 0; t < nt; t++) pthread_join(th[t], 0);
     }
-    a = 5;
+    a = 6;
     for (int i = 0; i < nb; i++) {
         FILE *f = fopen(argv[a], "rb+"); long n;
         fseek(f, 0, SEEK_END); n = ftell(f); fseek(f, 0, SEEK_SET);
@@ -989,7 +1129,9 @@ int main(int argc, char **argv) {
         let st = Command::new(&tools.cc).args(["-O1", "-o"]).arg(dir.join("sim")).arg(dir.join("h.c")).arg(dir.join("k.o")).args(["-lpthread", "-lm"]).output().unwrap();
         assert!(st.status.success(), "cc: {}", String::from_utf8_lossy(&st.stderr));
         let mut cmd = Command::new(dir.join("sim"));
-        cmd.arg(ctas.to_string()).arg(plan.block[0].to_string()).arg(buffers.len().to_string()).arg(sizes.len().to_string());
+        // A cluster kernel's grid is (rows, cluster, 1): its clusters run one at a time.
+        let cluster = if ir.contains("nvvm.cluster_dim") { plan.grid[1].numerator.as_const().unwrap_or(1) } else { 1 };
+        cmd.arg(ctas.to_string()).arg(plan.block[0].to_string()).arg(cluster.to_string()).arg(buffers.len().to_string()).arg(sizes.len().to_string());
         for (i, buf) in buffers.iter().enumerate() {
             let f = dir.join(format!("b{i}"));
             std::fs::write(&f, buf).unwrap();
@@ -1206,6 +1348,12 @@ fn cpu_pointwise_matches_the_interpreter() {
         let ins = [random(&mut rng, dt, &[4, 9, 64], -2.0, 2.0), random(&mut rng, DType::I32, &[4, 1], 0.0, 100_000.0)];
         check_on_cpu(&format!("rope {form} {dt}"), &gk, &bind(&[("T", 4)]), &ins, 2);
     }
+    // Four heads a thread (32 heads), and none shared (5 heads: one a thread).
+    for (dt, form, h, hd) in [(DType::BF16, "rotate_half", 32, 128), (DType::BF16, "interleaved", 32, 128), (DType::F32, "rotate_half", 5, 64)] {
+        let gk = rope_at(dt, form, 3, h, hd);
+        let ins = [random(&mut rng, dt, &[3, h as usize, hd as usize], -2.0, 2.0), random(&mut rng, DType::I32, &[3, 1], 0.0, 100_000.0)];
+        check_on_cpu(&format!("rope {form} {dt} H={h}"), &gk, &Bindings::new(), &ins, 2);
+    }
     let gk = swiglu(DType::BF16);
     let ins = [random(&mut rng, DType::BF16, &[2, 1536], -6.0, 6.0), random(&mut rng, DType::BF16, &[2, 1536], -2.0, 2.0)];
     check_on_cpu("swiglu", &gk, &bind(&[("T", 2)]), &ins, 1);
@@ -1272,6 +1420,89 @@ fn cpu_row_reductions_match_the_interpreter() {
             }
         }
     }
+}
+
+/// The thread-block cluster helpers of `KernelBuilder`: the cluster shape becomes
+/// `.explicitcluster` / `.reqnctapercluster`, the rank `%cluster_ctarank`, a remote address
+/// `mapa.shared::cluster`, the barriers `barrier.cluster.arrive`(`.relaxed`)/`wait`, the
+/// dynamic shared memory an `extern .shared` array; ptxas assembles it for sm_90a, and sm_80
+/// refuses a cluster shape.
+#[test]
+fn cluster_helpers_emit_what_ptx_says() {
+    use sinter_codegen::emit::{KernelBuilder, ParamKind};
+    let cx = inkwell::context::Context::create();
+    let mut kb = KernelBuilder::new(&cx, "clusters", &[ParamKind::output()], Target::SM_90A).unwrap();
+    kb.set_max_threads(64);
+    kb.set_cluster_dims([1, 4, 1]).unwrap();
+    let out = kb.param_ptr(0).unwrap();
+    let base = kb.dynamic_shared_base().unwrap();
+    let rank = kb.sreg("cluster.ctarank").unwrap();
+    let f32t = cx.f32_type();
+    let v = kb.b.build_unsigned_int_to_float(rank, f32t, "v").unwrap();
+    kb.store(base, v.into(), 4).unwrap();
+    kb.cluster_barrier().unwrap();
+    let next = kb.b.build_xor(rank, kb.i32c(1), "next").unwrap();
+    let remote = kb.mapa_shared(base, next).unwrap();
+    let w = kb.load(f32t.into(), remote, 4).unwrap();
+    let i = kb.b.build_int_z_extend(rank, cx.i64_type(), "i").unwrap();
+    let p = kb.gep(f32t.into(), out, i).unwrap();
+    kb.store(p, w, 4).unwrap();
+    kb.cluster_barrier_relaxed().unwrap();
+    kb.ret().unwrap();
+    let ptx = kb.finish().unwrap();
+    for s in [".explicitcluster", ".reqnctapercluster 1, 4, 1", "%cluster_ctarank", "mapa.shared::cluster", "ld.shared::cluster", "barrier.cluster.arrive.aligned", "barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned", ".extern .shared .align 16 .b8 dsmem[]"] {
+        assert!(ptx.contains(s), "no `{s}`:\n{ptx}");
+    }
+    if let Some(path) = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}")) {
+        let r = ptxas::assemble_with(&path, &ptx, &Target::SM_90A).unwrap_or_else(|e| panic!("{e}\n{ptx}"));
+        assert!(!r.spills() && r.warnings.is_empty(), "{r}");
+    }
+    let kb80 = KernelBuilder::new(&cx, "clusters80", &[ParamKind::output()], Target::SM_80).unwrap();
+    assert!(kb80.set_cluster_dims([2, 1, 1]).is_err());
+}
+
+/// The cluster schedule of long rows (sm_90a): each row split over a thread-block cluster,
+/// its slices staged in shared memory, the statistics exchanged through distributed shared
+/// memory. Rows of 32768 (two CTAs, exact slices), 33000 (three, a short last slice), 262147
+/// (eight CTAs of 512 threads, an odd length: scalar loads); the special rows of DESIGN.md;
+/// more rows than clusters (each cluster loops over rows, alternating its exchange slots).
+#[test]
+fn cpu_cluster_rows_match_the_interpreter() {
+    let mut rng = Rng(7);
+    for (n, cluster, block) in [(32768usize, 2u32, 256u32), (33000, 3, 256), (262147, 8, 512)] {
+        for what in ["softmax", "log_softmax", "rms_norm", "layer_norm"] {
+            let dt = DType::BF16;
+            let rows = if n > 100_000 { 2 } else { 5 };
+            let gk = row_kernel(dt, s("R"), d(n as i64), what);
+            let plan = compile_kernel(&gk.0, gk.1, &Target::SM_90A).unwrap();
+            assert_eq!((plan.grid[1].numerator.as_const(), plan.block[0]), (Some(i64::from(cluster)), block), "{what} {n}: not the cluster schedule");
+            assert!(plan.ptx.contains(&format!(".reqnctapercluster 1, {cluster}, 1")) && plan.ptx.contains("mapa.shared::cluster"), "{what} {n}");
+            let plan80 = compile_kernel(&gk.0, gk.1, &Target::SM_80).unwrap();
+            assert!(plan80.grid[1].numerator.is_one() && !plan80.ptx.contains("cluster"), "{what} {n}: sm_80 keeps the multi-pass schedule");
+            let mut ins = vec![special_rows(&mut rng, dt, rows, n, what)];
+            if matches!(what, "rms_norm" | "layer_norm") {
+                ins.push(random(&mut rng, dt, &[n], 0.5, 1.5));
+            }
+            if what == "layer_norm" {
+                ins.push(random(&mut rng, dt, &[n], -0.5, 0.5));
+            }
+            check_on_cpu(&format!("cluster {what} {dt} N={n}"), &gk, &bind(&[("R", rows as i64)]), &ins, 2);
+        }
+    }
+    // A decomposed softmax: three levels, a broadcast mask read from global memory in every
+    // pass, two staged inputs, three outputs.
+    let gk = decomposed_softmax_sum(DType::BF16, 40000);
+    let plan = compile_kernel(&gk.0, gk.1, &Target::SM_90A).unwrap();
+    // Two staged bf16 inputs: 4 bytes a column, 160 kB a row, five slices of 32 kB.
+    assert_eq!(plan.grid[1].numerator.as_const(), Some(5), "decomposed softmax: not the cluster schedule");
+    let mask = with(random(&mut rng, DType::BF16, &[1, 40000], -1.0, 1.0), |i, v| if i % 7 == 0 { f64::NEG_INFINITY } else { v });
+    let ins = [random(&mut rng, DType::BF16, &[4, 40000], -10.0, 10.0), random(&mut rng, DType::BF16, &[4, 40000], -10.0, 10.0), mask];
+    check_on_cpu("cluster softmax decomposed", &gk, &bind(&[("R", 4)]), &ins, 2);
+    // f32 LayerNorm of rows with a large mean and a small spread (the corrected two-pass).
+    let gk = row_kernel(DType::F32, s("R"), d(40000), "layer_norm");
+    let x = with(random(&mut rng, DType::F32, &[3, 40000], -1.0, 1.0), |_, v| ((1000.0 + 0.01 * v) as f32) as f64);
+    let ins = [x, random(&mut rng, DType::F32, &[40000], 0.5, 1.5), random(&mut rng, DType::F32, &[40000], -0.5, 0.5)];
+    check_on_cpu("cluster layer_norm offset f32", &gk, &bind(&[("R", 3)]), &ins, 1);
 }
 
 #[test]

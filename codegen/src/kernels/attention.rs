@@ -1,8 +1,15 @@
 //! The attention families: prefill attention ([`Family::Attention`], [`generate_prefill`])
 //! and decode attention over a paged KV cache ([`Family::PagedAttention`],
-//! [`generate_paged`]), on CUDA cores, correct for every shape.
+//! [`generate_paged`]): FlashAttention-2 on CUDA cores, correct for every shape.
 //!
-//! # Algorithm
+//! [`generate_prefill`] hands bf16/f16 prefill attention whose head dims are multiples of 16
+//! and whose q/k/v rows are contiguous and 16-byte aligned to the tensor-core kernel of
+//! [`super::attention_tc`] (the same algorithm on `mma.sync`, `cp.async` double buffered);
+//! what that kernel does not take (f32, other head dims or layouts, an additive mask beside head
+//! dims over 128, a shared-memory need the target cannot meet) runs on the CUDA-core core
+//! below. Both compute the same function, with the semantics below.
+//!
+//! # Algorithm (CUDA cores)
 //! Both are FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1) with one shared core:
 //! a CTA owns a tile of `block_q` query rows (`warps` warps × `rows_per_warp` rows each) and
 //! walks the keys in tiles of [`BLOCK_KV`] = 32. Per key tile, all threads stage K and V in
@@ -24,8 +31,13 @@
 //! - Keys hidden by the causal mask or past the sequence are never read (their V rows are not
 //!   multiplied by 0, so NaN there cannot leak), and — as in the reference's 16-key tiles —
 //!   while every score so far is −inf a 16-key half-tile is skipped rather than multiplied.
+//!   (The tensor-core kernel multiplies whole tiles, and falls back to these exact products for
+//!   a tile whose concerned V rows hold a non-finite value; see its module docs.)
 //! - Statistics, scores and the accumulator are f32; `exp` is the device math library's
-//!   precise `exp` (≤ 3 ulp); the output is rounded once.
+//!   precise `exp` (≤ 3 ulp) on CUDA cores, `ex2.approx.ftz` of base-2 scores on tensor cores
+//!   (≤ 2 ulp; probabilities below 2⁻¹²⁶ of the row's largest flushed to 0, as are
+//!   rescaling factors for a maximum that grows by more than 126 in log2 units); the output
+//!   is rounded once.
 //!
 //! # Paged decode
 //! `paged_attention(q [B, H, T, D], k_pages [P, S, Hkv, D], v_pages, block_table [B, M] i32,
@@ -46,14 +58,16 @@
 //! # Schedules
 //! [`AttentionSchedule`] (warps, rows per warp) is a parameter; [`choose_prefill_schedule`] and
 //! [`choose_paged_schedule`] pick the largest query tile that fits 48 KiB of static shared
-//! memory and a register budget. Issue 6's tensor-core version (`ldmatrix` + `mma.sync`,
-//! `cp.async` double buffering, split-KV) replaces the core but keeps these entry points.
+//! memory and a register budget ([`generate_prefill_with`] takes one). The tensor-core
+//! kernel's [`TcSchedule`] is picked by [`super::attention_tc::choose_tc_schedule`]
+//! ([`generate_prefill_tc_with`] takes one).
 
 use inkwell::context::Context;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
+use super::attention_tc::{self, TcSchedule};
 use super::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
 use super::KernelCtx;
 use crate::target::Target;
@@ -171,11 +185,11 @@ impl Smem {
 }
 
 /// The error for a kernel these families cannot generate.
-fn unsupported(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
+pub(super) fn unsupported(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
     CodegenError::Unsupported { kernel: format!("{kernel} ({family:?})"), message: reason.into() }
 }
 
-fn bad(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
+pub(super) fn bad(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
     CodegenError::BadKernel { kernel: format!("{kernel} ({family:?})"), message: reason.into() }
 }
 
@@ -183,13 +197,13 @@ fn bad(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError 
 /// `offset + b·st[0] + h·st[1] + s·st[2] + d·st[3]` of buffer `buffer` (a view of the buffer
 /// when the body reshapes or slices it), its dtype and the buffer's alignment.
 #[derive(Clone, Debug)]
-struct T4 {
-    buffer: usize,
-    dtype: DType,
-    offset: Dim,
+pub(super) struct T4 {
+    pub(super) buffer: usize,
+    pub(super) dtype: DType,
+    pub(super) offset: Dim,
     /// Strides of the b, h, s, d axes.
-    st: [Dim; 4],
-    align: u32,
+    pub(super) st: [Dim; 4],
+    pub(super) align: u32,
 }
 
 impl T4 {
@@ -199,7 +213,7 @@ impl T4 {
     }
 
     /// Whether chunks of `c` elements along d can be single aligned vector accesses.
-    fn vector_ok(&self, c: u32) -> bool {
+    pub(super) fn vector_ok(&self, c: u32) -> bool {
         let c64 = i64::from(c);
         c == 1
             || (self.st[3].as_const() == Some(1)
@@ -208,7 +222,7 @@ impl T4 {
                 && self.align >= c * self.dtype.size_bytes() as u32)
     }
 
-    fn dims(&self) -> impl Iterator<Item = &Dim> {
+    pub(super) fn dims(&self) -> impl Iterator<Item = &Dim> {
         self.st.iter().chain(std::iter::once(&self.offset))
     }
 }
@@ -506,7 +520,7 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
 }
 
 /// Decides static or dynamic shared memory for `smem` bytes on `target`.
-fn shared_kind(bytes: u32, target: &Target, kernel: &str, family: Family) -> R<SharedKind> {
+pub(super) fn shared_kind(bytes: u32, target: &Target, kernel: &str, family: Family) -> R<SharedKind> {
     if bytes <= target.default_shared_memory_per_block() {
         Ok(SharedKind::Static)
     } else if bytes <= target.max_shared_memory_per_block() {
@@ -516,7 +530,7 @@ fn shared_kind(bytes: u32, target: &Target, kernel: &str, family: Family) -> R<S
     }
 }
 
-fn dynamic_bytes(k: SharedKind) -> u32 {
+pub(super) fn dynamic_bytes(k: SharedKind) -> u32 {
     match k {
         SharedKind::Static => 0,
         SharedKind::Dynamic(b) => b,
@@ -526,38 +540,38 @@ fn dynamic_bytes(k: SharedKind) -> u32 {
 // ---- prefill ---------------------------------------------------------------------------
 
 /// Facts of a prefill attention kernel.
-struct Prefill {
-    name: String,
-    n_inputs: usize,
-    n_buffers: usize,
-    dtype: DType,
-    d: u32,
-    dv: u32,
-    scale: f64,
-    causal: bool,
-    heads: i64,
-    kv_heads: i64,
-    batch: Dim,
-    sq: Dim,
-    skv: Dim,
-    q: T4,
-    k: T4,
-    v: T4,
-    out: T4,
-    mask: Option<Mask>,
+pub(super) struct Prefill {
+    pub(super) name: String,
+    pub(super) n_inputs: usize,
+    pub(super) n_buffers: usize,
+    pub(super) dtype: DType,
+    pub(super) d: u32,
+    pub(super) dv: u32,
+    pub(super) scale: f64,
+    pub(super) causal: bool,
+    pub(super) heads: i64,
+    pub(super) kv_heads: i64,
+    pub(super) batch: Dim,
+    pub(super) sq: Dim,
+    pub(super) skv: Dim,
+    pub(super) q: T4,
+    pub(super) k: T4,
+    pub(super) v: T4,
+    pub(super) out: T4,
+    pub(super) mask: Option<Mask>,
 }
 
 /// An additive mask: buffer, dtype, offset and strides over [B, H, Sq, Skv] (0 where it
 /// broadcasts).
-struct Mask {
-    buffer: usize,
-    dtype: DType,
-    offset: Dim,
-    st: Vec<Dim>,
+pub(super) struct Mask {
+    pub(super) buffer: usize,
+    pub(super) dtype: DType,
+    pub(super) offset: Dim,
+    pub(super) st: Vec<Dim>,
 }
 
 impl Prefill {
-    fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Prefill> {
+    pub(super) fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Prefill> {
         let name = kernel.to_string();
         let fam = Family::Attention;
         let kd = KernelCtx::new(graph, kernel)?.data;
@@ -628,7 +642,7 @@ impl Prefill {
         })
     }
 
-    fn dims(&self) -> Vec<Dim> {
+    pub(super) fn dims(&self) -> Vec<Dim> {
         let mut v = vec![self.batch.clone(), self.sq.clone(), self.skv.clone()];
         for t in [&self.q, &self.k, &self.v, &self.out] {
             v.extend(t.dims().cloned());
@@ -655,11 +669,30 @@ impl Prefill {
 /// LLVM and target errors otherwise.
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
+    if attention_tc::eligible(&p).is_ok() {
+        match attention_tc::plan(&p, target, &attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some())) {
+            // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
+            Err(CodegenError::Unsupported { .. }) => {}
+            done => return done,
+        }
+    }
     let s = choose_prefill_schedule(p.d, p.dv, p.dtype);
     prefill_plan(&p, target, &s)
 }
 
-/// As [`generate_prefill`], with the schedule given (for autotuning and tests).
+/// As [`generate_prefill`], on tensor cores with the schedule given
+/// ([`attention_tc`]).
+///
+/// # Errors
+/// As [`generate_prefill`], and [`CodegenError::Unsupported`] for a kernel the tensor-core
+/// kernel does not take (f32, head dims not multiples of 16, rows not 16-byte aligned) or an
+/// invalid schedule.
+pub fn generate_prefill_tc_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &TcSchedule) -> Result<LaunchPlan, CodegenError> {
+    let p = Prefill::analyse(graph, kernel)?;
+    attention_tc::plan(&p, target, schedule)
+}
+
+/// As [`generate_prefill`], on CUDA cores with the schedule given (for autotuning and tests).
 ///
 /// # Errors
 /// As [`generate_prefill`], and [`CodegenError::Unsupported`] for an invalid schedule.
@@ -752,36 +785,36 @@ fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
 // ---- paged decode ----------------------------------------------------------------------
 
 /// Facts of a paged attention kernel.
-struct Paged {
-    name: String,
-    n_inputs: usize,
-    n_buffers: usize,
-    dtype: DType,
-    d: u32,
-    scale: f64,
-    causal: bool,
-    heads: i64,
-    kv_heads: i64,
-    batch: Dim,
+pub(super) struct Paged {
+    pub(super) name: String,
+    pub(super) n_inputs: usize,
+    pub(super) n_buffers: usize,
+    pub(super) dtype: DType,
+    pub(super) d: u32,
+    pub(super) scale: f64,
+    pub(super) causal: bool,
+    pub(super) heads: i64,
+    pub(super) kv_heads: i64,
+    pub(super) batch: Dim,
     /// Query rows per sequence and head (T).
-    t: Dim,
-    pages: Dim,
-    page_size: Dim,
+    pub(super) t: Dim,
+    pub(super) pages: Dim,
+    pub(super) page_size: Dim,
     /// Columns of the block table (max pages per sequence).
-    max_pages: Dim,
-    q: T4,
-    out: T4,
+    pub(super) max_pages: Dim,
+    pub(super) q: T4,
+    pub(super) out: T4,
     /// Pages as T4 over (page, slot, kv head, d).
-    kp: T4,
-    vp: T4,
+    pub(super) kp: T4,
+    pub(super) vp: T4,
     /// Block table: buffer, offset, row stride, column stride.
-    table: (usize, Dim, Dim, Dim),
+    pub(super) table: (usize, Dim, Dim, Dim),
     /// Sequence lengths: buffer, offset, stride.
-    lens: (usize, Dim, Dim),
+    pub(super) lens: (usize, Dim, Dim),
 }
 
 impl Paged {
-    fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Paged> {
+    pub(super) fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Paged> {
         let name = kernel.to_string();
         let fam = Family::PagedAttention;
         let kd = KernelCtx::new(graph, kernel)?.data;
@@ -838,7 +871,7 @@ impl Paged {
         })
     }
 
-    fn dims(&self) -> Vec<Dim> {
+    pub(super) fn dims(&self) -> Vec<Dim> {
         let mut v = vec![self.batch.clone(), self.t.clone(), self.pages.clone(), self.page_size.clone(), self.max_pages.clone()];
         for t in [&self.q, &self.out, &self.kp, &self.vp] {
             v.extend(t.dims().cloned());
@@ -849,7 +882,7 @@ impl Paged {
     }
 
     /// Query rows per (sequence, KV head): `H/Hkv · T`.
-    fn rows(&self) -> Dim {
+    pub(super) fn rows(&self) -> Dim {
         self.t.scale(self.heads / self.kv_heads)
     }
 }
@@ -958,7 +991,7 @@ fn build_paged<'ctx>(kit: &Kit<'ctx>, p: &Paged, c: &Core) -> R<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::matmul::tests::{assemble, d, plan_line, single_kernel, sym, ty};
     use sinter_ir::interp::Tensor;
@@ -966,7 +999,7 @@ mod tests {
 
     /// `attention(q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], mask [Sq, Skv]?)`.
     #[allow(clippy::too_many_arguments)]
-    fn prefill(dt: DType, h: i64, hkv: i64, sq: Dim, skv: Dim, hd: i64, dv: i64, causal: bool, mask: bool) -> (KernelGraph, Kernel) {
+    pub(crate) fn prefill(dt: DType, h: i64, hkv: i64, sq: Dim, skv: Dim, hd: i64, dv: i64, causal: bool, mask: bool) -> (KernelGraph, Kernel) {
         let b = sym("B");
         let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
         let q = fb.param("q", ty(dt, &[b.clone(), d(h), sq.clone(), d(hd)]));
@@ -987,7 +1020,7 @@ mod tests {
     }
 
     /// `paged_attention(q [B, H, T, D], pages [P, S, Hkv, D], block_table [B, M], seq_lens [B])`.
-    fn paged(dt: DType, h: i64, hkv: i64, t: Dim, hd: i64, page: i64) -> (KernelGraph, Kernel) {
+    pub(crate) fn paged(dt: DType, h: i64, hkv: i64, t: Dim, hd: i64, page: i64) -> (KernelGraph, Kernel) {
         let b = sym("B");
         let mut fb = FunctionBuilder::new(&Graph::new(), "decode");
         let q = fb.param("q", ty(dt, &[b.clone(), d(h), t, d(hd)]));
@@ -1048,21 +1081,60 @@ mod tests {
 
     #[test]
     fn launch_plans() {
+        // bf16, D = 128: the tensor-core kernel, 4 warps × 32 rows, 78 KiB of dynamic shared
+        // memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40).
         let (g, k) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, true, false);
         let plan = generate_prefill(&g, k, &Target::SM_90A).unwrap();
         assert_eq!(plan.entry, "k0_attention");
-        assert_eq!(plan.block, [256, 1, 1]);
-        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 32 });
+        assert_eq!(plan.block, [128, 1, 1]);
+        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 128 });
         assert_eq!(plan.grid[1], GridDim::fixed(32));
         assert_eq!(plan.grid[2], GridDim { numerator: sym("B"), denominator: 1 });
-        assert_eq!(plan.shared_bytes, 0);
+        assert_eq!(plan.shared_bytes, 79872);
+        assert_eq!(TcSchedule { warps: 4, m_tiles: 2, block_kv: 32, q_in_regs: false }.shared_bytes(128, 128), 79872);
         assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
         for s in ["T", "S"] {
             assert!(plan.params.contains(&KernelParam::Size(sym(s))), "{:?}", plan.params);
         }
+        for needle in [
+            "cp.async.cg.shared.global",
+            "cp.async.wait_group",
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+            "cvt.rn.bf16x2.f32",
+            "max.NaN.f32",
+            "shfl.sync.bfly.b32",
+            "vote.sync.any.pred",
+            "ex2.approx.ftz.f32",
+            "bar.sync",
+            "st.global.v4",
+        ] {
+            assert!(plan.ptx.contains(needle), "no {needle}");
+        }
+        // The same on CUDA cores.
+        let plan = generate_prefill_with(&g, k, &Target::SM_90A, &choose_prefill_schedule(128, 128, DType::BF16)).unwrap();
+        assert_eq!(plan.block, [256, 1, 1]);
+        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 32 });
+        assert_eq!(plan.shared_bytes, 0);
         for needle in ["max.NaN.f32", "shfl.sync.bfly.b32", "ex2.approx", "bar.sync", "bar.warp.sync", "ld.global.nc.v4"] {
             assert!(plan.ptx.contains(needle), "no {needle}");
         }
+        assert!(!plan.ptx.contains("mma.sync"));
+        // Which kernel: tensor cores for bf16/f16 with head dims multiples of 16 and 16-byte
+        // aligned rows; CUDA cores for f32, D = 40, a strided head dim, a mask beside D = 256.
+        let tc = |g: &KernelGraph, k| generate_prefill(g, k, &Target::SM_80).unwrap().ptx.contains("mma.sync");
+        assert!(tc(&prefill(DType::F16, 4, 2, sym("T"), sym("T"), 64, 64, true, false).0, k));
+        assert!(tc(&prefill(DType::BF16, 4, 2, sym("T"), sym("T"), 80, 96, false, true).0, k));
+        assert!(tc(&prefill(DType::BF16, 4, 2, sym("T"), sym("T"), 256, 256, true, false).0, k));
+        assert!(!tc(&prefill(DType::F32, 4, 2, sym("T"), sym("T"), 64, 64, true, false).0, k));
+        assert!(!tc(&prefill(DType::BF16, 4, 2, sym("T"), sym("T"), 40, 40, true, false).0, k));
+        assert!(!tc(&prefill(DType::BF16, 4, 2, sym("T"), sym("T"), 256, 256, false, true).0, k));
+        let (mut g2, k2) = prefill(DType::BF16, 4, 2, sym("T"), sym("T"), 64, 64, true, false);
+        let vb = g2.kernels[k2].inputs[2];
+        g2.buffers[vb].layout.align = 8;
+        assert!(!tc(&g2, k2), "v's buffer is only 8-byte aligned");
+        assert!(matches!(generate_prefill_tc_with(&g2, k2, &Target::SM_80, &attention_tc::choose_tc_schedule(64, 64, false)), Err(CodegenError::Unsupported { .. })));
         let (g, k) = paged(DType::BF16, 32, 8, d(1), 128, 16);
         let plan = generate_paged(&g, k, &Target::SM_80).unwrap();
         assert_eq!(plan.entry, "k0_paged_attention");
@@ -1165,7 +1237,7 @@ mod tests {
                 let Some(report) = assemble(plan) else { return };
                 text.push_str(&format!("{}\n{report}", plan_line(plan)));
             }
-            assert!(plans[0].ptx.contains("ld.global.nc.v4"), "the reshaped operands are still contiguous");
+            assert!(plans[0].ptx.contains("cp.async.cg.shared.global") && plans[0].ptx.contains("mma.sync"), "the reshaped operands are still contiguous");
         }
         insta::assert_snapshot!("attention_llama_ptxas", text);
         // The block table's view: layer 1 starts T·M elements in.
@@ -1179,7 +1251,7 @@ mod tests {
         assert!(e.to_string().contains("reshapes a strided view"), "{e}");
     }
 
-    fn bind(pairs: &[(&str, i64)]) -> sinter_ir::Bindings {
+    pub(crate) fn bind(pairs: &[(&str, i64)]) -> sinter_ir::Bindings {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 
@@ -1255,6 +1327,127 @@ mod tests {
         }
     }
 
+    /// The tensor-core kernel (the default for bf16/f16) emulated against the interpreter:
+    /// sequence lengths 1, 17, 129 (one and three key tiles, tails), Sq ≠ Skv both ways,
+    /// causal with more queries than keys, GQA 1, 3 and 8, head dims 64, 128, 80, 96, 16 (Dv
+    /// 48), 112 and 256, f16, every schedule shape.
+    #[test]
+    fn emulated_prefill_tc_matches_interpreter() {
+        use crate::kernels::matmul::emu::{check, random};
+        let tc = |s: TcSchedule| move |g: &KernelGraph, k: Kernel| generate_prefill_tc_with(g, k, &Target::SM_80, &s);
+        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90A);
+        let sizes = |b: usize, t: usize, s: usize| bind(&[("B", b as i64), ("T", t as i64), ("S", s as i64)]);
+        // Self-attention at three lengths, causal and not, D = 64 (GQA 3) and 128 (GQA 1).
+        for (h, hkv, hd) in [(6, 2, 64), (2, 2, 128)] {
+            for causal in [true, false] {
+                let (g, k) = prefill(DType::BF16, h, hkv, sym("T"), sym("S"), hd, hd, causal, false);
+                for n in [1usize, 17, 129] {
+                    let hd = hd as usize;
+                    let ins = [random(DType::BF16, &[1, h as usize, n, hd], 30), random(DType::BF16, &[1, hkv as usize, n, hd], 31), random(DType::BF16, &[1, hkv as usize, n, hd], 32)];
+                    check(&format!("tc bf16 D{hd} H{h}/{hkv} causal={causal} S={n}"), &g, k, gen, &ins, &sizes(1, n, n));
+                }
+            }
+        }
+        // Sq ≠ Skv both ways (causal: bottom-right; Sq > Skv leaves the first rows with no
+        // key, exactly 0), GQA 8, B = 2.
+        let (g, k) = prefill(DType::BF16, 8, 1, sym("T"), sym("S"), 64, 64, true, false);
+        for (t, s) in [(20usize, 83usize), (83, 20), (130, 3), (5, 200)] {
+            let ins = [random(DType::BF16, &[2, 8, t, 64], 33), random(DType::BF16, &[2, 1, s, 64], 34), random(DType::BF16, &[2, 1, s, 64], 35)];
+            check(&format!("tc bf16 causal GQA 8 Sq={t} Skv={s}"), &g, k, gen, &ins, &sizes(2, t, s));
+        }
+        // D = 80 and 96, Dv ≠ D, and 256 (its own schedule); f16.
+        for (hd, dv, dt) in [(80, 80, DType::BF16), (96, 64, DType::BF16), (16, 48, DType::BF16), (112, 112, DType::BF16), (256, 256, DType::BF16), (128, 128, DType::F16)] {
+            let (g, k) = prefill(dt, 2, 1, sym("T"), sym("S"), hd, dv, true, false);
+            let (hd, dv) = (hd as usize, dv as usize);
+            let ins = [random(dt, &[1, 2, 70, hd], 36), random(dt, &[1, 1, 75, hd], 37), random(dt, &[1, 1, 75, dv], 38)];
+            check(&format!("tc {dt} D{hd} Dv{dv} causal Sq=70 Skv=75"), &g, k, gen, &ins, &sizes(1, 70, 75));
+        }
+        // The prefill kernel of a Llama layer (SmolLM2 sizes): `bshd` views of [T, H, 64] rows
+        // (V reshaped from [T, 192]); row strides 576, 192 and 192 elements.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let q = fb.param("q", ty(DType::BF16, &[sym("T"), d(9), d(64)]));
+        let kk = fb.param("k", ty(DType::BF16, &[sym("T"), d(3), d(64)]));
+        let v = fb.param("v", ty(DType::BF16, &[sym("T"), d(192)]));
+        let view = |fb: &mut FunctionBuilder, x, h| fb.op1(OpKind::Reshape, &[x], vec![("shape", Attr::Dims(vec![d(1), sym("T"), d(h), d(64)]))]).unwrap();
+        let (q4, k4, v4) = (view(&mut fb, q, 9), view(&mut fb, kk, 3), view(&mut fb, v, 3));
+        let attrs = vec![("scale", Attr::Float(0.125)), ("causal", Attr::Bool(true)), ("heads", Attr::Int(9)), ("kv_heads", Attr::Int(3)), ("layout", Attr::Str("bshd".into()))];
+        let o = fb.op1(OpKind::Attention, &[q4, k4, v4], attrs).unwrap();
+        let (g, k) = single_kernel(Family::Attention, fb.finish(&[o]).unwrap());
+        let t = 150usize;
+        let ins = [random(DType::BF16, &[t, 9, 64], 42), random(DType::BF16, &[t, 3, 64], 43), random(DType::BF16, &[t, 192], 44)];
+        check("tc bf16 bshd views (Llama layer)", &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+        // Every schedule shape: 1 and 2 slabs a warp, Q in registers or not, 16- to 128-key
+        // tiles, 1 to 8 warps.
+        let (g, k) = prefill(DType::BF16, 3, 3, sym("T"), sym("S"), 64, 64, true, false);
+        let ins = [random(DType::BF16, &[1, 3, 77, 64], 39), random(DType::BF16, &[1, 3, 90, 64], 40), random(DType::BF16, &[1, 3, 90, 64], 41)];
+        for (warps, m_tiles, block_kv, q_in_regs) in [(4, 1, 64, true), (8, 1, 64, true), (4, 2, 32, false), (2, 2, 16, true), (1, 1, 128, false)] {
+            let s = TcSchedule { warps, m_tiles, block_kv, q_in_regs };
+            check(&format!("tc schedule {s:?}"), &g, k, tc(s), &ins, &sizes(1, 77, 90));
+        }
+    }
+
+    /// The tensor-core kernel's special values, against the interpreter: an additive mask with
+    /// a fully masked row and leading −inf groups; NaN and ±inf in V at keys the interpreter
+    /// never multiplies (hidden by the causal mask, or in a 16-key group it skips because the
+    /// row has seen only −inf) and at keys it multiplies by 0 (which the CUDA-core fallback of
+    /// a tile must reproduce); NaN in q; an infinite K element making a score −inf; +inf
+    /// scores; rows the output writes element by element (a 2-byte-aligned output).
+    #[test]
+    fn emulated_prefill_tc_special_values() {
+        use crate::kernels::matmul::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_80);
+        let sizes = |t: usize, s: usize| bind(&[("B", 1), ("T", t as i64), ("S", s as i64)]);
+        let d = 64usize;
+        // Causal self-attention over 100 keys (two tiles): NaN in V at key 35 (column 3) and
+        // +inf at key 70 (column 9), −inf at key 71 (column 9 too): rows before them never see
+        // them; NaN in K at key 50 hidden from rows < 50; NaN in q row 7.
+        let (g, k) = prefill(DType::BF16, 2, 1, sym("T"), sym("T"), 64, 64, true, false);
+        let t = 100usize;
+        let q = with_values(random(DType::BF16, &[1, 2, t, d], 50), &[(7 * d + 4, f64::NAN)]);
+        let kk = with_values(random(DType::BF16, &[1, 1, t, d], 51), &[(50 * d + 1, f64::NAN)]);
+        let v = with_values(random(DType::BF16, &[1, 1, t, d], 52), &[(35 * d + 3, f64::NAN), (70 * d + 9, f64::INFINITY), (80 * d + 10, f64::INFINITY), (81 * d + 10, f64::NEG_INFINITY)]);
+        check("tc causal NaN/inf in hidden keys", &g, k, gen, &[q, kk, v], &bind(&[("B", 1), ("T", t as i64)]));
+        // An additive mask [Sq, Skv]: row 2 fully −inf (→ 0), row 5 −inf on keys 0..20 (group
+        // 0 skipped, keys 16..20 multiplied by 0), row 9 −inf on keys 0..40 except key 33;
+        // NaN in V at key 5 (skipped by rows 5 and 9, multiplied by the others) and at key 18
+        // (multiplied by 0 in row 5, skipped by row 9), +inf at key 3 of another column.
+        let (g, k) = prefill(DType::BF16, 2, 2, sym("T"), sym("S"), 64, 64, false, true);
+        let (t, s) = (12usize, 45usize);
+        let mut mask = vec![0.0; t * s];
+        for j in 0..s {
+            mask[2 * s + j] = f64::NEG_INFINITY;
+            if j < 21 {
+                mask[5 * s + j] = f64::NEG_INFINITY;
+            }
+            if j < 41 && j != 33 {
+                mask[9 * s + j] = f64::NEG_INFINITY;
+            }
+        }
+        let mask = Tensor::new(DType::BF16, &[t, s], mask).unwrap();
+        let v = with_values(random(DType::BF16, &[1, 2, s, d], 53), &[(5 * d + 1, f64::NAN), (18 * d + 2, f64::NAN), (3 * d + 6, f64::INFINITY)]);
+        let ins = [random(DType::BF16, &[1, 2, t, d], 54), random(DType::BF16, &[1, 2, s, d], 55), v, mask.clone()];
+        check("tc mask: fully masked row, skipped groups, NaN/inf in V", &g, k, gen, &ins, &sizes(t, s));
+        // An infinite K element: with q > 0, key 20's score is −inf in every row (multiplied by
+        // 0 with NaN in its V row), key 40's +inf (its rows NaN).
+        let q = Tensor::new(DType::BF16, &[1, 2, t, d], random(DType::BF16, &[1, 2, t, d], 56).data().iter().map(|x| x.abs() + 0.01).collect()).unwrap();
+        let kk = with_values(random(DType::BF16, &[1, 2, s, d], 57), &[(20 * d + 7, f64::NEG_INFINITY), ((s + 40) * d + 7, f64::INFINITY)]);
+        let v = with_values(random(DType::BF16, &[1, 2, s, d], 58), &[(20 * d + 2, f64::NAN)]);
+        let ins = [q, kk, v, Tensor::new(DType::BF16, &[t, s], vec![0.0; t * s]).unwrap()];
+        check("tc infinite K elements", &g, k, gen, &ins, &sizes(t, s));
+        // Causal with more queries than keys and NaN in V: the first rows see nothing (0).
+        let (g, k) = prefill(DType::BF16, 1, 1, sym("T"), sym("S"), 64, 64, true, false);
+        let (t, s) = (40usize, 30usize);
+        let v = with_values(random(DType::BF16, &[1, 1, s, d], 59), &[(25 * d, f64::NAN)]);
+        let ins = [random(DType::BF16, &[1, 1, t, d], 60), random(DType::BF16, &[1, 1, s, d], 61), v];
+        check("tc causal Sq > Skv, NaN in V", &g, k, gen, &ins, &sizes(t, s));
+        // A 2-byte-aligned output: element stores instead of staged 16-byte ones.
+        let (mut g, k) = prefill(DType::BF16, 2, 1, sym("T"), sym("S"), 64, 64, true, false);
+        let ob = g.kernels[k].outputs[0];
+        g.buffers[ob].layout.align = 2;
+        let ins = [random(DType::BF16, &[1, 2, 33, d], 62), random(DType::BF16, &[1, 1, 33, d], 63), random(DType::BF16, &[1, 1, 33, d], 64)];
+        check("tc element stores", &g, k, gen, &ins, &sizes(33, 33));
+    }
+
     /// Paged decode emulated against the interpreter: lengths 0, 1, a partly filled last
     /// page, a full table; pages in scrambled order; T = 1 and T = 3 (causal within the
     /// step); GQA 4/2.
@@ -1297,12 +1490,14 @@ mod tests {
         let o = fb.op1(OpKind::Attention, &[q, k, v], attrs).unwrap();
         let (mut g, kk) = single_kernel(Family::Attention, fb.finish(&[o]).unwrap());
         let plan = generate_prefill(&g, kk, &Target::SM_80).unwrap();
-        assert!(plan.ptx.contains("ld.global.nc.v4"), "bshd rows are contiguous");
+        assert!(plan.ptx.contains("cp.async.cg.shared.global") && plan.ptx.contains("mma.sync"), "bshd rows are contiguous");
         assemble(&plan);
-        // Make k's head-dim stride 2 (an odd view): no vector loads of k.
+        // Make k's head-dim stride 2 (an odd view): no vector loads of k, and no cp.async, so
+        // the CUDA-core kernel.
         let kb = g.kernels[kk].inputs[1];
         g.buffers[kb].layout.strides[3] = d(2);
         let plan = generate_prefill(&g, kk, &Target::SM_80).unwrap();
+        assert!(!plan.ptx.contains("mma.sync"));
         assemble(&plan);
     }
 }

@@ -24,9 +24,23 @@
 //! index varies per lane, a reshape that splits the lane group across rows) split the
 //! coordinate into single lanes and evaluate each.
 //!
+//! **`bf16` as words.** A `bf16` input whose every use computes in f32 (see [`words_params`])
+//! is loaded as `i32` words and split with `w << 16` and `w & 0xffff0000` (exact): one
+//! instruction an element where `cvt.f32.bf16` of a high half costs two. An input that is
+//! added, multiplied or copied keeps the `fpext` through which LLVM narrows `round(a·b)` to a
+//! `bf16x2` multiply. A `layer_norm`'s intermediate rounding is done in pairs
+//! (`cvt.rn.bf16x2.f32`, [`Eval::round_lanes`]).
+//!
+//! **Staging.** The cluster schedule of `reduce.rs` reads a CTA's slice of a row once from
+//! global memory and keeps it in shared memory for the later passes: a load of a staged row
+//! input at the current chunk's own coordinate is stored there by the first pass and read
+//! from there by the others ([`Stage`]).
+//!
 //! **Memoisation.** Values are memoised per (value, coordinate), so a DAG shared by several
 //! outputs or used twice is computed once; values computed inside a branch (`concat`,
-//! `gather`) are forgotten after it, since they do not dominate the code that follows.
+//! `gather`) are forgotten after it, since they do not dominate the code that follows. RoPE's
+//! sines and cosines are memoised per (pair, position), so the heads of one position that a
+//! thread rotates share them.
 
 use std::collections::HashMap;
 
@@ -116,7 +130,10 @@ pub(crate) struct At<'ctx> {
 
 type Key = (Value, u32, Vec<(usize, bool)>);
 type DerivedKey = (Node, u8, Vec<(usize, bool)>, u32);
-type Memo<'ctx> = (HashMap<Key, Lanes<'ctx>>, HashMap<DerivedKey, Lanes<'ctx>>);
+/// RoPE's `(sin, cos)` of one pair: (inverse-frequency table, the pair index's base value,
+/// the lane offset from it, the position value), values by their LLVM identity.
+type SincosKey = (usize, usize, u32, usize);
+type Memo<'ctx> = (HashMap<Key, Lanes<'ctx>>, HashMap<DerivedKey, Lanes<'ctx>>, HashMap<SincosKey, (FloatValue<'ctx>, FloatValue<'ctx>)>);
 /// One arm of a branch: evaluates lanes in its own block.
 type Arm<'e, 'ctx> = Box<dyn FnOnce(&mut Eval<'_, 'ctx>) -> R<Lanes<'ctx>> + 'e>;
 /// A buffer offset: the uniform part, the lane axes with their strides, and whether the
@@ -179,10 +196,65 @@ pub(crate) struct Eval<'a, 'ctx> {
     pub rows: HashMap<Node, RowScalars<'ctx>>,
     memo: HashMap<Key, Lanes<'ctx>>,
     derived: HashMap<DerivedKey, Lanes<'ctx>>,
+    /// RoPE angles already computed (see [`Eval::rope`]): a thread that rotates several heads
+    /// of one position computes each pair's sine and cosine once.
+    sincos: HashMap<SincosKey, (FloatValue<'ctx>, FloatValue<'ctx>)>,
     rope_tables: HashMap<(u64, i64), PointerValue<'ctx>>,
     /// Set by a generator that maps a thread to both halves of a rotate-half RoPE's last axis
     /// (see [`RopePair`]).
     pub rope_pair: Option<RopePair<'ctx>>,
+    /// Parameters whose `bf16` vector loads are decoded as `i32` words (see
+    /// [`words_params`]).
+    pub bf16_words: std::collections::HashSet<usize>,
+    /// Round `layer_norm`'s intermediate `bf16` values in pairs (see [`Eval::round_lanes`]).
+    pub pair_rounding: bool,
+    /// Shared-memory staging of row-varying parameters (the cluster schedule of
+    /// `reduce.rs`); `None` elsewhere.
+    pub stage: Option<Stage<'ctx>>,
+    /// Depth of [`Eval::branch`] arms being emitted (no staging inside a branch).
+    branch_depth: u32,
+}
+
+/// Shared-memory staging of a row reduction's row-varying parameters (the cluster schedule of
+/// `reduce.rs`): the first pass over a CTA's slice of the row loads each such parameter from
+/// global memory and also stores it, as loaded, into a shared-memory array (*fills*); later
+/// passes (statistics of deeper levels, the outputs) read it from there. A load is staged
+/// only at the current chunk's own coordinate (the row's lead coordinates and the chunk's
+/// column, [`Stage::cursor`]), outside any branch; any other load reads global memory.
+pub(crate) struct Stage<'ctx> {
+    /// The staged parameters: parameter index → its array (`addrspace(3)`, storage type,
+    /// 16-byte aligned, indexed by [`Stage::cursor`]'s slot).
+    pub arrays: HashMap<usize, PointerValue<'ctx>>,
+    /// Parameters filled by an earlier pass: read from shared memory.
+    pub ready: std::collections::HashSet<usize>,
+    /// Parameters filled during the current pass.
+    pub filling: std::collections::HashSet<usize>,
+    /// Whether the current pass may fill (the output pass does not: nothing reads after it).
+    pub fill: bool,
+    /// The current chunk: the base of its last (row) axis, as the coordinate carries it, and
+    /// its element index in the arrays.
+    pub cursor: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
+    /// Elements per chunk.
+    pub lanes: u32,
+}
+
+impl<'ctx> Stage<'ctx> {
+    /// Ends a pass: what it filled is read from now on.
+    pub fn end_pass(&mut self) {
+        let filled: Vec<usize> = self.filling.drain().collect();
+        self.ready.extend(filled);
+        self.cursor = None;
+    }
+}
+
+/// A load as it came from memory: one vector (of the storage type, or of `i32` words for
+/// `bf16` read as words), or one storage value per lane (a single value: every lane reads
+/// it).
+enum Raw<'ctx> {
+    Vector(inkwell::values::VectorValue<'ctx>),
+    Lanes(Vec<BasicValueEnum<'ctx>>),
+    /// Already decoded (a lane-by-lane load that nothing stages).
+    Decoded(Lanes<'ctx>),
 }
 
 /// A hint from the generator: the coordinate `first` of the last axis (of length `d`) is in
@@ -213,22 +285,41 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// An evaluator for body `f` with its parameters' buffers.
     pub fn new(kb: &'a mut KernelBuilder<'ctx>, sizes: &'a mut SizeTable<'ctx>, f: &'a Function, params: Vec<Buf<'ctx>>, width: IndexWidth) -> Self {
         let shapes = f.values.iter().map(|(v, d)| (v, d.ty.shape.clone())).collect();
-        Eval { kb, sizes, f, params, shapes, width, rows: HashMap::new(), memo: HashMap::new(), derived: HashMap::new(), rope_tables: HashMap::new(), rope_pair: None }
+        Eval {
+            kb,
+            sizes,
+            f,
+            params,
+            shapes,
+            width,
+            rows: HashMap::new(),
+            memo: HashMap::new(),
+            derived: HashMap::new(),
+            sincos: HashMap::new(),
+            rope_tables: HashMap::new(),
+            rope_pair: None,
+            bf16_words: std::collections::HashSet::new(),
+            pair_rounding: false,
+            stage: None,
+            branch_depth: 0,
+        }
     }
 
     /// Forgets every memoised value (their SSA values may no longer dominate).
     pub fn forget(&mut self) {
         self.memo.clear();
         self.derived.clear();
+        self.sincos.clear();
     }
 
     fn snapshot(&self) -> Memo<'ctx> {
-        (self.memo.clone(), self.derived.clone())
+        (self.memo.clone(), self.derived.clone(), self.sincos.clone())
     }
 
     fn restore(&mut self, s: Memo<'ctx>) {
         self.memo = s.0;
         self.derived = s.1;
+        self.sincos = s.2;
     }
 
     // ----- index arithmetic ---------------------------------------------------------------
@@ -385,28 +476,26 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
     }
 
     /// Loads `at` from `buf`: one vector load when the lane axis is contiguous and aligned,
-    /// else lane by lane (one load, splat, when every lane reads the same element).
-    pub fn load(&mut self, buf: &Buf<'ctx>, at: &At<'ctx>) -> R<Lanes<'ctx>> {
+    /// else lane by lane (one load, splat, when every lane reads the same element). Returns
+    /// the memory access, not yet decoded ([`Eval::decode_raw`]; `words`: a `bf16` vector as
+    /// `i32` words, see [`words_params`]).
+    fn load_raw(&mut self, buf: &Buf<'ctx>, at: &At<'ctx>, words: bool, keep_raw: bool) -> R<Raw<'ctx>> {
         let (off, steps, aligned) = self.offsets(&buf.strides, at)?;
         let st = storage_type(self.kb.cx, buf.dtype);
         let size = buf.dtype.size_bytes() as u32;
         let lanes = at.lanes;
         if steps.is_empty() || lanes == 1 {
-            let s = self.load_scalar(buf, st, off)?;
-            return Ok(vec![s; lanes as usize]);
+            let p = self.kb.gep(st, buf.ptr, off)?;
+            let v = self.kb.load(st, p, size.min(buf.align.max(1)))?;
+            return Ok(Raw::Lanes(vec![v]));
         }
         let unit = steps.len() == 1 && steps[0].1.as_const() == Some(1);
         let vbytes = lanes * size;
         if unit && aligned && vbytes.is_power_of_two() && buf.align >= vbytes.min(16) {
-            let vt = st.vec_type_of(lanes)?;
+            let vt = self.raw_vector_type(buf.dtype, lanes, words)?;
             let p = self.kb.gep(st, buf.ptr, off)?;
             let v = self.kb.load(vt.into(), p, vbytes.min(buf.align).min(64))?.into_vector_value();
-            let mut out = Vec::with_capacity(lanes as usize);
-            for l in 0..lanes {
-                let e = self.kb.b.build_extract_element(v, self.kb.i32c(i64::from(l)), "e")?;
-                out.push(self.decode_storage(buf.dtype, e)?);
-            }
-            return Ok(out);
+            return Ok(Raw::Vector(v));
         }
         // Lane by lane: lane l is at off + l·(Σ lane-axis strides).
         let mut lane_stride = self.ic(0);
@@ -415,19 +504,148 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             lane_stride = self.iadd(lane_stride, sv)?;
         }
         let mut out = Vec::with_capacity(lanes as usize);
+        let mut decoded = Vec::with_capacity(lanes as usize);
         for l in 0..lanes {
             let d = self.imul(lane_stride, self.ic(i64::from(l)))?;
             let o = self.iadd(off, d)?;
-            out.push(self.load_scalar(buf, st, o)?);
+            let p = self.kb.gep(st, buf.ptr, o)?;
+            let v = self.kb.load(st, p, size.min(buf.align.max(1)))?;
+            if keep_raw {
+                out.push(v);
+            } else {
+                decoded.push(self.decode_storage(buf.dtype, v)?);
+            }
         }
-        Ok(out)
+        Ok(if keep_raw { Raw::Lanes(out) } else { Raw::Decoded(decoded) })
     }
 
-    fn load_scalar(&mut self, buf: &Buf<'ctx>, st: BasicTypeEnum<'ctx>, off: IntValue<'ctx>) -> R<Scalar<'ctx>> {
-        let p = self.kb.gep(st, buf.ptr, off)?;
+    /// The vector type a vector load of `lanes` elements of `dtype` uses: `i32` words for
+    /// `bf16` read as words, else the storage type.
+    fn raw_vector_type(&self, dtype: DType, lanes: u32, words: bool) -> R<inkwell::types::VectorType<'ctx>> {
+        if words && dtype == DType::BF16 && lanes % 2 == 0 {
+            Ok(self.kb.cx.i32_type().vec_type(lanes / 2))
+        } else {
+            storage_type(self.kb.cx, dtype).vec_type_of(lanes)
+        }
+    }
+
+    /// Decodes a load into `lanes` scalars.
+    fn decode_raw(&self, dtype: DType, raw: Raw<'ctx>, lanes: u32) -> R<Lanes<'ctx>> {
+        match raw {
+            Raw::Lanes(v) if v.len() == 1 => Ok(vec![self.decode_storage(dtype, v[0])?; lanes as usize]),
+            Raw::Lanes(v) => v.into_iter().map(|e| self.decode_storage(dtype, e)).collect(),
+            Raw::Decoded(v) => Ok(v),
+            Raw::Vector(v) => {
+                let n = v.get_type().get_size();
+                let words = v.get_type().get_element_type().is_int_type() && dtype == DType::BF16;
+                let mut out = Vec::with_capacity(lanes as usize);
+                let f32t = self.kb.cx.f32_type();
+                for i in 0..n {
+                    let e = self.kb.b.build_extract_element(v, self.kb.i32c(i64::from(i)), "e")?;
+                    if words {
+                        let w = e.into_int_value();
+                        let lo = self.kb.b.build_left_shift(w, self.kb.i32c(16), "lo")?;
+                        let hi = self.kb.b.build_and(w, self.kb.i32c(-65536), "hi")?;
+                        out.push(Scalar::F(self.kb.b.build_bit_cast(lo, f32t, "lo")?.into_float_value()));
+                        out.push(Scalar::F(self.kb.b.build_bit_cast(hi, f32t, "hi")?.into_float_value()));
+                    } else {
+                        out.push(self.decode_storage(dtype, e)?);
+                    }
+                }
+                if out.len() != lanes as usize {
+                    return Err(CodegenError::Builder(format!("{} lanes decoded for {lanes}", out.len())));
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Whether parameter `i` read at `at` is staged ([`Stage`]): `Some(true)` to read it
+    /// from shared memory, `Some(false)` to load and fill, `None` for a plain load.
+    fn staged(&self, i: usize, at: &At<'ctx>) -> Option<bool> {
+        let st = self.stage.as_ref()?;
+        let (base, _) = st.cursor?;
+        if self.branch_depth > 0 || !st.arrays.contains_key(&i) || at.lanes != st.lanes {
+            return None;
+        }
+        let k = at.axes.len().checked_sub(1)?;
+        let last = at.axes[k];
+        let own = at.axes[..k].iter().enumerate().all(|(a, ax)| ax.tag == Tag::Ref(a))
+            && last.tag == Tag::Ref(k)
+            && last.base.as_value_ref() == base.as_value_ref();
+        if !own {
+            return None;
+        }
+        if st.ready.contains(&i) {
+            Some(true)
+        } else if st.fill {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Parameter `i` (buffer `buf`) at `at`, through the stage when it applies.
+    fn load_param(&mut self, i: usize, buf: &Buf<'ctx>, at: &At<'ctx>) -> R<Lanes<'ctx>> {
+        let words = self.bf16_words.contains(&i);
+        let Some(read) = self.staged(i, at) else {
+            let raw = self.load_raw(buf, at, words, false)?;
+            return self.decode_raw(buf.dtype, raw, at.lanes);
+        };
+        let st = self.stage.as_ref().ok_or_else(|| CodegenError::Builder("no stage".into()))?;
+        let arr = st.arrays.get(&i).copied().ok_or_else(|| CodegenError::Builder("no stage array".into()))?;
+        let (_, slot) = st.cursor.ok_or_else(|| CodegenError::Builder("no stage cursor".into()))?;
+        let lanes = at.lanes;
+        let stt = storage_type(self.kb.cx, buf.dtype);
+        let p = self.kb.gep(stt, arr, slot)?;
         let size = buf.dtype.size_bytes() as u32;
-        let v = self.kb.load(st, p, size.min(buf.align.max(1)))?;
-        self.decode_storage(buf.dtype, v)
+        let vbytes = (lanes * size).min(16);
+        let raw = if read {
+            if lanes == 1 {
+                Raw::Lanes(vec![self.kb.load(stt, p, size)?])
+            } else {
+                let vt = self.raw_vector_type(buf.dtype, lanes, words)?;
+                Raw::Vector(self.kb.load(vt.into(), p, vbytes)?.into_vector_value())
+            }
+        } else {
+            let raw = self.load_raw(buf, at, words, true)?;
+            match &raw {
+                Raw::Decoded(_) => return Err(CodegenError::Builder("a staged load decoded early".into())),
+                Raw::Vector(v) => self.kb.store(p, (*v).into(), vbytes)?,
+                Raw::Lanes(v) if lanes == 1 => self.kb.store(p, v[0], size)?,
+                Raw::Lanes(v) => {
+                    // Gathered lane by lane (or one value for every lane): stored as a vector.
+                    let vt = self.raw_vector_type(buf.dtype, lanes, words)?;
+                    let words = vt.get_element_type().is_int_type() && buf.dtype == DType::BF16;
+                    let mut vv = vt.get_undef();
+                    let n = vt.get_size();
+                    for j in 0..n {
+                        let e = if words {
+                            let i16t = self.kb.cx.i16_type();
+                            let i32t = self.kb.cx.i32_type();
+                            let pick = |l: usize| if v.len() == 1 { v[0] } else { v[l] };
+                            let lo = self.kb.b.build_bit_cast(pick(2 * j as usize), i16t, "lo")?.into_int_value();
+                            let hi = self.kb.b.build_bit_cast(pick(2 * j as usize + 1), i16t, "hi")?.into_int_value();
+                            let lo = self.kb.b.build_int_z_extend(lo, i32t, "lo")?;
+                            let hi = self.kb.b.build_int_z_extend(hi, i32t, "hi")?;
+                            let hi = self.kb.b.build_left_shift(hi, self.kb.i32c(16), "hi")?;
+                            self.kb.b.build_or(hi, lo, "w")?.as_basic_value_enum()
+                        } else if v.len() == 1 {
+                            v[0]
+                        } else {
+                            v[j as usize]
+                        };
+                        vv = self.kb.b.build_insert_element(vv, e, self.kb.i32c(i64::from(j)), "st")?;
+                    }
+                    self.kb.store(p, vv.into(), vbytes)?;
+                }
+            }
+            if let Some(st) = self.stage.as_mut() {
+                st.filling.insert(i);
+            }
+            raw
+        };
+        self.decode_raw(buf.dtype, raw, lanes)
     }
 
     fn decode_storage(&self, dtype: DType, v: BasicValueEnum<'ctx>) -> R<Scalar<'ctx>> {
@@ -504,7 +722,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         let out = match data.def {
             ValueDef::Param(i) => {
                 let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
-                self.load(&buf, at)?
+                self.load_param(i, &buf, at)?
             }
             ValueDef::Result(node, _) => self.eval_node(node, v, at)?,
         };
@@ -1019,7 +1237,10 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 self.kb.cond_br(c, body, next)?;
                 self.kb.position(body);
                 let snap = self.snapshot();
-                let v = arm(self)?;
+                self.branch_depth += 1;
+                let v = arm(self);
+                self.branch_depth -= 1;
+                let v = v?;
                 self.restore(snap);
                 let end = self.kb.current_block()?;
                 self.kb.br(merge)?;
@@ -1029,7 +1250,10 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 self.kb.br(body)?;
                 self.kb.position(body);
                 let snap = self.snapshot();
-                let v = arm(self)?;
+                self.branch_depth += 1;
+                let v = arm(self);
+                self.branch_depth -= 1;
+                let v = v?;
                 self.restore(snap);
                 let end = self.kb.current_block()?;
                 self.kb.br(merge)?;
@@ -1151,7 +1375,9 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
     ///
     /// One sine/cosine per pair: the interleaved form shares it between the two lanes of a
     /// pair; the rotate-half form, under a generator's [`RopePair`] hint, computes both halves
-    /// of the pair at once (one load of each half, two outputs) and memoises the second.
+    /// of the pair at once (one load of each half, two outputs) and memoises the second. The
+    /// angles are memoised per (pair, position value): the other heads of the position that
+    /// the same thread rotates reuse them ([`Eval::rope_sincos_memo`]).
     fn rope(&mut self, node: Node, result: Value, at: &At<'ctx>) -> R<Lanes<'ctx>> {
         let x = self.input(node, 0)?;
         let pos = self.input(node, 1)?;
@@ -1211,8 +1437,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             let mut out1 = Vec::with_capacity(lanes as usize);
             let mut out2 = Vec::with_capacity(lanes as usize);
             for l in 0..lanes as usize {
-                let pi = if l > 0 { self.iadd(base, self.ic(l as i64))? } else { base };
-                let (s, c) = self.rope_sincos(table, pi, pd)?;
+                let (s, c) = self.rope_sincos_memo(table, base, l as u32, p, pd, |ev| if l > 0 { ev.iadd(base, ev.ic(l as i64)) } else { Ok(base) })?;
                 let xa = xs[l].f()?;
                 let xb = xp[l].f()?;
                 // First half: x_a·c − x_b·s; second: x_b·c + x_a·s.
@@ -1262,14 +1487,9 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         for l in 0..lanes as usize {
             // Interleaved lanes 2i and 2i + 1 are one pair: one angle.
             if !(interleaved && lanes > 1 && l % 2 == 1) || sc.is_none() {
-                let pi = if interleaved && lanes > 1 {
-                    self.iadd(pair_base, self.ic((l / 2) as i64))?
-                } else if l > 0 {
-                    self.iadd(pair_base, self.ic(l as i64))?
-                } else {
-                    pair_base
-                };
-                sc = Some(self.rope_sincos(table, pi, pd)?);
+                // The memo key: the lane's pair relative to `base` (tagged by the form).
+                let (tag, off) = if interleaved && lanes > 1 { (0x1000 | (l / 2) as u32, (l / 2) as i64) } else { (0x2000 | l as u32, l as i64) };
+                sc = Some(self.rope_sincos_memo(table, base, tag, p, pd, |ev| if off > 0 { ev.iadd(pair_base, ev.ic(off)) } else { Ok(pair_base) })?);
             }
             let (s, c) = sc.ok_or_else(|| CodegenError::Builder("no angle".into()))?;
             let xa = xs[l].f()?;
@@ -1291,6 +1511,29 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             out.push(Scalar::F(self.kb.round_to(r, dt)?));
         }
         Ok(out)
+    }
+
+    /// [`Eval::rope_sincos`] of the pair `pi(self)` computes, memoised by (`table`, `base`,
+    /// `tag`, the position `p`): the pair is `tag`'s offset from `base` under the position
+    /// `p`, whichever head of the position it is for, so a thread rotating several heads of
+    /// one position (the head-sharing schedule of `pointwise.rs`) evaluates each angle once.
+    fn rope_sincos_memo(
+        &mut self,
+        table: PointerValue<'ctx>,
+        base: IntValue<'ctx>,
+        tag: u32,
+        p: IntValue<'ctx>,
+        pd: FloatValue<'ctx>,
+        pi: impl FnOnce(&mut Self) -> R<IntValue<'ctx>>,
+    ) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let key = (table.as_value_ref() as usize, base.as_value_ref() as usize, tag, p.as_value_ref() as usize);
+        if let Some(sc) = self.sincos.get(&key) {
+            return Ok(*sc);
+        }
+        let pi = pi(self)?;
+        let sc = self.rope_sincos(table, pi, pd)?;
+        self.sincos.insert(key, sc);
+        Ok(sc)
     }
 
     /// `(sin, cos)` of RoPE pair `pi`'s angle `pos · inv_freq[pi]` (f64).
@@ -1331,7 +1574,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         let xs = self.eval(x, at)?;
         let mut out = Vec::with_capacity(xs.len());
         for s in xs {
-            out.push(Scalar::F(math::exp_shifted(self.kb, s.f()?, m_safe)?));
+            out.push(Scalar::F(exp_shifted_ftz(self.kb, s.f()?, m_safe)?));
         }
         self.derived.insert(key, out.clone());
         Ok(out)
@@ -1350,6 +1593,34 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             out.push(Scalar::F(self.kb.fsub(s.f()?, mean)?));
         }
         self.derived.insert(key, out.clone());
+        Ok(out)
+    }
+
+    /// Each of `vals` rounded to `dt` ([`KernelBuilder::round_to`]); `bf16` pairs under
+    /// [`Eval::bf16_words`] are rounded together (`cvt.rn.bf16x2.f32`, PTX ISA §9.7.9.21)
+    /// and split back into f32 with integer operations: 1.5 instructions an element where
+    /// `cvt.rn.bf16.f32` and a shift cost 2. Rounds the same as one at a time.
+    fn round_lanes(&self, vals: Vec<FloatValue<'ctx>>, dt: DType) -> R<Vec<FloatValue<'ctx>>> {
+        if !(self.pair_rounding && dt == DType::BF16 && vals.len() % 2 == 0) {
+            return vals.into_iter().map(|v| self.kb.round_to(v, dt)).collect();
+        }
+        let (f32t, i32t) = (self.kb.cx.f32_type(), self.kb.cx.i32_type());
+        let v2 = f32t.vec_type(2);
+        let mut out = Vec::with_capacity(vals.len());
+        for pair in vals.chunks(2) {
+            // One `fptrunc <2 x float>`: `cvt.rn.bf16x2.f32` (two scalar ones inserted into a
+            // vector are not paired by the back end).
+            let mut v = v2.get_undef();
+            for (i, x) in pair.iter().enumerate() {
+                v = self.kb.b.build_insert_element(v, *x, self.kb.i32c(i as i64), "p")?;
+            }
+            let h = self.kb.b.build_float_trunc(v, self.kb.cx.bf16_type().vec_type(2), "h2")?;
+            let w = self.kb.b.build_bit_cast(h, i32t, "w")?.into_int_value();
+            let lo = self.kb.b.build_left_shift(w, self.kb.i32c(16), "lo")?;
+            let hi = self.kb.b.build_and(w, self.kb.i32c(-65536), "hi")?;
+            out.push(self.kb.b.build_bit_cast(lo, f32t, "lo")?.into_float_value());
+            out.push(self.kb.b.build_bit_cast(hi, f32t, "hi")?.into_float_value());
+        }
         Ok(out)
     }
 
@@ -1372,22 +1643,25 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             }
             (Softmax | LogSoftmax, RowScalars::Softmax { m_safe, m, inv_s, log_s, all_neg_inf }) => {
                 let mut out = Vec::with_capacity(at.lanes as usize);
+                // An all −inf row's special case once per row, not per element: its `e` are 0
+                // (x − 0 = −inf) and its 1/Σe is taken as 0, so e·(1/Σe) = 0; its x − m_safe
+                // is −inf and log Σe is taken as 0. Elsewhere m_safe = m (NaN included).
+                let _ = m;
+                let zero = self.kb.f32c(0.0);
                 if kind == Softmax {
+                    let inv = self.kb.fsel(all_neg_inf, zero, inv_s)?;
                     let e = self.softmax_exp(node, m_safe, at)?;
-                    let zero = self.kb.f32c(0.0);
                     for s in e {
-                        let p = self.kb.fmul(s.f()?, inv_s)?;
-                        let p = self.kb.fsel(all_neg_inf, zero, p)?;
+                        let p = self.kb.fmul(s.f()?, inv)?;
                         out.push(Scalar::F(self.kb.round_to(p, dt)?));
                     }
                 } else {
+                    let ls = self.kb.fsel(all_neg_inf, zero, log_s)?;
                     let x = self.input(node, 0)?;
                     let xs = self.eval(x, at)?;
-                    let ninf = self.kb.f32c(f32::NEG_INFINITY);
                     for s in xs {
-                        let d = self.kb.fsub(s.f()?, m)?;
-                        let r = self.kb.fsub(d, log_s)?;
-                        let r = self.kb.fsel(all_neg_inf, ninf, r)?;
+                        let d = self.kb.fsub(s.f()?, m_safe)?;
+                        let r = self.kb.fsub(d, ls)?;
                         out.push(Scalar::F(self.kb.round_to(r, dt)?));
                     }
                 }
@@ -1397,10 +1671,14 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let x = self.input(node, 0)?;
                 let xs = self.eval(x, at)?;
                 let ws = self.operand(node, 1, result, at)?;
-                let mut out = Vec::with_capacity(xs.len());
-                for (s, w) in xs.into_iter().zip(ws) {
-                    let h = self.kb.fmul(s.f()?, r)?;
-                    let h = self.kb.round_to(h, dt)?;
+                let mut hs = Vec::with_capacity(xs.len());
+                for s in xs {
+                    hs.push(self.kb.fmul(s.f()?, r)?);
+                }
+                        // One at a time: LLVM turns `round(round(x·r)·w)` into a `bf16x2` multiply.
+                let hs: Vec<FloatValue<'ctx>> = hs.into_iter().map(|h| self.kb.round_to(h, dt)).collect::<R<_>>()?;
+                let mut out = Vec::with_capacity(hs.len());
+                for (h, w) in hs.into_iter().zip(ws) {
                     let o = self.kb.fmul(h, w.f()?)?;
                     out.push(Scalar::F(self.kb.round_to(o, dt)?));
                 }
@@ -1415,9 +1693,12 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 // the rounding of d·r is far below an f32 ulp of the result).
                 let dr = self.kb.fmul(d, r)?;
                 let ndr = self.kb.fneg(dr)?;
-                for ((c, w), b) in cs.into_iter().zip(ws).zip(bs) {
-                    let h = self.kb.ffma(c.f()?, r, ndr)?;
-                    let h = self.kb.round_to(h, dt)?;
+                let mut hs = Vec::with_capacity(cs.len());
+                for c in cs {
+                    hs.push(self.kb.ffma(c.f()?, r, ndr)?);
+                }
+                let hs = self.round_lanes(hs, dt)?;
+                for ((h, w), b) in hs.into_iter().zip(ws).zip(bs) {
                     let o = self.kb.ffma(h, w.f()?, b.f()?)?;
                     out.push(Scalar::F(self.kb.round_to(o, dt)?));
                 }
@@ -1426,6 +1707,69 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             _ => unsupported(format!("`{}` ({node}) is used before its row statistics are complete", kind.name())),
         }
     }
+}
+
+/// `e^(x − y)` for softmax: [`math::exp_shifted`]'s `ex2((x − y)·log2e)` with
+/// `ex2.approx.ftz.f32` (PTX ISA §9.7.4.12): a result below 2⁻¹²⁶ is flushed to 0, an
+/// absolute error below 1.2e-38, and the instruction is one `MUFU.EX2` where the non-`ftz`
+/// form costs four (a range test and two rescalings around it). A softmax's exponent is
+/// never positive, so nothing else changes; −inf gives 0 and NaN stays NaN.
+pub(crate) fn exp_shifted_ftz<'ctx>(kb: &mut KernelBuilder<'ctx>, x: FloatValue<'ctx>, y: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+    let d = kb.fsub(x, y)?;
+    let l2e = kb.f32c(std::f32::consts::LOG2_E);
+    let p = kb.fmul(d, l2e)?;
+    Ok(kb.intrinsic_value("llvm.nvvm.ex2.approx.ftz", &[kb.cx.f32_type().into()], &[p.into()])?.into_float_value())
+}
+
+/// The `bf16` parameters of `f` whose vector loads are best decoded as `i32` words: a
+/// 16-byte load as four `i32`, each split with integer operations (`w << 16` and `w &
+/// 0xffff0000` are the two f32 values, exactly): one instruction an element, where
+/// extracting the high half and converting it (`cvt.f32.bf16`) costs two. Those whose every use (through views: `broadcast`, `reshape`, `slice`,
+/// `transpose`, `permute`) computes in f32 — the reduced operand of a row node, a
+/// `layer_norm`'s weight and bias, `rope`'s input, a transcendental or a cast, a `swiglu`'s
+/// gate. A value added, multiplied or compared (where LLVM may narrow the f32 operation back
+/// to a `bf16x2` one: `fptrunc(fpext a · fpext b)` is exact), copied to an output, or used
+/// anywhere else keeps the `fpext` LLVM can see through.
+pub(crate) fn words_params(f: &Function) -> std::collections::HashSet<usize> {
+    use OpKind::*;
+    let mut users: HashMap<Value, Vec<(Node, usize)>> = HashMap::new();
+    for (n, nd) in f.nodes.iter() {
+        for (i, &v) in nd.inputs.iter().enumerate() {
+            users.entry(v).or_default().push((n, i));
+        }
+    }
+    let computes_f32 = |v: Value| -> bool {
+        let mut stack = vec![v];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            if f.outputs.contains(&v) {
+                return false;
+            }
+            for &(n, i) in users.get(&v).map(Vec::as_slice).unwrap_or(&[]) {
+                let nd = &f.nodes[n];
+                let ok = match nd.op.kind {
+                    Broadcast | Reshape | Slice | Transpose | Permute => {
+                        stack.extend(nd.results.iter().copied());
+                        true
+                    }
+                    Softmax | LogSoftmax | RmsNorm | ReduceSum | ReduceMax | ReduceMin | ReduceMean => i == 0,
+                    LayerNorm => true,
+                    Rope => i == 0,
+                    Swiglu => i == 0,
+                    Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Sin | Cos | Cast => true,
+                    _ => false,
+                };
+                if !ok {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    f.params.iter().enumerate().filter(|&(_, &p)| f.ty(p).dtype == DType::BF16 && computes_f32(p)).map(|(i, _)| i).collect()
 }
 
 trait VecTypeOf<'ctx> {

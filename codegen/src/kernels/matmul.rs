@@ -1,5 +1,5 @@
 //! The matmul family ([`Family::Matmul`]): a (batched) matrix product with a fused
-//! epilogue, on CUDA cores, correct for every shape.
+//! epilogue, on tensor cores (bf16, f16) or CUDA cores, correct for every shape.
 //!
 //! # What a kernel computes
 //! The body holds one `matmul` node `R = a · b` (`a [..., M, K]`, `b [..., K, N]` after the
@@ -40,16 +40,41 @@
 //! [`sinter_ir::KernelParam::Size`].
 //!
 //! # Schedules
-//! Two generators, both parameterised by a schedule ([`MatmulSchedule`]) so that issue 6's
-//! tensor-core versions (`cp.async` stages, `ldmatrix`, `mma.sync`) can slot in beside them
-//! and the runtime can autotune among candidates:
+//! Three generators, each parameterised by a schedule ([`MatmulSchedule`]) so that the
+//! runtime can autotune among candidates:
+//! - [`MmaSchedule`]: the tensor-core GEMM of the Ampere generation (the structure of
+//!   CUTLASS's `MmaMultistage` and of cuBLAS's sm_80 kernels; PTX ISA §9.7.9.3 `cp.async`,
+//!   §9.7.14.5.15 `ldmatrix`, §9.7.14.5.14 `mma.m16n8k16`), for bf16 and f16 operands. A CTA of
+//!   `warps_m × warps_n` warps computes a `bm × bn` tile of C, each warp a grid of m16n8 tiles
+//!   with f32 accumulators in registers. A `stages`-deep pipeline of 16-byte `cp.async.cg`
+//!   copies (`commit_group` per stage, `wait_group stages−2`) brings `bm × bk` slabs of A and
+//!   `bn × bk` slabs of B into dynamic shared memory; chunks past M, N or K are zero-filled
+//!   through the copy's source size, so every shape is correct and no load is out of bounds.
+//!   An operand is read along whichever axis is contiguous — K (`[M, K]` activations, the
+//!   `[N, K]` weight of `transpose_b`) or its outer axis (`[K, N]`, a transposed A) — and its
+//!   slab rows are that axis; `ldmatrix.x4` (`.trans` for outer-contiguous slabs) loads the
+//!   fragments. The 16-byte chunks of a slab row are XOR-swizzled by the row (chunk `c` of row
+//!   `r` stored at `c ^ (r mod 8)`, or `c ^ ((r/2) mod 4)` for 64-byte rows), so that both the
+//!   eight row addresses of an `ldmatrix` matrix and the chunks eight consecutive threads copy
+//!   fall in eight different bank groups: neither conflicts. Within a stage the warps load the
+//!   fragments of k-step `kk + 1` before issuing the MMAs of `kk` (register double buffering)
+//!   and the next stage's first fragments while the last MMAs of a stage issue. CTAs are
+//!   ordered in groups of `group_m` row tiles (the L2-friendly grouping of Triton's matmul
+//!   tutorial). Default ([`MmaSchedule::DEFAULT`]) 128×256×64, 8 warps as 2×4 (64×64 warp
+//!   tiles: 128 accumulators per thread, 8 `ldmatrix.x4` per 32 MMAs), 3 stages: 144 KiB of
+//!   shared memory, 255 registers, one CTA per SM — the tile of cuBLAS's fastest sm_80 bf16
+//!   GEMM; 128×128 with 2×2 warps ([`MmaSchedule::NARROW`]) where that covers N with less
+//!   waste. The layouts must allow the 16-byte copies: the read axis has stride 1, the other
+//!   strides, the view offset and the batch strides are provably multiples of 8 (symbolic ones
+//!   included) and the base is 16-byte aligned (`Spec::mma_plan`); where they are not (an
+//!   odd row length, a symbolic K stride), [`generate`] uses the tiled kernel instead.
 //! - [`TiledSchedule`]: the classic shared-memory tiled GEMM on CUDA cores (as in the CUDA C
 //!   Programming Guide's shared-memory matmul, with per-thread register micro-tiles as in
-//!   Volkov & Demmel 2008). A CTA computes a `bm × bn` tile of C; per `bk`-step it stages the
-//!   `bm × bk` slab of A and the `bk × bn` slab of B in shared memory (converted to f32, padded
-//!   by 4 floats per row), then every thread accumulates its `tm × tn` micro-tile from
-//!   16-byte shared loads. Grid: `(⌈M/bm⌉, ⌈N/bn⌉, batch)`. Default 64×64×16 with 4×4
-//!   micro-tiles: 256 threads, 8.5 KiB of shared memory.
+//!   Volkov & Demmel 2008), for f32 and as the fallback. A CTA computes a `bm × bn` tile of C;
+//!   per `bk`-step it stages the `bm × bk` slab of A and the `bk × bn` slab of B in shared
+//!   memory (converted to f32, padded by 4 floats per row), then every thread accumulates its
+//!   `tm × tn` micro-tile from 16-byte shared loads. Grid: `(⌈M/bm⌉, ⌈N/bn⌉, batch)`. Default
+//!   64×64×16 with 4×4 micro-tiles: 256 threads, 8.5 KiB of shared memory.
 //! - [`SmallMSchedule`]: a GEMV / flat GEMM for decode (M ≤ 16). `lanes` threads cooperate
 //!   on one output column n for `rows` rows at once: when B is K-contiguous (the `[N, K]`
 //!   weight with `transpose_b`, the LLM case) a warp splits K, reads 16-byte vectors of A and B
@@ -59,20 +84,26 @@
 //!   what decode (memory-bound) needs; FlashDecoding++ (Hong et al. 2023, arXiv 2311.01282,
 //!   §4) motivates the flat-GEMM split.
 //!
-//! [`choose_schedule`] picks between them by shape: a constant M ≤ 16 gets the small-M kernel,
-//! anything else (a symbolic M included) the tiled one. The small-M kernel takes every epilogue
-//! mode: for a paired epilogue each group computes the n-th column of every segment (SwiGLU of
-//! a merged gate/up projection from two dot products); for a columns epilogue it computes its
-//! column and the column's RoPE partner in the head (n ± d/2, or n xor 1 for the interleaved
-//! form), stages them in its slice of shared memory at their place in the head, and the
-//! epilogue (RoPE, the `kv_append` scatter) reads R there. With a symbolic M, columns and
-//! paired epilogues use the tiled kernel with a tile as wide as they need.
+//! [`choose_schedule`] picks among them by shape and dtype: a constant M ≤ 16 gets the small-M
+//! kernel; anything else (a symbolic M included) the tensor-core kernel for bf16/f16 and the
+//! tiled one for f32. The small-M kernel takes every epilogue mode: for a paired epilogue each
+//! group computes the n-th column of every segment (SwiGLU of a merged gate/up projection from
+//! two dot products); for a columns epilogue it computes its column and the column's RoPE
+//! partner in the head (n ± d/2, or n xor 1 for the interleaved form), stages them in its slice
+//! of shared memory at their place in the head, and the epilogue (RoPE, the `kv_append`
+//! scatter) reads R there. The tensor-core and tiled kernels take them too: a direct epilogue
+//! is evaluated from the registers (the tensor-core kernel evaluates each thread's two
+//! adjacent columns as two lanes, so epilogue loads and output stores are vectors where the
+//! layouts allow), a columns or paired one from the CTA's tile staged in shared memory (rows
+//! padded by 8 elements in the tensor-core kernel), with a tile a multiple of the RoPE head.
 //!
 //! # Tests
 //! Every kernel is assembled by ptxas for sm_80 and sm_90a (no spills; the resource lines are
 //! insta snapshots), and run on the CPU against the interpreter by an emulator (`emu`, test
 //! only) that JIT-compiles the kernel's LLVM IR for the host and runs each CTA's threads as OS
-//! threads, barriers and shuffles emulated: tails, batches, epilogues, NaN.
+//! threads, barriers, shuffles and the tensor-core instructions emulated (`cp.async` copies
+//! land when a `wait_group` needs them; `ldmatrix` and `mma` exchange the warp's operands as
+//! the PTX ISA lays them out): tails, batches, epilogues, NaN and ±inf, both B layouts.
 
 use inkwell::context::Context;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
@@ -82,7 +113,7 @@ use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph
 use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 
 use self::kit::{broadcast_strides, buffer_infos, dims_of, input_view, BufInfo, Kit, SharedKind, R};
-use super::element::{At, Buf, Eval, Scalar};
+use super::element::{At, Ax, Buf, Eval, Scalar, Tag};
 use super::KernelCtx;
 use crate::target::Target;
 use crate::CodegenError;
@@ -185,6 +216,113 @@ impl SmallMSchedule {
     }
 }
 
+/// The tensor-core schedule (see the module docs): an Ampere-style GEMM on `mma.sync`.
+///
+/// A CTA of `warps_m × warps_n` warps computes a `bm × bn` tile of C; each warp a
+/// `bm/warps_m × bn/warps_n` sub-tile as a grid of `m16n8k16` MMAs with f32 accumulators in
+/// registers. A `stages`-deep `cp.async` pipeline brings `bm × bk` slabs of A and `bn × bk`
+/// slabs of B into XOR-swizzled shared memory (dynamic, beyond 48 KiB where needed);
+/// `ldmatrix.x4` loads the fragments. `group_m`: consecutive CTAs walk `group_m` row tiles
+/// before moving to the next column tile, so the slabs they share stay in L2.
+///
+/// Constraints ([`MmaSchedule::check`]): warp tile sides powers of two, at least 16 × 16;
+/// `bk` a multiple of 32 (32 or a multiple of 64 when K is the contiguous axis of an
+/// operand: rows of 64 bytes or of whole 128-byte lines, which the swizzle needs); `2 ≤
+/// stages ≤ 8`; at most 1024 threads; every thread copies the same number of 16-byte chunks.
+/// The layouts the kernel reads (16-byte aligned chunks along a contiguous axis) are checked
+/// per kernel; where they do not hold, the tiled schedule is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaSchedule {
+    /// Rows of C per CTA.
+    pub bm: u32,
+    /// Columns of C per CTA.
+    pub bn: u32,
+    /// K elements per pipeline stage.
+    pub bk: u32,
+    /// Warps along M.
+    pub warps_m: u32,
+    /// Warps along N.
+    pub warps_n: u32,
+    /// Pipeline depth: stages of shared memory in flight.
+    pub stages: u32,
+    /// Row tiles per CTA raster group (1: plain row-major order).
+    pub group_m: u32,
+}
+
+impl MmaSchedule {
+    /// 128×256×64, 8 warps as 2×4 (64×64 warp tiles: 128 f32 accumulators per thread, 4 A and
+    /// 4 B `ldmatrix.x4` per 32 MMAs), 3 stages (144 KiB of shared memory): the tile shape of
+    /// cuBLAS's and CUTLASS's fastest sm_80 bf16 GEMMs
+    /// (`…gemm_bf16…tilesize128x256x64_stage3_warpsize2x4x1_tensor16x8x16`), which keeps the
+    /// tensor cores fed from one CTA per SM; L2 grouping of 16 row tiles.
+    pub const DEFAULT: MmaSchedule = MmaSchedule { bm: 128, bn: 256, bk: 64, warps_m: 2, warps_n: 4, stages: 3, group_m: 16 };
+    /// 128×128×64, 4 warps as 2×2 (the same 64×64 warp tile), 3 stages (96 KiB): for N that
+    /// 256-column tiles would cover with more waste.
+    pub const NARROW: MmaSchedule = MmaSchedule { bm: 128, bn: 128, bk: 64, warps_m: 2, warps_n: 2, stages: 3, group_m: 16 };
+
+    /// Threads per CTA: 32 per warp.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps_m * self.warps_n
+    }
+
+    /// The warp tile `(rows, columns)`.
+    pub fn warp_tile(&self) -> (u32, u32) {
+        (self.bm / self.warps_m.max(1), self.bn / self.warps_n.max(1))
+    }
+
+    /// Shared memory of one pipeline stage in bytes: a `bm × bk` and a `bn × bk` slab of
+    /// 16-bit elements.
+    pub fn stage_bytes(&self) -> u32 {
+        2 * (self.bm + self.bn) * self.bk
+    }
+
+    /// Checks the constraints above that do not depend on the kernel.
+    ///
+    /// # Errors
+    /// A message naming the schedule.
+    pub fn check(&self) -> Result<(), String> {
+        let (wm, wn) = self.warp_tile();
+        let t = self.threads();
+        let ok = self.warps_m > 0
+            && self.warps_n > 0
+            && self.bm % self.warps_m == 0
+            && self.bn % self.warps_n == 0
+            && wm.is_power_of_two()
+            && wn.is_power_of_two()
+            && wm >= 16
+            && wn >= 16
+            && self.bk >= 32
+            && self.bk % 32 == 0
+            && (2..=8).contains(&self.stages)
+            && self.group_m > 0
+            && t <= 1024;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid tensor-core matmul schedule {self:?}"))
+        }
+    }
+
+    /// The default for a result of `n` columns whose tile width must be a multiple of
+    /// `multiple` (a RoPE head, 1 otherwise): [`MmaSchedule::DEFAULT`], or
+    /// [`MmaSchedule::NARROW`] where 128-column tiles cover a constant `n` with less waste
+    /// (576 columns: 5 tiles of 128 instead of 3 of 256).
+    pub fn for_columns(n: &Dim, multiple: u32) -> MmaSchedule {
+        let narrow_fits = MmaSchedule::NARROW.bn % multiple.max(1) == 0;
+        match n.as_const() {
+            Some(n) if narrow_fits && n > 0 => {
+                let cover = |bn: i64| (n + bn - 1) / bn * bn;
+                if cover(128) < cover(256) {
+                    MmaSchedule::NARROW
+                } else {
+                    MmaSchedule::DEFAULT
+                }
+            }
+            _ => MmaSchedule::DEFAULT,
+        }
+    }
+}
+
 /// Which matmul kernel to generate, with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulSchedule {
@@ -192,22 +330,28 @@ pub enum MatmulSchedule {
     Tiled(TiledSchedule),
     /// GEMV / flat GEMM for small M.
     SmallM(SmallMSchedule),
+    /// Tensor-core GEMM (`cp.async`, `ldmatrix`, `mma.sync`).
+    Mma(MmaSchedule),
 }
 
-/// Picks the schedule for a kernel whose matmul has `m` rows; `b_k_contiguous` says whether B's
-/// contraction axis has stride 1 (a `[N, K]` weight read with `transpose_b`).
+/// Picks the schedule for a kernel whose matmul has `m` rows and `n` columns of `dtype`;
+/// `b_k_contiguous` says whether B's contraction axis has stride 1 (a `[N, K]` weight read
+/// with `transpose_b`).
 ///
 /// Heuristic: a constant `m ≤ 16` → [`MatmulSchedule::SmallM`] with `rows = m` (a warp per
 /// column when B is K-contiguous, four columns per CTA; else a thread per column, 128 columns
-/// per CTA); anything else (a symbolic `m` such as the token count included) →
-/// [`TiledSchedule::DEFAULT`].
-pub fn choose_schedule(m: &Dim, b_k_contiguous: bool) -> MatmulSchedule {
+/// per CTA); otherwise (a symbolic `m` such as the token count included) bf16 and f16 operands
+/// get the tensor cores ([`MmaSchedule::for_columns`]) and f32 ones
+/// [`TiledSchedule::DEFAULT`]. The generator falls back from the tensor-core schedule to the
+/// tiled one where a kernel's layouts do not allow its 16-byte copies ([`generate`]).
+pub fn choose_schedule(m: &Dim, n: &Dim, dtype: DType, b_k_contiguous: bool) -> MatmulSchedule {
     match m.as_const() {
         Some(rows) if (1..=16).contains(&rows) => MatmulSchedule::SmallM(SmallMSchedule {
             rows: rows as u32,
             lanes: if b_k_contiguous { 32 } else { 1 },
             columns: if b_k_contiguous { 4 } else { 128 },
         }),
+        _ if matches!(dtype, DType::BF16 | DType::F16) => MatmulSchedule::Mma(MmaSchedule::for_columns(n, 1)),
         _ => MatmulSchedule::Tiled(TiledSchedule::DEFAULT),
     }
 }
@@ -216,8 +360,9 @@ pub fn choose_schedule(m: &Dim, b_k_contiguous: bool) -> MatmulSchedule {
 /// [`choose_schedule`] picks.
 ///
 /// Parameters: the kernel's buffers (inputs then outputs), then one i64 per symbolic dim the
-/// kernel needs. Block and grid: see [`TiledSchedule`] / [`SmallMSchedule`]; no dynamic shared
-/// memory.
+/// kernel needs. Block and grid: see [`MmaSchedule`] / [`TiledSchedule`] / [`SmallMSchedule`];
+/// the tensor-core kernel uses dynamic shared memory (the plan's `shared_bytes`, beyond 48 KiB
+/// at the default schedule: the runtime opts in), the others static shared memory only.
 ///
 /// # Errors
 /// [`CodegenError::Unsupported`] when the body is not one `matmul` of float kernel inputs
@@ -225,13 +370,14 @@ pub fn choose_schedule(m: &Dim, b_k_contiguous: bool) -> MatmulSchedule {
 /// the matmul's shape; LLVM and target errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let spec = Spec::analyse(graph, kernel)?;
-    let schedule = spec.default_schedule();
+    let schedule = spec.default_schedule(target);
     generate_spec(&spec, target, &schedule)
 }
 
-/// As [`generate`], with the schedule given (for autotuning and tests). Either schedule is
-/// correct for every shape ([`MatmulSchedule::SmallM`] covers M with `⌈M/rows⌉` CTAs along
-/// y, so it is merely slow for a large M).
+/// As [`generate`], with the schedule given (for autotuning and tests). Every schedule is
+/// correct for every shape it accepts ([`MatmulSchedule::SmallM`] covers M with `⌈M/rows⌉`
+/// CTAs along y, so it is merely slow for a large M; [`MatmulSchedule::Mma`] needs bf16/f16
+/// operands whose layouts allow 16-byte copies).
 ///
 /// # Errors
 /// As [`generate`], and [`CodegenError::Unsupported`] for a schedule that breaks its
@@ -245,6 +391,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (tag, check, threads) = match schedule {
         MatmulSchedule::Tiled(s) => ("matmul", s.check().and_then(|()| spec.fits(s)), s.threads()),
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
+        MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
     let entry = format!("{}_{tag}", spec.kernel_name);
@@ -253,26 +400,30 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (ptx, params) = Kit::build(&ctx, &entry, *target, spec.n_inputs, n_outputs, &spec.all_dims, threads, |kit| match schedule {
         MatmulSchedule::Tiled(s) => build_tiled(kit, spec, s),
         MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
+        MatmulSchedule::Mma(s) => build_mma(kit, spec, s, &spec.mma_plan(s, target).map_err(|e| kit.err(e))?),
     })?;
     let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
-    let grid = match schedule {
-        MatmulSchedule::Tiled(s) => {
-            // Paired: a CTA covers bn / segments output columns.
-            let cols = match &spec.epi {
-                Epi::Paired { segs, width, .. } => GridDim { numerator: width.clone(), denominator: s.bn / segs.len() as u32 },
-                _ => GridDim { numerator: spec.n.clone(), denominator: s.bn },
-            };
-            [GridDim { numerator: spec.m.clone(), denominator: s.bm }, cols, batch]
-        }
+    // Tiled and tensor-core kernels: a CTA per (row tile, column tile, batch).
+    let tiles = |bm: u32, bn: u32| {
+        // Paired: a CTA covers bn / segments output columns.
+        let cols = match &spec.epi {
+            Epi::Paired { segs, width, .. } => GridDim { numerator: width.clone(), denominator: bn / segs.len() as u32 },
+            _ => GridDim { numerator: spec.n.clone(), denominator: bn },
+        };
+        [GridDim { numerator: spec.m.clone(), denominator: bm }, cols, batch.clone()]
+    };
+    let (grid, shared_bytes) = match schedule {
+        MatmulSchedule::Tiled(s) => (tiles(s.bm, s.bn), 0),
+        MatmulSchedule::Mma(s) => (tiles(s.bm, s.bn), spec.mma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
         MatmulSchedule::SmallM(s) => {
             let cols = match &spec.epi {
                 Epi::Paired { width, .. } => width.clone(),
                 _ => spec.n.clone(),
             };
-            [GridDim { numerator: cols, denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch]
+            ([GridDim { numerator: cols, denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch], 0)
         }
     };
-    Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes: 0, params })
+    Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes, params })
 }
 
 /// The error for a kernel this family cannot generate (`kernel` is `k3`).
@@ -311,6 +462,20 @@ impl MatOperand {
             && self.offset.div_exact(c64).is_some()
             && self.batch_strides.iter().all(|s| s.div_exact(c64).is_some())
             && self.align >= c * self.dtype.size_bytes() as u32
+    }
+
+    /// Whether a 16-bit operand can be copied in 16-byte chunks of 8 elements along its K
+    /// axis (`k_contig`) or its outer axis, each chunk starting at a multiple of 8 and 16-byte
+    /// aligned: that axis has stride 1; the other stride, the offset and every batch stride
+    /// are provably multiples of 8; the base is 16-byte aligned.
+    fn chunks_ok(&self, k_contig: bool) -> bool {
+        let (unit, other) = if k_contig { (&self.ks, &self.outer) } else { (&self.outer, &self.ks) };
+        self.dtype.size_bytes() == 2
+            && unit.as_const() == Some(1)
+            && other.div_exact(8).is_some()
+            && self.offset.div_exact(8).is_some()
+            && self.batch_strides.iter().all(|s| s.div_exact(8).is_some())
+            && self.align >= 16
     }
 }
 
@@ -459,17 +624,34 @@ impl Spec {
 }
 
 impl Spec {
-    /// The schedule [`generate`] uses: [`choose_schedule`] for an element-wise epilogue; for a
-    /// staged one (see [`Epi`]) the tiled kernel with a tile as wide as the epilogue needs
-    /// (64 columns, or a RoPE head of 128 or 256, or 32 per combined segment), 16 rows when M
-    /// is a constant ≤ 16.
-    fn default_schedule(&self) -> MatmulSchedule {
+    /// The schedule [`generate`] uses: a constant M ≤ 16 takes the small-M kernel (every
+    /// epilogue mode: each group computes its column and the RoPE partner, or the n-th column
+    /// of every segment); otherwise bf16/f16 operands take the tensor cores
+    /// ([`MmaSchedule::for_columns`], the tile a multiple of the RoPE head) where
+    /// [`Spec::mma_plan`] accepts the layouts, and everything else the tiled kernel, with a
+    /// tile as wide as a staged epilogue needs (64 columns, or a RoPE head of 128 or 256, or 32
+    /// per combined segment).
+    fn default_schedule(&self, target: &Target) -> MatmulSchedule {
+        let b_k = self.b.ks.as_const() == Some(1);
+        if self.m.as_const().is_some_and(|m| (1..=16).contains(&m)) {
+            return choose_schedule(&self.m, &self.n, self.dtype, b_k);
+        }
+        let multiple = match &self.epi {
+            Epi::Columns { rope_d, .. } => u32::try_from(*rope_d).unwrap_or(u32::MAX),
+            _ => 1,
+        };
+        let columns = match &self.epi {
+            Epi::Paired { width, segs, .. } => width.scale(segs.len() as i64),
+            _ => self.n.clone(),
+        };
+        if let MatmulSchedule::Mma(s) = choose_schedule(&self.m, &columns, self.dtype, b_k) {
+            let s = if s.bn % multiple.max(1) == 0 { s } else { MmaSchedule::DEFAULT };
+            if self.mma_plan(&s, target).is_ok() {
+                return MatmulSchedule::Mma(s);
+            }
+        }
         let bn = match &self.epi {
-            Epi::Direct => return choose_schedule(&self.m, self.b.ks.as_const() == Some(1)),
-            // A constant M ≤ 16 (a batch-specialised decode step): the flat GEMM, each group
-            // computing its column and the RoPE partner (columns) or the n-th column of every
-            // segment (paired).
-            _ if self.m.as_const().is_some_and(|m| (1..=16).contains(&m)) => return choose_schedule(&self.m, self.b.ks.as_const() == Some(1)),
+            Epi::Direct => return MatmulSchedule::Tiled(TiledSchedule::DEFAULT),
             Epi::Columns { rope_d, .. } => (*rope_d as u32).max(64),
             Epi::Paired { segs, .. } => 32 * segs.len() as u32,
         };
@@ -499,12 +681,135 @@ impl Spec {
         Ok(())
     }
 
+    /// The shared-memory plan of tensor-core schedule `s` for this kernel, or why the kernel
+    /// cannot take it: bf16/f16 operands, each read in 16-byte chunks along a contiguous axis
+    /// that are provably aligned ([`MatOperand::chunks_ok`], symbolic strides included),
+    /// slab rows the swizzle can handle, an epilogue the tile suits (a width that is a
+    /// multiple of the RoPE head or of the segment count; for paired segments of an
+    /// N-contiguous B, segment starts and sub-tile widths that are multiples of 8) and
+    /// shared memory within the target's limit.
+    fn mma_plan(&self, s: &MmaSchedule, target: &Target) -> Result<MmaPlan, String> {
+        if !matches!(self.dtype, DType::BF16 | DType::F16) {
+            return Err(format!("tensor-core matmul of {} operands", self.dtype));
+        }
+        let mode = |op: &MatOperand, what: &str| -> Result<bool, String> {
+            if op.chunks_ok(true) {
+                Ok(true)
+            } else if op.chunks_ok(false) {
+                Ok(false)
+            } else {
+                Err(format!(
+                    "{what} (strides: {} along K, {} across; offset {}; {}-byte aligned) is not read in aligned 16-byte chunks",
+                    op.ks, op.outer, op.offset, op.align
+                ))
+            }
+        };
+        let a = Slab::new(mode(&self.a, "A")?, s.bm, s.bk, 0);
+        let b = Slab::new(mode(&self.b, "B")?, s.bn, s.bk, a.bytes());
+        let threads = s.threads();
+        for (what, sl) in [("A", a), ("B", b)] {
+            if !(sl.cols == 32 || sl.cols % 64 == 0) {
+                return Err(format!("{s:?}: {what}'s slab rows of {} elements cannot be swizzled (32 or a multiple of 64)", sl.cols));
+            }
+            if (sl.rows * sl.chunks()) % threads != 0 {
+                return Err(format!("{s:?}: {what}'s slab of {} chunks does not split over {threads} threads", sl.rows * sl.chunks()));
+            }
+        }
+        match &self.epi {
+            Epi::Direct => {}
+            Epi::Columns { rope_d, .. } => {
+                if i64::from(s.bn) % rope_d != 0 {
+                    return Err(format!("{s:?}: the tile width is not a multiple of the RoPE head {rope_d}"));
+                }
+            }
+            Epi::Paired { segs, .. } => {
+                let n = segs.len() as u32;
+                if s.bn % n != 0 || (!b.k_contig && ((s.bn / n) % 8 != 0 || segs.iter().any(|sg| sg.start.div_exact(8).is_none()))) {
+                    return Err(format!("{s:?} does not suit the paired epilogue over {n} segments"));
+                }
+            }
+        }
+        let stage_bytes = a.bytes() + b.bytes();
+        let pitch = s.bn + 8;
+        let staged = if self.epi.staged() { s.bm * pitch * 2 } else { 0 };
+        let smem_bytes = (s.stages * stage_bytes).max(staged);
+        if smem_bytes > target.max_shared_memory_per_block() {
+            return Err(format!("{s:?} needs {smem_bytes} bytes of shared memory, more than {target} allows"));
+        }
+        Ok(MmaPlan { a, b, stage_bytes, smem_bytes, pitch })
+    }
+
     /// Static shared memory of the tiled kernel: the slabs, or the staged tile (in the
     /// matmul's dtype) where that is larger.
     fn staged_bytes(&self, s: &TiledSchedule) -> u32 {
         let tile = if self.epi.staged() { s.bm * s.bn * self.dtype.size_bytes() as u32 } else { 0 };
         s.shared_bytes().max(tile)
     }
+}
+
+/// One operand's slab in a pipeline stage of the tensor-core kernel: `rows × cols` 16-bit
+/// elements stored row by row, each row of `cols / 8` 16-byte chunks whose order is XOR-
+/// swizzled by the row ([`Slab::offset`]). Rows are the operand's outer axis (M for A, N for
+/// B) and columns its K axis when K is contiguous in memory (`k_contig`), else the reverse.
+#[derive(Clone, Copy, Debug)]
+struct Slab {
+    k_contig: bool,
+    rows: u32,
+    cols: u32,
+    /// Byte offset within a stage.
+    base: u32,
+}
+
+impl Slab {
+    /// The slab of an operand with `outer` rows or columns in the CTA tile and `bk` K
+    /// elements per stage, at `base`.
+    fn new(k_contig: bool, outer: u32, bk: u32, base: u32) -> Slab {
+        if k_contig {
+            Slab { k_contig, rows: outer, cols: bk, base }
+        } else {
+            Slab { k_contig, rows: bk, cols: outer, base }
+        }
+    }
+    fn chunks(&self) -> u32 {
+        self.cols / 8
+    }
+    fn row_bytes(&self) -> u32 {
+        self.cols * 2
+    }
+    fn bytes(&self) -> u32 {
+        self.rows * self.row_bytes()
+    }
+    /// The value XORed into the chunk index of row `row` (i32): `row mod 8` for rows of
+    /// whole 128-byte lines, `(row / 2) mod 4` for 64-byte rows (two rows to a line). Eight
+    /// consecutive rows then place a given chunk in eight different 16-byte bank groups, so
+    /// the eight row addresses of an `ldmatrix` matrix and the chunks eight threads copy
+    /// never share a bank (the "XOR swizzle" of CUTLASS's `Swizzle<3, 3, 3>` layouts).
+    fn swizzle<'ctx>(&self, k: &Kit<'ctx>, row: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        if self.chunks() == 4 {
+            k.and(k.lshr(row, 1)?, k.i32c(3))
+        } else {
+            k.and(row, k.i32c(7))
+        }
+    }
+    /// Byte offset (i32, from the slab's base) of chunk `chunk` of row `row`.
+    fn offset<'ctx>(&self, k: &Kit<'ctx>, row: IntValue<'ctx>, chunk: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let phys = k.xor(chunk, self.swizzle(k, row)?)?;
+        k.add(k.mul(row, k.i32c(self.row_bytes() as i32))?, k.shl(phys, 4)?)
+    }
+}
+
+/// The shared memory of a tensor-core kernel ([`Spec::mma_plan`]).
+#[derive(Clone, Copy, Debug)]
+struct MmaPlan {
+    a: Slab,
+    b: Slab,
+    /// Bytes per pipeline stage (A's slab, then B's).
+    stage_bytes: u32,
+    /// Dynamic shared memory: the stages, or the staged accumulator tile where larger.
+    smem_bytes: u32,
+    /// Elements per row of the staged accumulator tile (`bn + 8`: the padding spreads the
+    /// rows of a fragment store over the banks).
+    pitch: u32,
 }
 
 /// Per-CTA facts shared by both generators: the output's batch coordinates and the base
@@ -556,10 +861,6 @@ fn epilogue_and_store<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m
 /// segment `s`'s column `n`; each slice the epilogue reads gets its segment's value) or one
 /// (direct).
 fn epilogue_and_store_accs<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m: IntValue<'ctx>, n: IntValue<'ctx>, accs: &[FloatValue<'ctx>]) -> R<()> {
-    let mut bufs = Vec::with_capacity(spec.n_buffers + accs.len());
-    for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
-        bufs.push(Buf { ptr: kit.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
-    }
     let rank = spec.batch.len() + 2;
     // Each accumulator, as a one-element "buffer" of the matmul's dtype read at offset 0: a
     // store and a load of a private alloca, which SROA folds into a rounding to the dtype.
@@ -567,11 +868,42 @@ fn epilogue_and_store_accs<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ct
         Epi::Paired { slices, .. } => slices.iter().map(|(_, si)| accs.get(*si).copied().ok_or_else(|| kit.err("no accumulator for a segment"))).collect::<R<_>>()?,
         _ => vec![*accs.first().ok_or_else(|| kit.err("no accumulator"))?],
     };
+    let mut results = Vec::with_capacity(per_param.len());
     for acc in per_param {
         let slot = kit.private_slot(spec.dtype)?;
         kit.store_vec(spec.dtype, slot, kit.i64c(0), &[acc])?;
-        bufs.push(Buf { ptr: slot, dtype: spec.dtype, strides: vec![Dim::constant(0); rank], align: 16 });
+        results.push(Buf { ptr: slot, dtype: spec.dtype, strides: vec![Dim::constant(0); rank], align: 16 });
     }
+    eval_outputs(kit, spec, bases, m, n, results, 1)
+}
+
+/// A direct epilogue at the two output elements `(m, n)`, `(m, n + 1)` (`n` even; the caller
+/// has checked both exist) from their accumulators `vals`: evaluated as two lanes, so that
+/// loads of epilogue inputs and stores of outputs become 4-byte (bf16) or 8-byte (f32)
+/// vector accesses wherever the layouts allow (the element evaluator decides, and accesses
+/// lane by lane otherwise).
+fn epilogue_and_store_pair<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m: IntValue<'ctx>, n: IntValue<'ctx>, vals: [FloatValue<'ctx>; 2]) -> R<()> {
+    let rank = spec.batch.len() + 2;
+    // R at (.., m, n + l) is slot[l]: a buffer based at slot − n with strides (0.., 0, 1).
+    let slot = kit.private_slots(spec.dtype, 2)?;
+    kit.store_vec(spec.dtype, slot, kit.i64c(0), &vals)?;
+    let strides = (0..rank).map(|i| Dim::constant(i64::from(i == rank - 1))).collect();
+    let es = spec.dtype.size_bytes() as u32;
+    let result = Buf { ptr: kit.gep_raw(spec.dtype, slot, kit.sub(kit.i64c(0), n)?)?, dtype: spec.dtype, strides, align: 2 * es };
+    eval_outputs(kit, spec, bases, m, n, vec![result], 2)
+}
+
+/// Evaluates every output of a direct (or small-M paired) epilogue at `lanes` elements from
+/// `(m, n)` along the last axis (`n` a multiple of `lanes`) and stores it; `results` are the
+/// evaluator's buffers for the values that stand for the matmul's result (see
+/// [`Spec::epilogue`]).
+#[allow(clippy::too_many_arguments)]
+fn eval_outputs<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ctx>, m: IntValue<'ctx>, n: IntValue<'ctx>, results: Vec<Buf<'ctx>>, lanes: u32) -> R<()> {
+    let mut bufs = Vec::with_capacity(spec.n_buffers + results.len());
+    for (i, info) in spec.buffers.iter().enumerate().take(spec.n_inputs) {
+        bufs.push(Buf { ptr: kit.buf(i)?, dtype: info.dtype, strides: info.strides.clone(), align: info.align });
+    }
+    bufs.extend(results);
     let outs: Vec<(Value, Buf)> = spec
         .epilogue
         .outputs
@@ -585,8 +917,8 @@ fn epilogue_and_store_accs<'ctx>(kit: &Kit<'ctx>, spec: &Spec, bases: &Bases<'ct
     kit.with_eval(&spec.epilogue, bufs, |ev| {
         let mut axes: Vec<_> = bases.coords.iter().map(|&c| ev.uniform_ax(c)).collect();
         axes.push(ev.uniform_ax(m));
-        axes.push(ev.uniform_ax(n));
-        let at = At { axes, lanes: 1 };
+        axes.push(if lanes == 1 { ev.uniform_ax(n) } else { Ax { base: n, step: true, aligned: true, zero: false, tag: Tag::Other } });
+        let at = At { axes, lanes };
         for (v, buf) in &outs {
             let vals = ev.eval(*v, &at)?;
             ev.store(buf, &at, &vals)?;
@@ -604,6 +936,35 @@ fn name_error(e: CodegenError, kernel: &str) -> CodegenError {
         }
         CodegenError::BadKernel { kernel: k, message } if k.is_empty() => CodegenError::BadKernel { kernel: format!("{kernel} (Matmul)"), message },
         other => other,
+    }
+}
+
+/// An index (i64), the index that decides whether it exists, and the bound that one must stay
+/// below.
+type Bounded<'ctx> = (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>);
+
+/// The column of R that virtual column `v` (i32) of column tile `tile` (a CTA's `bn` columns)
+/// computes: `tile·bn + v`, or for a paired epilogue column `tile·sub + v mod sub` of segment
+/// `v / sub` (`sub = bn / segments`: the tile holds the matching columns of every segment side
+/// by side). Returns that column, the index that decides whether it exists and its bound:
+/// `(n, n, N)`, or `(start + j, j, width)` for paired segments.
+fn tile_column<'ctx>(k: &Kit<'ctx>, spec: &Spec, bn: u32, tile: IntValue<'ctx>, v: IntValue<'ctx>) -> R<Bounded<'ctx>> {
+    match &spec.epi {
+        Epi::Paired { segs, width, .. } => {
+            let sub = bn / segs.len() as u32;
+            let seg = k.udiv(v, k.i32c(sub as i32))?;
+            let j = k.add(k.mul(tile, k.i64c(i64::from(sub)))?, k.zext64(k.urem(v, k.i32c(sub as i32))?)?)?;
+            let mut start = k.dim(&segs[0].start)?;
+            for (i, sg) in segs.iter().enumerate().skip(1) {
+                let here = k.icmp(IntPredicate::EQ, seg, k.i32c(i as i32))?;
+                start = k.select_int(here, k.dim(&sg.start)?, start)?;
+            }
+            Ok((k.add(start, j)?, j, k.dim(width)?))
+        }
+        _ => {
+            let n = k.add(k.mul(tile, k.i64c(i64::from(bn)))?, k.zext64(v)?)?;
+            Ok((n, n, k.dim(&spec.n)?))
+        }
     }
 }
 
@@ -632,23 +993,8 @@ fn build_tiled<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &TiledSchedule) -> R<()> {
     // The column of R that virtual tile column `v` (i32) computes, and whether it exists.
     let tile = by;
     let colmap = |k: &Kit<'ctx>, v: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
-        match &spec.epi {
-            Epi::Paired { segs, width, .. } => {
-                let sub = s.bn / segs.len() as u32;
-                let seg = k.udiv(v, k.i32c(sub as i32))?;
-                let j = k.add(k.mul(tile, k.i64c(i64::from(sub)))?, k.zext64(k.urem(v, k.i32c(sub as i32))?)?)?;
-                let mut start = k.dim(&segs[0].start)?;
-                for (i, sg) in segs.iter().enumerate().skip(1) {
-                    let here = k.icmp(IntPredicate::EQ, seg, k.i32c(i as i32))?;
-                    start = k.select_int(here, k.dim(&sg.start)?, start)?;
-                }
-                Ok((k.add(start, j)?, k.icmp(IntPredicate::SLT, j, k.dim(width)?)?))
-            }
-            _ => {
-                let n = k.add(n0, k.zext64(v)?)?;
-                Ok((n, k.icmp(IntPredicate::SLT, n, ndim)?))
-            }
-        }
+        let (n, j, limit) = tile_column(k, spec, s.bn, tile, v)?;
+        Ok((n, k.icmp(IntPredicate::SLT, j, limit)?))
     };
 
     let acc: Vec<PointerValue> = (0..s.tm * s.tn).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<_>>()?;
@@ -728,48 +1074,67 @@ fn build_tiled<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &TiledSchedule) -> R<()> {
     Ok(())
 }
 
-/// The epilogue of [`Epi::Columns`] and [`Epi::Paired`]: the accumulators, rounded to the
-/// matmul's dtype, are staged in shared memory as the CTA's `bm × bn` tile (virtual columns:
-/// R's columns `tile·bn + v`, or for Paired segment `v / sub`'s columns `tile·sub + v mod sub`
-/// with `sub = bn / segments`); then the threads walk the tile's elements and evaluate every
-/// output whose element it is, through the element evaluator, reading R (or the segments)
-/// from the tile.
+/// The epilogue of [`Epi::Columns`] and [`Epi::Paired`] for the tiled kernel: thread
+/// `(ty, tx)` stages its micro-tile (rows `ty·tm..`, columns `tx·tn..`), rounded to the
+/// matmul's dtype, into the CTA's tile in shared memory, then [`staged_outputs`] writes every
+/// output from it.
 #[allow(clippy::too_many_arguments)]
 fn staged_epilogue<'ctx>(
     kit: &Kit<'ctx>,
     spec: &Spec,
     s: &TiledSchedule,
     smem: PointerValue<'ctx>,
-    (m0, tile, z): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    cta: (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
     acc: &[PointerValue<'ctx>],
     (tid, tx, ty): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
 ) -> R<()> {
     let dt = spec.dtype;
     let es = dt.size_bytes() as i32;
-    let bn = s.bn as i32;
-    // 1. Stage: thread (ty, tx) owns rows ty·tm.., columns tx·tn.. (the k loop ended on a
-    // barrier, so the slabs' memory is free).
+    // The k loop ended on a barrier, so the slabs' memory is free.
     for i in 0..s.tm {
         let row = kit.add(kit.mul(ty, kit.i32c(s.tm as i32))?, kit.i32c(i as i32))?;
-        let e = kit.add(kit.mul(row, kit.i32c(bn))?, kit.mul(tx, kit.i32c(s.tn as i32))?)?;
+        let e = kit.add(kit.mul(row, kit.i32c(s.bn as i32))?, kit.mul(tx, kit.i32c(s.tn as i32))?)?;
         let vals: Vec<FloatValue> = (0..s.tn).map(|j| kit.get_f(acc[(i * s.tn + j) as usize])).collect::<R<_>>()?;
         kit.sh_store(dt, kit.sh_at(smem, kit.mul(e, kit.i32c(es))?)?, &vals)?;
     }
     kit.barrier()?;
-    // 2. The element evaluator reads R (Columns) or each segment (Paired) from the tile: a
-    // "buffer" whose element (.., m, c) is tile[(m − m0)·bn + (c − c0)] (+ the segment's
-    // block), i.e. based at tile − (m0·bn + c0) with strides (0.., bn, 1).
+    staged_outputs(kit, spec, StagedTile { bm: s.bm, bn: s.bn, pitch: s.bn, threads: s.threads() }, smem, cta, tid)
+}
+
+/// The CTA's accumulator tile staged in shared memory for a staged epilogue: `bm × bn`
+/// elements of the matmul's dtype, row `r` at element `r·pitch`, read by `threads` threads.
+#[derive(Clone, Copy, Debug)]
+struct StagedTile {
+    bm: u32,
+    bn: u32,
+    pitch: u32,
+    threads: u32,
+}
+
+/// The outputs of [`Epi::Columns`] and [`Epi::Paired`] from the CTA's accumulator tile, which
+/// the caller has staged in shared memory at `smem` (rounded to the matmul's dtype; virtual
+/// columns as [`tile_column`] maps them: R's columns `tile·bn + v`, or for Paired segment
+/// `v / sub`'s columns `tile·sub + v mod sub` with `sub = bn / segments`) and made visible
+/// with a barrier: the threads walk the tile's elements and evaluate every output whose
+/// element it is, through the element evaluator, reading R (or the segments) from the tile.
+fn staged_outputs<'ctx>(kit: &Kit<'ctx>, spec: &Spec, t: StagedTile, smem: PointerValue<'ctx>, (m0, tile, z): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>), tid: IntValue<'ctx>) -> R<()> {
+    let dt = spec.dtype;
+    let es = dt.size_bytes() as i32;
+    let bn = t.bn as i32;
+    // The element evaluator reads R (Columns) or each segment (Paired) from the tile: a
+    // "buffer" whose element (.., m, c) is tile[(m − m0)·pitch + (c − c0)] (+ the segment's
+    // block), i.e. based at tile − (m0·pitch + c0) with strides (0.., pitch, 1).
     let rank = spec.batch.len() + 2;
-    let tile_strides: Vec<Dim> = (0..rank).map(|i| Dim::constant(if i == rank - 2 { i64::from(s.bn) } else if i == rank - 1 { 1 } else { 0 })).collect();
-    let row_base = kit.mul(m0, kit.i64c(i64::from(s.bn)))?;
+    let tile_strides: Vec<Dim> = (0..rank).map(|i| Dim::constant(if i == rank - 2 { i64::from(t.pitch) } else if i == rank - 1 { 1 } else { 0 })).collect();
+    let row_base = kit.mul(m0, kit.i64c(i64::from(t.pitch)))?;
     let tile_buf = |k: &Kit<'ctx>, first_col: IntValue<'ctx>, block: i64| -> R<Buf<'ctx>> {
         let shift = k.sub(k.i64c(block), k.add(row_base, first_col)?)?;
         Ok(Buf { ptr: k.gep_raw(dt, smem, shift)?, dtype: dt, strides: tile_strides.clone(), align: es as u32 })
     };
     let mdim = kit.dim(&spec.m)?;
     let n_out = spec.n_buffers - spec.n_inputs;
-    let total = (s.bm * s.bn) as i32;
-    kit.for_range(tid, kit.i32c(total), kit.i32c(s.threads() as i32), |k, e| {
+    let total = (t.bm * t.bn) as i32;
+    kit.for_range(tid, kit.i32c(total), kit.i32c(t.threads as i32), |k, e| {
         let r = k.udiv(e, k.i32c(bn))?;
         let v = k.urem(e, k.i32c(bn))?;
         let m = k.add(m0, k.zext64(r)?)?;
@@ -781,7 +1146,7 @@ fn staged_epilogue<'ctx>(
         match &spec.epi {
             Epi::Columns { segs, appends: a, .. } => {
                 appends = a;
-                let n = k.add(k.mul(tile, k.i64c(i64::from(s.bn)))?, k.zext64(v)?)?;
+                let n = k.add(k.mul(tile, k.i64c(i64::from(t.bn)))?, k.zext64(v)?)?;
                 let n_ok = k.and(m_ok, k.icmp(IntPredicate::SLT, n, k.dim(&spec.n)?)?)?;
                 for (j, seg) in segs.iter().enumerate() {
                     let (a, w) = (k.dim(&seg.start)?, k.dim(&seg.width)?);
@@ -789,10 +1154,10 @@ fn staged_epilogue<'ctx>(
                     let inside = k.and(k.icmp(IntPredicate::SGE, c, k.i64c(0))?, k.icmp(IntPredicate::SLT, c, w)?)?;
                     todo.push((j, k.and(n_ok, inside)?, c, w));
                 }
-                extra.push(tile_buf(k, k.mul(tile, k.i64c(i64::from(s.bn)))?, 0)?);
+                extra.push(tile_buf(k, k.mul(tile, k.i64c(i64::from(t.bn)))?, 0)?);
             }
             Epi::Paired { slices, segs, width } => {
-                let sub = s.bn / segs.len() as u32;
+                let sub = t.bn / segs.len() as u32;
                 let jj = k.add(k.mul(tile, k.i64c(i64::from(sub)))?, k.zext64(v)?)?;
                 let w = k.dim(width)?;
                 let ok = k.and(m_ok, k.and(k.icmp(IntPredicate::ULT, v, k.i32c(sub as i32))?, k.icmp(IntPredicate::SLT, jj, w)?)?)?;
@@ -1060,6 +1425,399 @@ fn small_m_columns<'ctx>(
     Ok(())
 }
 
+/// A 16-byte chunk of an operand that one thread of the tensor-core kernel copies into every
+/// stage (see [`mma_chunks`]).
+struct Chunk<'ctx> {
+    /// Element offset from the thread's first chunk (i64; a constant where the layout is).
+    delta: IntValue<'ctx>,
+    /// Byte offset of the chunk in a stage (i32).
+    dst: IntValue<'ctx>,
+    guard: ChunkGuard<'ctx>,
+}
+
+/// What decides how many of a chunk's bytes exist.
+enum ChunkGuard<'ctx> {
+    /// A K-contiguous slab: whether the chunk's row (M or N) exists (`None`: provably), and
+    /// its first K element within the k-tile `kc` (i64); the bytes before K's end are read.
+    Outer { ok: Option<IntValue<'ctx>>, kc: IntValue<'ctx> },
+    /// An outer-contiguous slab: the chunk's K row within the k-tile is `row` (i64); where it
+    /// is below K, `bytes` (i32) exist along M or N.
+    K { row: IntValue<'ctx>, bytes: IntValue<'ctx> },
+}
+
+/// The chunks one thread copies of an operand's slab per stage (see [`mma_chunks`]).
+struct Chunks<'ctx> {
+    /// Element offset of the first chunk at k-tile 0 (i64).
+    first: IntValue<'ctx>,
+    chunks: Vec<Chunk<'ctx>>,
+    /// Every k-tile is whole (K a provable multiple of `bk`): no K bounds to check.
+    k_whole: bool,
+}
+
+/// The chunks thread `tid` copies of an operand's slab per stage: chunk `tid + i·threads`
+/// of the slab's row-major chunks, for every `i`. `base` is the operand's element offset for
+/// the CTA's batch; `outer_of(v)` maps the slab's outer index `v` (i32: a row of A's tile, a
+/// virtual column of B's) to the operand's outer index, the index that decides whether it
+/// exists and its bound ([`tile_column`]'s triple). `segments`: for a paired epilogue, the
+/// sub-tile width and the segments' first columns (the slab's rows `v` are column
+/// `start[v / sub] + tile·sub + v mod sub`), else `None` (`outer_of(v) = c + v`); either way
+/// the chunks lie at distances known without `outer_of` (constants where the strides and
+/// starts are, which ptxas folds into the copies' address offsets). `whole`: every CTA's tile
+/// lies inside the bound (no outer bounds to check).
+#[allow(clippy::too_many_arguments)]
+fn mma_chunks<'ctx>(
+    k: &Kit<'ctx>,
+    spec: &Spec,
+    op: &MatOperand,
+    slab: &Slab,
+    (bk, threads): (u32, u32),
+    tid: IntValue<'ctx>,
+    base: IntValue<'ctx>,
+    (segments, whole): (Option<(u32, &[Dim])>, bool),
+    outer_of: &dyn Fn(&Kit<'ctx>, IntValue<'ctx>) -> R<Bounded<'ctx>>,
+) -> R<Chunks<'ctx>> {
+    let c = slab.chunks();
+    let (outer, ks) = (k.dim(&op.outer)?, k.dim(&op.ks)?);
+    let k_whole = spec.k.div_exact(i64::from(bk)).is_some();
+    let keeps_column = threads % c == 0;
+    let step = threads / c;
+    let mut first = None;
+    let mut chunks: Vec<Chunk<'ctx>> = Vec::new();
+    for i in 0..slab.rows * c / threads {
+        // With threads a multiple of the chunks per row, a thread keeps its chunk column and
+        // moves down `threads / c` rows per chunk.
+        let (row, col) = if keeps_column {
+            (k.add(k.udiv(tid, k.i32c(c as i32))?, k.i32c((i * step) as i32))?, k.urem(tid, k.i32c(c as i32))?)
+        } else {
+            let e = k.add(tid, k.i32c((i * threads) as i32))?;
+            (k.udiv(e, k.i32c(c as i32))?, k.urem(e, k.i32c(c as i32))?)
+        };
+        // The swizzle repeats every 8 rows: chunk i's destination is then the first's plus a
+        // constant (one register for all, the rest address offsets).
+        let dst = match &chunks.first() {
+            Some(c0) if keeps_column && step % 8 == 0 => k.add(c0.dst, k.i32c((i * step * slab.row_bytes()) as i32))?,
+            _ => k.add(k.i32c(slab.base as i32), slab.offset(k, row, col)?)?,
+        };
+        let kc = k.zext64(k.shl(col, 3)?)?;
+        let (elem, guard) = if slab.k_contig {
+            let (o, idx, limit) = outer_of(k, row)?;
+            let ok = if whole { None } else { Some(k.icmp(IntPredicate::SLT, idx, limit)?) };
+            (k.add(k.mul(o, outer)?, kc)?, ChunkGuard::Outer { ok, kc })
+        } else {
+            let (o, idx, limit) = outer_of(k, k.shl(col, 3)?)?;
+            let row64 = k.zext64(row)?;
+            let bytes = if whole { k.i32c(16) } else { clamp_bytes(k, k.sub(limit, idx)?)? };
+            (k.add(o, k.mul(row64, ks)?)?, ChunkGuard::K { row: row64, bytes })
+        };
+        let delta = match (first, segments) {
+            (None, _) => {
+                first = Some(elem);
+                k.i64c(0)
+            }
+            // Chunk i is i·step rows below the first: i·step·(row stride) elements.
+            (Some(_), None) if keeps_column => k.mul(k.i64c(i64::from(i * step)), if slab.k_contig { outer } else { ks })?,
+            (Some(_), Some(_)) if keeps_column && !slab.k_contig => k.mul(k.i64c(i64::from(i * step)), ks)?,
+            // Paired rows: the first row is below `step` and `sub` a multiple of `step`, so
+            // row i·step + row₀ is in segment i·step / sub, at i·step mod sub in it.
+            (Some(_), Some((sub, starts))) if keeps_column && sub % step == 0 => {
+                let seg = ((i * step) / sub) as usize;
+                let shift = k.sub(k.dim(&starts[seg])?, k.dim(&starts[0])?)?;
+                k.mul(k.add(shift, k.i64c(i64::from((i * step) % sub)))?, outer)?
+            }
+            (Some(f), _) => k.sub(elem, f)?,
+        };
+        chunks.push(Chunk { delta, dst, guard });
+    }
+    let first = first.ok_or_else(|| k.err("a slab without chunks"))?;
+    Ok(Chunks { first: k.add(base, first)?, chunks, k_whole })
+}
+
+/// `2·clamp(n, 0, 8)` as an i32: the bytes of a 16-byte chunk of 16-bit elements that exist
+/// when `n` (i64) elements are left.
+fn clamp_bytes<'ctx>(k: &Kit<'ctx>, n: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    let n = k.smin(k.smax(n, k.i64c(0))?, k.i64c(8))?;
+    k.shl(k.trunc32(n)?, 1)
+}
+
+/// Issues one stage's `cp.async` copies of an operand: its chunks at k-tile offset `k0`
+/// (i64, elements) into the stage at byte `stage` (i32) of `smem`, zero-filling what lies
+/// past K, M or N.
+fn issue_chunks<'ctx>(k: &Kit<'ctx>, op: &MatOperand, cs: &Chunks<'ctx>, k0: IntValue<'ctx>, kdim: IntValue<'ctx>, smem: PointerValue<'ctx>, stage: IntValue<'ctx>) -> R<()> {
+    let ptr = k.buf(op.buffer)?;
+    let at = k.gep_raw(op.dtype, ptr, k.add(cs.first, k.mul(k0, k.dim(&op.ks)?)?)?)?;
+    let full = k.i32c(16);
+    for c in &cs.chunks {
+        let bytes = match c.guard {
+            ChunkGuard::Outer { ok, kc } => {
+                let left = if cs.k_whole { full } else { clamp_bytes(k, k.sub(kdim, k.add(k0, kc)?)?)? };
+                match ok {
+                    Some(ok) => k.select_i(ok, left, k.i32c(0))?,
+                    None => left,
+                }
+            }
+            ChunkGuard::K { row, bytes } => {
+                if cs.k_whole {
+                    bytes
+                } else {
+                    let inside = k.icmp(IntPredicate::SLT, k.add(k0, row)?, kdim)?;
+                    k.select_i(inside, bytes, k.i32c(0))?
+                }
+            }
+        };
+        let src = k.gep_raw(op.dtype, at, c.delta)?;
+        let dst = k.sh_at(smem, k.add(stage, c.dst)?)?;
+        k.cp_async_16(dst, src, bytes)?;
+    }
+    Ok(())
+}
+
+/// The CTA's tile coordinates `(row tile, column tile)` (i64) from `ctaid.x` (row tiles) and
+/// `ctaid.y` (column tiles), regrouped so that CTAs launched one after another cover `group`
+/// row tiles × the column tiles in turn (the grouped ordering of Triton's matmul tutorial):
+/// the A and B slabs a wave of CTAs reads then stay in L2.
+fn raster<'ctx>(k: &Kit<'ctx>, group: u32) -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+    let x = k.zext64(k.sreg("ctaid.x")?)?;
+    let y = k.zext64(k.sreg("ctaid.y")?)?;
+    if group <= 1 {
+        return Ok((x, y));
+    }
+    let nx = k.zext64(k.sreg("nctaid.x")?)?;
+    let ny = k.zext64(k.sreg("nctaid.y")?)?;
+    let g = k.i64c(i64::from(group));
+    let linear = k.add(x, k.mul(y, nx)?)?;
+    let per_group = k.mul(g, ny)?;
+    let first = k.mul(k.udiv(linear, per_group)?, g)?;
+    let size = k.smin(k.sub(nx, first)?, g)?;
+    let r = k.urem(linear, per_group)?;
+    Ok((k.add(first, k.urem(r, size)?)?, k.udiv(r, size)?))
+}
+
+/// The tensor-core kernel (see [`MmaSchedule`] and the module docs).
+///
+/// Pipeline (as CUTLASS's `MmaMultistage`): the prologue issues the copies of k-tiles
+/// `0 .. stages−1`, one `cp.async` group each; at k-tile `kt` the warps compute from stage
+/// `kt mod stages` in `bk/16` steps, loading the fragments of step `kk+1` before the MMAs of
+/// step `kk` (register double buffering); at the first step they issue k-tile
+/// `kt + stages − 1` into the stage freed by k-tile `kt − 1`, and before the last step they
+/// wait for k-tile `kt + 1` (`cp.async.wait_group stages−2`, then a barrier, which also
+/// tells every thread that the stage about to be overwritten has been read), so that its
+/// first fragments load while the last MMAs of `kt` issue.
+fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan) -> R<()> {
+    let threads = s.threads();
+    kit.launch_bounds(threads);
+    let dt = spec.dtype;
+    let (wm, wn) = s.warp_tile();
+    let (mt, nt) = ((wm / 16) as usize, (wn / 8) as usize);
+    let steps = s.bk / 16;
+    let stages = s.stages;
+    let tid = kit.sreg("tid.x")?;
+    let lane = kit.and(tid, kit.i32c(31))?;
+    let warp = kit.lshr(tid, 5)?;
+    let warp_m = kit.urem(warp, kit.i32c(s.warps_m as i32))?;
+    let warp_n = kit.udiv(warp, kit.i32c(s.warps_m as i32))?;
+    let (pid_m, pid_n) = raster(kit, s.group_m)?;
+    let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let m0 = kit.mul(pid_m, kit.i64c(i64::from(s.bm)))?;
+    let bases = batch_bases(kit, spec, bz)?;
+    let (mdim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.k)?);
+    let smem = kit.shared(SharedKind::Dynamic(plan.smem_bytes), plan.smem_bytes)?;
+
+    // The chunks this thread copies per stage.
+    let a_whole = spec.m.div_exact(i64::from(s.bm)).is_some();
+    let a_chunks = mma_chunks(kit, spec, &spec.a, &plan.a, (s.bk, threads), tid, bases.a, (None, a_whole), &|k, v| {
+        let m = k.add(m0, k.zext64(v)?)?;
+        Ok((m, m, mdim))
+    })?;
+    let starts: Vec<Dim>;
+    let (b_segments, b_whole) = match &spec.epi {
+        Epi::Paired { segs, width, .. } => {
+            let sub = s.bn / segs.len() as u32;
+            starts = segs.iter().map(|sg| sg.start.clone()).collect();
+            (Some((sub, starts.as_slice())), width.div_exact(i64::from(sub)).is_some())
+        }
+        _ => (None, spec.n.div_exact(i64::from(s.bn)).is_some()),
+    };
+    let b_chunks = mma_chunks(kit, spec, &spec.b, &plan.b, (s.bk, threads), tid, bases.b, (b_segments, b_whole), &|k, v| tile_column(k, spec, s.bn, pid_n, v))?;
+    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| -> R<()> {
+        let k0 = k.mul(k.zext64(kt)?, k.i64c(i64::from(s.bk)))?;
+        issue_chunks(k, &spec.a, &a_chunks, k0, kdim, smem, stage)?;
+        issue_chunks(k, &spec.b, &b_chunks, k0, kdim, smem, stage)
+    };
+    // k-tiles are counted in 32 bits (K < 2³¹·bk: a row of 2³⁷ 16-bit elements would not
+    // fit in a device's memory), saving the main loop a register pair.
+    let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(i64::from(s.bk - 1)))?, kit.i64c(i64::from(s.bk)))?)?;
+    for st in 0..stages - 1 {
+        kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| issue(k, k.i32c(st as i32), k.i32c((st * plan.stage_bytes) as i32)))?;
+        kit.cp_async_commit()?;
+    }
+
+    // Each lane's ldmatrix row address within a 16×16 (outer × K) block of a slab: lane
+    // 8j + r points at row r of matrix j; A's matrices are (rows 0–7, k 0–7), (8–15, 0–7),
+    // (0–7, 8–15), (8–15, 8–15) — its fragment registers a0..a3 — and B's (n 0–7, k 0–7),
+    // (0–7, 8–15), (8–15, 0–7), (8–15, 8–15) — b0, b1 of two n8 tiles. `warp_o` is the
+    // warp's first row (A) or column (B) of the CTA tile. The block at (outer 16·blk, K
+    // 16·kk) is then at `lane_addr(kk, blk)` (see `frag_addr`): the swizzle XORs only chunk
+    // bits, so block offsets along the chunk axis are XORs and along the row axis adds.
+    let j = kit.lshr(lane, 3)?;
+    let r = kit.and(lane, kit.i32c(7))?;
+    let lane_base = |slab: &Slab, is_a: bool, warp_o: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        let (hi, lo) = (kit.lshr(j, 1)?, kit.and(j, kit.i32c(1))?);
+        let (o_off, k_off) = if is_a { (lo, hi) } else { (hi, lo) };
+        let (row, chunk) = if slab.k_contig { (kit.add(kit.shl(o_off, 3)?, r)?, k_off) } else { (kit.add(kit.shl(k_off, 3)?, r)?, o_off) };
+        let off = slab.offset(kit, row, chunk)?;
+        if slab.k_contig {
+            kit.add(off, kit.mul(warp_o, kit.i32c(slab.row_bytes() as i32))?)
+        } else {
+            kit.xor(off, kit.shl(warp_o, 1)?)
+        }
+    };
+    let a_lane = lane_base(&plan.a, true, kit.mul(warp_m, kit.i32c(wm as i32))?)?;
+    let b_lane = lane_base(&plan.b, false, kit.mul(warp_n, kit.i32c(wn as i32))?)?;
+    let frag_addr = |k: &Kit<'ctx>, slab: &Slab, lane_off: IntValue<'ctx>, stage: IntValue<'ctx>, kk: u32, blk: u32| -> R<PointerValue<'ctx>> {
+        let rb = slab.row_bytes();
+        let (xor, add) = if slab.k_contig { (32 * kk, 16 * blk * rb) } else { (32 * blk, 16 * kk * rb) };
+        let off = k.add(k.xor(lane_off, k.i32c(xor as i32))?, k.i32c((add + slab.base) as i32))?;
+        k.sh_at(smem, k.add(stage, off)?)
+    };
+
+    // Accumulators acc[mi][ni][0..4] and two buffers of fragments (i32 registers).
+    let zero = kit.f32c(0.0);
+    let acc: Vec<PointerValue> = (0..mt * nt * 4).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
+    let fa: Vec<PointerValue> = (0..2 * mt * 4).map(|_| kit.var_i(kit.i32c(0))).collect::<R<_>>()?;
+    let fb: Vec<PointerValue> = (0..2 * nt * 2).map(|_| kit.var_i(kit.i32c(0))).collect::<R<_>>()?;
+    let load_frags = |k: &Kit<'ctx>, kk: u32, stage: IntValue<'ctx>, buf: usize| -> R<()> {
+        for mi in 0..mt {
+            let v = k.ldmatrix_x4(frag_addr(k, &plan.a, a_lane, stage, kk, mi as u32)?, !plan.a.k_contig)?;
+            for (q, x) in v.iter().enumerate() {
+                k.set(fa[(buf * mt + mi) * 4 + q], (*x).into())?;
+            }
+        }
+        for p in 0..nt / 2 {
+            let v = k.ldmatrix_x4(frag_addr(k, &plan.b, b_lane, stage, kk, p as u32)?, !plan.b.k_contig)?;
+            for (q, x) in v.iter().enumerate() {
+                // Registers 0, 1: n8 tile 2p; 2, 3: tile 2p + 1.
+                k.set(fb[(buf * nt + 2 * p + q / 2) * 2 + q % 2], (*x).into())?;
+            }
+        }
+        Ok(())
+    };
+    let mmas = |k: &Kit<'ctx>, buf: usize| -> R<()> {
+        let i32t = k.i32t;
+        for mi in 0..mt {
+            let fr = |q: usize| k.get_i(fa[(buf * mt + mi) * 4 + q], i32t);
+            let a = [fr(0)?, fr(1)?, fr(2)?, fr(3)?];
+            for jn in 0..nt {
+                // Serpentine over the n8 tiles (consecutive MMAs share a B fragment).
+                let ni = if mi % 2 == 0 { jn } else { nt - 1 - jn };
+                let b = [k.get_i(fb[(buf * nt + ni) * 2], i32t)?, k.get_i(fb[(buf * nt + ni) * 2 + 1], i32t)?];
+                let at = (mi * nt + ni) * 4;
+                let c = [k.get_f(acc[at])?, k.get_f(acc[at + 1])?, k.get_f(acc[at + 2])?, k.get_f(acc[at + 3])?];
+                let d = k.mma(dt, a, b, c)?;
+                for (q, v) in d.iter().enumerate() {
+                    k.set(acc[at + q], (*v).into())?;
+                }
+            }
+        }
+        Ok(())
+    };
+    let next_stage = |k: &Kit<'ctx>, v: PointerValue<'ctx>| -> R<()> {
+        let cur = k.get_i(v, k.i32t)?;
+        let nxt = k.add(cur, k.i32c(plan.stage_bytes as i32))?;
+        let wrap = k.icmp(IntPredicate::EQ, nxt, k.i32c((stages * plan.stage_bytes) as i32))?;
+        k.set(v, k.select_i(wrap, k.i32c(0), nxt)?.into())
+    };
+
+    kit.cp_async_wait(stages - 2)?;
+    kit.barrier()?;
+    let read = kit.var_i(kit.i32c(0))?;
+    let write = kit.var_i(kit.i32c(((stages - 1) * plan.stage_bytes) as i32))?;
+    load_frags(kit, 0, kit.i32c(0), 0)?;
+    kit.for_range(kit.i32c(0), ktiles, kit.i32c(1), |k, kt| {
+        for kk in 0..steps {
+            if kk == steps - 1 {
+                k.cp_async_wait(stages - 2)?;
+                k.barrier()?;
+                next_stage(k, read)?;
+            }
+            let rs = k.get_i(read, k.i32t)?;
+            load_frags(k, (kk + 1) % steps, rs, ((kk + 1) % 2) as usize)?;
+            if kk == 0 {
+                let nk = k.add(kt, k.i32c((stages - 1) as i32))?;
+                let ws = k.get_i(write, k.i32t)?;
+                k.if_then(k.icmp(IntPredicate::SLT, nk, ktiles)?, |k| issue(k, nk, ws))?;
+                k.cp_async_commit()?;
+                next_stage(k, write)?;
+            }
+            mmas(k, (kk % 2) as usize)?;
+        }
+        Ok(())
+    })?;
+    kit.cp_async_wait(0)?;
+
+    // Epilogue. Lane (g, t) = (lane / 4, lane % 4) holds, of each m16n8 tile, columns 2t,
+    // 2t + 1 of rows g and g + 8.
+    // The lane's coordinates afresh from an opaque copy of `tid.x`, so that LLVM does not
+    // keep them (or what they share with the loop's addresses) live through the main loop,
+    // whose registers are all taken.
+    let tid = kit.math(|kb| kb.opaque(tid))?;
+    let lane = kit.and(tid, kit.i32c(31))?;
+    let warp = kit.lshr(tid, 5)?;
+    let warp_m = kit.urem(warp, kit.i32c(s.warps_m as i32))?;
+    let warp_n = kit.udiv(warp, kit.i32c(s.warps_m as i32))?;
+    let g = kit.lshr(lane, 2)?;
+    let t2 = kit.shl(kit.and(lane, kit.i32c(3))?, 1)?;
+    let row0 = kit.add(kit.mul(warp_m, kit.i32c(wm as i32))?, g)?;
+    let col0 = kit.add(kit.mul(warp_n, kit.i32c(wn as i32))?, t2)?;
+    let frag = |mi: usize, ni: usize, h: usize| -> R<(u32, u32, [FloatValue<'ctx>; 2])> {
+        let at = (mi * nt + ni) * 4 + 2 * h;
+        Ok(((mi * 16 + 8 * h) as u32, (ni * 8) as u32, [kit.get_f(acc[at])?, kit.get_f(acc[at + 1])?]))
+    };
+    if spec.epi.staged() {
+        // Stage the tile (rounded to R's dtype) over the pipeline's memory once every warp
+        // has read its last fragments, then write the outputs from it.
+        kit.barrier()?;
+        let es = dt.size_bytes() as i32;
+        for mi in 0..mt {
+            for ni in 0..nt {
+                for h in 0..2 {
+                    let (dr, dc, v) = frag(mi, ni, h)?;
+                    let row = kit.add(row0, kit.i32c(dr as i32))?;
+                    let col = kit.add(col0, kit.i32c(dc as i32))?;
+                    let e = kit.add(kit.mul(row, kit.i32c(plan.pitch as i32))?, col)?;
+                    kit.sh_store(dt, kit.sh_at(smem, kit.mul(e, kit.i32c(es))?)?, &v)?;
+                }
+            }
+        }
+        kit.barrier()?;
+        let t = StagedTile { bm: s.bm, bn: s.bn, pitch: plan.pitch, threads };
+        return staged_outputs(kit, spec, t, smem, (m0, pid_n, bz), tid);
+    }
+    // Direct: each pair of columns evaluated from the registers, as two lanes (vector loads
+    // and stores where the layouts allow); a last odd column alone.
+    let n0 = kit.mul(pid_n, kit.i64c(i64::from(s.bn)))?;
+    let ndim = kit.dim(&spec.n)?;
+    let n_even = spec.n.div_exact(2).is_some();
+    let mbase = kit.add(m0, kit.zext64(row0)?)?;
+    let nbase = kit.add(n0, kit.zext64(col0)?)?;
+    for mi in 0..mt {
+        for ni in 0..nt {
+            for h in 0..2 {
+                let (dr, dc, v) = frag(mi, ni, h)?;
+                let m = kit.add(mbase, kit.i64c(i64::from(dr)))?;
+                let n = kit.add(nbase, kit.i64c(i64::from(dc)))?;
+                let m_ok = kit.icmp(IntPredicate::SLT, m, mdim)?;
+                let both = kit.icmp(IntPredicate::SLT, kit.add(n, kit.i64c(1))?, ndim)?;
+                kit.if_then(kit.and(m_ok, both)?, |k| epilogue_and_store_pair(k, spec, &bases, m, n, v))?;
+                if !n_even {
+                    let last = kit.icmp(IntPredicate::EQ, kit.add(n, kit.i64c(1))?, ndim)?;
+                    kit.if_then(kit.and(m_ok, last)?, |k| epilogue_and_store(k, spec, &bases, m, n, v[0]))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The toolkit the matmul and attention generators build with: a thin layer over
 /// [`crate::emit::KernelBuilder`].
 ///
@@ -1139,10 +1897,10 @@ pub(crate) mod kit {
             params.extend(std::iter::repeat_n(ParamKind::output(), n_outputs));
             params.extend(std::iter::repeat_n(ParamKind::Size, sizes.len()));
             let kb = KernelBuilder::new(ctx, name, &params, target)?;
-            // No `.maxntid`: with it, ptxas 12.9 trades registers for occupancy on these
-            // kernels (capping the attention core at 80–128 registers) and spills; without
-            // it every schedule here assembles spill-free. `threads` is kept for when the
-            // tensor-core versions want the bound.
+            // No `.maxntid` by default: with it, ptxas 12.9 trades registers for occupancy on
+            // these kernels (capping the attention core at 80–128 registers) and spills;
+            // without it every schedule here assembles spill-free. The tensor-core matmul
+            // declares it ([`Kit::launch_bounds`]) to get 255 registers at 256 threads.
             let _ = threads;
             Ok(Kit {
                 kb: RefCell::new(kb),
@@ -1411,6 +2169,45 @@ pub(crate) mod kit {
             self.bld().shfl_bfly_f32(v, mask)
         }
 
+        /// Declares the launch bound (`.maxntid threads`, `.minnctapersm 1`): ptxas may then
+        /// give each thread up to `65536 / threads` registers (255 at 256 threads), which the
+        /// tensor-core kernels' register tiles need.
+        pub(crate) fn launch_bounds(&self, threads: u32) {
+            let kb = self.bld();
+            kb.set_max_threads(threads);
+            kb.set_min_ctas_per_sm(1);
+        }
+
+        // ---- tensor cores (see the primitives of `KernelBuilder`) ------------------------
+        /// [`KernelBuilder::cp_async_16`]: 16 bytes global → shared, `src_bytes` (i32) read.
+        pub(crate) fn cp_async_16(&self, dst: PointerValue<'ctx>, src: PointerValue<'ctx>, src_bytes: IntValue<'ctx>) -> R<()> {
+            self.bld().cp_async_16(dst, src, src_bytes)
+        }
+        /// [`KernelBuilder::cp_async_commit`].
+        pub(crate) fn cp_async_commit(&self) -> R<()> {
+            self.bld().cp_async_commit()
+        }
+        /// [`KernelBuilder::cp_async_wait`].
+        pub(crate) fn cp_async_wait(&self, n: u32) -> R<()> {
+            self.bld().cp_async_wait(n)
+        }
+        /// [`KernelBuilder::ldmatrix_x4`].
+        pub(crate) fn ldmatrix_x4(&self, p: PointerValue<'ctx>, trans: bool) -> R<[IntValue<'ctx>; 4]> {
+            self.bld().ldmatrix_x4(p, trans)
+        }
+        /// [`KernelBuilder::mma_m16n8k16`].
+        pub(crate) fn mma(&self, dt: DType, a: [IntValue<'ctx>; 4], b: [IntValue<'ctx>; 2], c: [FloatValue<'ctx>; 4]) -> R<[FloatValue<'ctx>; 4]> {
+            self.bld().mma_m16n8k16(dt, a, b, c)
+        }
+        /// Logical shift right.
+        pub(crate) fn lshr(&self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_right_shift(a, a.get_type().const_int(u64::from(s), false), false, "")?)
+        }
+        /// Shift left.
+        pub(crate) fn shl(&self, a: IntValue<'ctx>, s: u32) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_left_shift(a, a.get_type().const_int(u64::from(s), false), "")?)
+        }
+
         /// Butterfly reduction over lanes differing in the bits of `masks` (16, 8, 4, 2, 1 for
         /// the whole warp): every lane ends with the same result.
         pub(crate) fn warp_reduce(
@@ -1553,8 +2350,27 @@ pub(crate) mod kit {
         /// A private (per-thread) slot for one element of float dtype `dt`: a prologue
         /// alloca, which SROA removes when every access is a plain store then load.
         pub(crate) fn private_slot(&self, dt: DType) -> R<PointerValue<'ctx>> {
+            self.private_slots(dt, 1)
+        }
+        /// A private slot for `n` consecutive elements of float dtype `dt` (a vector, aligned
+        /// to its size), as [`Kit::private_slot`].
+        pub(crate) fn private_slots(&self, dt: DType, n: u32) -> R<PointerValue<'ctx>> {
             let ty = self.float_type(dt)?;
-            self.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(ty, "")?)))
+            if n == 1 {
+                return self.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(ty, "")?)));
+            }
+            self.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(ty.vec_type(n), "")?)))
+        }
+        /// A mutable integer of `init`'s type (a prologue alloca, promoted by SROA).
+        pub(crate) fn var_i(&self, init: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+            let ty = init.get_type();
+            let p = self.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(ty, "")?)))?;
+            self.set(p, init.into())?;
+            Ok(p)
+        }
+        /// Reads an integer variable of type `ty`.
+        pub(crate) fn get_i(&self, p: PointerValue<'ctx>, ty: IntType<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_load(ty, p, "")?.into_int_value())
         }
 
         /// Runs `f` with the shared element evaluator ([`Eval`]) over `body`, whose
@@ -1887,6 +2703,98 @@ pub(crate) mod tests {
         Some(report.to_string())
     }
 
+    /// The tensor-core primitives on one warp, emulated (and assembled for sm_80 and sm_90a):
+    /// `cp.async` of a 16×16 A and a 16×16 B into shared memory (one chunk of A zero-filled
+    /// past 3 elements), `ldmatrix.x4` (B both ways: `[N, K]` without `.trans`, `[K, N]`
+    /// with), two `mma.m16n8k16` accumulating onto 0.5, and `pack_x2` of the result — checked
+    /// against a CPU product, in bf16 and f16.
+    #[test]
+    fn mma_primitives() {
+        use super::emu::{from_bytes, random, run, to_bytes};
+        for dt in [DType::BF16, DType::F16] {
+            for b_k_contig in [true, false] {
+                let build = |kit: &Kit<'_>| -> R<()> {
+                    let smem = kit.shared(SharedKind::Static, 1024)?;
+                    let lane = kit.sreg("tid.x")?;
+                    let (a, b) = (kit.buf(0)?, kit.buf(1)?);
+                    // Chunk `lane` of each 16 × 16 tile: row lane/2, 8 elements from 8·(lane%2).
+                    let row = kit.lshr(lane, 1)?;
+                    let half = kit.and(lane, kit.i32c(1))?;
+                    let at = kit.zext64(kit.add(kit.mul(row, kit.i32c(16))?, kit.shl(half, 3)?)?)?;
+                    let boff = kit.add(kit.mul(row, kit.i32c(32))?, kit.shl(half, 4)?)?;
+                    let last = kit.icmp(IntPredicate::EQ, lane, kit.i32c(31))?;
+                    let bytes = kit.select_i(last, kit.i32c(6), kit.i32c(16))?;
+                    kit.cp_async_16(kit.sh_at(smem, boff)?, kit.gep_raw(dt, a, at)?, bytes)?;
+                    kit.cp_async_16(kit.sh_at(smem, kit.add(boff, kit.i32c(512))?)?, kit.gep_raw(dt, b, at)?, kit.i32c(16))?;
+                    kit.cp_async_commit()?;
+                    kit.cp_async_wait(0)?;
+                    kit.warp_sync()?;
+                    // A: lane l at row l % 16, column 8·(l / 16).
+                    let aoff = kit.add(kit.mul(kit.and(lane, kit.i32c(15))?, kit.i32c(32))?, kit.shl(kit.lshr(lane, 4)?, 4)?)?;
+                    let af = kit.ldmatrix_x4(kit.sh_at(smem, aoff)?, false)?;
+                    // B [N, K]: lane l at row (l % 8) + 8·(l / 16), column 8·((l / 8) % 2);
+                    // B [K, N] (.trans): row (l % 16), column 8·(l / 16).
+                    let r8 = kit.and(lane, kit.i32c(7))?;
+                    let j1 = kit.and(kit.lshr(lane, 3)?, kit.i32c(1))?;
+                    let j2 = kit.lshr(lane, 4)?;
+                    let (brow, bcol) = if b_k_contig { (kit.add(r8, kit.shl(j2, 3)?)?, j1) } else { (kit.add(r8, kit.shl(j1, 3)?)?, j2) };
+                    let bo = kit.add(kit.i32c(512), kit.add(kit.mul(brow, kit.i32c(32))?, kit.shl(bcol, 4)?)?)?;
+                    let bf = kit.ldmatrix_x4(kit.sh_at(smem, bo)?, !b_k_contig)?;
+                    let g = kit.zext64(kit.lshr(lane, 2)?)?;
+                    let t2 = kit.zext64(kit.shl(kit.and(lane, kit.i32c(3))?, 1)?)?;
+                    let c = kit.f32c(0.5);
+                    for nt in 0..2usize {
+                        let d = kit.mma(dt, af, [bf[2 * nt], bf[2 * nt + 1]], [c; 4])?;
+                        for h in 0..2usize {
+                            let row = kit.add(g, kit.i64c(8 * h as i64))?;
+                            let e = kit.add(kit.mul(row, kit.i64c(16))?, kit.add(t2, kit.i64c(8 * nt as i64))?)?;
+                            kit.store_vec(DType::F32, kit.buf(2)?, e, &[d[2 * h], d[2 * h + 1]])?;
+                            let packed = kit.math(|kb| kb.pack_x2(dt, d[2 * h], d[2 * h + 1]))?;
+                            let p = kit.gep(kit.i32t.into(), kit.buf(3)?, kit.udiv(e, kit.i64c(2))?)?;
+                            kit.set(p, packed.into())?;
+                        }
+                    }
+                    Ok(())
+                };
+                let make = |emit_ir: bool, target: Target| -> LaunchPlan {
+                    super::kit::EMIT_IR.with(|f| f.set(emit_ir));
+                    let ctx = Context::create();
+                    let (ptx, params) = Kit::build(&ctx, "mma_unit", target, 2, 2, &[], 32, build).unwrap();
+                    super::kit::EMIT_IR.with(|f| f.set(false));
+                    LaunchPlan { entry: "mma_unit".into(), ptx, target: target.name().into(), grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)], block: [32, 1, 1], shared_bytes: 0, params }
+                };
+                for t in [Target::SM_80, Target::SM_90A] {
+                    let plan = make(false, t);
+                    for want in ["cp.async.cg.shared.global", "cp.async.wait_group", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32"] {
+                        assert!(plan.ptx.contains(want), "{dt} {t}: no {want}:\n{}", plan.ptx);
+                    }
+                    assert_eq!(plan.ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans"), !b_k_contig);
+                    assemble(&plan);
+                }
+                let a = random(dt, &[16, 16], 70);
+                let b = random(dt, &[16, 16], 71);
+                let mut bufs = vec![to_bytes(&a), to_bytes(&b), vec![0u8; 16 * 16 * 4], vec![0u8; 16 * 16 * 2]];
+                run(&make(true, Target::SM_80), &sinter_ir::Bindings::new(), &mut bufs);
+                let got = from_bytes(DType::F32, &bufs[2], 256);
+                let packed = from_bytes(dt, &bufs[3], 256);
+                for i in 0..16 {
+                    for j in 0..16 {
+                        let mut want = 0.5;
+                        for kk in 0..16 {
+                            // The last chunk of A (row 15, k 8..16) kept 3 elements.
+                            let av = if i == 15 && kk >= 11 { 0.0 } else { a.data()[i * 16 + kk] };
+                            let bv = if b_k_contig { b.data()[j * 16 + kk] } else { b.data()[kk * 16 + j] };
+                            want += av * bv;
+                        }
+                        let o = got[i * 16 + j];
+                        assert!((o - want).abs() <= 1e-5 * (1.0 + want.abs()), "{dt} B k-contiguous {b_k_contig}: D[{i}][{j}] = {o}, want {want}");
+                        assert_eq!(packed[i * 16 + j], dt.round(o), "{dt}: pack_x2 at [{i}][{j}]");
+                    }
+                }
+            }
+        }
+    }
+
     /// `x [M, 576] · w [1536, 576]ᵀ + bias [1536]`, then silu: a projection with an epilogue.
     fn projection(m: Dim, dt: DType) -> (KernelGraph, Kernel) {
         let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
@@ -1932,16 +2840,30 @@ pub(crate) mod tests {
         single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
     }
 
+    /// `x [T, 512] · w [512, 1000]` in f16 (B N-contiguous) plus a bias, cast to f32.
+    fn n_contiguous_mma() -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
+        let x = fb.param("x", ty(DType::F16, &[sym("T"), d(512)]));
+        let w = fb.param("w", ty(DType::F16, &[d(512), d(1000)]));
+        let b = fb.param("b", ty(DType::F16, &[d(1000)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
+        let y = fb.op1(OpKind::Add, &[mm, b], vec![]).unwrap();
+        let y = fb.op1(OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
     /// Every case at sm_80 and sm_90a: plan and ptxas resource line (no spills).
     #[test]
     fn ptxas_reports() {
         let cases: Vec<(&str, (KernelGraph, Kernel))> = vec![
-            ("projection bf16 M=T (tiled)", projection(sym("T"), DType::BF16)),
+            ("projection bf16 M=T (tensor cores)", projection(sym("T"), DType::BF16)),
             ("projection bf16 M=1 (small M)", projection(d(1), DType::BF16)),
             ("residual bf16 M=16 (small M)", residual(d(16))),
-            ("residual bf16 M=T (tiled)", residual(sym("T"))),
+            ("residual bf16 M=T (tensor cores, 128-column tiles)", residual(sym("T"))),
             ("batched scores f32, two outputs (tiled)", batched_scores()),
             ("f16 N-contiguous M=4 (small M, thread per column)", n_contiguous()),
+            ("f16 N-contiguous M=T (tensor cores, ldmatrix.trans)", n_contiguous_mma()),
+            ("projection f32 M=T (tiled)", projection(sym("T"), DType::F32)),
         ];
         let mut text = String::new();
         for t in [Target::SM_80, Target::SM_90A] {
@@ -1956,18 +2878,46 @@ pub(crate) mod tests {
 
     #[test]
     fn launch_plans() {
+        // bf16 at a symbolic M: the tensor cores, 128×256 tiles, 144 KiB of dynamic shared
+        // memory, the launch bound declared.
         let (g, k) = projection(sym("T"), DType::BF16);
         let plan = generate(&g, k, &Target::SM_90A).unwrap();
-        assert_eq!(plan.entry, "k0_matmul");
+        assert_eq!(plan.entry, "k0_matmul_mma");
         assert_eq!(plan.block, [256, 1, 1]);
-        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 64 });
-        assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 64 });
+        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 128 });
+        assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 256 });
         assert_eq!(plan.grid[2], GridDim::fixed(1));
-        assert_eq!(plan.shared_bytes, 0);
+        assert_eq!(plan.shared_bytes, 144 * 1024);
         assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
         assert!(plan.params[4..].iter().all(|p| matches!(p, KernelParam::Size(_))), "{:?}", plan.params);
         assert!(plan.params.contains(&KernelParam::Size(sym("T"))));
-        assert!(plan.ptx.contains(".entry k0_matmul("), "{}", plan.ptx);
+        assert!(plan.ptx.contains(".entry k0_matmul_mma("), "{}", plan.ptx);
+        assert!(plan.ptx.contains(".maxntid 256"), "{}", plan.ptx);
+        for want in ["cp.async.cg.shared.global", "cp.async.wait_group", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32"] {
+            assert!(plan.ptx.contains(want), "no {want}");
+        }
+        assert!(!plan.ptx.contains(".trans"), "both operands K-contiguous: no transposed ldmatrix");
+        // f32 stays on the CUDA cores.
+        let (g, k) = projection(sym("T"), DType::F32);
+        let plan = generate(&g, k, &Target::SM_90A).unwrap();
+        assert_eq!(plan.entry, "k0_matmul");
+        assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 64 });
+        assert_eq!(plan.shared_bytes, 0);
+        // A layout the 16-byte copies cannot prove (rows of 577 elements) falls back to the
+        // tiled kernel, and the tensor-core schedule given explicitly is refused.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "odd");
+        let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(577)]));
+        let w = fb.param("w", ty(DType::BF16, &[d(64), d(577)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul");
+        let e = generate_with(&g, k, &Target::SM_80, &MatmulSchedule::Mma(MmaSchedule::DEFAULT)).unwrap_err();
+        assert!(e.to_string().contains("aligned 16-byte chunks"), "{e}");
+        // More stages than sm_80's shared memory holds.
+        let (g, k) = projection(sym("T"), DType::BF16);
+        let deep = MmaSchedule { stages: 4, ..MmaSchedule::DEFAULT };
+        assert!(generate_with(&g, k, &Target::SM_80, &MatmulSchedule::Mma(deep)).is_err());
+        assert!(generate_with(&g, k, &Target::SM_90A, &MatmulSchedule::Mma(deep)).is_ok());
         // The small-M path reads 16-byte vectors of x and w and reduces with shuffles.
         let (g, k) = projection(d(1), DType::BF16);
         let plan = generate(&g, k, &Target::SM_80).unwrap();
@@ -1983,10 +2933,20 @@ pub(crate) mod tests {
 
     #[test]
     fn schedule_heuristic() {
-        assert_eq!(choose_schedule(&sym("T"), true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
-        assert_eq!(choose_schedule(&d(17), true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
-        assert_eq!(choose_schedule(&d(1), true), MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 32, columns: 4 }));
-        assert_eq!(choose_schedule(&d(16), false), MatmulSchedule::SmallM(SmallMSchedule { rows: 16, lanes: 1, columns: 128 }));
+        let bf = DType::BF16;
+        assert_eq!(choose_schedule(&sym("T"), &d(1536), bf, true), MatmulSchedule::Mma(MmaSchedule::DEFAULT));
+        assert_eq!(choose_schedule(&sym("T"), &sym("N"), DType::F16, false), MatmulSchedule::Mma(MmaSchedule::DEFAULT));
+        assert_eq!(choose_schedule(&d(17), &d(576), bf, true), MatmulSchedule::Mma(MmaSchedule::NARROW));
+        assert_eq!(choose_schedule(&sym("T"), &d(64), bf, true), MatmulSchedule::Mma(MmaSchedule::NARROW));
+        assert_eq!(choose_schedule(&sym("T"), &d(64), DType::F32, true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
+        assert_eq!(choose_schedule(&d(17), &d(64), DType::F32, true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
+        assert_eq!(choose_schedule(&d(1), &d(64), bf, true), MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 32, columns: 4 }));
+        assert_eq!(choose_schedule(&d(16), &d(64), bf, false), MatmulSchedule::SmallM(SmallMSchedule { rows: 16, lanes: 1, columns: 128 }));
+        assert_eq!(MmaSchedule::DEFAULT.threads(), 256);
+        assert_eq!(MmaSchedule::DEFAULT.warp_tile(), (64, 64));
+        assert_eq!(3 * MmaSchedule::DEFAULT.stage_bytes(), 144 * 1024);
+        assert_eq!(MmaSchedule::for_columns(&d(4096), 128), MmaSchedule::DEFAULT);
+        assert_eq!(MmaSchedule::for_columns(&d(576), 256), MmaSchedule::DEFAULT, "a 256-wide RoPE head needs 256-column tiles");
         assert_eq!(TiledSchedule::DEFAULT.threads(), 256);
         assert_eq!(TiledSchedule::DEFAULT.shared_bytes(), 8704);
         // Other schedules generate and assemble too (the autotuner's candidates).
@@ -2090,6 +3050,34 @@ pub(crate) mod tests {
         single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
     }
 
+    /// SmolLM2's prefill QKV projection as the passes fuse it: RoPE on Q and K, and K and V
+    /// appended to the paged cache (the prefill form: one sequence's block table, its start
+    /// from the first position).
+    pub(crate) fn qkv_append_prefill() -> (KernelGraph, Kernel) {
+        let text = "func @k3_matmul(%block_tables: i32[2, 1, M], %x: bf16[T, 576], %w: bf16[960, 576], %positions: i32[T], %k_pages: bf16[P, 16, 3, 64], %v_pages: bf16[P, 16, 3, 64]) {
+  %v6: i32[1, 1, M] = slice(%block_tables) {axis=-3, start=0, end=1}
+  %v7: i32[1, M] = reshape(%v6) {shape=[1, M]}
+  %v8: bf16[T, 960] = matmul(%x, %w) {transpose_b=true}
+  %v9: bf16[T, 576] = slice(%v8) {start=0, end=576}
+  %v10: bf16[T, 9, 64] = reshape(%v9) {shape=[T, 9, 64]}
+  %v11: i32[T, 1] = reshape(%positions) {shape=[T, 1]}
+  %v12: bf16[T, 9, 64] = rope(%v10, %v11) {theta=100000.0}
+  %v13: bf16[T, 192] = slice(%v8) {start=576, end=768}
+  %v14: bf16[T, 3, 64] = reshape(%v13) {shape=[T, 3, 64]}
+  %v15: bf16[T, 3, 64] = rope(%v14, %v11) {theta=100000.0}
+  %v16: bf16[1, T, 3, 64] = reshape(%v15) {shape=[1, T, 3, 64]}
+  %v17: bf16[T, 192] = slice(%v8) {start=768, end=960}
+  %v18: bf16[1, T, 3, 64] = reshape(%v17) {shape=[1, T, 3, 64]}
+  %v19: i32[1] = slice(%positions) {start=0, end=1}
+  %v20: bf16[P, 16, 3, 64], %v21: bf16[P, 16, 3, 64] = kv_append(%k_pages, %v_pages, %v16, %v18, %v7, %v19)
+  return %v12, %v15, %v20, %v21, %v18
+}
+";
+        let g = sinter_ir::parse(text).unwrap();
+        let f = g.funcs.values().next().unwrap().clone();
+        single_kernel(Family::Matmul, f)
+    }
+
     /// The fused bodies the passes produce for a Llama layer generate and assemble, prefill
     /// (symbolic M) and decode (M = 1), with the staged epilogue where they need it.
     #[test]
@@ -2103,6 +3091,7 @@ pub(crate) mod tests {
                 ("gate/up swiglu M=1", gate_up(d(1), DType::BF16)),
                 ("o_proj through a view M=T", o_proj_view(sym("T"))),
                 ("o_proj through a view M=1", o_proj_view(d(1))),
+                ("qkv+rope+kv_append (prefill) M=T", qkv_append_prefill()),
             ] {
                 let plan = generate(&g, k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let Some(report) = assemble(&plan) else { return };
@@ -2116,6 +3105,11 @@ pub(crate) mod tests {
         assert!(matches!(spec(gate_up(sym("T"), DType::BF16)).epi, Epi::Paired { .. }));
         assert!(matches!(spec(o_proj_view(sym("T"))).epi, Epi::Direct));
         let (g, k) = gate_up(sym("T"), DType::BF16);
+        let plan = generate(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.entry, "k0_matmul_mma");
+        assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 128 }, "128 output columns (of each half) per 256-column CTA");
+        // The same in f32: the tiled kernel, 32 columns of each half per CTA.
+        let (g, k) = gate_up(sym("T"), DType::F32);
         let plan = generate(&g, k, &Target::SM_80).unwrap();
         assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 32 }, "32 output columns per CTA");
         let (g, k) = o_proj_view(d(1));
@@ -2219,6 +3213,98 @@ pub(crate) mod tests {
             let ins = [random(DType::F32, &[kk, 33], 9), random(DType::F32, &[kk, 9], 10)];
             check(&format!("f32 transpose_a K={kk}"), &g, k, gen, &ins, &bind(&[("K", kk as i64)]));
         }
+        emulated_mma_direct();
+    }
+
+    /// Small tensor-core schedules for the emulator: one warp and a 2-stage pipeline; four
+    /// warps, a 3-stage pipeline and grouped CTA order.
+    pub(crate) const MMA_ONE_WARP: MmaSchedule = MmaSchedule { bm: 32, bn: 32, bk: 32, warps_m: 1, warps_n: 1, stages: 2, group_m: 1 };
+    pub(crate) const MMA_FOUR_WARPS: MmaSchedule = MmaSchedule { bm: 64, bn: 64, bk: 64, warps_m: 2, warps_n: 2, stages: 3, group_m: 2 };
+
+    /// `gen` with tensor-core schedule `s` on sm_80.
+    pub(crate) fn mma_gen(s: MmaSchedule) -> impl Fn(&KernelGraph, Kernel) -> Result<LaunchPlan, CodegenError> {
+        move |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::Mma(s))
+    }
+
+    /// `t` with NaN, +inf and −inf at a few places.
+    fn with_specials(t: Tensor) -> Tensor {
+        let mut v = t.data().to_vec();
+        let n = v.len();
+        for (i, x) in [(n / 3, f64::NAN), (n / 2, f64::INFINITY), (n - 1, f64::NEG_INFINITY)] {
+            v[i] = x;
+        }
+        Tensor::new(t.dtype(), t.shape(), v).unwrap()
+    }
+
+    /// The tensor-core kernel with direct epilogues, emulated: tails in M, N and K (zero-filled
+    /// `cp.async` chunks, partial ones included), both B layouts, a transposed A, batches with
+    /// a broadcast operand, NaN and ±inf, bf16 and f16, an odd N (a last column alone).
+    fn emulated_mma_direct() {
+        use super::emu::{check, random};
+        let view = |fb: &mut FunctionBuilder, x: Value, end: i64| fb.op1(OpKind::Slice, &[x], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(end)))]).unwrap();
+        // x [T, K] · w [N, K]ᵀ + bias, silu; K read through a slice of a wider buffer (rows
+        // of 24 or 136 elements) so that its tail is a partial chunk.
+        for dt in [DType::BF16, DType::F16] {
+            for (n, k, kbuf) in [(69i64, 40i64, 40i64), (33, 17, 24), (40, 1, 8), (16, 129, 136), (24, 0, 8)] {
+                let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+                let x = fb.param("x", ty(dt, &[sym("T"), d(kbuf)]));
+                let w = fb.param("w", ty(dt, &[d(n), d(kbuf)]));
+                let bias = fb.param("bias", ty(dt, &[d(n)]));
+                let (xs, ws) = if k == kbuf { (x, w) } else { (view(&mut fb, x, k), view(&mut fb, w, k)) };
+                let mm = fb.op1(OpKind::Matmul, &[xs, ws], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+                let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
+                let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+                let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[z]).unwrap());
+                assert!(generate(&g, kn, &Target::SM_80).unwrap().entry.ends_with("_mma"), "{dt} N={n} K={k}: the default takes the tensor cores");
+                let ts: &[usize] = if dt == DType::BF16 && n == 69 { &[1, 17, 129] } else { &[17] };
+                for &t in ts {
+                    let x_in = random(dt, &[t, kbuf as usize], 50);
+                    let ins = [if t == 17 && n == 69 { with_specials(x_in) } else { x_in }, random(dt, &[n as usize, kbuf as usize], 51), random(dt, &[n as usize], 52)];
+                    let b = bind(&[("T", t as i64)]);
+                    for (what, s) in [("one warp", MMA_ONE_WARP), ("four warps", MMA_FOUR_WARPS)] {
+                        check(&format!("{dt} proj T={t} N={n} K={k}, mma {what}"), &g, kn, mma_gen(s), &ins, &b);
+                    }
+                    if t == 129 {
+                        check(&format!("{dt} proj T={t} N={n} K={k}, mma default"), &g, kn, mma_gen(MmaSchedule::DEFAULT), &ins, &b);
+                    }
+                }
+            }
+        }
+        // B N-contiguous ([K, N], ldmatrix.trans) + a residual, N = 40 and N = 20 (a slice of
+        // rows of 24: a partial chunk); A transposed ([K, M], M-contiguous).
+        for (n, nbuf, ta) in [(40i64, 40i64, false), (20, 24, false), (40, 40, true)] {
+            let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
+            let a = if ta { fb.param("a", ty(DType::BF16, &[d(48), d(40)])) } else { fb.param("a", ty(DType::BF16, &[d(40), d(48)])) };
+            let b = fb.param("b", ty(DType::BF16, &[d(48), d(nbuf)]));
+            let r = fb.param("r", ty(DType::BF16, &[d(40), d(n)]));
+            let bs = if n == nbuf { b } else { view(&mut fb, b, n) };
+            let mm = fb.op1(OpKind::Matmul, &[a, bs], vec![("transpose_a", Attr::Bool(ta))]).unwrap();
+            let y = fb.op1(OpKind::Add, &[r, mm], vec![]).unwrap();
+            let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
+            let spec = Spec::analyse(&g, kn).unwrap();
+            let plan = spec.mma_plan(&MMA_FOUR_WARPS, &Target::SM_80).unwrap();
+            assert!(!plan.b.k_contig && plan.a.k_contig != ta, "N={n} transpose_a={ta}: {plan:?}");
+            let ashape = if ta { [48, 40] } else { [40, 48] };
+            let ins = [with_specials(random(DType::BF16, &ashape, 53)), random(DType::BF16, &[48, nbuf as usize], 54), random(DType::BF16, &[40, n as usize], 55)];
+            for (what, s) in [("one warp", MMA_ONE_WARP), ("four warps", MMA_FOUR_WARPS)] {
+                check(&format!("bf16 [K, N] B, N={n}, transpose_a={ta}, mma {what}"), &g, kn, mma_gen(s), &ins, &bind(&[]));
+            }
+        }
+        // Batched: a [T, 32] broadcast over b [3, 32, 24]; q [2, T, 32] · k [2, S, 32]ᵀ.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
+        let a = fb.param("a", ty(DType::BF16, &[sym("T"), d(32)]));
+        let b = fb.param("b", ty(DType::BF16, &[d(3), d(32), d(24)]));
+        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![]).unwrap();
+        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let ins = [random(DType::BF16, &[37, 32], 56), random(DType::BF16, &[3, 32, 24], 57)];
+        check("bf16 batched, A broadcast, mma one warp", &g, kn, mma_gen(MMA_ONE_WARP), &ins, &bind(&[("T", 37)]));
+        let mut fb = FunctionBuilder::new(&Graph::new(), "scores");
+        let q = fb.param("q", ty(DType::BF16, &[d(2), sym("T"), d(32)]));
+        let kk = fb.param("k", ty(DType::BF16, &[d(2), sym("S"), d(32)]));
+        let mm = fb.op1(OpKind::Matmul, &[q, kk], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let ins = [random(DType::BF16, &[2, 19, 32], 58), random(DType::BF16, &[2, 70, 32], 59)];
+        check("bf16 batched scores, mma four warps", &g, kn, mma_gen(MMA_FOUR_WARPS), &ins, &bind(&[("T", 19), ("S", 70)]));
     }
 
     /// The staged epilogues, emulated: QKV with RoPE (Columns) and gate/up SwiGLU (Paired),
@@ -2243,10 +3329,16 @@ pub(crate) mod tests {
         let kk = fb.op1(OpKind::Rope, &[kk, p2], vec![("theta", Attr::Float(10000.0)), ("form", Attr::Str("interleaved".into()))]).unwrap();
         let v = sl(&mut fb, 96, 128);
         let (g, k) = single_kernel(Family::Matmul, fb.finish(&[q, kk, v]).unwrap());
+        assert!(generate(&g, k, &Target::SM_80).unwrap().entry.ends_with("_mma"));
         for t in [1usize, 5, 70] {
             let posv = Tensor::new(DType::I32, &[t], (0..t).map(|i| (i * 3 + 1) as f64).collect()).unwrap();
             let ins = [random(DType::BF16, &[t, 24], 11), random(DType::BF16, &[128, 24], 12), posv];
             check(&format!("bf16 qkv+rope T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+            if t > 1 {
+                for (what, s) in [("one warp", MMA_ONE_WARP), ("four warps", MMA_FOUR_WARPS)] {
+                    check(&format!("bf16 qkv+rope T={t}, mma {what}"), &g, k, mma_gen(s), &ins, &bind(&[("T", t as i64)]));
+                }
+            }
         }
         // The same QKV in f32 (also emulated from optimised IR under SINTER_EMU_O3).
         let (g32, k32) = {
@@ -2337,6 +3429,29 @@ pub(crate) mod tests {
             let ins = [random(DType::F32, &[t, 24], 13), random(DType::F32, &[80, 24], 14)];
             check(&format!("f32 gate/up swiglu T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
         }
+        // The same in bf16 on the tensor cores, B as [N, K] (transpose_b) and as [K, N]
+        // (ldmatrix.trans; the segments' chunks gathered at columns 0 and 40).
+        for b_kn in [false, true] {
+            let mut fb = FunctionBuilder::new(&Graph::new(), "mlp");
+            let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(24)]));
+            let wdims = if b_kn { [d(24), d(80)] } else { [d(80), d(24)] };
+            let w = fb.param("w", ty(DType::BF16, &wdims));
+            let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(!b_kn))]).unwrap();
+            let g0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(40)))]).unwrap();
+            let u0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(40))), ("end", Attr::Dim(d(80)))]).unwrap();
+            let o = fb.op1(OpKind::Swiglu, &[g0, u0], vec![]).unwrap();
+            let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
+            assert!(generate(&g, k, &Target::SM_80).unwrap().entry.ends_with("_mma"));
+            let wshape: &[usize] = if b_kn { &[24, 80] } else { &[80, 24] };
+            for t in [1usize, 17] {
+                let ins = [random(DType::BF16, &[t, 24], 13), random(DType::BF16, wshape, 14)];
+                let b = bind(&[("T", t as i64)]);
+                check(&format!("bf16 gate/up swiglu T={t} [K, N] B={b_kn}, mma default"), &g, k, gen, &ins, &b);
+                for (what, s) in [("one warp", MMA_ONE_WARP), ("four warps", MMA_FOUR_WARPS)] {
+                    check(&format!("bf16 gate/up swiglu T={t} [K, N] B={b_kn}, mma {what}"), &g, k, mma_gen(s), &ins, &b);
+                }
+            }
+        }
         // The same at constant M (a batch-specialised decode step): the small-M kernel, K a
         // multiple of 8 for its 16-byte vectors in bf16, and a tail of columns.
         for m in [1i64, 3, 16] {
@@ -2387,6 +3502,20 @@ pub(crate) mod tests {
             let ins = [random(DType::BF16, &[1, m, 9, 64], 34), random(DType::BF16, &[576, 576], 35), random(DType::BF16, &[m, 576], 36)];
             check(&format!("SmolLM2 o_proj M={m}"), &g, k, gen, &ins, &bind(&[]));
         }
+        // A short prefill (M = T symbolic): the tensor-core kernel at its default schedules
+        // (256-column tiles for QKV's 960 columns and gate/up's 3072, 128 for o_proj's 576).
+        let t = 5usize;
+        let b = bind(&[("T", t as i64)]);
+        let posv = Tensor::new(DType::I32, &[t], (0..t).map(|i| (i + 100) as f64).collect()).unwrap();
+        for (what, (g, k), ins) in [
+            ("qkv+rope", qkv_rope(sym("T"), DType::BF16), vec![random(DType::BF16, &[t, 576], 37), random(DType::BF16, &[960, 576], 38), posv]),
+            ("gate/up", gate_up(sym("T"), DType::BF16), vec![random(DType::BF16, &[t, 576], 39), random(DType::BF16, &[3072, 576], 40)]),
+            ("o_proj", o_proj_view(sym("T")), vec![random(DType::BF16, &[1, t, 9, 64], 41), random(DType::BF16, &[576, 576], 42), random(DType::BF16, &[t, 576], 43)]),
+        ] {
+            let entry = generate(&g, k, &Target::SM_90A).unwrap().entry;
+            assert!(entry.ends_with("_mma"), "{what}: {entry}");
+            check(&format!("SmolLM2 {what} M=T={t} ({entry})"), &g, k, gen, &ins, &b);
+        }
     }
 
     /// Epilogues use the shared element evaluator: gelu, a broadcast bias of another dtype
@@ -2407,7 +3536,7 @@ pub(crate) mod tests {
         let o = fb.op1(OpKind::Cast, &[o], vec![("dtype", Attr::DType(DType::BF16))]).unwrap();
         let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
         for t in [Target::SM_80, Target::SM_90A] {
-            for s in [MatmulSchedule::Tiled(TiledSchedule::DEFAULT), MatmulSchedule::SmallM(SmallMSchedule { rows: 2, lanes: 32, columns: 4 })] {
+            for s in [MatmulSchedule::Tiled(TiledSchedule::DEFAULT), MatmulSchedule::SmallM(SmallMSchedule { rows: 2, lanes: 32, columns: 4 }), MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)] {
                 let plan = generate_with(&g, k, &t, &s).unwrap();
                 assemble(&plan);
             }
@@ -2447,7 +3576,17 @@ pub(crate) mod emu {
     struct Warp {
         barrier: Barrier,
         slots: [AtomicU32; 32],
+        /// Two buffers of [`XCHG`] words per lane for the warp-collective tensor-core
+        /// instructions (`ldmatrix`, `mma`), used alternately: a lane writes its part into
+        /// buffer `n mod 2` of its `n`-th collective, waits on the warp barrier, then reads
+        /// the others'. A lane can only write that buffer again two collectives later, after
+        /// every lane has passed the barrier of the collective in between, so one barrier per
+        /// collective suffices.
+        xchg: [Vec<AtomicU32>; 2],
     }
+
+    /// Words per lane in a warp's exchange buffers: an `mma`'s A (4), B (2) and C (4).
+    const XCHG: usize = 10;
 
     struct Cta {
         barrier: Barrier,
@@ -2462,8 +3601,29 @@ pub(crate) mod emu {
         cta: Arc<Cta>,
     }
 
+    /// One 16-byte `cp.async` copy: destination and source addresses and the bytes read.
+    #[derive(Clone, Copy)]
+    struct AsyncCopy {
+        dst: usize,
+        src: usize,
+        bytes: u32,
+    }
+
+    /// A thread's `cp.async` state: committed groups not yet waited for (oldest first) and
+    /// the copies issued since the last commit.
+    #[derive(Default)]
+    struct AsyncState {
+        committed: std::collections::VecDeque<Vec<AsyncCopy>>,
+        open: Vec<AsyncCopy>,
+    }
+
     thread_local! {
         static CTX: RefCell<Option<ThreadCtx>> = const { RefCell::new(None) };
+        /// The collectives this thread has executed (its exchange-buffer parity).
+        static COLLECTIVES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        /// The registers the last `ldmatrix` or `mma` returned (read by `emu_frag_*`).
+        static FRAG: std::cell::Cell<[u32; 4]> = const { std::cell::Cell::new([0; 4]) };
+        static ASYNC: RefCell<AsyncState> = RefCell::new(AsyncState::default());
     }
 
     fn with<T>(f: impl FnOnce(&ThreadCtx) -> T) -> T {
@@ -2512,6 +3672,16 @@ pub(crate) mod emu {
         warp.barrier.wait();
         r
     }
+    /// `vote.sync.any.pred`: the `i1` arrives in bit 0 of a byte (the rest undefined).
+    extern "C" fn emu_vote_any(_: i32, p: u8) -> u8 {
+        let (cta, tid) = with(|c| (c.cta.clone(), c.tid));
+        let warp = &cta.warps[(tid / 32) as usize];
+        warp.slots[(tid % 32) as usize].store(u32::from(p & 1), Ordering::SeqCst);
+        warp.barrier.wait();
+        let any = warp.slots.iter().any(|s| s.load(Ordering::SeqCst) != 0);
+        warp.barrier.wait();
+        u8::from(any)
+    }
     extern "C" fn emu_ex2(x: f32) -> f32 {
         x.exp2()
     }
@@ -2524,6 +3694,131 @@ pub(crate) mod emu {
     extern "C" fn emu_bf2f(b: u16) -> f32 {
         f32::from_bits(u32::from(b) << 16)
     }
+    extern "C" fn emu_f2h(x: f32) -> u16 {
+        half::f16::from_f32(x).to_bits()
+    }
+    extern "C" fn emu_h2f(b: u16) -> f32 {
+        half::f16::from_bits(b).to_f32()
+    }
+
+    /// `cp.async` (16 bytes, `bytes` of them read): queued in the thread's open group and
+    /// performed when a `cp.async.wait_group` needs its group — so a kernel that reads a
+    /// stage before waiting for it reads stale data here as it may on the device.
+    extern "C" fn emu_cp_async(dst: *mut u8, src: *const u8, bytes: i32) {
+        assert_eq!(dst as usize % 16, 0, "cp.async: destination {dst:?} not 16-byte aligned");
+        assert!((0..=16).contains(&bytes), "cp.async: src-size {bytes}");
+        if bytes > 0 {
+            assert_eq!(src as usize % 16, 0, "cp.async: source {src:?} not 16-byte aligned");
+        }
+        ASYNC.with(|a| a.borrow_mut().open.push(AsyncCopy { dst: dst as usize, src: src as usize, bytes: bytes as u32 }));
+    }
+    extern "C" fn emu_cp_commit() {
+        ASYNC.with(|a| {
+            let mut a = a.borrow_mut();
+            let group = std::mem::take(&mut a.open);
+            a.committed.push_back(group);
+        });
+    }
+    extern "C" fn emu_cp_wait(n: i32) {
+        ASYNC.with(|a| {
+            let mut a = a.borrow_mut();
+            while a.committed.len() > n.max(0) as usize {
+                for c in a.committed.pop_front().unwrap_or_default() {
+                    // SAFETY: the kernel's addresses: a shared-memory chunk and `bytes`
+                    // bytes of an input buffer (what the emulated kernel is tested on).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.bytes as usize);
+                        std::ptr::write_bytes((c.dst + c.bytes as usize) as *mut u8, 0, 16 - c.bytes as usize);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Runs a warp collective: writes this lane's `mine` words into the warp's exchange
+    /// buffer, waits for the warp, and returns `f(lane, buffer)`.
+    fn collective<T>(mine: &[u32], f: impl FnOnce(usize, &[AtomicU32]) -> T) -> T {
+        let (cta, tid) = with(|c| (c.cta.clone(), c.tid));
+        let warp = &cta.warps[(tid / 32) as usize];
+        let lane = (tid % 32) as usize;
+        let n = COLLECTIVES.with(|c| {
+            let n = c.get();
+            c.set(n + 1);
+            n
+        });
+        let buf = &warp.xchg[n % 2];
+        for (i, w) in mine.iter().enumerate() {
+            buf[lane * XCHG + i].store(*w, Ordering::SeqCst);
+        }
+        warp.barrier.wait();
+        f(lane, buf)
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.b16`: lane `8j + r` supplies the address
+    /// of row `r` of matrix `j`; lane `l` receives, of each matrix, elements (l/4, 2(l%4)) and
+    /// (l/4, 2(l%4)+1) — with `trans` (2(l%4), l/4) and (2(l%4)+1, l/4) — low half first.
+    extern "C" fn emu_ldmatrix(p: *const u8, count: i32, trans: i32) {
+        let a = p as usize as u64;
+        let regs = collective(&[a as u32, (a >> 32) as u32], |lane, buf| {
+            let row = |i: usize| -> usize {
+                let v = u64::from(buf[i * XCHG].load(Ordering::SeqCst)) | (u64::from(buf[i * XCHG + 1].load(Ordering::SeqCst)) << 32);
+                assert_eq!(v % 16, 0, "ldmatrix: row address {v:#x} of lane {i} not 16-byte aligned");
+                v as usize
+            };
+            // SAFETY: shared-memory rows the kernel addresses (16 bytes each).
+            let rd16 = |at: usize| unsafe { std::ptr::read_unaligned(at as *const u16) };
+            let mut regs = [0u32; 4];
+            for (j, reg) in regs.iter_mut().enumerate().take(count as usize) {
+                let (lo, hi) = if trans == 0 {
+                    let r = row(8 * j + lane / 4) + 4 * (lane % 4);
+                    (rd16(r), rd16(r + 2))
+                } else {
+                    let c = 2 * (lane / 4);
+                    (rd16(row(8 * j + 2 * (lane % 4)) + c), rd16(row(8 * j + 2 * (lane % 4) + 1) + c))
+                };
+                *reg = u32::from(lo) | (u32::from(hi) << 16);
+            }
+            regs
+        });
+        FRAG.with(|f| f.set(regs));
+    }
+
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32` (`kind` 0: bf16, 1:
+    /// f16): gathers the warp's fragments (layouts as `KernelBuilder::mma_m16n8k16` documents
+    /// them), computes this lane's part of D = A·B + C exactly (in f64) and rounds it to f32.
+    #[allow(clippy::too_many_arguments)]
+    extern "C" fn emu_mma(kind: i32, a0: u32, a1: u32, a2: u32, a3: u32, b0: u32, b1: u32, c0: f32, c1: f32, c2: f32, c3: f32) {
+        let mine = [a0, a1, a2, a3, b0, b1, c0.to_bits(), c1.to_bits(), c2.to_bits(), c3.to_bits()];
+        let d = collective(&mine, |lane, buf| {
+            let word = |l: usize, i: usize| buf[l * XCHG + i].load(Ordering::SeqCst);
+            let elem = |w: u32, half: usize| -> f64 {
+                let bits = (w >> (16 * half)) as u16;
+                f64::from(if kind == 0 { emu_bf2f(bits) } else { emu_h2f(bits) })
+            };
+            // A(row, k): lane 4·(row mod 8) + (k mod 8)/2, register (row ≥ 8) + 2·(k ≥ 8).
+            let a = |row: usize, k: usize| elem(word(4 * (row % 8) + (k % 8) / 2, usize::from(row >= 8) + 2 * usize::from(k >= 8)), k % 2);
+            // B(k, col): lane 4·col + (k mod 8)/2, register 4 + (k ≥ 8).
+            let b = |k: usize, col: usize| elem(word(4 * col + (k % 8) / 2, 4 + usize::from(k >= 8)), k % 2);
+            let (g, t) = (lane / 4, lane % 4);
+            let mut d = [0u32; 4];
+            for (q, out) in d.iter_mut().enumerate() {
+                let (row, col) = (g + 8 * (q / 2), 2 * t + q % 2);
+                let mut sum = f64::from(f32::from_bits(word(lane, 6 + q)));
+                for k in 0..16 {
+                    sum += a(row, k) * b(k, col);
+                }
+                *out = (sum as f32).to_bits();
+            }
+            d
+        });
+        FRAG.with(|f| f.set(d));
+    }
+    extern "C" fn emu_frag_i(i: i32) -> u32 {
+        FRAG.with(|f| f.get()[i as usize])
+    }
+    extern "C" fn emu_frag_f(i: i32) -> f32 {
+        f32::from_bits(FRAG.with(|f| f.get()[i as usize]))
+    }
 
     /// f32 → bf16 bits, round to nearest even (NaN stays NaN).
     fn f32_to_bf16(x: f32) -> u16 {
@@ -2533,6 +3828,64 @@ pub(crate) mod emu {
         let b = x.to_bits();
         let round = 0x7fff + ((b >> 16) & 1);
         (b.wrapping_add(round) >> 16) as u16
+    }
+
+    /// An `ldmatrix` or `mma` call (struct-returning intrinsics, whose results do not come
+    /// back through the C ABI as LLVM returns them) rewritten as a void call of the
+    /// emulator's function, then one getter call per register and `insertvalue`s that
+    /// rebuild the result under its name; f16 operands (`<2 x half>`) are passed as `i32`.
+    /// `None` for any other line.
+    fn collective_call(t: &str, indent: &str, tmp: &mut usize) -> Option<String> {
+        let (lhs, rhs) = t.split_once(" = call ")?;
+        let (ret, rest) = rhs.split_once(" @")?;
+        let (name, args) = rest.split_once('(')?;
+        let args = &args[..args.rfind(')')?];
+        let mut out = String::new();
+        let (count, getter, elem) = if let Some(shape) = name.strip_prefix("llvm.nvvm.ldmatrix.sync.aligned.m8n8.x") {
+            let count: u32 = shape.split('.').next()?.parse().ok()?;
+            let trans = u32::from(shape.contains(".trans"));
+            out.push_str(&format!("{indent}call void @emu_ldmatrix({args}, i32 {count}, i32 {trans})\n"));
+            (count, "emu_frag_i", "i32")
+        } else if let Some(kind) = name.strip_prefix("llvm.nvvm.mma.m16n8k16.row.col.") {
+            let kind = match kind {
+                "bf16" => 0,
+                "f32.f32" => 1,
+                other => panic!("the emulator has no mma {other}"),
+            };
+            let mut pass = Vec::new();
+            for a in args.split(", ") {
+                if let Some(v) = a.strip_prefix("<2 x half> ") {
+                    *tmp += 1;
+                    out.push_str(&format!("{indent}%emu.t{tmp} = bitcast <2 x half> {v} to i32\n"));
+                    pass.push(format!("i32 %emu.t{tmp}"));
+                } else {
+                    pass.push(a.to_string());
+                }
+            }
+            out.push_str(&format!("{indent}call void @emu_mma(i32 {kind}, {})\n", pass.join(", ")));
+            (4, "emu_frag_f", "float")
+        } else {
+            return None;
+        };
+        if count == 1 {
+            out.push_str(&format!("{indent}{lhs} = call {elem} @{getter}(i32 0)\n"));
+            return Some(out);
+        }
+        let mut agg = "poison".to_string();
+        for i in 0..count {
+            *tmp += 1;
+            let v = format!("%emu.t{tmp}");
+            out.push_str(&format!("{indent}{v} = call {elem} @{getter}(i32 {i})\n"));
+            let dst = if i + 1 == count {
+                lhs.to_string()
+            } else {
+                *tmp += 1;
+                format!("%emu.t{tmp}")
+            };
+            out.push_str(&format!("{indent}{dst} = insertvalue {ret} {agg}, {elem} {v}, {i}\n"));
+            agg = dst;
+        }
+        Some(out)
     }
 
     /// The kernel's IR rewritten for the host (see the module docs), plus `emu_entry(ptr
@@ -2553,11 +3906,18 @@ pub(crate) mod emu {
             ("llvm.nvvm.ex2.approx.f32", "emu_ex2"),
             ("llvm.nvvm.ex2.approx.ftz.f", "emu_ex2"),
             ("llvm.nvvm.div.approx.f", "emu_div_approx"),
+            ("llvm.nvvm.cp.async.cg.shared.global.16.s", "emu_cp_async"),
+            ("llvm.nvvm.cp.async.commit.group", "emu_cp_commit"),
+            ("llvm.nvvm.cp.async.wait.group", "emu_cp_wait"),
+            ("llvm.nvvm.ex2.approx.ftz.f32", "emu_ex2"),
+            ("llvm.nvvm.vote.any.sync", "emu_vote_any"),
         ];
         let mut text = ir.replace("ptx_kernel ", "").replace("addrspace(1)", "").replace("addrspace(3)", "").replace("addrspacecast", "bitcast");
         for (from, to) in renames {
             text = text.replace(&format!("@{from}("), &format!("@{to}("));
         }
+        // `KernelBuilder::opaque`: an inline-asm `mov`, the identity.
+        text = text.replace("asm \"mov.b32 $0, $1;\", \"=r,r\"", "@emu_id32").replace("asm \"mov.b64 $0, $1;\", \"=l,l\"", "@emu_id64");
         let mut out = String::new();
         let mut tmp = 0;
         for line in text.lines() {
@@ -2567,10 +3927,18 @@ pub(crate) mod emu {
                 continue;
             }
             if t.starts_with("declare") && t.contains("@emu_") {
-                // Drop the intrinsic's attributes (`memory(none)` would allow merging calls).
+                // Drop the intrinsic's attributes (`memory(none)` would allow merging calls;
+                // `immarg` is for intrinsics only).
                 let cut = t.rfind(')').map_or(t.len(), |i| i + 1);
-                out.push_str(&t[..cut]);
+                out.push_str(&t[..cut].replace(" immarg", ""));
                 out.push('\n');
+                continue;
+            }
+            if t.starts_with("declare") && (t.contains("@llvm.nvvm.ldmatrix") || t.contains("@llvm.nvvm.mma.")) {
+                continue;
+            }
+            if let Some(lines) = collective_call(t, indent, &mut tmp) {
+                out.push_str(&lines);
                 continue;
             }
             if let Some((lhs, rhs)) = t.split_once(" = fptrunc float ") {
@@ -2587,11 +3955,27 @@ pub(crate) mod emu {
                     continue;
                 }
             }
-            assert!(!t.contains(" half ") && !t.contains(" to half"), "the emulator does not convert f16: {t}");
+            if let Some((lhs, rhs)) = t.split_once(" = fptrunc float ") {
+                if let Some(op) = rhs.strip_suffix(" to half") {
+                    tmp += 1;
+                    out.push_str(&format!("{indent}%emu.t{tmp} = call i16 @emu_f2h(float {op})\n{indent}{lhs} = bitcast i16 %emu.t{tmp} to half\n"));
+                    continue;
+                }
+            }
+            if let Some((lhs, rhs)) = t.split_once(" = fpext half ") {
+                if let Some(op) = rhs.strip_suffix(" to float") {
+                    tmp += 1;
+                    out.push_str(&format!("{indent}%emu.t{tmp} = bitcast half {op} to i16\n{indent}{lhs} = call float @emu_h2f(i16 %emu.t{tmp})\n"));
+                    continue;
+                }
+            }
             out.push_str(line);
             out.push('\n');
         }
-        out.push_str("declare i16 @emu_f2bf(float)\ndeclare float @emu_bf2f(i16)\n");
+        out.push_str("declare i16 @emu_f2bf(float)\ndeclare float @emu_bf2f(i16)\ndeclare i16 @emu_f2h(float)\ndeclare float @emu_h2f(i16)\n");
+        out.push_str("declare void @emu_ldmatrix(ptr, i32, i32)\ndeclare void @emu_mma(i32, i32, i32, i32, i32, i32, i32, float, float, float, float)\n");
+        out.push_str("declare i32 @emu_frag_i(i32)\ndeclare float @emu_frag_f(i32)\n");
+        out.push_str("define i32 @emu_id32(i32 %x) {\n  ret i32 %x\n}\ndefine i64 @emu_id64(i64 %x) {\n  ret i64 %x\n}\n");
         out.push_str("define void @emu_entry(ptr %args) {\n");
         let mut call = Vec::new();
         for (i, p) in params.iter().enumerate() {
@@ -2608,7 +3992,7 @@ pub(crate) mod emu {
 
     /// Runs `plan` (whose `ptx` holds the kernel's IR) on the host over `bufs` (every
     /// kernel buffer's bytes, inputs then outputs) with the symbols of `bindings`.
-    fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
+    pub(crate) fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
         LlvmTarget::initialize_native(&InitializationConfig::default()).expect("a native LLVM target");
         let ir = host_ir(&plan.ptx, &plan.entry, &plan.params);
         if let Some(dir) = std::env::var_os("SINTER_EMU_DUMP") {
@@ -2619,7 +4003,7 @@ pub(crate) mod emu {
             .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "emu"))
             .unwrap_or_else(|e| panic!("{}: the host IR does not parse: {e}\n{ir}", plan.entry));
         let ee = module.create_jit_execution_engine(OptimizationLevel::None).expect("MCJIT");
-        let fns: [(&str, usize); 16] = [
+        let fns: [(&str, usize); 26] = [
             ("emu_tid_x", emu_tid_x as *const () as usize),
             ("emu_ntid_x", emu_ntid_x as *const () as usize),
             ("emu_ctaid_x", emu_ctaid_x as *const () as usize),
@@ -2636,6 +4020,16 @@ pub(crate) mod emu {
             ("emu_f2bf", emu_f2bf as *const () as usize),
             ("emu_bf2f", emu_bf2f as *const () as usize),
             ("emu_tid_x", emu_tid_x as *const () as usize),
+            ("emu_f2h", emu_f2h as *const () as usize),
+            ("emu_h2f", emu_h2f as *const () as usize),
+            ("emu_cp_async", emu_cp_async as *const () as usize),
+            ("emu_cp_commit", emu_cp_commit as *const () as usize),
+            ("emu_cp_wait", emu_cp_wait as *const () as usize),
+            ("emu_ldmatrix", emu_ldmatrix as *const () as usize),
+            ("emu_mma", emu_mma as *const () as usize),
+            ("emu_frag_i", emu_frag_i as *const () as usize),
+            ("emu_frag_f", emu_frag_f as *const () as usize),
+            ("emu_vote_any", emu_vote_any as *const () as usize),
         ];
         for (name, addr) in fns {
             if let Some(f) = module.get_function(name) {
@@ -2665,7 +4059,13 @@ pub(crate) mod emu {
         // threads separates CTAs (their shared memory is one global).
         let cta = Arc::new(Cta {
             barrier: Barrier::new(threads as usize),
-            warps: (0..threads.div_ceil(32)).map(|_| Warp { barrier: Barrier::new(32), slots: std::array::from_fn(|_| AtomicU32::new(0)) }).collect(),
+            warps: (0..threads.div_ceil(32))
+                .map(|_| Warp {
+                    barrier: Barrier::new(32),
+                    slots: std::array::from_fn(|_| AtomicU32::new(0)),
+                    xchg: std::array::from_fn(|_| (0..32 * XCHG).map(|_| AtomicU32::new(0)).collect()),
+                })
+                .collect(),
         });
         let (gx, gy, gz) = (grid[0], grid[1], grid[2]);
         let ctas: Vec<[u32; 3]> = (0..gz).flat_map(|z| (0..gy).flat_map(move |y| (0..gx).map(move |x| [x, y, z]))).collect();
@@ -2679,6 +4079,7 @@ pub(crate) mod emu {
                     .spawn_scoped(s, move || {
                         for &ctaid in ctas {
                             CTX.with(|c| *c.borrow_mut() = Some(ThreadCtx { tid, ntid: threads, ctaid, nctaid, cta: cta.clone() }));
+                            ASYNC.with(|a| *a.borrow_mut() = AsyncState::default());
                             // SAFETY: the kernel reads the argument slots and the buffers they
                             // point to, which outlive the scope; its own bounds checks are
                             // what this tests.
@@ -2696,7 +4097,7 @@ pub(crate) mod emu {
     /// Bytes past each output's extent, filled with a canary and checked after the run.
     const GUARD: usize = 256;
 
-    fn to_bytes(t: &Tensor) -> Vec<u8> {
+    pub(crate) fn to_bytes(t: &Tensor) -> Vec<u8> {
         let mut v = Vec::new();
         for &x in t.data() {
             match t.dtype() {
@@ -2705,17 +4106,18 @@ pub(crate) mod emu {
                 DType::I32 => v.extend((x as i32).to_le_bytes()),
                 DType::I64 => v.extend((x as i64).to_le_bytes()),
                 DType::Bool => v.push(u8::from(x != 0.0)),
-                DType::F16 => panic!("the emulator does not convert f16"),
+                DType::F16 => v.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
             }
         }
         v.extend(std::iter::repeat_n(0xA5, GUARD));
         v
     }
 
-    fn from_bytes(dt: DType, b: &[u8], n: usize) -> Vec<f64> {
+    pub(crate) fn from_bytes(dt: DType, b: &[u8], n: usize) -> Vec<f64> {
         (0..n)
             .map(|i| match dt {
                 DType::BF16 => f64::from(emu_bf2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
+                DType::F16 => f64::from(emu_h2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
                 DType::F32 => f64::from(f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])),
                 other => panic!("output dtype {other} not compared"),
             })
@@ -2771,7 +4173,7 @@ pub(crate) mod emu {
             let got = from_bytes(w.dtype(), b, n);
             let maxref = w.data().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
             let (rtol, atol) = match w.dtype() {
-                DType::BF16 => (1.6e-2, 1e-2 * maxref),
+                DType::BF16 | DType::F16 => (1.6e-2, 1e-2 * maxref),
                 _ => (2e-5, 2e-6 * maxref),
             };
             let mut worst = 0.0f64;

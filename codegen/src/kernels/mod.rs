@@ -8,7 +8,9 @@
 //! | [`Family::Gather`] | [`gather`] | embedding rows |
 //! | [`Family::KvAppend`] | [`kv_append`] | new K/V rows scattered into the paged cache |
 //! | [`Family::Matmul`] | [`matmul`] | tiled matmul with epilogue |
-//! | [`Family::Attention`], [`Family::PagedAttention`] | [`attention`] | prefill and paged decode attention |
+//! | [`Family::Attention`], [`Family::PagedAttention`] | [`attention`] | prefill and paged decode attention (CUDA-core FlashAttention-2 core) |
+//! | [`Family::Attention`] | [`attention_tc`] | prefill attention on tensor cores (FlashAttention-2, `mma.sync`), the default for bf16/f16 |
+//! | [`Family::PagedAttention`] | [`decode`] | split-KV paged decode (FlashDecoding; clusters on sm_90), the default |
 //!
 //! Every generator returns a [`LaunchPlan`]: the PTX, its entry point, the grid as
 //! `ceil(dim / per_cta)` expressions of the kernel's symbols, the block, and the parameter
@@ -22,6 +24,8 @@
 //! its input pages).
 
 pub mod attention;
+pub mod attention_tc;
+pub mod decode;
 pub(crate) mod element;
 pub mod gather;
 pub mod kv_append;

@@ -13,9 +13,10 @@
 //!
 //! - statistics in f32 (integer sums, maxima and minima in i64, saturated to the dtype);
 //! - `softmax` is safe: `m = max x` (NaN-propagating: `max.NaN.f32`, never `fmaxf`),
-//!   `e = 2^((x − m)·log2e)` (`ex2.approx`), `out = e · (1/Σe)`; a row of
-//!   all −inf gives 0 (`log_softmax`: −inf), a NaN anywhere gives a NaN row, a +inf gives
-//!   NaN (`inf − inf`), as the interpreter does;
+//!   `e = 2^((x − m)·log2e)` (`ex2.approx.ftz`: an `e` below 2⁻¹²⁶ is 0, see
+//!   `element::exp_shifted_ftz`), `out = e · (1/Σe)`; a row of all −inf gives 0
+//!   (`log_softmax`: −inf), a NaN anywhere gives a NaN row, a +inf gives NaN (`inf − inf`),
+//!   as the interpreter does;
 //! - `log_softmax = (x − m) − log Σe` with the precise [`crate::math::log`];
 //! - `rms_norm`: `r = 1/√(Σx²/N + eps)` with `eps` rounded to f32 and added in f32,
 //!   `out = round(round(x·r)·w)` (a zero row gives 0); `layer_norm`: two passes over the row
@@ -27,40 +28,74 @@
 //!   shared memory with Chan et al.'s parallel formula (one barrier; see `LnFused`).
 //!
 //! # Schedule ([`RowSchedule`])
-//! A row is reduced by one warp (short rows: `N ≤ 64·vec`, four rows per 128-thread CTA) or
-//! one CTA of 64 to 1024 threads (`vec` = 16 bytes of the narrowest row buffer: 8 `bf16`, 4
-//! `f32`, halved until it divides `N`). Each thread reduces its elements sequentially, then
-//! the row group combines the per-thread partials with butterfly shuffles (`shfl.sync.bfly`,
-//! CUDA C Programming Guide §7.22, PTX ISA §9.7.8.6) and, across warps, through shared memory
-//! (each warp's result in `smem[warp]`, a barrier, and every thread combining the `T/32`
-//! partials in the same order, so all threads hold the same bits — as Triton's reduce lowering
-//! does: thread → warp shuffle → shared memory). Rows are looped over grid-stride.
+//! A row is reduced by one warp (short rows: `N ≤ 64·vec`, four rows per 128-thread CTA), one
+//! CTA of 64 to 1024 threads, or (sm_90+) a thread-block cluster of 2 to 8 such CTAs (`vec`
+//! = 16 bytes of the narrowest row buffer: 8 `bf16`, 4 `f32`, halved until it divides `N`).
+//! Each thread reduces its elements sequentially, then the row group combines the per-thread
+//! partials with butterfly shuffles (`shfl.sync.bfly`, CUDA C Programming Guide §7.22, PTX
+//! ISA §9.7.8.6) and, across warps, through shared memory: each warp's result in
+//! `smem[warp]`, a barrier, then lane `l` of every warp loads `smem[l mod n_w]` and `log₂ n_w`
+//! butterfly shuffles fold them (`fold_lanes`: every merge is symmetric, so all threads hold
+//! the same bits — Triton's reduce lowering: thread → warp shuffle → shared memory). Rows are
+//! looped over grid-stride (the grid has a CTA, or a cluster, per row group, so the loop
+//! normally runs once; the barrier that lets the next row reuse the shared scratch is only
+//! executed when there is a next row).
 //!
 //! - **One read** (`N` constant, at most 32 elements per thread, 16 with 1024 threads; e.g.
-//!   `N = 4096` `bf16`: 256 threads × 2 vectors of 8): the thread's elements are loaded once
-//!   (16-byte vectors where proven) and stay in registers through every reduction level and
-//!   the output pass. Elements past the row end (a partial last vector group) are read at a
-//!   clamped in-bounds address and masked out of the statistics and the stores.
-//! - **Multi-pass** (longer rows, e.g. `N ≥ 32k` `bf16`, or a symbolic `N`): 512 threads (256
-//!   for a symbolic `N`) loop over the row once per reduction level, then once for the
-//!   outputs, `unroll` vectors per thread per iteration. `softmax`/`log_softmax` take one
-//!   level: for rows of at least 65536 elements or a symbolic length, the online softmax (Milakov & Gimelshein 2018, `SoftmaxOnline`) keeps a running
-//!   max and a sum rescaled by `e^(m_old − m_new)`, so the row is read twice (statistics,
-//!   outputs) rather than three times; `−inf` parts contribute 0 (the shift is 0 where the
-//!   max is −inf), a NaN or +inf makes the sum NaN, as in the two-pass form.
+//!   `N = 4096` `bf16`: 256 threads × 2 vectors of 8, or with a `layer_norm` 128 threads × 4
+//!   vectors, which halves the shuffles and the cross-warp merge per element): the thread's
+//!   elements are loaded once (16-byte vectors where proven) and stay in registers through
+//!   every reduction level and the output pass. Elements past the row end (a partial last
+//!   vector group) are read at a clamped in-bounds address and masked out of the statistics
+//!   and the stores.
+//! - **Multi-pass** (longer rows on sm_80, e.g. `N ≥ 32k` `bf16`, or a symbolic `N`): 512
+//!   threads (256 for a symbolic `N`) loop over the row once per reduction level, then once
+//!   for the outputs, `unroll` vectors per thread per iteration. `softmax`/`log_softmax` take
+//!   one level: for rows of at least 65536 elements or a symbolic length, the online softmax
+//!   (Milakov & Gimelshein 2018, `SoftmaxOnline`) keeps a running max and a sum rescaled by
+//!   `e^(m_old − m_new)`, so the row is read twice (statistics, outputs) rather than three
+//!   times; `−inf` parts contribute 0 (the shift is 0 where the max is −inf), a NaN or +inf
+//!   makes the sum NaN, as in the two-pass form.
+//! - **Cluster** (sm_90/sm_90a, a constant `N` too long for one read, when a statistic reads
+//!   a row input that a later pass reads again): the row is split over a thread-block cluster
+//!   of `c` CTAs (PTX ISA §11.7 `.reqnctapercluster 1, c, 1`, set through LLVM 22's
+//!   `"nvvm.cluster_dim"`; grid `(R, c, 1)`, so a plain `cuLaunchKernel` launches it and any
+//!   row count is a whole number of clusters). CTA `r` (`%cluster_ctarank`) owns the slice
+//!   `[r·S, min(N, (r+1)·S))`, `S = ⌈N/c⌉` rounded up to `vec`. Its first pass streams the
+//!   slice from global memory once, folds it into the first level's statistics and *stages*
+//!   every row input it loads, as loaded (16-byte vectors), in the CTA's shared memory
+//!   (`element::Stage`); later levels and the outputs read the stage, so the row crosses
+//!   DRAM once each way. The CTA's partial statistics (after its own shuffles and barrier)
+//!   go to its shared memory, a cluster barrier (`barrier.cluster.arrive` (release) /
+//!   `wait` (acquire), PTX ISA §9.7.13.4) and every warp reads the `c` CTAs' partials through
+//!   distributed shared memory (`mapa.shared::cluster` + `ld.shared::cluster`, PTX ISA
+//!   §9.7.9) and folds them (`fold_lanes`, the same bits in every CTA). The slots alternate
+//!   by row parity, so one cluster barrier per level suffices across rows; a last, relaxed,
+//!   cluster barrier keeps a CTA resident until its cluster has read its slots. Every
+//!   shared array is carved from the dynamic shared memory (the launch passes its size).
+//!   `softmax` is always online here (one exchange). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
+//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB, 512
+//!   up to 96 KiB (longer rows keep the multi-pass schedule); e.g. `bf16` rows of 32768: 2
+//!   CTAs × 256 threads, 32 KiB each, six CTAs per SM; rows of 262144: 8 CTAs × 512 threads,
+//!   64 KiB each, three CTAs per SM. The pass loops carry `.pragma "nounroll"`: ptxas would
+//!   otherwise unroll their few iterations completely and exceed the 40 registers a thread
+//!   that occupancy allows. Reductions alone (nothing to stage: the row is read once anyway)
+//!   keep the multi-pass schedule.
 //!
 //! A reduction *level* is a set of statistics that can be computed in the same pass: a
 //! statistic's level is one more than the deepest statistic its input depends on (softmax's
 //! sum depends on its max; LayerNorm's variance on its mean; a reduction of a softmax on the
 //! softmax's sum).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
-use inkwell::values::{FloatValue, IntValue};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, Node, OpKind, Value, ValueDef};
 
-use super::element::{divisible, At, Ax, Buf, Eval, RowScalars, Scalar, Tag};
+use super::element::{divisible, exp_shifted_ftz, At, Ax, Buf, Eval, RowScalars, Scalar, Stage, Tag};
 use super::{build_twice_occupancy, KernelCtx};
 use crate::emit::Combine;
 use crate::math::{self, Ops, R};
@@ -82,42 +117,64 @@ pub struct RowSchedule {
     pub chunks: Option<u32>,
     /// Vectors per thread per loop iteration in the multi-pass schedule.
     pub unroll: u32,
+    /// CTAs per row: 1, or 2 to 8 for the cluster schedule (sm_90+, multi-pass, a constant
+    /// `N`): the row is split into `cluster` slices, one per CTA of a thread-block cluster,
+    /// each staged in its CTA's shared memory (see the module docs).
+    pub cluster: u32,
 }
 
 /// Elements a thread may hold in registers in the one-read schedule.
 const MAX_ELEMS_PER_THREAD: u32 = 32;
 
+/// The cluster schedule aims at slices of this many staged bytes per CTA (six CTAs of 256
+/// threads per SM then fit the 228 KiB of shared memory of an H100/H200 SM) ...
+const CLUSTER_SLICE_BYTES: u64 = 32 << 10;
+/// ... takes at most this many CTAs per row (the portable cluster size) ...
+const MAX_CLUSTER: u64 = 8;
+/// ... and slices of at most this many bytes (two CTAs per SM); longer rows keep the
+/// multi-pass schedule.
+const MAX_SLICE_BYTES: u64 = 96 << 10;
+
 impl RowSchedule {
     /// The schedule for rows of `n` elements whose narrowest row-varying buffer element is
-    /// `min_size` bytes.
-    pub fn choose(n: &Dim, min_size: usize) -> RowSchedule {
+    /// `min_size` bytes, on `target`. `heavy`: the body has a `layer_norm` (32 elements a
+    /// thread in the one-read schedule, which halves its per-row work per element);
+    /// `staged_bytes`: the bytes per row element the cluster schedule stages in shared memory
+    /// (the row-varying inputs its statistics read).
+    pub fn choose(n: &Dim, min_size: usize, heavy: bool, target: &Target, staged_bytes: u64) -> RowSchedule {
         let mut vec = (16 / min_size.max(1)).clamp(1, 8) as u32;
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        match n.as_const() {
-            Some(n) => {
-                let n = n.max(0) as u64;
-                let groups = n.div_ceil(u64::from(vec));
-                if groups <= 64 {
-                    let chunks = groups.div_ceil(32) as u32;
-                    return RowSchedule { threads_per_row: 32, rows_per_cta: 4, vec, chunks: Some(chunks), unroll: 1 };
-                }
-                let t = groups.div_ceil(2).next_power_of_two().clamp(64, 1024) as u32;
-                let chunks = groups.div_ceil(u64::from(t)) as u32;
-                // 1024 threads leave 64 registers a thread: half the elements.
-                let limit = if t == 1024 { MAX_ELEMS_PER_THREAD / 2 } else { MAX_ELEMS_PER_THREAD };
-                if chunks * vec <= limit {
-                    RowSchedule { threads_per_row: t, rows_per_cta: 1, vec, chunks: Some(chunks), unroll: 1 }
-                } else {
-                    RowSchedule { threads_per_row: 512, rows_per_cta: 1, vec, chunks: None, unroll: 2 }
-                }
-            }
-            None => RowSchedule { threads_per_row: 256, rows_per_cta: 1, vec, chunks: None, unroll: 2 },
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1 };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1 };
+        let Some(n) = n.as_const() else { return multi(256) };
+        let n = n.max(0) as u64;
+        let groups = n.div_ceil(u64::from(vec));
+        if groups <= 64 {
+            return one(32, 4, groups.div_ceil(32) as u32);
         }
+        let per_thread = if heavy { 4 } else { 2 };
+        let t = groups.div_ceil(per_thread).next_power_of_two().clamp(64, 1024) as u32;
+        let chunks = groups.div_ceil(u64::from(t)) as u32;
+        // 1024 threads leave 64 registers a thread: half the elements.
+        let limit = if t == 1024 { MAX_ELEMS_PER_THREAD / 2 } else { MAX_ELEMS_PER_THREAD };
+        if chunks * vec <= limit {
+            return one(t, 1, chunks);
+        }
+        if target.sm_version() >= 90 && staged_bytes > 0 {
+            let bytes = n * staged_bytes;
+            let c = bytes.div_ceil(CLUSTER_SLICE_BYTES).clamp(2, MAX_CLUSTER);
+            let slice = n.div_ceil(c).div_ceil(u64::from(vec)) * u64::from(vec) * staged_bytes;
+            if slice <= MAX_SLICE_BYTES {
+                let t = if slice <= CLUSTER_SLICE_BYTES { 256 } else { 512 };
+                return RowSchedule { cluster: c as u32, ..multi(t) };
+            }
+        }
+        multi(512)
     }
 
-    fn check(&self, n: &Dim) -> Result<(), String> {
+    fn check(&self, n: &Dim, target: &Target) -> Result<(), String> {
         let t = self.threads_per_row;
         if !(t == 32 || (t % 32 == 0 && t <= 1024)) || (t > 32 && self.rows_per_cta != 1) || self.rows_per_cta == 0 || t * self.rows_per_cta > 1024 {
             return Err(format!("{t} threads per row × {} rows per CTA", self.rows_per_cta));
@@ -134,15 +191,72 @@ impl RowSchedule {
         if self.unroll == 0 {
             return Err("unroll 0".into());
         }
+        if self.cluster == 0 || self.cluster > MAX_CLUSTER as u32 {
+            return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER})", self.cluster));
+        }
+        if self.cluster > 1 {
+            if target.sm_version() < 90 {
+                return Err(format!("a cluster of {} CTAs per row needs sm_90, not {target}", self.cluster));
+            }
+            if self.chunks.is_some() || t < 64 || n.as_const().is_none() {
+                return Err("the cluster schedule is a multi-pass schedule of CTAs over rows of a constant length".into());
+            }
+        }
         Ok(())
+    }
+}
+
+/// The cluster schedule's split of a row (see the module docs).
+#[derive(Clone, Debug)]
+struct Split {
+    /// Elements per CTA slice (a multiple of `vec`); CTA `r` of the cluster takes `[r·slice,
+    /// min(N, (r + 1)·slice))`.
+    slice: i64,
+    /// Loop iterations over a slice (`unroll·T·vec` elements each).
+    iters: i64,
+    /// The staged parameters and their element sizes.
+    staged: Vec<(usize, u32)>,
+    /// Bytes of shared memory staging takes (each array a whole number of iterations,
+    /// 16-byte aligned).
+    stage_bytes: u32,
+    /// Every CTA's slice is full and a whole number of iterations: no chunk is ever past its
+    /// slice's end (no bounds checks).
+    exact: bool,
+}
+
+/// Shared memory of a CTA the cluster schedule asks for beyond its staged slice: the
+/// reduction scratch (at most `4·T/32` words per level and statistic) and the cluster slots;
+/// a bound, checked after generation.
+const CLUSTER_SCRATCH_BYTES: u32 = 4 << 10;
+
+impl Split {
+    fn new(plan: &Analysis, sched: &RowSchedule, cx: &KernelCtx<'_>) -> R<Split> {
+        let n = plan.n.as_const().ok_or_else(|| cx.unsupported("the cluster schedule needs a constant row length"))?.max(0) as u64;
+        let (c, t, v, u) = (u64::from(sched.cluster), u64::from(sched.threads_per_row), u64::from(sched.vec), u64::from(sched.unroll));
+        let slice = n.div_ceil(c).div_ceil(v) * v;
+        let per_iter = u * t * v;
+        let iters = slice.div_ceil(per_iter).max(1);
+        let (slice, iters, per_iter) = (slice as i64, iters as i64, per_iter as i64);
+        let mut staged = Vec::new();
+        let mut bytes = 0u64;
+        for &i in &plan.staged {
+            let size = cx.buffer(i)?.ty.dtype.size_bytes() as u32;
+            staged.push((i, size));
+            bytes += (iters * per_iter) as u64 * u64::from(size);
+            bytes = bytes.div_ceil(16) * 16;
+        }
+        let stage_bytes = u32::try_from(bytes).map_err(|_| cx.unsupported("a slice too large to stage"))?;
+        let exact = slice * i64::from(sched.cluster) == n as i64 && slice % per_iter == 0;
+        Ok(Split { slice, iters, staged, stage_bytes, exact })
     }
 }
 
 /// Generates row-reduction kernel `kernel` of `graph` with [`RowSchedule::choose`].
 ///
-/// Parameters: the kernel's buffers, then its symbolic sizes. Grid `(⌈R / rows_per_cta⌉, 1,
-/// 1)` (rows are also looped over, grid-stride), block `(threads_per_row·rows_per_cta, 1,
-/// 1)`, static shared memory only.
+/// Parameters: the kernel's buffers, then its symbolic sizes. Grid `(⌈R / rows_per_cta⌉,
+/// cluster, 1)` (rows are also looped over, grid-stride), block `(threads_per_row·rows_per_cta,
+/// 1, 1)`; static shared memory, or (the cluster schedule) only dynamic shared memory and
+/// clusters of `(1, cluster, 1)` CTAs.
 ///
 /// # Errors
 /// [`CodegenError::Unsupported`] when a reduction is not over the last axis, the reductions
@@ -155,23 +269,31 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
 /// As [`generate`] with a chosen schedule (`None`: [`RowSchedule::choose`]).
 ///
 /// # Errors
-/// As [`generate`]; [`CodegenError::Unsupported`] for a schedule that does not fit the rows.
+/// As [`generate`]; [`CodegenError::Unsupported`] for a schedule that does not fit the rows
+/// or the target.
 pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: Option<RowSchedule>) -> Result<LaunchPlan, CodegenError> {
     let cx = KernelCtx::new(graph, kernel)?;
     if cx.data.family != Family::RowReduction {
         return Err(cx.bad(format!("a {:?} kernel given to the row-reduction generator", cx.data.family)));
     }
-    let plan = Analysis::new(&cx, false)?;
+    let plan = Analysis::new(&cx, false, false)?;
     let min_size = plan.min_row_elem_size(&cx)?;
-    let sched = schedule.unwrap_or_else(|| RowSchedule::choose(&plan.n, min_size));
-    sched.check(&plan.n).map_err(|e| cx.unsupported(format!("schedule: {e}")))?;
+    let heavy = cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
+    let mut staged_bytes = 0u64;
+    for &i in &plan.staged {
+        staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
+    }
+    let sched = schedule.unwrap_or_else(|| RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes));
+    sched.check(&plan.n, target).map_err(|e| cx.unsupported(format!("schedule: {e}")))?;
     // The one-read schedule computes a LayerNorm's statistics in one level (see `LnFused`);
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
-    let plan = Analysis::new(&cx, sched.chunks.is_some())?;
+    let plan = Analysis::new(&cx, sched.chunks.is_some(), sched.cluster > 1)?;
+    let split = if sched.cluster > 1 { Some(Split::new(&plan, &sched, &cx)?) } else { None };
     let width = cx.index_width();
     let entry = cx.entry();
     let block = sched.threads_per_row * sched.rows_per_cta;
-    let min_ctas = occupancy(&cx.data.body, sched);
+    let min_ctas = occupancy(&cx.data.body, sched, split.as_ref().map(|s| (s.stage_bytes + CLUSTER_SCRATCH_BYTES, !s.staged.is_empty())), target);
+    let dynamic = std::cell::Cell::new(0u32);
     let (ptx, params) = build_twice_occupancy(&cx, target, &entry, block, min_ctas, width, |kb, sizes| {
         let n_in = cx.data.inputs.len();
         let mut pbufs = Vec::with_capacity(n_in);
@@ -184,17 +306,34 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
             b.strides = o.strides.clone();
             obufs.push(b);
         }
+        if sched.cluster > 1 {
+            kb.set_cluster_dims([1, sched.cluster, 1])?;
+        }
+        if block >= 1024 {
+            // `.minnctapersm 1` at 1024 threads too: without it ptxas 12.9 may aim at two CTAs
+            // an SM (32 registers) and spill the one-read schedule's 16 elements a thread.
+            kb.set_min_ctas_per_sm(1);
+        }
         let mut ev = Eval::new(kb, sizes, &cx.data.body, pbufs, width);
-        Emitter { plan: &plan, sched, obufs }.emit(&mut ev)
+        ev.bf16_words = super::element::words_params(&cx.data.body);
+        ev.pair_rounding = true;
+        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None) };
+        em.emit(&mut ev)?;
+        dynamic.set(em.dsmem_used.get());
+        Ok(())
     })?;
+    let shared_bytes = dynamic.get();
+    if shared_bytes > target.max_shared_memory_per_block() {
+        return Err(cx.unsupported(format!("{shared_bytes} bytes of shared memory exceed {target}'s limit")));
+    }
     let rows = Dim::product(&plan.lead);
     Ok(LaunchPlan {
         entry,
         ptx,
         target: target.name().to_owned(),
-        grid: [GridDim { numerator: rows, denominator: sched.rows_per_cta }, GridDim::fixed(1), GridDim::fixed(1)],
+        grid: [GridDim { numerator: rows, denominator: sched.rows_per_cta }, GridDim::fixed(sched.cluster), GridDim::fixed(1)],
         block: [block, 1, 1],
-        shared_bytes: 0,
+        shared_bytes,
         params,
     })
 }
@@ -204,16 +343,34 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// memory pipe is kept full only by the other CTAs resident meanwhile, so occupancy is what
 /// its bandwidth depends on (at 256 threads: 60 registers allow 4 CTAs, 48 five, 40 six).
 /// With at most 16 elements per thread, ask for a register budget of 40 a thread (48 with a
-/// `layer_norm`, whose centred values and two extra statistics need more); otherwise 1,
-/// ptxas's own choice.
-fn occupancy(body: &Function, s: RowSchedule) -> u32 {
-    let Some(c) = s.chunks else { return 1 };
+/// `layer_norm`, whose centred values and two extra statistics need more); with 32 (a
+/// `layer_norm`), 64. The cluster schedule (`smem`: its shared memory per CTA, and whether it
+/// stages anything) asks for as many CTAs as the SM's shared memory and threads allow, with
+/// 40 registers a thread (48 with a `layer_norm`, 64 without staging). Otherwise 1, ptxas's
+/// own choice.
+fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target: &Target) -> u32 {
     let block = s.threads_per_row * s.rows_per_cta;
-    if s.threads_per_row < 128 || c * s.vec > 16 || block > 512 {
+    let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
+    if let Some((smem, staged)) = smem {
+        // 1 KiB of every CTA's shared memory is reserved on sm_80/sm_90.
+        let by_smem = target.max_shared_memory_per_sm() / (smem + 1024);
+        let regs = match (staged, heavy) {
+            (false, _) => 64,
+            (true, true) => 48,
+            (true, false) => 40,
+        };
+        return by_smem.min(65536 / (block * regs)).min(2048 / block).max(1);
+    }
+    let Some(c) = s.chunks else { return 1 };
+    if s.threads_per_row < 128 || block > 512 {
         return 1;
     }
-    let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
-    let regs = if heavy { 48 } else { 40 };
+    let regs = match c * s.vec {
+        e if e <= 16 && heavy => 48,
+        e if e <= 16 => 40,
+        e if e <= 32 && heavy => 64,
+        _ => return 1,
+    };
     (65536 / (block * regs)).clamp(1, 2048 / block)
 }
 
@@ -290,6 +447,9 @@ struct Analysis {
     stats: Vec<Stat>,
     levels: usize,
     outs: Vec<Out>,
+    /// Parameters the cluster schedule stages in shared memory: those of the row space's
+    /// shape that a statistic reads (an ancestor of a row node's reduced operand).
+    staged: Vec<usize>,
 }
 
 fn is_row_node(k: OpKind) -> bool {
@@ -304,9 +464,10 @@ const ONLINE_SOFTMAX_MIN_ROW: i64 = 65536;
 impl Analysis {
     /// `fused_ln` (the one-read schedule): a `layer_norm` is one [`StatKind::LnFused`]
     /// statistic rather than three over two levels; otherwise (multi-pass) a softmax over rows
-    /// of at least [`ONLINE_SOFTMAX_MIN_ROW`] (or of a symbolic length) is one
-    /// [`StatKind::SoftmaxOnline`] rather than two over two levels.
-    fn new(cx: &KernelCtx<'_>, fused_ln: bool) -> R<Analysis> {
+    /// of at least [`ONLINE_SOFTMAX_MIN_ROW`] (or of a symbolic length, or any in the cluster
+    /// schedule: `clustered`) is one [`StatKind::SoftmaxOnline`] rather than two over two
+    /// levels.
+    fn new(cx: &KernelCtx<'_>, fused_ln: bool, clustered: bool) -> R<Analysis> {
         let body = &cx.data.body;
         let mut sref: Option<Vec<Dim>> = None;
         let mut row_nodes = Vec::new();
@@ -347,7 +508,9 @@ impl Analysis {
         // The online softmax for long rows (or a symbolic length): it saves a read of the row,
         // which pays where the row does not stay in L2 (measured on the H200: 44% → 55% of copy
         // at 262144 columns), but costs more than the second read from L2 at 32768 (79% → 69%).
-        let online = n.as_const().is_none_or(|c| c >= ONLINE_SOFTMAX_MIN_ROW);
+        // In the cluster schedule every pass after the first reads shared memory, and the
+        // online form saves a cluster exchange: always online there.
+        let online = clustered || n.as_const().is_none_or(|c| c >= ONLINE_SOFTMAX_MIN_ROW);
         // Levels.
         let mut final_level: HashMap<Node, usize> = HashMap::new();
         let mut stats = Vec::new();
@@ -417,7 +580,37 @@ impl Analysis {
             };
             outs.push(Out { value, buffer: n_in + j, strides, kind });
         }
-        Ok(Analysis { lead, n, stats, levels, outs })
+        // Parameters read by the statistics, of the rows' shape.
+        let mut staged = Vec::new();
+        let mut stack: Vec<Value> = row_nodes.iter().filter_map(|&n| body.nodes[n].inputs.first().copied()).collect();
+        let mut seen = std::collections::HashSet::new();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            match body.values[v].def {
+                ValueDef::Param(i) => {
+                    if body.ty(v).shape == sref && !staged.contains(&i) {
+                        staged.push(i);
+                    }
+                }
+                ValueDef::Result(n, _) => stack.extend(body.nodes[n].inputs.iter().copied()),
+            }
+        }
+        staged.sort_unstable();
+        // Staging pays only when a later pass reads what the first one loads: another level of
+        // statistics, an online softmax beside other statistics, or outputs along the row.
+        let passes: usize = (1..=levels)
+            .map(|l| {
+                let at = |online: bool| stats.iter().any(|s| s.level == l && (s.kind == StatKind::SoftmaxOnline) == online);
+                usize::from(at(true)) + usize::from(at(false))
+            })
+            .sum::<usize>()
+            + usize::from(outs.iter().any(|o| o.kind == OutKind::Row));
+        if passes <= 1 {
+            staged.clear();
+        }
+        Ok(Analysis { lead, n, stats, levels, outs, staged })
     }
 
     /// The narrowest element of the buffers read or written along the rows.
@@ -471,6 +664,27 @@ struct Emitter<'p, 'ctx> {
     plan: &'p Analysis,
     sched: RowSchedule,
     obufs: Vec<Buf<'ctx>>,
+    /// The cluster schedule's split of a row (`sched.cluster > 1`).
+    split: Option<Split>,
+    /// The cluster schedule's dynamic shared memory: its base, and the bytes handed out so
+    /// far (every shared array of the kernel is carved from it, see [`Emitter::smem_array`]).
+    dsmem: Cell<Option<PointerValue<'ctx>>>,
+    dsmem_used: Cell<u32>,
+    /// The cluster schedule's facts about the current row.
+    crow: Cell<Option<ClusterRow<'ctx>>>,
+}
+
+/// Where the current row's slice lies, in the cluster schedule.
+#[derive(Clone, Copy)]
+struct ClusterRow<'ctx> {
+    /// This CTA's rank in its cluster (`i32`).
+    rank: IntValue<'ctx>,
+    /// The slice's first element and its end (`min(N, start + slice)`), as indices.
+    start: IntValue<'ctx>,
+    end: IntValue<'ctx>,
+    /// The parity of the CTA's row count (0 or 1, an index): which of the two sets of
+    /// cluster slots this row uses.
+    parity: IntValue<'ctx>,
 }
 
 /// A chunk of a thread's share of a row: its coordinate and whether it is inside the row.
@@ -511,6 +725,31 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 Ok((tid, ctaid, nctaid, warp, lane))
             }
         })?;
+        // The cluster schedule: its CTA's slice and staged arrays.
+        let cluster = match &self.split {
+            Some(split) => {
+                let base = ev.kb.dynamic_shared_base()?;
+                self.dsmem.set(Some(base));
+                let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+                let mut arrays = HashMap::new();
+                for &(i, size) in &split.staged {
+                    let len = u32::try_from(split.iters * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
+                    arrays.insert(i, self.smem_alloc(ev, len * size, 16)?);
+                }
+                ev.stage = Some(Stage { arrays, ready: Default::default(), filling: Default::default(), fill: true, cursor: None, lanes: s.vec });
+                let rank = ev.kb.sreg("cluster.ctarank")?;
+                let slice = split.slice;
+                let (start, end) = ev.kb.in_prologue(|kb| {
+                    let r = kb.b.build_int_z_extend_or_bit_cast(rank, ity, "rank")?;
+                    let start = kb.b.build_int_mul(r, ity.const_int(slice as u64, false), "slice0")?;
+                    let end = kb.b.build_int_add(start, ity.const_int(slice as u64, false), "slice1")?;
+                    let i = kb.intrinsic_value("llvm.umin", &[ity.into()], &[end.into(), nv.into()])?.into_int_value();
+                    Ok((start, i))
+                })?;
+                Some((rank, start, end))
+            }
+            None => None,
+        };
         // Row loop.
         let pre = ev.kb.current_block()?;
         let header = ev.kb.block("row");
@@ -521,22 +760,125 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let r = ev.kb.b.build_phi(ity, "r")?;
         r.add_incoming(&[(&row0, pre)]);
         let rv = r.as_basic_value().into_int_value();
+        let parity = ev.kb.b.build_phi(ity, "parity")?;
+        parity.add_incoming(&[(&ev.ic(0), pre)]);
+        let pv = parity.as_basic_value().into_int_value();
         let more = ev.kb.b.build_int_compare(IntPredicate::ULT, rv, rows, "more")?;
         ev.kb.cond_br(more, body, exit)?;
         ev.kb.position(body);
         ev.forget();
         ev.rows.clear();
-        self.row(ev, rv, t, nv, warp, lane)?;
-        if s.threads_per_row > 32 {
-            // The next row's partials reuse the shared memory.
-            ev.kb.barrier()?;
+        if let Some((rank, start, end)) = cluster {
+            self.crow.set(Some(ClusterRow { rank, start, end, parity: pv }));
         }
+        self.row(ev, rv, t, nv, warp, lane)?;
         let next = ev.iadd(rv, rstride)?;
+        if s.threads_per_row > 32 && cluster.is_none() {
+            // The next row's partials reuse the shared memory: a barrier before it, if there
+            // is one (the grid has a CTA per row, so normally there is none). In the cluster
+            // schedule each row's cluster barriers already order the reuse (see
+            // `cluster_fold`).
+            let again = ev.kb.b.build_int_compare(IntPredicate::ULT, next, rows, "again")?;
+            self.guarded(ev, Some(again), |ev| ev.kb.barrier())?;
+        }
+        let flip = ev.kb.b.build_xor(pv, ev.ic(1), "parity")?;
         let latch = ev.kb.current_block()?;
         r.add_incoming(&[(&next, latch)]);
+        parity.add_incoming(&[(&flip, latch)]);
         ev.kb.br(header)?;
         ev.kb.position(exit);
+        if cluster.is_some() {
+            // No CTA leaves while another CTA of its cluster may still read its shared memory:
+            // a relaxed arrive, since every such read has been consumed (its value went into
+            // the outputs stored before) by the time its thread arrives, and a release would
+            // make every thread wait for its output stores to reach L2 (`MEMBAR.ALL.GPU`).
+            ev.kb.cluster_barrier_relaxed()?;
+        }
         ev.kb.ret()
+    }
+
+    /// `bytes` of the cluster schedule's dynamic shared memory, aligned to `align`.
+    fn smem_alloc(&self, ev: &mut Eval<'_, 'ctx>, bytes: u32, align: u32) -> R<PointerValue<'ctx>> {
+        let base = self.dsmem.get().ok_or_else(|| CodegenError::Builder("no dynamic shared memory".into()))?;
+        let off = self.dsmem_used.get().div_ceil(align) * align;
+        self.dsmem_used.set(off + bytes);
+        let i8t = ev.kb.cx.i8_type();
+        // SAFETY (of the IR, not of Rust): inside the dynamic area the launch sizes.
+        Ok(unsafe { ev.kb.b.build_gep(i8t, base, &[ev.kb.i32c(i64::from(off))], "smem") }?)
+    }
+
+    /// A shared array of `len` elements of `ty` (`size` bytes each): a static `.shared`
+    /// array, or in the cluster schedule a piece of the dynamic shared memory.
+    fn smem_array(&self, ev: &mut Eval<'_, 'ctx>, ty: BasicTypeEnum<'ctx>, size: u32, len: u32, name: &str) -> R<PointerValue<'ctx>> {
+        if self.split.is_some() {
+            self.smem_alloc(ev, size * len, 16)
+        } else {
+            Ok(ev.kb.shared_array(ty, len, 16, name))
+        }
+    }
+
+    /// The cluster schedule's fold of a row's CTA totals `vals` (every thread of the CTA holds
+    /// the same) over the cluster: thread 0 of each CTA writes them to its shared memory (the
+    /// row parity's set of slots), a cluster barrier (`barrier.cluster.arrive`/`wait`:
+    /// release / acquire), then lane `l` of every warp reads CTA `l`'s through distributed
+    /// shared memory (`mapa`, `ld.shared::cluster`) and a butterfly merges them (see
+    /// [`Emitter::fold_lanes`]): every thread of the cluster ends with the same bits.
+    ///
+    /// A row's slots are rewritten two rows later, after the cluster barrier of the row in
+    /// between, which every CTA reaches only after reading them; the CTA-level scratch of a
+    /// row is last read before this barrier too, so the next row may reuse it without a CTA
+    /// barrier.
+    #[allow(clippy::type_complexity)]
+    fn cluster_fold_with(
+        &self,
+        ev: &mut Eval<'_, 'ctx>,
+        vals: &[Acc<'ctx>],
+        t: IntValue<'ctx>,
+        identity: Vec<Acc<'ctx>>,
+        merge: &dyn Fn(&Self, &mut Eval<'_, 'ctx>, &[Acc<'ctx>], &[Acc<'ctx>]) -> R<Vec<Acc<'ctx>>>,
+    ) -> R<Vec<Acc<'ctx>>> {
+        let crow = self.crow.get().ok_or_else(|| CodegenError::Builder("no cluster row".into()))?;
+        let n = vals.len() as u32;
+        let slots = self.smem_alloc(ev, 2 * n * 8, 16)?;
+        let i64t = ev.kb.cx.i64_type();
+        let f32t = ev.kb.cx.f32_type();
+        let first = ev.imul(crow.parity, ev.ic(i64::from(n)))?;
+        let cell = move |ev: &mut Eval<'_, 'ctx>, i: u32| -> R<PointerValue<'ctx>> {
+            let idx = ev.iadd(first, ev.ic(i64::from(i)))?;
+            ev.kb.gep(i64t.into(), slots, idx)
+        };
+        let t0 = ev.kb.b.build_int_compare(IntPredicate::EQ, t, ev.ic(0), "t0")?;
+        self.guarded(ev, Some(t0), |ev| {
+            for (i, v) in vals.iter().enumerate() {
+                let p = cell(ev, i as u32)?;
+                match v {
+                    Acc::F(f) => ev.kb.store(p, (*f).into(), 8)?,
+                    Acc::I(x) => ev.kb.store(p, (*x).into(), 8)?,
+                }
+            }
+            Ok(())
+        })?;
+        ev.kb.cluster_barrier()?;
+        let kinds: Vec<bool> = vals.iter().map(|v| matches!(v, Acc::I(_))).collect();
+        let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
+            let r = ev.kb.b.build_int_truncate_or_bit_cast(k, ev.kb.cx.i32_type(), "rank")?;
+            let mut out = Vec::with_capacity(kinds.len());
+            for (i, &int) in kinds.iter().enumerate() {
+                let p = cell(ev, i as u32)?;
+                let q = ev.kb.mapa_shared(p, r)?;
+                out.push(if int { Acc::I(ev.kb.load(i64t.into(), q, 8)?.into_int_value()) } else { Acc::F(ev.kb.load(f32t.into(), q, 8)?.into_float_value()) });
+            }
+            Ok(out)
+        };
+        let lane = ev.kb.b.build_and(t, ev.ic(31), "lane")?;
+        self.fold_lanes(ev, self.sched.cluster, lane, &load, identity, merge)
+    }
+
+    /// The cluster's totals of statistics `stats` from this CTA's (`totals`), see
+    /// [`Emitter::cluster_fold_with`].
+    fn cluster_fold(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], totals: Vec<Acc<'ctx>>, t: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
+        let identity = self.identities(ev, stats);
+        self.cluster_fold_with(ev, &totals, t, identity, &|e, ev, a, b| e.combine_all(ev, stats, a, b))
     }
 
     /// The lead coordinates of row `r` (innermost first), tagged as the row space's axes.
@@ -616,7 +958,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     let (Some(Acc::F(m)), Some(Acc::F(sm))) = (acc.get(2 * i).copied(), acc.get(2 * i + 1).copied()) else {
                         return Err(CodegenError::Builder("online softmax accumulators".into()));
                     };
-                    self.softmax_online_finish(ev, st, m, sm, warp)?;
+                    self.softmax_online_finish(ev, st, m, sm, warp, t)?;
                 }
             }
             if stats.is_empty() {
@@ -633,6 +975,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 None => self.loop_level(ev, &stats, &lead, t, nv)?,
             };
             let totals = self.combine_group(ev, &stats, partials, level, warp, lane)?;
+            let totals = if self.split.is_some() { self.cluster_fold(ev, &stats, totals, t)? } else { totals };
             for (st, tot) in stats.iter().zip(totals) {
                 self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
             }
@@ -672,7 +1015,12 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 vals.push(ev.eval(o.value, &at)?);
                 ats.push(at);
             }
-            let first = ev.kb.b.build_int_compare(IntPredicate::EQ, t, ev.ic(0), "t0")?;
+            let mut first = ev.kb.b.build_int_compare(IntPredicate::EQ, t, ev.ic(0), "t0")?;
+            if let Some(c) = self.crow.get() {
+                // Every CTA of the cluster holds the row's statistics; the first writes them.
+                let r0 = ev.kb.b.build_int_compare(IntPredicate::EQ, c.rank, ev.kb.i32c(0), "r0")?;
+                first = ev.kb.b.build_and(first, r0, "t0")?;
+            }
             self.guarded(ev, Some(first), |ev| {
                 for ((&i, v), at) in scalar_outs.iter().zip(&vals).zip(&ats) {
                     ev.store(&self.obufs[i], at, v)?;
@@ -738,21 +1086,91 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// Merges two online-softmax partials `(m_a, s_a)`, `(m_b, s_b)`: `m = max(m_a, m_b)`
     /// (NaN-propagating), `s = s_a·e^(m_a − m') + s_b·e^(m_b − m')` with `m'` = `m`, or 0 where
     /// `m` is −inf (so that an all −inf part contributes 0, not NaN).
+    ///
+    /// Symmetric: `s_a·e_a + s_b·e_b` as two products and a sum (not an `fma`), so merging `b`
+    /// into `a` gives the same bits as `a` into `b` and a butterfly leaves every lane with the
+    /// same total (see [`Emitter::fold_lanes`]).
     fn online_merge(&self, ev: &mut Eval<'_, 'ctx>, ma: FloatValue<'ctx>, sa: FloatValue<'ctx>, mb: FloatValue<'ctx>, sb: FloatValue<'ctx>) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
         let m = ev.kb.combine_f32(Combine::Max, ma, mb)?;
         let ninf = ev.kb.f32c(f32::NEG_INFINITY);
         let all = ev.kb.feq(m, ninf)?;
         let zero = ev.kb.f32c(0.0);
         let ms = ev.kb.fsel(all, zero, m)?;
-        let ea = math::exp_shifted(ev.kb, ma, ms)?;
-        let eb = math::exp_shifted(ev.kb, mb, ms)?;
-        let t = ev.kb.fmul(sb, eb)?;
-        Ok((m, ev.kb.ffma(sa, ea, t)?))
+        let ea = exp_shifted_ftz(ev.kb, ma, ms)?;
+        let eb = exp_shifted_ftz(ev.kb, mb, ms)?;
+        let ta = ev.kb.fmul(sa, ea)?;
+        let tb = ev.kb.fmul(sb, eb)?;
+        Ok((m, ev.kb.fadd(ta, tb)?))
+    }
+
+    /// [`Emitter::online_merge`] over accumulator tuples (`(m, s)` pairs in order).
+    fn online_merge_all(&self, ev: &mut Eval<'_, 'ctx>, a: &[Acc<'ctx>], b: &[Acc<'ctx>]) -> R<Vec<Acc<'ctx>>> {
+        let mut out = Vec::with_capacity(a.len());
+        for (x, y) in a.chunks(2).zip(b.chunks(2)) {
+            let (Some(Acc::F(ma)), Some(Acc::F(sa)), Some(Acc::F(mb)), Some(Acc::F(sb))) = (x.first(), x.get(1), y.first(), y.get(1)) else {
+                return Err(CodegenError::Builder("online softmax accumulators".into()));
+            };
+            let (m, s) = self.online_merge(ev, *ma, *sa, *mb, *sb)?;
+            out.push(Acc::F(m));
+            out.push(Acc::F(s));
+        }
+        Ok(out)
+    }
+
+    /// The fold of `n` tuples over a warp: lane `l` loads tuple `k = l mod P` (`P` = `n`
+    /// rounded up to a power of two; `load(k)`, `identity` for `k ≥ n`), and `log₂ P`
+    /// butterfly shuffles merge them. With a symmetric `merge` every lane of every warp ends
+    /// with the same bits, for one load and `log₂ P` merges, where a sequential fold costs `n`.
+    #[allow(clippy::type_complexity)]
+    fn fold_lanes(
+        &self,
+        ev: &mut Eval<'_, 'ctx>,
+        n: u32,
+        lane: IntValue<'ctx>,
+        load: &dyn Fn(&mut Eval<'_, 'ctx>, IntValue<'ctx>) -> R<Vec<Acc<'ctx>>>,
+        identity: Vec<Acc<'ctx>>,
+        merge: &dyn Fn(&Self, &mut Eval<'_, 'ctx>, &[Acc<'ctx>], &[Acc<'ctx>]) -> R<Vec<Acc<'ctx>>>,
+    ) -> R<Vec<Acc<'ctx>>> {
+        let p = n.max(1).next_power_of_two();
+        let k = ev.kb.b.build_and(lane, ev.ic(i64::from(p - 1)), "k")?;
+        let mut vals = if p == n {
+            load(ev, k)?
+        } else {
+            let last = ev.ic(i64::from(n.max(1) - 1));
+            let kk = ev.kb.intrinsic_value("llvm.umin", &[ev.ity().into()], &[k.into(), last.into()])?.into_int_value();
+            let v = load(ev, kk)?;
+            let ok = ev.ilt(k, ev.ic(i64::from(n)))?;
+            let mut out = Vec::with_capacity(v.len());
+            for (x, id) in v.into_iter().zip(identity) {
+                out.push(self.select(ev, ok, x, id)?);
+            }
+            out
+        };
+        let mut off = 1;
+        while off < p {
+            let mut other = Vec::with_capacity(vals.len());
+            for v in &vals {
+                other.push(match v {
+                    Acc::F(f) => Acc::F(ev.kb.shfl_bfly_f32(*f, off)?),
+                    Acc::I(i) => Acc::I(ev.kb.shfl_bfly_i64(*i, off)?),
+                });
+            }
+            vals = merge(self, ev, &vals, &other)?;
+            off *= 2;
+        }
+        Ok(vals)
+    }
+
+    /// Combines tuples of statistics `stats` element-wise ([`Combine`], symmetric).
+    fn combine_all(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], a: &[Acc<'ctx>], b: &[Acc<'ctx>]) -> R<Vec<Acc<'ctx>>> {
+        stats.iter().zip(a.iter().zip(b)).map(|(st, (x, y))| self.combine(ev, st.combine(), *x, *y)).collect()
     }
 
     /// The online softmax's row statistics from the threads' `(m, s)`: warp shuffles, then
-    /// (CTA mode) shared memory, merged in the same order by every thread.
-    fn softmax_online_finish(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, m: FloatValue<'ctx>, s: FloatValue<'ctx>, warp: IntValue<'ctx>) -> R<()> {
+    /// (CTA mode) shared memory folded lane-parallel ([`Emitter::fold_lanes`]), then (the
+    /// cluster schedule) the cluster's CTAs' ([`Emitter::cluster_fold_with`]); every merge is
+    /// symmetric, so every thread ends with the same bits.
+    fn softmax_online_finish(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, m: FloatValue<'ctx>, s: FloatValue<'ctx>, warp: IntValue<'ctx>, t: IntValue<'ctx>) -> R<()> {
         let (mut m, mut s) = (m, s);
         for off in [16, 8, 4, 2, 1] {
             let mo = ev.kb.shfl_bfly_f32(m, off)?;
@@ -760,9 +1178,11 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             (m, s) = self.online_merge(ev, m, s, mo, so)?;
         }
         let nw = self.sched.threads_per_row / 32;
+        let lane = ev.kb.b.build_and(t, ev.ic(31), "lane")?;
+        let identity = vec![Acc::F(ev.kb.f32c(f32::NEG_INFINITY)), Acc::F(ev.kb.f32c(0.0))];
         if nw > 1 {
             let f32t = ev.kb.cx.f32_type();
-            let arr = ev.kb.shared_array(f32t.into(), 2 * nw, 16, &format!("sm_{}", st.node.as_u32()));
+            let arr = self.smem_array(ev, f32t.into(), 4, 2 * nw, &format!("sm_{}", st.node.as_u32()))?;
             let i0 = ev.imul(warp, ev.ic(2))?;
             let p = ev.kb.gep(f32t.into(), arr, i0)?;
             ev.kb.store(p, m.into(), 4)?;
@@ -770,18 +1190,28 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let p = ev.kb.gep(f32t.into(), arr, i1)?;
             ev.kb.store(p, s.into(), 4)?;
             ev.kb.barrier()?;
-            let mut acc: Option<(FloatValue<'ctx>, FloatValue<'ctx>)> = None;
-            for w in 0..nw {
-                let p = ev.kb.gep(f32t.into(), arr, ev.ic(i64::from(2 * w)))?;
+            let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
+                let i0 = ev.imul(k, ev.ic(2))?;
+                let p = ev.kb.gep(f32t.into(), arr, i0)?;
                 let mw = ev.kb.load(f32t.into(), p, 4)?.into_float_value();
-                let p = ev.kb.gep(f32t.into(), arr, ev.ic(i64::from(2 * w + 1)))?;
+                let i1 = ev.iadd(i0, ev.ic(1))?;
+                let p = ev.kb.gep(f32t.into(), arr, i1)?;
                 let sw = ev.kb.load(f32t.into(), p, 4)?.into_float_value();
-                acc = Some(match acc {
-                    None => (mw, sw),
-                    Some((ma, sa)) => self.online_merge(ev, ma, sa, mw, sw)?,
-                });
-            }
-            (m, s) = acc.ok_or_else(|| CodegenError::Builder("no warps".into()))?;
+                Ok(vec![Acc::F(mw), Acc::F(sw)])
+            };
+            let v = self.fold_lanes(ev, nw, lane, &load, identity.clone(), &|e, ev, a, b| e.online_merge_all(ev, a, b))?;
+            let (Some(Acc::F(mm)), Some(Acc::F(ss))) = (v.first().copied(), v.get(1).copied()) else {
+                return Err(CodegenError::Builder("online softmax accumulators".into()));
+            };
+            (m, s) = (mm, ss);
+        }
+        if self.split.is_some() {
+            // The cluster's CTAs' (m, s).
+            let v = self.cluster_fold_with(ev, &[Acc::F(m), Acc::F(s)], t, identity, &|e, ev, a, b| e.online_merge_all(ev, a, b))?;
+            let (Some(Acc::F(mm)), Some(Acc::F(ss))) = (v.first().copied(), v.get(1).copied()) else {
+                return Err(CodegenError::Builder("cluster softmax slots".into()));
+            };
+            (m, s) = (mm, ss);
         }
         let ninf = ev.kb.f32c(f32::NEG_INFINITY);
         let all = ev.kb.feq(m, ninf)?;
@@ -905,10 +1335,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let all = ev.kb.feq(cm, ninf)?;
             let zero = ev.kb.f32c(0.0);
             let ms = ev.kb.fsel(all, zero, cm)?;
-            let scale = math::exp_shifted(ev.kb, m, ms)?;
+            let scale = exp_shifted_ftz(ev.kb, m, ms)?;
             let mut part = ev.kb.f32c(-0.0);
             for v in &xs {
-                let e = math::exp_shifted(ev.kb, v.f()?, ms)?;
+                let e = exp_shifted_ftz(ev.kb, v.f()?, ms)?;
                 part = ev.kb.fadd(part, e)?;
             }
             let ns = ev.kb.ffma(s, scale, part)?;
@@ -962,6 +1392,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let more = ev.ilt(start, bound)?;
         ev.kb.cond_br(more, body, exit)?;
         ev.kb.position(body);
+        self.no_unroll(ev)?;
         ev.forget();
         let mut acc: Vec<Acc<'ctx>> = phis.iter().map(|(_, v)| *v).collect();
         let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
@@ -969,7 +1400,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let off = ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec));
             let j = ev.iadd(start, off)?;
             let j = ev.iadd(j, tj)?;
-            let ch = self.chunk(ev, lead, j, nv, false)?;
+            let ch = self.slice_chunk(ev, lead, j, nv)?;
             acc = self.accumulate(ev, stats, &ch, acc)?;
         }
         let next = ev.iadd(itv, ev.ic(1))?;
@@ -984,13 +1415,52 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.br(header)?;
         ev.kb.position(exit);
         ev.forget();
+        if let Some(st) = ev.stage.as_mut() {
+            st.end_pass();
+        }
         Ok(phis.iter().map(|(_, v)| *v).collect())
+    }
+
+    /// The multi-pass loops' chunk at element `j` of the pass (`j` counts from the row's
+    /// start, or in the cluster schedule from the CTA's slice's start, and is then also the
+    /// chunk's slot in the staged arrays).
+    fn slice_chunk(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], j: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<Chunk<'ctx>> {
+        let Some(c) = self.crow.get() else {
+            return self.chunk(ev, lead, j, nv, false);
+        };
+        let col = ev.iadd(c.start, j)?;
+        let exact = self.split.as_ref().is_some_and(|s| s.exact);
+        let ch = self.chunk(ev, lead, col, c.end, exact)?;
+        if let Some(st) = ev.stage.as_mut() {
+            let k = ch.at.axes.len() - 1;
+            st.cursor = Some((ch.at.axes[k].base, j));
+        }
+        Ok(ch)
+    }
+
+    /// In the cluster schedule, `.pragma "nounroll";` at the start of a pass loop's body (the
+    /// loop's header once LLVM has rotated it; PTX ISA §11.4, "Performance-Tuning Directives:
+    /// .pragma"): ptxas sees through the opaque trip count and would otherwise unroll the few
+    /// iterations of a slice completely, hoisting every load and exceeding the register budget
+    /// of the occupancy the schedule asks for.
+    fn no_unroll(&self, ev: &mut Eval<'_, 'ctx>) -> R<()> {
+        if self.split.is_none() {
+            return Ok(());
+        }
+        let vt = ev.kb.cx.void_type().fn_type(&[], false);
+        let asm = ev.kb.cx.create_inline_asm(vt, ".pragma \"nounroll\";".to_owned(), String::new(), true, false, None, false);
+        ev.kb.b.build_indirect_call(vt, asm, &[], "")?;
+        Ok(())
     }
 
     /// The row length as the multi-pass loops' bound: a constant is made opaque so that
     /// LLVM keeps the loop a loop (see [`crate::emit::KernelBuilder::opaque`]).
     fn loop_bound(&self, ev: &mut Eval<'_, 'ctx>, nv: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        if self.plan.n.as_const().is_some() {
+        if let Some(split) = &self.split {
+            // The cluster schedule loops over its CTA's slice.
+            let sv = ev.ic(split.slice);
+            ev.kb.in_prologue(|kb| kb.opaque(sv))
+        } else if self.plan.n.as_const().is_some() {
             ev.kb.in_prologue(|kb| kb.opaque(nv))
         } else {
             Ok(nv)
@@ -1016,13 +1486,18 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let more = ev.ilt(start, bound)?;
         ev.kb.cond_br(more, body, exit)?;
         ev.kb.position(body);
+        self.no_unroll(ev)?;
+        if let Some(st) = ev.stage.as_mut() {
+            // Staged inputs are read, not filled, by the outputs.
+            st.fill = false;
+        }
         let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
         for u in 0..s.unroll {
             ev.forget();
             let off = ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec));
             let j = ev.iadd(start, off)?;
             let j = ev.iadd(j, tj)?;
-            let ch = self.chunk(ev, lead, j, nv, false)?;
+            let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
             for &i in row_outs {
                 vals.push(ev.eval(self.plan.outs[i].value, &ch.at)?);
@@ -1040,13 +1515,16 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.br(header)?;
         ev.kb.position(exit);
         ev.forget();
+        if let Some(st) = ev.stage.as_mut() {
+            st.end_pass();
+            st.fill = true;
+        }
         Ok(())
     }
 
     /// Combines the per-thread partials of the row group: warp shuffles, then (CTA mode)
     /// shared memory across warps.
     fn combine_group(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], partials: Vec<Acc<'ctx>>, level: usize, warp: IntValue<'ctx>, lane: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
-        let _ = lane;
         let mut warped = Vec::with_capacity(partials.len());
         for (st, p) in stats.iter().zip(partials) {
             warped.push(match p {
@@ -1064,8 +1542,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let i64t = ev.kb.cx.i64_type();
         let nf = stats.iter().filter(|s| !s.int).count() as u32;
         let ni = stats.iter().filter(|s| s.int).count() as u32;
-        let fsm = (nf > 0).then(|| ev.kb.shared_array(f32t.into(), nf * nw, 16, &format!("red_f{level}")));
-        let ism = (ni > 0).then(|| ev.kb.shared_array(i64t.into(), ni * nw, 16, &format!("red_i{level}")));
+        let fsm = if nf > 0 { Some(self.smem_array(ev, f32t.into(), 4, nf * nw, &format!("red_f{level}"))?) } else { None };
+        let ism = if ni > 0 { Some(self.smem_array(ev, i64t.into(), 8, ni * nw, &format!("red_i{level}"))?) } else { None };
         let (mut fi, mut ii) = (0u32, 0u32);
         let mut slots = Vec::with_capacity(stats.len());
         for (st, w) in stats.iter().zip(&warped) {
@@ -1089,19 +1567,27 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.barrier()?;
         let mut out = Vec::with_capacity(stats.len());
         for (st, (arr, slot, ty)) in stats.iter().zip(slots) {
-            let mut acc: Option<Acc<'ctx>> = None;
-            for w in 0..nw {
-                let p = ev.kb.gep(ty, arr, ev.ic(i64::from(slot * nw + w)))?;
-                let v = ev.kb.load(ty, p, if st.int { 8 } else { 4 })?;
-                let v = if st.int { Acc::I(v.into_int_value()) } else { Acc::F(v.into_float_value()) };
-                acc = Some(match acc {
-                    None => v,
-                    Some(a) => self.combine(ev, st.combine(), a, v)?,
-                });
-            }
-            out.push(acc.ok_or_else(|| CodegenError::Builder("no warps".into()))?);
+            out.push(self.fold_warps(ev, arr, ty, slot * nw, lane, st.combine())?);
         }
         Ok(out)
+    }
+
+    /// The fold of the `nw` warp partials at `arr[base..base + nw]` (shared memory, after a
+    /// barrier): lane `l` loads partial `l mod nw` and `log₂ nw` butterfly shuffles combine
+    /// them, so every lane of every warp ends with the same bits (the combines are
+    /// commutative) for one load and `2·log₂ nw` instructions, where a sequential fold costs
+    /// `2·nw`.
+    fn fold_warps(&self, ev: &mut Eval<'_, 'ctx>, arr: PointerValue<'ctx>, ty: BasicTypeEnum<'ctx>, base: u32, lane: IntValue<'ctx>, op: Combine) -> R<Acc<'ctx>> {
+        let nw = self.sched.threads_per_row / 32;
+        let int = ty.is_int_type();
+        let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
+            let idx = ev.iadd(k, ev.ic(i64::from(base)))?;
+            let p = ev.kb.gep(ty, arr, idx)?;
+            let v = ev.kb.load(ty, p, if int { 8 } else { 4 })?;
+            Ok(vec![if int { Acc::I(v.into_int_value()) } else { Acc::F(v.into_float_value()) }])
+        };
+        let v = self.fold_lanes(ev, nw, lane, &load, Vec::new(), &|e, ev, a, b| Ok(vec![e.combine(ev, op, a[0], b[0])?]))?;
+        v.into_iter().next().ok_or_else(|| CodegenError::Builder("no warp fold".into()))
     }
 
     /// A `layer_norm`'s statistics in the one-read schedule ([`StatKind::LnFused`]).
@@ -1109,12 +1595,13 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// Warp `w` (`n_w` valid elements, a constant: `N` is) computes `b_w = Σx/n_w` (f32,
     /// shuffles), then `dev_w = Σ(x − b_w)` and `q_w = Σ(x − b_w)²` on the values in
     /// registers (shuffles): its mean is `b_w + dev_w/n_w` and `M2_w = q_w − dev_w²/n_w`, the
-    /// corrected two-pass. The warps' `(b_w, dev_w, q_w)` go through shared memory once (one
-    /// barrier); every thread then merges them relative to warp 0's `b_0` (Chan et al.: `δ_w
-    /// = (b_w − b_0) + dev_w/n_w`, `d = Σ n_w δ_w / N`, `M2 = Σ M2_w + Σ n_w (δ_w − d)²`),
-    /// so the row mean is `b_0 + d` without rounding it to one f32 (rows with a large mean
-    /// and a small spread stay accurate), and the output reads `(x − b_w) − (d − (b_w −
-    /// b_0))` from the centred values already in registers.
+    /// corrected two-pass. The warps' `(b_w, dev_w/n_w, M2_w, n_w)` go through shared memory
+    /// once (one barrier, one 16-byte store a warp); lane `l` of every warp then takes warp
+    /// `l mod n_w`'s and butterfly shuffles sum the terms of the merge relative to warp 0's
+    /// `b_0` (Chan et al.: `δ_w = (b_w − b_0) + dev_w/n_w`, `d = Σ n_w δ_w / N`,
+    /// `M2 = Σ M2_w + Σ n_w δ_w² − N d²`), so the row mean is `b_0 + d` without rounding it to
+    /// one f32 (rows with a large mean and a small spread stay accurate), and the output reads
+    /// `(x − b_w) − (d − (b_w − b_0))` from the centred values already in registers.
     fn layer_norm_fused(&self, ev: &mut Eval<'_, 'ctx>, st: &Stat, chs: &[Chunk<'ctx>], warp: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
         let s = self.sched;
         let node = st.node;
@@ -1126,17 +1613,21 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         // Valid elements of warp `w` of the row group.
         let count = |w: i64| -> i64 { (0..i64::from(chs.len() as u32)).map(|ci| (n - ci * tv - w * wspan).clamp(0, wspan)).sum() };
         let counts: Vec<i64> = (0..i64::from(nw)).map(count).collect();
-        // This thread's warp's count (uniform over the warp).
-        let n_own = if counts.iter().all(|&c| c == counts[0]) {
-            ev.kb.f32c(counts[0].max(1) as f32)
-        } else {
-            let mut acc = ev.kb.f32c(counts[0].max(1) as f32);
+        // This thread's warp's count (uniform over the warp), at least 1 as a divisor, and as
+        // it is (0 for a warp past the row's end: its terms of the merge below vanish).
+        let per_warp = |ev: &mut Eval<'_, 'ctx>, f: &dyn Fn(i64) -> i64| -> R<FloatValue<'ctx>> {
+            if counts.iter().all(|&c| f(c) == f(counts[0])) {
+                return Ok(ev.kb.f32c(f(counts[0]) as f32));
+            }
+            let mut acc = ev.kb.f32c(f(counts[0]) as f32);
             for (w, &c) in counts.iter().enumerate().skip(1) {
                 let is = ev.kb.b.build_int_compare(IntPredicate::EQ, warp, ev.ic(w as i64), "isw")?;
-                acc = ev.kb.fsel(is, ev.kb.f32c(c.max(1) as f32), acc)?;
+                acc = ev.kb.fsel(is, ev.kb.f32c(f(c) as f32), acc)?;
             }
-            acc
+            Ok(acc)
         };
+        let n_own = per_warp(ev, &|c| c.max(1))?;
+        let n_count = per_warp(ev, &|c| c)?;
         // Σx over the warp, its base b_w.
         let sum_st = Stat { kind: StatKind::LnSum, ..*st };
         let mut acc = self.identities(ev, &[sum_st]);
@@ -1173,15 +1664,16 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let nd = ev.kb.fneg(d)?;
             (d, ev.kb.ffma(nd, d, m2)?)
         } else {
-            // (b_w, dev_w/n_w, M2_w, 0) of each warp: one 16-byte store, a barrier, 16-byte
-            // loads.
+            // (b_w, dev_w/n_w, M2_w, n_w) of each warp: one 16-byte store, a barrier; then lane
+            // l takes warp k = l mod n_w's (one 16-byte load) and butterfly shuffles sum its
+            // terms over the warps (see `fold_warps`).
             let mw = ev.kb.fdiv(dev_w, n_own)?;
             let ndv = ev.kb.fneg(dev_w)?;
             let m2w = ev.kb.ffma(ndv, mw, q_w)?;
             let v4 = f32t.vec_type(4);
-            let arr = ev.kb.shared_array(f32t.into(), 4 * nw, 16, &format!("ln_{}", node.as_u32()));
+            let arr = self.smem_array(ev, f32t.into(), 4, 4 * nw, &format!("ln_{}", node.as_u32()))?;
             let mut v = v4.get_undef();
-            for (i, x) in [b_w, mw, m2w, ev.kb.f32c(0.0)].into_iter().enumerate() {
+            for (i, x) in [b_w, mw, m2w, n_count].into_iter().enumerate() {
                 v = ev.kb.b.build_insert_element(v, x, ev.kb.cx.i32_type().const_int(i as u64, false), "ln")?;
             }
             // The warp index computed again here from `%tid.x` (made opaque): kept from the
@@ -1191,40 +1683,39 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let tid = ev.kb.opaque(tid)?;
             let tid = ev.kb.b.build_int_z_extend_or_bit_cast(tid, ev.ity(), "tid")?;
             let warp = ev.kb.b.build_right_shift(tid, ev.ic(5), false, "warp")?;
+            let lane = ev.kb.b.build_and(tid, ev.ic(31), "lane")?;
             let idx = ev.imul(warp, ev.ic(4))?;
             let p = ev.kb.gep(f32t.into(), arr, idx)?;
             ev.kb.store(p, v.into(), 16)?;
             ev.kb.barrier()?;
-            let mut parts = Vec::with_capacity(nw as usize);
-            for (w, &c) in counts.iter().enumerate() {
-                if c == 0 {
-                    continue;
-                }
-                let p = ev.kb.gep(f32t.into(), arr, ev.ic(4 * w as i64))?;
-                let v = ev.kb.load(v4.into(), p, 16)?.into_vector_value();
-                let mut e = [f32t.const_zero(); 3];
-                for (i, slot) in e.iter_mut().enumerate() {
-                    *slot = ev.kb.b.build_extract_element(v, ev.kb.cx.i32_type().const_int(i as u64, false), "ln")?.into_float_value();
-                }
-                parts.push((c, e));
+            let k = ev.kb.b.build_and(lane, ev.ic(i64::from(nw - 1)), "k")?;
+            let p = ev.kb.gep(f32t.into(), arr, ev.imul(k, ev.ic(4))?)?;
+            let vk = ev.kb.load(v4.into(), p, 16)?.into_vector_value();
+            let mut e = [f32t.const_zero(); 4];
+            for (i, slot) in e.iter_mut().enumerate() {
+                *slot = ev.kb.b.build_extract_element(vk, ev.kb.cx.i32_type().const_int(i as u64, false), "ln")?.into_float_value();
             }
-            let b0 = parts.first().map(|p| p.1[0]).ok_or_else(|| CodegenError::Builder("an empty layer_norm row".into()))?;
-            // δ_w = (b_w − b_0) + dev_w/n_w; d = Σ n_w δ_w / N; M2 = Σ M2_w + Σ n_w δ_w² − N d²
-            // (δ_0 ≈ 0, so |d| ≤ max |δ_w − δ_0| + |δ_0|: no cancellation that matters).
-            let mut sd = ev.kb.f32c(-0.0);
-            let mut s2 = ev.kb.f32c(-0.0);
-            let mut m2 = ev.kb.f32c(-0.0);
-            for (c, [b, mw, m2w]) in &parts {
-                let cf = ev.kb.f32c(*c as f32);
-                let off = ev.kb.fsub(*b, b0)?;
-                let delta = ev.kb.fadd(off, *mw)?;
-                let cd = ev.kb.fmul(cf, delta)?;
-                sd = ev.kb.fadd(sd, cd)?;
-                s2 = ev.kb.ffma(cd, delta, s2)?;
-                m2 = ev.kb.fadd(m2, *m2w)?;
+            let [b, mwk, m2k, ck] = e;
+            let p0 = ev.kb.gep(f32t.into(), arr, ev.ic(0))?;
+            let b0 = ev.kb.load(f32t.into(), p0, 16)?.into_float_value();
+            // δ_k = (b_k − b_0) + dev_k/n_k; d = Σ n_k δ_k / N; M2 = Σ M2_k + Σ n_k δ_k² − N d²
+            // (δ_0 ≈ 0, so |d| ≤ max |δ_k − δ_0| + |δ_0|: no cancellation that matters). A warp
+            // with no element of the row has n_k = 0 and adds nothing.
+            let off = ev.kb.fsub(b, b0)?;
+            let delta = ev.kb.fadd(off, mwk)?;
+            let cd = ev.kb.fmul(ck, delta)?;
+            let cd2 = ev.kb.fmul(cd, delta)?;
+            let m2k = ev.kb.fadd(m2k, cd2)?;
+            let (mut sd, mut m2) = (cd, m2k);
+            let mut o = 1;
+            while o < nw {
+                let a = ev.kb.shfl_bfly_f32(sd, o)?;
+                let c = ev.kb.shfl_bfly_f32(m2, o)?;
+                sd = ev.kb.fadd(sd, a)?;
+                m2 = ev.kb.fadd(m2, c)?;
+                o *= 2;
             }
             let d = ev.kb.fdiv(sd, nf)?;
-            let m2 = ev.kb.fadd(m2, s2)?;
             let nd = ev.kb.fneg(d)?;
             let m2 = ev.kb.fdiv(m2, nf)?;
             let m2 = ev.kb.ffma(nd, d, m2)?;

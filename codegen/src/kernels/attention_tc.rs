@@ -1,0 +1,891 @@
+//! Prefill attention on tensor cores: FlashAttention-2 (Dao 2023, arXiv 2307.08691,
+//! Algorithm 1 and §3.3) with `mma.sync.m16n8k16`, the default schedule of
+//! [`super::attention::generate_prefill`] for bf16 and f16.
+//!
+//! # Schedule ([`TcSchedule`])
+//! A CTA of `warps` warps owns `block_q = 16·m_tiles·warps` query rows of one (batch, head);
+//! warp `w` owns rows `16·m_tiles·w ..` as `m_tiles` slabs of 16 rows (the M of one `mma`).
+//! The keys are walked in tiles of `block_kv` rows:
+//! - **Loads.** Q (once), then per tile K and V, go global → shared with 16-byte `cp.async.cg`
+//!   (PTX ISA §9.7.9.3), rows past the sequence zero-filled (`src-size` 0, nothing read);
+//!   **double buffered**: at the top of tile `j` the CTA waits for tile `j`'s group, takes
+//!   one barrier (tile `j` is visible and every warp is done with tile `j−1`'s buffers),
+//!   issues tile `j+1` into the other buffer and computes tile `j` while it lands. Shared rows
+//!   are padded by 16 bytes (an odd number of 16-byte chunks per row), so the 8 row
+//!   addresses of each `ldmatrix` phase hit distinct banks.
+//! - **S = Q·Kᵀ** with `mma.m16n8k16.row.col` (§9.7.14.5.14): Q's A fragments come from
+//!   `ldmatrix.x4` (§9.7.14.5.15) of the Q tile — once, into registers, when `q_in_regs`
+//!   (head dims ≤ 64), else again per tile as FlashAttention-2 does for D = 128, where
+//!   registers would not hold them beside the accumulators; K `[kv, d]` row-major is the
+//!   "col" B operand, one non-transposed `ldmatrix.x4` per two n8 tiles. Two slabs a warp
+//!   share each K and V fragment, halving the shared-memory reads per MMA.
+//! - **Online softmax** in f32, in the log2 domain: each lane holds rows `g = lane/4` and
+//!   `g + 8` of each slab (the m16n8 C layout), keys `8n + 2·(lane%4) + {0, 1}`; the row
+//!   maximum (NaN-propagating `max.NaN`) is reduced over the quad with `shfl.sync.bfly` 1
+//!   and 2, `p = 2^(s·c − m)` with `c = scale·log2 e` folded into one `fma` (a positive
+//!   scale, no mask) and `ex2.approx.ftz` (§9.7.3.23, ≤ 2 ulp: one `MUFU.EX2`); the running
+//!   sum `l` is kept per lane and reduced over the quad once at the end; the accumulator is
+//!   rescaled by `2^(m_old − m_new)`, skipped on tiles where no row of the warp has a new
+//!   maximum (`vote.sync.any`; the factor would be exactly 1).
+//! - **O += P·V**: the S accumulators of n8 tiles `2k, 2k+1`, rounded to bf16/f16 pairs
+//!   (`cvt.rn.bf16x2.f32`), are the A fragment of k-step `k` (the m16n8 C layout of two
+//!   adjacent tiles is the m16n8k16 A layout); V `[kv, d]` row-major is the B operand through
+//!   `ldmatrix.x4.trans`.
+//! - **Output**: `acc / l` rounded once (0 for a row that never saw a score above −inf),
+//!   staged through the warp's rows of the Q tile's shared memory and written with 16-byte
+//!   coalesced stores (element stores where the output's layout does not allow them).
+//!
+//! Causal CTAs run longest first; key tiles wholly above the CTA's last visible key are never
+//! loaded, tiles wholly above a warp's last visible key are not computed by that warp, and
+//! only tiles that cross a warp's causal diagonal or the sequence end (or any tile, with an
+//! additive mask, whose elements are read per score from global memory) are masked.
+//!
+//! The registers decide the tile shapes ([`choose_tc_schedule`]): at D = 128 a warp holds 128
+//! accumulator floats (2 slabs × 16 rows × 128 / 32 lanes) and 32 scores per 32-key tile;
+//! ptxas then uses about 240 of the 255 registers a thread may have at 2 CTAs of 128 threads
+//! an SM, with no spills (64-key tiles, FlashAttention-2's choice, spill a few bytes).
+//!
+//! # Semantics
+//! As [`super::attention`]'s module docs: bottom-right causal alignment, GQA without repeated
+//! K/V, any sequence lengths, fully masked rows exactly 0, NaN in a visible score gives a NaN
+//! row, `+inf` gives NaN. Keys the reference never multiplies — hidden by the causal mask, or
+//! in a 16-key group the interpreter skips while every score of the row so far is −inf —
+//! are multiplied by `p = 0` in the `mma`, which is exact for finite V but would turn a NaN
+//! or ±inf there into NaN. So on each tile where such a product exists (a tile crossing a
+//! warp's diagonal: keys from the warp's first row's limit to the tile's end; while some row
+//! of the warp has seen only −inf and skips this tile's first group: the whole tile) the warp
+//! scans the V rows concerned in shared memory for non-finite values (the exponent bits, 4
+//! integer operations per two elements, a `vote.sync.any`) and, if it finds one, computes that
+//! tile's `P·V` on CUDA cores, key by key, multiplying exactly the products the interpreter
+//! makes (P through a per-warp scratch in shared memory, rounded as the `mma` would see it).
+//! Rows past the sequence are zero-filled, so they never need it. Finite inputs cost one scan
+//! of part of the diagonal tile per warp (and a cheap check of each row's first tile), and
+//! the products are the interpreter's for every input, NaN and ±inf included.
+//!
+//! # What it takes
+//! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
+//! contiguous and 16-byte aligned (unit stride along d, every other stride and the offset
+//! multiples of 8 elements, buffers 16-byte aligned) — what 16-byte `cp.async` needs;
+//! anything else goes to the CUDA-core kernel (`eligible` says why).
+
+use inkwell::context::Context;
+use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use sinter_ir::{DType, Family, GridDim, LaunchPlan};
+
+use super::attention::{dynamic_bytes, shared_kind, unsupported, Prefill};
+use super::matmul::kit::{Kit, SharedKind, R};
+use crate::target::Target;
+
+/// Work split of a tensor-core attention CTA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TcSchedule {
+    /// Warps per CTA (1 to 8).
+    pub warps: u32,
+    /// 16-row slabs per warp (1 or 2): 2 halves the shared-memory reads of K and V per row.
+    pub m_tiles: u32,
+    /// Keys per tile (16 to 128, a multiple of 16).
+    pub block_kv: u32,
+    /// Whether Q's fragments are loaded once into registers (else from shared memory per tile).
+    pub q_in_regs: bool,
+}
+
+impl TcSchedule {
+    /// Query rows per warp.
+    pub fn rows_per_warp(&self) -> u32 {
+        16 * self.m_tiles
+    }
+
+    /// Query rows per CTA.
+    pub fn block_q(&self) -> u32 {
+        self.warps * self.rows_per_warp()
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+
+    /// Shared memory per CTA, in bytes, for head dims `d` (Q/K) and `dv` (V).
+    pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
+        Smem::new(self, d, dv).total
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if (1..=8).contains(&self.warps) && (1..=2).contains(&self.m_tiles) && self.block_kv % 16 == 0 && (16..=128).contains(&self.block_kv) {
+            Ok(())
+        } else {
+            Err(format!("invalid tensor-core attention schedule {self:?}"))
+        }
+    }
+}
+
+/// Picks the tensor-core schedule for head dims `d`, `dv` (the larger one decides) and
+/// whether an additive mask is read, all with 4 warps (128 threads, so up to 255 registers a
+/// thread still allow two CTAs per SM):
+/// - ≤ 64: 2 slabs a warp (128 query rows a CTA), 64-key tiles, Q in registers;
+/// - ≤ 128: 2 slabs, 32-key tiles, Q re-read from shared memory per tile (FlashAttention-2's
+///   128×64 tile needs 64 accumulator, 32 score and 8 Q registers per slab and warp, which
+///   ptxas 12.9 fits only by spilling at D = 128; 32-key tiles leave it about 240);
+/// - ≤ 256: 1 slab (128 accumulator registers), 32-key tiles, Q from shared memory;
+/// - with a mask (≤ 128; larger heads go to CUDA cores): 1 slab, 64-key tiles
+///   (each score's mask element is a global load, whose registers 2 slabs do not leave).
+pub fn choose_tc_schedule(d: u32, dv: u32, masked: bool) -> TcSchedule {
+    match (d.max(dv), masked) {
+        (w, true) => TcSchedule { warps: 4, m_tiles: 1, block_kv: 64, q_in_regs: w <= 64 },
+        (0..=64, false) => TcSchedule { warps: 4, m_tiles: 2, block_kv: 64, q_in_regs: true },
+        (65..=128, false) => TcSchedule { warps: 4, m_tiles: 2, block_kv: 32, q_in_regs: false },
+        _ => TcSchedule { warps: 4, m_tiles: 1, block_kv: 32, q_in_regs: false },
+    }
+}
+
+/// Why prefill attention `p` cannot take the tensor-core kernel (`Ok` when it can).
+pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
+    if !matches!(p.dtype, DType::BF16 | DType::F16) {
+        return Err(format!("no tensor-core attention for {} (bf16 and f16 only)", p.dtype));
+    }
+    if p.d % 16 != 0 || p.dv % 16 != 0 {
+        return Err(format!("head dims {} and {} must be multiples of 16 for mma.m16n8k16", p.d, p.dv));
+    }
+    if p.mask.is_some() && p.d.max(p.dv) > 128 {
+        return Err(format!("an additive mask with head dims {} and {}: its loads do not fit the registers beside a 256-wide accumulator", p.d, p.dv));
+    }
+    for (t, n) in [(&p.q, "q"), (&p.k, "k"), (&p.v, "v")] {
+        if !t.vector_ok(8) {
+            return Err(format!("{n}'s rows are not contiguous and 16-byte aligned, as 16-byte cp.async needs"));
+        }
+    }
+    Ok(())
+}
+
+/// Shared-memory layout: byte offsets and row strides (elements).
+struct Smem {
+    /// Row stride of the Q tile (also the output staging and, with Q in registers, the P
+    /// scratch of the CUDA-core fallback): `max(d, dv, block_kv) + 8`.
+    ldq: u32,
+    ldk: u32,
+    ldv: u32,
+    /// Row stride of the P scratch.
+    ldp: u32,
+    /// K and V buffers of the two stages.
+    k: [u32; 2],
+    v: [u32; 2],
+    /// The P scratch (the Q tile when Q lives in registers).
+    p: u32,
+    total: u32,
+}
+
+impl Smem {
+    fn new(s: &TcSchedule, d: u32, dv: u32) -> Smem {
+        // 16 bytes of padding per row: with D a multiple of 16 a row is an odd number of
+        // 16-byte chunks, so 8 consecutive rows at one column are 8 distinct bank groups.
+        let ldq = d.max(dv).max(s.block_kv) + 8;
+        let (ldk, ldv) = (d + 8, dv + 8);
+        let q_bytes = s.block_q() * ldq * 2;
+        let (kb, vb) = (s.block_kv * ldk * 2, s.block_kv * ldv * 2);
+        let k = [q_bytes, q_bytes + kb];
+        let v = [q_bytes + 2 * kb, q_bytes + 2 * kb + vb];
+        let mut total = v[1] + vb;
+        let (p, ldp) = if s.q_in_regs {
+            (0, ldq)
+        } else {
+            let p = total;
+            total += s.block_q() * (s.block_kv + 8) * 2;
+            (p, s.block_kv + 8)
+        };
+        Smem { ldq, ldk, ldv, ldp, k, v, p, total }
+    }
+}
+
+/// The launch plan of the tensor-core kernel for `p` with schedule `s`.
+///
+/// # Errors
+/// [`crate::CodegenError::Unsupported`] when `p` is not [`eligible`], the schedule is invalid or
+/// its shared memory exceeds the target's; LLVM errors otherwise.
+pub(super) fn plan(p: &Prefill, target: &Target, s: &TcSchedule) -> R<LaunchPlan> {
+    let fam = Family::Attention;
+    s.check().map_err(|e| unsupported(&p.name, fam, e))?;
+    eligible(p).map_err(|e| unsupported(&p.name, fam, e))?;
+    let sm = Smem::new(s, p.d, p.dv);
+    let shared = shared_kind(sm.total, target, &p.name, fam)?;
+    let ctx = Context::create();
+    let entry = format!("{}_attention", p.name);
+    let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| {
+        kit.launch_bounds(s.threads());
+        build(kit, p, s, &sm, shared)
+    })?;
+    Ok(LaunchPlan {
+        entry,
+        ptx,
+        target: target.name().to_owned(),
+        grid: [
+            GridDim { numerator: p.sq.clone(), denominator: s.block_q() },
+            GridDim::fixed(p.heads as u32),
+            GridDim { numerator: p.batch.clone(), denominator: 1 },
+        ],
+        block: [s.threads(), 1, 1],
+        shared_bytes: dynamic_bytes(shared),
+        params,
+    })
+}
+
+// ---- small emitters --------------------------------------------------------------------
+
+fn or<'ctx>(k: &Kit<'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    k.math(|kb| Ok(kb.b.build_or(a, b, "")?))
+}
+
+fn not<'ctx>(k: &Kit<'ctx>, a: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    k.math(|kb| Ok(kb.b.build_not(a, "")?))
+}
+
+/// `ex2.approx.ftz.f32` (PTX ISA §9.7.3.23): one `MUFU.EX2`, a result below 2⁻¹²⁶ flushed to
+/// 0 (without `.ftz` ptxas wraps each in a range check and two multiplications to keep
+/// subnormal results). A flushed probability weighs under 2⁻¹²⁶ of its row's; a flushed
+/// rescaling factor drops an accumulator whose maximum grew by more than 126 (log2 units).
+fn ex2_ftz<'ctx>(k: &Kit<'ctx>, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+    k.math(|kb| Ok(kb.intrinsic_value("llvm.nvvm.ex2.approx.ftz", &[kb.cx.f32_type().into()], &[x.into()])?.into_float_value()))
+}
+
+/// Loads an integer vector of `n` i32s (or one i32) from shared memory at `ptr`, aligned to
+/// its size.
+fn load_i32s<'ctx>(k: &Kit<'ctx>, ptr: PointerValue<'ctx>, n: u32) -> R<Vec<IntValue<'ctx>>> {
+    k.math(|kb| {
+        let i32t = kb.cx.i32_type();
+        if n == 1 {
+            return Ok(vec![kb.load(i32t.into(), ptr, 4)?.into_int_value()]);
+        }
+        let v = kb.load(i32t.vec_type(n).into(), ptr, 4 * n)?.into_vector_value();
+        (0..n).map(|i| Ok(kb.b.build_extract_element(v, i32t.const_int(u64::from(i), false), "")?.into_int_value())).collect()
+    })
+}
+
+/// Stores i32s as one vector access (aligned to its size) at `ptr`.
+fn store_i32s<'ctx>(k: &Kit<'ctx>, ptr: PointerValue<'ctx>, vals: &[IntValue<'ctx>]) -> R<()> {
+    k.math(|kb| {
+        let i32t = kb.cx.i32_type();
+        if vals.len() == 1 {
+            return kb.store(ptr, vals[0].into(), 4);
+        }
+        let mut v = i32t.vec_type(vals.len() as u32).get_poison();
+        for (i, x) in vals.iter().enumerate() {
+            v = kb.b.build_insert_element(v, *x, i32t.const_int(i as u64, false), "")?;
+        }
+        kb.store(ptr, BasicValueEnum::from(v), 4 * vals.len() as u32)
+    })
+}
+
+/// Whether any lane of the warp has `flag` (i1) set, in every lane (`vote.sync.any`).
+fn warp_any<'ctx>(k: &Kit<'ctx>, flag: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    k.math(|kb| kb.vote_any(flag))
+}
+
+/// A mutable i32 (a prologue alloca).
+fn var_i32<'ctx>(k: &Kit<'ctx>, init: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+    k.var_i(init)
+}
+
+fn get_i32<'ctx>(k: &Kit<'ctx>, p: PointerValue<'ctx>) -> R<IntValue<'ctx>> {
+    k.get_i(p, k.i32t)
+}
+
+/// Whether any of the 16-bit floats (exponent mask `e`) packed in the i32s `words` is ±inf or
+/// NaN, as an i1: per word, a half is non-finite when `~w & e` is zero there, and a zero half
+/// is found with the "has a zero lane" test `(x − 0x0001_0001) & ~x & 0x8000_8000` (no false
+/// positives: `x`'s halves are multiples of the exponent's lowest bit and below 0x8000).
+fn any_nonfinite<'ctx>(k: &Kit<'ctx>, words: &[IntValue<'ctx>], e: u32) -> R<IntValue<'ctx>> {
+    let m = k.i32c((e | (e << 16)) as i32);
+    let mut acc = k.i32c(0);
+    for &w in words {
+        let x = k.and(not(k, w)?, m)?;
+        let y = k.sub(x, k.i32c(0x0001_0001))?;
+        let z = k.and(k.and(y, not(k, x)?)?, k.i32c(0x8000_8000u32 as i32))?;
+        acc = or(k, acc, z)?;
+    }
+    k.icmp(IntPredicate::NE, acc, k.i32c(0))
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+
+/// Per-thread row facts: for slab `mi` and half `h` (rows `g` and `g + 8`).
+struct Rows<'ctx> {
+    /// Key limit of the row (i32): keys `j < limit` are visible.
+    limit: Vec<[IntValue<'ctx>; 2]>,
+    /// Whether the row exists (< Sq).
+    valid: Vec<[IntValue<'ctx>; 2]>,
+    /// Query row index (i64).
+    index: Vec<[IntValue<'ctx>; 2]>,
+}
+
+// Fragment coordinates index several parallel arrays at once: index loops read better here.
+#[allow(clippy::too_many_lines, clippy::needless_range_loop)]
+fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: SharedKind) -> R<()> {
+    let dt = p.dtype;
+    let (d, dv, bkv, mt) = (p.d, p.dv, s.block_kv, s.m_tiles as usize);
+    let (bq, threads, rpw) = (s.block_q(), s.threads(), s.rows_per_warp());
+    let n_nt = (bkv / 8) as usize; // n8 tiles of S
+    let n_ov = (dv / 8) as usize; // n8 tiles of O
+    let smem = kit.shared(shared, sm.total)?;
+    let c32 = |v: u32| kit.i32c(v as i32);
+    let ninf = kit.f32c(f64::NEG_INFINITY);
+    let zero = kit.f32c(0.0);
+    let exp_mask = if dt == DType::BF16 { 0x7f80 } else { 0x7c00 };
+    // Scores in the log2 domain: x = s·c (+ mask·log2 e). With a positive scale and no mask,
+    // the row maximum is taken over the raw scores and `s·c − m` is one fma.
+    let c = p.scale * std::f64::consts::LOG2_E;
+    let fused = c > 0.0 && p.mask.is_none();
+    let cf = kit.f32c(c);
+
+    // ---- indices -----------------------------------------------------------------------
+    let tid = kit.sreg("tid.x")?;
+    let warp = kit.udiv(tid, c32(32))?;
+    let lane = kit.urem(tid, c32(32))?;
+    let g = kit.udiv(lane, c32(4))?;
+    let t4 = kit.urem(lane, c32(4))?;
+    // Causal CTAs in reverse order: the longest (bottom) tiles start first.
+    let qtile = kit.zext64(kit.sub(kit.sub(kit.sreg("nctaid.x")?, c32(1))?, kit.sreg("ctaid.x")?)?)?;
+    let h = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let b = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let hk = kit.udiv(h, kit.i64c(p.heads / p.kv_heads))?;
+    let q0 = kit.mul(qtile, kit.i64c(i64::from(bq)))?;
+    let (sq, skv) = (kit.dim(&p.sq)?, kit.dim(&p.skv)?);
+    let skv32 = kit.trunc32(skv)?;
+    let shift = kit.sub(skv, sq)?; // query i sees keys j ≤ i + shift
+    let base = |t: &super::attention::T4, x: IntValue<'ctx>, y: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        let a = kit.add(kit.dim(&t.offset)?, kit.mul(x, kit.dim(&t.st[0])?)?)?;
+        kit.add(a, kit.mul(y, kit.dim(&t.st[1])?)?)
+    };
+    let q_base = base(&p.q, b, h)?;
+    let o_base = base(&p.out, b, h)?;
+    let k_base = base(&p.k, b, hk)?;
+    let v_base = base(&p.v, b, hk)?;
+    let (q_ss, o_ss, k_ss, v_ss) = (kit.dim(&p.q.st[2])?, kit.dim(&p.out.st[2])?, kit.dim(&p.k.st[2])?, kit.dim(&p.v.st[2])?);
+    let (q_ptr, k_ptr, v_ptr, o_ptr) = (kit.buf(p.q.buffer)?, kit.buf(p.k.buffer)?, kit.buf(p.v.buffer)?, kit.buf(p.out.buffer)?);
+    // The key limit of query row i (i64): causal min(max(i + shift + 1, 0), Skv), else Skv.
+    let limit_of = |k: &Kit<'ctx>, i: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        if p.causal {
+            k.smin(k.smax(k.add(k.add(i, shift)?, k.i64c(1))?, k.i64c(0))?, skv)
+        } else {
+            Ok(skv)
+        }
+    };
+    // Keys the CTA needs: up to its last row's limit.
+    let kv_end = {
+        let last = kit.sub(kit.smin(kit.add(q0, kit.i64c(i64::from(bq)))?, sq)?, kit.i64c(1))?;
+        limit_of(kit, last)?
+    };
+    let n_tiles = kit.trunc32(kit.udiv(kit.add(kit.smax(kv_end, kit.i64c(0))?, kit.i64c(i64::from(bkv - 1)))?, kit.i64c(i64::from(bkv)))?)?;
+    // The warp's rows: [w0, w_end) ∩ [0, Sq); its key range [min_limit, warp_end).
+    let w0 = kit.add(q0, kit.zext64(kit.mul(warp, c32(rpw))?)?)?;
+    let w_last = kit.sub(kit.smin(kit.add(w0, kit.i64c(i64::from(rpw)))?, sq)?, kit.i64c(1))?;
+    let has_rows = kit.icmp(IntPredicate::SLT, w0, sq)?;
+    let min_limit = kit.trunc32(limit_of(kit, w0)?)?;
+    let warp_end = kit.select_int(has_rows, kit.trunc32(limit_of(kit, w_last)?)?, c32(0))?;
+    let rows = {
+        let mut r = Rows { limit: Vec::new(), valid: Vec::new(), index: Vec::new() };
+        for mi in 0..mt {
+            let mut lim = Vec::new();
+            let mut val = Vec::new();
+            let mut idx = Vec::new();
+            for hh in 0..2u32 {
+                let i = kit.add(w0, kit.zext64(kit.add(g, c32(16 * mi as u32 + 8 * hh))?)?)?;
+                lim.push(kit.trunc32(limit_of(kit, i)?)?);
+                val.push(kit.icmp(IntPredicate::SLT, i, sq)?);
+                idx.push(i);
+            }
+            r.limit.push([lim[0], lim[1]]);
+            r.valid.push([val[0], val[1]]);
+            r.index.push([idx[0], idx[1]]);
+        }
+        r
+    };
+
+    // ---- global → shared copies ----------------------------------------------------------
+    // `rows` rows of `chunks` 16-byte chunks: row r (< nvalid, i64, else zero-filled) starts
+    // at element `row0 + r·rstride` of `gptr`, lands at byte `sm_off + r·ld·2`.
+    #[allow(clippy::too_many_arguments)]
+    let copy_rows = |k: &Kit<'ctx>, rows: u32, chunks: u32, ld: u32, sm_off: IntValue<'ctx>, gptr: PointerValue<'ctx>, row0: IntValue<'ctx>, rstride: IntValue<'ctx>, nvalid: IntValue<'ctx>| -> R<()> {
+        let total = rows * chunks;
+        if threads % chunks == 0 {
+            // Every copy of this thread is at column tid % chunks, rows tid / chunks + i·step.
+            let step = threads / chunks;
+            let r0 = k.udiv(tid, c32(chunks))?;
+            let col = k.urem(tid, c32(chunks))?;
+            let g0 = k.add(row0, k.add(k.mul(k.zext64(r0)?, rstride)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
+            let s0 = k.sh_at(smem, k.add(sm_off, k.add(k.mul(r0, c32(ld * 2))?, k.mul(col, c32(16))?)?)?)?;
+            let left = k.sub(nvalid, k.zext64(r0)?)?; // copy i is valid when i·step < left
+            // The source walks by `step` rows from one pointer (no per-copy offsets for LLVM
+            // to hoist out of the tile loop into registers).
+            let jump = k.mul(rstride, k.i64c(i64::from(step)))?;
+            let mut src = k.gep_raw(dt, gptr, g0)?;
+            for i in 0..rows.div_ceil(step) {
+                if i > 0 {
+                    src = k.gep_raw(dt, src, jump)?;
+                }
+                let go = |k: &Kit<'ctx>| -> R<()> {
+                    let valid = k.icmp(IntPredicate::SLT, k.i64c(i64::from(i * step)), left)?;
+                    let dst = k.sh_at(s0, c32(i * step * ld * 2))?;
+                    k.cp_async_16(dst, src, k.select_int(valid, c32(16), c32(0))?)
+                };
+                if (i + 1) * step <= rows {
+                    go(k)?;
+                } else {
+                    k.if_then(k.icmp(IntPredicate::ULT, k.add(r0, c32(i * step))?, c32(rows))?, go)?;
+                }
+            }
+            return Ok(());
+        }
+        for i in 0..total.div_ceil(threads) {
+            let e = k.add(tid, c32(i * threads))?;
+            let go = |k: &Kit<'ctx>| -> R<()> {
+                let r = k.udiv(e, c32(chunks))?;
+                let col = k.urem(e, c32(chunks))?;
+                let r64 = k.zext64(r)?;
+                let gi = k.add(row0, k.add(k.mul(r64, rstride)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
+                let valid = k.icmp(IntPredicate::SLT, r64, nvalid)?;
+                let dst = k.sh_at(smem, k.add(sm_off, k.add(k.mul(r, c32(ld * 2))?, k.mul(col, c32(16))?)?)?)?;
+                k.cp_async_16(dst, k.gep_raw(dt, gptr, gi)?, k.select_int(valid, c32(16), c32(0))?)
+            };
+            if (i + 1) * threads <= total {
+                go(k)?;
+            } else {
+                k.if_then(k.icmp(IntPredicate::ULT, e, c32(total))?, go)?;
+            }
+        }
+        Ok(())
+    };
+    // K and V of tile t (i32) into stage t & 1.
+    let issue_tile = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
+        let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
+        let stage = k.and(t, c32(1))?;
+        let nvalid = k.sub(skv, j0)?;
+        let ks = k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?;
+        let vs = k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?;
+        copy_rows(k, bkv, d / 8, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, nvalid)?;
+        copy_rows(k, bkv, dv / 8, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, nvalid)
+    };
+
+    // ---- prologue: Q and tile 0 ------------------------------------------------------------
+    copy_rows(kit, bq, d / 8, sm.ldq, c32(0), q_ptr, kit.add(q_base, kit.mul(q0, q_ss)?)?, q_ss, kit.sub(sq, q0)?)?;
+    kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| issue_tile(k, c32(0)))?;
+    kit.cp_async_commit()?;
+    kit.cp_async_wait(0)?;
+    kit.barrier()?;
+    // ldmatrix lane offsets (bytes). A (Q, row-major 16×16): lane l → row l % 16, column
+    // chunk l / 16. B from K ([key, d], two n8 tiles): row (l % 8) + 8·(l / 16), chunk
+    // (l / 8) % 2. B from V ([key, d], transposed, two n8 tiles): row (l % 8) + 8·((l / 8) % 2),
+    // chunk l / 16.
+    let l8 = kit.urem(lane, c32(8))?;
+    let l16 = kit.udiv(lane, c32(16))?;
+    let l8b = kit.urem(kit.udiv(lane, c32(8))?, c32(2))?;
+    let q_lane = kit.add(kit.mul(kit.add(kit.mul(warp, c32(rpw))?, kit.urem(lane, c32(16))?)?, c32(sm.ldq * 2))?, kit.mul(l16, c32(16))?)?;
+    let k_lane = kit.add(kit.mul(kit.add(l8, kit.mul(l16, c32(8))?)?, c32(sm.ldk * 2))?, kit.mul(l8b, c32(16))?)?;
+    let v_lane = kit.add(kit.mul(kit.add(l8, kit.mul(l8b, c32(8))?)?, c32(sm.ldv * 2))?, kit.mul(l16, c32(16))?)?;
+    let q_ptr_sm = kit.sh_at(smem, q_lane)?;
+    let q_frag = |k: &Kit<'ctx>, mi: usize, ks: u32| -> R<[IntValue<'ctx>; 4]> {
+        k.ldmatrix_x4(k.sh_at(q_ptr_sm, c32(16 * mi as u32 * sm.ldq * 2 + ks * 32))?, false)
+    };
+    let qf: Vec<Vec<[IntValue<'ctx>; 4]>> = if s.q_in_regs {
+        (0..mt).map(|mi| (0..d / 16).map(|ks| q_frag(kit, mi, ks)).collect::<R<Vec<_>>>()).collect::<R<_>>()?
+    } else {
+        Vec::new()
+    };
+
+    // ---- per-thread state ------------------------------------------------------------------
+    let m: Vec<[PointerValue<'ctx>; 2]> = (0..mt).map(|_| Ok([kit.var_f(ninf)?, kit.var_f(ninf)?])).collect::<R<_>>()?;
+    let l: Vec<[PointerValue<'ctx>; 2]> = (0..mt).map(|_| Ok([kit.var_f(zero)?, kit.var_f(zero)?])).collect::<R<_>>()?;
+    // acc[mi][n][e]: O(row g + 8·(e / 2), column 8n + 2·t4 + e % 2) of slab mi.
+    let acc: Vec<Vec<[PointerValue<'ctx>; 4]>> =
+        (0..mt).map(|_| (0..n_ov).map(|_| Ok([kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?])).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
+    // Scores of the current tile, same layout as acc over the tile's keys.
+    let sv: Vec<Vec<[PointerValue<'ctx>; 4]>> =
+        (0..mt).map(|_| (0..n_nt).map(|_| Ok([kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?])).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
+    // While some row of the warp has seen only −inf, the interpreter may skip 16-key groups:
+    // first[mi][h] is the key (tile-relative) of the row's first group it multiplies.
+    let maybe_skipping = var_i32(kit, c32(1))?;
+    let (lo_var, slow_var) = (var_i32(kit, c32(0))?, var_i32(kit, c32(0))?);
+    let first: Vec<[PointerValue<'ctx>; 2]> = (0..mt).map(|_| Ok([var_i32(kit, c32(0))?, var_i32(kit, c32(0))?])).collect::<R<_>>()?;
+    let mask_rows: Vec<[Option<IntValue<'ctx>>; 2]> = match &p.mask {
+        Some(mk) => {
+            let mb = base_mask(kit, mk, b, h)?;
+            (0..mt)
+                .map(|mi| -> R<[Option<IntValue<'ctx>>; 2]> {
+                    let at = |hh: usize| -> R<Option<IntValue<'ctx>>> {
+                        let i = kit.smin(rows.index[mi][hh], kit.sub(sq, kit.i64c(1))?)?;
+                        Ok(Some(kit.add(mb, kit.mul(i, kit.dim(&mk.st[2])?)?)?))
+                    };
+                    Ok([at(0)?, at(1)?])
+                })
+                .collect::<R<_>>()?
+        }
+        None => vec![[None, None]; mt],
+    };
+
+    // ---- the key tiles -------------------------------------------------------------------------
+    kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
+        k.cp_async_wait(0)?;
+        k.barrier()?;
+        let next = k.add(t, c32(1))?;
+        k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
+            issue_tile(k, next)?;
+            k.cp_async_commit()
+        })?;
+        let j0 = k.mul(t, c32(bkv))?;
+        k.if_then(k.icmp(IntPredicate::SLT, j0, warp_end)?, |k| {
+            let stage = k.and(t, c32(1))?;
+            let k_sm = k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?;
+            let v_sm = k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?;
+            let (k_at, v_at) = (k.sh_at(smem, k.add(k_sm, k_lane)?)?, k.sh_at(smem, k.add(v_sm, v_lane)?)?);
+
+            // S = Q·Kᵀ.
+            let mut sacc: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
+            for ks in 0..d / 16 {
+                let qa: Vec<[IntValue<'ctx>; 4]> = (0..mt).map(|mi| if s.q_in_regs { Ok(qf[mi][ks as usize]) } else { q_frag(k, mi, ks) }).collect::<R<_>>()?;
+                for np in 0..(bkv / 16) as usize {
+                    let kb = k.ldmatrix_x4(k.sh_at(k_at, c32(np as u32 * 16 * sm.ldk * 2 + ks * 32))?, false)?;
+                    for mi in 0..mt {
+                        sacc[mi][2 * np] = k.mma(dt, qa[mi], [kb[0], kb[1]], sacc[mi][2 * np])?;
+                        sacc[mi][2 * np + 1] = k.mma(dt, qa[mi], [kb[2], kb[3]], sacc[mi][2 * np + 1])?;
+                    }
+                }
+            }
+            for mi in 0..mt {
+                for n in 0..n_nt {
+                    for e in 0..4 {
+                        let v = if fused { sacc[mi][n][e] } else { k.fmul(sacc[mi][n][e], cf)? };
+                        k.set(sv[mi][n][e], v.into())?;
+                    }
+                }
+            }
+
+            // Mask keys past each row's limit (and add the additive mask) where the tile
+            // crosses a row's limit.
+            let col0 = k.add(j0, k.mul(t4, c32(2))?)?;
+            let crosses = k.icmp(IntPredicate::SGT, k.add(j0, c32(bkv))?, min_limit)?;
+            let crosses = if p.mask.is_some() { k.bool_c(true) } else { crosses };
+            k.if_then(crosses, |k| {
+                for mi in 0..mt {
+                    for n in 0..n_nt {
+                        for e in 0..4 {
+                            let hh = e / 2;
+                            let col = k.add(col0, c32(8 * n as u32 + (e % 2) as u32))?;
+                            let vis = k.icmp(IntPredicate::SLT, col, rows.limit[mi][hh])?;
+                            let mut x = k.get_f(sv[mi][n][e])?;
+                            if let (Some(mk), Some(mrow)) = (&p.mask, mask_rows[mi][hh]) {
+                                // Row clamped below Sq, key below Skv: always in bounds, no branch.
+                                let j = k.select_int(vis, col, c32(0))?;
+                                let idx = k.add(mrow, k.mul(k.zext64(j)?, k.dim(&mk.st[3])?)?)?;
+                                let mv = k.load_vec(mk.dtype, k.buf(mk.buffer)?, idx, 1)?[0];
+                                x = k.fma(mv, k.f32c(std::f64::consts::LOG2_E), x)?;
+                            }
+                            k.set(sv[mi][n][e], k.select_f(vis, x, ninf)?.into())?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+
+            // Rows that have seen only −inf: the interpreter skips their leading 16-key groups
+            // whose scores are all −inf. Count them (first[mi][h]), and note whether any row
+            // skips a group here and whether any is still without a score after this tile.
+            let n_grp = n_nt / 2;
+            k.set(lo_var, k.smax(min_limit, j0)?.into())?;
+            for f in first.iter().flatten() {
+                k.set(*f, c32(0).into())?;
+            }
+            k.if_then(k.icmp(IntPredicate::NE, get_i32(k, maybe_skipping)?, c32(0))?, |k| {
+                let mut skip = k.bool_c(false);
+                let mut dead = k.bool_c(false);
+                for mi in 0..mt {
+                    for hh in 0..2 {
+                        let mut live = k.fcmp(FloatPredicate::UNE, k.get_f(m[mi][hh])?, ninf)?;
+                        let mut count = c32(0);
+                        for grp in 0..n_grp {
+                            let mut gm = ninf;
+                            for n in [2 * grp, 2 * grp + 1] {
+                                for e in [2 * hh, 2 * hh + 1] {
+                                    gm = k.max_nan(gm, k.get_f(sv[mi][n][e])?)?;
+                                }
+                            }
+                            gm = k.max_nan(gm, k.shfl_xor(gm, 1)?)?;
+                            gm = k.max_nan(gm, k.shfl_xor(gm, 2)?)?;
+                            live = or(k, live, k.fcmp(FloatPredicate::UNE, gm, ninf)?)?;
+                            count = k.add(count, k.select_int(live, c32(0), c32(16))?)?;
+                        }
+                        k.set(first[mi][hh], count.into())?;
+                        skip = or(k, skip, k.icmp(IntPredicate::NE, count, c32(0))?)?;
+                        dead = or(k, dead, k.icmp(IntPredicate::EQ, count, c32(16 * n_grp as u32))?)?;
+                    }
+                }
+                let skip = warp_any(k, skip)?;
+                let dead = warp_any(k, dead)?;
+                k.set(maybe_skipping, k.select_int(dead, c32(1), c32(0))?.into())?;
+                k.if_then(skip, |k| k.set(lo_var, j0.into()))
+            })?;
+
+            // Online softmax per row; P as A fragments.
+            let mut pf: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
+            let mut rescale = k.bool_c(false);
+            let mut alphas = Vec::new();
+            for mi in 0..mt {
+                for hh in 0..2 {
+                    let xs: Vec<FloatValue<'ctx>> = (0..n_nt).flat_map(|n| [2 * hh, 2 * hh + 1].map(|e| (n, e))).map(|(n, e)| k.get_f(sv[mi][n][e])).collect::<R<_>>()?;
+                    let mut mx = xs[0];
+                    for &x in &xs[1..] {
+                        mx = k.max_nan(mx, x)?;
+                    }
+                    mx = k.max_nan(mx, k.shfl_xor(mx, 1)?)?;
+                    mx = k.max_nan(mx, k.shfl_xor(mx, 2)?)?;
+                    let mx = if fused { k.fmul(mx, cf)? } else { mx };
+                    let mo = k.get_f(m[mi][hh])?;
+                    let mn = k.max_nan(mo, mx)?;
+                    let none = k.fcmp(FloatPredicate::OEQ, mn, ninf)?;
+                    let mu = k.select_f(none, zero, mn)?;
+                    let alpha = ex2_ftz(k, k.fsub(mo, mu)?)?;
+                    let neg = k.fsub(zero, mu)?;
+                    let mut sum = zero;
+                    for (i, &x) in xs.iter().enumerate() {
+                        let arg = if fused { k.fma(x, cf, neg)? } else { k.fsub(x, mu)? };
+                        let pv = ex2_ftz(k, arg)?;
+                        sum = if i == 0 { pv } else { k.fadd(sum, pv)? };
+                        pf[mi][i / 2][2 * hh + i % 2] = pv;
+                    }
+                    k.set(l[mi][hh], k.fma(k.get_f(l[mi][hh])?, alpha, sum)?.into())?;
+                    k.set(m[mi][hh], mn.into())?;
+                    rescale = or(k, rescale, k.fcmp(FloatPredicate::UNE, alpha, k.f32c(1.0))?)?;
+                    alphas.push((mi, hh, alpha));
+                }
+            }
+            // acc ·= α, skipped when no row of the warp has a new maximum (α = 1 exactly).
+            k.if_then(warp_any(k, rescale)?, |k| {
+                for &(mi, hh, alpha) in &alphas {
+                    for a in &acc[mi] {
+                        for e in [2 * hh, 2 * hh + 1] {
+                            k.set(a[e], k.fmul(k.get_f(a[e])?, alpha)?.into())?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+            // pa[mi][kk]: A fragment of k-step kk (keys 16kk..16kk+16).
+            let pa: Vec<Vec<[IntValue<'ctx>; 4]>> = (0..mt)
+                .map(|mi| {
+                    (0..n_nt / 2)
+                        .map(|kk| {
+                            let pk = |n: usize, e: usize| k.math(|kb| kb.pack_x2(dt, pf[mi][n][e], pf[mi][n][e + 1]));
+                            Ok([pk(2 * kk, 0)?, pk(2 * kk, 2)?, pk(2 * kk + 1, 0)?, pk(2 * kk + 1, 2)?])
+                        })
+                        .collect::<R<Vec<_>>>()
+                })
+                .collect::<R<_>>()?;
+
+            // Products the interpreter does not make (see the module docs): keys at or past
+            // the warp's first row's limit, and the groups some row skips. If V holds a
+            // non-finite value there, this tile's P·V goes the CUDA-core way.
+            let hi = k.smin(k.add(j0, c32(bkv))?, skv32)?;
+            k.set(slow_var, c32(0).into())?;
+            let lo = get_i32(k, lo_var)?;
+            k.if_then(k.icmp(IntPredicate::SLT, lo, hi)?, |k| {
+                // Lanes scan 16-byte chunks of V rows lo..hi (tile-relative rows lo − j0..).
+                let cv = dv / 8;
+                let r0 = k.sub(lo, j0)?;
+                let total = k.mul(k.sub(hi, lo)?, c32(cv))?;
+                let found = var_i32(k, c32(0))?;
+                k.for_range(lane, total, c32(32), |k, e| {
+                    let r = k.add(r0, k.udiv(e, c32(cv))?)?;
+                    let col = k.urem(e, c32(cv))?;
+                    let at = k.add(v_sm, k.add(k.mul(r, c32(sm.ldv * 2))?, k.mul(col, c32(16))?)?)?;
+                    let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
+                    let bad = any_nonfinite(k, &words, exp_mask)?;
+                    k.if_then(bad, |k| k.set(found, c32(1).into()))
+                })?;
+                let any = warp_any(k, k.icmp(IntPredicate::NE, get_i32(k, found)?, c32(0))?)?;
+                k.set(slow_var, k.select_int(any, c32(1), c32(0))?.into())
+            })?;
+            let slow = k.icmp(IntPredicate::NE, get_i32(k, slow_var)?, c32(0))?;
+
+            k.if_else(
+                slow,
+                |k| {
+                    // CUDA-core P·V, exactly the interpreter's products: per row, keys below
+                    // its limit from its first multiplied group on.
+                    let first: Vec<[IntValue<'ctx>; 2]> = first.iter().map(|f| Ok([get_i32(k, f[0])?, get_i32(k, f[1])?])).collect::<R<_>>()?;
+                    // P (rounded as the mma would see it) to the warp's scratch rows: row
+                    // 16mi + 8h + g of the warp, keys as in the A fragments.
+                    let prow0 = k.add(c32(sm.p), k.mul(k.add(k.mul(warp, c32(rpw))?, g)?, c32(sm.ldp * 2))?)?;
+                    let pst = k.sh_at(smem, k.add(prow0, k.mul(t4, c32(4))?)?)?;
+                    for mi in 0..mt {
+                        for (kk, frag) in pa[mi].iter().enumerate() {
+                            for (r, &word) in frag.iter().enumerate() {
+                                let off = (16 * mi as u32 + 8 * (r % 2) as u32) * sm.ldp * 2 + (16 * kk as u32 + 8 * (r / 2) as u32) * 2;
+                                store_i32s(k, k.sh_at(pst, c32(off))?, &[word])?;
+                            }
+                        }
+                    }
+                    k.warp_sync()?;
+                    k.for_range(c32(0), c32(bkv), c32(1), |k, jj| {
+                        let j = k.add(j0, jj)?;
+                        // V(j, 8n + 2·t4 ..) at constant offsets from one pointer.
+                        let vrow = k.sh_at(smem, k.add(k.add(v_sm, k.mul(jj, c32(sm.ldv * 2))?)?, k.mul(t4, c32(4))?)?)?;
+                        let vs: Vec<Vec<FloatValue<'ctx>>> = (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(vrow, c32(16 * n as u32))?, 2)).collect::<R<_>>()?;
+                        let pcol = k.sh_at(smem, k.add(prow0, k.mul(jj, c32(2))?)?)?;
+                        for mi in 0..mt {
+                            for hh in 0..2 {
+                                let pj = k.sh_load(dt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
+                                let made = k.and(k.icmp(IntPredicate::SLT, j, rows.limit[mi][hh])?, k.icmp(IntPredicate::SGE, jj, first[mi][hh])?)?;
+                                for (a, v) in acc[mi].iter().zip(&vs) {
+                                    for e in 0..2 {
+                                        let old = k.get_f(a[2 * hh + e])?;
+                                        let new = k.fma(pj, v[e], old)?;
+                                        k.set(a[2 * hh + e], k.select_f(made, new, old)?.into())?;
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    k.warp_sync()
+                },
+                |k| {
+                    // O += P·V on tensor cores.
+                    for kk in 0..n_nt / 2 {
+                        for np in 0..n_ov / 2 {
+                            let vb = k.ldmatrix_x4(k.sh_at(v_at, c32(kk as u32 * 16 * sm.ldv * 2 + np as u32 * 32))?, true)?;
+                            for mi in 0..mt {
+                                for (half, bb) in [[vb[0], vb[1]], [vb[2], vb[3]]].into_iter().enumerate() {
+                                    let a = &acc[mi][2 * np + half];
+                                    let cur = [k.get_f(a[0])?, k.get_f(a[1])?, k.get_f(a[2])?, k.get_f(a[3])?];
+                                    let out = k.mma(dt, pa[mi][kk], bb, cur)?;
+                                    for e in 0..4 {
+                                        k.set(a[e], out[e].into())?;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                },
+            )
+        })
+    })?;
+
+    // ---- O = acc / l, rounded once ------------------------------------------------------------
+    let mut outs: Vec<[Vec<FloatValue<'ctx>>; 2]> = Vec::new();
+    for mi in 0..mt {
+        let mut pair: [Vec<FloatValue<'ctx>>; 2] = [Vec::new(), Vec::new()];
+        for (hh, o) in pair.iter_mut().enumerate() {
+            let mut lt = kit.get_f(l[mi][hh])?;
+            lt = kit.fadd(lt, kit.shfl_xor(lt, 1)?)?;
+            lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
+            let empty = kit.fcmp(FloatPredicate::OEQ, kit.get_f(m[mi][hh])?, ninf)?;
+            let inv = kit.fdiv(kit.f32c(1.0), lt)?;
+            for a in &acc[mi] {
+                for e in [2 * hh, 2 * hh + 1] {
+                    o.push(kit.select_f(empty, zero, kit.fmul(kit.get_f(a[e])?, inv)?)?);
+                }
+            }
+        }
+        outs.push(pair);
+    }
+    let o_sd = kit.dim(&p.out.st[3])?;
+    if p.out.vector_ok(8) {
+        // Stage the warp's rows in its rows of the Q tile (which only this warp reads), then
+        // 16-byte stores.
+        kit.warp_sync()?;
+        let wrow0 = kit.mul(warp, c32(rpw))?;
+        for (mi, pair) in outs.iter().enumerate() {
+            for (hh, o) in pair.iter().enumerate() {
+                let row = kit.add(wrow0, kit.add(g, c32(16 * mi as u32 + 8 * hh as u32))?)?;
+                for n in 0..n_ov {
+                    let col = kit.add(kit.mul(t4, c32(2))?, c32(8 * n as u32))?;
+                    let word = kit.math(|kb| kb.pack_x2(dt, o[2 * n], o[2 * n + 1]))?;
+                    let at = kit.add(kit.mul(row, c32(sm.ldq * 2))?, kit.mul(col, c32(2))?)?;
+                    store_i32s(kit, kit.sh_at(smem, at)?, &[word])?;
+                }
+            }
+        }
+        kit.warp_sync()?;
+        let cv = dv / 8;
+        let total = rpw * cv;
+        for i in 0..total.div_ceil(32) {
+            let e = kit.add(lane, c32(32 * i))?;
+            let r = kit.udiv(e, c32(cv))?;
+            let col = kit.urem(e, c32(cv))?;
+            let grow = kit.add(w0, kit.zext64(r)?)?;
+            let ok = kit.and(kit.icmp(IntPredicate::ULT, e, c32(total))?, kit.icmp(IntPredicate::SLT, grow, sq)?)?;
+            kit.if_then(ok, |k| {
+                let at = k.add(k.mul(k.add(wrow0, r)?, c32(sm.ldq * 2))?, k.mul(col, c32(16))?)?;
+                let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
+                let gi = k.add(o_base, k.add(k.mul(grow, o_ss)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
+                store_i32s(k, k.gep_raw(dt, o_ptr, gi)?, &words)
+            })?;
+        }
+    } else {
+        for (mi, pair) in outs.iter().enumerate() {
+            for (hh, o) in pair.iter().enumerate() {
+                kit.if_then(rows.valid[mi][hh], |k| {
+                    let row = k.add(o_base, k.mul(rows.index[mi][hh], o_ss)?)?;
+                    for n in 0..n_ov {
+                        for e in 0..2 {
+                            let col = k.add(k.mul(t4, c32(2))?, c32(8 * n as u32 + e as u32))?;
+                            let idx = k.add(row, k.mul(k.zext64(col)?, o_sd)?)?;
+                            k.store_vec(dt, o_ptr, idx, &[o[2 * n + e]])?;
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The (batch, head) base of the additive mask.
+fn base_mask<'ctx>(kit: &Kit<'ctx>, mk: &super::attention::Mask, b: IntValue<'ctx>, h: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    let a = kit.add(kit.dim(&mk.offset)?, kit.mul(b, kit.dim(&mk.st[0])?)?)?;
+    kit.add(a, kit.mul(h, kit.dim(&mk.st[1])?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::attention::generate_prefill;
+    use crate::kernels::attention::tests::prefill;
+    use crate::kernels::matmul::tests::{assemble, sym};
+
+    /// The default schedule of every head dim the kernel takes (multiples of 16; bf16, and f16
+    /// at 64 and 128), causal or not, with and without a mask, assembles for sm_80 and sm_90a
+    /// without spills.
+    #[test]
+    fn default_schedules_assemble_without_spills() {
+        for t in [Target::SM_80, Target::SM_90A] {
+            let cases = [16, 48, 64, 80, 96, 112, 128, 192, 256].map(|hd| (DType::BF16, hd)).into_iter().chain([(DType::F16, 64), (DType::F16, 128)]);
+            for (dt, hd) in cases {
+                for (causal, mask) in [(true, false), (false, false), (true, true)] {
+                    let (g, k) = prefill(dt, 8, 2, sym("T"), sym("S"), hd, hd, causal, mask);
+                    let plan = generate_prefill(&g, k, &t).unwrap_or_else(|e| panic!("D{hd}: {e}"));
+                    assert_eq!(plan.ptx.contains("mma.sync"), !(mask && hd > 128), "{t} D{hd} mask={mask}");
+                    if assemble(&plan).is_none() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schedules() {
+        let s = |warps, m_tiles, block_kv, q_in_regs| TcSchedule { warps, m_tiles, block_kv, q_in_regs };
+        assert_eq!(choose_tc_schedule(64, 64, false), s(4, 2, 64, true));
+        assert_eq!(choose_tc_schedule(128, 128, false), s(4, 2, 32, false));
+        assert_eq!(choose_tc_schedule(80, 96, false), s(4, 2, 32, false));
+        assert_eq!(choose_tc_schedule(256, 256, false), s(4, 1, 32, false));
+        assert_eq!(choose_tc_schedule(128, 128, true), s(4, 1, 64, false));
+        assert_eq!(choose_tc_schedule(64, 64, true), s(4, 1, 64, true));
+        // Q 128 rows × (64 + 8), two stages of K and V 64 × 72 (bf16); P in Q's rows.
+        assert_eq!(s(4, 2, 64, true).shared_bytes(64, 64), 128 * 72 * 2 + 4 * 64 * 72 * 2);
+        // Plus the P scratch 128 × (32 + 8) when Q is re-read from shared memory.
+        assert_eq!(s(4, 2, 32, false).shared_bytes(128, 128), 128 * 136 * 2 + 4 * 32 * 136 * 2 + 128 * 40 * 2);
+        assert!(s(0, 1, 64, true).check().is_err() && s(4, 3, 64, true).check().is_err() && s(4, 1, 40, true).check().is_err());
+    }
+}
