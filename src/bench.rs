@@ -210,11 +210,11 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
     }
     memory_bound_groups(&want, &mut out)?;
     if want("matmul") {
-        for (m, n, k) in [(4096usize, 4096usize, 4096usize), (16, 1536, 576)] {
+        for (m, n, k) in [(8192usize, 8192usize, 8192usize), (4096, 4096, 4096), (16, 1536, 576)] {
             let g = crate::graph! { fn main(a: bf16[{m}, {k}], w: bf16[{n}, {k}]) -> bf16[{m}, {n}] { a.matmul(w, transpose_b = true) } }?;
             out.push(BenchCase {
                 group: "matmul",
-                name: "matmul (CUDA cores, tiled)".into(),
+                name: "matmul (tensor cores; M <= 16: flat GEMM)".into(),
                 shape: format!("{m}x{n}x{k}"),
                 graph: g,
                 lowering: Lowering::Unfused,
@@ -238,7 +238,7 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
             let key = shape.clone();
             out.push(BenchCase {
                 group: "attn",
-                name: "attention (online softmax)".into(),
+                name: "attention (FlashAttention-2, tensor cores)".into(),
                 shape,
                 graph: g,
                 lowering: Lowering::Unfused,

@@ -22,9 +22,11 @@
 //!   softmax, FlashAttention-2, arXiv 2307.08691) — the same 16-key rule as the
 //!   interpreter: while every score the worker has seen is −inf, a 16-key half tile is
 //!   skipped rather than multiplied;
-//! - `p` and the keys' V-row offsets go through the warp's slice of shared memory, and lane
+//! - the keys' V-row offsets and `p` go through the warp's slice of shared memory, and lane
 //!   `l` accumulates `P·V` over output dims `l·dv/32 …` (8-byte coalesced V reads for D =
-//!   128), eight keys' V loads issued before their FMAs.
+//!   128). The V slices of the tile's first keys (all 32 for D ≤ 128 in bf16: about 64
+//!   registers) are loaded before the K row, so that one memory round trip serves the tile;
+//!   the rest are loaded eight at a time.
 //!
 //! Each worker leaves `(m, l, acc)` per row in its CTA's shared memory. The CTA (and, for a
 //! cluster, every CTA of it after `barrier.cluster.arrive`/`wait`, reading the others'
@@ -33,7 +35,10 @@
 //! `M = max m_u`, `O = Σ acc_u·e^{m_u − M} / Σ l_u·e^{m_u − M}`; each CTA of a cluster merges
 //! and writes `1/cluster` of the outputs; a last cluster barrier keeps every CTA's shared
 //! memory alive until the others have read it. A row whose workers all saw only −inf (or no
-//! key) gives exactly 0.
+//! key) gives exactly 0. A cluster whose sequence has at most [`SOLO_TILES`] tiles (256 keys)
+//! runs in *solo mode*: its first CTA's warps take every tile and merge alone, the other CTAs
+//! return at once, and no cluster barrier is crossed (the chat-length decode of a small
+//! model, where the barriers cost more than the split gains).
 //!
 //! A worker's "every score so far" is its own tiles', so where a key's score is −inf (an
 //! infinite K element) and its V row holds NaN, the interpreter (one pass from key 0) may
@@ -60,6 +65,10 @@ use crate::CodegenError;
 
 /// Keys per tile (one per lane).
 const TILE: u32 = 32;
+
+/// A cluster whose sequence has at most this many tiles runs in solo mode (its first CTA
+/// does all the work, see the module docs).
+const SOLO_TILES: u32 = 8;
 
 /// Work split of a split-KV decode kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -249,8 +258,23 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
     // 2. The worker's tiles.
     let kv_end = rows.iter().try_fold(kit.i32c(0), |acc, r| kit.smax(acc, r.limit))?;
     let ntiles = kit.udiv(kit.add(kv_end, i32c(TILE - 1))?, i32c(TILE))?;
-    // Consecutive tiles go to different CTAs (SMs) first, then to the warps of each.
-    let worker = kit.add(kit.mul(warp, i32c(nc))?, rank)?;
+    // Solo mode (a cluster whose sequence has at most SOLO_TILES tiles): rank 0 takes every
+    // tile, the other CTAs leave at once, and no cluster barrier is crossed. Otherwise
+    // consecutive tiles go to different CTAs (SMs) first, then to the warps of each.
+    let solo = if nc > 1 { kit.icmp(IntPredicate::ULE, ntiles, i32c(SOLO_TILES))? } else { kit.bool_c(true) };
+    if nc > 1 {
+        let idle = kit.and(solo, kit.icmp(IntPredicate::NE, rank, i32c(0))?)?;
+        let (leave, stay) = kit.math(|kb| Ok((kb.block("idle"), kb.block("work"))))?;
+        kit.math(|kb| kb.cond_br(idle, leave, stay))?;
+        kit.math(|kb| {
+            kb.position(leave);
+            kb.ret()?;
+            kb.position(stay);
+            Ok(())
+        })?;
+    }
+    let worker = kit.select_int(solo, warp, kit.add(kit.mul(warp, i32c(nc))?, rank)?)?;
+    let n_workers = kit.select_int(solo, i32c(nw), i32c(nc * nw))?;
     let m: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?;
     let l: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
     // Lane dims: `cv` consecutive dims per lane when dv is a multiple of 32, else dims
@@ -284,14 +308,44 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
     };
     let voff_at = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<PointerValue<'ctx>> { at(k, sm.voff, k.add(k.mul(warp, i32c(TILE))?, jj)?, 8) };
 
-    kit.for_range(worker, ntiles, i32c(nc * nw), |k, tile| {
+    let v_row = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<Vec<FloatValue<'ctx>>> {
+        let slot = voff_at(k, jj)?;
+        let vo = k.math(|kb| Ok(kb.load(i64t.into(), slot, 8)?.into_int_value()))?;
+        if per_lane {
+            let idx = k.add(vo, k.mul(k.zext64(dim_of(k, 0)?)?, v_sd)?)?;
+            if v_vec {
+                k.load_vec(dt, v_ptr, idx, nd)
+            } else {
+                k.load_strided(dt, v_ptr, idx, v_sd, nd)
+            }
+        } else {
+            (0..nd)
+                .map(|i| {
+                    let dcol = k.smin(dim_of(k, i)?, i32c(dv - 1))?;
+                    Ok(k.load_vec(dt, v_ptr, k.add(vo, k.mul(k.zext64(dcol)?, v_sd)?)?, 1)?[0])
+                })
+                .collect()
+        }
+    };
+    // V rows prefetched with K: as many keys as fit about 64 registers of V values (16-bit
+    // values two to a register), fewer when the accumulators are many.
+    let per_reg = if dt.size_bytes() == 2 { 2 } else { 1 };
+    let mut prefetch = (64 * per_reg / nd).clamp(8, TILE) / 8 * 8;
+    if rt * nd > 16 {
+        prefetch = (prefetch / 2).max(8);
+    }
+    kit.for_range(worker, ntiles, n_workers, |k, tile| {
         let j0 = k.mul(tile, i32c(TILE))?;
         let j = k.add(j0, lane)?;
         let in_seq = k.icmp(IntPredicate::SLT, j, kv_end)?;
-        // Key j's page and offsets; its scores against every row.
+        // Key j's page and offsets (V's through the warp's shared memory to every lane).
         let sv: Vec<PointerValue> = (0..rt).map(|_| k.var_f(zero)).collect::<R<_>>()?;
         let voff_slot = voff_at(k, lane)?;
-        k.math(|kb| kb.store(voff_slot, kb.i64c(0).into(), 8))?;
+        let kvar = k.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(i64t, "")?)))?;
+        k.math(|kb| {
+            kb.store(voff_slot, kb.i64c(0).into(), 8)?;
+            kb.store(kvar, kb.i64c(0).into(), 8)
+        })?;
         k.if_then(in_seq, |k| {
             let j64 = k.zext64(j)?;
             let col = k.udiv(j64, ps)?;
@@ -300,7 +354,17 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
             let page = k.smin(k.smax(page, k.i64c(0))?, k.sub(npages, k.i64c(1))?)?;
             let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> { k.add(base, k.add(k.add(k.mul(page, st[0])?, k.mul(slot, st[1])?)?, k.mul(g, st[2])?)?) };
             let (ko, vo) = (off(k_base, &kst)?, off(v_base, &vst)?);
-            k.math(|kb| kb.store(voff_slot, vo.into(), 8))?;
+            k.math(|kb| {
+                kb.store(voff_slot, vo.into(), 8)?;
+                kb.store(kvar, ko.into(), 8)
+            })
+        })?;
+        k.warp_sync()?;
+        // Every key's V slice of this lane, loaded now (a key past the sequence reads offset 0,
+        // inside the buffer, and is never multiplied), so that its latency overlaps K's.
+        let vrows: Vec<Vec<FloatValue>> = (0..prefetch).map(|jj| v_row(k, i32c(jj))).collect::<R<_>>()?;
+        let ko = k.math(|kb| Ok(kb.load(i64t.into(), kvar, 8)?.into_int_value()))?;
+        k.if_then(in_seq, |k| {
             // The whole K row first (independent loads in flight), then the dot products.
             let mut kv = Vec::with_capacity(d as usize);
             for c in 0..d / ck {
@@ -361,25 +425,6 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
             jlo = k.smin(jlo, *lo)?;
             jhi = k.smax(jhi, *hi)?;
         }
-        let v_row = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<Vec<FloatValue<'ctx>>> {
-            let slot = voff_at(k, jj)?;
-            let vo = k.math(|kb| Ok(kb.load(i64t.into(), slot, 8)?.into_int_value()))?;
-            if per_lane {
-                let idx = k.add(vo, k.mul(k.zext64(dim_of(k, 0)?)?, v_sd)?)?;
-                if v_vec {
-                    k.load_vec(dt, v_ptr, idx, nd)
-                } else {
-                    k.load_strided(dt, v_ptr, idx, v_sd, nd)
-                }
-            } else {
-                (0..nd)
-                    .map(|i| {
-                        let dcol = k.smin(dim_of(k, i)?, i32c(dv - 1))?;
-                        Ok(k.load_vec(dt, v_ptr, k.add(vo, k.mul(k.zext64(dcol)?, v_sd)?)?, 1)?[0])
-                    })
-                    .collect()
-            }
-        };
         let accumulate = |k: &Kit<'ctx>, jj: IntValue<'ctx>, vs: &[FloatValue<'ctx>], guarded: bool| -> R<()> {
             for (r, (lo, hi)) in bounds.iter().enumerate() {
                 let pj = k.sh_load(DType::F32, p_row(k, r as u32, jj)?, 1)?[0];
@@ -396,25 +441,29 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
             }
             Ok(())
         };
-        const UNROLL: u32 = 8;
-        k.if_else(
-            full,
-            |k| {
-                k.for_range(i32c(0), i32c(TILE), i32c(UNROLL), |k, jb| {
-                    let vs: Vec<Vec<FloatValue>> = (0..UNROLL).map(|u| v_row(k, k.add(jb, i32c(u))?)).collect::<R<_>>()?;
-                    for (u, v) in vs.iter().enumerate() {
-                        accumulate(k, k.add(jb, i32c(u as u32))?, v, false)?;
-                    }
-                    Ok(())
-                })
-            },
-            |k| {
-                k.for_range(jlo, jhi, i32c(1), |k, jj| {
-                    let vs = v_row(k, jj)?;
-                    accumulate(k, jj, &vs, true)
-                })
-            },
-        )?;
+        // The prefetched keys, then the rest eight V loads at a time.
+        let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
+            let step = |k: &Kit<'ctx>, jj: u32, v: &[FloatValue<'ctx>]| -> R<()> {
+                let jv = i32c(jj);
+                if guarded {
+                    let used = k.and(k.icmp(IntPredicate::SGE, jv, jlo)?, k.icmp(IntPredicate::SLT, jv, jhi)?)?;
+                    k.if_then(used, |k| accumulate(k, jv, v, true))
+                } else {
+                    accumulate(k, jv, v, false)
+                }
+            };
+            for (jj, v) in vrows.iter().enumerate() {
+                step(k, jj as u32, v)?;
+            }
+            for j8 in (prefetch..TILE).step_by(8) {
+                let batch: Vec<Vec<FloatValue>> = (j8..j8 + 8).map(|jj| v_row(k, i32c(jj))).collect::<R<_>>()?;
+                for (u, v) in batch.iter().enumerate() {
+                    step(k, j8 + u as u32, v)?;
+                }
+            }
+            Ok(())
+        };
+        k.if_else(full, |k| pv(k, false), |k| pv(k, true))?;
         k.warp_sync()
     })?;
 
@@ -431,65 +480,75 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
         }
     }
     kit.barrier()?;
+    let clustered = kit.and(kit.bool_c(nc > 1), kit.icmp(IntPredicate::EQ, solo, kit.bool_c(false))?)?;
     if nc > 1 {
-        cluster_barrier(kit)?;
+        kit.if_then(clustered, cluster_barrier)?;
     }
 
-    // 4. Merge by log-sum-exp; this CTA writes outputs o ≡ its share of rt·dv.
+    // 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
+    // from every CTA's partials; in solo mode (and without a cluster) the CTA writes them all
+    // from its own.
     let outs = rt * dv;
-    let per = outs.div_ceil(nc);
-    let o_lo = kit.mul(rank, i32c(per))?;
-    let o_hi = kit.smin(kit.add(o_lo, i32c(per))?, i32c(outs))?;
     let o_sd = kit.dim(&p.out.st[3])?;
-    let peer = |k: &Kit<'ctx>, ptr: PointerValue<'ctx>, cta: u32| -> R<PointerValue<'ctx>> {
-        if nc == 1 {
-            return Ok(ptr);
-        }
-        k.math(|kb| Ok(kb.intrinsic_value("llvm.nvvm.mapa.shared.cluster", &[], &[ptr.into(), kb.i32c(i64::from(cta)).into()])?.into_pointer_value()))
-    };
-    kit.for_range(kit.add(o_lo, tid)?, o_hi, i32c(s.threads()), |k, o| {
-        let r = k.udiv(o, i32c(dv))?;
-        let dcol = k.urem(o, i32c(dv))?;
-        // Row r's facts (r is not a constant here: select among the CTA's rows).
-        let mut valid = k.bool_c(false);
-        let mut o_off = k.i64c(0);
-        for (ri, info) in rows.iter().enumerate() {
-            let is = k.icmp(IntPredicate::EQ, r, i32c(ri as u32))?;
-            valid = k.select_int(is, info.valid, valid)?;
-            o_off = k.select_int(is, info.o_off, o_off)?;
-        }
-        k.if_then(valid, |k| {
-            let mut parts = Vec::with_capacity((nc * nw) as usize);
-            let mut mx = ninf;
-            for cta in 0..nc {
-                for w in 0..nw {
-                    let slot = k.add(i32c(w * rt), r)?;
-                    let mp = peer(k, at(k, sm.part, slot, 8)?, cta)?;
-                    let ap = peer(k, at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, cta)?;
-                    let mv = k.math(|kb| Ok(kb.load(kb.float_type(DType::F32).into(), mp, 8)?.into_float_value()))?;
-                    let lp = k.gep(k.f32t.into(), mp, i32c(1))?;
-                    let lv = k.math(|kb| Ok(kb.load(kb.float_type(DType::F32).into(), lp, 4)?.into_float_value()))?;
-                    let av = k.math(|kb| Ok(kb.load(kb.float_type(DType::F32).into(), ap, 4)?.into_float_value()))?;
-                    mx = k.max_nan(mx, mv)?;
-                    parts.push((mv, lv, av));
+    let merge = |kit: &Kit<'ctx>, ctas: u32, o_lo: IntValue<'ctx>, o_hi: IntValue<'ctx>| -> R<()> {
+        let peer = |k: &Kit<'ctx>, ptr: PointerValue<'ctx>, cta: u32| -> R<PointerValue<'ctx>> {
+            if ctas == 1 {
+                return Ok(ptr);
+            }
+            k.math(|kb| Ok(kb.intrinsic_value("llvm.nvvm.mapa.shared.cluster", &[], &[ptr.into(), kb.i32c(i64::from(cta)).into()])?.into_pointer_value()))
+        };
+        kit.for_range(kit.add(o_lo, tid)?, o_hi, i32c(s.threads()), |k, o| {
+            let r = k.udiv(o, i32c(dv))?;
+            let dcol = k.urem(o, i32c(dv))?;
+            // Row r's facts (r is not a constant here: select among the CTA's rows).
+            let mut valid = k.bool_c(false);
+            let mut o_off = k.i64c(0);
+            for (ri, info) in rows.iter().enumerate() {
+                let is = k.icmp(IntPredicate::EQ, r, i32c(ri as u32))?;
+                valid = k.select_int(is, info.valid, valid)?;
+                o_off = k.select_int(is, info.o_off, o_off)?;
+            }
+            k.if_then(valid, |k| {
+                let mut parts = Vec::with_capacity((ctas * nw) as usize);
+                let mut mx = ninf;
+                let f32t = k.f32t;
+                for cta in 0..ctas {
+                    for w in 0..nw {
+                        let slot = k.add(i32c(w * rt), r)?;
+                        let mp = peer(k, at(k, sm.part, slot, 8)?, cta)?;
+                        let ap = peer(k, at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, cta)?;
+                        let lp = k.gep(f32t.into(), mp, i32c(1))?;
+                        let (mv, lv, av) = k.math(|kb| {
+                            let ld = |p: PointerValue<'ctx>, a: u32| -> R<FloatValue<'ctx>> { Ok(kb.load(f32t.into(), p, a)?.into_float_value()) };
+                            Ok((ld(mp, 8)?, ld(lp, 4)?, ld(ap, 4)?))
+                        })?;
+                        mx = k.max_nan(mx, mv)?;
+                        parts.push((mv, lv, av));
+                    }
                 }
-            }
-            let empty = k.fcmp(FloatPredicate::OEQ, mx, ninf)?;
-            let m_use = k.select_f(empty, zero, mx)?;
-            let (mut num, mut den) = (zero, zero);
-            for (mv, lv, av) in parts {
-                let w = k.exp(k.fsub(mv, m_use)?)?;
-                num = k.fma(av, w, num)?;
-                den = k.fma(lv, w, den)?;
-            }
-            let out = k.select_f(empty, zero, k.fdiv(num, den)?)?;
-            let idx = k.add(o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
-            k.store_vec(dt, k.buf(p.out.buffer)?, idx, &[out])
+                let empty = k.fcmp(FloatPredicate::OEQ, mx, ninf)?;
+                let m_use = k.select_f(empty, zero, mx)?;
+                let (mut num, mut den) = (zero, zero);
+                for (mv, lv, av) in parts {
+                    let w = k.exp(k.fsub(mv, m_use)?)?;
+                    num = k.fma(av, w, num)?;
+                    den = k.fma(lv, w, den)?;
+                }
+                let out = k.select_f(empty, zero, k.fdiv(num, den)?)?;
+                let idx = k.add(o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
+                k.store_vec(dt, k.buf(p.out.buffer)?, idx, &[out])
+            })
         })
-    })?;
-    if nc > 1 {
+    };
+    if nc == 1 {
+        merge(kit, 1, i32c(0), i32c(outs))?;
+    } else {
+        let per = outs.div_ceil(nc);
+        let o_lo = kit.mul(rank, i32c(per))?;
+        let o_hi = kit.smin(kit.add(o_lo, i32c(per))?, i32c(outs))?;
+        kit.if_else(clustered, |k| merge(k, nc, o_lo, o_hi), |k| merge(k, 1, k.i32c(0), k.i32c(outs as i32)))?;
         // Every CTA's shared memory stays until the others have read it.
-        cluster_barrier(kit)?;
+        kit.if_then(clustered, cluster_barrier)?;
     }
     Ok(())
 }
