@@ -154,6 +154,20 @@ fn row_kernel(dt: DType, rows: Dim, n: Dim, what: &str) -> (KernelGraph, Kernel)
     single(Family::RowReduction, fb.finish(&[y]).unwrap())
 }
 
+/// Ends a decomposed-softmax body over `xm`: `m = max xm`, `e = exp(xm − m)`, `p = e / Σe`
+/// and the entropy term `Σ p·(xm − m)`; outputs `p`, `m` and the entropy (three reduction
+/// levels deep), as one row-reduction kernel.
+fn softmax_entropy_kernel(mut fb: FunctionBuilder, xm: Value) -> (KernelGraph, Kernel) {
+    let m = op_a(&mut fb, OpKind::ReduceMax, &[xm], vec![("keepdim", Attr::Bool(true))]);
+    let c = op(&mut fb, OpKind::Sub, &[xm, m]);
+    let e = op(&mut fb, OpKind::Exp, &[c]);
+    let sum = op_a(&mut fb, OpKind::ReduceSum, &[e], vec![("keepdim", Attr::Bool(true))]);
+    let p = op(&mut fb, OpKind::Div, &[e, sum]);
+    let ent = op(&mut fb, OpKind::Mul, &[p, c]);
+    let h = op_a(&mut fb, OpKind::ReduceSum, &[ent], vec![("keepdim", Attr::Bool(false))]);
+    single(Family::RowReduction, fb.finish(&[p, m, h]).unwrap())
+}
+
 /// Softmax written out — `e = exp(x − max x)`, `e / Σe` — plus a masked prologue and the row
 /// max as a second output: one kernel, three reduction levels deep in dependencies.
 fn decomposed_softmax(dt: DType) -> (KernelGraph, Kernel) {
@@ -164,14 +178,7 @@ fn decomposed_softmax(dt: DType) -> (KernelGraph, Kernel) {
     let scale = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(0.125)), ("dtype", Attr::DType(dt))]);
     let xs = op(&mut fb, OpKind::Mul, &[x, scale]);
     let xm = op(&mut fb, OpKind::Add, &[xs, mask]);
-    let m = op_a(&mut fb, OpKind::ReduceMax, &[xm], vec![("keepdim", Attr::Bool(true))]);
-    let c = op(&mut fb, OpKind::Sub, &[xm, m]);
-    let e = op(&mut fb, OpKind::Exp, &[c]);
-    let sum = op_a(&mut fb, OpKind::ReduceSum, &[e], vec![("keepdim", Attr::Bool(true))]);
-    let p = op(&mut fb, OpKind::Div, &[e, sum]);
-    let ent = op(&mut fb, OpKind::Mul, &[p, c]);
-    let h = op_a(&mut fb, OpKind::ReduceSum, &[ent], vec![("keepdim", Attr::Bool(false))]);
-    single(Family::RowReduction, fb.finish(&[p, m, h]).unwrap())
+    softmax_entropy_kernel(fb, xm)
 }
 
 /// The softmax of `x + y` written out over rows of `n` (two row inputs, a `[1, n]` −inf mask
@@ -185,14 +192,7 @@ fn decomposed_softmax_sum(dt: DType, n: i64) -> (KernelGraph, Kernel) {
     let mask = fb.param("mask", ty(dt, &[d(1), n.clone()]));
     let xy = op(&mut fb, OpKind::Add, &[x, y]);
     let xm = op(&mut fb, OpKind::Add, &[xy, mask]);
-    let m = op_a(&mut fb, OpKind::ReduceMax, &[xm], vec![("keepdim", Attr::Bool(true))]);
-    let c = op(&mut fb, OpKind::Sub, &[xm, m]);
-    let e = op(&mut fb, OpKind::Exp, &[c]);
-    let sum = op_a(&mut fb, OpKind::ReduceSum, &[e], vec![("keepdim", Attr::Bool(true))]);
-    let p = op(&mut fb, OpKind::Div, &[e, sum]);
-    let ent = op(&mut fb, OpKind::Mul, &[p, c]);
-    let h = op_a(&mut fb, OpKind::ReduceSum, &[ent], vec![("keepdim", Attr::Bool(false))]);
-    single(Family::RowReduction, fb.finish(&[p, m, h]).unwrap())
+    softmax_entropy_kernel(fb, xm)
 }
 
 /// RMSNorm of Q/K heads (`x [T, 9, 64]`, weight `[64]`) followed by a residual add.
