@@ -61,6 +61,11 @@ echo "   symbolic:"
 sed -n '/^total: /,$p' "$OUT/run-profile_symbolic.out"
 grep -E "^k[0-9]+ " "$OUT/run-profile_symbolic.out" | sed -n '2,12p'
 echo "   (one line per kernel: $OUT/run-profile.out)"
+# Batch 16: where a decode step's time goes (kernels against the step's wall time).
+run "profile batch 16" --prompt-tokens 16 --batch 16 --max-tokens 33 --ignore-eos --profile
+sed -n '/^total: /,$p' "$OUT/run-profile_batch_16.out"
+echo "   the slowest 12 kernels at batch 16:"
+grep -E "^k[0-9]+ " "$OUT/run-profile_batch_16.out" | sort -k3 -g -r | head -12
 echo "== PyTorch anchor, same call"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 MODEL_DIR=/tmp/m timeout 300 python3 bench/smollm2_graph_anchor.py 2>&1 | tail -15

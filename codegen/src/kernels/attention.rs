@@ -571,6 +571,25 @@ pub(super) struct Mask {
 }
 
 impl Prefill {
+    /// The launch plan of a prefill attention kernel built as `entry` (its PTX and
+    /// parameters): grid `(⌈Sq / block_q⌉, H, B)` — a CTA per Q tile, head and sequence —,
+    /// block `(threads, 1, 1)`, the dynamic shared memory of `shared`.
+    pub(super) fn launch_plan(&self, target: &Target, (entry, ptx, params): (String, String, Vec<sinter_ir::KernelParam>), block_q: u32, threads: u32, shared: SharedKind) -> LaunchPlan {
+        LaunchPlan {
+            entry,
+            ptx,
+            target: target.name().to_owned(),
+            grid: [
+                GridDim { numerator: self.sq.clone(), denominator: block_q },
+                GridDim::fixed(self.heads as u32),
+                GridDim { numerator: self.batch.clone(), denominator: 1 },
+            ],
+            block: [threads, 1, 1],
+            shared_bytes: dynamic_bytes(shared),
+            params,
+        }
+    }
+
     pub(super) fn analyse(graph: &KernelGraph, kernel: Kernel) -> R<Prefill> {
         let name = kernel.to_string();
         let fam = Family::Attention;
@@ -710,19 +729,7 @@ fn prefill_plan(p: &Prefill, target: &Target, s: &AttentionSchedule) -> R<Launch
     let entry = format!("{}_attention", p.name);
     let core = Core { dtype: p.dtype, d: p.d, dv: p.dv, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone() };
     let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_prefill(kit, p, &core))?;
-    Ok(LaunchPlan {
-        entry,
-        ptx,
-        target: target.name().to_owned(),
-        grid: [
-            GridDim { numerator: p.sq.clone(), denominator: s.block_q() },
-            GridDim::fixed(p.heads as u32),
-            GridDim { numerator: p.batch.clone(), denominator: 1 },
-        ],
-        block: [s.threads(), 1, 1],
-        shared_bytes: dynamic_bytes(shared),
-        params,
-    })
+    Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
 }
 
 fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
@@ -885,6 +892,91 @@ impl Paged {
     pub(super) fn rows(&self) -> Dim {
         self.t.scale(self.heads / self.kv_heads)
     }
+
+    /// The addressing of sequence `b` (i64) and KV head `g` (i64) that both paged decode
+    /// generators share ([`build_paged`] here, `decode::build`): the sequence's length from
+    /// device memory clamped to `[0, max_pages · page_size]`, then [`PagedAddr::row`] and
+    /// [`PagedAddr::key`].
+    pub(super) fn addressing<'ctx>(&self, kit: &Kit<'ctx>, g: IntValue<'ctx>, b: IntValue<'ctx>) -> R<PagedAddr<'ctx>> {
+        let dims = |v: &[Dim]| -> R<Vec<IntValue<'ctx>>> { v.iter().map(|d| kit.dim(d)).collect() };
+        let (ps, npages, maxp) = (kit.dim(&self.page_size)?, kit.dim(&self.pages)?, kit.dim(&self.max_pages)?);
+        let (lens_buf, lens_off, lens_s) = &self.lens;
+        let len_at = kit.add(kit.dim(lens_off)?, kit.mul(b, kit.dim(lens_s)?)?)?;
+        let len = kit.sext64(kit.load_i32(kit.buf(*lens_buf)?, len_at)?)?;
+        let len = kit.smin(kit.smax(len, kit.i64c(0))?, kit.mul(maxp, ps)?)?;
+        let t = kit.dim(&self.t)?;
+        let (tbuf, toff, ts0, ts1) = &self.table;
+        Ok(PagedAddr {
+            causal: self.causal,
+            group: self.heads / self.kv_heads,
+            g,
+            b,
+            t,
+            n_rows: kit.dim(&self.rows())?,
+            len,
+            // Query t sees keys j ≤ t + len − T.
+            shift: kit.sub(len, t)?,
+            q: (kit.dim(&self.q.offset)?, dims(&self.q.st[..3])?),
+            o: (kit.dim(&self.out.offset)?, dims(&self.out.st[..3])?),
+            table: kit.buf(*tbuf)?,
+            tb_row: kit.add(kit.dim(toff)?, kit.mul(b, kit.dim(ts0)?)?)?,
+            ts1: kit.dim(ts1)?,
+            ps,
+            npages,
+            k: (kit.dim(&self.kp.offset)?, dims(&self.kp.st[..3])?),
+            v: (kit.dim(&self.vp.offset)?, dims(&self.vp.st[..3])?),
+        })
+    }
+}
+
+/// Paged decode addressing of one (sequence, KV head), from [`Paged::addressing`]; every
+/// value i64.
+pub(super) struct PagedAddr<'ctx> {
+    causal: bool,
+    group: i64,
+    g: IntValue<'ctx>,
+    b: IntValue<'ctx>,
+    t: IntValue<'ctx>,
+    n_rows: IntValue<'ctx>,
+    /// The sequence's length, clamped to what its block-table row can hold.
+    pub(super) len: IntValue<'ctx>,
+    shift: IntValue<'ctx>,
+    q: (IntValue<'ctx>, Vec<IntValue<'ctx>>),
+    o: (IntValue<'ctx>, Vec<IntValue<'ctx>>),
+    table: PointerValue<'ctx>,
+    tb_row: IntValue<'ctx>,
+    ts1: IntValue<'ctx>,
+    ps: IntValue<'ctx>,
+    npages: IntValue<'ctx>,
+    k: (IntValue<'ctx>, Vec<IntValue<'ctx>>),
+    v: (IntValue<'ctx>, Vec<IntValue<'ctx>>),
+}
+
+impl<'ctx> PagedAddr<'ctx> {
+    /// Query row `rg` (i64) of the KV head's `H/Hkv · T` rows (row = head within the group ·
+    /// T + t): whether it exists, its q and o element offsets, and how many keys it sees
+    /// (i64; the causal limit with bottom-right alignment, ≤ the length; not zeroed for a
+    /// missing row).
+    pub(super) fn row(&self, k: &Kit<'ctx>, rg: IntValue<'ctx>) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let valid = k.icmp(IntPredicate::SLT, rg, self.n_rows)?;
+        let hh = k.udiv(rg, self.t)?;
+        let ti = k.urem(rg, self.t)?;
+        let head = k.add(k.mul(self.g, k.i64c(self.group))?, hh)?;
+        let off = |(base, st): &(IntValue<'ctx>, Vec<IntValue<'ctx>>)| -> R<IntValue<'ctx>> { k.add(*base, k.add(k.add(k.mul(self.b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?) };
+        let limit = if self.causal { k.smin(k.smax(k.add(k.add(ti, self.shift)?, k.i64c(1))?, k.i64c(0))?, self.len)? } else { self.len };
+        Ok((valid, off(&self.q)?, off(&self.o)?, limit))
+    }
+
+    /// Key `j` (i64, `< len`): the element offsets of its K and V rows, through the block
+    /// table (a page number outside `[0, pages)` is clamped into it).
+    pub(super) fn key(&self, k: &Kit<'ctx>, j: IntValue<'ctx>) -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let col = k.udiv(j, self.ps)?;
+        let slot = k.urem(j, self.ps)?;
+        let page = k.sext64(k.load_i32(self.table, k.add(self.tb_row, k.mul(col, self.ts1)?)?)?)?;
+        let page = k.smin(k.smax(page, k.i64c(0))?, k.sub(self.npages, k.i64c(1))?)?;
+        let off = |(base, st): &(IntValue<'ctx>, Vec<IntValue<'ctx>>)| -> R<IntValue<'ctx>> { k.add(*base, k.add(k.add(k.mul(page, st[0])?, k.mul(slot, st[1])?)?, k.mul(self.g, st[2])?)?) };
+        Ok((off(&self.k)?, off(&self.v)?))
+    }
 }
 
 /// Generates paged decode attention kernel `kernel` of `graph` ([`Family::PagedAttention`],
@@ -938,55 +1030,16 @@ fn paged_plan(p: &Paged, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan
 
 fn build_paged<'ctx>(kit: &Kit<'ctx>, p: &Paged, c: &Core) -> R<()> {
     let bq = i64::from(c.sched.block_q());
-    let group = p.heads / p.kv_heads;
     let row0 = kit.mul(kit.zext64(kit.sreg("ctaid.x")?)?, kit.i64c(bq))?;
     let g = kit.zext64(kit.sreg("ctaid.y")?)?;
     let b = kit.zext64(kit.sreg("ctaid.z")?)?;
-    let t = kit.dim(&p.t)?;
-    let n_rows = kit.dim(&p.rows())?;
-    let (ps, npages, maxp) = (kit.dim(&p.page_size)?, kit.dim(&p.pages)?, kit.dim(&p.max_pages)?);
-    // The sequence's length, from device memory, clamped to what the table can hold.
-    let (lens_buf, lens_off, lens_s) = &p.lens;
-    let len_at = kit.add(kit.dim(lens_off)?, kit.mul(b, kit.dim(lens_s)?)?)?;
-    let len = kit.sext64(kit.load_i32(kit.buf(*lens_buf)?, len_at)?)?;
-    let cap = kit.mul(maxp, ps)?;
-    let len = kit.smin(kit.smax(len, kit.i64c(0))?, cap)?;
-    let shift = kit.sub(len, t)?; // query t sees keys j ≤ t + len − T
-    let q_st: Vec<IntValue> = p.q.st.iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
-    let o_st: Vec<IntValue> = p.out.st.iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
-    let (q_base, o_base) = (kit.dim(&p.q.offset)?, kit.dim(&p.out.offset)?);
+    let a = p.addressing(kit, g, b)?;
     let rows = |k: &Kit<'ctx>, r: IntValue<'ctx>| -> R<RowInfo<'ctx>> {
-        let rg = k.add(row0, k.zext64(r)?)?;
-        let valid = k.icmp(IntPredicate::SLT, rg, n_rows)?;
-        // Row rg = (head within the group) · T + t.
-        let hh = k.udiv(rg, t)?;
-        let ti = k.urem(rg, t)?;
-        let head = k.add(k.mul(g, k.i64c(group))?, hh)?;
-        let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> {
-            k.add(base, k.add(k.add(k.mul(b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?)
-        };
-        let limit = if p.causal { k.smin(k.smax(k.add(k.add(ti, shift)?, k.i64c(1))?, k.i64c(0))?, len)? } else { len };
-        let limit = k.trunc32(limit)?;
-        Ok(RowInfo { valid, q_off: off(q_base, &q_st)?, o_off: off(o_base, &o_st)?, limit, mask_off: None })
+        let (valid, q_off, o_off, limit) = a.row(k, k.add(row0, k.zext64(r)?)?)?;
+        Ok(RowInfo { valid, q_off, o_off, limit: k.trunc32(limit)?, mask_off: None })
     };
-    let (tbuf, toff, ts0, ts1) = &p.table;
-    let table = kit.buf(*tbuf)?;
-    let (ts0, ts1) = (kit.dim(ts0)?, kit.dim(ts1)?);
-    let kst: Vec<IntValue> = p.kp.st[..3].iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
-    let vst: Vec<IntValue> = p.vp.st[..3].iter().map(|d| kit.dim(d)).collect::<R<_>>()?;
-    let (k_base, v_base) = (kit.dim(&p.kp.offset)?, kit.dim(&p.vp.offset)?);
-    let tb_row = kit.add(kit.dim(toff)?, kit.mul(b, ts0)?)?;
-    let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
-        let col = k.udiv(j, ps)?;
-        let slot = k.urem(j, ps)?;
-        let page = k.sext64(k.load_i32(table, k.add(tb_row, k.mul(col, ts1)?)?)?)?;
-        let page = k.smin(k.smax(page, k.i64c(0))?, k.sub(npages, k.i64c(1))?)?;
-        let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> {
-            k.add(base, k.add(k.add(k.mul(page, st[0])?, k.mul(slot, st[1])?)?, k.mul(g, st[2])?)?)
-        };
-        Ok((off(k_base, &kst)?, off(v_base, &vst)?))
-    };
-    let keys = Keys { k: &p.kp, v: &p.vp, offsets: &offsets, kv_len: len, kv_end: len, mask: None };
+    let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| a.key(k, j);
+    let keys = Keys { k: &p.kp, v: &p.vp, offsets: &offsets, kv_len: a.len, kv_end: a.len, mask: None };
     build_core(kit, c, &rows, &keys)
 }
 

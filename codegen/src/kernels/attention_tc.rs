@@ -71,9 +71,9 @@
 use inkwell::context::Context;
 use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
-use sinter_ir::{DType, Family, GridDim, LaunchPlan};
+use sinter_ir::{DType, Family, LaunchPlan};
 
-use super::attention::{dynamic_bytes, shared_kind, unsupported, Prefill};
+use super::attention::{shared_kind, unsupported, Prefill};
 use super::matmul::kit::{Kit, SharedKind, R};
 use crate::target::Target;
 
@@ -214,19 +214,7 @@ pub(super) fn plan(p: &Prefill, target: &Target, s: &TcSchedule) -> R<LaunchPlan
         kit.launch_bounds(s.threads());
         build(kit, p, s, &sm, shared)
     })?;
-    Ok(LaunchPlan {
-        entry,
-        ptx,
-        target: target.name().to_owned(),
-        grid: [
-            GridDim { numerator: p.sq.clone(), denominator: s.block_q() },
-            GridDim::fixed(p.heads as u32),
-            GridDim { numerator: p.batch.clone(), denominator: 1 },
-        ],
-        block: [s.threads(), 1, 1],
-        shared_bytes: dynamic_bytes(shared),
-        params,
-    })
+    Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
 }
 
 // ---- small emitters --------------------------------------------------------------------

@@ -35,7 +35,7 @@
 //! `M = max m_u`, `O = Σ acc_u·e^{m_u − M} / Σ l_u·e^{m_u − M}`; each CTA of a cluster merges
 //! and writes `1/cluster` of the outputs; a last cluster barrier keeps every CTA's shared
 //! memory alive until the others have read it. A row whose workers all saw only −inf (or no
-//! key) gives exactly 0. A cluster whose sequence has at most [`SOLO_TILES`] tiles (256 keys)
+//! key) gives exactly 0. A cluster whose sequence has at most `SOLO_TILES` = 8 tiles (256 keys)
 //! runs in *solo mode*: its first CTA's warps take every tile and merge alone, the other CTAs
 //! return at once, and no cluster barrier is crossed (the chat-length decode of a small
 //! model, where the barriers cost more than the split gains).
@@ -215,29 +215,13 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
     let g = kit.zext64(kit.sreg("ctaid.y")?)?;
     let b = kit.zext64(kit.sreg("ctaid.z")?)?;
 
-    // The sequence's length from device memory, clamped to what the table can hold.
-    let t = kit.dim(&p.t)?;
-    let n_rows = kit.dim(&p.rows())?;
-    let (ps, npages, maxp) = (kit.dim(&p.page_size)?, kit.dim(&p.pages)?, kit.dim(&p.max_pages)?);
-    let (lens_buf, lens_off, lens_s) = &p.lens;
-    let len_at = kit.add(kit.dim(lens_off)?, kit.mul(b, kit.dim(lens_s)?)?)?;
-    let len = kit.sext64(kit.load_i32(kit.buf(*lens_buf)?, len_at)?)?;
-    let len = kit.smin(kit.smax(len, kit.i64c(0))?, kit.mul(maxp, ps)?)?;
-    let shift = kit.sub(len, t)?; // query t sees keys j ≤ t + len − T
-    let group = p.heads / p.kv_heads;
-    let q_st: Vec<IntValue> = p.q.st.iter().map(|x| kit.dim(x)).collect::<R<_>>()?;
-    let o_st: Vec<IntValue> = p.out.st.iter().map(|x| kit.dim(x)).collect::<R<_>>()?;
-    let (q_base, o_base) = (kit.dim(&p.q.offset)?, kit.dim(&p.out.offset)?);
+    // The sequence's length (clamped to what the table can hold) and the paged addressing.
+    let a = p.addressing(kit, g, b)?;
     let row = |k: &Kit<'ctx>, r: u32| -> R<Row<'ctx>> {
         let rg = k.add(k.mul(tile_row, k.i64c(i64::from(rt)))?, k.i64c(i64::from(r)))?;
-        let valid = k.icmp(IntPredicate::SLT, rg, n_rows)?;
-        let hh = k.udiv(rg, t)?;
-        let ti = k.urem(rg, t)?;
-        let head = k.add(k.mul(g, k.i64c(group))?, hh)?;
-        let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> { k.add(base, k.add(k.add(k.mul(b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?) };
-        let limit = if p.causal { k.smin(k.smax(k.add(k.add(ti, shift)?, k.i64c(1))?, k.i64c(0))?, len)? } else { len };
+        let (valid, q_off, o_off, limit) = a.row(k, rg)?;
         let limit = k.select_int(valid, limit, k.i64c(0))?;
-        Ok(Row { valid, q_off: off(q_base, &q_st)?, o_off: off(o_base, &o_st)?, limit: k.trunc32(limit)? })
+        Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)? })
     };
     let rows: Vec<Row> = (0..rt).map(|r| row(kit, r)).collect::<R<_>>()?;
 
@@ -290,13 +274,6 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
         }
     };
     let acc: Vec<Vec<PointerValue>> = (0..rt).map(|_| (0..nd).map(|_| kit.var_f(zero)).collect::<R<_>>()).collect::<R<_>>()?;
-    let (tbuf, toff, ts0, ts1) = &p.table;
-    let table = kit.buf(*tbuf)?;
-    let (ts0, ts1) = (kit.dim(ts0)?, kit.dim(ts1)?);
-    let tb_row = kit.add(kit.dim(toff)?, kit.mul(b, ts0)?)?;
-    let kst: Vec<IntValue> = p.kp.st[..3].iter().map(|x| kit.dim(x)).collect::<R<_>>()?;
-    let vst: Vec<IntValue> = p.vp.st[..3].iter().map(|x| kit.dim(x)).collect::<R<_>>()?;
-    let (k_base, v_base) = (kit.dim(&p.kp.offset)?, kit.dim(&p.vp.offset)?);
     let (k_sd, v_sd) = (kit.dim(&p.kp.st[3])?, kit.dim(&p.vp.st[3])?);
     let k_vec = p.kp.vector_ok(ck);
     let (k_ptr, v_ptr) = (kit.buf(p.kp.buffer)?, kit.buf(p.vp.buffer)?);
@@ -347,13 +324,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
             kb.store(kvar, kb.i64c(0).into(), 8)
         })?;
         k.if_then(in_seq, |k| {
-            let j64 = k.zext64(j)?;
-            let col = k.udiv(j64, ps)?;
-            let slot = k.urem(j64, ps)?;
-            let page = k.sext64(k.load_i32(table, k.add(tb_row, k.mul(col, ts1)?)?)?)?;
-            let page = k.smin(k.smax(page, k.i64c(0))?, k.sub(npages, k.i64c(1))?)?;
-            let off = |base: IntValue<'ctx>, st: &[IntValue<'ctx>]| -> R<IntValue<'ctx>> { k.add(base, k.add(k.add(k.mul(page, st[0])?, k.mul(slot, st[1])?)?, k.mul(g, st[2])?)?) };
-            let (ko, vo) = (off(k_base, &kst)?, off(v_base, &vst)?);
+            let (ko, vo) = a.key(k, k.zext64(j)?)?;
             k.math(|kb| {
                 kb.store(voff_slot, vo.into(), 8)?;
                 kb.store(kvar, ko.into(), 8)

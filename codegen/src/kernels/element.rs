@@ -648,6 +648,40 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         self.decode_raw(buf.dtype, raw, lanes)
     }
 
+    /// Fills parameter `i`'s stage slot for `at` (the current chunk, [`Stage::cursor`])
+    /// without reading it: one 16-byte `cp.async.cg.shared.global` (PTX ISA §9.7.9.25.3) when
+    /// the stage fills `i` at `at` and `at` is a contiguous, aligned 16-byte vector of the
+    /// buffer; otherwise nothing (the next pass loads and fills it as usual). The copy lands
+    /// when the thread's `cp.async.wait_group` says so; only the issuing thread reads the slot
+    /// (the stage's slots are thread-private: every pass maps a chunk to the same thread), so
+    /// no barrier is needed. Returns whether a `cp.async` was issued.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn prefetch_param(&mut self, i: usize, at: &At<'ctx>) -> R<bool> {
+        if self.staged(i, at) != Some(false) {
+            return Ok(false);
+        }
+        let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
+        let size = buf.dtype.size_bytes() as u32;
+        let (off, steps, aligned) = self.offsets(&buf.strides, at)?;
+        let unit = steps.len() == 1 && steps[0].1.as_const() == Some(1);
+        if !(unit && aligned && at.lanes * size == 16 && buf.align >= 16) {
+            return Ok(false);
+        }
+        let st = self.stage.as_ref().ok_or_else(|| CodegenError::Builder("no stage".into()))?;
+        let arr = st.arrays.get(&i).copied().ok_or_else(|| CodegenError::Builder("no stage array".into()))?;
+        let (_, slot) = st.cursor.ok_or_else(|| CodegenError::Builder("no stage cursor".into()))?;
+        let stt = storage_type(self.kb.cx, buf.dtype);
+        let dst = self.kb.gep(stt, arr, slot)?;
+        let src = self.kb.gep(stt, buf.ptr, off)?;
+        self.kb.cp_async_16(dst, src, self.kb.i32c(16))?;
+        if let Some(st) = self.stage.as_mut() {
+            st.filling.insert(i);
+        }
+        Ok(true)
+    }
+
     fn decode_storage(&self, dtype: DType, v: BasicValueEnum<'ctx>) -> R<Scalar<'ctx>> {
         Ok(match dtype {
             DType::BF16 | DType::F16 | DType::F32 => Scalar::F(self.kb.to_f32(v.into_float_value())?),

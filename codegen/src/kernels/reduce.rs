@@ -61,11 +61,15 @@
 //!   of `c` CTAs (PTX ISA §11.7 `.reqnctapercluster 1, c, 1`, set through LLVM 22's
 //!   `"nvvm.cluster_dim"`; grid `(R, c, 1)`, so a plain `cuLaunchKernel` launches it and any
 //!   row count is a whole number of clusters). CTA `r` (`%cluster_ctarank`) owns the slice
-//!   `[r·S, min(N, (r+1)·S))`, `S = ⌈N/c⌉` rounded up to `vec`. Its first pass streams the
-//!   slice from global memory once, folds it into the first level's statistics and *stages*
-//!   every row input it loads, as loaded (16-byte vectors), in the CTA's shared memory
-//!   (`element::Stage`); later levels and the outputs read the stage, so the row crosses
-//!   DRAM once each way. The CTA's partial statistics (after its own shuffles and barrier)
+//!   `[r·S, min(N, (r+1)·S))`, `S = ⌈N/c⌉` rounded up to `vec`. Every row input a statistic
+//!   reads is *staged* in the CTA's shared memory (`element::Stage`), as loaded: a prefetch
+//!   loop first issues the whole slice as 16-byte `cp.async` copies (PTX ISA §9.7.9.25.3;
+//!   each thread copies exactly the chunks it later reads, so one `cp.async.wait_group 0`
+//!   and no barrier make them visible), so the slice is in flight at once rather than
+//!   `unroll` vectors per thread per round trip; chunks that are not aligned 16-byte vectors
+//!   (an odd `N`) are loaded and staged by the first pass instead. The first pass folds the
+//!   stage into the first level's statistics; later levels and the outputs read it too, so
+//!   the row crosses DRAM once each way. The CTA's partial statistics (after its own shuffles and barrier)
 //!   go to its shared memory, a cluster barrier (`barrier.cluster.arrive` (release) /
 //!   `wait` (acquire), PTX ISA §9.7.13.4) and every warp reads the `c` CTAs' partials through
 //!   distributed shared memory (`mapa.shared::cluster` + `ld.shared::cluster`, PTX ISA
@@ -940,6 +944,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             None => None,
         };
+        self.prefetch_slice(ev, &lead, t, nv)?;
         // Pending softmax / layer-norm pieces.
         let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
         for level in 1..=self.plan.levels {
@@ -1356,6 +1361,76 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         Ok(out)
     }
 
+    /// The cluster schedule's prefetch: before the first pass, a loop over the CTA's slice
+    /// issues one 16-byte `cp.async` per staged chunk ([`Eval::prefetch_param`]) with the
+    /// chunk-to-thread map of every later pass, then `cp.async.commit_group` and
+    /// `cp.async.wait_group 0`, so the whole slice is in flight at once (instead of `unroll`
+    /// vectors per thread per round trip) and the first pass reads the stage. Chunks the
+    /// prefetch cannot copy (not a contiguous, aligned 16-byte vector) are loaded and staged
+    /// by the first pass as before. Nothing to do outside the cluster schedule.
+    fn prefetch_slice(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
+        let Some(split) = &self.split else { return Ok(()) };
+        if split.staged.is_empty() {
+            return Ok(());
+        }
+        let mut issued = false;
+        self.chunk_loop(ev, "prefetch", t, nv, &mut |ev, j| {
+            let ch = self.slice_chunk(ev, lead, j, nv)?;
+            for &(i, _) in &split.staged {
+                issued |= ev.prefetch_param(i, &ch.at)?;
+            }
+            Ok(())
+        })?;
+        if issued {
+            ev.kb.cp_async_commit()?;
+            ev.kb.cp_async_wait(0)?;
+        }
+        if let Some(st) = ev.stage.as_mut() {
+            st.end_pass();
+        }
+        Ok(())
+    }
+
+    /// A multi-pass loop over the row (or, in the cluster schedule, the CTA's slice) without
+    /// loop-carried values: `body(ev, j)` for each of the `unroll` chunks of an iteration,
+    /// `j` the chunk's first element (see [`Emitter::slice_chunk`]); memoised values are
+    /// forgotten before each chunk and after the loop.
+    fn chunk_loop(&self, ev: &mut Eval<'_, 'ctx>, name: &str, t: IntValue<'ctx>, nv: IntValue<'ctx>, body_fn: &mut dyn FnMut(&mut Eval<'_, 'ctx>, IntValue<'ctx>) -> R<()>) -> R<()> {
+        let s = self.sched;
+        let ity = ev.ity();
+        let pre = ev.kb.current_block()?;
+        let header = ev.kb.block(name);
+        let body = ev.kb.block(&format!("{name}_body"));
+        let exit = ev.kb.block(&format!("{name}_exit"));
+        ev.kb.br(header)?;
+        ev.kb.position(header);
+        let it = ev.kb.b.build_phi(ity, "it")?;
+        it.add_incoming(&[(&ev.ic(0), pre)]);
+        let itv = it.as_basic_value().into_int_value();
+        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+        let start = ev.imul(itv, ev.ic(per_iter))?;
+        let bound = self.loop_bound(ev, nv)?;
+        let more = ev.ilt(start, bound)?;
+        ev.kb.cond_br(more, body, exit)?;
+        ev.kb.position(body);
+        self.no_unroll(ev)?;
+        let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
+        for u in 0..s.unroll {
+            ev.forget();
+            let off = ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec));
+            let j = ev.iadd(start, off)?;
+            let j = ev.iadd(j, tj)?;
+            body_fn(ev, j)?;
+        }
+        let next = ev.iadd(itv, ev.ic(1))?;
+        let latch = ev.kb.current_block()?;
+        it.add_incoming(&[(&next, latch)]);
+        ev.kb.br(header)?;
+        ev.kb.position(exit);
+        ev.forget();
+        Ok(())
+    }
+
     /// The multi-pass schedule's loop over the row for one level.
     fn loop_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
         let s = self.sched;
@@ -1469,34 +1544,11 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
 
     /// The multi-pass schedule's output pass.
     fn loop_outputs(&self, ev: &mut Eval<'_, 'ctx>, row_outs: &[usize], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
-        let s = self.sched;
-        let ity = ev.ity();
-        let pre = ev.kb.current_block()?;
-        let header = ev.kb.block("out");
-        let body = ev.kb.block("out_body");
-        let exit = ev.kb.block("out_exit");
-        ev.kb.br(header)?;
-        ev.kb.position(header);
-        let it = ev.kb.b.build_phi(ity, "it")?;
-        it.add_incoming(&[(&ev.ic(0), pre)]);
-        let itv = it.as_basic_value().into_int_value();
-        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
-        let start = ev.imul(itv, ev.ic(per_iter))?;
-        let bound = self.loop_bound(ev, nv)?;
-        let more = ev.ilt(start, bound)?;
-        ev.kb.cond_br(more, body, exit)?;
-        ev.kb.position(body);
-        self.no_unroll(ev)?;
         if let Some(st) = ev.stage.as_mut() {
             // Staged inputs are read, not filled, by the outputs.
             st.fill = false;
         }
-        let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
-        for u in 0..s.unroll {
-            ev.forget();
-            let off = ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec));
-            let j = ev.iadd(start, off)?;
-            let j = ev.iadd(j, tj)?;
+        self.chunk_loop(ev, "out", t, nv, &mut |ev, j| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
             for &i in row_outs {
@@ -1507,14 +1559,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     ev.store(&self.obufs[i], &ch.at, v)?;
                 }
                 Ok(())
-            })?;
-        }
-        let next = ev.iadd(itv, ev.ic(1))?;
-        let latch = ev.kb.current_block()?;
-        it.add_incoming(&[(&next, latch)]);
-        ev.kb.br(header)?;
-        ev.kb.position(exit);
-        ev.forget();
+            })
+        })?;
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
             st.fill = true;
