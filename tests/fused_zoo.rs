@@ -31,6 +31,10 @@ fn zoo_cases() -> Vec<(String, Graph, bool)> {
     for mode in [Mode::Prefill, Mode::Decode] {
         cases.push((format!("smollm2-135m {mode:?} BF16"), llama::build(&llama::LlamaConfig::smollm2_135m(), mode, DType::BF16).unwrap(), false));
     }
+    // A decode step specialised to a batch of 16 (`sinter run --decode-batches`): the
+    // projections take the flat tensor-core GEMM.
+    let dec = llama::build(&llama::LlamaConfig::smollm2_135m(), Mode::Decode, DType::BF16).unwrap();
+    cases.push(("smollm2-135m Decode BF16 T=16".into(), dec.specialize(&[("T".to_string(), 16)].into_iter().collect()), false));
     cases
 }
 

@@ -288,6 +288,15 @@ fn family_cases() -> Vec<Case> {
         let src = format!("func @main(%a: {dt}[{m}, {k}], %w: {dt}[{n}, {k}]) {{\n  %y: {dt}[{m}, {n}] = matmul(%a, %w) {{transpose_b=true}}\n  return %y\n}}");
         cases.push(Case::new(format!("matmul {dt} {m}x{n}x{k} (B transposed)"), &src, &[], 12, 1.0, Box::new(none)));
     }
+    // The flat tensor-core GEMM (a constant M in 2..=16, bf16/f16; M = 1 stays the GEMV):
+    // row tails (M = 5), SmolLM2's widths (N = 192, 576, 1536), B as [K, N], f16, a SwiGLU
+    // epilogue over a merged gate/up projection with a column tail.
+    for (m, n, k, dt) in [(5, 192, 576, "bf16"), (16, 1536, 576, "bf16"), (3, 576, 1536, "f16"), (1, 576, 576, "bf16")] {
+        let src = format!("func @main(%a: {dt}[{m}, {k}], %w: {dt}[{n}, {k}]) {{\n  %y: {dt}[{m}, {n}] = matmul(%a, %w) {{transpose_b=true}}\n  return %y\n}}");
+        cases.push(Case::new(format!("matmul {dt} {m}x{n}x{k} (B transposed; flat GEMM for M in 2..=16)"), &src, &[], 12, 1.0, Box::new(none)));
+    }
+    cases.push(Case::new("matmul bf16 16x192x576, B [K, N] (flat GEMM, ldmatrix.trans)", "func @main(%a: bf16[16, 576], %w: bf16[576, 192]) {\n  %y: bf16[16, 192] = matmul(%a, %w)\n  return %y\n}", &[], 12, 1.0, Box::new(none)));
+    cases.push(Case::new("flat GEMM + swiglu over gate/up halves, M=5", "func @main(%a: bf16[5, 64], %w: bf16[400, 64]) {\n  %m: bf16[5, 400] = matmul(%a, %w) {transpose_b=true}\n  %g: bf16[5, 200] = slice(%m) {axis=-1, start=0, end=200}\n  %u: bf16[5, 200] = slice(%m) {axis=-1, start=200, end=400}\n  %y: bf16[5, 200] = swiglu(%g, %u)\n  return %y\n}", &[], 12, 1.0, Box::new(none)));
     cases.push(Case::new("batched matmul + bias + residual epilogue", "func @main(%a: f32[2, 9, 16], %b: f32[16, 24], %bias: f32[24], %r: f32[2, 9, 24]) {\n  %m: f32[2, 9, 24] = matmul(%a, %b)\n  %x: f32[2, 9, 24] = add(%m, %bias)\n  %y: f32[2, 9, 24] = add(%x, %r)\n  return %y\n}", &[], 13, 4.0, Box::new(none)));
     // Attention: causal Sq != Skv, GQA, fully masked rows.
     for (sq, skv, h, hkv, d) in [(3, 7, 4, 4, 64), (17, 17, 8, 2, 64), (1, 100, 4, 1, 128), (65, 130, 2, 2, 128)] {

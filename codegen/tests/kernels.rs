@@ -510,9 +510,12 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
     }
     add("matmul_mma_kn_256x1536x576".into(), "matmul (tensor cores, B [K, N]): bf16[256,576] · bf16[576,1536]".into(), matmul_kn_at(DType::BF16, 256, 1536, 576));
     add("matmul_tiled_f32_256x1536x576".into(), "matmul (tiled): f32[256,576] · f32[1536,576]ᵀ".into(), matmul_at(DType::F32, 256, 1536, 576));
-    for (m, n, k) in [(1, 1536, 576), (16, 4096, 4096)] {
-        add(format!("matmul_small_m_{m}x{n}x{k}"), format!("matmul (small M): bf16[{m},{k}] · bf16[{n},{k}]ᵀ"), matmul_at(DType::BF16, m, n, k));
+    add("matmul_small_m_1x1536x576".into(), "matmul (small M): bf16[1,576] · bf16[1536,576]ᵀ".into(), matmul_at(DType::BF16, 1, 1536, 576));
+    // The flat tensor-core GEMM (M in 2..=16).
+    for (m, n, k) in [(16, 1536, 576), (16, 4096, 4096)] {
+        add(format!("matmul_flat_{m}x{n}x{k}"), format!("matmul (flat, tensor cores): bf16[{m},{k}] · bf16[{n},{k}]ᵀ"), matmul_at(DType::BF16, m, n, k));
     }
+    add("matmul_flat_kn_5x192x576".into(), "matmul (flat, tensor cores, B [K, N]): bf16[5,576] · bf16[576,192]".into(), matmul_kn_at(DType::BF16, 5, 192, 576));
     add("attention_causal_gqa_9_3_s128_d64".into(), "attention, causal GQA 9/3: bf16 B1 S128 D64".into(), attention_at(DType::BF16, 1, 9, 3, 128, 64, true));
     add("attention_causal_gqa_32_8_s512_d128".into(), "attention, causal GQA 32/8: bf16 B2 S512 D128".into(), attention_at(DType::BF16, 2, 32, 8, 512, 128, true));
     add("attention_mha_32_s4096_d128".into(), "attention, not causal, MHA 32: bf16 B2 S4096 D128 (the benchmark's shape)".into(), attention_at(DType::BF16, 2, 32, 32, 4096, 128, false));
@@ -732,6 +735,19 @@ fn sass_has_tensor_core_instructions() {
             assert_eq!(code.contains("LDSM.16.MT88.4"), what == "[K, N] B", "{t} {what}: transposed ldmatrix only for [K, N]");
             // 64×64 warp tiles: 32 MMAs per 16-deep k-step, 4 steps per 64-deep stage.
             assert!(code.matches("HMMA.16816").count() >= 128, "{t} {what}: {} HMMA", code.matches("HMMA.16816").count());
+        }
+        // The flat GEMM (M ≤ 16): 16×16 warp tiles, 2 MMAs per k-step, 16 steps per 256-deep
+        // stage.
+        for (what, gk) in [("flat [N, K] B", matmul_at(DType::BF16, 16, 1536, 576)), ("flat [K, N] B", matmul_kn_at(DType::BF16, 5, 192, 576))] {
+            let plan = compile_kernel(&gk.0, gk.1, &t).unwrap();
+            assert!(plan.entry.ends_with("_mma") && plan.block == [64, 1, 1], "{t} {what}: {} {:?}", plan.entry, plan.block);
+            let Some(r) = assemble(&plan) else { return };
+            let code = sass(&tool, &r.cubin, "flat");
+            for want in ["HMMA.16816.F32", "LDSM.16.M", "LDGSTS.E.BYPASS", "DEPBAR", "BAR.SYNC"] {
+                assert!(code.contains(want), "{t} {what}: no {want}:\n{code}");
+            }
+            assert_eq!(code.contains("LDSM.16.MT88.4"), what == "flat [K, N] B", "{t} {what}: transposed ldmatrix only for [K, N]");
+            assert!(code.matches("HMMA.16816").count() >= 32, "{t} {what}: {} HMMA", code.matches("HMMA.16816").count());
         }
     }
 }

@@ -64,7 +64,13 @@
 //!   tiles: 128 accumulators per thread, 8 `ldmatrix.x4` per 32 MMAs), 3 stages: 144 KiB of
 //!   shared memory, 255 registers, one CTA per SM — the tile of cuBLAS's fastest sm_80 bf16
 //!   GEMM; 128×128 with 2×2 warps ([`MmaSchedule::NARROW`]) where that covers N with less
-//!   waste. The layouts must allow the 16-byte copies: the read axis has stride 1, the other
+//!   waste. For decode-shaped products the same kernel runs as a **flat GEMM**
+//!   ([`MmaSchedule::FLAT`], FlashDecoding++, Hong et al. 2023, arXiv 2311.01282, §4): M is
+//!   padded to one 16-row `m16n8k16` block instead of 128 (rows past M are zero-filled copies
+//!   and masked stores, as any row tail), 16×32×256 tiles with 2 warps of 16×16 and 4
+//!   stages, so that a small N still spreads over `⌈N/32⌉` CTAs and each keeps 3 × 256 K
+//!   elements of its weight slab in flight ([`MmaSchedule::flat`]). The layouts must allow
+//!   the 16-byte copies: the read axis has stride 1, the other
 //!   strides, the view offset and the batch strides are provably multiples of 8 (symbolic ones
 //!   included) and the base is 16-byte aligned (`Spec::mma_plan`); where they are not (an
 //!   odd row length, a symbolic K stride), [`generate`] uses the tiled kernel instead.
@@ -75,7 +81,8 @@
 //!   memory (converted to f32, padded by 4 floats per row), then every thread accumulates its
 //!   `tm × tn` micro-tile from 16-byte shared loads. Grid: `(⌈M/bm⌉, ⌈N/bn⌉, batch)`. Default
 //!   64×64×16 with 4×4 micro-tiles: 256 threads, 8.5 KiB of shared memory.
-//! - [`SmallMSchedule`]: a GEMV / flat GEMM for decode (M ≤ 16). `lanes` threads cooperate
+//! - [`SmallMSchedule`]: a GEMV / small-M GEMM on CUDA cores for decode (M = 1, f32, and
+//!   where the flat tensor-core GEMM cannot read the layouts; M ≤ 16). `lanes` threads cooperate
 //!   on one output column n for `rows` rows at once: when B is K-contiguous (the `[N, K]`
 //!   weight with `transpose_b`, the LLM case) a warp splits K, reads 16-byte vectors of A and B
 //!   where alignment and extent are proven, and reduces with `shfl.sync.bfly`; when B is
@@ -84,9 +91,11 @@
 //!   what decode (memory-bound) needs; FlashDecoding++ (Hong et al. 2023, arXiv 2311.01282,
 //!   §4) motivates the flat-GEMM split.
 //!
-//! [`choose_schedule`] picks among them by shape and dtype: a constant M ≤ 16 gets the small-M
-//! kernel; anything else (a symbolic M included) the tensor-core kernel for bf16/f16 and the
-//! tiled one for f32. The small-M kernel takes every epilogue mode: for a paired epilogue each
+//! [`choose_schedule`] picks among them by shape and dtype: a constant M in 2..=16 of bf16/f16
+//! gets the flat tensor-core GEMM (the small-M kernel where its layouts do not allow the
+//! 16-byte copies); M = 1 (pure weight bandwidth: the GEMV reads the weight with more CTAs)
+//! and f32 at a constant M ≤ 16 get the small-M kernel; anything else (a symbolic M
+//! included) the tensor-core kernel for bf16/f16 and the tiled one for f32. The small-M kernel takes every epilogue mode: for a paired epilogue each
 //! group computes the n-th column of every segment (SwiGLU of a merged gate/up projection from
 //! two dot products); for a columns epilogue it computes its column and the column's RoPE
 //! partner in the head (n ± d/2, or n xor 1 for the interleaved form), stages them in its slice
@@ -259,6 +268,38 @@ impl MmaSchedule {
     /// 128×128×64, 4 warps as 2×2 (the same 64×64 warp tile), 3 stages (96 KiB): for N that
     /// 256-column tiles would cover with more waste.
     pub const NARROW: MmaSchedule = MmaSchedule { bm: 128, bn: 128, bk: 64, warps_m: 2, warps_n: 2, stages: 3, group_m: 16 };
+    /// The flat GEMM for decode-shaped products (M ≤ 16; FlashDecoding++, Hong et al. 2023,
+    /// arXiv 2311.01282, §4): M padded to one `m16n8k16` row block (PTX ISA §9.7.14.5.14)
+    /// instead of 64/128 rows, 16×32×256, 2 warps as 1×2 (16×16 warp tiles: 8 accumulators
+    /// per thread, 2 MMAs per k-step), 4 stages (96 KiB of shared memory). See
+    /// [`MmaSchedule::flat`] for the choice of the tile.
+    pub const FLAT: MmaSchedule = MmaSchedule::flat(32);
+
+    /// The flat schedule with `bn` columns per CTA (32, 64, 128 or 256: a RoPE head of 64 or
+    /// 128 needs the tile to be a multiple of it): `bm` 16, one warp row and `min(bn/16, 4)`
+    /// warps along N (16×16 warp tiles up to 64 columns, then 32 or 64 wide), 4 stages, `bk`
+    /// 256 for 32 columns, 128 for 64 and 128 columns, 64 beyond (shared memory `4·2·(16 +
+    /// bn)·bk` ≤ 144 KiB, within sm_80's 163 KiB).
+    ///
+    /// Why these sizes: a decode GEMM is bound by the weight bytes, and without split-K the
+    /// bytes a kernel has in flight are `N · bk · (stages − 1) · 2` whatever the tile width —
+    /// so `bk` and `stages` are as large as the shared memory allows, and the tile is as
+    /// narrow as the swizzle allows (32 columns: 64-byte rows of a `[K, N]` B slab) to spread
+    /// a small N over as many CTAs as possible: 6 CTAs for SmolLM2-135M's K/V projection
+    /// (N = 192), 18 for N = 576, 48 for N = 1536, 48 for its merged gate/up (2 × 1536
+    /// columns, 16 of each half per CTA). Padding M to 16 costs tensor-core work only, which
+    /// a decode GEMM has to spare.
+    pub const fn flat(bn: u32) -> MmaSchedule {
+        let warps_n = if bn / 16 < 4 { bn / 16 } else { 4 };
+        let bk = if bn <= 32 {
+            256
+        } else if bn <= 128 {
+            128
+        } else {
+            64
+        };
+        MmaSchedule { bm: 16, bn, bk, warps_m: 1, warps_n, stages: 4, group_m: 1 }
+    }
 
     /// Threads per CTA: 32 per warp.
     pub fn threads(&self) -> u32 {
@@ -328,7 +369,7 @@ impl MmaSchedule {
 pub enum MatmulSchedule {
     /// Shared-memory tiled GEMM.
     Tiled(TiledSchedule),
-    /// GEMV / flat GEMM for small M.
+    /// GEMV / small-M GEMM on CUDA cores.
     SmallM(SmallMSchedule),
     /// Tensor-core GEMM (`cp.async`, `ldmatrix`, `mma.sync`).
     Mma(MmaSchedule),
@@ -338,22 +379,35 @@ pub enum MatmulSchedule {
 /// `b_k_contiguous` says whether B's contraction axis has stride 1 (a `[N, K]` weight read
 /// with `transpose_b`).
 ///
-/// Heuristic: a constant `m ≤ 16` → [`MatmulSchedule::SmallM`] with `rows = m` (a warp per
-/// column when B is K-contiguous, four columns per CTA; else a thread per column, 128 columns
-/// per CTA); otherwise (a symbolic `m` such as the token count included) bf16 and f16 operands
-/// get the tensor cores ([`MmaSchedule::for_columns`]) and f32 ones
-/// [`TiledSchedule::DEFAULT`]. The generator falls back from the tensor-core schedule to the
-/// tiled one where a kernel's layouts do not allow its 16-byte copies ([`generate`]).
+/// Heuristic (the "heuristic dataflow" of FlashDecoding++, arXiv 2311.01282, §5: the kernel
+/// by the shape of the product):
+/// - a constant `m = 1` → [`MatmulSchedule::SmallM`] (the GEMV): one row is pure weight
+///   bandwidth with nothing to reuse, and the GEMV reads a K-contiguous weight with the 32
+///   lanes of a warp per column in 16-byte vectors over `⌈n/4⌉` CTAs, more CTAs (bytes in
+///   flight) than the flat GEMM's `⌈n/32⌉` without split-K;
+/// - a constant `m` in `2..=16` with bf16/f16 operands → the flat tensor-core GEMM
+///   ([`MmaSchedule::FLAT`]: M padded to 16, not 128); where the kernel's layouts do not
+///   allow its 16-byte copies, or for f32, the GEMV/flat CUDA-core kernel
+///   [`MatmulSchedule::SmallM`] with `rows = m` (a warp per column when B is K-contiguous,
+///   four columns per CTA; else a thread per column, 128 columns per CTA);
+/// - otherwise (a symbolic `m` such as the token count included) bf16 and f16 operands get
+///   the tensor cores ([`MmaSchedule::for_columns`]) and f32 ones [`TiledSchedule::DEFAULT`];
+///   the generator falls back from the tensor-core schedule to the tiled one where a
+///   kernel's layouts do not allow its 16-byte copies ([`generate`]).
 pub fn choose_schedule(m: &Dim, n: &Dim, dtype: DType, b_k_contiguous: bool) -> MatmulSchedule {
+    let tensor_cores = matches!(dtype, DType::BF16 | DType::F16);
     match m.as_const() {
-        Some(rows) if (1..=16).contains(&rows) => MatmulSchedule::SmallM(SmallMSchedule {
-            rows: rows as u32,
-            lanes: if b_k_contiguous { 32 } else { 1 },
-            columns: if b_k_contiguous { 4 } else { 128 },
-        }),
-        _ if matches!(dtype, DType::BF16 | DType::F16) => MatmulSchedule::Mma(MmaSchedule::for_columns(n, 1)),
+        Some(rows) if (2..=16).contains(&rows) && tensor_cores => MatmulSchedule::Mma(MmaSchedule::FLAT),
+        Some(rows) if (1..=16).contains(&rows) => MatmulSchedule::SmallM(small_m_schedule(rows as u32, b_k_contiguous)),
+        _ if tensor_cores => MatmulSchedule::Mma(MmaSchedule::for_columns(n, 1)),
         _ => MatmulSchedule::Tiled(TiledSchedule::DEFAULT),
     }
+}
+
+/// The small-M schedule for `rows` rows: a warp per column and four columns per CTA when B
+/// is K-contiguous, else a thread per column and 128 columns per CTA.
+fn small_m_schedule(rows: u32, b_k_contiguous: bool) -> SmallMSchedule {
+    SmallMSchedule { rows, lanes: if b_k_contiguous { 32 } else { 1 }, columns: if b_k_contiguous { 4 } else { 128 } }
 }
 
 /// Generates the PTX and launch plan of matmul kernel `kernel` of `graph` with the schedule
@@ -624,22 +678,36 @@ impl Spec {
 }
 
 impl Spec {
-    /// The schedule [`generate`] uses: a constant M ≤ 16 takes the small-M kernel (every
-    /// epilogue mode: each group computes its column and the RoPE partner, or the n-th column
-    /// of every segment); otherwise bf16/f16 operands take the tensor cores
+    /// The schedule [`generate`] uses ([`choose_schedule`]'s rule): a constant M in 2..=16 of
+    /// bf16/f16 takes the flat tensor-core GEMM ([`MmaSchedule::flat`], 32 columns or the
+    /// smallest tile a multiple of the RoPE head) where [`Spec::mma_plan`] accepts the
+    /// layouts, and the small-M kernel where it does not, as M = 1 and f32 do (every epilogue
+    /// mode: each group computes its column and the RoPE partner, or the n-th column of every
+    /// segment); otherwise bf16/f16 operands take the tensor cores
     /// ([`MmaSchedule::for_columns`], the tile a multiple of the RoPE head) where
     /// [`Spec::mma_plan`] accepts the layouts, and everything else the tiled kernel, with a
     /// tile as wide as a staged epilogue needs (64 columns, or a RoPE head of 128 or 256, or 32
     /// per combined segment).
     fn default_schedule(&self, target: &Target) -> MatmulSchedule {
         let b_k = self.b.ks.as_const() == Some(1);
-        if self.m.as_const().is_some_and(|m| (1..=16).contains(&m)) {
-            return choose_schedule(&self.m, &self.n, self.dtype, b_k);
-        }
         let multiple = match &self.epi {
             Epi::Columns { rope_d, .. } => u32::try_from(*rope_d).unwrap_or(u32::MAX),
             _ => 1,
         };
+        if let Some(rows) = self.m.as_const().filter(|m| (1..=16).contains(m)) {
+            // The flat tensor-core GEMM with a tile a multiple of the RoPE head, where the
+            // layouts allow it; the small-M kernel otherwise.
+            if let MatmulSchedule::Mma(s) = choose_schedule(&self.m, &self.n, self.dtype, b_k) {
+                let bn = [s.bn, 64, 128, 256].into_iter().find(|bn| bn % multiple.max(1) == 0);
+                if let Some(s) = bn.map(MmaSchedule::flat) {
+                    if self.mma_plan(&s, target).is_ok() {
+                        return MatmulSchedule::Mma(s);
+                    }
+                }
+                return MatmulSchedule::SmallM(small_m_schedule(rows as u32, b_k));
+            }
+            return choose_schedule(&self.m, &self.n, self.dtype, b_k);
+        }
         let columns = match &self.epi {
             Epi::Paired { width, segs, .. } => width.scale(segs.len() as i64),
             _ => self.n.clone(),
@@ -2852,13 +2920,28 @@ pub(crate) mod tests {
         single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
     }
 
+    /// `x [8, 512] · w [512, 1000]` in f16 (B N-contiguous) plus a bias, cast to f32: the
+    /// flat tensor-core GEMM with `ldmatrix.trans`.
+    fn n_contiguous_flat() -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
+        let x = fb.param("x", ty(DType::F16, &[d(8), d(512)]));
+        let w = fb.param("w", ty(DType::F16, &[d(512), d(1000)]));
+        let b = fb.param("b", ty(DType::F16, &[d(1000)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
+        let y = fb.op1(OpKind::Add, &[mm, b], vec![]).unwrap();
+        let y = fb.op1(OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
     /// Every case at sm_80 and sm_90a: plan and ptxas resource line (no spills).
     #[test]
     fn ptxas_reports() {
         let cases: Vec<(&str, (KernelGraph, Kernel))> = vec![
             ("projection bf16 M=T (tensor cores)", projection(sym("T"), DType::BF16)),
             ("projection bf16 M=1 (small M)", projection(d(1), DType::BF16)),
-            ("residual bf16 M=16 (small M)", residual(d(16))),
+            ("residual bf16 M=16 (flat tensor cores)", residual(d(16))),
+            ("projection bf16 M=5 (flat tensor cores)", projection(d(5), DType::BF16)),
+            ("f16 N-contiguous M=8 (flat tensor cores, ldmatrix.trans)", n_contiguous_flat()),
             ("residual bf16 M=T (tensor cores, 128-column tiles)", residual(sym("T"))),
             ("batched scores f32, two outputs (tiled)", batched_scores()),
             ("f16 N-contiguous M=4 (small M, thread per column)", n_contiguous()),
@@ -2925,6 +3008,25 @@ pub(crate) mod tests {
         assert_eq!(plan.grid[0], GridDim { numerator: d(1536), denominator: 4 });
         assert!(plan.ptx.contains("ld.global.nc.v4.b32"), "{}", plan.ptx);
         assert!(plan.ptx.contains("shfl.sync.bfly.b32"), "{}", plan.ptx);
+        // M = 5: the flat tensor-core GEMM, one 16-row tile, 32 columns per CTA, 2 warps,
+        // 4 stages of 16×256 and 32×256 slabs (96 KiB).
+        let (g, k) = projection(d(5), DType::BF16);
+        let plan = generate(&g, k, &Target::SM_80).unwrap();
+        assert_eq!(plan.entry, "k0_matmul_mma");
+        assert_eq!(plan.grid[0], GridDim { numerator: d(5), denominator: 16 });
+        assert_eq!(plan.grid[1], GridDim { numerator: d(1536), denominator: 32 });
+        assert_eq!(plan.block, [64, 1, 1]);
+        assert_eq!(plan.shared_bytes, 96 * 1024);
+        assert!(plan.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+        // f32 at M = 5 and a layout without 16-byte chunks (rows of 577) keep the small-M kernel.
+        let (g, k) = projection(d(5), DType::F32);
+        assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
+        let mut fb = FunctionBuilder::new(&Graph::new(), "odd");
+        let x = fb.param("x", ty(DType::BF16, &[d(5), d(577)]));
+        let w = fb.param("w", ty(DType::BF16, &[d(64), d(577)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
         // Batched: grid.z is the batch.
         let (g, k) = batched_scores();
         let plan = generate(&g, k, &Target::SM_80).unwrap();
@@ -2941,7 +3043,20 @@ pub(crate) mod tests {
         assert_eq!(choose_schedule(&sym("T"), &d(64), DType::F32, true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
         assert_eq!(choose_schedule(&d(17), &d(64), DType::F32, true), MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
         assert_eq!(choose_schedule(&d(1), &d(64), bf, true), MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 32, columns: 4 }));
-        assert_eq!(choose_schedule(&d(16), &d(64), bf, false), MatmulSchedule::SmallM(SmallMSchedule { rows: 16, lanes: 1, columns: 128 }));
+        assert_eq!(choose_schedule(&d(1), &d(64), bf, false), MatmulSchedule::SmallM(SmallMSchedule { rows: 1, lanes: 1, columns: 128 }));
+        // M in 2..=16 of bf16/f16: the flat tensor-core GEMM; f32 keeps the small-M kernel.
+        for m in [2, 5, 16] {
+            assert_eq!(choose_schedule(&d(m), &d(576), bf, true), MatmulSchedule::Mma(MmaSchedule::FLAT));
+            assert_eq!(choose_schedule(&d(m), &d(192), DType::F16, false), MatmulSchedule::Mma(MmaSchedule::FLAT));
+        }
+        assert_eq!(choose_schedule(&d(16), &d(64), DType::F32, false), MatmulSchedule::SmallM(SmallMSchedule { rows: 16, lanes: 1, columns: 128 }));
+        assert_eq!(MmaSchedule::FLAT, MmaSchedule { bm: 16, bn: 32, bk: 256, warps_m: 1, warps_n: 2, stages: 4, group_m: 1 });
+        for bn in [32, 64, 128, 256] {
+            let s = MmaSchedule::flat(bn);
+            s.check().unwrap();
+            assert_eq!(s.warp_tile().0, 16);
+            assert!(s.stages * s.stage_bytes() <= 144 * 1024, "{s:?}");
+        }
         assert_eq!(MmaSchedule::DEFAULT.threads(), 256);
         assert_eq!(MmaSchedule::DEFAULT.warp_tile(), (64, 64));
         assert_eq!(3 * MmaSchedule::DEFAULT.stage_bytes(), 144 * 1024);
@@ -3087,10 +3202,13 @@ pub(crate) mod tests {
             for (what, (g, k)) in [
                 ("qkv+rope M=T", qkv_rope(sym("T"), DType::BF16)),
                 ("qkv+rope M=1", qkv_rope(d(1), DType::BF16)),
+                ("qkv+rope M=8 (flat)", qkv_rope(d(8), DType::BF16)),
                 ("gate/up swiglu M=T", gate_up(sym("T"), DType::BF16)),
                 ("gate/up swiglu M=1", gate_up(d(1), DType::BF16)),
+                ("gate/up swiglu M=8 (flat)", gate_up(d(8), DType::BF16)),
                 ("o_proj through a view M=T", o_proj_view(sym("T"))),
                 ("o_proj through a view M=1", o_proj_view(d(1))),
+                ("o_proj through a view M=8 (flat)", o_proj_view(d(8))),
                 ("qkv+rope+kv_append (prefill) M=T", qkv_append_prefill()),
             ] {
                 let plan = generate(&g, k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -3122,6 +3240,13 @@ pub(crate) mod tests {
         assert_eq!(plan.grid[0], GridDim { numerator: d(1536), denominator: 4 }, "4 output columns per CTA");
         let (g, k) = qkv_rope(d(1), DType::BF16);
         assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
+        // M = 8: the flat GEMM; 16 columns of each half per CTA, a 64-column tile (the RoPE
+        // head) for QKV, 32 for o_proj.
+        for (what, (g, k), cols, den) in [("gate/up", gate_up(d(8), DType::BF16), 1536, 16), ("qkv", qkv_rope(d(8), DType::BF16), 960, 64), ("o_proj", o_proj_view(d(8)), 576, 32)] {
+            let plan = generate(&g, k, &Target::SM_80).unwrap();
+            assert_eq!(plan.entry, "k0_matmul_mma", "{what}");
+            assert_eq!(plan.grid[1], GridDim { numerator: d(cols), denominator: den }, "{what}");
+        }
     }
 
     /// Epilogues no mode covers are refused, never computed wrongly: RoPE across the whole
@@ -3307,6 +3432,103 @@ pub(crate) mod tests {
         check("bf16 batched scores, mma four warps", &g, kn, mma_gen(MMA_FOUR_WARPS), &ins, &bind(&[("T", 19), ("S", 70)]));
     }
 
+    /// The flat tensor-core GEMM ([`MmaSchedule::flat`]: 16-row tiles for M ≤ 16), emulated
+    /// against the interpreter with direct epilogues: constant M = 1, 3, 8, 16 (rows past M
+    /// zero-filled, their stores masked) and a symbolic M over several row tiles, tails in N
+    /// and K (K read through a slice of wider rows: partial and empty chunks; K past one
+    /// 256-element stage), both B layouts, a batch with a broadcast A, NaN and ±inf, bf16
+    /// and f16. The staged epilogues (RoPE + `kv_append`, paired SwiGLU) at a constant M are
+    /// in `emulated_staged_epilogues`, and SmolLM2's layer bodies at M = 3 in
+    /// `emulated_llama_bodies`.
+    #[test]
+    fn emulated_flat() {
+        use super::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate(g, k, &Target::SM_80);
+        let view = |fb: &mut FunctionBuilder, x: Value, end: i64| fb.op1(OpKind::Slice, &[x], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(end)))]).unwrap();
+        // x [M, K] · w [N, K]ᵀ + bias, silu.
+        for dt in [DType::BF16, DType::F16] {
+            for (n, k, kbuf) in [(200i64, 40i64, 40i64), (576, 64, 64), (33, 17, 24), (40, 1, 8), (24, 0, 8), (70, 300, 304)] {
+                let ms: &[i64] = match (dt, n) {
+                    (DType::BF16, 200) => &[1, 3, 8, 16],
+                    (DType::BF16, 70) => &[16],
+                    (DType::BF16, _) => &[5],
+                    _ => &[3],
+                };
+                for &m in ms {
+                    let mdim = if m == 16 && n == 200 { sym("T") } else { d(m) };
+                    let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+                    let x = fb.param("x", ty(dt, &[mdim.clone(), d(kbuf)]));
+                    let w = fb.param("w", ty(dt, &[d(n), d(kbuf)]));
+                    let bias = fb.param("bias", ty(dt, &[d(n)]));
+                    let (xs, ws) = if k == kbuf { (x, w) } else { (view(&mut fb, x, k), view(&mut fb, w, k)) };
+                    let mm = fb.op1(OpKind::Matmul, &[xs, ws], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+                    let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
+                    let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+                    let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[z]).unwrap());
+                    let x_in = random(dt, &[m as usize, kbuf as usize], 60);
+                    let ins = [if m == 8 { with_specials(x_in) } else { x_in }, random(dt, &[n as usize, kbuf as usize], 61), random(dt, &[n as usize], 62)];
+                    if mdim.as_const().is_some() {
+                        let entry = generate(&g, kn, &Target::SM_80).unwrap().entry;
+                        assert_eq!(entry, if m == 1 { "k0_matmul_small_m" } else { "k0_matmul_mma" }, "{dt} M={m} N={n} K={k}");
+                        check(&format!("{dt} proj M={m} N={n} K={k} ({entry})"), &g, kn, gen, &ins, &bind(&[]));
+                    }
+                    let b = bind(&[("T", m)]);
+                    check(&format!("{dt} proj M={mdim} N={n} K={k}, flat"), &g, kn, mma_gen(MmaSchedule::FLAT), &ins, &b);
+                    if n == 200 && m >= 8 {
+                        check(&format!("{dt} proj M={mdim} N={n} K={k}, flat 64"), &g, kn, mma_gen(MmaSchedule::flat(64)), &ins, &b);
+                    }
+                }
+            }
+        }
+        // A symbolic M of 37 rows: three 16-row tiles, the last one partial.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+        let x = fb.param("x", ty(DType::BF16, &[sym("T"), d(48)]));
+        let w = fb.param("w", ty(DType::BF16, &[d(50), d(48)]));
+        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let ins = [random(DType::BF16, &[37, 48], 63), random(DType::BF16, &[50, 48], 64)];
+        check("bf16 M=T=37 N=50 K=48, flat", &g, kn, mma_gen(MmaSchedule::FLAT), &ins, &bind(&[("T", 37)]));
+        // B N-contiguous ([K, N], ldmatrix.trans) + a residual: N = 40, N = 20 (a slice of
+        // rows of 24: a partial chunk), N = 192 (SmolLM2's K/V width); M = 5 and 16.
+        for (n, nbuf) in [(40i64, 40i64), (20, 24), (192, 192)] {
+            for m in [5i64, 16] {
+                let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
+                let a = fb.param("a", ty(DType::BF16, &[d(m), d(48)]));
+                let b = fb.param("b", ty(DType::BF16, &[d(48), d(nbuf)]));
+                let r = fb.param("r", ty(DType::BF16, &[d(m), d(n)]));
+                let bs = if n == nbuf { b } else { view(&mut fb, b, n) };
+                let mm = fb.op1(OpKind::Matmul, &[a, bs], vec![]).unwrap();
+                let y = fb.op1(OpKind::Add, &[r, mm], vec![]).unwrap();
+                let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
+                let spec = Spec::analyse(&g, kn).unwrap();
+                let plan = spec.mma_plan(&MmaSchedule::FLAT, &Target::SM_80).unwrap();
+                assert!(!plan.b.k_contig && plan.a.k_contig, "{plan:?}");
+                assert_eq!(generate(&g, kn, &Target::SM_80).unwrap().entry, "k0_matmul_mma");
+                let ins = [with_specials(random(DType::BF16, &[m as usize, 48], 65)), random(DType::BF16, &[48, nbuf as usize], 66), random(DType::BF16, &[m as usize, n as usize], 67)];
+                check(&format!("bf16 [K, N] B, M={m} N={n}, flat"), &g, kn, gen, &ins, &bind(&[]));
+            }
+        }
+        // A transposed A ([K, M]: 16-element slab rows the swizzle does not take) keeps the
+        // small-M kernel.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "ta");
+        let a = fb.param("a", ty(DType::BF16, &[d(48), d(8)]));
+        let b = fb.param("b", ty(DType::BF16, &[d(48), d(40)]));
+        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_a", Attr::Bool(true))]).unwrap();
+        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        assert_eq!(generate(&g, kn, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
+        let ins = [random(DType::BF16, &[48, 8], 68), random(DType::BF16, &[48, 40], 69)];
+        check("bf16 transpose_a M=8 (small M)", &g, kn, gen, &ins, &bind(&[]));
+        // Batched: a [3, 32] broadcast over b [3, 32, 24].
+        let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
+        let a = fb.param("a", ty(DType::BF16, &[d(3), d(32)]));
+        let b = fb.param("b", ty(DType::BF16, &[d(3), d(32), d(24)]));
+        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![]).unwrap();
+        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        assert_eq!(generate(&g, kn, &Target::SM_80).unwrap().entry, "k0_matmul_mma");
+        let ins = [random(DType::BF16, &[3, 32], 70), random(DType::BF16, &[3, 32, 24], 71)];
+        check("bf16 batched, A broadcast, flat", &g, kn, gen, &ins, &bind(&[]));
+    }
+
     /// The staged epilogues, emulated: QKV with RoPE (Columns) and gate/up SwiGLU (Paired),
     /// at tiny sizes with tails.
     #[test]
@@ -3335,7 +3557,7 @@ pub(crate) mod tests {
             let ins = [random(DType::BF16, &[t, 24], 11), random(DType::BF16, &[128, 24], 12), posv];
             check(&format!("bf16 qkv+rope T={t}"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
             if t > 1 {
-                for (what, s) in [("one warp", MMA_ONE_WARP), ("four warps", MMA_FOUR_WARPS)] {
+                for (what, s) in [("one warp", MMA_ONE_WARP), ("four warps", MMA_FOUR_WARPS), ("flat", MmaSchedule::FLAT), ("flat 64", MmaSchedule::flat(64))] {
                     check(&format!("bf16 qkv+rope T={t}, mma {what}"), &g, k, mma_gen(s), &ins, &bind(&[("T", t as i64)]));
                 }
             }
@@ -3409,8 +3631,12 @@ pub(crate) mod tests {
                     for constant in [false, true] {
                         let (g, k) = qkv_append(if constant { d(t as i64) } else { sym("T") }, decode, form);
                         let entry = generate(&g, k, &Target::SM_80).unwrap().entry;
-                        assert_eq!(entry.ends_with("small_m"), constant, "{entry}");
+                        assert_eq!(entry.ends_with("small_m"), constant && t == 1, "{entry}");
                         check(&format!("bf16 qkv+rope({form})+kv_append decode={decode} T={t} ({entry})"), &g, k, gen, &ins, &bind(&[("T", t as i64)]));
+                        if constant && t == 1 {
+                            // The flat GEMM given explicitly at M = 1 (the default is the GEMV).
+                            check(&format!("bf16 qkv+rope({form})+kv_append decode={decode} T=1, flat"), &g, k, mma_gen(MmaSchedule::FLAT), &ins, &bind(&[]));
+                        }
                     }
                 }
             }
@@ -3452,20 +3678,29 @@ pub(crate) mod tests {
                 }
             }
         }
-        // The same at constant M (a batch-specialised decode step): the small-M kernel, K a
-        // multiple of 8 for its 16-byte vectors in bf16, and a tail of columns.
-        for m in [1i64, 3, 16] {
-            let mut fb = FunctionBuilder::new(&Graph::new(), "mlp_m");
-            let x = fb.param("x", ty(DType::BF16, &[d(m), d(64)]));
-            let w = fb.param("w", ty(DType::BF16, &[d(2 * 37), d(64)]));
-            let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
-            let g0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(37)))]).unwrap();
-            let u0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(37))), ("end", Attr::Dim(d(74)))]).unwrap();
-            let o = fb.op1(OpKind::Swiglu, &[g0, u0], vec![]).unwrap();
-            let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
-            assert_eq!(generate(&g, k, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
-            let ins = [random(DType::BF16, &[m as usize, 64], 25), random(DType::BF16, &[74, 64], 26)];
-            check(&format!("bf16 gate/up swiglu small-M M={m}"), &g, k, gen, &ins, &bind(&[]));
+        // The same at constant M (a batch-specialised decode step): the small-M kernel at M = 1
+        // (K a multiple of 8 for its 16-byte vectors in bf16), the flat tensor-core GEMM above
+        // (16 columns of each half per CTA: 37 = two sub-tiles and a tail), both B layouts
+        // (for [K, N] the halves start at 0 and 40: multiples of 8 for the gathered chunks).
+        for b_kn in [false, true] {
+            for m in [1i64, 3, 16] {
+                let (half, wdims): (i64, [i64; 2]) = if b_kn { (40, [64, 80]) } else { (37, [74, 64]) };
+                let mut fb = FunctionBuilder::new(&Graph::new(), "mlp_m");
+                let x = fb.param("x", ty(DType::BF16, &[d(m), d(64)]));
+                let w = fb.param("w", ty(DType::BF16, &[d(wdims[0]), d(wdims[1])]));
+                let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(!b_kn))]).unwrap();
+                let g0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(half)))]).unwrap();
+                let u0 = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(half))), ("end", Attr::Dim(d(2 * half)))]).unwrap();
+                let o = fb.op1(OpKind::Swiglu, &[g0, u0], vec![]).unwrap();
+                let (g, k) = single_kernel(Family::Matmul, fb.finish(&[o]).unwrap());
+                let entry = generate(&g, k, &Target::SM_80).unwrap().entry;
+                assert_eq!(entry, if m == 1 { "k0_matmul_small_m" } else { "k0_matmul_mma" }, "M={m}");
+                let ins = [random(DType::BF16, &[m as usize, 64], 25), random(DType::BF16, &[wdims[0] as usize, wdims[1] as usize], 26)];
+                check(&format!("bf16 gate/up swiglu M={m} [K, N] B={b_kn} ({entry})"), &g, k, gen, &ins, &bind(&[]));
+                if m == 1 {
+                    check(&format!("bf16 gate/up swiglu M={m} [K, N] B={b_kn}, flat"), &g, k, mma_gen(MmaSchedule::FLAT), &ins, &bind(&[]));
+                }
+            }
         }
         // GPT-2's QKV: a bias added before the column slices.
         let mut fb = FunctionBuilder::new(&Graph::new(), "qkv_bias");
