@@ -587,7 +587,7 @@ fn the_zoo_builds_prefill_and_decode() -> Result<(), Box<dyn std::error::Error>>
         assert_eq!(params[..5], ["%tokens", "%positions", "%block_tables", "%k_pages", "%v_pages"]);
         // the embedding, 9 weights in each of the 30 layers, the final norm
         assert_eq!(params.len(), 5 + 1 + 9 * 30 + 1);
-        assert_eq!(main.outputs.len(), 3); // logits, k_pages, v_pages
+        assert_eq!(main.outputs.len(), 4); // logits, k_pages, v_pages, next
     }
     Ok(())
 }

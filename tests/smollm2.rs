@@ -136,6 +136,12 @@ fn batched_generation_equals_one_at_a_time_and_sampling_repeats() {
         let alone = e.generate(std::slice::from_ref(p), &opts, &mut |_, _| {}).unwrap();
         assert_eq!(alone.tokens[0], together.tokens[i], "prompt {i}");
     }
+    // The greedy tokens the decode graph computes (`generate`: its `next` output) are the
+    // host's argmax of the logits it returns (`generate_observed` reads the logits).
+    let mut rows = 0;
+    let observed = e.generate_observed(&prompts, &opts, &mut |_, _| {}, &mut |_, _| rows += 1).unwrap();
+    assert_eq!(observed.tokens, together.tokens, "graph greedy tokens vs host argmax");
+    assert_eq!(rows, observed.tokens.iter().map(Vec::len).sum::<usize>(), "one logits row per token");
     let sampled = SampleOptions { max_new: 6, temperature: 0.8, top_p: 0.9, seed: 42, stop_at_eos: true };
     let a = e.generate(&prompts[..1], &sampled, &mut |_, _| {}).unwrap();
     let b = e.generate(&prompts[..1], &sampled, &mut |_, _| {}).unwrap();

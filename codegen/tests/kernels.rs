@@ -1013,7 +1013,7 @@ unsigned sim_ctaid_x(void) { return t_cta; }
 unsigned sim_nctaid_x(void) { return g_nctaid; }
 /* A cluster's CTAs run together, each with its own barrier, warp slots and copy of the
    dynamic shared memory `dsmem` (the kernel addresses it through `sim_smem_off`). */
-#define MAX_CLUSTER 8
+#define MAX_CLUSTER 16
 #define SMEM_STRIDE (256 << 10)
 unsigned char dsmem[MAX_CLUSTER * SMEM_STRIDE] __attribute__((aligned(16)));
 static pthread_barrier_t cta_bar[MAX_CLUSTER], warp_bar[MAX_CLUSTER][32], cluster_bar;
@@ -1494,7 +1494,7 @@ fn cluster_helpers_emit_what_ptx_says() {
 #[test]
 fn cpu_cluster_rows_match_the_interpreter() {
     let mut rng = Rng(7);
-    for (n, cluster, block) in [(32768usize, 2u32, 256u32), (33000, 3, 256), (262147, 8, 512)] {
+    for (n, cluster, block) in [(32768usize, 2u32, 256u32), (33000, 3, 256), (262144, 16, 256), (262147, 16, 512)] {
         for what in ["softmax", "log_softmax", "rms_norm", "layer_norm"] {
             let dt = DType::BF16;
             let rows = if n > 100_000 { 2 } else { 5 };

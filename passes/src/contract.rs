@@ -149,11 +149,10 @@ pub fn check(kd: &KernelData) -> Result<(), String> {
             for nd in body.nodes.values() {
                 match nd.op.kind {
                     OpKind::Matmul => {}
-                    OpKind::KvAppend => {
-                        if !nd.inputs[..2].iter().all(|&v| is_param(v)) {
-                            return Err("the kv_append's page operands must be kernel inputs".into());
-                        }
+                    OpKind::KvAppend if !nd.inputs[..2].iter().all(|&v| is_param(v)) => {
+                        return Err("the kv_append's page operands must be kernel inputs".into());
                     }
+                    OpKind::KvAppend => {}
                     k if !evaluable(k) => return Err(format!("`{}` in a Matmul kernel", k.name())),
                     _ => {}
                 }

@@ -105,7 +105,16 @@ pub struct KernelAttributes {
     pub ptx_version: u32,
     /// SASS architecture it was JIT-compiled to, times 10 (e.g. 90).
     pub binary_version: u32,
+    /// CTAs per thread-block cluster the kernel requires (`.reqnctapercluster`, PTX ISA
+    /// §11.4.3.5): 1 without a cluster. Above 8 (the portable size) the loader sets
+    /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (16 on Hopper).
+    pub cluster_size: u32,
 }
+
+/// The largest cluster every device of compute capability 9.0 and up schedules (CUDA C
+/// Programming Guide, "Thread Block Clusters"); larger ones (16 on H100/H200) must be allowed
+/// per kernel.
+const PORTABLE_CLUSTER_SIZE: u32 = 8;
 
 /// A kernel loaded into a [`Device`]: the JIT-compiled entry point of a plan's PTX.
 pub struct LoadedKernel {
@@ -292,7 +301,20 @@ impl Device {
                 .map(|v| v.max(0) as u32)
                 .map_err(|e| RuntimeError::cuda("cuFuncGetAttribute", e, Some(plan.entry.clone())))
         };
+        let cluster_size = if self.inner.info.compute_capability.0 >= 9 {
+            attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH)?.max(1)
+                * attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT)?.max(1)
+                * attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH)?.max(1)
+        } else {
+            1
+        };
+        if cluster_size > PORTABLE_CLUSTER_SIZE {
+            // SAFETY: `func` is a valid function handle of the current context.
+            unsafe { result::function::set_function_attribute(func, CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) }
+                .map_err(|e| RuntimeError::cuda(format!("cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for a cluster of {cluster_size} CTAs"), e, Some(plan.entry.clone())))?;
+        }
         let attributes = KernelAttributes {
+            cluster_size,
             registers: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
             local_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
             static_shared_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,

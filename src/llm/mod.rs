@@ -410,12 +410,39 @@ trait Session {
     /// the logits of the prompt's last token.
     fn prefill(&mut self, seq: usize, prompt: &[u32]) -> Result<Vec<f64>, Error>;
     /// One decode step: `tokens[s]` at position `positions[s]` for every sequence `s`; returns
-    /// the logits `[B · vocab]`.
-    fn decode(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f64>, Error>;
+    /// the logits `[B · vocab]` when `logits`, else only the graph's greedy tokens `[B]` (its
+    /// `next` output: the host reads `B` integers rather than `B · vocab` logits).
+    fn decode(&mut self, tokens: &[u32], positions: &[usize], logits: bool) -> Result<Step, Error>;
     /// Time spent capturing CUDA graphs so far.
     fn capture_time(&self) -> Duration {
         Duration::ZERO
     }
+}
+
+/// What a decode step returns ([`Session::decode`]).
+enum Step {
+    /// Every sequence's logits, `[B · vocab]`.
+    Logits(Vec<f64>),
+    /// Every sequence's greedy next token, `[B]`.
+    Greedy(Vec<u32>),
+}
+
+/// Token ids from a graph's `next` output (i32 values as f64s): `next[s]` is sequence `s`'s
+/// greedy token, or `vocab` for a row holding a NaN, whose token is then `argmax(row(s))` (the
+/// row's logits, read only then).
+fn greedy_tokens(next: &[f64], vocab: usize, row: &mut dyn FnMut(usize) -> Result<Vec<f64>, Error>) -> Result<Vec<u32>, Error> {
+    next.iter()
+        .enumerate()
+        .map(|(s, &t)| {
+            if t == vocab as f64 {
+                Ok(argmax(&row(s)?))
+            } else if t >= 0.0 && t < vocab as f64 && t.fract() == 0.0 {
+                Ok(t as u32)
+            } else {
+                Err(Error::Unsupported(format!("the decode graph's greedy token {t} is not an id of the {vocab}-token vocabulary")))
+            }
+        })
+        .collect()
 }
 
 fn tokens_tensor(tokens: &[u32]) -> Result<Tensor, Error> {
@@ -437,16 +464,17 @@ struct CpuSession<'a> {
 }
 
 impl CpuSession<'_> {
-    fn run(&mut self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor) -> Result<Tensor, Error> {
+    /// Runs the prefill or decode graph; returns its logits and greedy tokens (`next`).
+    fn run(&mut self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor) -> Result<(Tensor, Tensor), Error> {
         let p = if decode { self.decode } else { self.prefill };
         let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", &self.kp), ("v_pages", &self.vp)], &[])?;
         let mut r = r.into_iter();
-        let (Some(logits), Some(k), Some(v)) = (r.next(), r.next(), r.next()) else {
-            return Err(Error::Unsupported("the graph returned fewer than 3 outputs".into()));
+        let (Some(logits), Some(k), Some(v), Some(next)) = (r.next(), r.next(), r.next(), r.next()) else {
+            return Err(Error::Unsupported("the graph returned fewer than 4 outputs".into()));
         };
         self.kp = Arc::new(k);
         self.vp = Arc::new(v);
-        Ok(logits)
+        Ok((logits, next))
     }
 }
 
@@ -456,17 +484,19 @@ impl Session for CpuSession<'_> {
         let tokens = tokens_tensor(prompt)?;
         let pos = Tensor::from_fn(DType::I32, &[n], |i| i[0] as f64);
         let bt = Tensor::from_fn(DType::I32, &[self.layers, 1, m], |i| page_index(i[0], seq, i[2], b, m));
-        let logits = self.run(false, &tokens, &pos, &bt)?;
+        let (logits, _) = self.run(false, &tokens, &pos, &bt)?;
         Ok(logits.data()[(n - 1) * vocab..n * vocab].to_vec())
     }
 
-    fn decode(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f64>, Error> {
+    fn decode(&mut self, tokens: &[u32], positions: &[usize], logits: bool) -> Result<Step, Error> {
         let tokens = tokens_tensor(tokens)?;
         let pos = Tensor::new(DType::I32, &[positions.len()], positions.iter().map(|&p| p as f64).collect())?;
         let bt = std::mem::replace(&mut self.bt, Tensor::zeros(DType::I32, &[0]));
         let r = self.run(true, &tokens, &pos, &bt);
         self.bt = bt;
-        Ok(r?.data().to_vec())
+        let (l, next) = r?;
+        let v = self.vocab;
+        Ok(if logits { Step::Logits(l.data().to_vec()) } else { Step::Greedy(greedy_tokens(next.data(), v, &mut |s| Ok(l.data()[s * v..(s + 1) * v].to_vec()))?) })
     }
 }
 
@@ -499,11 +529,11 @@ impl Session for GpuSession<'_> {
         Ok(dev.download_range_f64(&r[0], (n - 1) * vocab, vocab)?)
     }
 
-    fn decode(&mut self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f64>, Error> {
+    fn decode(&mut self, tokens: &[u32], positions: &[usize], want_logits: bool) -> Result<Step, Error> {
         let dev = self.device;
         dev.write_f64(&self.state.tokens, &tokens.iter().map(|&t| f64::from(t)).collect::<Vec<_>>())?;
         dev.write_f64(&self.state.positions, &positions.iter().map(|&p| p as f64).collect::<Vec<_>>())?;
-        let logits = if self.cuda_graph {
+        let outs = if self.cuda_graph {
             if self.state.graph.is_none() {
                 let t0 = Instant::now();
                 let g = self.decode.capture_device(&self.state.inputs(), &crate::Bindings::new())?;
@@ -513,15 +543,23 @@ impl Session for GpuSession<'_> {
             }
             let g = self.state.graph.as_ref().ok_or_else(|| Error::Unsupported("no captured decode graph".into()))?;
             g.replay()?;
-            g.outputs().first().cloned()
+            g.outputs().to_vec()
         } else {
             let r = self.decode.run_device(&self.state.inputs(), &crate::Bindings::new())?;
             self.state.check_in_place(&r)?;
-            r.into_iter().next()
+            r
         };
-        let logits = logits.ok_or_else(|| Error::Unsupported("the decode graph returned no logits".into()))?;
-        // Reading the logits waits for the step.
-        Ok(dev.download_f64(&logits)?)
+        // Reading the result waits for the step.
+        if want_logits {
+            let l = outs.first().ok_or_else(|| Error::Unsupported("the decode graph returned no logits".into()))?;
+            Ok(Step::Logits(dev.download_f64(l)?))
+        } else {
+            let (Some(l), Some(next)) = (outs.first(), outs.get(3)) else {
+                return Err(Error::Unsupported("the decode graph returned no greedy tokens".into()));
+            };
+            let v = self.vocab;
+            Ok(Step::Greedy(greedy_tokens(&dev.download_f64(next)?, v, &mut |s| Ok(dev.download_range_f64(l, s * v, v)?))?))
+        }
     }
 
     fn capture_time(&self) -> Duration {
@@ -633,7 +671,7 @@ impl Engine {
     /// [`ModelError::ContextOverflow`] when a prompt plus `max_new` exceeds the context;
     /// an empty prompt; interpreter or device errors.
     pub fn generate(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32)) -> Result<Generation, Error> {
-        self.generate_observed(prompts, o, on_token, &mut |_, _| {})
+        self.generate_inner(prompts, o, on_token, None)
     }
 
     /// [`Engine::generate`], also showing `on_logits(seq, logits)` the logits (`vocab` values)
@@ -642,6 +680,12 @@ impl Engine {
     /// # Errors
     /// As [`Engine::generate`].
     pub fn generate_observed(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32), on_logits: &mut dyn FnMut(usize, &[f64])) -> Result<Generation, Error> {
+        self.generate_inner(prompts, o, on_token, Some(on_logits))
+    }
+
+    /// [`Engine::generate_observed`], or [`Engine::generate`] without an observer: then a
+    /// greedy decode step reads back only the graph's greedy tokens, not the logits.
+    fn generate_inner(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32), on_logits: Option<&mut dyn FnMut(usize, &[f64])>) -> Result<Generation, Error> {
         let cfg = &self.model.cfg;
         let b = prompts.len();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
@@ -693,7 +737,7 @@ impl Engine {
     }
 
     /// The sampling loop of [`Engine::generate_observed`] over a session.
-    fn run_session(&self, s: &mut dyn Session, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32), on_logits: &mut dyn FnMut(usize, &[f64])) -> Result<Generation, Error> {
+    fn run_session(&self, s: &mut dyn Session, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32), mut on_logits: Option<&mut dyn FnMut(usize, &[f64])>) -> Result<Generation, Error> {
         let b = prompts.len();
         let vocab = self.model.cfg.vocab;
         let eos = self.model.tokenizer.eos;
@@ -704,7 +748,9 @@ impl Engine {
         let t0 = Instant::now();
         for (seq, prompt) in prompts.iter().enumerate() {
             let row = s.prefill(seq, prompt)?;
-            on_logits(seq, &row);
+            if let Some(f) = on_logits.as_mut() {
+                f(seq, &row);
+            }
             let t = sample(&row, o, &mut rng);
             last[seq] = t;
             if o.max_new > 0 {
@@ -721,15 +767,24 @@ impl Engine {
         while done.iter().any(|d| !d) {
             // Position of the new token = tokens already in the cache.
             let positions: Vec<usize> = (0..b).map(|seq| prompts[seq].len() + out[seq].len() - 1).collect();
-            let logits = s.decode(&last, &positions)?;
+            // Logits only where something needs them: sampling, or an observer.
+            let want_logits = o.temperature > 0.0 || on_logits.is_some();
+            let step = s.decode(&last, &positions, want_logits)?;
             steps += 1;
             for seq in 0..b {
                 if done[seq] {
                     continue;
                 }
-                let row = &logits[seq * vocab..(seq + 1) * vocab];
-                on_logits(seq, row);
-                let t = sample(row, o, &mut rng);
+                let t = match &step {
+                    Step::Logits(logits) => {
+                        let row = logits.get(seq * vocab..(seq + 1) * vocab).ok_or_else(|| Error::Unsupported("the decode step returned too few logits".into()))?;
+                        if let Some(f) = on_logits.as_mut() {
+                            f(seq, row);
+                        }
+                        sample(row, o, &mut rng)
+                    }
+                    Step::Greedy(next) => *next.get(seq).ok_or_else(|| Error::Unsupported("the decode step returned too few tokens".into()))?,
+                };
                 last[seq] = t;
                 out[seq].push(t);
                 on_token(seq, t);
@@ -799,6 +854,28 @@ impl Engine {
                 let logits = r.first().ok_or_else(|| Error::Unsupported("the graph returned no logits".into()))?;
                 Ok(device.download_tensor(logits)?)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_tokens_take_the_graph_ids_and_fall_back_to_the_host_argmax_for_nan_rows() {
+        let mut asked = Vec::new();
+        let mut row = |s: usize| -> Result<Vec<f64>, Error> {
+            asked.push(s);
+            Ok(vec![1.0, f64::NAN, 3.0, 3.0])
+        };
+        // Sequence 1's row holds a NaN: the graph says 4 (no id); the host argmax skips the NaN
+        // and keeps the lowest id of the largest value.
+        assert_eq!(greedy_tokens(&[2.0, 4.0, 0.0], 4, &mut row).unwrap(), vec![2, 2, 0]);
+        assert_eq!(asked, vec![1], "only the NaN row's logits are read");
+        for bad in [-1.0, 5.0, 1.5, f64::NAN] {
+            let e = greedy_tokens(&[bad], 4, &mut |_| Ok(vec![0.0; 4])).unwrap_err();
+            assert!(e.to_string().contains("is not an id of the 4-token vocabulary"), "{e}");
         }
     }
 }

@@ -9,14 +9,16 @@
 //!
 //! - inputs `tokens: i64[T]`, `positions: i32[T]`, `block_tables: i32[L, B, M]`,
 //!   `k_pages`/`v_pages: dtype[P, page_size, kv_heads, head_dim]`; outputs
-//!   `(logits: dtype[T, vocab], k_pages, v_pages)`.
+//!   `(logits: dtype[T, vocab], k_pages, v_pages, next: i32[T])`, `next` the greedy token
+//!   after each row (the lowest id of the largest logit; `vocab`, no id, for a row holding a
+//!   NaN), so a greedy decode step reads back `T` integers instead of `T · vocab` logits.
 //! - **Prefill**: the `T` tokens of one fresh sequence (`B = 1`); positions are `0..T`.
 //! - **Decode**: one new token for each of `T` sequences (`B = T`); `positions[b]` is the number
 //!   of tokens sequence `b` already has in the cache.
 //!
 //! **KV cache.** One pool of pages holds every layer's keys (and one its values): layer `l`
 //! reads and writes the pages its block table `block_tables[l]` names, so the pool threads
-//! through the layers as one value and the graph has three outputs whatever the depth.
+//! through the layers as one value and the graph has four outputs whatever the depth.
 //!
 //! **Weights** carry llama.cpp's GGUF names (`token_embd.weight`, `blk.{i}.attn_q.weight`,
 //! ...), each matrix stored `[out, in]` as GGUF and Hugging Face store them (the graph
@@ -148,7 +150,7 @@ impl LlamaConfig {
 /// let cfg = llama::LlamaConfig::tiny();
 /// let g = llama::build(&cfg, Mode::Prefill, sinter::DType::F32)?;
 /// sinter::ir::verify(&g)?;
-/// assert_eq!(g.func("main").unwrap().outputs.len(), 3);
+/// assert_eq!(g.func("main").unwrap().outputs.len(), 4);
 /// # Ok::<(), sinter::Error>(())
 /// ```
 ///
@@ -165,6 +167,7 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
     // Sequences per step: one for prefill, T (one token each) for decode.
     let nb = if decode { Dim::symbol("T") } else { Dim::constant(1) };
     let ninf = f64::NEG_INFINITY;
+    let vocab_f = vocab as f64;
     let (tied, head_name) = (cfg.tied_embeddings, if cfg.tied_embeddings { "token_embd.weight" } else { "output.weight" });
     let g = graph! {
         fn layer(x: {dt}[T, {d}], positions: i32[T], block_table: i32[{&nb}, M],
@@ -208,7 +211,7 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
 
         fn main(tokens: i64[T], positions: i32[T], block_tables: i32[{n_layers}, {&nb}, M],
                 k_pages: {dt}[P, {ps}, {hkv}, {hd}], v_pages: {dt}[P, {ps}, {hkv}, {hd}])
-            -> ({dt}[T, {vocab}], {dt}[P, {ps}, {hkv}, {hd}], {dt}[P, {ps}, {hkv}, {hd}])
+            -> ({dt}[T, {vocab}], {dt}[P, {ps}, {hkv}, {hd}], {dt}[P, {ps}, {hkv}, {hd}], i32[T])
         {
             let embed = weight("token_embd.weight", {dt}[{vocab}, {d}]);
             let mut x = embed.gather(tokens);
@@ -233,7 +236,13 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
             let x32 = x.cast(f32);
             let xn = (x32 * ((x32 * x32).mean(-1) + {eps}).rsqrt()).cast({dt}) * weight("output_norm.weight", {dt}[{d}]);
             let lm_head = if tied { embed } else { weight(head_name, {dt}[{vocab}, {d}]) };
-            (xn.matmul(lm_head, transpose_b = true), kp, vp)
+            let logits = xn.matmul(lm_head, transpose_b = true);
+            // The greedy next token of each row: the lowest id of the largest logit, or the
+            // vocabulary size (no id) for a row holding a NaN (its max is NaN, which equals
+            // nothing); the engine then takes that row's argmax on the host.
+            let best = logits.max(-1);
+            let next = logits.eq(best).select(iota(i32, [T, {vocab}], 1), constant(vocab_f, i32)).min(-1, keepdim = false);
+            (logits, kp, vp, next)
         }
     }?;
     Ok(g)
