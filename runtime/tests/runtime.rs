@@ -415,6 +415,67 @@ fn gpu_dynamic_shared_memory_above_48_kib() {
     assert!(matches!(err, RuntimeError::InvalidLaunch { .. }), "{err}");
 }
 
+/// Each CTA of a cluster of 16 (more than the portable 8: the loader must allow it) writes
+/// its rank and its cluster's size: `y[cta] = rank + 100 · size`.
+const CLUSTER16_PTX: &str = r#".version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry cluster16(
+    .param .u64 y
+)
+.reqnctapercluster 16, 1, 1
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<4>;
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    barrier.cluster.arrive;
+    barrier.cluster.wait;
+    @%p1 bra DONE;
+    mov.u32 %r2, %cluster_ctarank;
+    mov.u32 %r3, %cluster_nctarank;
+    mad.lo.u32 %r4, %r3, 100, %r2;
+    cvt.rn.f32.u32 %r5, %r4;
+    mov.u32 %r1, %ctaid.x;
+    ld.param.u64 %rd1, [y];
+    cvta.to.global.u64 %rd1, %rd1;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.f32 [%rd3], %r5;
+DONE:
+    ret;
+}
+"#;
+
+#[test]
+fn gpu_cluster_of_16_ctas_launches() {
+    let Some((_lock, dev)) = gpu() else { return };
+    if dev.info().compute_capability.0 < 9 {
+        eprintln!("skipped: thread-block clusters need sm_90, this is {}", dev.info().sm());
+        return;
+    }
+    let plan = LaunchPlan {
+        entry: "cluster16".into(),
+        ptx: CLUSTER16_PTX.into(),
+        target: "sm_90".into(),
+        grid: [GridDim::fixed(48), GridDim::fixed(1), GridDim::fixed(1)],
+        block: [64, 1, 1],
+        shared_bytes: 0,
+        params: vec![KernelParam::Buffer(0)],
+    };
+    let k = dev.load(&plan).unwrap();
+    assert_eq!(k.attributes().cluster_size, 16);
+    let y = dev.alloc(DType::F32, &[48]).unwrap();
+    dev.launch(&plan, &[&y], &Bindings::new()).unwrap();
+    dev.synchronize().unwrap();
+    let want: Vec<f64> = (0..48).map(|c| (1600 + c % 16) as f64).collect();
+    assert_eq!(dev.download_f64(&y).unwrap(), want);
+    // Plain kernels have no cluster.
+    assert_eq!(dev.load(&add_one_plan("add_one", false)).unwrap().attributes().cluster_size, 1);
+}
+
 #[test]
 fn gpu_bad_ptx_and_bad_plans_are_errors() {
     let Some((_lock, dev)) = gpu() else { return };

@@ -29,7 +29,7 @@
 //!
 //! # Schedule ([`RowSchedule`])
 //! A row is reduced by one warp (short rows: `N ≤ 64·vec`, four rows per 128-thread CTA), one
-//! CTA of 64 to 1024 threads, or (sm_90+) a thread-block cluster of 2 to 16 such CTAs (`vec`
+//! CTA of 64 to 1024 threads, or (sm_90+) a thread-block cluster of 2 to 8 such CTAs (`vec`
 //! = 16 bytes of the narrowest row buffer: 8 `bf16`, 4 `f32`, halved until it divides `N`).
 //! Each thread reduces its elements sequentially, then the row group combines the per-thread
 //! partials with butterfly shuffles (`shfl.sync.bfly`, CUDA C Programming Guide §7.22, PTX
@@ -78,14 +78,12 @@
 //!   cluster barrier keeps a CTA resident until its cluster has read its slots. Every
 //!   shared array is carved from the dynamic shared memory (the launch passes its size).
 //!   `softmax` is always online here (one exchange). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
-//!   2..=16 (`b` the staged bytes per column; more than 8, the portable cluster size, is
-//!   Hopper's non-portable size, which the runtime allows per kernel), 256 threads per CTA for
-//!   slices up to 32 KiB, 512 up to 96 KiB (longer rows keep the multi-pass schedule); e.g.
-//!   `bf16` rows of 32768: 2 CTAs × 256 threads, 32 KiB each; rows of 262144: 16 CTAs × 256
-//!   threads, 32 KiB each; six CTAs per SM. (8 CTAs of 64 KiB, three per SM, reached 83.6 /
-//!   80.6% of the copy bandwidth for rms_norm / softmax at 512 × 262144 on an H200: each CTA
-//!   waits at the cluster barrier with nothing of its own in flight, and half as many CTAs
-//!   per SM overlap those waits less.) The pass loops carry `.pragma "nounroll"`: ptxas would
+//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB, 512
+//!   up to 96 KiB (longer rows keep the multi-pass schedule); e.g. `bf16` rows of 32768: 2
+//!   CTAs × 256 threads, 32 KiB each, six CTAs per SM; rows of 262144: 8 CTAs × 512 threads,
+//!   64 KiB each, three CTAs per SM (16 CTAs of 32 KiB, six per SM, measured slower: see
+//!   `MAX_CLUSTER`; an explicit schedule may still ask for up to 16, Hopper's non-portable
+//!   size, which the runtime allows per kernel). The pass loops carry `.pragma "nounroll"`: ptxas would
 //!   otherwise unroll their few iterations completely and exceed the 40 registers a thread
 //!   that occupancy allows. Reductions alone (nothing to stage: the row is read once anyway)
 //!   keep the multi-pass schedule.
@@ -125,7 +123,7 @@ pub struct RowSchedule {
     pub chunks: Option<u32>,
     /// Vectors per thread per loop iteration in the multi-pass schedule.
     pub unroll: u32,
-    /// CTAs per row: 1, or 2 to 16 for the cluster schedule (sm_90+, multi-pass, a constant
+    /// CTAs per row: 1, or 2 to 16 (8 by default) for the cluster schedule (sm_90+, multi-pass, a constant
     /// `N`): the row is split into `cluster` slices, one per CTA of a thread-block cluster,
     /// each staged in its CTA's shared memory (see the module docs).
     pub cluster: u32,
@@ -137,10 +135,16 @@ const MAX_ELEMS_PER_THREAD: u32 = 32;
 /// The cluster schedule aims at slices of this many staged bytes per CTA (six CTAs of 256
 /// threads per SM then fit the 228 KiB of shared memory of an H100/H200 SM) ...
 const CLUSTER_SLICE_BYTES: u64 = 32 << 10;
-/// ... takes at most this many CTAs per row: Hopper's non-portable cluster size (the
-/// portable one is 8; the runtime allows 16 per kernel with
-/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, which every sm_90 part grants) ...
-const MAX_CLUSTER: u64 = 16;
+/// ... takes at most this many CTAs per row (the portable cluster size: 16, Hopper's
+/// non-portable size, measured slower at 512 × 262144 bf16 on an H200 — rms_norm 81.5% and
+/// softmax 74.1% of the copy bandwidth against 83.6% and 80.6% with 8: six CTAs per SM
+/// instead of three, but each row's statistics folded over twice as many partials, and every
+/// CTA waiting for the slowest of 16) ...
+const MAX_CLUSTER: u64 = 8;
+/// The largest cluster an explicit schedule may ask for ([`generate_with`]): Hopper's
+/// non-portable size, which the runtime allows per kernel at load
+/// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`).
+const MAX_CLUSTER_EXPLICIT: u32 = 16;
 /// ... and slices of at most this many bytes (two CTAs per SM); longer rows keep the
 /// multi-pass schedule.
 const MAX_SLICE_BYTES: u64 = 96 << 10;
@@ -201,8 +205,8 @@ impl RowSchedule {
         if self.unroll == 0 {
             return Err("unroll 0".into());
         }
-        if self.cluster == 0 || self.cluster > MAX_CLUSTER as u32 {
-            return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER})", self.cluster));
+        if self.cluster == 0 || self.cluster > MAX_CLUSTER_EXPLICIT {
+            return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER_EXPLICIT})", self.cluster));
         }
         if self.cluster > 1 {
             if target.sm_version() < 90 {
