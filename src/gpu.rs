@@ -28,7 +28,8 @@ pub const LLVM_VERSION: &str = "22.1";
 pub enum Lowering {
     /// One kernel per IR node (calls inlined): the baseline every fusion is checked against.
     Unfused,
-    /// The e-graph passes: recognitions, fusion, extraction under the cost model.
+    /// The e-graph passes: recognitions, fusion, extraction under the cost model of
+    /// `PassOptions::for_graph` (decode sizes for a graph with `paged_attention`).
     Fused,
 }
 
@@ -142,7 +143,7 @@ fn lower_counting(graph: &Graph, lowering: Lowering) -> Result<(KernelGraph, Opt
     Ok(match lowering {
         Lowering::Unfused => (sinter_passes::lower_unfused(graph)?, None),
         Lowering::Fused => {
-            let (kg, report) = sinter_passes::compile(graph, &sinter_passes::PassOptions::default())?;
+            let (kg, report) = sinter_passes::compile(graph, &sinter_passes::PassOptions::for_graph(graph))?;
             let per_layer = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
             (kg, per_layer)
         }

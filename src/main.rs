@@ -310,7 +310,7 @@ fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>) -> AnyResu
         vec![("prefill".into(), build(zoo::Mode::Prefill)?), ("decode".into(), build(zoo::Mode::Decode)?)]
     };
     for (mode, g) in &graphs {
-        let (kg, report) = sinter_passes::compile(g, &sinter_passes::PassOptions::default())?;
+        let (kg, report) = sinter_passes::compile(g, &sinter_passes::PassOptions::for_graph(g))?;
         let mut text = format!("=== {target} ({mode}) ===\n{report}\n");
         for (k, kd) in kg.kernels.iter() {
             let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();

@@ -3,9 +3,10 @@
 //! and f32), tiny GPT-2 and SmolLM2-135M (prefill and decode, bf16) is accepted by
 //! `sinter_codegen::compile_kernel` for sm_90a and assembles with ptxas without spills; and
 //! the compiled tiny graphs, run on the interpreter (`run_kernel_graph`), still match the
-//! original graph (`interp::run`). Both option sets are checked: `PassOptions::default()` (what
-//! `sinter::gpu::lower` uses) and `PassOptions::for_graph` (the decode cost model for decode
-//! graphs); a kernel both produce is compiled once. Prints the kernel counts per model and
+//! original graph (`interp::run`). Both option sets are checked: `PassOptions::default()` (the
+//! prefill cost model for every graph) and `PassOptions::for_graph` (what `sinter::gpu::lower`
+//! and `sinter explain` use: the decode cost model for decode graphs); a kernel both produce is
+//! compiled once. Prints the kernel counts per model and
 //! the kernels of one layer; `SINTER_DUMP_KERNELS=1` prints every kernel's body.
 #![cfg(feature = "llvm")]
 
