@@ -163,6 +163,8 @@ fn load_err(bytes: &[u8], name: &str) -> ModelError {
     std::fs::write(&p, bytes).unwrap();
     let r = std::panic::catch_unwind(|| LlamaModel::load(&p, DType::BF16, |_, _| {}));
     let _ = std::fs::remove_file(&p);
+    // The folder too, once empty (another call of this process may still be using it).
+    let _ = std::fs::remove_dir(&dir);
     match r {
         Ok(Ok(_)) => panic!("{name}: loaded"),
         Ok(Err(e)) => e,
