@@ -689,7 +689,7 @@ impl Prefill {
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
     if attention_tc::eligible(&p).is_ok() {
-        match attention_tc::plan(&p, target, &attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some())) {
+        match attention_tc::plan(&p, target, &attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target)) {
             // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
             Err(CodegenError::Unsupported { .. }) => {}
             done => return done,
@@ -1134,8 +1134,8 @@ pub(crate) mod tests {
 
     #[test]
     fn launch_plans() {
-        // bf16, D = 128: the tensor-core kernel, 4 warps × 32 rows, 78 KiB of dynamic shared
-        // memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40).
+        // bf16, D = 128, causal: the tensor-core kernel, 4 warps × 32 rows, 78 KiB of dynamic
+        // shared memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40).
         let (g, k) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, true, false);
         let plan = generate_prefill(&g, k, &Target::SM_90A).unwrap();
         assert_eq!(plan.entry, "k0_attention");
@@ -1145,6 +1145,11 @@ pub(crate) mod tests {
         assert_eq!(plan.grid[2], GridDim { numerator: sym("B"), denominator: 1 });
         assert_eq!(plan.shared_bytes, 79872);
         assert_eq!(TcSchedule { warps: 4, m_tiles: 2, block_kv: 32, q_in_regs: false }.shared_bytes(128, 128), 79872);
+        // Not causal, on sm_90a: 48-key tiles, 99 KiB (K and V 48×136, the P scratch 128×56);
+        // on sm_80, whose 164 KiB would not hold two CTAs of 99, 32-key tiles.
+        let (gn, kn) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, false, false);
+        assert_eq!(generate_prefill(&gn, kn, &Target::SM_90A).unwrap().shared_bytes, 101376);
+        assert_eq!(generate_prefill(&gn, kn, &Target::SM_80).unwrap().shared_bytes, 79872);
         assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
         for s in ["T", "S"] {
             assert!(plan.params.contains(&KernelParam::Size(sym(s))), "{:?}", plan.params);
@@ -1187,7 +1192,7 @@ pub(crate) mod tests {
         let vb = g2.kernels[k2].inputs[2];
         g2.buffers[vb].layout.align = 8;
         assert!(!tc(&g2, k2), "v's buffer is only 8-byte aligned");
-        assert!(matches!(generate_prefill_tc_with(&g2, k2, &Target::SM_80, &attention_tc::choose_tc_schedule(64, 64, false)), Err(CodegenError::Unsupported { .. })));
+        assert!(matches!(generate_prefill_tc_with(&g2, k2, &Target::SM_80, &attention_tc::choose_tc_schedule(64, 64, false, true, &Target::SM_80)), Err(CodegenError::Unsupported { .. })));
         let (g, k) = paged(DType::BF16, 32, 8, d(1), 128, 16);
         let plan = generate_paged(&g, k, &Target::SM_80).unwrap();
         assert_eq!(plan.entry, "k0_paged_attention");
@@ -1433,7 +1438,7 @@ pub(crate) mod tests {
         // tiles, 1 to 8 warps.
         let (g, k) = prefill(DType::BF16, 3, 3, sym("T"), sym("S"), 64, 64, true, false);
         let ins = [random(DType::BF16, &[1, 3, 77, 64], 39), random(DType::BF16, &[1, 3, 90, 64], 40), random(DType::BF16, &[1, 3, 90, 64], 41)];
-        for (warps, m_tiles, block_kv, q_in_regs) in [(4, 1, 64, true), (8, 1, 64, true), (4, 2, 32, false), (2, 2, 16, true), (1, 1, 128, false)] {
+        for (warps, m_tiles, block_kv, q_in_regs) in [(4, 1, 64, true), (8, 1, 64, true), (4, 2, 32, false), (4, 2, 48, false), (2, 2, 16, true), (1, 1, 128, false)] {
             let s = TcSchedule { warps, m_tiles, block_kv, q_in_regs };
             check(&format!("tc schedule {s:?}"), &g, k, tc(s), &ins, &sizes(1, 77, 90));
         }
@@ -1499,6 +1504,15 @@ pub(crate) mod tests {
         g.buffers[ob].layout.align = 2;
         let ins = [random(DType::BF16, &[1, 2, 33, d], 62), random(DType::BF16, &[1, 1, 33, d], 63), random(DType::BF16, &[1, 1, 33, d], 64)];
         check("tc element stores", &g, k, gen, &ins, &sizes(33, 33));
+        // D = 128 on sm_90a, not causal (48-key tiles: 0..48, 48..96, 96..100, the last
+        // zero-filled past the sequence): NaN in V at key 35, +inf at key 70, NaN in q row 7.
+        let gen90 = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90A);
+        let (g, k) = prefill(DType::BF16, 2, 1, sym("T"), sym("T"), 128, 128, false, false);
+        let (t, d) = (100usize, 128usize);
+        let q = with_values(random(DType::BF16, &[1, 2, t, d], 65), &[(7 * d + 4, f64::NAN)]);
+        let v = with_values(random(DType::BF16, &[1, 1, t, d], 66), &[(35 * d + 3, f64::NAN), (70 * d + 9, f64::INFINITY)]);
+        let ins = [q, random(DType::BF16, &[1, 1, t, d], 67), v];
+        check("tc D128 sm_90a NaN/inf in V, NaN in q", &g, k, gen90, &ins, &bind(&[("B", 1), ("T", t as i64)]));
     }
 
     /// Paged decode emulated against the interpreter: lengths 0, 1, a partly filled last

@@ -43,7 +43,10 @@
 //! The registers decide the tile shapes ([`choose_tc_schedule`]): at D = 128 a warp holds 128
 //! accumulator floats (2 slabs × 16 rows × 128 / 32 lanes) and 32 scores per 32-key tile;
 //! ptxas then uses about 240 of the 255 registers a thread may have at 2 CTAs of 128 threads
-//! an SM, with no spills (64-key tiles, FlashAttention-2's choice, spill a few bytes).
+//! an SM, with no spills (64-key tiles, FlashAttention-2's choice, spill a few bytes). On
+//! sm_90, whose shared memory holds two CTAs of 48-key tiles, non-causal D = Dv = 128 takes
+//! 48-key tiles (48 scores a slab; 250 to 252 registers, no spills), for fewer shared-memory
+//! bytes per `mma`; causal 48-key tiles spill 8 bytes, so causal keeps 32.
 //!
 //! # Semantics
 //! As [`super::attention`]'s module docs: bottom-right causal alignment, GQA without repeated
@@ -120,21 +123,39 @@ impl TcSchedule {
     }
 }
 
-/// Picks the tensor-core schedule for head dims `d`, `dv` (the larger one decides) and
-/// whether an additive mask is read, all with 4 warps (128 threads, so up to 255 registers a
-/// thread still allow two CTAs per SM):
+/// Picks the tensor-core schedule for head dims `d`, `dv` (the larger one decides), whether an
+/// additive mask is read, causality and the target, all with 4 warps (128 threads, so up to
+/// 255 registers a thread still allow two CTAs, 8 warps, per SM):
 /// - ≤ 64: 2 slabs a warp (128 query rows a CTA), 64-key tiles, Q in registers;
-/// - ≤ 128: 2 slabs, 32-key tiles, Q re-read from shared memory per tile (FlashAttention-2's
-///   128×64 tile needs 64 accumulator, 32 score and 8 Q registers per slab and warp, which
-///   ptxas 12.9 fits only by spilling at D = 128; 32-key tiles leave it about 240);
+/// - `d = dv = 128`, not causal, where two CTAs of 99 KiB fit in an SM's shared memory (sm_90:
+///   228 KiB; not sm_80's 164 KiB): 2 slabs, **48-key tiles**, Q re-read from shared memory per
+///   tile. Per warp and tile that reads K and V (48 × 256 × 2 bytes) and Q (32 × 128 × 2) from
+///   shared memory for 192 `mma`s: 171 bytes an `mma` against 192 with 32-key tiles, and a third
+///   fewer barriers, softmax reductions and rescalings per key. ptxas 12.9 (sm_90a, bf16 and
+///   f16): 250 registers with symbolic sequence lengths, 252 with constant ones, no spills
+///   (32-key tiles: 239 to 241). It is at the edge: causal (254 registers symbolic, but 8 bytes
+///   spilled with constant lengths), sm_80 causal, D = 112 causal and D 96/112 with Dv 128 all
+///   spill at 48, hence 32 for them;
+/// - other ≤ 128: 2 slabs, 32-key tiles, Q re-read from shared memory per tile
+///   (FlashAttention-2's 128×64 tile needs 64 accumulator, 32 score and 8 Q registers per
+///   slab and warp, which ptxas 12.9 fits only by spilling at D = 128: 255 registers, 8 bytes;
+///   32-key tiles leave it about 240);
 /// - ≤ 256: 1 slab (128 accumulator registers), 32-key tiles, Q from shared memory;
 /// - with a mask (≤ 128; larger heads go to CUDA cores): 1 slab, 64-key tiles
 ///   (each score's mask element is a global load, whose registers 2 slabs do not leave).
-pub fn choose_tc_schedule(d: u32, dv: u32, masked: bool) -> TcSchedule {
+pub fn choose_tc_schedule(d: u32, dv: u32, masked: bool, causal: bool, target: &Target) -> TcSchedule {
     match (d.max(dv), masked) {
         (w, true) => TcSchedule { warps: 4, m_tiles: 1, block_kv: 64, q_in_regs: w <= 64 },
         (0..=64, false) => TcSchedule { warps: 4, m_tiles: 2, block_kv: 64, q_in_regs: true },
-        (65..=128, false) => TcSchedule { warps: 4, m_tiles: 2, block_kv: 32, q_in_regs: false },
+        (65..=128, false) => {
+            let s48 = TcSchedule { warps: 4, m_tiles: 2, block_kv: 48, q_in_regs: false };
+            // The driver reserves 1 KiB of shared memory per CTA.
+            if d == 128 && dv == 128 && !causal && 2 * (s48.shared_bytes(d, dv) + 1024) <= target.max_shared_memory_per_sm() {
+                s48
+            } else {
+                TcSchedule { block_kv: 32, ..s48 }
+            }
+        }
         _ => TcSchedule { warps: 4, m_tiles: 1, block_kv: 32, q_in_regs: false },
     }
 }
@@ -839,7 +860,7 @@ mod tests {
     use super::*;
     use crate::kernels::attention::generate_prefill;
     use crate::kernels::attention::tests::prefill;
-    use crate::kernels::matmul::tests::{assemble, sym};
+    use crate::kernels::matmul::tests::{assemble, d, sym};
 
     /// The default schedule of every head dim the kernel takes (multiples of 16; bf16, and f16
     /// at 64 and 128), causal or not, with and without a mask, assembles for sm_80 and sm_90a
@@ -858,18 +879,33 @@ mod tests {
                     }
                 }
             }
+            // Constant sequence lengths take more registers (D = 128: 2 more, no spills).
+            for causal in [true, false] {
+                let (g, k) = prefill(DType::BF16, 32, 8, d(4096), d(4096), 128, 128, causal, false);
+                assemble(&generate_prefill(&g, k, &t).unwrap());
+            }
         }
     }
 
     #[test]
     fn schedules() {
         let s = |warps, m_tiles, block_kv, q_in_regs| TcSchedule { warps, m_tiles, block_kv, q_in_regs };
-        assert_eq!(choose_tc_schedule(64, 64, false), s(4, 2, 64, true));
-        assert_eq!(choose_tc_schedule(128, 128, false), s(4, 2, 32, false));
-        assert_eq!(choose_tc_schedule(80, 96, false), s(4, 2, 32, false));
-        assert_eq!(choose_tc_schedule(256, 256, false), s(4, 1, 32, false));
-        assert_eq!(choose_tc_schedule(128, 128, true), s(4, 1, 64, false));
-        assert_eq!(choose_tc_schedule(64, 64, true), s(4, 1, 64, true));
+        let (a, h) = (&Target::SM_80, &Target::SM_90A);
+        assert_eq!(choose_tc_schedule(64, 64, false, false, h), s(4, 2, 64, true));
+        assert_eq!(choose_tc_schedule(128, 128, false, false, h), s(4, 2, 48, false));
+        assert_eq!(choose_tc_schedule(128, 128, false, false, &Target::SM_90), s(4, 2, 48, false));
+        // Two CTAs of 48-key tiles (2 × 100 KiB) do not fit in sm_80's 164 KiB.
+        assert_eq!(choose_tc_schedule(128, 128, false, false, a), s(4, 2, 32, false));
+        // Causal 48-key tiles spill (8 bytes with constant sequence lengths).
+        assert_eq!(choose_tc_schedule(128, 128, false, true, h), s(4, 2, 32, false));
+        assert_eq!(choose_tc_schedule(112, 112, false, false, h), s(4, 2, 32, false));
+        assert_eq!(choose_tc_schedule(80, 96, false, false, h), s(4, 2, 32, false));
+        assert_eq!(choose_tc_schedule(256, 256, false, false, h), s(4, 1, 32, false));
+        assert_eq!(choose_tc_schedule(128, 128, true, false, h), s(4, 1, 64, false));
+        assert_eq!(choose_tc_schedule(64, 64, true, false, a), s(4, 1, 64, true));
+        // Q 128 × 136, two stages of K and V 48 × 136, the P scratch 128 × 56: 99 KiB.
+        assert_eq!(s(4, 2, 48, false).shared_bytes(128, 128), 128 * 136 * 2 + 4 * 48 * 136 * 2 + 128 * 56 * 2);
+        assert_eq!(s(4, 2, 48, false).shared_bytes(128, 128), 101376);
         // Q 128 rows × (64 + 8), two stages of K and V 64 × 72 (bf16); P in Q's rows.
         assert_eq!(s(4, 2, 64, true).shared_bytes(64, 64), 128 * 72 * 2 + 4 * 64 * 72 * 2);
         // Plus the P scratch 128 × (32 + 8) when Q is re-read from shared memory.
