@@ -2908,10 +2908,10 @@ pub(crate) mod tests {
         single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
     }
 
-    /// `x [T, 512] · w [512, 1000]` in f16 (B N-contiguous) plus a bias, cast to f32.
-    fn n_contiguous_mma() -> (KernelGraph, Kernel) {
+    /// `x [m, 512] · w [512, 1000]` in f16 (B N-contiguous) plus a bias, cast to f32.
+    fn n_contiguous_f16(m: Dim) -> (KernelGraph, Kernel) {
         let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
-        let x = fb.param("x", ty(DType::F16, &[sym("T"), d(512)]));
+        let x = fb.param("x", ty(DType::F16, &[m, d(512)]));
         let w = fb.param("w", ty(DType::F16, &[d(512), d(1000)]));
         let b = fb.param("b", ty(DType::F16, &[d(1000)]));
         let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
@@ -2920,17 +2920,14 @@ pub(crate) mod tests {
         single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
     }
 
-    /// `x [8, 512] · w [512, 1000]` in f16 (B N-contiguous) plus a bias, cast to f32: the
-    /// flat tensor-core GEMM with `ldmatrix.trans`.
+    /// [`n_contiguous_f16`] with `m = T`: the tensor-core GEMM with `ldmatrix.trans`.
+    fn n_contiguous_mma() -> (KernelGraph, Kernel) {
+        n_contiguous_f16(sym("T"))
+    }
+
+    /// [`n_contiguous_f16`] with `m = 8`: the flat tensor-core GEMM with `ldmatrix.trans`.
     fn n_contiguous_flat() -> (KernelGraph, Kernel) {
-        let mut fb = FunctionBuilder::new(&Graph::new(), "nc");
-        let x = fb.param("x", ty(DType::F16, &[d(8), d(512)]));
-        let w = fb.param("w", ty(DType::F16, &[d(512), d(1000)]));
-        let b = fb.param("b", ty(DType::F16, &[d(1000)]));
-        let mm = fb.op1(OpKind::Matmul, &[x, w], vec![]).unwrap();
-        let y = fb.op1(OpKind::Add, &[mm, b], vec![]).unwrap();
-        let y = fb.op1(OpKind::Cast, &[y], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
-        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+        n_contiguous_f16(d(8))
     }
 
     /// Every case at sm_80 and sm_90a: plan and ptxas resource line (no spills).
@@ -3320,11 +3317,7 @@ pub(crate) mod tests {
         let tiled = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::Tiled(TiledSchedule::DEFAULT));
         check("bf16 residual, tiled", &g, k, tiled, &ins, &bind(&[]));
         // Batched, A broadcast over the batch, B not transposed (N contiguous), K = 1000.
-        let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
-        let a = fb.param("a", ty(DType::F32, &[d(5), d(1000)]));
-        let b = fb.param("b", ty(DType::F32, &[d(2), d(1000), d(17)]));
-        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![]).unwrap();
-        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let (g, k) = matmul_kernel(ty(DType::F32, &[d(5), d(1000)]), ty(DType::F32, &[d(2), d(1000), d(17)]), vec![]);
         let ins = [random(DType::F32, &[5, 1000], 7), random(DType::F32, &[2, 1000, 17], 8)];
         check("f32 batched N-contiguous (small-M, thread per column)", &g, k, gen, &ins, &bind(&[]));
         check("f32 batched N-contiguous, tiled", &g, k, tiled, &ins, &bind(&[]));
@@ -3361,6 +3354,29 @@ pub(crate) mod tests {
         Tensor::new(t.dtype(), t.shape(), v).unwrap()
     }
 
+    /// One matmul `a · b` (with `attrs`, e.g. `transpose_b`) of kernel inputs as a kernel.
+    fn matmul_kernel(a: TensorType, b: TensorType, attrs: Vec<(&'static str, Attr)>) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
+        let (a, b) = (fb.param("a", a), fb.param("b", b));
+        let mm = fb.op1(OpKind::Matmul, &[a, b], attrs).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap())
+    }
+
+    /// `silu(x · wᵀ + bias)` with `x [m, kbuf]`, `w [n, kbuf]` of `dt` read through a slice of
+    /// their first `k` columns (a partial last chunk when `k < kbuf`): one matmul kernel.
+    fn proj_silu(dt: DType, m: Dim, n: i64, k: i64, kbuf: i64) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
+        let x = fb.param("x", ty(dt, &[m, d(kbuf)]));
+        let w = fb.param("w", ty(dt, &[d(n), d(kbuf)]));
+        let bias = fb.param("bias", ty(dt, &[d(n)]));
+        let mut view = |x: Value| fb.op1(OpKind::Slice, &[x], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(0))), ("end", Attr::Dim(d(k)))]).unwrap();
+        let (xs, ws) = if k == kbuf { (x, w) } else { (view(x), view(w)) };
+        let mm = fb.op1(OpKind::Matmul, &[xs, ws], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
+        let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+        single_kernel(Family::Matmul, fb.finish(&[z]).unwrap())
+    }
+
     /// The tensor-core kernel with direct epilogues, emulated: tails in M, N and K (zero-filled
     /// `cp.async` chunks, partial ones included), both B layouts, a transposed A, batches with
     /// a broadcast operand, NaN and ±inf, bf16 and f16, an odd N (a last column alone).
@@ -3371,15 +3387,7 @@ pub(crate) mod tests {
         // of 24 or 136 elements) so that its tail is a partial chunk.
         for dt in [DType::BF16, DType::F16] {
             for (n, k, kbuf) in [(69i64, 40i64, 40i64), (33, 17, 24), (40, 1, 8), (16, 129, 136), (24, 0, 8)] {
-                let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
-                let x = fb.param("x", ty(dt, &[sym("T"), d(kbuf)]));
-                let w = fb.param("w", ty(dt, &[d(n), d(kbuf)]));
-                let bias = fb.param("bias", ty(dt, &[d(n)]));
-                let (xs, ws) = if k == kbuf { (x, w) } else { (view(&mut fb, x, k), view(&mut fb, w, k)) };
-                let mm = fb.op1(OpKind::Matmul, &[xs, ws], vec![("transpose_b", Attr::Bool(true))]).unwrap();
-                let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
-                let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
-                let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[z]).unwrap());
+                let (g, kn) = proj_silu(dt, sym("T"), n, k, kbuf);
                 assert!(generate(&g, kn, &Target::SM_80).unwrap().entry.ends_with("_mma"), "{dt} N={n} K={k}: the default takes the tensor cores");
                 let ts: &[usize] = if dt == DType::BF16 && n == 69 { &[1, 17, 129] } else { &[17] };
                 for &t in ts {
@@ -3456,15 +3464,7 @@ pub(crate) mod tests {
                 };
                 for &m in ms {
                     let mdim = if m == 16 && n == 200 { sym("T") } else { d(m) };
-                    let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
-                    let x = fb.param("x", ty(dt, &[mdim.clone(), d(kbuf)]));
-                    let w = fb.param("w", ty(dt, &[d(n), d(kbuf)]));
-                    let bias = fb.param("bias", ty(dt, &[d(n)]));
-                    let (xs, ws) = if k == kbuf { (x, w) } else { (view(&mut fb, x, k), view(&mut fb, w, k)) };
-                    let mm = fb.op1(OpKind::Matmul, &[xs, ws], vec![("transpose_b", Attr::Bool(true))]).unwrap();
-                    let y = fb.op1(OpKind::Add, &[mm, bias], vec![]).unwrap();
-                    let z = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
-                    let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[z]).unwrap());
+                    let (g, kn) = proj_silu(dt, mdim.clone(), n, k, kbuf);
                     let x_in = random(dt, &[m as usize, kbuf as usize], 60);
                     let ins = [if m == 8 { with_specials(x_in) } else { x_in }, random(dt, &[n as usize, kbuf as usize], 61), random(dt, &[n as usize], 62)];
                     if mdim.as_const().is_some() {
@@ -3510,20 +3510,12 @@ pub(crate) mod tests {
         }
         // A transposed A ([K, M]: 16-element slab rows the swizzle does not take) keeps the
         // small-M kernel.
-        let mut fb = FunctionBuilder::new(&Graph::new(), "ta");
-        let a = fb.param("a", ty(DType::BF16, &[d(48), d(8)]));
-        let b = fb.param("b", ty(DType::BF16, &[d(48), d(40)]));
-        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_a", Attr::Bool(true))]).unwrap();
-        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let (g, kn) = matmul_kernel(ty(DType::BF16, &[d(48), d(8)]), ty(DType::BF16, &[d(48), d(40)]), vec![("transpose_a", Attr::Bool(true))]);
         assert_eq!(generate(&g, kn, &Target::SM_80).unwrap().entry, "k0_matmul_small_m");
         let ins = [random(DType::BF16, &[48, 8], 68), random(DType::BF16, &[48, 40], 69)];
         check("bf16 transpose_a M=8 (small M)", &g, kn, gen, &ins, &bind(&[]));
         // Batched: a [3, 32] broadcast over b [3, 32, 24].
-        let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
-        let a = fb.param("a", ty(DType::BF16, &[d(3), d(32)]));
-        let b = fb.param("b", ty(DType::BF16, &[d(3), d(32), d(24)]));
-        let mm = fb.op1(OpKind::Matmul, &[a, b], vec![]).unwrap();
-        let (g, kn) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+        let (g, kn) = matmul_kernel(ty(DType::BF16, &[d(3), d(32)]), ty(DType::BF16, &[d(3), d(32), d(24)]), vec![]);
         assert_eq!(generate(&g, kn, &Target::SM_80).unwrap().entry, "k0_matmul_mma");
         let ins = [random(DType::BF16, &[3, 32], 70), random(DType::BF16, &[3, 32, 24], 71)];
         check("bf16 batched, A broadcast, flat", &g, kn, gen, &ins, &bind(&[]));

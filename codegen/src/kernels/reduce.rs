@@ -714,6 +714,9 @@ enum Acc<'ctx> {
     I(IntValue<'ctx>),
 }
 
+/// The body of [`Emitter::chunk_loop`]: `(ev, j, accumulators) -> next accumulators`.
+type ChunkBody<'f, 'ctx> = dyn FnMut(&mut Eval<'_, 'ctx>, IntValue<'ctx>, Vec<Acc<'ctx>>) -> R<Vec<Acc<'ctx>>> + 'f;
+
 impl<'p, 'ctx> Emitter<'p, 'ctx> {
     fn emit(&self, ev: &mut Eval<'_, 'ctx>) -> R<()> {
         let ity = ev.ity();
@@ -1384,12 +1387,12 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             return Ok(());
         }
         let mut issued = false;
-        self.chunk_loop(ev, "prefetch", t, nv, &mut |ev, j| {
+        self.chunk_loop(ev, "prefetch", (t, nv), &[], true, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             for &(i, _) in &split.staged {
                 issued |= ev.prefetch_param(i, &ch.at)?;
             }
-            Ok(())
+            Ok(acc)
         })?;
         if issued {
             ev.kb.cp_async_commit()?;
@@ -1401,11 +1404,13 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         Ok(())
     }
 
-    /// A multi-pass loop over the row (or, in the cluster schedule, the CTA's slice) without
-    /// loop-carried values: `body(ev, j)` for each of the `unroll` chunks of an iteration,
-    /// `j` the chunk's first element (see [`Emitter::slice_chunk`]); memoised values are
-    /// forgotten before each chunk and after the loop.
-    fn chunk_loop(&self, ev: &mut Eval<'_, 'ctx>, name: &str, t: IntValue<'ctx>, nv: IntValue<'ctx>, body_fn: &mut dyn FnMut(&mut Eval<'_, 'ctx>, IntValue<'ctx>) -> R<()>) -> R<()> {
+    /// A multi-pass loop over the row (or, in the cluster schedule, the CTA's slice):
+    /// `body(ev, j, acc)` for each of the `unroll` chunks of an iteration, `j` the chunk's
+    /// first element (see [`Emitter::slice_chunk`]), `acc` the loop-carried accumulators
+    /// (starting at `init`; `body` returns their next values); returns the accumulators at
+    /// the exit. Memoised values are forgotten at the top of the body — before every chunk
+    /// when `forget_each` — and after the loop.
+    fn chunk_loop(&self, ev: &mut Eval<'_, 'ctx>, name: &str, (t, nv): (IntValue<'ctx>, IntValue<'ctx>), init: &[Acc<'ctx>], forget_each: bool, body_fn: &mut ChunkBody<'_, 'ctx>) -> R<Vec<Acc<'ctx>>> {
         let s = self.sched;
         let ity = ev.ity();
         let pre = ev.kb.current_block()?;
@@ -1416,46 +1421,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.position(header);
         let it = ev.kb.b.build_phi(ity, "it")?;
         it.add_incoming(&[(&ev.ic(0), pre)]);
-        let itv = it.as_basic_value().into_int_value();
-        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
-        let start = ev.imul(itv, ev.ic(per_iter))?;
-        let bound = self.loop_bound(ev, nv)?;
-        let more = ev.ilt(start, bound)?;
-        ev.kb.cond_br(more, body, exit)?;
-        ev.kb.position(body);
-        self.no_unroll(ev)?;
-        let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
-        for u in 0..s.unroll {
-            ev.forget();
-            let off = ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec));
-            let j = ev.iadd(start, off)?;
-            let j = ev.iadd(j, tj)?;
-            body_fn(ev, j)?;
-        }
-        let next = ev.iadd(itv, ev.ic(1))?;
-        let latch = ev.kb.current_block()?;
-        it.add_incoming(&[(&next, latch)]);
-        ev.kb.br(header)?;
-        ev.kb.position(exit);
-        ev.forget();
-        Ok(())
-    }
-
-    /// The multi-pass schedule's loop over the row for one level.
-    fn loop_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
-        let s = self.sched;
-        let ity = ev.ity();
-        let init = self.identities(ev, stats);
-        let pre = ev.kb.current_block()?;
-        let header = ev.kb.block("pass");
-        let body = ev.kb.block("pass_body");
-        let exit = ev.kb.block("pass_exit");
-        ev.kb.br(header)?;
-        ev.kb.position(header);
-        let it = ev.kb.b.build_phi(ity, "it")?;
-        it.add_incoming(&[(&ev.ic(0), pre)]);
         let mut phis = Vec::with_capacity(init.len());
-        for a in &init {
+        for a in init {
             let (phi, v) = match a {
                 Acc::F(f) => {
                     let p = ev.kb.b.build_phi(ev.kb.cx.f32_type(), "acc")?;
@@ -1478,15 +1445,19 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.cond_br(more, body, exit)?;
         ev.kb.position(body);
         self.no_unroll(ev)?;
-        ev.forget();
+        if !forget_each {
+            ev.forget();
+        }
         let mut acc: Vec<Acc<'ctx>> = phis.iter().map(|(_, v)| *v).collect();
         let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
         for u in 0..s.unroll {
+            if forget_each {
+                ev.forget();
+            }
             let off = ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec));
             let j = ev.iadd(start, off)?;
             let j = ev.iadd(j, tj)?;
-            let ch = self.slice_chunk(ev, lead, j, nv)?;
-            acc = self.accumulate(ev, stats, &ch, acc)?;
+            acc = body_fn(ev, j, acc)?;
         }
         let next = ev.iadd(itv, ev.ic(1))?;
         let latch = ev.kb.current_block()?;
@@ -1500,10 +1471,20 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.br(header)?;
         ev.kb.position(exit);
         ev.forget();
+        Ok(phis.iter().map(|(_, v)| *v).collect())
+    }
+
+    /// The multi-pass schedule's loop over the row for one level.
+    fn loop_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
+        let init = self.identities(ev, stats);
+        let out = self.chunk_loop(ev, "pass", (t, nv), &init, false, &mut |ev, j, acc| {
+            let ch = self.slice_chunk(ev, lead, j, nv)?;
+            self.accumulate(ev, stats, &ch, acc)
+        })?;
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
         }
-        Ok(phis.iter().map(|(_, v)| *v).collect())
+        Ok(out)
     }
 
     /// The multi-pass loops' chunk at element `j` of the pass (`j` counts from the row's
@@ -1558,7 +1539,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             // Staged inputs are read, not filled, by the outputs.
             st.fill = false;
         }
-        self.chunk_loop(ev, "out", t, nv, &mut |ev, j| {
+        self.chunk_loop(ev, "out", (t, nv), &[], true, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
             for &i in row_outs {
@@ -1569,7 +1550,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     ev.store(&self.obufs[i], &ch.at, v)?;
                 }
                 Ok(())
-            })
+            })?;
+            Ok(acc)
         })?;
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
