@@ -87,7 +87,7 @@ enum Cmd {
         #[arg(long)]
         model: Option<PathBuf>,
         /// 0 = greedy.
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
         temperature: f64,
         /// Nucleus sampling threshold.
         #[arg(long, default_value_t = 1.0)]
@@ -451,7 +451,7 @@ fn run(a: RunArgs) -> AnyResult {
         return Err("a prompt has no tokens".into());
     }
     let longest = ids.iter().map(Vec::len).max().unwrap_or(0);
-    if longest + a.max_tokens > model.cfg.context {
+    if longest.checked_add(a.max_tokens).is_none_or(|n| n > model.cfg.context) {
         return Err(sinter::llm::gguf::ModelError::ContextOverflow { tokens: longest, max_new: a.max_tokens, context: model.cfg.context }.into());
     }
     let t_compile = Instant::now();

@@ -241,3 +241,20 @@ fn fractional_literal_beside_an_integer_tensor_is_refused() {
     assert!(e.to_string().contains("the number 2.5 beside a i32[3] tensor is not representable in i32"), "{e}");
     assert!(sinter::graph! { fn f(x: i32[3]) -> i32[3] { x * 2.0 } }.is_ok());
 }
+
+/// `sinter run` refuses sampling options it cannot use, with the flag's name, before loading
+/// anything: a negative temperature (written `--temperature -1`, not mistaken for a flag), a
+/// NaN one, a `--top-p` outside (0, 1].
+#[test]
+fn run_refuses_bad_sampling_flags() {
+    for (args, want) in [
+        (&["--temperature", "-1"][..], "--temperature must be a finite number ≥ 0"),
+        (&["--temperature", "NaN"][..], "--temperature must be a finite number ≥ 0"),
+        (&["--top-p", "0"][..], "--top-p must be in (0, 1]"),
+        (&["--top-p", "1.5"][..], "--top-p must be in (0, 1]"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["run", "--device", "cpu", "--prompt", "hi"]).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+}

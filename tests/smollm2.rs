@@ -154,6 +154,15 @@ fn a_prompt_longer_than_the_context_is_an_error() {
     let long = vec![28u32; 8190];
     let err = e.generate(&[long], &SampleOptions::greedy(10), &mut |_, _| {}).unwrap_err();
     assert_eq!(err.to_string(), "the prompt has 8190 tokens and 10 more were asked for, but the context holds 8192");
+    // A `max_new` whose sum with the prompt overflows is the same error, not a panic.
+    let err = e.generate(&[vec![28u32; 3]], &SampleOptions::greedy(usize::MAX), &mut |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("but the context holds 8192"), "{err}");
+    // Sampling options the sampler cannot use are refused before any work.
+    for (t, p) in [(f64::NAN, 1.0), (-1.0, 1.0), (f64::INFINITY, 1.0), (0.5, 0.0), (0.5, 1.5)] {
+        let o = SampleOptions { temperature: t, top_p: p, ..SampleOptions::greedy(2) };
+        let err = e.generate(&[vec![28u32; 3]], &o, &mut |_, _| {}).unwrap_err();
+        assert!(err.to_string().contains("temperature") || err.to_string().contains("top_p"), "{t} {p}: {err}");
+    }
 }
 
 fn load_err(bytes: &[u8], name: &str) -> ModelError {

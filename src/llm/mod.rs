@@ -353,7 +353,8 @@ pub fn cuda_graph_default() -> bool {
 /// On the GPU, decode steps are captured as a CUDA graph (once per batch size, on the first
 /// decode step at that size) and replayed: each later step copies only the token ids and
 /// positions into the device buffers the graph reads, launches the whole step with one driver
-/// call, and reads back the logits. Prefill runs eagerly on the same page pools.
+/// call, and reads back the logits — or, for a greedy step without a logits observer, only
+/// the graph's greedy tokens (`next`). Prefill runs eagerly on the same page pools.
 /// `SINTER_NO_CUDA_GRAPH=1` (or [`Engine::set_cuda_graph`]) launches every kernel of every
 /// decode step from the host instead, on the same buffers. Decode steps run the decode graph
 /// specialised to the batch size ([`decode_graph_for_batch`]) where its kernels can be had,
@@ -669,7 +670,8 @@ impl Engine {
     ///
     /// # Errors
     /// [`ModelError::ContextOverflow`] when a prompt plus `max_new` exceeds the context;
-    /// an empty prompt; interpreter or device errors.
+    /// an empty prompt; a temperature that is not a finite number ≥ 0 or a `top_p` outside
+    /// (0, 1] ([`Error::Unsupported`]); interpreter or device errors.
     pub fn generate(&self, prompts: &[Vec<u32>], o: &SampleOptions, on_token: &mut dyn FnMut(usize, u32)) -> Result<Generation, Error> {
         self.generate_inner(prompts, o, on_token, None)
     }
@@ -692,8 +694,14 @@ impl Engine {
         if prompts.iter().any(Vec::is_empty) {
             return Err(Error::Unsupported("an empty prompt: there is no token to continue from".into()));
         }
-        if longest + o.max_new > cfg.context {
+        if longest.checked_add(o.max_new).is_none_or(|n| n > cfg.context) {
             return Err(ModelError::ContextOverflow { tokens: longest, max_new: o.max_new, context: cfg.context }.into());
+        }
+        if !(o.temperature.is_finite() && o.temperature >= 0.0) {
+            return Err(Error::Unsupported(format!("the sampling temperature must be a finite number ≥ 0 (0 = greedy), got {}", o.temperature)));
+        }
+        if !(o.top_p > 0.0 && o.top_p <= 1.0) {
+            return Err(Error::Unsupported(format!("top_p must be in (0, 1], got {}", o.top_p)));
         }
         if b == 0 {
             return Ok(Generation { tokens: vec![], prompt_tokens: 0, prefill_time: Duration::ZERO, decode_steps: 0, decode_time: Duration::ZERO, cuda_graph: false, capture_time: Duration::ZERO });
