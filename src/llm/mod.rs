@@ -772,11 +772,11 @@ impl Engine {
         let prefill_time = t0.elapsed();
         let t1 = Instant::now();
         let mut steps = 0;
+        // Logits only where something needs them: sampling, or an observer.
+        let want_logits = o.temperature > 0.0 || on_logits.is_some();
         while done.iter().any(|d| !d) {
             // Position of the new token = tokens already in the cache.
             let positions: Vec<usize> = (0..b).map(|seq| prompts[seq].len() + out[seq].len() - 1).collect();
-            // Logits only where something needs them: sampling, or an observer.
-            let want_logits = o.temperature > 0.0 || on_logits.is_some();
             let step = s.decode(&last, &positions, want_logits)?;
             steps += 1;
             for seq in 0..b {

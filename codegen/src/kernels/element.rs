@@ -585,6 +585,15 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         }
     }
 
+    /// The address of the current chunk's slot ([`Stage::cursor`]) in parameter `i`'s stage
+    /// array (elements of `dtype`'s storage type).
+    fn stage_slot(&self, i: usize, dtype: DType) -> R<PointerValue<'ctx>> {
+        let st = self.stage.as_ref().ok_or_else(|| CodegenError::Builder("no stage".into()))?;
+        let arr = st.arrays.get(&i).copied().ok_or_else(|| CodegenError::Builder("no stage array".into()))?;
+        let (_, slot) = st.cursor.ok_or_else(|| CodegenError::Builder("no stage cursor".into()))?;
+        self.kb.gep(storage_type(self.kb.cx, dtype), arr, slot)
+    }
+
     /// Parameter `i` (buffer `buf`) at `at`, through the stage when it applies.
     fn load_param(&mut self, i: usize, buf: &Buf<'ctx>, at: &At<'ctx>) -> R<Lanes<'ctx>> {
         let words = self.bf16_words.contains(&i);
@@ -592,12 +601,9 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             let raw = self.load_raw(buf, at, words, false)?;
             return self.decode_raw(buf.dtype, raw, at.lanes);
         };
-        let st = self.stage.as_ref().ok_or_else(|| CodegenError::Builder("no stage".into()))?;
-        let arr = st.arrays.get(&i).copied().ok_or_else(|| CodegenError::Builder("no stage array".into()))?;
-        let (_, slot) = st.cursor.ok_or_else(|| CodegenError::Builder("no stage cursor".into()))?;
         let lanes = at.lanes;
         let stt = storage_type(self.kb.cx, buf.dtype);
-        let p = self.kb.gep(stt, arr, slot)?;
+        let p = self.stage_slot(i, buf.dtype)?;
         let size = buf.dtype.size_bytes() as u32;
         let vbytes = (lanes * size).min(16);
         let raw = if read {
@@ -669,12 +675,8 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         if !(unit && aligned && at.lanes * size == 16 && buf.align >= 16) {
             return Ok(false);
         }
-        let st = self.stage.as_ref().ok_or_else(|| CodegenError::Builder("no stage".into()))?;
-        let arr = st.arrays.get(&i).copied().ok_or_else(|| CodegenError::Builder("no stage array".into()))?;
-        let (_, slot) = st.cursor.ok_or_else(|| CodegenError::Builder("no stage cursor".into()))?;
-        let stt = storage_type(self.kb.cx, buf.dtype);
-        let dst = self.kb.gep(stt, arr, slot)?;
-        let src = self.kb.gep(stt, buf.ptr, off)?;
+        let dst = self.stage_slot(i, buf.dtype)?;
+        let src = self.kb.gep(storage_type(self.kb.cx, buf.dtype), buf.ptr, off)?;
         self.kb.cp_async_16(dst, src, self.kb.i32c(16))?;
         if let Some(st) = self.stage.as_mut() {
             st.filling.insert(i);
