@@ -70,12 +70,16 @@
 //!   (an odd `N`) are loaded and staged by the first pass instead. The first pass folds the
 //!   stage into the first level's statistics; later levels and the outputs read it too, so
 //!   the row crosses DRAM once each way. The CTA's partial statistics (after its own shuffles and barrier)
-//!   go to its shared memory, a cluster barrier (`barrier.cluster.arrive` (release) /
-//!   `wait` (acquire), PTX ISA §9.7.13.4) and every warp reads the `c` CTAs' partials through
+//!   go to its shared memory, a cluster barrier (PTX ISA §9.7.13.4: the warp of thread 0,
+//!   which wrote the slots, arrives with release semantics, the other warps relaxed — a
+//!   release arrive costs every thread that executes it a `MEMBAR.ALL.GPU` — and every
+//!   thread waits, acquire) and every warp reads the `c` CTAs' partials through
 //!   distributed shared memory (`mapa.shared::cluster` + `ld.shared::cluster`, PTX ISA
 //!   §9.7.9) and folds them (`fold_lanes`, the same bits in every CTA). The slots alternate
 //!   by row parity, so one cluster barrier per level suffices across rows; a last, relaxed,
-//!   cluster barrier keeps a CTA resident until its cluster has read its slots. Every
+//!   cluster barrier keeps a CTA resident until its cluster has read its slots, split: a CTA
+//!   arrives once it has read the partials of its last row (before that row's output pass)
+//!   and waits at its exit, so it leaves when its own outputs are written. Every
 //!   shared array is carved from the dynamic shared memory (the launch passes its size).
 //!   `softmax` is always online here (one exchange). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
 //!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB, 512
@@ -699,6 +703,10 @@ struct ClusterRow<'ctx> {
     /// The parity of the CTA's row count (0 or 1, an index): which of the two sets of
     /// cluster slots this row uses.
     parity: IntValue<'ctx>,
+    /// Whether this is the CTA's last row (`i1`, the same in every thread of the CTA): after
+    /// its statistics the CTA reads no other CTA's shared memory, so it arrives at the exit
+    /// barrier there (see [`Emitter::emit`]).
+    last: IntValue<'ctx>,
 }
 
 /// A chunk of a thread's share of a row: its coordinate and whether it is inside the row.
@@ -786,7 +794,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.forget();
         ev.rows.clear();
         if let Some((rank, start, end)) = cluster {
-            self.crow.set(Some(ClusterRow { rank, start, end, parity: pv }));
+            let following = ev.iadd(rv, rstride)?;
+            let last = ev.kb.b.build_int_compare(IntPredicate::UGE, following, rows, "last")?;
+            self.crow.set(Some(ClusterRow { rank, start, end, parity: pv, last }));
         }
         self.row(ev, rv, t, nv, warp, lane)?;
         let next = ev.iadd(rv, rstride)?;
@@ -805,11 +815,16 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.br(header)?;
         ev.kb.position(exit);
         if cluster.is_some() {
-            // No CTA leaves while another CTA of its cluster may still read its shared memory:
-            // a relaxed arrive, since every such read has been consumed (its value went into
-            // the outputs stored before) by the time its thread arrives, and a release would
-            // make every thread wait for its output stores to reach L2 (`MEMBAR.ALL.GPU`).
-            ev.kb.cluster_barrier_relaxed()?;
+            // No CTA leaves while another CTA of its cluster may still read its shared memory.
+            // Each CTA arrives (relaxed: a release would make every thread wait for its
+            // outstanding global stores, `MEMBAR.ALL.GPU`) once it has read the other CTAs'
+            // partials of its last row, before that row's output pass (`row`), or here if it
+            // had no row; it waits here, usually without stalling, since the others arrived
+            // before their own output passes. A CTA thus frees its SM slot when its own
+            // outputs are stored rather than when its cluster's slowest CTA's are.
+            let none = ev.kb.b.build_int_compare(IntPredicate::UGE, row0, rows, "norow")?;
+            self.guarded(ev, Some(none), |ev| ev.kb.cluster_arrive_relaxed())?;
+            ev.kb.cluster_wait()?;
         }
         ev.kb.ret()
     }
@@ -875,7 +890,15 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             Ok(())
         })?;
-        ev.kb.cluster_barrier()?;
+        // Only thread 0 wrote slots: its warp arrives with release semantics, the other warps
+        // relaxed (a release arrive is a `MEMBAR.ALL.GPU` in each thread that executes it; the
+        // profile of 512 × 262144 rms_norm showed 14% of the warps' stall samples there when
+        // every thread released), and every thread waits (acquire) before reading the slots.
+        let w0 = ev.ilt(t, ev.ic(32))?;
+        let rest = ev.kb.b.build_not(w0, "rest")?;
+        self.guarded(ev, Some(w0), |ev| ev.kb.cluster_arrive())?;
+        self.guarded(ev, Some(rest), |ev| ev.kb.cluster_arrive_relaxed())?;
+        ev.kb.cluster_wait()?;
         let kinds: Vec<bool> = vals.iter().map(|v| matches!(v, Acc::I(_))).collect();
         let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
             let r = ev.kb.b.build_int_truncate_or_bit_cast(k, ev.kb.cx.i32_type(), "rank")?;
@@ -997,6 +1020,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             for (st, tot) in stats.iter().zip(totals) {
                 self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
             }
+        }
+        if let Some(c) = self.crow.get() {
+            // The last remote read of the CTA's last row is done: the exit barrier's arrive.
+            self.guarded(ev, Some(c.last), |ev| ev.kb.cluster_arrive_relaxed())?;
         }
         // Outputs.
         let row_outs: Vec<usize> = (0..self.plan.outs.len()).filter(|&i| self.plan.outs[i].kind == OutKind::Row).collect();
