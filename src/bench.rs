@@ -92,8 +92,18 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
 
 /// Times `g`'s entry on `inputs` (device buffers in parameter order): median of `iters` runs
 /// of the summed kernel times.
-fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize) -> Result<(f64, usize), Error> {
-    let p = GpuProgram::compile(g, dev, lowering)?;
+fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize, autotune: bool) -> Result<(f64, usize), Error> {
+    let p = GpuProgram::compile_with_options(g, dev, lowering, autotune, &mut |_, _| {})?;
+    if autotune {
+        let cache = sinter_runtime::KernelCache::open_default()?;
+        let target = crate::gpu::target_for(dev);
+        for k in p.kernel_graph().kernels.keys() {
+            if let Some(r) = crate::tune::record(p.kernel_graph(), k, target, &cache) {
+                let times: Vec<String> = r.micros.iter().map(|(n, us)| format!("{n} {us:.1} us")).collect();
+                eprintln!("  {k} tuned on {}: {} ({})", r.device, r.winner, times.join(", "));
+            }
+        }
+    }
     let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
     let b = Bindings::new();
     let _ = p.executor().run_profiled(&refs, &b)?;
@@ -427,17 +437,26 @@ fn check_groups(only: &[String]) -> Result<(), Error> {
 
 /// Compiles every kernel the benchmark groups in `only` (all when empty) need for `target`
 /// into the kernel cache, with no GPU: a build without LLVM then runs them from the cache.
+/// With `autotune`, also every schedule candidate of each tunable kernel
+/// ([`crate::tune::precompile_variants`]), so that the build without LLVM can time them.
 ///
 /// # Errors
-/// An unknown group; lowering or code generation errors.
-pub fn precompile(only: &[String], target: &str) -> Result<crate::gpu::CompileStats, Error> {
+/// An unknown group; lowering or code generation errors; `autotune` in a build without LLVM.
+pub fn precompile(only: &[String], target: &str, autotune: bool) -> Result<crate::gpu::CompileStats, Error> {
     check_groups(only)?;
+    if autotune && !cfg!(feature = "llvm") {
+        return Err(Error::Unsupported("--autotune with --precompile compiles every schedule candidate: this build has no code generator (the `llvm` feature)".into()));
+    }
     let cache = sinter_runtime::KernelCache::open_default()?;
     let mut stats = crate::gpu::CompileStats::default();
     let mut kernels = 0;
     for c in cases(only)? {
         let kg = crate::gpu::lower(&c.graph, c.lowering)?;
         crate::gpu::plans(&kg, target, &cache, &mut stats)?;
+        #[cfg(feature = "llvm")]
+        if autotune {
+            stats.built += crate::tune::precompile_variants(&kg, target, &cache)?;
+        }
         kernels += stats.kernels;
     }
     stats.kernels = kernels;
@@ -462,11 +481,13 @@ fn upload_inputs(dev: &Device, specs: &[Input], previous: &[(Input, DeviceBuffer
         .collect()
 }
 
-/// Runs the benchmark groups in `only` (all when empty) and returns the rows.
+/// Runs the benchmark groups in `only` (all when empty) and returns the rows; with
+/// `autotune`, each case's tunable kernels are timed first ([`crate::tune`]) and the winners
+/// printed to stderr.
 ///
 /// # Errors
 /// An unknown group; device, compile or run errors.
-pub fn run(only: &[String], anchors: &[Json], iters: usize) -> Result<Vec<Row>, Error> {
+pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool) -> Result<Vec<Row>, Error> {
     check_groups(only)?;
     let dev = Device::open()?;
     let copy = copy_anchor(anchors).map(|c| c.1);
@@ -482,7 +503,7 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize) -> Result<Vec<Row>, 
         previous.retain(|(spec, _)| c.inputs.contains(spec));
         let ins = upload_inputs(&dev, &c.inputs, &previous)?;
         previous.clear();
-        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap))?;
+        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap), autotune)?;
         let value = if c.unit == "GB/s" { c.work / ms / 1e6 } else { c.work / ms / 1e9 };
         let a = (c.anchor)(anchors);
         let row = Row {

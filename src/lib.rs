@@ -86,6 +86,7 @@ pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorT
 
 pub mod bench;
 pub mod gpu;
+pub mod tune;
 pub mod llm;
 pub mod dsl_guide;
 pub mod zoo;

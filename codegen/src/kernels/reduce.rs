@@ -281,6 +281,62 @@ impl Split {
     }
 }
 
+impl RowSchedule {
+    /// A short, stable name (`rows t512 u2 c8`, `rows t32 r4 one-read`): part of an autotuned
+    /// variant's cache key, and what `sinter explain` shows.
+    pub fn name(&self) -> String {
+        let mut n = format!("rows t{} u{} c{}", self.threads_per_row, self.unroll, self.cluster);
+        if self.rows_per_cta > 1 {
+            n.push_str(&format!(" r{}", self.rows_per_cta));
+        }
+        if self.chunks.is_some() {
+            n.push_str(" one-read");
+        }
+        n
+    }
+}
+
+/// The schedule candidates of row-reduction `kernel` for autotuning
+/// ([`crate::schedule_variants`]): [`RowSchedule::choose`]'s first, then for a CTA-per-row
+/// multi-pass or cluster schedule the other thread counts and unrolls (256 × 2, 256 × 4,
+/// 512 × 2, and 1024 × 2 without a cluster), each with its [`RowSchedule::name`] and a closure
+/// that compiles it; the one-read and warp schedules have no alternatives.
+///
+/// # Errors
+/// As [`generate`], when the kernel cannot be analysed.
+pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
+    let cx = KernelCtx::new(graph, kernel)?;
+    let (default, _) = default_schedule(&cx, target)?;
+    let mut scheds = vec![default];
+    if default.chunks.is_none() && default.threads_per_row > 32 {
+        let mut alts = vec![(256, 2), (256, 4), (512, 2)];
+        if default.cluster == 1 {
+            alts.push((1024, 2));
+        }
+        scheds.extend(alts.into_iter().map(|(t, u)| RowSchedule { threads_per_row: t, unroll: u, ..default }).filter(|a| *a != default));
+    }
+    Ok(scheds
+        .into_iter()
+        .map(|sc| {
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_with(graph, kernel, target, Some(sc)));
+            (sc.name(), build)
+        })
+        .collect())
+}
+
+/// [`RowSchedule::choose`]'s schedule for the kernel of `cx`, with its analysis.
+fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<(RowSchedule, Analysis)> {
+    let plan = Analysis::new(cx, false, false)?;
+    let min_size = plan.min_row_elem_size(cx)?;
+    let heavy = cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
+    let mut staged_bytes = 0u64;
+    for &i in &plan.staged {
+        staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
+    }
+    let unstaged = cx.data.body.params.iter().enumerate().any(|(i, &p)| cx.data.body.ty(p).shape.last() == Some(&plan.n) && !plan.staged.contains(&i));
+    Ok((RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes, unstaged), plan))
+}
+
 /// Generates row-reduction kernel `kernel` of `graph` with [`RowSchedule::choose`].
 ///
 /// Parameters: the kernel's buffers, then its symbolic sizes. Grid `(⌈R / rows_per_cta⌉,
@@ -306,15 +362,8 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     if cx.data.family != Family::RowReduction {
         return Err(cx.bad(format!("a {:?} kernel given to the row-reduction generator", cx.data.family)));
     }
-    let plan = Analysis::new(&cx, false, false)?;
-    let min_size = plan.min_row_elem_size(&cx)?;
-    let heavy = cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
-    let mut staged_bytes = 0u64;
-    for &i in &plan.staged {
-        staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
-    }
-    let unstaged = cx.data.body.params.iter().enumerate().any(|(i, &p)| cx.data.body.ty(p).shape.last() == Some(&plan.n) && !plan.staged.contains(&i));
-    let sched = schedule.unwrap_or_else(|| RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes, unstaged));
+    let (chosen, plan) = default_schedule(&cx, target)?;
+    let sched = schedule.unwrap_or(chosen);
     sched.check(&plan.n, target).map_err(|e| cx.unsupported(format!("schedule: {e}")))?;
     // The one-read schedule computes a LayerNorm's statistics in one level (see `LnFused`);
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
@@ -385,8 +434,12 @@ fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target:
     if let Some((smem, staged)) = smem {
         // 1 KiB of every CTA's shared memory is reserved on sm_80/sm_90.
         let by_smem = target.max_shared_memory_per_sm() / (smem + 1024);
+        // f32 LayerNorm stages 4-byte elements: at 48 registers ptxas 12.9 spills 4 bytes
+        // (rows of 32768, sm_90a), at 56 none.
+        let wide = body.params.iter().any(|&p| body.ty(p).dtype == DType::F32);
         let regs = match (staged, heavy) {
             (false, _) => 64,
+            (true, true) if wide => 56,
             (true, true) => 48,
             (true, false) => 40,
         };
