@@ -402,7 +402,8 @@ fn memory_bound_groups(want: &dyn Fn(&str) -> bool, out: &mut Vec<BenchCase>) ->
     }
     if want("rows") {
         // Row-length sweep at 2^27 elements (512 MiB of traffic): from short rows (a warp or
-        // a CTA per row) to 262144-element rows (the multi-pass path).
+        // a CTA per row) to 262144-element rows (an 8-CTA cluster on sm_90a, the multi-pass
+        // schedule on sm_80).
         for cols in [1024usize, 4096, 32768, 262144] {
             let rows = (1usize << 27) / cols;
             let g = crate::graph! { fn main(x: bf16[{rows}, {cols}], w: bf16[{cols}]) -> bf16[{rows}, {cols}] { x.rms_norm(w, eps = 1e-6) } }?;

@@ -42,6 +42,8 @@ pub struct CompileStats {
     pub cached: usize,
     /// Kernels compiled now (LLVM).
     pub built: usize,
+    /// Of which kernels whose cache entry was damaged (rebuilt and stored over it).
+    pub rebuilt: usize,
     /// Kernels whose schedule candidates were timed now ([`crate::tune::autotune`]).
     pub tuned_now: usize,
     /// Kernels running the candidate a timing record chose rather than the default schedule.
@@ -133,7 +135,13 @@ fn plans_for_device(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: 
             }
             Lookup::Miss | Lookup::Corrupt { .. } => {
                 let t1 = Instant::now();
-                let plan = build_plan(kg, k, target)?;
+                let plan = build_plan(kg, k, target).map_err(|e| match (e, &found) {
+                    (Error::KernelNotCached { kernel, target }, Lookup::Corrupt { path, reason }) => Error::KernelCacheDamaged { kernel, target, path: path.display().to_string(), reason: reason.clone() },
+                    (e, _) => e,
+                })?;
+                if matches!(found, Lookup::Corrupt { .. }) {
+                    stats.rebuilt += 1;
+                }
                 cache.put(&key, &plan)?;
                 stats.build_seconds += t1.elapsed().as_secs_f64();
                 stats.built += 1;

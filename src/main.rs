@@ -152,7 +152,7 @@ enum Cmd {
     Bench {
         /// Groups to run (default: all): swiglu rmsnorm softmax bias rope gather cast kv_append
         /// layernorm log_softmax reduce rows matmul attn decode.
-        #[arg(long, num_args = 1..)]
+        #[arg(long, num_args = 1.., value_delimiter = ',')]
         only: Vec<String>,
         /// anchors.json written by bench/anchors.py in the same device call.
         #[arg(long)]
@@ -212,7 +212,7 @@ fn main() -> ExitCode {
         Cmd::Demo => demo(),
         Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules.as_deref()),
         Cmd::Bench { only, anchors, iters, json, precompile, autotune } => match precompile {
-            Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled, {} already cached", s.kernels, s.built, s.cached)).map_err(Into::into),
+            Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled ({} of them over damaged cache entries), {} already cached", s.kernels, s.built, s.rebuilt, s.cached)).map_err(Into::into),
             None => bench(&only, anchors.as_deref(), iters, json.as_deref(), autotune),
         },
         Cmd::Check { file } => check(&file),
