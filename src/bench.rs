@@ -411,6 +411,15 @@ fn memory_bound_groups(want: &dyn Fn(&str) -> bool, out: &mut Vec<BenchCase>) ->
             out.push(copy_case("rows", "rms_norm op", format!("{rows}x{cols}"), g, ins, 2 * rows * cols * 2 + cols * 2));
             let g = crate::graph! { fn main(x: bf16[{rows}, {cols}]) -> bf16[{rows}, {cols}] { x.softmax(-1) } }?;
             out.push(copy_case("rows", "softmax", format!("{rows}x{cols}"), g, vec![(DType::BF16, vec![rows, cols], Fill::Random(36))], 2 * rows * cols * 2));
+            if cols >= 32768 {
+                // The other statistics of the cluster schedule: log_softmax (no weight: 256
+                // threads × 4) and layer_norm (weight and bias: 512 × 2).
+                let g = crate::graph! { fn main(x: bf16[{rows}, {cols}]) -> bf16[{rows}, {cols}] { x.log_softmax(-1) } }?;
+                out.push(copy_case("rows", "log_softmax", format!("{rows}x{cols}"), g, vec![(DType::BF16, vec![rows, cols], Fill::Random(36))], 2 * rows * cols * 2));
+                let g = crate::graph! { fn main(x: bf16[{rows}, {cols}], w: bf16[{cols}], b: bf16[{cols}]) -> bf16[{rows}, {cols}] { x.layer_norm(w, b, eps = 1e-5) } }?;
+                let ins = vec![(DType::BF16, vec![rows, cols], Fill::Random(36)), (DType::BF16, vec![cols], Fill::Random(37)), (DType::BF16, vec![cols], Fill::Random(38))];
+                out.push(copy_case("rows", "layer_norm", format!("{rows}x{cols}"), g, ins, 2 * rows * cols * 2 + 2 * cols * 2));
+            }
         }
     }
     Ok(())
