@@ -846,6 +846,23 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             }
         }
     }
+    // ---- lse = m·ln 2 + ln l (m is in log2 units), after O so that O's registers are free --
+    if let Some(t) = &p.lse {
+        let (lb, ls, lptr) = (base(t, b, h)?, kit.dim(&t.st[2])?, kit.buf(t.buffer)?);
+        for mi in 0..mt {
+            for hh in 0..2 {
+                let mut lt = kit.get_f(l[mi][hh])?;
+                lt = kit.fadd(lt, kit.shfl_xor(lt, 1)?)?;
+                lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
+                let mv = kit.get_f(m[mi][hh])?;
+                let empty = kit.fcmp(FloatPredicate::OEQ, mv, ninf)?;
+                let v = kit.select_f(empty, ninf, kit.fma(mv, kit.f32c(std::f64::consts::LN_2), kit.log(lt)?)?)?;
+                // The quad's four lanes hold the row's m and l; the first writes.
+                let first = kit.and(rows.valid[mi][hh], kit.icmp(IntPredicate::EQ, t4, c32(0))?)?;
+                kit.if_then(first, |k| k.store_vec(DType::F32, lptr, k.add(lb, k.mul(rows.index[mi][hh], ls)?)?, &[v]))?;
+            }
+        }
+    }
     Ok(())
 }
 
