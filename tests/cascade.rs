@@ -206,3 +206,21 @@ fn gpu_cascade_matches_interpreter_and_plain_decode() {
     }
     assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
+
+/// The bench shape's graph and its fused kernels (family, outputs, the ops of each body) as
+/// a snapshot: the prefix attention on all chunks at once, the merge tree, the suffix decode
+/// and the final merge, each a kernel of its family.
+#[test]
+fn bench_shape_kernels() {
+    let g = cascade_decode(&CascadeConfig::bench()).unwrap();
+    let text = sinter::ir::print(&g);
+    assert_eq!(sinter::ir::print(&sinter::ir::parse(&text).unwrap()), text);
+    let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+    let mut out = format!("{text}\n# fused kernels\n");
+    for (k, kd) in kg.kernels.iter() {
+        let outs: Vec<String> = kd.outputs.iter().map(|&b| kg.buffers[b].ty.to_string()).collect();
+        let ops: Vec<&str> = kd.body.nodes.values().map(|nd| nd.op.kind.name()).collect();
+        out.push_str(&format!("{k} {:?} -> {} : {}\n", kd.family, outs.join(", "), ops.join(" ")));
+    }
+    insta::assert_snapshot!("cascade_bench_shape", out);
+}
