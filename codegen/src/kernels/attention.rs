@@ -53,7 +53,12 @@
 //! One `attention` / `paged_attention` node whose operands are kernel inputs, possibly through
 //! views (`reshape` of a contiguous buffer, `slice` — the passes reshape `[T, H, D]` rows into
 //! `[1, T, H, D]` and slice one layer's block table out of all layers'), and whose result is
-//! the kernel's one output, possibly through `reshape`s into a contiguous buffer.
+//! the kernel's one output, possibly through `reshape`s into a contiguous buffer. With
+//! `lse=true` the node's second result, each row's log-sum-exp (f32, natural log: `m + ln l`
+//! of the online softmax, −inf for a row that saw no finite score), is a second output where
+//! the body outputs it (FlashInfer's cascade inference, Ye et al. 2024, merges such partial
+//! states with `attention_merge`, [`super::merge`]); every generator of both families writes
+//! it, from the lane or thread that holds the row's final statistics.
 //!
 //! # Schedules
 //! [`AttentionSchedule`] (warps, rows per warp) is a parameter; [`choose_prefill_schedule`] and

@@ -35,6 +35,11 @@
 //!   staged through the warp's rows of the Q tile's shared memory and written with 16-byte
 //!   coalesced stores (element stores where the output's layout does not allow them).
 //!
+//! - **lse** (`lse=true`): after O, the first lane of each quad writes its rows'
+//!   `m·ln 2 + ln l` (m is in log2 units; −inf for an empty row). At D = 128 it tips the
+//!   48-key tile over 255 registers, so [`super::attention::generate_prefill`] takes 32-key
+//!   tiles for it.
+//!
 //! Causal CTAs run longest first; key tiles wholly above the CTA's last visible key are never
 //! loaded, tiles wholly above a warp's last visible key are not computed by that warp, and
 //! only tiles that cross a warp's causal diagonal or the sequence end (or any tile, with an

@@ -40,6 +40,9 @@
 //! return at once, and no cluster barrier is crossed (the chat-length decode of a small
 //! model, where the barriers cost more than the split gains).
 //!
+//! With `lse=true` the thread that writes a row's output dim 0 also writes the row's
+//! log-sum-exp `M + ln Σ l_u·e^{m_u − M}` (−inf for a row without a finite score).
+//!
 //! A worker's "every score so far" is its own tiles', so where a key's score is −inf (an
 //! infinite K element) and its V row holds NaN, the interpreter (one pass from key 0) may
 //! multiply that V row by 0 where a worker skips it; finite inputs and NaN/inf anywhere else
