@@ -255,7 +255,7 @@ fn gpu_cascade_matches_interpreter_and_plain_decode() {
     let g = sinter::ir::parse(MASKED).unwrap();
     let mut rng = Rng::new(7);
     let mut rnd = |dt: DType, shape: &[usize]| Tensor::from_fn(dt, shape, |_| rng.next_f64());
-    let ins = vec![("q", rnd(DType::BF16, &[1, 2, 5, 64])), ("k", rnd(DType::BF16, &[1, 2, 2, 64])), ("v", rnd(DType::BF16, &[1, 2, 2, 64])), ("o2", rnd(DType::BF16, &[1, 2, 5, 64])), ("l2", rnd(DType::F32, &[1, 2, 5]))];
+    let ins = [("q", rnd(DType::BF16, &[1, 2, 5, 64])), ("k", rnd(DType::BF16, &[1, 2, 2, 64])), ("v", rnd(DType::BF16, &[1, 2, 2, 64])), ("o2", rnd(DType::BF16, &[1, 2, 5, 64])), ("l2", rnd(DType::F32, &[1, 2, 5]))];
     let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
     let want = sinter::ir::interp::run_entry(&g, &refs, &b).unwrap();
     let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (*n, t)).collect();

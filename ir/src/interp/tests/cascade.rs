@@ -6,6 +6,7 @@
 use super::*;
 
 /// Attention of `q` [1, H, Sq, D] over `k`/`v` [1, Hkv, Skv, D], f32, with its lse.
+#[allow(clippy::too_many_arguments)]
 fn attn_lse(h: usize, hkv: usize, sq: usize, skv: usize, d: usize, causal: bool, q: &Tensor, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
     let src = format!(
         "func @main(%q: f32[1, {h}, {sq}, {d}], %k: f32[1, {hkv}, {skv}, {d}], %v: f32[1, {hkv}, {skv}, {d}]) {{
