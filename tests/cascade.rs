@@ -306,3 +306,19 @@ fn bench_shape_kernels() {
     }
     insta::assert_snapshot!("cascade_bench_shape", out);
 }
+
+/// The builders refuse what they cannot build with an error naming it, not a panic.
+#[test]
+fn cascade_builders_refuse_bad_configs() {
+    let bad = CascadeConfig { chunks: 3, ..CascadeConfig::bench() };
+    assert!(cascade_decode(&bad).unwrap_err().to_string().contains("chunks a power of two"));
+    let bad = CascadeConfig { heads: 30, ..CascadeConfig::bench() };
+    assert!(cascade_decode(&bad).is_err());
+    let c = CascadeConfig { prefix_len: 40, chunks: 8, ..cases().remove(0).cfg };
+    let e = plain_tables(&c, &[0; 9], &[0; 3], false).unwrap_err().to_string();
+    assert!(e.contains("multiple of page_size"), "{e}");
+    let c = cases().remove(0).cfg;
+    assert!(plain_tables(&c, &[0; 4], &[0; 3], true).is_err());
+    let t = Tensor::zeros(DType::BF16, &[3, 4, 64]);
+    assert!(plain_pages(&c, &t, &t, true).is_err());
+}
