@@ -44,7 +44,7 @@ pub struct Row {
 
 /// The benchmark groups, in the order they run (`--only` takes these names).
 pub const GROUPS: &[&str] = &[
-    "swiglu", "rmsnorm", "softmax", "bias", "rope", "gather", "cast", "kv_append", "layernorm", "log_softmax", "reduce", "rows", "matmul", "attn", "decode",
+    "swiglu", "rmsnorm", "softmax", "bias", "rope", "gather", "cast", "kv_append", "layernorm", "log_softmax", "reduce", "rows", "matmul", "attn", "decode", "cascade",
 ];
 
 /// The least traffic (bytes read + written once) of a memory-bound row: large enough that
@@ -290,7 +290,76 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
             anchor: Box::new(move |a| exact_anchor(a, "decode", &key, "")),
         });
     }
+    if want("cascade") {
+        cascade_group(&mut out)?;
+    }
     Ok(out)
+}
+
+/// The `cascade` group: cascade decode ([`crate::zoo::cascade`]) at issue 6's shape (Hq 32 /
+/// Hkv 8 / D 128, batch 64, a 32768-token shared prefix, a 256-token suffix per request,
+/// bf16), and the plain paged decode over the same keys, with each request's prefix a private
+/// copy in the cache (8.7 GB of K/V, as a cache without prefix sharing holds it) and with the
+/// prefix pages shared by every block table. Every row counts the same traffic, the K/V bytes
+/// a request attends to (`2 · B · (prefix + suffix) · Hkv · D · 2`), so the GB/s column is an
+/// effective bandwidth and the ratio of two rows' GB/s is their speed-up; the rows compare
+/// with `anchors.py`'s `cascade` group (cuDNN sdpa over the same `[B, Hkv, L, D]` keys).
+fn cascade_group(out: &mut Vec<BenchCase>) -> Result<(), Error> {
+    use crate::zoo::cascade::{cascade_decode, plain_decode, plain_tables, CascadeConfig};
+    let c = CascadeConfig::bench();
+    let suffix = 256usize;
+    let (b, hq, hkv, d, ps) = (c.batch, c.heads, c.kv_heads, c.head_dim, c.page_size);
+    let l = c.prefix_len + suffix;
+    let shape = format!("B{b} Hq{hq} Hkv{hkv} L{l} D{d}");
+    let kv_bytes = 2.0 * (b * l * hkv * d * 2) as f64;
+    // Request r's suffix is pages 16r .. 16r + 16 of the suffix pool, all full.
+    let table: Vec<i32> = (0..b * c.max_pages).map(|i| i as i32).collect();
+    let lens = vec![suffix as i32; b];
+    let q = (DType::BF16, vec![b, hq, 1, d], Fill::Random(11));
+    let key = shape.clone();
+    out.push(BenchCase {
+        group: "cascade",
+        name: format!("cascade decode (prefix {}+suffix {suffix})", c.prefix_len),
+        shape: shape.clone(),
+        graph: cascade_decode(&c)?,
+        lowering: Lowering::Fused,
+        inputs: vec![
+            q.clone(),
+            (DType::BF16, vec![c.prefix_len, hkv, d], Fill::Random(21)),
+            (DType::BF16, vec![c.prefix_len, hkv, d], Fill::Random(22)),
+            (DType::BF16, vec![c.pages, ps, hkv, d], Fill::Random(23)),
+            (DType::BF16, vec![c.pages, ps, hkv, d], Fill::Random(24)),
+            (DType::I32, vec![b, c.max_pages], Fill::Values(table.iter().map(|&v| f64::from(v)).collect())),
+            (DType::I32, vec![b], Fill::Values(lens.iter().map(|&v| f64::from(v)).collect())),
+        ],
+        work: kv_bytes,
+        unit: "GB/s",
+        iters_cap: usize::MAX,
+        anchor: Box::new(move |a| exact_anchor(a, "cascade", &key, "cudnn")),
+    });
+    for shared in [false, true] {
+        let (pages, max_pages, bt, sl) = plain_tables(&c, &table, &lens, shared)?;
+        let key = shape.clone();
+        out.push(BenchCase {
+            group: "cascade",
+            name: format!("paged decode, {} prefix", if shared { "shared" } else { "private" }),
+            shape: shape.clone(),
+            graph: plain_decode(&c, pages, max_pages)?,
+            lowering: Lowering::Unfused,
+            inputs: vec![
+                q.clone(),
+                (DType::BF16, vec![pages, ps, hkv, d], Fill::Random(31)),
+                (DType::BF16, vec![pages, ps, hkv, d], Fill::Random(32)),
+                (DType::I32, vec![b, max_pages], Fill::Values(bt)),
+                (DType::I32, vec![b], Fill::Values(sl)),
+            ],
+            work: kv_bytes,
+            unit: "GB/s",
+            iters_cap: usize::MAX,
+            anchor: Box::new(move |a| exact_anchor(a, "cascade", &key, "cudnn")),
+        });
+    }
+    Ok(())
 }
 
 /// A memory-bound row of one unfused graph (each of these graphs is one kernel), compared with

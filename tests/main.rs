@@ -14,3 +14,4 @@ mod passes;
 mod gpu;
 mod fused_zoo;
 mod engine_gpu;
+mod cascade;

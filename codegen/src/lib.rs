@@ -168,6 +168,7 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
         Family::Matmul => kernels::matmul::generate(graph, kernel, target),
         Family::Attention => kernels::attention::generate_prefill(graph, kernel, target),
         Family::PagedAttention => kernels::decode::generate(graph, kernel, target),
+        Family::AttentionMerge => kernels::merge::generate(graph, kernel, target),
     };
     // Errors raised deep in a generator leave the kernel's name empty: fill it in.
     let name = format!("{kernel} ({:?})", data.family);

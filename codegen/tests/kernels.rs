@@ -464,6 +464,52 @@ fn paged_at(dt: DType, b: i64, h: i64, hkv: i64, hd: i64, pages: i64, page: i64,
     single(Family::PagedAttention, fb.finish(&[o]).unwrap())
 }
 
+/// Cascade decode's prefix attention with its rows' log-sum-exp: `q [N, R, Hkv, D]` (layout
+/// `bshd`, the batch axis holding N key chunks) over `k`, `v [N, S, Hkv, D]`, results (o, lse).
+fn attention_lse_at(dt: DType, n: i64, rows: i64, hkv: i64, skv: i64, hd: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "prefix");
+    let q = fb.param("q", ty(dt, &[d(n), d(rows), d(hkv), d(hd)]));
+    let k = fb.param("k", ty(dt, &[d(n), d(skv), d(hkv), d(hd)]));
+    let v = fb.param("v", ty(dt, &[d(n), d(skv), d(hkv), d(hd)]));
+    let attrs = vec![
+        ("scale", Attr::Float(1.0 / (hd as f64).sqrt())),
+        ("heads", Attr::Int(hkv)),
+        ("kv_heads", Attr::Int(hkv)),
+        ("layout", Attr::Str("bshd".into())),
+        ("lse", Attr::Bool(true)),
+    ];
+    let r = fb.op(OpKind::Attention, &[q, k, v], attrs).unwrap();
+    single(Family::Attention, fb.finish(&r).unwrap())
+}
+
+/// Paged decode attention with its rows' log-sum-exp (cascade decode's suffix): as
+/// [`paged_at`], results (o, lse).
+#[allow(clippy::too_many_arguments)]
+fn paged_lse_at(dt: DType, b: i64, h: i64, hkv: i64, hd: i64, pages: i64, page: i64, m: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "suffix");
+    let q = fb.param("q", ty(dt, &[d(b), d(h), d(1), d(hd)]));
+    let kp = fb.param("k_pages", ty(dt, &[d(pages), d(page), d(hkv), d(hd)]));
+    let vp = fb.param("v_pages", ty(dt, &[d(pages), d(page), d(hkv), d(hd)]));
+    let bt = fb.param("block_table", ty(DType::I32, &[d(b), d(m)]));
+    let lens = fb.param("seq_lens", ty(DType::I32, &[d(b)]));
+    let attrs = vec![("scale", Attr::Float(1.0 / (hd as f64).sqrt())), ("heads", Attr::Int(h)), ("kv_heads", Attr::Int(hkv)), ("lse", Attr::Bool(true))];
+    let r = fb.op(OpKind::PagedAttention, &[q, kp, vp, bt, lens], attrs).unwrap();
+    single(Family::PagedAttention, fb.finish(&r).unwrap())
+}
+
+/// `attention_merge(o_a, lse_a, o_b, lse_b)` of o `[rows…, D]`, results (o, lse).
+fn merge_at(dt: DType, rows: &[Dim], hd: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "merge");
+    let mut os = rows.to_vec();
+    os.push(d(hd));
+    let oa = fb.param("o_a", ty(dt, &os));
+    let la = fb.param("lse_a", ty(DType::F32, rows));
+    let ob = fb.param("o_b", ty(dt, &os));
+    let lb = fb.param("lse_b", ty(DType::F32, rows));
+    let r = fb.op(OpKind::AttentionMerge, &[oa, la, ob, lb], vec![]).unwrap();
+    single(Family::AttentionMerge, fb.finish(&r).unwrap())
+}
+
 /// The PTX snapshot cases: every kernel family at two fixed shapes, as (snapshot name, what it
 /// is, kernel). The snapshot of a case at a target is `kernels__ptx_<name>_<target>.snap`.
 fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
@@ -521,6 +567,11 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
     add("attention_mha_32_s4096_d128".into(), "attention, not causal, MHA 32: bf16 B2 S4096 D128 (the benchmark's shape)".into(), attention_at(DType::BF16, 2, 32, 32, 4096, 128, false));
     add("paged_attention_9_3_d64".into(), "paged attention, GQA 9/3: bf16 B4 D64, pages [64,16,3,64], block table [4,16]".into(), paged_at(DType::BF16, 4, 9, 3, 64, 64, 16, 16));
     add("paged_attention_32_8_d128".into(), "paged attention, GQA 32/8: bf16 B16 D128, pages [1024,16,8,128], block table [16,64]".into(), paged_at(DType::BF16, 16, 32, 8, 128, 1024, 16, 64));
+    // Cascade decode: the prefix attention and the suffix decode with lse, the merge.
+    add("attention_lse_prefix_bshd_d128".into(), "attention with lse, bshd: q bf16[16,256,8,128] over k/v [16,2048,8,128] (cascade prefix)".into(), attention_lse_at(DType::BF16, 16, 256, 8, 2048, 128));
+    add("paged_attention_lse_32_8_d128".into(), "paged attention with lse, GQA 32/8: bf16 B64 D128, pages [1024,16,8,128], block table [64,16] (cascade suffix)".into(), paged_lse_at(DType::BF16, 64, 32, 8, 128, 1024, 16, 16));
+    add("attention_merge_64x32x1x128".into(), "attention_merge: o bf16[64,32,1,128], lse f32[64,32,1]".into(), merge_at(DType::BF16, &[d(64), d(32), d(1)], 128));
+    add("attention_merge_f32_rx5x40".into(), "attention_merge: o f32[R,5,40], lse f32[R,5]".into(), merge_at(DType::F32, &[s("R"), d(5)], 40));
     v
 }
 
@@ -1337,6 +1388,24 @@ fn compare(tag: &str, dt: DType, got: &[f64], want: &[f64]) {
 
 fn bind(pairs: &[(&str, i64)]) -> Bindings {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+/// The merge of partial attention states on the PTX simulator: finite states, one empty
+/// (lse −inf, its o NaN and never read), both empty (0 and −inf), NaN and +inf lse; bf16
+/// vectorised and f32 with a symbolic row count.
+#[test]
+fn cpu_attention_merge_matches_the_interpreter() {
+    let mut rng = Rng(11);
+    let specials = |t: Tensor, at: &[(usize, f64)]| with(t, |i, v| at.iter().find(|p| p.0 == i).map_or(v, |p| p.1));
+    let gk = merge_at(DType::BF16, &[d(4), d(8), d(1)], 128);
+    let la = specials(random(&mut rng, DType::F32, &[4, 8, 1], -3.0, 3.0), &[(1, f64::NEG_INFINITY), (2, f64::NEG_INFINITY), (5, f64::NAN), (6, f64::INFINITY)]);
+    let lb = specials(random(&mut rng, DType::F32, &[4, 8, 1], -3.0, 3.0), &[(2, f64::NEG_INFINITY), (3, f64::NEG_INFINITY)]);
+    let oa = specials(random(&mut rng, DType::BF16, &[4, 8, 1, 128], -2.0, 2.0), &[(128 + 3, f64::NAN)]);
+    let ob = specials(random(&mut rng, DType::BF16, &[4, 8, 1, 128], -2.0, 2.0), &[(3 * 128 + 5, f64::NAN)]);
+    check_on_cpu("merge bf16", &gk, &Bindings::new(), &[oa, la, ob, lb], 2);
+    let gk = merge_at(DType::F32, &[s("R"), d(5)], 40);
+    let ins = [random(&mut rng, DType::F32, &[3, 5, 40], -2.0, 2.0), random(&mut rng, DType::F32, &[3, 5], -30.0, 30.0), random(&mut rng, DType::F32, &[3, 5, 40], -2.0, 2.0), random(&mut rng, DType::F32, &[3, 5], -30.0, 30.0)];
+    check_on_cpu("merge f32", &gk, &bind(&[("R", 3)]), &ins, 1);
 }
 
 #[test]

@@ -97,9 +97,12 @@ pub static METHODS: &[MethodSpec] = &[
     m("rms_norm", "RmsNorm", Kind::Same, (2, 2), &["eps"], &["eps"]),
     m("layer_norm", "LayerNorm", Kind::Same, (3, 3), &["eps"], &["eps"]),
     m("swiglu", "Swiglu", Kind::Same, (2, 2), &[], &[]),
-    m("attention", "Attention", Kind::Other, (3, 4), &["scale", "causal", "heads", "kv_heads", "layout"], &["scale", "heads", "kv_heads"]),
+    // `lse = true` gives a second result, which the DSL's one-result `attention` refuses when
+    // the graph is built: the log-sum-exp form is written with the builder or the text format.
+    m("attention", "Attention", Kind::Other, (3, 4), &["scale", "causal", "heads", "kv_heads", "layout", "lse"], &["scale", "heads", "kv_heads"]),
     MethodSpec { results: 2, ..m("kv_append", "KvAppend", Kind::Other, (6, 6), &[], &[]) },
-    m("paged_attention", "PagedAttention", Kind::Other, (5, 5), &["scale", "causal", "heads", "kv_heads"], &["scale", "heads", "kv_heads"]),
+    m("paged_attention", "PagedAttention", Kind::Other, (5, 5), &["scale", "causal", "heads", "kv_heads", "lse"], &["scale", "heads", "kv_heads"]),
+    MethodSpec { results: 2, ..m("attention_merge", "AttentionMerge", Kind::Other, (4, 4), &[], &[]) },
 ];
 
 pub static SOURCES: &[MethodSpec] = &[

@@ -483,7 +483,37 @@ pub fn attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     }
     let mut out = q.clone();
     out.shape[3] = v.shape[3].clone();
-    Ok(vec![out])
+    Ok(with_lse(c, out))
+}
+
+/// The result types of an attention op: `out`, and with `lse=true` also its rows'
+/// log-sum-exp, f32 of `out`'s shape without the last axis.
+fn with_lse(c: &InferCtx<'_>, out: TensorType) -> Vec<TensorType> {
+    if c.op.bool("lse") == Some(true) {
+        let lse = TensorType { dtype: DType::F32, shape: out.shape[..out.shape.len() - 1].to_vec() };
+        vec![out, lse]
+    } else {
+        vec![out]
+    }
+}
+
+/// `attention_merge(o_a, lse_a, o_b, lse_b) -> (o, lse)`.
+pub fn attention_merge(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let (oa, la, ob, lb) = (c.input(0)?, c.input(1)?, c.input(2)?, c.input(3)?);
+    want_float(oa, "o_a")?;
+    if oa.shape.is_empty() {
+        return err(format!("o_a must have a head-dim axis, got {oa}"));
+    }
+    if oa != ob {
+        return err(format!("o_a and o_b must have one type, got {oa} and {ob}"));
+    }
+    let rows = &oa.shape[..oa.shape.len() - 1];
+    for (l, n) in [(la, "lse_a"), (lb, "lse_b")] {
+        if l.dtype != DType::F32 || l.shape != rows {
+            return err(format!("{n} must be f32{} (o's shape without its last axis), got {l}", shape_text(rows)));
+        }
+    }
+    Ok(vec![oa.clone(), la.clone()])
 }
 
 fn check_pages(kp: &TensorType, vp: &TensorType, hkv: Option<i64>) -> Result<(), ShapeError> {
@@ -534,7 +564,7 @@ pub fn paged_attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> 
     want_eq(&q.shape[1], &Dim::constant(h), "q's head axis must equal `heads`")?;
     want_eq(&q.shape[3], &kp.shape[3], "q's head dim differs from the pages'")?;
     check_tables(bt, lens, &q.shape[0], "seq_lens")?;
-    Ok(vec![q.clone()])
+    Ok(with_lse(c, q.clone()))
 }
 
 /// Binds the callee's symbols from the arguments and checks the rest.

@@ -83,6 +83,8 @@ pub enum Family {
     Attention,
     /// Decode attention over a paged KV cache.
     PagedAttention,
+    /// Merges two partial attention states by their log-sum-exp (`attention_merge`).
+    AttentionMerge,
     /// Writes new K/V rows into a paged cache.
     KvAppend,
     /// Embedding lookup.
@@ -102,6 +104,7 @@ impl Family {
             Family::Matmul => "matmul",
             Family::Attention => "attention",
             Family::PagedAttention => "paged_attention",
+            Family::AttentionMerge => "attention_merge",
             Family::KvAppend => "kv_append",
             Family::Gather => "gather",
             Family::Layout => "layout",

@@ -200,6 +200,8 @@ const EPS: AttrSpec = a("eps", K::Float, D::Required);
 const SCALE: AttrSpec = a("scale", K::Float, D::Required);
 const HEADS: AttrSpec = a("heads", K::Int, D::Required);
 const KV_HEADS: AttrSpec = a("kv_heads", K::Int, D::Required);
+/// `attention`/`paged_attention` also return each row's log-sum-exp (f32, natural log).
+const LSE: AttrSpec = a("lse", K::Bool, D::Bool(false));
 
 macro_rules! op_table {
     ($( $kind:ident => $name:literal, $class:ident, [$($operand:literal),*], [$($attr:expr),*], $infer:path, $doc:literal; )*) => {
@@ -298,15 +300,17 @@ op_table! {
     Swiglu => "swiglu", Composite, ["gate", "up"], [], infer::swiglu,
         "SwiGLU (Shazeer 2020): silu(gate)·up element-wise, same shape and dtype, silu rounded to the dtype before the product as in the unfused graph.";
     Attention => "attention", Composite, ["q", "k", "v", "mask?"],
-        [SCALE, a("causal", K::Bool, D::Bool(false)), HEADS, KV_HEADS, a("layout", K::Enum(&["bhsd", "bshd"]), D::Str("bhsd"))],
+        [SCALE, a("causal", K::Bool, D::Bool(false)), HEADS, KV_HEADS, a("layout", K::Enum(&["bhsd", "bshd"]), D::Str("bhsd")), LSE],
         infer::attention,
-        "softmax(scale·Q·Kᵀ + mask)·V with f32 statistics (FlashAttention, Dao 2022): q [B,H,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv] in `bhsd` ([B,S,H,D] in `bshd`); H a multiple of Hkv (GQA: query head h reads KV head h/(H/Hkv)); causal aligned bottom-right (query i sees keys j ≤ i+Skv−Sq); optional additive mask broadcast to [B,H,Sq,Skv]; a fully masked row gives 0.";
+        "softmax(scale·Q·Kᵀ + mask)·V with f32 statistics (FlashAttention, Dao 2022): q [B,H,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv] in `bhsd` ([B,S,H,D] in `bshd`); H a multiple of Hkv (GQA: query head h reads KV head h/(H/Hkv)); causal aligned bottom-right (query i sees keys j ≤ i+Skv−Sq); optional additive mask broadcast to [B,H,Sq,Skv]; a fully masked row gives 0. With `lse=true` a second result f32 [B,H,Sq] ([B,Sq,H] in `bshd`): each row's natural-log log-sum-exp of its scores, ln Σⱼ exp(scale·q·kⱼ + maskⱼ) (−inf for a fully masked row), for `attention_merge`.";
     KvAppend => "kv_append", Composite, ["k_pages", "v_pages", "k_new", "v_new", "block_table", "start_pos"], [], infer::kv_append,
         "Writes new K/V rows into a paged cache (PagedAttention, Kwon et al. 2023): pages [P, page_size, Hkv, D], new [B, T, Hkv, D], block_table [B, max_pages] i32, start_pos [B] i32; token t of sequence b goes to slot start_pos[b]+t, page block_table[b][slot/page_size]; returns the updated (k_pages, v_pages).";
     PagedAttention => "paged_attention", Composite, ["q", "k_pages", "v_pages", "block_table", "seq_lens"],
-        [SCALE, a("causal", K::Bool, D::Bool(true)), HEADS, KV_HEADS],
+        [SCALE, a("causal", K::Bool, D::Bool(true)), HEADS, KV_HEADS, LSE],
         infer::paged_attention,
-        "Attention of q [B, H, T, D] over a paged cache [P, page_size, Hkv, D] read through block_table [B, max_pages] i32 with seq_lens [B] i32 keys per sequence (the lengths live in device memory); causal aligned bottom-right per sequence; GQA as in `attention`; a sequence with no visible key gives 0.";
+        "Attention of q [B, H, T, D] over a paged cache [P, page_size, Hkv, D] read through block_table [B, max_pages] i32 with seq_lens [B] i32 keys per sequence (the lengths live in device memory); causal aligned bottom-right per sequence; GQA as in `attention`; a sequence with no visible key gives 0. With `lse=true` a second result f32 [B, H, T]: each row's natural-log log-sum-exp of its visible scores (−inf where none), for `attention_merge`.";
+    AttentionMerge => "attention_merge", Composite, ["o_a", "lse_a", "o_b", "lse_b"], [], infer::attention_merge,
+        "Merges two partial attention states over disjoint key sets by their log-sum-exp (FlashInfer's merge state; Ye et al. 2024, cascade inference): o_a, o_b [..., D] of one float dtype, lse_a, lse_b f32 [...] (natural log, as `attention` with `lse=true` gives); with M = max(lse_a, lse_b), wₓ = exp(lseₓ − M): o = (w_a·o_a + w_b·o_b)/(w_a + w_b) rounded once, lse = M + ln(w_a + w_b) in f32. A state whose lse is −inf is empty and its o is not read; both empty gives o = 0, lse = −inf; NaN propagates. Commutative and associative (up to rounding), so partial states of any key split merge in any order.";
     // --- functions -----------------------------------------------------------------------
     Call => "call", Call, ["args*"], [a("func", K::Str, D::Required)], infer::call,
         "Calls function `func` of the graph with `args`; results are its outputs. A block (a decoder layer) is defined once and called per layer with different weights.";

@@ -12,7 +12,8 @@
 //! | Pointwise, Layout, Gather | element-wise ops, sources and views (no matmul, attention, `kv_append`, row reductions); every output of one shape, or of one shape once trailing `reshape`s are peeled |
 //! | RowReduction | row nodes (`reduce_*`, `softmax`, `log_softmax`, `rms_norm`, `layer_norm`) over the last axis of operands of one shape `[L…, N]`, element-wise prologue and epilogue; every output (trailing reshapes peeled) `[L…, N]`, `[L…, 1]` or `[L…]` |
 //! | Matmul | exactly one `matmul` of two float operands of one dtype that are kernel inputs through `reshape`s and `slice`s ([`sinter_ir::epilogue::viewed_param`]); an epilogue that [`sinter_ir::epilogue::analyse`] accepts — element-wise at the same element, column segments through element-wise ops, reshapes, `rope` and a `kv_append` whose pages are kernel inputs (the QKV projection writing K and V into the cache), or paired segments (SwiGLU over gate/up) |
-//! | Attention, PagedAttention | exactly one `attention` / `paged_attention` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose result, through `reshape`s, is the one output |
+//! | Attention, PagedAttention | exactly one `attention` / `paged_attention` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose result, through `reshape`s, is the one output (with `lse=true`: O and, unless unused, the lse result, through `reshape`s, are the outputs) |
+//! | AttentionMerge | exactly one `attention_merge` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose o result and, unless unused, lse result are the outputs through `reshape`s |
 //! | KvAppend | one `kv_append` whose page operands are kernel inputs and whose two results are exactly the outputs; element-wise ops and views on the other operands |
 
 use std::collections::HashSet;
@@ -35,13 +36,13 @@ pub fn is_elementwise(k: OpKind) -> bool {
 /// Whether the element evaluator can compute `k` (everything but the ops that need a kernel
 /// of their own, and row nodes outside row reductions).
 fn evaluable(k: OpKind) -> bool {
-    !matches!(k, OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention | OpKind::KvAppend | OpKind::Call) && !is_row_node(k)
+    !matches!(k, OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention | OpKind::AttentionMerge | OpKind::KvAppend | OpKind::Call) && !is_row_node(k)
 }
 
 /// Operand positions of `k` that a generator reads as a buffer (they must be kernel inputs).
 pub fn is_strict_operand(k: OpKind, i: usize) -> bool {
     match k {
-        OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention => true,
+        OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention | OpKind::AttentionMerge => true,
         OpKind::KvAppend => i < 2,
         _ => false,
     }
@@ -159,17 +160,25 @@ pub fn check(kd: &KernelData) -> Result<(), String> {
             }
             sinter_ir::epilogue::analyse(body, mnd.results[0]).map(|_| ())
         }
-        Family::Attention | Family::PagedAttention => {
-            let want = if kd.family == Family::Attention { OpKind::Attention } else { OpKind::PagedAttention };
+        Family::Attention | Family::PagedAttention | Family::AttentionMerge => {
+            let want = match kd.family {
+                Family::Attention => OpKind::Attention,
+                Family::PagedAttention => OpKind::PagedAttention,
+                _ => OpKind::AttentionMerge,
+            };
             let mut main = body.nodes.values().filter(|nd| !matches!(nd.op.kind, OpKind::Reshape | OpKind::Slice));
             match (main.next(), main.next()) {
                 (Some(nd), None) if nd.op.kind == want => {
                     if !nd.inputs.iter().all(|&v| viewed_param(body, v).is_some()) {
                         return Err("operands must be kernel inputs (possibly through reshapes and slices)".into());
                     }
-                    match body.outputs.as_slice() {
-                        [o] if peel(body, *o) == nd.results[0] => Ok(()),
-                        _ => Err("the one output must be the node's result (possibly through reshapes)".into()),
+                    // O is an output; every output is a result of the node (the lse may be unused).
+                    let peeled: Vec<Value> = body.outputs.iter().map(|&o| peel(body, o)).collect();
+                    let distinct: HashSet<Value> = peeled.iter().copied().collect();
+                    if peeled.contains(&nd.results[0]) && peeled.iter().all(|v| nd.results.contains(v)) && distinct.len() == peeled.len() {
+                        Ok(())
+                    } else {
+                        Err("the outputs must be the node's results (possibly through reshapes), O among them".into())
                     }
                 }
                 _ => Err(format!("the body must be exactly one `{}` node (and views)", want.name())),

@@ -24,7 +24,7 @@
 //!   element-wise epilogue;
 //! - Matmul: one matmul, then an element-wise epilogue on its output, possibly split into
 //!   column slices written to separate buffers (a merged QKV or gate/up projection);
-//! - Attention, PagedAttention, KvAppend, Gather, Layout: the single op;
+//! - Attention, PagedAttention, AttentionMerge, KvAppend, Gather, Layout: the single op;
 //!
 //! and in every family, **view and source ops** — `reshape`, a `slice` that is an offset range
 //! of a contiguous buffer, `constant`, `iota` — may appear at the start of the body on its

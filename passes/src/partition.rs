@@ -89,6 +89,7 @@ pub fn role(f: &Function, n: Node) -> Role {
         Matmul => Role::Anchor(Family::Matmul),
         Attention => Role::Anchor(Family::Attention),
         PagedAttention => Role::Anchor(Family::PagedAttention),
+        AttentionMerge => Role::Anchor(Family::AttentionMerge),
         KvAppend => Role::Anchor(Family::KvAppend),
         Gather => Role::Anchor(Family::Gather),
         Transpose | Permute | Broadcast | Concat | Call => Role::Anchor(Family::Layout),

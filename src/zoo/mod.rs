@@ -7,8 +7,10 @@
 //! | `gpt2` | GPT-2 small: hidden 768, 12 layers, 12 heads, LayerNorm, tanh-GELU, learned positions |
 //!
 //! Each model builds a prefill graph and (for the Llama family) a decode graph from one
-//! definition; see [`llama::build`] and [`gpt2::build`].
+//! definition; see [`llama::build`] and [`gpt2::build`]. [`cascade`] builds the cascade
+//! (shared-prefix) decode attention step and the plain paged decode it replaces.
 
+pub mod cascade;
 pub mod gpt2;
 pub mod llama;
 

@@ -53,7 +53,12 @@
 //! One `attention` / `paged_attention` node whose operands are kernel inputs, possibly through
 //! views (`reshape` of a contiguous buffer, `slice` — the passes reshape `[T, H, D]` rows into
 //! `[1, T, H, D]` and slice one layer's block table out of all layers'), and whose result is
-//! the kernel's one output, possibly through `reshape`s into a contiguous buffer.
+//! the kernel's one output, possibly through `reshape`s into a contiguous buffer. With
+//! `lse=true` the node's second result, each row's log-sum-exp (f32, natural log: `m + ln l`
+//! of the online softmax, −inf for a row that saw no finite score), is a second output where
+//! the body outputs it (FlashInfer's cascade inference, Ye et al. 2024, merges such partial
+//! states with `attention_merge`, [`super::merge`]); every generator of both families writes
+//! it, from the lane or thread that holds the row's final statistics.
 //!
 //! # Schedules
 //! [`AttentionSchedule`] (warps, rows per warp) is a parameter; [`choose_prefill_schedule`] and
@@ -246,27 +251,72 @@ fn single_node<'a>(kd: &'a KernelData, bufs: &[BufInfo], kernel: &str, family: F
         OpKind::Attention => (3..=4).contains(&nd.inputs.len()),
         _ => nd.inputs.len() == 5,
     };
-    if !arity_ok || nd.results.len() != 1 {
+    let results = if nd.op.bool("lse") == Some(true) { 2 } else { 1 };
+    if !arity_ok || nd.results.len() != results {
         return Err(bad(kernel, family, format!("`{}` with {} operands and {} results", op.name(), nd.inputs.len(), nd.results.len())));
     }
-    if body.outputs.len() != 1 {
-        return Err(unsupported(kernel, family, format!("the kernel must have one output, the `{}` result", op.name())));
+    // Every output is a result through reshapes; O is one of them (lse, when asked, may be
+    // dead).
+    let mapped: Vec<Option<usize>> = body.outputs.iter().map(|&o| nd.results.iter().position(|&r| output_strides_ok(body, o, r))).collect();
+    if mapped.iter().any(Option::is_none) || output_of(body, nd.results[0]).is_none() || body.outputs.len() > results {
+        return Err(unsupported(kernel, family, format!("the kernel's outputs must be the `{}` results (through reshapes)", op.name())));
     }
     let views = nd.inputs.iter().map(|&v| input_view(body, v, bufs)).collect::<Result<Vec<_>, _>>().map_err(|e| unsupported(kernel, family, e))?;
     Ok((body, nd, views))
+}
+
+/// Whether body output `out` is `result` through `reshape`s.
+fn output_strides_ok(body: &Function, out: sinter_ir::Value, result: sinter_ir::Value) -> bool {
+    let mut cur = out;
+    loop {
+        if cur == result {
+            return true;
+        }
+        match body.values.get(cur).map(|d| d.def) {
+            Some(sinter_ir::ValueDef::Result(n, _)) if body.nodes[n].op.kind == OpKind::Reshape => cur = body.nodes[n].inputs[0],
+            _ => return false,
+        }
+    }
+}
+
+/// The index of the body output that is `result` (through `reshape`s), if any.
+fn output_of(body: &Function, result: sinter_ir::Value) -> Option<usize> {
+    body.outputs.iter().position(|&o| output_strides_ok(body, o, result))
 }
 
 /// The output of a single-node attention body as a [`T4`] over the node's result (`axes`
 /// order): the output buffer, written at the result's row-major positions when the body
 /// reshapes the result.
 fn output_t4(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], n_inputs: usize, axes: [usize; 4], kernel: &str, family: Family) -> R<T4> {
-    let buf = bufs.get(n_inputs).ok_or_else(|| bad(kernel, family, "no output buffer"))?;
-    let strides = output_strides(body, body.outputs[0], nd.results[0], buf).map_err(|e| unsupported(kernel, family, e))?;
+    let i = output_of(body, nd.results[0]).ok_or_else(|| bad(kernel, family, "O is not an output"))?;
+    let buf = bufs.get(n_inputs + i).ok_or_else(|| bad(kernel, family, "no output buffer"))?;
+    let strides = output_strides(body, body.outputs[i], nd.results[0], buf).map_err(|e| unsupported(kernel, family, e))?;
     if strides.len() != 4 {
         return Err(bad(kernel, family, "the result must have rank 4"));
     }
-    let view = View { param: n_inputs, offset: Dim::constant(0), strides, align: buf.align };
+    let view = View { param: n_inputs + i, offset: Dim::constant(0), strides, align: buf.align };
     Ok(T4::from_view(&view, buf.dtype, axes))
+}
+
+/// The log-sum-exp output of a single-node attention body (`lse=true`, the node's second
+/// result, f32 `[B, H, S]` or `[B, S, H]`), as a [`T4`] over (b, h, s, —) with a zero d
+/// stride, so that a row's offset is computed as its O row's is; `None` when the body does
+/// not output it.
+fn lse_t4(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], n_inputs: usize, axes: [usize; 4], kernel: &str, family: Family) -> R<Option<T4>> {
+    let Some(&r) = nd.results.get(1) else { return Ok(None) };
+    let Some(i) = output_of(body, r) else { return Ok(None) };
+    let buf = bufs.get(n_inputs + i).ok_or_else(|| bad(kernel, family, "no lse buffer"))?;
+    if buf.dtype != DType::F32 {
+        return Err(bad(kernel, family, format!("the lse buffer is {}, not f32", buf.dtype)));
+    }
+    let mut strides = output_strides(body, body.outputs[i], r, buf).map_err(|e| unsupported(kernel, family, e))?;
+    if strides.len() != 3 {
+        return Err(bad(kernel, family, "the lse result must have rank 3"));
+    }
+    // The (b, h, s) axes of a [B, H, S] / [B, S, H] tensor are those of the 4-d one.
+    strides.push(Dim::constant(0));
+    let view = View { param: n_inputs + i, offset: Dim::constant(0), strides, align: buf.align };
+    Ok(Some(T4::from_view(&view, DType::F32, axes)))
 }
 
 fn const_dim(d: &Dim, what: &str, kernel: &str, family: Family) -> R<u32> {
@@ -287,6 +337,8 @@ struct Core {
     shared: SharedKind,
     q: T4,
     out: T4,
+    /// Where the rows' log-sum-exp go (`lse=true`), offsets in [`RowInfo::lse_off`].
+    lse: Option<T4>,
 }
 
 /// One query row of the CTA's tile: whether it exists, where its q and o rows start, how many
@@ -298,6 +350,8 @@ struct RowInfo<'ctx> {
     o_off: IntValue<'ctx>,
     limit: IntValue<'ctx>,
     mask_off: Option<IntValue<'ctx>>,
+    /// Element offset of its log-sum-exp (when the kernel writes it).
+    lse_off: Option<IntValue<'ctx>>,
 }
 
 /// The offsets of key `j`'s K and V rows.
@@ -499,13 +553,19 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
         k.barrier()
     })?;
 
-    // 4. O = acc / l (0 for a row that never saw a finite score), one rounding, one write.
+    // 4. O = acc / l (0 for a row that never saw a finite score), one rounding, one write;
+    // lane 0 writes the log-sum-exp m + ln l (−inf for such a row) where asked.
     let o_sd = kit.dim(&c.out.st[3])?;
     for rr in 0..rpw as usize {
         let info = rows(kit, row_of(kit, rr as u32)?)?;
         let mf = kit.get_f(m[rr])?;
         let empty = kit.fcmp(FloatPredicate::OEQ, mf, ninf)?;
         let lf = kit.get_f(l[rr])?;
+        if let (Some(lse), Some(off)) = (&c.lse, info.lse_off) {
+            let v = kit.select_f(empty, ninf, kit.fadd(mf, kit.log(lf)?)?)?;
+            let first = kit.and(info.valid, kit.icmp(IntPredicate::EQ, lane, kit.i32c(0))?)?;
+            kit.if_then(first, |k| k.store_vec(DType::F32, k.buf(lse.buffer)?, off, &[v]))?;
+        }
         for (i, a) in acc[rr].iter().enumerate() {
             let dcol = kit.add(lane, kit.i32c((32 * i) as i32))?;
             let o = kit.select_f(empty, zero, kit.fdiv(kit.get_f(*a)?, lf)?)?;
@@ -558,6 +618,8 @@ pub(super) struct Prefill {
     pub(super) k: T4,
     pub(super) v: T4,
     pub(super) out: T4,
+    /// The rows' log-sum-exp output (`lse=true` and the kernel writes it).
+    pub(super) lse: Option<T4>,
     pub(super) mask: Option<Mask>,
 }
 
@@ -621,6 +683,7 @@ impl Prefill {
         let k = T4::from_view(&views[1], dtype, axes);
         let v = T4::from_view(&views[2], dtype, axes);
         let out = output_t4(body, nd, &bufs, kd.inputs.len(), axes, &name, fam)?;
+        let lse = lse_t4(body, nd, &bufs, kd.inputs.len(), axes, &name, fam)?;
         let shape = |v: sinter_ir::Value, axis: usize| body.ty(v).shape[axes[axis]].clone();
         let d = const_dim(&shape(nd.inputs[0], 3), "the head dim of q and k", &name, fam)?;
         let dv = const_dim(&shape(nd.inputs[2], 3), "the head dim of v", &name, fam)?;
@@ -657,13 +720,14 @@ impl Prefill {
             k,
             v,
             out,
+            lse,
             mask,
         })
     }
 
     pub(super) fn dims(&self) -> Vec<Dim> {
         let mut v = vec![self.batch.clone(), self.sq.clone(), self.skv.clone()];
-        for t in [&self.q, &self.k, &self.v, &self.out] {
+        for t in [&self.q, &self.k, &self.v, &self.out].into_iter().chain(&self.lse) {
             v.extend(t.dims().cloned());
         }
         if let Some(m) = &self.mask {
@@ -689,7 +753,13 @@ impl Prefill {
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
     if attention_tc::eligible(&p).is_ok() {
-        match attention_tc::plan(&p, target, &attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target)) {
+        let mut sched = attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target);
+        if p.lse.is_some() && sched.block_kv == 48 {
+            // The lse epilogue tips the 48-key tile over 255 registers (8 bytes spilled at
+            // sm_90a, D 128, constant lengths), as causality does: 32-key tiles.
+            sched.block_kv = 32;
+        }
+        match attention_tc::plan(&p, target, &sched) {
             // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
             Err(CodegenError::Unsupported { .. }) => {}
             done => return done,
@@ -754,7 +824,7 @@ fn prefill_plan(p: &Prefill, target: &Target, s: &AttentionSchedule) -> R<Launch
     let shared = shared_kind(smem.total, target, &p.name, fam)?;
     let ctx = Context::create();
     let entry = format!("{}_attention", p.name);
-    let core = Core { dtype: p.dtype, d: p.d, dv: p.dv, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone() };
+    let core = Core { dtype: p.dtype, d: p.d, dv: p.dv, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone(), lse: p.lse.clone() };
     let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_prefill(kit, p, &core))?;
     Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
 }
@@ -775,6 +845,10 @@ fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
     };
     let q_base = base(&p.q.offset, &p.q.st, b, h)?;
     let o_base = base(&p.out.offset, &p.out.st, b, h)?;
+    let lse_base = match &p.lse {
+        Some(t) => Some((base(&t.offset, &t.st, b, h)?, kit.dim(&t.st[2])?)),
+        None => None,
+    };
     let k_base = base(&p.k.offset, &p.k.st, b, hk)?;
     let v_base = base(&p.v.offset, &p.v.st, b, hk)?;
     let m_base = match &p.mask {
@@ -792,7 +866,11 @@ fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
             (Some(m), Some(mb)) => Some(k.add(mb, k.mul(i, k.dim(&m.st[2])?)?)?),
             _ => None,
         };
-        Ok(RowInfo { valid, q_off: k.add(q_base, k.mul(i, q_ss)?)?, o_off: k.add(o_base, k.mul(i, o_ss)?)?, limit, mask_off })
+        let lse_off = match lse_base {
+            Some((lb, ls)) => Some(k.add(lb, k.mul(i, ls)?)?),
+            None => None,
+        };
+        Ok(RowInfo { valid, q_off: k.add(q_base, k.mul(i, q_ss)?)?, o_off: k.add(o_base, k.mul(i, o_ss)?)?, limit, mask_off, lse_off })
     };
     let (k_ss, v_ss) = (kit.dim(&p.k.st[2])?, kit.dim(&p.v.st[2])?);
     let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
@@ -838,6 +916,8 @@ pub(super) struct Paged {
     pub(super) max_pages: Dim,
     pub(super) q: T4,
     pub(super) out: T4,
+    /// The rows' log-sum-exp output (`lse=true` and the kernel writes it).
+    pub(super) lse: Option<T4>,
     /// Pages as T4 over (page, slot, kv head, d).
     pub(super) kp: T4,
     pub(super) vp: T4,
@@ -876,6 +956,7 @@ impl Paged {
         let kp = T4::from_view(&views[1], dtype, ident);
         let vp = T4::from_view(&views[2], dtype, ident);
         let out = output_t4(body, nd, &bufs, kd.inputs.len(), ident, &name, fam)?;
+        let lse = lse_t4(body, nd, &bufs, kd.inputs.len(), ident, &name, fam)?;
         if out.dtype != dtype {
             return Err(unsupported(&name, fam, "the output must have q's dtype"));
         }
@@ -898,6 +979,7 @@ impl Paged {
             max_pages: tbt.shape[1].clone(),
             q,
             out,
+            lse,
             kp,
             vp,
             table: (tv.param, tv.offset.clone(), tv.strides[0].clone(), tv.strides[1].clone()),
@@ -907,7 +989,7 @@ impl Paged {
 
     pub(super) fn dims(&self) -> Vec<Dim> {
         let mut v = vec![self.batch.clone(), self.t.clone(), self.pages.clone(), self.page_size.clone(), self.max_pages.clone()];
-        for t in [&self.q, &self.out, &self.kp, &self.vp] {
+        for t in [&self.q, &self.out, &self.kp, &self.vp].into_iter().chain(&self.lse) {
             v.extend(t.dims().cloned());
         }
         v.extend([self.table.1.clone(), self.table.2.clone(), self.table.3.clone(), self.lens.1.clone(), self.lens.2.clone()]);
@@ -945,6 +1027,10 @@ impl Paged {
             shift: kit.sub(len, t)?,
             q: (kit.dim(&self.q.offset)?, dims(&self.q.st[..3])?),
             o: (kit.dim(&self.out.offset)?, dims(&self.out.st[..3])?),
+            lse: match &self.lse {
+                Some(t) => Some((kit.dim(&t.offset)?, dims(&t.st[..3])?)),
+                None => None,
+            },
             table: kit.buf(*tbuf)?,
             tb_row: kit.add(kit.dim(toff)?, kit.mul(b, kit.dim(ts0)?)?)?,
             ts1: kit.dim(ts1)?,
@@ -970,6 +1056,7 @@ pub(super) struct PagedAddr<'ctx> {
     shift: IntValue<'ctx>,
     q: (IntValue<'ctx>, Vec<IntValue<'ctx>>),
     o: (IntValue<'ctx>, Vec<IntValue<'ctx>>),
+    lse: Option<(IntValue<'ctx>, Vec<IntValue<'ctx>>)>,
     table: PointerValue<'ctx>,
     tb_row: IntValue<'ctx>,
     ts1: IntValue<'ctx>,
@@ -992,6 +1079,15 @@ impl<'ctx> PagedAddr<'ctx> {
         let off = |(base, st): &(IntValue<'ctx>, Vec<IntValue<'ctx>>)| -> R<IntValue<'ctx>> { k.add(*base, k.add(k.add(k.mul(self.b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?) };
         let limit = if self.causal { k.smin(k.smax(k.add(k.add(ti, self.shift)?, k.i64c(1))?, k.i64c(0))?, self.len)? } else { self.len };
         Ok((valid, off(&self.q)?, off(&self.o)?, limit))
+    }
+
+    /// The element offset of query row `rg`'s log-sum-exp, when the kernel writes it.
+    pub(super) fn lse_off(&self, k: &Kit<'ctx>, rg: IntValue<'ctx>) -> R<Option<IntValue<'ctx>>> {
+        let Some((base, st)) = &self.lse else { return Ok(None) };
+        let hh = k.udiv(rg, self.t)?;
+        let ti = k.urem(rg, self.t)?;
+        let head = k.add(k.mul(self.g, k.i64c(self.group))?, hh)?;
+        Ok(Some(k.add(*base, k.add(k.add(k.mul(self.b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?)?))
     }
 
     /// Key `j` (i64, `< len`): the element offsets of its K and V rows, through the block
@@ -1038,7 +1134,7 @@ fn paged_plan(p: &Paged, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan
     let shared = shared_kind(smem.total, target, &p.name, fam)?;
     let ctx = Context::create();
     let entry = format!("{}_paged_attention", p.name);
-    let core = Core { dtype: p.dtype, d: p.d, dv: p.d, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone() };
+    let core = Core { dtype: p.dtype, d: p.d, dv: p.d, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone(), lse: p.lse.clone() };
     let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_paged(kit, p, &core))?;
     Ok(LaunchPlan {
         entry,
@@ -1062,8 +1158,9 @@ fn build_paged<'ctx>(kit: &Kit<'ctx>, p: &Paged, c: &Core) -> R<()> {
     let b = kit.zext64(kit.sreg("ctaid.z")?)?;
     let a = p.addressing(kit, g, b)?;
     let rows = |k: &Kit<'ctx>, r: IntValue<'ctx>| -> R<RowInfo<'ctx>> {
-        let (valid, q_off, o_off, limit) = a.row(k, k.add(row0, k.zext64(r)?)?)?;
-        Ok(RowInfo { valid, q_off, o_off, limit: k.trunc32(limit)?, mask_off: None })
+        let rg = k.add(row0, k.zext64(r)?)?;
+        let (valid, q_off, o_off, limit) = a.row(k, rg)?;
+        Ok(RowInfo { valid, q_off, o_off, limit: k.trunc32(limit)?, mask_off: None, lse_off: a.lse_off(k, rg)? })
     };
     let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| a.key(k, j);
     let keys = Keys { k: &p.kp, v: &p.vp, offsets: &offsets, kv_len: a.len, kv_end: a.len, mask: None };

@@ -35,6 +35,11 @@
 //!   staged through the warp's rows of the Q tile's shared memory and written with 16-byte
 //!   coalesced stores (element stores where the output's layout does not allow them).
 //!
+//! - **lse** (`lse=true`): after O, the first lane of each quad writes its rows'
+//!   `m·ln 2 + ln l` (m is in log2 units; −inf for an empty row). At D = 128 it tips the
+//!   48-key tile over 255 registers, so [`super::attention::generate_prefill`] takes 32-key
+//!   tiles for it.
+//!
 //! Causal CTAs run longest first; key tiles wholly above the CTA's last visible key are never
 //! loaded, tiles wholly above a warp's last visible key are not computed by that warp, and
 //! only tiles that cross a warp's causal diagonal or the sequence end (or any tile, with an
@@ -849,6 +854,23 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                     }
                     Ok(())
                 })?;
+            }
+        }
+    }
+    // ---- lse = m·ln 2 + ln l (m is in log2 units), after O so that O's registers are free --
+    if let Some(t) = &p.lse {
+        let (lb, ls, lptr) = (base(t, b, h)?, kit.dim(&t.st[2])?, kit.buf(t.buffer)?);
+        for mi in 0..mt {
+            for hh in 0..2 {
+                let mut lt = kit.get_f(l[mi][hh])?;
+                lt = kit.fadd(lt, kit.shfl_xor(lt, 1)?)?;
+                lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
+                let mv = kit.get_f(m[mi][hh])?;
+                let empty = kit.fcmp(FloatPredicate::OEQ, mv, ninf)?;
+                let v = kit.select_f(empty, ninf, kit.fma(mv, kit.f32c(std::f64::consts::LN_2), kit.log(lt)?)?)?;
+                // The quad's four lanes hold the row's m and l; the first writes.
+                let first = kit.and(rows.valid[mi][hh], kit.icmp(IntPredicate::EQ, t4, c32(0))?)?;
+                kit.if_then(first, |k| k.store_vec(DType::F32, lptr, k.add(lb, k.mul(rows.index[mi][hh], ls)?)?, &[v]))?;
             }
         }
     }

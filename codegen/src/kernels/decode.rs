@@ -40,6 +40,9 @@
 //! return at once, and no cluster barrier is crossed (the chat-length decode of a small
 //! model, where the barriers cost more than the split gains).
 //!
+//! With `lse=true` the thread that writes a row's output dim 0 also writes the row's
+//! log-sum-exp `M + ln Σ l_u·e^{m_u − M}` (−inf for a row without a finite score).
+//!
 //! A worker's "every score so far" is its own tiles', so where a key's score is −inf (an
 //! infinite K element) and its V row holds NaN, the interpreter (one pass from key 0) may
 //! multiply that V row by 0 where a worker skips it; finite inputs and NaN/inf anywhere else
@@ -187,6 +190,8 @@ struct Row<'ctx> {
     o_off: IntValue<'ctx>,
     /// Keys it sees (i32): the causal limit, ≤ the sequence length; 0 for a missing row.
     limit: IntValue<'ctx>,
+    /// Element offset of its log-sum-exp, when the kernel writes it (`lse=true`).
+    lse_off: Option<IntValue<'ctx>>,
 }
 
 #[allow(clippy::too_many_lines)]
@@ -221,7 +226,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
         let rg = k.add(k.mul(tile_row, k.i64c(i64::from(rt)))?, k.i64c(i64::from(r)))?;
         let (valid, q_off, o_off, limit) = a.row(k, rg)?;
         let limit = k.select_int(valid, limit, k.i64c(0))?;
-        Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)? })
+        Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)?, lse_off: a.lse_off(k, rg)? })
     };
     let rows: Vec<Row> = (0..rt).map(|r| row(kit, r)).collect::<R<_>>()?;
 
@@ -474,10 +479,14 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
             // Row r's facts (r is not a constant here: select among the CTA's rows).
             let mut valid = k.bool_c(false);
             let mut o_off = k.i64c(0);
+            let mut lse_off = k.i64c(0);
             for (ri, info) in rows.iter().enumerate() {
                 let is = k.icmp(IntPredicate::EQ, r, i32c(ri as u32))?;
                 valid = k.select_int(is, info.valid, valid)?;
                 o_off = k.select_int(is, info.o_off, o_off)?;
+                if let Some(lo) = info.lse_off {
+                    lse_off = k.select_int(is, lo, lse_off)?;
+                }
             }
             k.if_then(valid, |k| {
                 let mut parts = Vec::with_capacity((ctas * nw) as usize);
@@ -507,7 +516,13 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
                 }
                 let out = k.select_f(empty, zero, k.fdiv(num, den)?)?;
                 let idx = k.add(o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
-                k.store_vec(dt, k.buf(p.out.buffer)?, idx, &[out])
+                k.store_vec(dt, k.buf(p.out.buffer)?, idx, &[out])?;
+                if let Some(lse) = &p.lse {
+                    // The row's log-sum-exp M + ln Σ l_u·e^{m_u − M}, by its dim-0 thread.
+                    let v = k.select_f(empty, ninf, k.fadd(m_use, k.log(den)?)?)?;
+                    k.if_then(k.icmp(IntPredicate::EQ, dcol, i32c(0))?, |k| k.store_vec(DType::F32, k.buf(lse.buffer)?, lse_off, &[v]))?;
+                }
+                Ok(())
             })
         })
     };

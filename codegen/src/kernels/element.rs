@@ -882,7 +882,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             Gather => self.gather(node, result, at),
             Rope => self.rope(node, result, at),
             Softmax | LogSoftmax | RmsNorm | LayerNorm | ReduceSum | ReduceMax | ReduceMin | ReduceMean => self.row_node(node, result, at),
-            Matmul | Attention | PagedAttention | KvAppend | Call => unsupported(format!(
+            Matmul | Attention | PagedAttention | AttentionMerge | KvAppend | Call => unsupported(format!(
                 "`{}` ({node}) cannot be computed element by element; it needs its own kernel",
                 kind.name()
             )),

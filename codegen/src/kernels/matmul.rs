@@ -2247,6 +2247,10 @@ pub(crate) mod kit {
         pub(crate) fn exp(&self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
             self.math(|kb| math::exp(kb, x, true))
         }
+        /// ln x ([`crate::math::log`]): ln 0 = −inf, ln(x < 0) = NaN, ln(+inf) = +inf.
+        pub(crate) fn log(&self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+            self.math(|kb| math::log(kb, x))
+        }
 
         /// Calls an overloaded float intrinsic `name.f32` on `args`.
         fn call_f(&self, name: &str, args: &[FloatValue<'ctx>]) -> R<FloatValue<'ctx>> {

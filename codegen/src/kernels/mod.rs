@@ -11,6 +11,7 @@
 //! | [`Family::Attention`], [`Family::PagedAttention`] | [`attention`] | prefill and paged decode attention (CUDA-core FlashAttention-2 core) |
 //! | [`Family::Attention`] | [`attention_tc`] | prefill attention on tensor cores (FlashAttention-2, `mma.sync`), the default for bf16/f16 |
 //! | [`Family::PagedAttention`] | [`decode`] | split-KV paged decode (FlashDecoding; clusters on sm_90), the default |
+//! | [`Family::AttentionMerge`] | [`merge`] | log-sum-exp merge of two partial attention states (cascade / split-KV combine) |
 //!
 //! Every generator returns a [`LaunchPlan`]: the PTX, its entry point, the grid as
 //! `ceil(dim / per_cta)` expressions of the kernel's symbols, the block, and the parameter
@@ -31,6 +32,7 @@ pub mod gather;
 pub mod kv_append;
 pub mod layout;
 pub mod matmul;
+pub mod merge;
 pub mod pointwise;
 pub mod reduce;
 

@@ -34,7 +34,10 @@ struct Kv<'a> {
 /// so far is −inf the tile is skipped; a row that never sees a finite score (no visible key,
 /// or all masked to −inf) gives exactly 0. A NaN score makes `m` NaN and so the whole row NaN;
 /// a +inf score gives exp(inf − inf) = NaN, as the reference softmax does.
-fn attend_row(q: &[f64], scale: f64, kv: &Kv<'_>, n: usize, mask: Option<&[f64]>, out: &mut [f64]) {
+///
+/// Returns the row's log-sum-exp `m + ln l` (natural log; −inf for a row without a finite
+/// score, NaN where the row is NaN).
+fn attend_row(q: &[f64], scale: f64, kv: &Kv<'_>, n: usize, mask: Option<&[f64]>, out: &mut [f64]) -> f64 {
     let mut s = [0.0f64; TILE];
     let mut m = f64::NEG_INFINITY;
     let mut l = 0.0f64;
@@ -71,9 +74,20 @@ fn attend_row(q: &[f64], scale: f64, kv: &Kv<'_>, n: usize, mask: Option<&[f64]>
     }
     if m == f64::NEG_INFINITY {
         out.iter_mut().for_each(|o| *o = 0.0);
+        f64::NEG_INFINITY
     } else {
         out.iter_mut().for_each(|o| *o /= l);
+        m + l.ln()
     }
+}
+
+/// The log-sum-exp result of an attention op with `lse=true`: f32 of the given shape.
+fn lse_tensor(op: &Op, shape: Vec<usize>, mut data: Vec<f64>) -> Result<Option<Tensor>> {
+    if !attrs::bool(op, "lse")? {
+        return Ok(None);
+    }
+    round_all(DType::F32, &mut data);
+    Ok(Some(Tensor::from_parts(DType::F32, shape, data)))
 }
 
 /// How many keys query row `i` of `sq` sees among `skv` (causal: bottom-right aligned).
@@ -107,8 +121,9 @@ fn tt(t: &Tensor) -> String {
 
 /// `attention(q, k, v, mask?)`: see the op table. Layout `bhsd` (q `[B,H,Sq,D]`) or `bshd`
 /// (q `[B,Sq,H,D]`); GQA head h reads KV head `h / (H/Hkv)`; causal bottom-right; optional
-/// additive mask broadcast to `[B,H,Sq,Skv]`; one rounding to q's dtype.
-pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+/// additive mask broadcast to `[B,H,Sq,Skv]`; one rounding to q's dtype. With `lse=true`, also
+/// each row's log-sum-exp (f32 `[B,H,Sq]`, `[B,Sq,H]` in `bshd`).
+pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
     for (t, n) in [(q, "q"), (k, "k"), (v, "v")] {
         want(t.rank() == 4 && t.dtype.is_float() && t.dtype == q.dtype, || {
             format!("{n} must be a rank-4 float tensor of q's dtype, got {} (q is {})", tt(t), tt(q))
@@ -158,6 +173,7 @@ pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Optio
     };
     let out_shape = if bshd { vec![bq, sq, heads, dv] } else { vec![bq, heads, sq, dv] };
     let mut data = vec![0.0; bq * heads * sq * dv];
+    let mut lse = vec![0.0; bq * heads * sq];
     let group = heads / kv_heads;
     let (mut k_offs, mut v_offs) = (vec![0usize; skv], vec![0usize; skv]);
     let mut mrow = vec![0.0; skv];
@@ -183,14 +199,15 @@ pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Optio
                         _ => None,
                     };
                     let qrow = &q.data[off(b, h, i, heads, sq, d)..][..d];
-                    attend_row(qrow, scale, &kv, n, mrow, &mut acc);
+                    lse[off(b, h, i, heads, sq, 1)] = attend_row(qrow, scale, &kv, n, mrow, &mut acc);
                     data[off(b, h, i, heads, sq, dv)..][..dv].copy_from_slice(&acc);
                 }
             }
         }
     }
     round_all(q.dtype, &mut data);
-    Ok(Tensor::from_parts(q.dtype, out_shape, data))
+    let lse = lse_tensor(op, out_shape[..3].to_vec(), lse)?;
+    Ok((Tensor::from_parts(q.dtype, out_shape, data), lse))
 }
 
 fn check_pages(kp: &Tensor, vp: &Tensor) -> Result<(usize, usize, usize, usize)> {
@@ -267,8 +284,9 @@ pub(super) fn kv_append(kp: &Tensor, vp: &Tensor, kn: &Tensor, vn: &Tensor, bt: 
 /// `paged_attention`: q `[B, H, T, D]` over `seq_lens[b]` keys of sequence b, key j at page
 /// `block_table[b][j / page_size]`, row `j % page_size`; causal bottom-right with
 /// Skv = `seq_lens[b]`, Sq = T; GQA as in `attention`; a sequence of length 0 gives 0s.
-/// Only the block-table entries a sequence reads are checked.
-pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt: &Tensor, lens: &Tensor) -> Result<Tensor> {
+/// Only the block-table entries a sequence reads are checked. With `lse=true`, also each
+/// row's log-sum-exp (f32 `[B, H, T]`).
+pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt: &Tensor, lens: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
     want(q.rank() == 4 && q.dtype.is_float(), || format!("q must be a rank-4 float tensor [batch, heads, T, head_dim], got {}", tt(q)))?;
     let (pages, page_size, hkv, d) = check_pages(kp, vp)?;
     want(kp.dtype == q.dtype, || format!("q and the pages must share a dtype, got {} and {}", tt(q), tt(kp)))?;
@@ -283,6 +301,7 @@ pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt:
     let capacity = cols * page_size;
     let group = heads / kv_heads;
     let mut data = vec![0.0; q.data.len()];
+    let mut lse = vec![0.0; batch * heads * t];
     let mut acc = vec![0.0; d];
     let (mut base, mut k_offs) = (Vec::new(), Vec::new());
     for b in 0..batch {
@@ -308,12 +327,61 @@ pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt:
                 for i in 0..t {
                     let n = visible(causal, i, t, len);
                     let at = ((b * heads + hh) * t + i) * d;
-                    attend_row(&q.data[at..][..d], scale, &kv, n, None, &mut acc);
+                    lse[(b * heads + hh) * t + i] = attend_row(&q.data[at..][..d], scale, &kv, n, None, &mut acc);
                     data[at..at + d].copy_from_slice(&acc);
                 }
             }
         }
     }
     round_all(q.dtype, &mut data);
-    Ok(Tensor::from_parts(q.dtype, q.shape.clone(), data))
+    let lse = lse_tensor(op, vec![batch, heads, t], lse)?;
+    Ok((Tensor::from_parts(q.dtype, q.shape.clone(), data), lse))
+}
+
+/// `attention_merge(o_a, lse_a, o_b, lse_b)`: per row (every axis of o but the last), with
+/// `M = max(lse_a, lse_b)` (NaN-propagating) and `wₓ = exp(lseₓ − M)`, `o = (w_a·o_a +
+/// w_b·o_b)/(w_a + w_b)` rounded once to o's dtype and `lse = M + ln(w_a + w_b)` in f32. A
+/// state whose lse is −inf contributes nothing (its o is not read); two empty states give
+/// o = 0 and lse = −inf.
+pub(super) fn attention_merge(oa: &Tensor, la: &Tensor, ob: &Tensor, lb: &Tensor) -> Result<(Tensor, Tensor)> {
+    want(oa.rank() >= 1 && oa.dtype.is_float(), || format!("o_a must be a float tensor [..., D], got {}", tt(oa)))?;
+    want(oa.dtype == ob.dtype && oa.shape == ob.shape, || format!("o_a and o_b must have one type, got {} and {}", tt(oa), tt(ob)))?;
+    let rows_shape = &oa.shape[..oa.rank() - 1];
+    for (l, n) in [(la, "lse_a"), (lb, "lse_b")] {
+        want(l.dtype == DType::F32 && l.shape == rows_shape, || format!("{n} must be f32 of o's shape without its last axis, got {} (o is {})", tt(l), tt(oa)))?;
+    }
+    let d = oa.shape[oa.rank() - 1];
+    let rows = la.data.len();
+    let mut o = vec![0.0; rows * d];
+    let mut lse = vec![0.0; rows];
+    for r in 0..rows {
+        let (a, b) = (la.data[r], lb.data[r]);
+        let m = nan_max(a, b);
+        let out = &mut o[r * d..][..d];
+        if m == f64::NEG_INFINITY {
+            lse[r] = f64::NEG_INFINITY;
+            continue;
+        }
+        let mut sum = 0.0;
+        for (l, src) in [(a, row_of(oa, r, d)), (b, row_of(ob, r, d))] {
+            if l == f64::NEG_INFINITY {
+                continue;
+            }
+            let w = (l - m).exp();
+            sum += w;
+            for (x, &y) in out.iter_mut().zip(src) {
+                *x += w * y;
+            }
+        }
+        out.iter_mut().for_each(|x| *x /= sum);
+        lse[r] = m + sum.ln();
+    }
+    round_all(oa.dtype, &mut o);
+    round_all(DType::F32, &mut lse);
+    Ok((Tensor::from_parts(oa.dtype, oa.shape.clone(), o), Tensor::from_parts(DType::F32, la.shape.clone(), lse)))
+}
+
+/// Row `r` (of length `d`) of `t`.
+fn row_of(t: &Tensor, r: usize, d: usize) -> &[f64] {
+    &t.data[r * d..][..d]
 }

@@ -661,12 +661,22 @@ fn eval_op(op: &Op, ins: &[&Tensor], b: &Bindings) -> Result<Vec<Tensor>> {
             RmsNorm => one(composite::rms_norm(op, x(0)?, x(1)?)?),
             LayerNorm => one(composite::layer_norm(op, x(0)?, x(1)?, x(2)?)?),
             Swiglu => one(composite::swiglu(x(0)?, x(1)?)?),
-            Attention => one(attention::attention(op, x(0)?, x(1)?, x(2)?, ins.get(3).copied())?),
+            Attention => {
+                let (o, lse) = attention::attention(op, x(0)?, x(1)?, x(2)?, ins.get(3).copied())?;
+                Ok(std::iter::once(o).chain(lse).collect())
+            }
             KvAppend => {
                 let (k, v) = attention::kv_append(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, x(5)?)?;
                 Ok(vec![k, v])
             }
-            PagedAttention => one(attention::paged_attention(op, x(0)?, x(1)?, x(2)?, x(3)?, x(4)?)?),
+            PagedAttention => {
+                let (o, lse) = attention::paged_attention(op, x(0)?, x(1)?, x(2)?, x(3)?, x(4)?)?;
+                Ok(std::iter::once(o).chain(lse).collect())
+            }
+            AttentionMerge => {
+                let (o, lse) = attention::attention_merge(x(0)?, x(1)?, x(2)?, x(3)?)?;
+                Ok(vec![o, lse])
+            }
             _ => attr_err(format!("`{}` is not a composite op", op.kind.name())),
         },
         OpClass::Call => attr_err("`call` is evaluated by the evaluator"),

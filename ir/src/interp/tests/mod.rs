@@ -1,6 +1,7 @@
 //! Tests of the reference interpreter: hand-computed values, errors, and (in `decomp`) each
 //! composite op against its decomposition; `llama` runs a small decoder layer through `call`.
 
+mod cascade;
 mod decomp;
 mod errors;
 mod llama;
