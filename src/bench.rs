@@ -303,7 +303,7 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
 /// prefix pages shared by every block table. Every row counts the same traffic, the K/V bytes
 /// a request attends to (`2 · B · (prefix + suffix) · Hkv · D · 2`), so the GB/s column is an
 /// effective bandwidth and the ratio of two rows' GB/s is their speed-up; the rows compare
-/// with `anchors.py`'s `cascade` group (cuDNN sdpa over the same `[B, Hkv, L, D]` keys).
+/// with `anchors_cascade.py`'s rows (cuDNN sdpa over the same `[B, Hkv, L, D]` keys).
 fn cascade_group(out: &mut Vec<BenchCase>) -> Result<(), Error> {
     use crate::zoo::cascade::{cascade_decode, plain_decode, plain_tables, CascadeConfig};
     let c = CascadeConfig::bench();

@@ -154,9 +154,10 @@ enum Cmd {
         /// layernorm log_softmax reduce rows matmul attn decode.
         #[arg(long, num_args = 1.., value_delimiter = ',')]
         only: Vec<String>,
-        /// anchors.json written by bench/anchors.py in the same device call.
-        #[arg(long)]
-        anchors: Option<PathBuf>,
+        /// anchors.json written by bench/anchors.py in the same device call (and more such
+        /// files, e.g. bench/anchors_cascade.py's: their rows are joined).
+        #[arg(long, num_args = 1..)]
+        anchors: Vec<PathBuf>,
         /// Timed iterations per row (median reported).
         #[arg(long, default_value_t = 20)]
         iters: usize,
@@ -213,7 +214,7 @@ fn main() -> ExitCode {
         Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules.as_deref()),
         Cmd::Bench { only, anchors, iters, json, precompile, autotune } => match precompile {
             Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled ({} of them over damaged cache entries), {} already cached", s.kernels, s.built, s.rebuilt, s.cached)).map_err(Into::into),
-            None => bench(&only, anchors.as_deref(), iters, json.as_deref(), autotune),
+            None => bench(&only, &anchors, iters, json.as_deref(), autotune),
         },
         Cmd::Check { file } => check(&file),
         Cmd::Graph { model, mode, dtype } => {
@@ -282,15 +283,13 @@ fn demo() -> AnyResult {
     Ok(())
 }
 
-fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json: Option<&std::path::Path>, autotune: bool) -> AnyResult {
-    let anchors: Vec<serde_json::Value> = match anchors {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            v.get("rows").and_then(|r| r.as_array()).or_else(|| v.as_array()).cloned().unwrap_or_default()
-        }
-        None => vec![],
-    };
+fn bench(only: &[String], anchor_files: &[PathBuf], iters: usize, json: Option<&std::path::Path>, autotune: bool) -> AnyResult {
+    let mut anchors: Vec<serde_json::Value> = Vec::new();
+    for p in anchor_files {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        anchors.extend(v.get("rows").and_then(|r| r.as_array()).or_else(|| v.as_array()).cloned().unwrap_or_default());
+    }
     let rows = sinter::bench::run(only, &anchors, iters.max(1), autotune)?;
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?).map_err(|e| format!("cannot write {}: {e}", p.display()))?;

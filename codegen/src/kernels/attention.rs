@@ -753,13 +753,7 @@ impl Prefill {
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
     if attention_tc::eligible(&p).is_ok() {
-        let mut sched = attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target);
-        if p.lse.is_some() && sched.block_kv == 48 {
-            // The lse epilogue tips the 48-key tile over 255 registers (8 bytes spilled at
-            // sm_90a, D 128, constant lengths), as causality does: 32-key tiles.
-            sched.block_kv = 32;
-        }
-        match attention_tc::plan(&p, target, &sched) {
+        match attention_tc::plan(&p, target, &tc_default(&p, target)) {
             // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
             Err(CodegenError::Unsupported { .. }) => {}
             done => return done,
@@ -767,6 +761,17 @@ pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) ->
     }
     let s = choose_prefill_schedule(p.d, p.dv, p.dtype);
     prefill_plan(&p, target, &s)
+}
+
+/// The tensor-core schedule [`generate_prefill`] tries first for `p`.
+fn tc_default(p: &Prefill, target: &Target) -> TcSchedule {
+    let mut sched = attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target);
+    if p.lse.is_some() && sched.block_kv == 48 {
+        // The lse epilogue tips the 48-key tile over 255 registers (8 bytes spilled at
+        // sm_90a, D 128, constant lengths), as causality does: 32-key tiles.
+        sched.block_kv = 32;
+    }
+    sched
 }
 
 /// The schedule candidates of prefill attention `kernel` for autotuning
@@ -783,17 +788,18 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
         let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
         return Ok(vec![("cuda-core".into(), build)]);
     }
-    let default = attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target);
-    let mut scheds = vec![default];
-    scheds.extend([32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default));
-    Ok(scheds
-        .into_iter()
-        .map(|sc| {
-            let p = p.clone();
-            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan(&p, target, &sc));
-            (sc.name(), build)
-        })
-        .collect())
+    // The default is exactly `generate_prefill` (which falls back to CUDA cores where the
+    // target's shared memory does not fit the tile); the alternatives other key tiles.
+    let default = tc_default(&p, target);
+    let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
+    let mut out: Vec<crate::Candidate<'a>> = vec![(default.name(), first)];
+    let alts = [32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default);
+    for sc in alts {
+        let p = p.clone();
+        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan(&p, target, &sc));
+        out.push((sc.name(), build));
+    }
+    Ok(out)
 }
 
 /// As [`generate_prefill`], on tensor cores with the schedule given
