@@ -4325,8 +4325,8 @@ pub(crate) mod emu {
     const GUARD: usize = 256;
 
     pub(crate) fn to_bytes(t: &Tensor) -> Vec<u8> {
-        let mut v = Vec::new();
-        for &x in t.data() {
+        let mut v = t.to_blocks().unwrap_or_default();
+        for &x in t.data().iter().filter(|_| !t.dtype().is_quantized()) {
             match t.dtype() {
                 DType::BF16 => v.extend(f32_to_bf16(x as f32).to_le_bytes()),
                 DType::F32 => v.extend((x as f32).to_le_bytes()),
@@ -4334,6 +4334,7 @@ pub(crate) mod emu {
                 DType::I64 => v.extend((x as i64).to_le_bytes()),
                 DType::Bool => v.push(u8::from(x != 0.0)),
                 DType::F16 => v.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+                DType::Q8_0 | DType::Q4_1 => {}
             }
         }
         v.extend(std::iter::repeat_n(0xA5, GUARD));
