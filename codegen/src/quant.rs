@@ -72,3 +72,82 @@ pub(crate) fn element<'ctx>(kb: &KernelBuilder<'ctx>, dtype: DType, base: Pointe
     let nf = b.build_unsigned_int_to_float(nib, f32t, "nf")?;
     fma(kb, nf, d, m)
 }
+
+/// The 32 exact `f32` values of block `block` (an `i64` block index) of the block-quantized
+/// tensor at `base` (bytes, global memory, 4-byte aligned), read with 4-byte loads:
+///
+/// - `q4_1` (20-byte blocks, so every block is 4-byte aligned): five `ld.global.b32` — `d`
+///   and `m` in the first word, the 16 quant bytes in the other four; element `4i + t` is the
+///   low nibble of byte `t` of quant word `i`, element `16 + 4i + t` its high nibble.
+/// - `q8_0` (34-byte blocks, 2-byte aligned): the block starts `s = 34·block mod 4` (0 or 2)
+///   bytes past a 4-byte boundary; eight words from that boundary and a last word assembled
+///   from two 16-bit loads (the second at `+32+s`, so that no byte past the block is read)
+///   are funnel-shifted right by `8s` bits (`shf.r`), giving the block's bytes in order.
+///
+/// Nothing outside the block is read.
+pub(crate) fn block_values<'ctx>(kb: &KernelBuilder<'ctx>, dtype: DType, base: PointerValue<'ctx>, block: IntValue<'ctx>) -> R<Vec<FloatValue<'ctx>>> {
+    let b = &kb.b;
+    let i8t = kb.cx.i8_type();
+    let i16t = kb.cx.i16_type();
+    let i32t = kb.cx.i32_type();
+    let f32t = kb.cx.f32_type();
+    let bb = block_bytes(dtype)?;
+    let at = b.build_int_mul(block, kb.i64c(i64::from(bb)), "qat")?;
+    let word = |p: PointerValue<'ctx>, i: i64| -> R<IntValue<'ctx>> { Ok(kb.load(i32t.into(), kb.gep(i32t.into(), p, kb.i64c(i))?, 4)?.into_int_value()) };
+    let byte_of = |w: IntValue<'ctx>, shift: u64, signed: bool| -> R<FloatValue<'ctx>> {
+        if signed {
+            // Byte `shift/8` as a signed integer: shift it to the top, arithmetic shift down.
+            let up = b.build_left_shift(w, i32t.const_int(24 - shift, false), "qb")?;
+            let v = b.build_right_shift(up, i32t.const_int(24, false), true, "qb")?;
+            Ok(b.build_signed_int_to_float(v, f32t, "qf")?)
+        } else {
+            let v = b.build_right_shift(w, i32t.const_int(shift, false), false, "qn")?;
+            let v = b.build_and(v, i32t.const_int(15, false), "qn")?;
+            Ok(b.build_unsigned_int_to_float(v, f32t, "qf")?)
+        }
+    };
+    let mut out = Vec::with_capacity(32);
+    if dtype == DType::Q4_1 {
+        let p = kb.gep(i8t.into(), base, at)?;
+        let w0 = word(p, 0)?;
+        let d = f16_bits_to_f32(kb, w0)?;
+        let m = f16_bits_to_f32(kb, b.build_right_shift(w0, i32t.const_int(16, false), false, "m")?)?;
+        let ws: Vec<IntValue> = (1..5).map(|i| word(p, i)).collect::<R<_>>()?;
+        let mut lo = Vec::with_capacity(16);
+        let mut hi = Vec::with_capacity(16);
+        for w in &ws {
+            for t in 0..4u64 {
+                lo.push(fma(kb, byte_of(*w, 8 * t, false)?, d, m)?);
+                hi.push(fma(kb, byte_of(*w, 8 * t + 4, false)?, d, m)?);
+            }
+        }
+        out.extend(lo);
+        out.extend(hi);
+        return Ok(out);
+    }
+    // q8_0: align down to a word, shift by 8·s bits.
+    let s = b.build_and(at, kb.i64c(3), "qs")?;
+    let aligned = b.build_int_sub(at, s, "qa")?;
+    let p = kb.gep(i8t.into(), base, aligned)?;
+    let mut w: Vec<IntValue> = (0..8).map(|i| word(p, i)).collect::<R<_>>()?;
+    let lo16 = kb.load(i16t.into(), kb.gep(i8t.into(), p, kb.i64c(32))?, 2)?.into_int_value();
+    let hi_at = b.build_int_add(s, kb.i64c(32), "qh")?;
+    let hi16 = kb.load(i16t.into(), kb.gep(i8t.into(), p, hi_at)?, 2)?.into_int_value();
+    let lo32 = b.build_int_z_extend(lo16, i32t, "w8")?;
+    let hi32 = b.build_left_shift(b.build_int_z_extend(hi16, i32t, "w8")?, i32t.const_int(16, false), "w8")?;
+    w.push(b.build_or(lo32, hi32, "w8")?);
+    let sh = b.build_int_truncate(b.build_left_shift(s, kb.i64c(3), "sh")?, i32t, "sh")?;
+    // Shifted words: sw[i] holds block bytes 4i .. 4i+4 (sw[8]: bytes 32, 33 in its low half).
+    let mut sw = Vec::with_capacity(9);
+    for i in 0..9 {
+        let next = if i + 1 < 9 { w[i + 1] } else { i32t.const_zero() };
+        sw.push(kb.intrinsic_value("llvm.fshr", &[i32t.into()], &[next.into(), w[i].into(), sh.into()])?.into_int_value());
+    }
+    let d = f16_bits_to_f32(kb, sw[0])?;
+    for j in 0..32usize {
+        let byte = j + 2;
+        let q = byte_of(sw[byte / 4], 8 * (byte % 4) as u64, true)?;
+        out.push(b.build_float_mul(q, d, "qv")?);
+    }
+    Ok(out)
+}

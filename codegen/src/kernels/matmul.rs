@@ -448,6 +448,10 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
+    if let (Some(q), false) = (spec.b_quant, matches!(schedule, MatmulSchedule::SmallM(s) if s.lanes == 32)) {
+        return Err(unsupported(&spec.kernel_name, format!("a {q} B operand is read only by the small-M schedule with 32 lanes per column, not {schedule:?}")));
+    }
+    let tag = if spec.b_quant.is_some() { "matmul_small_m_q" } else { tag };
     let entry = format!("{}_{tag}", spec.kernel_name);
     let ctx = Context::create();
     let n_outputs = spec.n_buffers - spec.n_inputs;
@@ -478,6 +482,22 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         }
     };
     Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes, params })
+}
+
+/// When `v` is `dequantize` of a block-quantized kernel input: `Ok((parameter, dtype))`, or
+/// why the kernel cannot read it as blocks; `None` when `v` is something else.
+fn quantized_operand(body: &Function, v: Value, buffers: &[BufInfo]) -> Option<Result<(usize, DType), String>> {
+    let ValueDef::Result(n, _) = body.values.get(v)?.def else { return None };
+    let nd = body.nodes.get(n)?;
+    if nd.op.kind != OpKind::Dequantize {
+        return None;
+    }
+    let w = *nd.inputs.first()?;
+    let q = body.ty(w).dtype;
+    Some(match body.values[w].def {
+        ValueDef::Param(i) if q.is_quantized() && buffers.get(i).is_some_and(|b| b.dtype == q) => Ok((i, q)),
+        _ => Err(format!("`dequantize` of {} that is not a {q} kernel input", body.label(w))),
+    })
 }
 
 /// The error for a kernel this family cannot generate (`kernel` is `k3`).
@@ -542,6 +562,10 @@ struct Spec {
     dtype: DType,
     a: MatOperand,
     b: MatOperand,
+    /// B is `dequantize` of a block-quantized kernel input (`q8_0`/`q4_1`, `[N, K]` read with
+    /// `transpose_b`): its blocks are read as stored and dequantised in registers
+    /// ([`MatOperand`] `b` then describes the quantized buffer in elements).
+    b_quant: Option<DType>,
     m: Dim,
     n: Dim,
     k: Dim,
@@ -633,7 +657,21 @@ impl Spec {
             Ok(MatOperand { buffer: view.param, dtype, offset: view.offset, batch_strides: bs, outer, ks, align: view.align })
         };
         let a = mat(av, at, ta, true)?;
-        let b = mat(bv, bt, tb, false)?;
+        let (b, b_quant) = match quantized_operand(body, bv, &buffers) {
+            Some(w) => {
+                let (w, q) = w.map_err(&no)?;
+                if !tb || ta || bt.rank() != 2 {
+                    return Err(no(format!("a {q} weight is read as blocks only as a [N, K] B operand with transpose_b (got {bt}, transpose_a {ta}, transpose_b {tb})")));
+                }
+                let info = &buffers[w];
+                if info.strides != Layout::contiguous(&info.shape).strides || info.align < 4 {
+                    return Err(no(format!("the {q} weight must be a contiguous, 4-byte aligned buffer")));
+                }
+                let outer = info.strides[0].clone();
+                (MatOperand { buffer: w, dtype, offset: Dim::constant(0), batch_strides: vec![Dim::constant(0); rank - 2], outer, ks: Dim::constant(1), align: info.align }, Some(q))
+            }
+            None => (mat(bv, bt, tb, false)?, None),
+        };
         for op in [&a, &b] {
             all_dims.extend(op.batch_strides.iter().cloned());
             all_dims.extend([op.offset.clone(), op.outer.clone(), op.ks.clone()]);
@@ -665,6 +703,7 @@ impl Spec {
             dtype,
             a,
             b,
+            b_quant,
             m,
             n,
             k,
@@ -690,6 +729,11 @@ impl Spec {
     /// per combined segment).
     fn default_schedule(&self, target: &Target) -> MatmulSchedule {
         let b_k = self.b.ks.as_const() == Some(1);
+        if self.b_quant.is_some() {
+            // The quantized small-M kernel (a warp per column streams the column's blocks).
+            let rows = self.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
+            return MatmulSchedule::SmallM(small_m_schedule(rows, true));
+        }
         let multiple = match &self.epi {
             Epi::Columns { rope_d, .. } => u32::try_from(*rope_d).unwrap_or(u32::MAX),
             _ => 1,
@@ -1398,16 +1442,19 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
         None
     };
 
-    // Vector width along K: 16 bytes where both operands allow it and K is a multiple.
-    let es = spec.dtype.size_bytes() as u32;
-    let vw = 16 / es;
-    let c = if lanes > 1 && spec.a.vector_ok(vw) && spec.b.vector_ok(vw) && spec.k.div_exact(i64::from(vw)).is_some() { vw } else { 1 };
-
     // acc[column][row]
     let acc: Vec<Vec<PointerValue>> = cols.iter().map(|_| (0..s.rows).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
     let m_valid: Vec<IntValue> = (0..s.rows)
         .map(|i| kit.icmp(IntPredicate::SLT, kit.add(m0, kit.i64c(i64::from(i)))?, mdim))
         .collect::<R<_>>()?;
+    if let Some(q) = spec.b_quant {
+        small_m_quant_loop(kit, spec, q, (lane, lanes), &cols, n_valid, (m0, &m_valid), &acc, &bases)?;
+    } else {
+    // Vector width along K: 16 bytes where both operands allow it and K is a multiple.
+    let es = spec.dtype.size_bytes() as u32;
+    let vw = 16 / es;
+    let c = if lanes > 1 && spec.a.vector_ok(vw) && spec.b.vector_ok(vw) && spec.k.div_exact(i64::from(vw)).is_some() { vw } else { 1 };
+
     let start = kit.mul(lane, kit.i64c(i64::from(c)))?;
     let step = kit.i64c(i64::from(c * lanes));
     kit.for_range(start, kdim, step, |k, kk| {
@@ -1431,6 +1478,7 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
         }
         Ok(())
     })?;
+    }
     // Reduce over the lanes of a column (lanes are aligned groups of a warp).
     let masks: Vec<u32> = (0..lanes.trailing_zeros()).rev().map(|b| 1 << b).collect();
     let mut sums: Vec<Vec<FloatValue>> = Vec::with_capacity(acc.len());
@@ -1452,6 +1500,66 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
             }
         }
         Ok(())
+    })
+}
+
+/// The K loop of the small-M kernel when B is block-quantized (`q8_0`/`q4_1`, `[N, K]`):
+/// lane `l` of a column's group takes blocks `l, l + lanes, …` of the column's row of blocks
+/// (so a warp reads `lanes` consecutive blocks, 640 contiguous bytes of `q4_1` or 1088 of
+/// `q8_0`, per step), decodes the block's 32 values in registers ([`crate::quant::block_values`]:
+/// 4-byte loads), rounds each to the `dequantize` dtype (where the unfused graph rounds), and
+/// accumulates them against the 32 matching elements of each row of A (16-byte vectors where
+/// A's layout allows) in f32. A column past N reads nothing.
+#[allow(clippy::too_many_arguments)]
+fn small_m_quant_loop<'ctx>(
+    kit: &Kit<'ctx>,
+    spec: &Spec,
+    q: DType,
+    (lane, lanes): (IntValue<'ctx>, u32),
+    cols: &[IntValue<'ctx>],
+    n_valid: IntValue<'ctx>,
+    (m0, m_valid): (IntValue<'ctx>, &[IntValue<'ctx>]),
+    acc: &[Vec<PointerValue<'ctx>>],
+    bases: &Bases<'ctx>,
+) -> R<()> {
+    let dt = spec.dtype;
+    let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
+    let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
+    let kdim = kit.dim(&spec.k)?;
+    let kblocks = kit.udiv(kdim, kit.i64c(32))?;
+    // A's 32 elements of a block: vectors of 16 bytes where its layout allows.
+    let vw = 16 / dt.size_bytes() as u32;
+    let vector = spec.a.vector_ok(vw);
+    let (chunk, nchunks) = if vector { (vw, 32 / vw) } else { (32, 1) };
+    kit.if_then(n_valid, |k| {
+        k.for_range(lane, kblocks, k.i64c(i64::from(lanes)), |k, kb| {
+            let mut bvs = Vec::with_capacity(cols.len());
+            for &col in cols {
+                let block = k.add(k.mul(col, kblocks)?, kb)?;
+                let vals = k.math(|b| crate::quant::block_values(b, q, b_ptr, block))?;
+                let vals: Vec<FloatValue> = vals.into_iter().map(|v| k.math(|b| b.round_to(v, dt))).collect::<R<_>>()?;
+                bvs.push(vals);
+            }
+            let k0 = k.mul(kb, k.i64c(32))?;
+            for (i, &mv) in m_valid.iter().enumerate() {
+                let m = k.add(m0, k.i64c(i as i64))?;
+                let mut av = Vec::with_capacity(32);
+                for c in 0..nchunks {
+                    let kk = k.add(k0, k.i64c(i64::from(c * chunk)))?;
+                    let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
+                    av.extend(k.guarded_load(mv, dt, a_ptr, aidx, chunk, vector, a_ks)?);
+                }
+                for (seg_acc, bv) in acc.iter().zip(&bvs) {
+                    let p = seg_acc[i];
+                    let mut sum = k.get_f(p)?;
+                    for (x, y) in av.iter().zip(bv) {
+                        sum = k.fma(*x, *y, sum)?;
+                    }
+                    k.set(p, sum.into())?;
+                }
+            }
+            Ok(())
+        })
     })
 }
 
@@ -3332,6 +3440,96 @@ pub(crate) mod tests {
             check(&format!("f32 transpose_a K={kk}"), &g, k, gen, &ins, &bind(&[("K", kk as i64)]));
         }
         emulated_mma_direct();
+    }
+
+    /// `x [m, k] · dequantize(w [n, k] of q, dtype)ᵀ`, then `epi`: "none", "bias_silu" (+ bias
+    /// [n], silu) or "residual" (+ r [m, n]); the kernel reads w as stored blocks.
+    fn quant_proj(q: DType, dt: DType, m: Dim, n: i64, k: i64, epi: &str) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "qproj");
+        let x = fb.param("x", ty(dt, &[m.clone(), d(k)]));
+        let w = fb.param("w", ty(q, &[d(n), d(k)]));
+        let wd = fb.op1(OpKind::Dequantize, &[w], vec![("dtype", Attr::DType(dt))]).unwrap();
+        let mut y = fb.op1(OpKind::Matmul, &[x, wd], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        match epi {
+            "bias_silu" => {
+                let bias = fb.param("bias", ty(dt, &[d(n)]));
+                y = fb.op1(OpKind::Add, &[y, bias], vec![]).unwrap();
+                y = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+            }
+            "residual" => {
+                let r = fb.param("r", ty(dt, &[m, d(n)]));
+                y = fb.op1(OpKind::Add, &[r, y], vec![]).unwrap();
+            }
+            _ => {}
+        }
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
+    /// Random quantized weights: values in [−1, 1) with a few blocks of larger range,
+    /// quantized as llama.cpp's reference quantizers do.
+    fn random_q(q: DType, shape: &[usize], seed: u64) -> Tensor {
+        let v = super::emu::random(DType::F32, shape, seed);
+        let vals: Vec<f32> = v.data().iter().enumerate().map(|(i, &x)| if (i / 32) % 7 == 3 { (x * 40.0) as f32 } else { x as f32 }).collect();
+        Tensor::quantize(q, shape, &vals).unwrap()
+    }
+
+    #[test]
+    fn emulated_quantized() {
+        use super::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate(g, k, &Target::SM_80);
+        for q in [DType::Q4_1, DType::Q8_0] {
+            // M 1 / 3 / 16; N tails (a column group of 4 partly past N); K 32, 96, 4096.
+            for (m, n, k, epi) in [(1usize, 70i64, 32i64, "none"), (3, 37, 96, "bias_silu"), (16, 9, 4096, "residual"), (1, 5, 4096, "none"), (2, 33, 160, "none")] {
+                for dt in [DType::BF16, DType::F32] {
+                    let (g, kk) = quant_proj(q, dt, d(m as i64), n, k, epi);
+                    let plan = gen(&g, kk).unwrap();
+                    assert!(plan.entry.ends_with("matmul_small_m_q"), "{}", plan.entry);
+                    // NaN and ±inf in the activations where some rows stay finite (M ≥ 3), and
+                    // in the one row at M = 1, N = 70 (every output NaN: it propagates).
+                    let x = random(dt, &[m, k as usize], 1);
+                    let x = if m >= 3 || n == 70 { with_specials(x) } else { x };
+                    let mut ins = vec![x, random_q(q, &[n as usize, k as usize], 2)];
+                    match epi {
+                        "bias_silu" => ins.push(random(dt, &[n as usize], 3)),
+                        "residual" => ins.push(random(dt, &[m, n as usize], 4)),
+                        _ => {}
+                    }
+                    check(&format!("{q} {dt} M={m} N={n} K={k} {epi}"), &g, kk, gen, &ins, &bind(&[]));
+                }
+            }
+        }
+        // f16 activations, a symbolic M bound to 1 and 5 (16 rows per CTA).
+        let (g, kk) = quant_proj(DType::Q4_1, DType::F16, sym("T"), 40, 64, "none");
+        for t in [1usize, 5] {
+            let ins = [random(DType::F16, &[t, 64], 5), random_q(DType::Q4_1, &[40, 64], 6)];
+            check(&format!("q4_1 f16 T={t}"), &g, kk, gen, &ins, &bind(&[("T", t as i64)]));
+        }
+    }
+
+    #[test]
+    fn quantized_ptxas_reports() {
+        let cases: Vec<(&str, (KernelGraph, Kernel))> = vec![
+            ("q4_1 bf16 M=1 K=4096 N=28672 (GEMV)", quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q8_0 bf16 M=1 K=4096 N=28672 (GEMV)", quant_proj(DType::Q8_0, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q4_1 bf16 M=16 K=4096 N=28672 (small M)", quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q8_0 bf16 M=16 K=4096 N=28672 (small M)", quant_proj(DType::Q8_0, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q4_1 f32 M=3 bias+silu", quant_proj(DType::Q4_1, DType::F32, d(3), 70, 96, "bias_silu")),
+        ];
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            for (what, (g, k)) in &cases {
+                let plan = generate(g, *k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("matmul_quant_ptxas", text);
+        // The GEMV's PTX for sm_90a: 4-byte loads of the blocks, no local memory.
+        let (g, k) = quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none");
+        let plan = generate(&g, k, &Target::SM_90A).unwrap();
+        assert!(plan.ptx.contains("ld.global.nc.u32") || plan.ptx.contains("ld.global.u32") || plan.ptx.contains("ld.global.nc.b32") || plan.ptx.contains("ld.global.b32"), "no 4-byte block loads");
+        assert!(!plan.ptx.contains(".local"), "local memory in the quantized GEMV");
+        insta::assert_snapshot!("matmul_quant_q4_1_gemv_sm_90a_ptx", plan.ptx);
     }
 
     /// Small tensor-core schedules for the emulator: one warp and a 2-stage pipeline; four
