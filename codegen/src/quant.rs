@@ -151,3 +151,76 @@ pub(crate) fn block_values<'ctx>(kb: &KernelBuilder<'ctx>, dtype: DType, base: P
     }
     Ok(out)
 }
+
+/// The raw words thread `t` (`lane mod 4`, an `i64`) of an `mma.m16n8k16` B fragment needs
+/// from block `block` (an `i64` block index) of one weight row: with `B(k, n) = W[n][k]`,
+/// its fragments of the block's two k16 steps hold elements `2t, 2t+1, 2t+8, 2t+9` and the
+/// same plus 16 (PTX ISA §9.7.14.5.14). Loads (all naturally aligned):
+/// - `q4_1`: the word of `d` and `m`, and the 16-bit pairs of quant bytes `2t, 2t+1` and
+///   `2t+8, 2t+9`, whose low nibbles are the first step's elements and high nibbles the
+///   second's (3 loads);
+/// - `q8_0`: `d`, and the quant byte pairs `2t`, `2t+8`, `16+2t`, `24+2t` (5 loads).
+///
+/// Every load is of the block itself; the four threads of a row read the whole block.
+pub(crate) fn fragment_words<'ctx>(kb: &KernelBuilder<'ctx>, dtype: DType, base: PointerValue<'ctx>, block: IntValue<'ctx>, t: IntValue<'ctx>) -> R<Vec<IntValue<'ctx>>> {
+    let b = &kb.b;
+    let i8t = kb.cx.i8_type();
+    let i16t = kb.cx.i16_type();
+    let i32t = kb.cx.i32_type();
+    let bb = block_bytes(dtype)?;
+    let at = b.build_int_mul(block, kb.i64c(i64::from(bb)), "qat")?;
+    let p = kb.gep(i8t.into(), base, at)?;
+    let two_t = b.build_left_shift(t, kb.i64c(1), "t2")?;
+    let half = |off: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        let v = kb.load(i16t.into(), kb.gep(i8t.into(), p, off)?, 2)?.into_int_value();
+        Ok(b.build_int_z_extend(v, i32t, "h")?)
+    };
+    let at_t = |c: i64| -> R<IntValue<'ctx>> { Ok(b.build_int_add(two_t, kb.i64c(c), "o")?) };
+    if dtype == DType::Q4_1 {
+        let dm = kb.load(i32t.into(), p, 4)?.into_int_value();
+        return Ok(vec![dm, half(at_t(4)?)?, half(at_t(12)?)?]);
+    }
+    Ok(vec![half(kb.i64c(0))?, half(at_t(2)?)?, half(at_t(10)?)?, half(at_t(18)?)?, half(at_t(26)?)?])
+}
+
+/// The eight exact `f32` values of [`fragment_words`]'s words, in fragment order: the first
+/// k16 step's `b[0]` (elements `2t`, `2t+1`) and `b[1]` (`2t+8`, `2t+9`), then the second
+/// step's (the same plus 16).
+pub(crate) fn fragment_values<'ctx>(kb: &KernelBuilder<'ctx>, dtype: DType, w: &[IntValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
+    let b = &kb.b;
+    let i32t = kb.cx.i32_type();
+    let f32t = kb.cx.f32_type();
+    let bits = |v: IntValue<'ctx>, shift: u64, mask: u64| -> R<IntValue<'ctx>> {
+        let s = b.build_right_shift(v, i32t.const_int(shift, false), false, "q")?;
+        Ok(b.build_and(s, i32t.const_int(mask, false), "q")?)
+    };
+    if dtype == DType::Q4_1 {
+        let [dm, w0, w1] = w else { return Err(CodegenError::Builder("q4_1 fragment words".into())) };
+        let d = f16_bits_to_f32(kb, *dm)?;
+        let m = f16_bits_to_f32(kb, b.build_right_shift(*dm, i32t.const_int(16, false), false, "m")?)?;
+        let mut out = Vec::with_capacity(8);
+        // Step 0: low nibbles of bytes (2t, 2t+1), (2t+8, 2t+9); step 1: the high nibbles.
+        for hi in [0u64, 4] {
+            for word in [*w0, *w1] {
+                for byte in [0u64, 8] {
+                    let n = b.build_unsigned_int_to_float(bits(word, byte + hi, 15)?, f32t, "nf")?;
+                    out.push(fma(kb, n, d, m)?);
+                }
+            }
+        }
+        return Ok(out);
+    }
+    let [dw, rest @ ..] = w else { return Err(CodegenError::Builder("q8_0 fragment words".into())) };
+    let d = f16_bits_to_f32(kb, *dw)?;
+    let mut out = Vec::with_capacity(8);
+    for word in rest {
+        for byte in [0u64, 8] {
+            // Sign-extend byte `byte/8` of the 16-bit pair.
+            let up = b.build_left_shift(*word, i32t.const_int(24 - byte, false), "s")?;
+            let q = b.build_right_shift(up, i32t.const_int(24, false), true, "s")?;
+            let qf = b.build_signed_int_to_float(q, f32t, "qf")?;
+            out.push(b.build_float_mul(qf, d, "qv")?);
+        }
+    }
+    Ok(out)
+}

@@ -91,6 +91,28 @@
 //!   what decode (memory-bound) needs; FlashDecoding++ (Hong et al. 2023, arXiv 2311.01282,
 //!   §4) motivates the flat-GEMM split.
 //!
+//! **Block-quantized weights** (`q8_0`, `q4_1`: GGUF blocks of 32 along K, see
+//! [`sinter_ir::DType::Q4_1`]): a B operand that is `dequantize(w)` of a `[N, K]` kernel
+//! input read with `transpose_b` (the GGUF layout; the passes fuse it at a constant M ≤ 16,
+//! `sinter_passes::contract::quantized_b`) is read as stored and dequantised in registers
+//! (`crate::quant`), each value rounded to the `dequantize` dtype as the unfused graph
+//! rounds it, products accumulated in f32. Two schedules:
+//! - [`QuantMmaSchedule`] (bf16/f16 activations, direct epilogue, M ≤ 16: the default): a
+//!   warp per 8 weight rows loads exactly the bytes its lanes' `mma.m16n8k16` B fragments
+//!   need (`q4_1`: the `d`/`m` word and two 16-bit quant pairs a lane per block, whose low
+//!   and high nibbles are the block's two k16 steps; `q8_0`: `d` and four pairs) — no shared
+//!   memory for the weights, so each weight byte crosses DRAM → registers once — while the
+//!   CTA stages the activations (padded to 16 rows) in shared memory per 256-element step;
+//!   the 16·N·K FLOPs of a 16-row decode batch run on tensor cores, not CUDA cores.
+//! - the small-M kernel with `lanes = 32` (f32 activations, columns/paired epilogues —
+//!   RoPE, SwiGLU —, or as a schedule to compare): lane `l` of a column's warp streams
+//!   blocks `l, l+32, …` with 4-byte loads (`q8_0`'s 34-byte blocks are 2-byte aligned: eight
+//!   aligned words and two 16-bit loads, funnel-shifted), so a warp reads 640 (`q4_1`) or
+//!   1088 (`q8_0`) contiguous bytes a step.
+//!
+//! Where neither applies (a symbolic M, B not `[N, K]`), the passes write the dequantised
+//! weight to a buffer and the bf16 kernels read it.
+//!
 //! [`choose_schedule`] picks among them by shape and dtype: a constant M in 2..=16 of bf16/f16
 //! gets the flat tensor-core GEMM (the small-M kernel where its layouts do not allow the
 //! 16-byte copies); M = 1 (pure weight bandwidth: the GEMV reads the weight with more CTAs)
@@ -364,6 +386,54 @@ impl MmaSchedule {
     }
 }
 
+/// The tensor-core schedule of a matmul whose B operand is block-quantized (`q8_0`/`q4_1`,
+/// `[N, K]`), for constant M ≤ 16 ([`build_quant_mma`]): each warp owns `tiles` column
+/// tiles of 8 and reads their weight rows' blocks straight into the `mma.m16n8k16` B
+/// fragments (dequantised in registers, no shared memory for the weights); the CTA stages
+/// `chunk` K columns of the (≤ 16-row) activations in shared memory per step.
+///
+/// Constraints: `1 ≤ warps ≤ 32`, `tiles ≥ 1`, `chunk` a multiple of 32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantMmaSchedule {
+    /// Warps per CTA.
+    pub warps: u32,
+    /// Column tiles of 8 per warp.
+    pub tiles: u32,
+    /// K elements per step (activation rows staged in shared memory).
+    pub chunk: u32,
+}
+
+impl QuantMmaSchedule {
+    /// 8 warps of one 8-column tile each (64 columns per CTA: 448 CTAs for N = 28672), 256
+    /// K elements (8 blocks a row) per step: every warp has 8 blocks of each of its 8 rows in
+    /// flight, and the CTA reads the activations once for 64 columns.
+    pub const DEFAULT: QuantMmaSchedule = QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256 };
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+
+    /// Output columns per CTA.
+    pub fn columns(&self) -> u32 {
+        8 * self.warps * self.tiles
+    }
+
+    /// Bytes of the staged activation tile: 16 rows of `chunk` 16-bit elements, padded by
+    /// 8 elements a row (so the A fragment loads of a warp hit 32 different banks).
+    pub fn shared_bytes(&self) -> u32 {
+        16 * (self.chunk + 8) * 2
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if (1..=32).contains(&self.warps) && self.tiles >= 1 && self.chunk >= 32 && self.chunk % 32 == 0 && self.shared_bytes() <= 48 * 1024 {
+            Ok(())
+        } else {
+            Err(format!("invalid quantized tensor-core schedule {self:?}"))
+        }
+    }
+}
+
 /// Which matmul kernel to generate, with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulSchedule {
@@ -373,6 +443,8 @@ pub enum MatmulSchedule {
     SmallM(SmallMSchedule),
     /// Tensor-core GEMM (`cp.async`, `ldmatrix`, `mma.sync`).
     Mma(MmaSchedule),
+    /// Tensor-core small-M GEMM with a block-quantized B read into the fragments.
+    QuantMma(QuantMmaSchedule),
 }
 
 /// Picks the schedule for a kernel whose matmul has `m` rows and `n` columns of `dtype`;
@@ -446,12 +518,18 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::Tiled(s) => ("matmul", s.check().and_then(|()| spec.fits(s)), s.threads()),
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
         MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
+        MatmulSchedule::QuantMma(s) => ("matmul_mma_q", s.check().and_then(|()| spec.quant_mma_ok()), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
-    if let (Some(q), false) = (spec.b_quant, matches!(schedule, MatmulSchedule::SmallM(s) if s.lanes == 32)) {
-        return Err(unsupported(&spec.kernel_name, format!("a {q} B operand is read only by the small-M schedule with 32 lanes per column, not {schedule:?}")));
+    let quant_ok = match schedule {
+        MatmulSchedule::SmallM(s) => s.lanes == 32,
+        MatmulSchedule::QuantMma(_) => true,
+        _ => false,
+    };
+    if let (Some(q), false) = (spec.b_quant, quant_ok) {
+        return Err(unsupported(&spec.kernel_name, format!("a {q} B operand is read by the quantized schedules only, not {schedule:?}")));
     }
-    let tag = if spec.b_quant.is_some() { "matmul_small_m_q" } else { tag };
+    let tag = if spec.b_quant.is_some() && matches!(schedule, MatmulSchedule::SmallM(_)) { "matmul_small_m_q" } else { tag };
     let entry = format!("{}_{tag}", spec.kernel_name);
     let ctx = Context::create();
     let n_outputs = spec.n_buffers - spec.n_inputs;
@@ -459,6 +537,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::Tiled(s) => build_tiled(kit, spec, s),
         MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
         MatmulSchedule::Mma(s) => build_mma(kit, spec, s, &spec.mma_plan(s, target).map_err(|e| kit.err(e))?),
+        MatmulSchedule::QuantMma(s) => build_quant_mma(kit, spec, s),
     })?;
     let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
     // Tiled and tensor-core kernels: a CTA per (row tile, column tile, batch).
@@ -473,6 +552,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (grid, shared_bytes) = match schedule {
         MatmulSchedule::Tiled(s) => (tiles(s.bm, s.bn), 0),
         MatmulSchedule::Mma(s) => (tiles(s.bm, s.bn), spec.mma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
+        MatmulSchedule::QuantMma(s) => ([GridDim { numerator: spec.n.clone(), denominator: s.columns() }, GridDim { numerator: spec.m.clone(), denominator: 16 }, batch], 0),
         MatmulSchedule::SmallM(s) => {
             let cols = match &spec.epi {
                 Epi::Paired { width, .. } => width.clone(),
@@ -730,7 +810,11 @@ impl Spec {
     fn default_schedule(&self, target: &Target) -> MatmulSchedule {
         let b_k = self.b.ks.as_const() == Some(1);
         if self.b_quant.is_some() {
-            // The quantized small-M kernel (a warp per column streams the column's blocks).
+            // Tensor cores with the blocks read into the B fragments where the kernel takes
+            // it; else the quantized small-M kernel (a warp per column streams its blocks).
+            if self.quant_mma_ok().is_ok() {
+                return MatmulSchedule::QuantMma(QuantMmaSchedule::DEFAULT);
+            }
             let rows = self.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
             return MatmulSchedule::SmallM(small_m_schedule(rows, true));
         }
@@ -774,6 +858,28 @@ impl Spec {
             128 => TiledSchedule { bm: 64, bn: 128, bk: 16, tm: 4, tn: 4 },
             _ => TiledSchedule { bm: 32, bn, bk: 16, tm: 4, tn: 4 },
         })
+    }
+
+    /// Whether the quantized tensor-core kernel takes this kernel: a block-quantized B,
+    /// bf16/f16 operands, a constant M ≤ 16, a direct epilogue, and activations whose K
+    /// axis is read in aligned 16-byte vectors.
+    fn quant_mma_ok(&self) -> Result<(), String> {
+        if self.b_quant.is_none() {
+            return Err("B is not block-quantized".into());
+        }
+        if !matches!(self.dtype, DType::BF16 | DType::F16) {
+            return Err(format!("tensor cores do not take {} operands", self.dtype));
+        }
+        if !self.m.as_const().is_some_and(|m| (1..=16).contains(&m)) {
+            return Err(format!("M = {} is not a constant in 1..=16", self.m));
+        }
+        if !matches!(self.epi, Epi::Direct) {
+            return Err("the epilogue reads R at other columns (the small-M kernel takes it)".into());
+        }
+        if !self.a.vector_ok(8) {
+            return Err("A's rows are not read in aligned 16-byte vectors".into());
+        }
+        Ok(())
     }
 
     /// Whether tiled schedule `s` suits this kernel's epilogue (tile width a multiple of the
@@ -1561,6 +1667,142 @@ fn small_m_quant_loop<'ctx>(
             Ok(())
         })
     })
+}
+
+/// The quantized tensor-core kernel ([`QuantMmaSchedule`]): `C[16, 8·tiles·warps]` tiles of
+/// `x · dequantize(W)ᵀ` with `x` ≤ 16 rows (padded to 16 with zeros) and `W` `[N, K]` in
+/// `q8_0`/`q4_1` blocks. Per step of `chunk` K columns:
+/// 1. each warp loads, for each of its tiles (8 weight rows) and each of the step's blocks,
+///    the words its lanes' B fragments need ([`crate::quant::fragment_words`]: 3 or 5 naturally
+///    aligned loads a lane per block, a row's four lanes reading the whole block) — all of
+///    the step's loads issued before any is used;
+/// 2. the CTA stages the step's activation columns (16 rows, zeros past M and K) in shared
+///    memory with 16-byte loads, rows padded by 16 bytes (4·g + t distinct banks);
+/// 3. after a barrier, each lane dequantises its 8 values per block
+///    ([`crate::quant::fragment_values`], f32), rounds them to the operand dtype in pairs
+///    (`pack_x2`: where the unfused graph rounds the dequantised weight), and issues two
+///    `mma.m16n8k16` per block with A fragments read from shared memory (32-bit loads);
+/// 4. a barrier before the next step overwrites the tile.
+///
+/// Accumulators are f32; the direct epilogue runs per element from them. Weight rows past N
+/// and blocks past K read nothing (their fragments are zero).
+fn build_quant_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &QuantMmaSchedule) -> R<()> {
+    let q = spec.b_quant.ok_or_else(|| kit.err("no quantized B"))?;
+    let dt = spec.dtype;
+    let tid = kit.sreg("tid.x")?;
+    let bx = kit.zext64(kit.sreg("ctaid.x")?)?;
+    let by = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let bases = batch_bases(kit, spec, bz)?;
+    let (mdim, ndim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.n)?, kit.dim(&spec.k)?);
+    let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
+    let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
+    let kblocks = kit.udiv(kdim, kit.i64c(32))?;
+    let warp = kit.zext64(kit.udiv(tid, kit.i32c(32))?)?;
+    let lane = kit.zext64(kit.urem(tid, kit.i32c(32))?)?;
+    let g = kit.udiv(lane, kit.i64c(4))?;
+    let t = kit.urem(lane, kit.i64c(4))?;
+    let m0 = kit.mul(by, kit.i64c(16))?;
+    let cta_n0 = kit.mul(bx, kit.i64c(i64::from(s.columns())))?;
+    let warp_n0 = kit.add(cta_n0, kit.mul(warp, kit.i64c(i64::from(8 * s.tiles)))?)?;
+    let pitch = (s.chunk + 8) * 2;
+    let smem = kit.shared(SharedKind::Static, s.shared_bytes())?;
+    let steps = s.chunk / 32;
+    let acc: Vec<[PointerValue; 4]> = (0..s.tiles).map(|_| Ok([kit.var_f(kit.f32c(0.0))?, kit.var_f(kit.f32c(0.0))?, kit.var_f(kit.f32c(0.0))?, kit.var_f(kit.f32c(0.0))?])).collect::<R<_>>()?;
+    // Each thread's 16-byte pieces of the staged tile: 16 rows × chunk/8 pieces.
+    let pieces = 16 * s.chunk / 8;
+    let nwords = if q == DType::Q4_1 { 3 } else { 5 };
+    let i32t = kit.i32t;
+    kit.for_range(kit.i64c(0), kit.add(kblocks, kit.i64c(i64::from(steps - 1)))?, kit.i64c(i64::from(steps)), |k, kb0| {
+        // 1. The B fragment words of this step, every load issued first.
+        let mut words: Vec<Vec<Vec<IntValue>>> = Vec::with_capacity(s.tiles as usize);
+        for tile in 0..s.tiles {
+            let row = k.add(k.add(warp_n0, k.i64c(i64::from(8 * tile)))?, g)?;
+            let row_ok = k.icmp(IntPredicate::SLT, row, ndim)?;
+            let mut per_block = Vec::with_capacity(steps as usize);
+            for j in 0..steps {
+                let blk = k.add(kb0, k.i64c(i64::from(j)))?;
+                let ok = k.and(row_ok, k.icmp(IntPredicate::SLT, blk, kblocks)?)?;
+                let vars: Vec<PointerValue> = (0..nwords).map(|_| k.var_i(i32t.const_zero())).collect::<R<_>>()?;
+                k.if_then(ok, |k| {
+                    let block = k.add(k.mul(row, kblocks)?, blk)?;
+                    let w = k.math(|b| crate::quant::fragment_words(b, q, b_ptr, block, t))?;
+                    for (p, v) in vars.iter().zip(w) {
+                        k.set(*p, v.into())?;
+                    }
+                    Ok(())
+                })?;
+                per_block.push(vars.iter().map(|&p| k.get_i(p, i32t)).collect::<R<Vec<_>>>()?);
+            }
+            words.push(per_block);
+        }
+        // 2. The activation tile: 16 rows × chunk columns, zeros past M and K.
+        let k0 = k.mul(kb0, k.i64c(32))?;
+        for r in 0..pieces.div_ceil(s.threads()) {
+            let piece = k.add(k.zext64(tid)?, k.i64c(i64::from(r * s.threads())))?;
+            let inside = k.icmp(IntPredicate::SLT, piece, k.i64c(i64::from(pieces)))?;
+            k.if_then(inside, |k| {
+                let per_row = i64::from(s.chunk / 8);
+                let (row, col) = (k.udiv(piece, k.i64c(per_row))?, k.mul(k.urem(piece, k.i64c(per_row))?, k.i64c(8))?);
+                let m = k.add(m0, row)?;
+                let kk = k.add(k0, col)?;
+                let ok = k.and(k.icmp(IntPredicate::SLT, m, mdim)?, k.icmp(IntPredicate::SLT, kk, kdim)?)?;
+                let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
+                let vals = k.guarded_load(ok, dt, a_ptr, aidx, 8, true, a_ks)?;
+                let off = k.add(k.mul(k.trunc32(row)?, k.i32c(pitch as i32))?, k.mul(k.trunc32(col)?, k.i32c(2))?)?;
+                k.sh_store(dt, k.sh_at(smem, off)?, &vals)
+            })?;
+        }
+        k.barrier()?;
+        // 3. Dequantise into the fragments; two MMAs a block.
+        let g32 = k.trunc32(g)?;
+        let t32 = k.trunc32(t)?;
+        let a_word = |k: &Kit<'ctx>, row: IntValue<'ctx>, col: u32| -> R<IntValue<'ctx>> {
+            // Row `row` (i32), columns `col + 2t`, `+1` of the staged tile, as one 32-bit word.
+            let off = k.add(k.mul(row, k.i32c(pitch as i32))?, k.add(k.i32c(2 * col as i32), k.mul(t32, k.i32c(4))?)?)?;
+            let p = k.sh_at(smem, off)?;
+            k.math(|b| Ok(b.load(b.cx.i32_type().into(), p, 4)?.into_int_value()))
+        };
+        let g8 = k.add(g32, k.i32c(8))?;
+        for j in 0..steps {
+            let mut a_frags = Vec::with_capacity(2);
+            for step in 0..2u32 {
+                let col = 32 * j + 16 * step;
+                a_frags.push([a_word(k, g32, col)?, a_word(k, g8, col)?, a_word(k, g32, col + 8)?, a_word(k, g8, col + 8)?]);
+            }
+            for (tile, per_block) in words.iter().enumerate() {
+                let vals = k.math(|b| crate::quant::fragment_values(b, q, &per_block[j as usize]))?;
+                let packed: Vec<IntValue> = vals.chunks(2).map(|p| k.math(|b| b.pack_x2(dt, p[0], p[1]))).collect::<R<_>>()?;
+                let mut c = [k.get_f(acc[tile][0])?, k.get_f(acc[tile][1])?, k.get_f(acc[tile][2])?, k.get_f(acc[tile][3])?];
+                for (step, a) in a_frags.iter().enumerate() {
+                    c = k.mma(dt, *a, [packed[2 * step], packed[2 * step + 1]], c)?;
+                }
+                for (p, v) in acc[tile].iter().zip(c) {
+                    k.set(*p, v.into())?;
+                }
+            }
+        }
+        // 4. The tile is rewritten by the next step.
+        k.barrier()
+    })?;
+    // The direct epilogue at each lane's four elements of each tile.
+    for (tile, a) in acc.iter().enumerate() {
+        let n_base = k_tile_col(kit, warp_n0, tile as u32, t)?;
+        for (i, p) in a.iter().enumerate() {
+            let m = kit.add(m0, kit.add(g, kit.i64c(if i >= 2 { 8 } else { 0 }))?)?;
+            let n = kit.add(n_base, kit.i64c((i % 2) as i64))?;
+            let ok = kit.and(kit.icmp(IntPredicate::SLT, m, mdim)?, kit.icmp(IntPredicate::SLT, n, ndim)?)?;
+            let v = kit.get_f(*p)?;
+            kit.if_then(ok, |k| epilogue_and_store(k, spec, &bases, m, n, v))?;
+        }
+    }
+    Ok(())
+}
+
+/// The first of the two columns lane `t` holds in tile `tile` of a warp whose tiles start at
+/// column `warp_n0`: `warp_n0 + 8·tile + 2t`.
+fn k_tile_col<'ctx>(k: &Kit<'ctx>, warp_n0: IntValue<'ctx>, tile: u32, t: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    k.add(k.add(warp_n0, k.i64c(i64::from(8 * tile)))?, k.mul(t, k.i64c(2))?)
 }
 
 /// The columns epilogue of the small-M kernel at R's element (row `m` of batch `z`, column
@@ -3483,7 +3725,9 @@ pub(crate) mod tests {
                 for dt in [DType::BF16, DType::F32] {
                     let (g, kk) = quant_proj(q, dt, d(m as i64), n, k, epi);
                     let plan = gen(&g, kk).unwrap();
-                    assert!(plan.entry.ends_with("matmul_small_m_q"), "{}", plan.entry);
+                    // bf16/f16 with a direct epilogue: the tensor-core kernel; f32: small-M.
+                    let want = if dt == DType::F32 { "matmul_small_m_q" } else { "matmul_mma_q" };
+                    assert!(plan.entry.ends_with(want), "{}", plan.entry);
                     // NaN and ±inf in the activations where some rows stay finite (M ≥ 3), and
                     // in the one row at M = 1, N = 70 (every output NaN: it propagates).
                     let x = random(dt, &[m, k as usize], 1);
@@ -3495,6 +3739,13 @@ pub(crate) mod tests {
                         _ => {}
                     }
                     check(&format!("{q} {dt} M={m} N={n} K={k} {epi}"), &g, kk, gen, &ins, &bind(&[]));
+                    if dt != DType::F32 {
+                        let small = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::SmallM(small_m_schedule(m as u32, true)));
+                        check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (small-M)"), &g, kk, small, &ins, &bind(&[]));
+                        // Two tiles a warp, 64-column steps (a K tail when K is not a multiple).
+                        let two = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::QuantMma(QuantMmaSchedule { warps: 2, tiles: 2, chunk: 64 }));
+                        check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (2 warps x 2 tiles, chunk 64)"), &g, kk, two, &ins, &bind(&[]));
+                    }
                 }
             }
         }
@@ -3509,6 +3760,10 @@ pub(crate) mod tests {
     #[test]
     fn quantized_ptxas_reports() {
         let cases: Vec<(&str, (KernelGraph, Kernel))> = vec![
+            ("q4_1 bf16 M=1 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q8_0 bf16 M=1 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q8_0, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q4_1 bf16 M=16 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q8_0 bf16 M=16 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q8_0, DType::BF16, d(16), 28672, 4096, "none")),
             ("q4_1 bf16 M=1 K=4096 N=28672 (GEMV)", quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none")),
             ("q8_0 bf16 M=1 K=4096 N=28672 (GEMV)", quant_proj(DType::Q8_0, DType::BF16, d(1), 28672, 4096, "none")),
             ("q4_1 bf16 M=16 K=4096 N=28672 (small M)", quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none")),
@@ -3518,18 +3773,29 @@ pub(crate) mod tests {
         let mut text = String::new();
         for t in [Target::SM_80, Target::SM_90A] {
             for (what, (g, k)) in &cases {
-                let plan = generate(g, *k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let plan = if what.contains("GEMV") || what.contains("small M") {
+                    let rows = if what.contains("M=16") { 16 } else { 1 };
+                    generate_with(g, *k, &t, &MatmulSchedule::SmallM(small_m_schedule(rows, true)))
+                } else {
+                    generate(g, *k, &t)
+                };
+                let plan = plan.unwrap_or_else(|e| panic!("{what}: {e}"));
                 let Some(report) = assemble(&plan) else { return };
                 text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
             }
         }
         insta::assert_snapshot!("matmul_quant_ptxas", text);
-        // The GEMV's PTX for sm_90a: 4-byte loads of the blocks, no local memory.
+        // The kernels' PTX for sm_90a: block loads of the weights, mma, no local memory.
         let (g, k) = quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none");
-        let plan = generate(&g, k, &Target::SM_90A).unwrap();
-        assert!(plan.ptx.contains("ld.global.nc.u32") || plan.ptx.contains("ld.global.u32") || plan.ptx.contains("ld.global.nc.b32") || plan.ptx.contains("ld.global.b32"), "no 4-byte block loads");
+        let plan = generate_with(&g, k, &Target::SM_90A, &MatmulSchedule::SmallM(small_m_schedule(1, true))).unwrap();
+        assert!(plan.ptx.contains("ld.global.nc.b32"), "no 4-byte block loads");
         assert!(!plan.ptx.contains(".local"), "local memory in the quantized GEMV");
         insta::assert_snapshot!("matmul_quant_q4_1_gemv_sm_90a_ptx", plan.ptx);
+        let (g, k) = quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none");
+        let plan = generate(&g, k, &Target::SM_90A).unwrap();
+        assert!(plan.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "no mma");
+        assert!(!plan.ptx.contains(".local"), "local memory in the quantized tensor-core kernel");
+        insta::assert_snapshot!("matmul_quant_q4_1_mma_sm_90a_ptx", plan.ptx);
     }
 
     /// Small tensor-core schedules for the emulator: one warp and a 2-stage pipeline; four
