@@ -401,13 +401,17 @@ pub struct QuantMmaSchedule {
     pub tiles: u32,
     /// K elements per step (activation rows staged in shared memory).
     pub chunk: u32,
+    /// Load the next step's weight words while the current step computes (register double
+    /// buffering: twice the weight bytes in flight per warp, twice the registers for them).
+    pub prefetch: bool,
 }
 
 impl QuantMmaSchedule {
-    /// 8 warps of one 8-column tile each (64 columns per CTA: 448 CTAs for N = 28672), 256
-    /// K elements (8 blocks a row) per step: every warp has 8 blocks of each of its 8 rows in
-    /// flight, and the CTA reads the activations once for 64 columns.
-    pub const DEFAULT: QuantMmaSchedule = QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256 };
+    /// 8 warps of one 8-column tile each (64 columns per CTA: 448 CTAs for N = 28672), 128
+    /// K elements (4 blocks a row) per step with the next step prefetched: every warp keeps
+    /// 8 blocks of each of its 8 rows in flight while it computes, and the CTA reads the
+    /// activations once for 64 columns.
+    pub const DEFAULT: QuantMmaSchedule = QuantMmaSchedule { warps: 8, tiles: 1, chunk: 128, prefetch: true };
 
     /// Threads per CTA.
     pub fn threads(&self) -> u32 {
@@ -1713,9 +1717,10 @@ fn build_quant_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &QuantMmaSchedule) -> 
     let pieces = 16 * s.chunk / 8;
     let nwords = if q == DType::Q4_1 { 3 } else { 5 };
     let i32t = kit.i32t;
-    kit.for_range(kit.i64c(0), kit.add(kblocks, kit.i64c(i64::from(steps - 1)))?, kit.i64c(i64::from(steps)), |k, kb0| {
-        // 1. The B fragment words of this step, every load issued first.
-        let mut words: Vec<Vec<Vec<IntValue>>> = Vec::with_capacity(s.tiles as usize);
+    // The B fragment words of the step starting at block `kb0`: one i32 variable per word
+    // (zero for rows past N and blocks past K), every load issued before any is used.
+    let load_words = |k: &Kit<'ctx>, kb0: IntValue<'ctx>| -> R<Vec<Vec<Vec<PointerValue<'ctx>>>>> {
+        let mut words = Vec::with_capacity(s.tiles as usize);
         for tile in 0..s.tiles {
             let row = k.add(k.add(warp_n0, k.i64c(i64::from(8 * tile)))?, g)?;
             let row_ok = k.icmp(IntPredicate::SLT, row, ndim)?;
@@ -1732,10 +1737,20 @@ fn build_quant_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &QuantMmaSchedule) -> 
                     }
                     Ok(())
                 })?;
-                per_block.push(vars.iter().map(|&p| k.get_i(p, i32t)).collect::<R<Vec<_>>>()?);
+                per_block.push(vars);
             }
             words.push(per_block);
         }
+        Ok(words)
+    };
+    // With prefetch, `cur` holds the words of the step about to compute (loaded one step
+    // ahead); the loop loads the next step's into fresh variables and moves them over.
+    let cur = if s.prefetch { Some(load_words(kit, kit.i64c(0))?) } else { None };
+    kit.for_range(kit.i64c(0), kit.add(kblocks, kit.i64c(i64::from(steps - 1)))?, kit.i64c(i64::from(steps)), |k, kb0| {
+        // 1. The B fragment words: this step's (no prefetch) or the next step's (prefetch).
+        let fresh = load_words(k, if s.prefetch { k.add(kb0, k.i64c(i64::from(steps)))? } else { kb0 })?;
+        let this = cur.as_ref().unwrap_or(&fresh);
+        let words: Vec<Vec<Vec<IntValue>>> = this.iter().map(|t| t.iter().map(|b| b.iter().map(|&p| k.get_i(p, i32t)).collect::<R<Vec<_>>>()).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
         // 2. The activation tile: 16 rows × chunk columns, zeros past M and K.
         let k0 = k.mul(kb0, k.i64c(32))?;
         for r in 0..pieces.div_ceil(s.threads()) {
@@ -1782,7 +1797,12 @@ fn build_quant_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &QuantMmaSchedule) -> 
                 }
             }
         }
-        // 4. The tile is rewritten by the next step.
+        // 4. The tile is rewritten by the next step; the prefetched words become current.
+        if let Some(cur) = &cur {
+            for (c, f) in cur.iter().flatten().flatten().zip(fresh.iter().flatten().flatten()) {
+                k.set(*c, k.get_i(*f, i32t)?.into())?;
+            }
+        }
         k.barrier()
     })?;
     // The direct epilogue at each lane's four elements of each tile.
@@ -3743,7 +3763,7 @@ pub(crate) mod tests {
                         let small = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::SmallM(small_m_schedule(m as u32, true)));
                         check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (small-M)"), &g, kk, small, &ins, &bind(&[]));
                         // Two tiles a warp, 64-column steps (a K tail when K is not a multiple).
-                        let two = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::QuantMma(QuantMmaSchedule { warps: 2, tiles: 2, chunk: 64 }));
+                        let two = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::QuantMma(QuantMmaSchedule { warps: 2, tiles: 2, chunk: 64, prefetch: false }));
                         check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (2 warps x 2 tiles, chunk 64)"), &g, kk, two, &ins, &bind(&[]));
                     }
                 }
