@@ -108,8 +108,18 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
 
 /// Times `g`'s entry on `inputs` (device buffers in parameter order): median of `iters` runs
 /// of the summed kernel times.
-fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize) -> Result<(f64, usize), Error> {
-    let p = GpuProgram::compile(g, dev, lowering)?;
+fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize, autotune: bool) -> Result<(f64, usize), Error> {
+    let p = GpuProgram::compile_with_options(g, dev, lowering, autotune, &mut |_, _| {})?;
+    if autotune {
+        let cache = sinter_runtime::KernelCache::open_default()?;
+        let target = crate::gpu::target_for(dev);
+        for k in p.kernel_graph().kernels.keys() {
+            if let Some(r) = crate::tune::record(p.kernel_graph(), k, target, &cache) {
+                let times: Vec<String> = r.micros.iter().map(|(n, us)| format!("{n} {us:.1} us")).collect();
+                eprintln!("  {k} tuned on {}: {} ({})", r.device, r.winner, times.join(", "));
+            }
+        }
+    }
     let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
     let b = Bindings::new();
     let _ = p.executor().run_profiled(&refs, &b)?;
@@ -455,7 +465,8 @@ fn memory_bound_groups(want: &dyn Fn(&str) -> bool, out: &mut Vec<BenchCase>) ->
     }
     if want("rows") {
         // Row-length sweep at 2^27 elements (512 MiB of traffic): from short rows (a warp or
-        // a CTA per row) to 262144-element rows (the multi-pass path).
+        // a CTA per row) to 262144-element rows (an 8-CTA cluster on sm_90a, the multi-pass
+        // schedule on sm_80).
         for cols in [1024usize, 4096, 32768, 262144] {
             let rows = (1usize << 27) / cols;
             let g = crate::graph! { fn main(x: bf16[{rows}, {cols}], w: bf16[{cols}]) -> bf16[{rows}, {cols}] { x.rms_norm(w, eps = 1e-6) } }?;
@@ -463,6 +474,15 @@ fn memory_bound_groups(want: &dyn Fn(&str) -> bool, out: &mut Vec<BenchCase>) ->
             out.push(copy_case("rows", "rms_norm op", format!("{rows}x{cols}"), g, ins, 2 * rows * cols * 2 + cols * 2));
             let g = crate::graph! { fn main(x: bf16[{rows}, {cols}]) -> bf16[{rows}, {cols}] { x.softmax(-1) } }?;
             out.push(copy_case("rows", "softmax", format!("{rows}x{cols}"), g, vec![(DType::BF16, vec![rows, cols], Fill::Random(36))], 2 * rows * cols * 2));
+            if cols >= 32768 {
+                // The other statistics of the cluster schedule: log_softmax (no weight: 256
+                // threads × 4) and layer_norm (weight and bias: 512 × 2).
+                let g = crate::graph! { fn main(x: bf16[{rows}, {cols}]) -> bf16[{rows}, {cols}] { x.log_softmax(-1) } }?;
+                out.push(copy_case("rows", "log_softmax", format!("{rows}x{cols}"), g, vec![(DType::BF16, vec![rows, cols], Fill::Random(36))], 2 * rows * cols * 2));
+                let g = crate::graph! { fn main(x: bf16[{rows}, {cols}], w: bf16[{cols}], b: bf16[{cols}]) -> bf16[{rows}, {cols}] { x.layer_norm(w, b, eps = 1e-5) } }?;
+                let ins = vec![(DType::BF16, vec![rows, cols], Fill::Random(36)), (DType::BF16, vec![cols], Fill::Random(37)), (DType::BF16, vec![cols], Fill::Random(38))];
+                out.push(copy_case("rows", "layer_norm", format!("{rows}x{cols}"), g, ins, 2 * rows * cols * 2 + 2 * cols * 2));
+            }
         }
     }
     Ok(())
@@ -490,17 +510,26 @@ fn check_groups(only: &[String]) -> Result<(), Error> {
 
 /// Compiles every kernel the benchmark groups in `only` (all when empty) need for `target`
 /// into the kernel cache, with no GPU: a build without LLVM then runs them from the cache.
+/// With `autotune`, also every schedule candidate of each tunable kernel
+/// ([`crate::tune::precompile_variants`]), so that the build without LLVM can time them.
 ///
 /// # Errors
-/// An unknown group; lowering or code generation errors.
-pub fn precompile(only: &[String], target: &str) -> Result<crate::gpu::CompileStats, Error> {
+/// An unknown group; lowering or code generation errors; `autotune` in a build without LLVM.
+pub fn precompile(only: &[String], target: &str, autotune: bool) -> Result<crate::gpu::CompileStats, Error> {
     check_groups(only)?;
+    if autotune && !cfg!(feature = "llvm") {
+        return Err(Error::Unsupported("--autotune with --precompile compiles every schedule candidate: this build has no code generator (the `llvm` feature)".into()));
+    }
     let cache = sinter_runtime::KernelCache::open_default()?;
     let mut stats = crate::gpu::CompileStats::default();
     let mut kernels = 0;
     for c in cases(only)? {
         let kg = crate::gpu::lower(&c.graph, c.lowering)?;
         crate::gpu::plans(&kg, target, &cache, &mut stats)?;
+        #[cfg(feature = "llvm")]
+        if autotune {
+            stats.built += crate::tune::precompile_variants(&kg, target, &cache)?;
+        }
         kernels += stats.kernels;
     }
     stats.kernels = kernels;
@@ -525,11 +554,13 @@ fn upload_inputs(dev: &Device, specs: &[Input], previous: &[(Input, DeviceBuffer
         .collect()
 }
 
-/// Runs the benchmark groups in `only` (all when empty) and returns the rows.
+/// Runs the benchmark groups in `only` (all when empty) and returns the rows; with
+/// `autotune`, each case's tunable kernels are timed first ([`crate::tune`]) and the winners
+/// printed to stderr.
 ///
 /// # Errors
 /// An unknown group; device, compile or run errors.
-pub fn run(only: &[String], anchors: &[Json], iters: usize) -> Result<Vec<Row>, Error> {
+pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool) -> Result<Vec<Row>, Error> {
     check_groups(only)?;
     let dev = Device::open()?;
     let copy = copy_anchor(anchors).map(|c| c.1);
@@ -545,7 +576,7 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize) -> Result<Vec<Row>, 
         previous.retain(|(spec, _)| c.inputs.contains(spec));
         let ins = upload_inputs(&dev, &c.inputs, &previous)?;
         previous.clear();
-        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap))?;
+        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap), autotune)?;
         let value = if c.unit == "GB/s" { c.work / ms / 1e6 } else { c.work / ms / 1e9 };
         let a = (c.anchor)(anchors);
         let row = Row {

@@ -42,6 +42,12 @@ pub struct CompileStats {
     pub cached: usize,
     /// Kernels compiled now (LLVM).
     pub built: usize,
+    /// Of which kernels whose cache entry was damaged (rebuilt and stored over it).
+    pub rebuilt: usize,
+    /// Kernels whose schedule candidates were timed now ([`crate::tune::autotune`]).
+    pub tuned_now: usize,
+    /// Kernels running the candidate a timing record chose rather than the default schedule.
+    pub tuned: usize,
     /// Wall time of lowering + code generation + loading, seconds.
     pub seconds: f64,
     /// Of which lowering the graph to kernels (the e-graph passes), seconds.
@@ -102,9 +108,22 @@ pub fn plans(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut Co
 /// # Errors
 /// As [`plans`].
 pub fn plans_with_progress(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<LaunchPlan>, Error> {
+    plans_for_device(kg, target, cache, stats, progress, None)
+}
+
+/// [`plans_with_progress`]; with `device` (its name), a kernel that has a timing record made on
+/// a device of that name runs the record's winner ([`crate::tune`]).
+fn plans_for_device(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize), device: Option<&str>) -> Result<Vec<LaunchPlan>, Error> {
     let mut out = Vec::with_capacity(kg.kernels.len());
     let total = kg.kernels.len();
     for k in kg.kernels.keys() {
+        if let Some(plan) = device.filter(|_| crate::tune::tunable(kg, k)).and_then(|d| crate::tune::tuned_plan(kg, k, target, cache, d)) {
+            stats.cached += 1;
+            stats.tuned += 1;
+            out.push(plan.1);
+            progress(out.len(), total);
+            continue;
+        }
         let key = kernel_key(kg, k, target);
         let t0 = Instant::now();
         let found = cache.get(&key);
@@ -116,7 +135,13 @@ pub fn plans_with_progress(kg: &KernelGraph, target: &str, cache: &KernelCache, 
             }
             Lookup::Miss | Lookup::Corrupt { .. } => {
                 let t1 = Instant::now();
-                let plan = build_plan(kg, k, target)?;
+                let plan = build_plan(kg, k, target).map_err(|e| match (e, &found) {
+                    (Error::KernelNotCached { kernel, target }, Lookup::Corrupt { path, reason }) => Error::KernelCacheDamaged { kernel, target, path: path.display().to_string(), reason: reason.clone() },
+                    (e, _) => e,
+                })?;
+                if matches!(found, Lookup::Corrupt { .. }) {
+                    stats.rebuilt += 1;
+                }
                 cache.put(&key, &plan)?;
                 stats.build_seconds += t1.elapsed().as_secs_f64();
                 stats.built += 1;
@@ -185,12 +210,28 @@ impl GpuProgram {
     /// # Errors
     /// As [`GpuProgram::compile`].
     pub fn compile_with_progress(graph: &Graph, device: &Device, lowering: Lowering, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
+        GpuProgram::compile_with_options(graph, device, lowering, crate::tune::from_env(), progress)
+    }
+
+    /// [`GpuProgram::compile_with_progress`]; with `autotune`, the schedule candidates of
+    /// every tunable kernel without a timing record for this device are timed first and the
+    /// winners kept in the kernel cache ([`crate::tune`]; `compile_with_progress` takes
+    /// `autotune` from `SINTER_AUTOTUNE=1`). Either way a kernel with such a record runs its
+    /// winner.
+    ///
+    /// # Errors
+    /// As [`GpuProgram::compile`]; driver errors while timing.
+    pub fn compile_with_options(graph: &Graph, device: &Device, lowering: Lowering, autotune: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
         let t0 = Instant::now();
         progress(0, 0);
         let (kg, per_layer) = lower_counting(graph, lowering)?;
         let cache = KernelCache::open_default()?;
         let mut stats = CompileStats { lower_seconds: t0.elapsed().as_secs_f64(), kernels_per_layer: per_layer, ..CompileStats::default() };
-        let plans = plans_with_progress(&kg, target_for(device), &cache, &mut stats, progress)?;
+        let target = target_for(device);
+        if autotune {
+            stats.tuned_now = crate::tune::autotune(&kg, target, &cache, device)?.len();
+        }
+        let plans = plans_for_device(&kg, target, &cache, &mut stats, progress, Some(&device.info().name))?;
         let t_load = Instant::now();
         let mut exec = Executor::new(device, &kg, plans)?;
         stats.load_seconds = t_load.elapsed().as_secs_f64();

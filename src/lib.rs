@@ -86,6 +86,7 @@ pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorT
 
 pub mod bench;
 pub mod gpu;
+pub mod tune;
 pub mod llm;
 pub mod dsl_guide;
 pub mod zoo;
@@ -121,6 +122,18 @@ pub enum Error {
         kernel: String,
         /// The target.
         target: String,
+    },
+    /// A build without LLVM found a kernel's cache entry damaged (and cannot rebuild it).
+    #[error("kernel {kernel} for {target}: its kernel cache entry {path} is damaged ({reason}), and this build of sinter has no code generator (the `llvm` feature) to rebuild it: compile it again on a machine with LLVM and carry the cache")]
+    KernelCacheDamaged {
+        /// The kernel.
+        kernel: String,
+        /// The target.
+        target: String,
+        /// The entry's file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A model file could not be used.
     #[error(transparent)]

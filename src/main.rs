@@ -152,7 +152,7 @@ enum Cmd {
     Bench {
         /// Groups to run (default: all): swiglu rmsnorm softmax bias rope gather cast kv_append
         /// layernorm log_softmax reduce rows matmul attn decode.
-        #[arg(long, num_args = 1..)]
+        #[arg(long, num_args = 1.., value_delimiter = ',')]
         only: Vec<String>,
         /// anchors.json written by bench/anchors.py in the same device call.
         #[arg(long)]
@@ -167,6 +167,10 @@ enum Cmd {
         /// running; needs no GPU. A build without LLVM then runs them from the cache.
         #[arg(long)]
         precompile: Option<String>,
+        /// Time the schedule candidates of each tunable kernel first and keep the fastest (in
+        /// the kernel cache; later runs use it). With --precompile: compile every candidate.
+        #[arg(long)]
+        autotune: bool,
     },
     /// Parse and verify a `.sir` file; print it back in canonical form.
     Check {
@@ -184,6 +188,10 @@ enum Cmd {
         /// Write Graphviz files of each graph before and after fusion into this folder.
         #[arg(long)]
         dot: Option<PathBuf>,
+        /// Also list each kernel's schedule candidates for this target (sm_80, sm_90a): the
+        /// default first, and the winner where autotuning has timed them (kernel cache).
+        #[arg(long)]
+        schedules: Option<String>,
     },
     /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2).
     Graph {
@@ -202,10 +210,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Demo => demo(),
-        Cmd::Explain { target, dtype, dot } => explain(&target, dtype.into(), dot.as_deref()),
-        Cmd::Bench { only, anchors, iters, json, precompile } => match precompile {
-            Some(t) => sinter::bench::precompile(&only, &t).map(|s| eprintln!("{} kernels: {} compiled, {} already cached", s.kernels, s.built, s.cached)).map_err(Into::into),
-            None => bench(&only, anchors.as_deref(), iters, json.as_deref()),
+        Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules.as_deref()),
+        Cmd::Bench { only, anchors, iters, json, precompile, autotune } => match precompile {
+            Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled ({} of them over damaged cache entries), {} already cached", s.kernels, s.built, s.rebuilt, s.cached)).map_err(Into::into),
+            None => bench(&only, anchors.as_deref(), iters, json.as_deref(), autotune),
         },
         Cmd::Check { file } => check(&file),
         Cmd::Graph { model, mode, dtype } => {
@@ -274,7 +282,7 @@ fn demo() -> AnyResult {
     Ok(())
 }
 
-fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json: Option<&std::path::Path>) -> AnyResult {
+fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json: Option<&std::path::Path>, autotune: bool) -> AnyResult {
     let anchors: Vec<serde_json::Value> = match anchors {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
@@ -283,14 +291,14 @@ fn bench(only: &[String], anchors: Option<&std::path::Path>, iters: usize, json:
         }
         None => vec![],
     };
-    let rows = sinter::bench::run(only, &anchors, iters.max(1))?;
+    let rows = sinter::bench::run(only, &anchors, iters.max(1), autotune)?;
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     Ok(())
 }
 
-fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>) -> AnyResult {
+fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules: Option<&str>) -> AnyResult {
     use std::fmt::Write as _;
     // The Graphviz folder is checked before the passes run.
     if let Some(dir) = dot {
@@ -315,6 +323,9 @@ fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>) -> AnyResu
         for (k, kd) in kg.kernels.iter() {
             let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
             writeln!(text, "{k} {:?}: {}", kd.family, ops.join(" "))?;
+            if let Some(arch) = schedules {
+                writeln!(text, "    {}", sinter::tune::describe(&kg, k, arch)?)?;
+            }
         }
         let block = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
         if let Some(n) = block {

@@ -727,6 +727,15 @@ fn precompile_gpu_test_kernels() {
         }
     }
     let mut fails = Vec::new();
+    // Every schedule candidate of the autotuning test's kernels.
+    #[cfg(feature = "llvm")]
+    for g in autotune_graphs() {
+        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        match sinter::tune::precompile_variants(&kg, &target, &cache) {
+            Ok(n) => total += n,
+            Err(e) => fails.push(format!("autotune candidates: {e}")),
+        }
+    }
     for g in &graphs {
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let kg = sinter::gpu::lower(g, lowering).unwrap();
@@ -744,6 +753,88 @@ fn precompile_gpu_test_kernels() {
     }
     eprintln!("precompiled {total} kernels for {target} into {} ({} failed)", cache.dir().display(), fails.len());
     assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// Graphs with tunable kernels: a softmax over rows of 33000 (a 3-CTA cluster on sm_90a,
+/// candidates of 256 × 2, 256 × 4, 512 × 2 threads × vectors) and a bf16 projection of 64 rows
+/// with a bias (tensor-core tiles 128×256 and 128×128).
+fn autotune_graphs() -> Vec<sinter::Graph> {
+    vec![
+        sinter::graph! { fn main(x: bf16[48, 33000]) -> bf16[48, 33000] { x.softmax(-1) } }.unwrap(),
+        sinter::graph! { fn main(x: bf16[64, 256], w: bf16[384, 256], b: bf16[384]) -> bf16[64, 384] { x.matmul(w, transpose_b = true) + b } }.unwrap(),
+    ]
+}
+
+/// Without a GPU: the candidates of the autotuning test's kernels compile, are stored with a
+/// record of their names (the default first), and a kernel with a symbolic dim is not tunable.
+#[cfg(feature = "llvm")]
+#[test]
+fn autotune_candidates_are_compiled_and_recorded() {
+    let dir = std::env::temp_dir().join(format!("sinter-tune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = sinter_runtime::KernelCache::new(&dir).unwrap();
+    for g in autotune_graphs() {
+        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let built = sinter::tune::precompile_variants(&kg, "sm_90a", &cache).unwrap();
+        assert!(built >= 2, "{built} candidates");
+        assert_eq!(sinter::tune::precompile_variants(&kg, "sm_90a", &cache).unwrap(), 0, "all cached the second time");
+        for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
+            let names = sinter::tune::cached_names(&kg, k, "sm_90a", &cache).unwrap();
+            let default = sinter_codegen::compile_kernel(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
+            match cache.get(&sinter::tune::variant_key(&kg, k, "sm_90a", &names[0])) {
+                sinter_runtime::Lookup::Hit(p) => assert_eq!(p, default, "the first candidate is the default"),
+                other => panic!("{k}: {other:?}"),
+            }
+            assert!(sinter::tune::record(&kg, k, "sm_90a", &cache).is_none());
+        }
+    }
+    let g = sinter::graph! { fn main(x: bf16[T, 33000]) -> bf16[T, 33000] { x.softmax(-1) } }.unwrap();
+    let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+    assert!(kg.kernels.keys().all(|k| !sinter::tune::tunable(&kg, k)), "a symbolic row count is not tuned");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Autotuning: compiling with it times every candidate of each tunable kernel (a record per
+/// kernel in the cache, made on this device, the winner among the timed), the program then
+/// matches the interpreter, and a later compile without autotuning runs the recorded winners
+/// without timing again.
+#[test]
+fn gpu_autotune_times_candidates_and_runs_the_winner() {
+    let Some(dev) = device() else { return };
+    let cache = sinter_runtime::KernelCache::open_default().unwrap();
+    let target = sinter::gpu::target_for(&dev);
+    for (i, g) in autotune_graphs().into_iter().enumerate() {
+        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        for k in kg.kernels.keys() {
+            sinter::tune::forget(&kg, k, target, &cache).unwrap();
+        }
+        let tunable = kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)).count();
+        assert!(tunable >= 1, "graph {i}: no tunable kernel");
+        let p = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, true, &mut |_, _| {}).unwrap();
+        assert_eq!((p.stats().tuned_now, p.stats().tuned), (tunable, tunable), "graph {i}");
+        for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
+            let r = sinter::tune::record(&kg, k, target, &cache).unwrap();
+            assert_eq!(r.device, dev.info().name);
+            assert!(r.micros.len() >= 2 && r.micros.iter().all(|(_, us)| *us > 0.0), "graph {i} {k}: {r:?}");
+            let best = r.micros.iter().map(|m| m.1).fold(f64::INFINITY, f64::min);
+            assert_eq!(r.micros.iter().find(|m| m.0 == r.winner).unwrap().1, best);
+            eprintln!("graph {i} {k}: {} ({:?})", r.winner, r.micros);
+        }
+        let ins = inputs_for(&g, &Bindings::new(), 90 + i as u64, 7);
+        let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
+        let want = sinter::ir::interp::run_entry(&g, &refs, &Bindings::new()).unwrap();
+        let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let got = p.run(&named, &Bindings::new()).unwrap();
+        for (o, w) in got.iter().zip(&want) {
+            check(&format!("autotuned graph {i}"), o, w, 1.0).unwrap();
+        }
+        let again = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).unwrap();
+        assert_eq!((again.stats().tuned_now, again.stats().tuned), (0, tunable), "graph {i}: the second compile");
+        let got = again.run(&named, &Bindings::new()).unwrap();
+        for (o, w) in got.iter().zip(&want) {
+            check(&format!("autotuned graph {i}, second compile"), o, w, 1.0).unwrap();
+        }
+    }
 }
 
 #[test]

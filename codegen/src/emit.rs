@@ -862,9 +862,20 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`].
     pub fn cluster_barrier(&self) -> R<()> {
-        self.intrinsic("llvm.nvvm.barrier.cluster.arrive.aligned", &[], &[])?;
-        self.intrinsic("llvm.nvvm.barrier.cluster.wait.aligned", &[], &[])?;
-        Ok(())
+        self.cluster_arrive()?;
+        self.cluster_wait()
+    }
+
+    /// The arrive half of [`KernelBuilder::cluster_barrier`] (`barrier.cluster.arrive.aligned`,
+    /// release, PTX ISA §9.7.13.4): the thread's earlier shared-memory writes become visible to
+    /// every thread of the cluster that passes the matching wait. Costs a `MEMBAR.ALL.GPU` in
+    /// every thread that executes it (ptxas 12.9, sm_90a): threads that wrote nothing another
+    /// CTA reads may arrive relaxed ([`KernelBuilder::cluster_arrive_relaxed`]) instead.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cluster_arrive(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.barrier.cluster.arrive.aligned", &[], &[]).map(drop)
     }
 
     /// [`KernelBuilder::cluster_barrier`] without its memory ordering
@@ -875,9 +886,29 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`].
     pub fn cluster_barrier_relaxed(&self) -> R<()> {
-        self.intrinsic("llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", &[], &[])?;
-        self.intrinsic("llvm.nvvm.barrier.cluster.wait.aligned", &[], &[])?;
-        Ok(())
+        self.cluster_arrive_relaxed()?;
+        self.cluster_wait()
+    }
+
+    /// The arrive half of [`KernelBuilder::cluster_barrier_relaxed`]
+    /// (`barrier.cluster.arrive.relaxed.aligned`, PTX ISA §9.7.13.4): the thread's arrival
+    /// without memory ordering. Each thread alternates arrives and waits
+    /// ([`KernelBuilder::cluster_wait`]); work placed between the two overlaps the other CTAs'
+    /// arrivals.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cluster_arrive_relaxed(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", &[], &[]).map(drop)
+    }
+
+    /// `barrier.cluster.wait.aligned` (acquire, PTX ISA §9.7.13.4): waits until every thread of
+    /// the cluster has arrived at the current phase.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn cluster_wait(&self) -> R<()> {
+        self.intrinsic("llvm.nvvm.barrier.cluster.wait.aligned", &[], &[]).map(drop)
     }
 
     /// The base of the kernel's dynamic shared memory (`extern .shared .align 16 .b8

@@ -179,6 +179,90 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
     })
 }
 
+/// One schedule candidate of a kernel, compiled (autotuning: the runtime times the
+/// candidates of a kernel and keeps the fastest, see `sinter::tune`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Variant {
+    /// A short, stable name of the schedule (`mma 128x256x64 w2x4 s3`, `rows t512 u2 c8`,
+    /// `tc kv48 w4 m2`); unique among a kernel's variants.
+    pub name: String,
+    /// Its launch plan.
+    pub plan: LaunchPlan,
+}
+
+/// A named schedule candidate of a kernel and a closure that compiles it
+/// ([`schedule_variants`]).
+pub type Candidate<'a> = (String, Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a>);
+
+/// The schedule candidates of `kernel`, uncompiled: the schedule [`compile_kernel`] uses first,
+/// then the alternatives its family offers — matmul CTA tiles ([`kernels::matmul::variants`]),
+/// row-reduction thread counts and unrolls ([`kernels::reduce::variants`]), prefill-attention
+/// key tiles ([`kernels::attention::prefill_variants`]); other families have only the first.
+fn candidates<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<Candidate<'a>>, CodegenError> {
+    let data = graph.kernels.get(kernel).ok_or_else(|| CodegenError::BadKernel {
+        kernel: kernel.to_string(),
+        message: format!("the kernel graph has {} kernels", graph.kernels.len()),
+    })?;
+    let name = format!("{kernel} ({:?})", data.family);
+    let named = |e: CodegenError| match e {
+        CodegenError::Unsupported { kernel: k, message } if k.is_empty() => CodegenError::Unsupported { kernel: name.clone(), message },
+        CodegenError::BadKernel { kernel: k, message } if k.is_empty() => CodegenError::BadKernel { kernel: name.clone(), message },
+        other => other,
+    };
+    Ok(match data.family {
+        Family::Matmul => kernels::matmul::variants(graph, kernel, target).map_err(named)?,
+        Family::RowReduction => kernels::reduce::variants(graph, kernel, target).map_err(named)?,
+        Family::Attention => kernels::attention::prefill_variants(graph, kernel, target).map_err(named)?,
+        _ => {
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || compile_kernel(graph, kernel, target));
+            vec![("default".into(), build)]
+        }
+    })
+}
+
+/// Every schedule candidate of `kernel` that compiles, the default ([`compile_kernel`]'s
+/// schedule) first: what the runtime's autotuning times (`sinter::tune`). Every variant computes
+/// the same results (each schedule is checked against the interpreter in the tests); only their
+/// speed differs. Alternatives the kernel's layouts, epilogue or target do not accept are left
+/// out.
+///
+/// # Errors
+/// As [`compile_kernel`], for the default schedule.
+pub fn schedule_variants(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<Vec<Variant>, CodegenError> {
+    let mut out = Vec::new();
+    for (i, (name, build)) in candidates(graph, kernel, target)?.into_iter().enumerate() {
+        match build() {
+            Ok(plan) => out.push(Variant { name, plan }),
+            Err(e) if i == 0 => return Err(e),
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// The names of `kernel`'s schedule candidates, the default first, without compiling them
+/// (`sinter explain`); some may not compile ([`schedule_variants`] leaves those out).
+///
+/// # Errors
+/// As [`compile_kernel`], when the kernel cannot be analysed.
+pub fn schedule_names(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<Vec<String>, CodegenError> {
+    Ok(candidates(graph, kernel, target)?.into_iter().map(|(n, _)| n).collect())
+}
+
+/// Compiles the schedule candidate of `kernel` named `name` ([`schedule_variants`]).
+///
+/// # Errors
+/// [`CodegenError::Unsupported`] when the kernel has no candidate of that name; as
+/// [`compile_kernel`].
+pub fn compile_variant(graph: &KernelGraph, kernel: Kernel, target: &Target, name: &str) -> Result<LaunchPlan, CodegenError> {
+    let mut all = candidates(graph, kernel, target)?;
+    let names: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
+    match all.iter().position(|(n, _)| n == name) {
+        Some(i) => (all.swap_remove(i).1)(),
+        None => Err(CodegenError::Unsupported { kernel: kernel.to_string(), message: format!("no schedule variant `{name}` (it has: {})", names.join(", ")) }),
+    }
+}
+
 /// Initialises LLVM's NVPTX back end, once per process.
 fn nvptx_backend() -> Result<(), CodegenError> {
     static INIT: OnceLock<Result<(), String>> = OnceLock::new();

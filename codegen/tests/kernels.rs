@@ -597,9 +597,10 @@ fn cases() -> Vec<(String, (KernelGraph, Kernel))> {
     for what in ["softmax", "log_softmax", "rms_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"] {
         for dt in [DType::BF16, DType::F32] {
             let ns: Vec<Dim> = if matches!(what, "softmax" | "rms_norm") {
-                vec![d(1), d(17), d(1000), d(3420), d(4096), d(32768), d(262144), s("N")]
+                vec![d(1), d(17), d(1000), d(3420), d(4096), d(32768), d(33000), d(262144), s("N")]
             } else {
-                vec![d(17), d(4096), d(262144), s("N")]
+                // 32768 and 33000: cluster schedules on sm_90a (f32 LayerNorm spilled there).
+                vec![d(17), d(4096), d(32768), d(33000), d(262144), s("N")]
             };
             for n in ns {
                 v.push((format!("row {what} {dt} [R,{n}]"), row_kernel(dt, s("R"), n, what)));
@@ -1255,9 +1256,14 @@ const GUARD: usize = 64;
 /// rtol 1.6e-2, atol 1e-2·max|ref|; NaN exactly where the reference has NaN; integers exact),
 /// checking that nothing is written past an output. Returns the outputs (or `None`, skipped).
 fn check_on_cpu(tag: &str, gk: &(KernelGraph, Kernel), bindings: &Bindings, inputs: &[Tensor], max_ctas: u32) -> Option<Vec<Vec<f64>>> {
+    check_built_on_cpu(tag, gk, bindings, inputs, max_ctas, || compile_kernel(&gk.0, gk.1, &Target::SM_90A))
+}
+
+/// [`check_on_cpu`] with the plan `build` makes (for sm_90a).
+fn check_built_on_cpu(tag: &str, gk: &(KernelGraph, Kernel), bindings: &Bindings, inputs: &[Tensor], max_ctas: u32, build: impl FnOnce() -> Result<LaunchPlan, sinter_codegen::CodegenError>) -> Option<Vec<Vec<f64>>> {
     let tools = sim::tools()?;
     let (g, k) = gk;
-    let (plan, irs) = sinter_codegen::emit::capture_ir(|| compile_kernel(g, *k, &Target::SM_90A));
+    let (plan, irs) = sinter_codegen::emit::capture_ir(build);
     let plan = plan.unwrap_or_else(|e| panic!("{tag}: {e}"));
     let ir = irs.last().unwrap_or_else(|| panic!("{tag}: no IR captured"));
     let refs: Vec<&Tensor> = inputs.iter().collect();
@@ -1494,13 +1500,19 @@ fn cluster_helpers_emit_what_ptx_says() {
 /// The cluster schedule of long rows (sm_90a): each row split over a thread-block cluster,
 /// its slices staged in shared memory, the statistics exchanged through distributed shared
 /// memory. Rows of 32768 (two CTAs, exact slices), 33000 (three, a short last slice), 262147
-/// (eight CTAs of 512 threads, an odd length: scalar loads); the special rows of DESIGN.md;
-/// more rows than clusters (each cluster loops over rows, alternating its exchange slots).
+/// (eight CTAs, an odd length: scalar loads; 512 threads where the output pass reads a
+/// weight, 256 threads × 4 vectors an iteration where it does not); the special rows of
+/// DESIGN.md; more rows than clusters (each cluster loops over rows, alternating its exchange
+/// slots).
 #[test]
 fn cpu_cluster_rows_match_the_interpreter() {
     let mut rng = Rng(7);
-    for (n, cluster, block) in [(32768usize, 2u32, 256u32), (33000, 3, 256), (262144, 8, 512), (262147, 8, 512)] {
+    for (n, cluster, long_block) in [(32768usize, 2u32, None), (33000, 3, None), (262144, 8, Some(512u32)), (262147, 8, Some(512))] {
         for what in ["softmax", "log_softmax", "rms_norm", "layer_norm"] {
+            let block = match long_block {
+                Some(b) if matches!(what, "rms_norm" | "layer_norm") => b,
+                _ => 256,
+            };
             let dt = DType::BF16;
             let rows = if n > 100_000 { 2 } else { 5 };
             let gk = row_kernel(dt, s("R"), d(n as i64), what);
@@ -1536,6 +1548,30 @@ fn cpu_cluster_rows_match_the_interpreter() {
     let x = with(random(&mut rng, DType::F32, &[3, 40000], -1.0, 1.0), |_, v| ((1000.0 + 0.01 * v) as f32) as f64);
     let ins = [x, random(&mut rng, DType::F32, &[40000], 0.5, 1.5), random(&mut rng, DType::F32, &[40000], -0.5, 0.5)];
     check_on_cpu("cluster layer_norm offset f32", &gk, &bind(&[("R", 3)]), &ins, 1);
+}
+
+/// Every row schedule autotuning may pick computes what the interpreter does: the cluster
+/// schedule's thread counts and unrolls (softmax and rms_norm, rows of 33000: three CTAs, a
+/// short last slice) and the multi-pass CTA schedule's (f32 softmax, rows of 262144).
+#[test]
+fn cpu_row_schedule_variants_match_the_interpreter() {
+    let mut rng = Rng(11);
+    for (dt, n, what) in [(DType::BF16, 33000usize, "softmax"), (DType::BF16, 33000, "rms_norm"), (DType::F32, 262144, "softmax")] {
+        let gk = row_kernel(dt, s("R"), d(n as i64), what);
+        let target = Target::SM_90A;
+        let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
+        assert!(variants.len() >= 3, "{what} {n}: {:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
+        assert_eq!(variants[0].plan, compile_kernel(&gk.0, gk.1, &target).unwrap(), "{what} {n}: the first variant is the default");
+        let rows = if n > 100_000 { 2 } else { 3 };
+        let mut ins = vec![special_rows(&mut rng, dt, rows, n, what)];
+        if what == "rms_norm" {
+            ins.push(random(&mut rng, dt, &[n], 0.5, 1.5));
+        }
+        for v in &variants {
+            let tag = format!("variant `{}` {what} {dt} N={n}", v.name);
+            check_built_on_cpu(&tag, &gk, &bind(&[("R", rows as i64)]), &ins, 2, || sinter_codegen::compile_variant(&gk.0, gk.1, &target, &v.name));
+        }
+    }
 }
 
 #[test]

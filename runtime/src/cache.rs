@@ -210,9 +210,12 @@ impl KernelCache {
     /// # Errors
     /// [`RuntimeError::Cache`] when the file cannot be written or renamed.
     pub fn put(&self, key: &CacheKey, plan: &LaunchPlan) -> Result<PathBuf, RuntimeError> {
-        let digest = key.digest();
-        let path = self.dir.join(format!("{digest}.plan"));
-        let body = print_plan(plan);
+        self.write_entry(&key.digest(), "plan", &print_plan(plan))
+    }
+
+    /// Writes `body` with the entry header as `<digest>.<ext>`, atomically.
+    fn write_entry(&self, digest: &str, ext: &str, body: &str) -> Result<PathBuf, RuntimeError> {
+        let path = self.dir.join(format!("{digest}.{ext}"));
         let entry = format!("{MAGIC}\nkey {digest}\nsha256 {}\nbytes {}\n{body}", sha256_hex(body.as_bytes()), body.len());
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = self.dir.join(format!(".{digest}.{}.{n}.tmp", std::process::id()));
@@ -227,6 +230,42 @@ impl KernelCache {
             let _ = fs::remove_file(&tmp);
         }
         written.map(|()| path)
+    }
+
+    /// Looks up the text record stored under `key` (`<digest>.rec`, with the plans' header,
+    /// length and checksum): small notes beside the plans, such as the names of a kernel's
+    /// schedule variants and the result of timing them (`sinter::tune`). `Ok(None)`: no record;
+    /// `Err(reason)`: a damaged one, to be treated as missing (and rewritten). Never fails
+    /// otherwise.
+    pub fn get_record(&self, key: &CacheKey) -> Result<Option<String>, String> {
+        let digest = key.digest();
+        let path = self.dir.join(format!("{digest}.rec"));
+        match fs::read(&path) {
+            Ok(bytes) => verify_entry(&digest, &bytes).map(|body| Some(body.to_string())).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
+        }
+    }
+
+    /// Stores `text` as the record of `key`, atomically; returns its path.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cache`] when the file cannot be written or renamed.
+    pub fn put_record(&self, key: &CacheKey, text: &str) -> Result<PathBuf, RuntimeError> {
+        self.write_entry(&key.digest(), "rec", text)
+    }
+
+    /// Deletes `key`'s record ([`KernelCache::put_record`]) if there is one.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cache`] when the file exists but cannot be removed.
+    pub fn remove_record(&self, key: &CacheKey) -> Result<(), RuntimeError> {
+        let path = self.dir.join(format!("{}.rec", key.digest()));
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(RuntimeError::Cache { path, message: format!("cannot remove: {e}") }),
+        }
     }
 
     /// Deletes `key`'s entry if there is one.
@@ -262,6 +301,11 @@ impl KernelCache {
 
 /// Checks and decodes one entry file.
 fn decode_entry(digest: &str, bytes: &[u8]) -> Result<LaunchPlan, String> {
+    parse_plan(verify_entry(digest, bytes)?).map_err(|e| format!("body does not parse: {e}"))
+}
+
+/// The body of an entry, after checking its header, key, length and checksum.
+fn verify_entry<'b>(digest: &str, bytes: &'b [u8]) -> Result<&'b str, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
     let mut rest = text;
     let mut line = |what: &str| -> Result<&str, String> {
@@ -289,7 +333,7 @@ fn decode_entry(digest: &str, bytes: &[u8]) -> Result<LaunchPlan, String> {
     if actual != sum {
         return Err(format!("checksum mismatch: body hashes to {actual}, header says {sum}"));
     }
-    parse_plan(rest).map_err(|e| format!("body does not parse: {e}"))
+    Ok(rest)
 }
 
 #[cfg(test)]
@@ -312,6 +356,31 @@ mod tests {
 
     fn key() -> CacheKey {
         CacheKey::new("func @k(%x: f32[N]) -> f32[N] { ... }", "block=256", "sm_80", "8.5", "22.1.8")
+    }
+
+    #[test]
+    fn records_round_trip_and_damage_is_reported() {
+        let dir = std::env::temp_dir().join(format!("sinter-cache-records-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let cache = KernelCache::new(&dir).unwrap();
+        let k = key();
+        assert_eq!(cache.get_record(&k), Ok(None));
+        let path = cache.put_record(&k, "winner a\n1.5 a\n2.0 b\n").unwrap();
+        assert_eq!(cache.get_record(&k), Ok(Some("winner a\n1.5 a\n2.0 b\n".into())));
+        // A record is not a plan, and a plan's lookup does not see it.
+        assert_eq!(cache.get(&k), Lookup::Miss);
+        let text = fs::read_to_string(&path).unwrap();
+        fs::write(&path, text.replace("winner a", "winner b")).unwrap();
+        let err = cache.get_record(&k).unwrap_err();
+        assert!(err.contains("checksum mismatch"), "{err}");
+        fs::write(&path, &text[..text.len() - 3]).unwrap();
+        assert!(cache.get_record(&k).unwrap_err().contains("truncated or extended"));
+        cache.put_record(&k, "winner c\n").unwrap();
+        assert_eq!(cache.get_record(&k), Ok(Some("winner c\n".into())));
+        cache.remove_record(&k).unwrap();
+        assert_eq!(cache.get_record(&k), Ok(None));
+        cache.remove_record(&k).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

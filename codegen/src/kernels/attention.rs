@@ -699,6 +699,33 @@ pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) ->
     prefill_plan(&p, target, &s)
 }
 
+/// The schedule candidates of prefill attention `kernel` for autotuning
+/// ([`crate::schedule_variants`]): [`generate_prefill`]'s first, then for a tensor-core kernel
+/// the same CTA shape with 32-, 48- and 64-key tiles, each with its [`TcSchedule::name`] and a
+/// closure that compiles it (a tile that makes ptxas spill loses on time). CUDA-core kernels
+/// have no alternatives.
+///
+/// # Errors
+/// As [`generate_prefill`], when the kernel cannot be analysed.
+pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
+    let p = std::rc::Rc::new(Prefill::analyse(graph, kernel)?);
+    if attention_tc::eligible(&p).is_err() {
+        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
+        return Ok(vec![("cuda-core".into(), build)]);
+    }
+    let default = attention_tc::choose_tc_schedule(p.d, p.dv, p.mask.is_some(), p.causal, target);
+    let mut scheds = vec![default];
+    scheds.extend([32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default));
+    Ok(scheds
+        .into_iter()
+        .map(|sc| {
+            let p = p.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan(&p, target, &sc));
+            (sc.name(), build)
+        })
+        .collect())
+}
+
 /// As [`generate_prefill`], on tensor cores with the schedule given
 /// ([`attention_tc`]).
 ///
@@ -1450,6 +1477,22 @@ pub(crate) mod tests {
     /// row has seen only −inf) and at keys it multiplies by 0 (which the CUDA-core fallback of
     /// a tile must reproduce); NaN in q; an infinite K element making a score −inf; +inf
     /// scores; rows the output writes element by element (a 2-byte-aligned output).
+    #[test]
+    /// Every key-tile variant autotuning may pick computes what the interpreter does (causal,
+    /// GQA 3, D = 64, 129 keys: a partial last tile for each of 32, 48 and 64).
+    fn emulated_prefill_variants() {
+        use crate::kernels::matmul::emu::{check, random};
+        let (g, k) = prefill(DType::BF16, 6, 2, sym("T"), sym("S"), 64, 64, true, false);
+        let built = crate::schedule_variants(&g, k, &Target::SM_90A).unwrap();
+        let names: Vec<&str> = built.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
+        let ins = [random(DType::BF16, &[1, 6, 129, 64], 40), random(DType::BF16, &[1, 2, 129, 64], 41), random(DType::BF16, &[1, 2, 129, 64], 42)];
+        for name in names {
+            check(&format!("variant `{name}`"), &g, k, |g, k| crate::compile_variant(g, k, &Target::SM_90A, name), &ins, &bind(&[("B", 1), ("T", 129), ("S", 129)]));
+        }
+        assert!(crate::compile_variant(&g, k, &Target::SM_90A, "tc kv99").is_err());
+    }
+
     #[test]
     fn emulated_prefill_tc_special_values() {
         use crate::kernels::matmul::emu::{check, random};

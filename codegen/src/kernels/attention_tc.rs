@@ -114,6 +114,12 @@ impl TcSchedule {
         Smem::new(self, d, dv).total
     }
 
+    /// A short, stable name (`tc kv48 w4 m2`, `+q` when Q stays in registers): part of an
+    /// autotuned variant's cache key, and what `sinter explain` shows.
+    pub fn name(&self) -> String {
+        format!("tc kv{} w{} m{}{}", self.block_kv, self.warps, self.m_tiles, if self.q_in_regs { " +q" } else { "" })
+    }
+
     fn check(&self) -> Result<(), String> {
         if (1..=8).contains(&self.warps) && (1..=2).contains(&self.m_tiles) && self.block_kv % 16 == 0 && (16..=128).contains(&self.block_kv) {
             Ok(())

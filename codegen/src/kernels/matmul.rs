@@ -517,6 +517,45 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     generate_spec(&spec, target, schedule)
 }
 
+/// The schedule candidates of matmul `kernel` for autotuning ([`crate::schedule_variants`]):
+/// [`generate`]'s schedule first, then, for a tensor-core kernel, the other CTA tiles —
+/// [`MmaSchedule::DEFAULT`] and [`MmaSchedule::NARROW`], or for a flat GEMM (M ≤ 16) the flat
+/// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]) — each with its
+/// [`MatmulSchedule::name`] and a closure that compiles it (an alternative the kernel's layouts
+/// or epilogue do not accept fails there with [`CodegenError::Unsupported`]).
+///
+/// # Errors
+/// As [`generate`], when the kernel cannot be analysed.
+pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
+    let spec = std::rc::Rc::new(Spec::analyse(graph, kernel)?);
+    let default = spec.default_schedule(target);
+    let mut scheds = vec![default];
+    if let MatmulSchedule::Mma(d) = default {
+        let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
+        scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
+    }
+    Ok(scheds
+        .into_iter()
+        .map(|sc| {
+            let spec = spec.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_spec(&spec, target, &sc));
+            (sc.name(), build)
+        })
+        .collect())
+}
+
+impl MatmulSchedule {
+    /// A short, stable name (`mma 128x256x64 w2x4 s3`, `gemv r1 l32 c4`, `tiled 64x64x16
+    /// t4x4`): part of an autotuned variant's cache key, and what `sinter explain` shows.
+    pub fn name(&self) -> String {
+        match self {
+            MatmulSchedule::Mma(s) => format!("mma {}x{}x{} w{}x{} s{}", s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.stages),
+            MatmulSchedule::SmallM(s) => format!("gemv r{} l{} c{}", s.rows, s.lanes, s.columns),
+            MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
+        }
+    }
+}
+
 fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Result<LaunchPlan, CodegenError> {
     let (tag, check, threads) = match schedule {
         MatmulSchedule::Tiled(s) => ("matmul", s.check().and_then(|()| spec.fits(s)), s.threads()),
@@ -4193,6 +4232,27 @@ pub(crate) mod tests {
 
     /// The Llama layer bodies at SmolLM2's sizes, emulated for a decode step (M = 1) or a
     /// short prefill (M = 3) (the emulator's barriers make large grids slow).
+    #[test]
+    /// Every schedule variant autotuning may pick computes what the interpreter does: the flat
+    /// tiles of a decode projection (M = 5, bias + silu), the CTA tiles of a symbolic-M
+    /// projection (37 rows).
+    fn emulated_variants() {
+        use super::emu::{check, random};
+        for (m, sym_m) in [(5i64, false), (37, true)] {
+            let mdim = if sym_m { sym("T") } else { d(m) };
+            let (g, kn) = proj_silu(DType::BF16, mdim, 200, 64, 64);
+            let ins = [random(DType::BF16, &[m as usize, 64], 70), random(DType::BF16, &[200, 64], 71), random(DType::BF16, &[200], 72)];
+            let names = crate::schedule_names(&g, kn, &Target::SM_80).unwrap();
+            let built = crate::schedule_variants(&g, kn, &Target::SM_80).unwrap();
+            assert!(built.len() >= 2, "M={m}: {names:?}");
+            assert_eq!(built[0].plan, generate(&g, kn, &Target::SM_80).unwrap(), "M={m}: the first variant is the default");
+            for v in &built {
+                let name = v.name.clone();
+                check(&format!("variant `{name}` M={m}"), &g, kn, |g, k| crate::compile_variant(g, k, &Target::SM_80, &name), &ins, &bind(&[("T", m)]));
+            }
+        }
+    }
+
     #[test]
     fn emulated_llama_bodies() {
         use super::emu::{check, random};

@@ -70,18 +70,24 @@
 //!   (an odd `N`) are loaded and staged by the first pass instead. The first pass folds the
 //!   stage into the first level's statistics; later levels and the outputs read it too, so
 //!   the row crosses DRAM once each way. The CTA's partial statistics (after its own shuffles and barrier)
-//!   go to its shared memory, a cluster barrier (`barrier.cluster.arrive` (release) /
-//!   `wait` (acquire), PTX ISA §9.7.13.4) and every warp reads the `c` CTAs' partials through
+//!   go to its shared memory, a cluster barrier (PTX ISA §9.7.13.4: the warp of thread 0,
+//!   which wrote the slots, arrives with release semantics, the other warps relaxed — a
+//!   release arrive costs every thread that executes it a `MEMBAR.ALL.GPU` — and every
+//!   thread waits, acquire) and every warp reads the `c` CTAs' partials through
 //!   distributed shared memory (`mapa.shared::cluster` + `ld.shared::cluster`, PTX ISA
 //!   §9.7.9) and folds them (`fold_lanes`, the same bits in every CTA). The slots alternate
 //!   by row parity, so one cluster barrier per level suffices across rows; a last, relaxed,
-//!   cluster barrier keeps a CTA resident until its cluster has read its slots. Every
+//!   cluster barrier keeps a CTA resident until its cluster has read its slots, split: a CTA
+//!   arrives once it has read the partials of its last row (before that row's output pass)
+//!   and waits at its exit, so it leaves when its own outputs are written. Every
 //!   shared array is carved from the dynamic shared memory (the launch passes its size).
 //!   `softmax` is always online here (one exchange). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
-//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB, 512
-//!   up to 96 KiB (longer rows keep the multi-pass schedule); e.g. `bf16` rows of 32768: 2
-//!   CTAs × 256 threads, 32 KiB each, six CTAs per SM; rows of 262144: 8 CTAs × 512 threads,
-//!   64 KiB each, three CTAs per SM (16 CTAs of 32 KiB, six per SM, measured slower: see
+//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB;
+//!   up to 96 KiB, 512 threads when the output pass also reads an unstaged input (a weight),
+//!   else 256 threads with four vectors a loop iteration (longer rows keep the multi-pass
+//!   schedule); e.g. `bf16` rows of 32768: 2 CTAs × 256 threads, 32 KiB each, six CTAs per
+//!   SM; rms_norm rows of 262144: 8 CTAs × 512 threads, 64 KiB each, three CTAs per SM (16
+//!   CTAs of 32 KiB, six per SM, measured slower: see
 //!   `MAX_CLUSTER`; an explicit schedule may still ask for up to 16, Hopper's non-portable
 //!   size, which the runtime allows per kernel). The pass loops carry `.pragma "nounroll"`: ptxas would
 //!   otherwise unroll their few iterations completely and exceed the 40 registers a thread
@@ -154,8 +160,9 @@ impl RowSchedule {
     /// `min_size` bytes, on `target`. `heavy`: the body has a `layer_norm` (32 elements a
     /// thread in the one-read schedule, which halves its per-row work per element);
     /// `staged_bytes`: the bytes per row element the cluster schedule stages in shared memory
-    /// (the row-varying inputs its statistics read).
-    pub fn choose(n: &Dim, min_size: usize, heavy: bool, target: &Target, staged_bytes: u64) -> RowSchedule {
+    /// (the row-varying inputs its statistics read); `unstaged`: an input of the row's length
+    /// that is not staged (a weight the output pass reads from global memory).
+    pub fn choose(n: &Dim, min_size: usize, heavy: bool, target: &Target, staged_bytes: u64, unstaged: bool) -> RowSchedule {
         let mut vec = (16 / min_size.max(1)).clamp(1, 8) as u32;
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
@@ -181,8 +188,17 @@ impl RowSchedule {
             let c = bytes.div_ceil(CLUSTER_SLICE_BYTES).clamp(2, MAX_CLUSTER);
             let slice = n.div_ceil(c).div_ceil(u64::from(vec)) * u64::from(vec) * staged_bytes;
             if slice <= MAX_SLICE_BYTES {
-                let t = if slice <= CLUSTER_SLICE_BYTES { 256 } else { 512 };
-                return RowSchedule { cluster: c as u32, ..multi(t) };
+                // Slices over 32 KiB: 512 threads when the output pass also reads a global
+                // input (its L2 latency wants more warps to hide it), else 256 threads with
+                // four vectors per loop iteration (fewer, longer-running warps; 512 × 262144
+                // bf16 softmax on an H200: 85.3-86.0% of copy against 84.3-84.9% with 512 × 2,
+                // rms_norm the other way round: 86.0% with 256 × 4, 86.5-87.5% with 512 × 2).
+                let (t, unroll) = match (slice <= CLUSTER_SLICE_BYTES, unstaged) {
+                    (true, _) => (256, 2),
+                    (false, true) => (512, 2),
+                    (false, false) => (256, 4),
+                };
+                return RowSchedule { cluster: c as u32, unroll, ..multi(t) };
             }
         }
         multi(512)
@@ -265,6 +281,62 @@ impl Split {
     }
 }
 
+impl RowSchedule {
+    /// A short, stable name (`rows t512 u2 c8`, `rows t32 r4 one-read`): part of an autotuned
+    /// variant's cache key, and what `sinter explain` shows.
+    pub fn name(&self) -> String {
+        let mut n = format!("rows t{} u{} c{}", self.threads_per_row, self.unroll, self.cluster);
+        if self.rows_per_cta > 1 {
+            n.push_str(&format!(" r{}", self.rows_per_cta));
+        }
+        if self.chunks.is_some() {
+            n.push_str(" one-read");
+        }
+        n
+    }
+}
+
+/// The schedule candidates of row-reduction `kernel` for autotuning
+/// ([`crate::schedule_variants`]): [`RowSchedule::choose`]'s first, then for a CTA-per-row
+/// multi-pass or cluster schedule the other thread counts and unrolls (256 × 2, 256 × 4,
+/// 512 × 2, and 1024 × 2 without a cluster), each with its [`RowSchedule::name`] and a closure
+/// that compiles it; the one-read and warp schedules have no alternatives.
+///
+/// # Errors
+/// As [`generate`], when the kernel cannot be analysed.
+pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
+    let cx = KernelCtx::new(graph, kernel)?;
+    let (default, _) = default_schedule(&cx, target)?;
+    let mut scheds = vec![default];
+    if default.chunks.is_none() && default.threads_per_row > 32 {
+        let mut alts = vec![(256, 2), (256, 4), (512, 2)];
+        if default.cluster == 1 {
+            alts.push((1024, 2));
+        }
+        scheds.extend(alts.into_iter().map(|(t, u)| RowSchedule { threads_per_row: t, unroll: u, ..default }).filter(|a| *a != default));
+    }
+    Ok(scheds
+        .into_iter()
+        .map(|sc| {
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_with(graph, kernel, target, Some(sc)));
+            (sc.name(), build)
+        })
+        .collect())
+}
+
+/// [`RowSchedule::choose`]'s schedule for the kernel of `cx`, with its analysis.
+fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<(RowSchedule, Analysis)> {
+    let plan = Analysis::new(cx, false, false)?;
+    let min_size = plan.min_row_elem_size(cx)?;
+    let heavy = cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
+    let mut staged_bytes = 0u64;
+    for &i in &plan.staged {
+        staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
+    }
+    let unstaged = cx.data.body.params.iter().enumerate().any(|(i, &p)| cx.data.body.ty(p).shape.last() == Some(&plan.n) && !plan.staged.contains(&i));
+    Ok((RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes, unstaged), plan))
+}
+
 /// Generates row-reduction kernel `kernel` of `graph` with [`RowSchedule::choose`].
 ///
 /// Parameters: the kernel's buffers, then its symbolic sizes. Grid `(⌈R / rows_per_cta⌉,
@@ -290,14 +362,8 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     if cx.data.family != Family::RowReduction {
         return Err(cx.bad(format!("a {:?} kernel given to the row-reduction generator", cx.data.family)));
     }
-    let plan = Analysis::new(&cx, false, false)?;
-    let min_size = plan.min_row_elem_size(&cx)?;
-    let heavy = cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
-    let mut staged_bytes = 0u64;
-    for &i in &plan.staged {
-        staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
-    }
-    let sched = schedule.unwrap_or_else(|| RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes));
+    let (chosen, plan) = default_schedule(&cx, target)?;
+    let sched = schedule.unwrap_or(chosen);
     sched.check(&plan.n, target).map_err(|e| cx.unsupported(format!("schedule: {e}")))?;
     // The one-read schedule computes a LayerNorm's statistics in one level (see `LnFused`);
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
@@ -368,8 +434,12 @@ fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target:
     if let Some((smem, staged)) = smem {
         // 1 KiB of every CTA's shared memory is reserved on sm_80/sm_90.
         let by_smem = target.max_shared_memory_per_sm() / (smem + 1024);
+        // f32 LayerNorm stages 4-byte elements: at 48 registers ptxas 12.9 spills 4 bytes
+        // (rows of 32768, sm_90a), at 56 none.
+        let wide = body.params.iter().any(|&p| body.ty(p).dtype == DType::F32);
         let regs = match (staged, heavy) {
             (false, _) => 64,
+            (true, true) if wide => 56,
             (true, true) => 48,
             (true, false) => 40,
         };
@@ -699,6 +769,10 @@ struct ClusterRow<'ctx> {
     /// The parity of the CTA's row count (0 or 1, an index): which of the two sets of
     /// cluster slots this row uses.
     parity: IntValue<'ctx>,
+    /// Whether this is the CTA's last row (`i1`, the same in every thread of the CTA): after
+    /// its statistics the CTA reads no other CTA's shared memory, so it arrives at the exit
+    /// barrier there (see [`Emitter::emit`]).
+    last: IntValue<'ctx>,
 }
 
 /// A chunk of a thread's share of a row: its coordinate and whether it is inside the row.
@@ -786,7 +860,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.forget();
         ev.rows.clear();
         if let Some((rank, start, end)) = cluster {
-            self.crow.set(Some(ClusterRow { rank, start, end, parity: pv }));
+            let following = ev.iadd(rv, rstride)?;
+            let last = ev.kb.b.build_int_compare(IntPredicate::UGE, following, rows, "last")?;
+            self.crow.set(Some(ClusterRow { rank, start, end, parity: pv, last }));
         }
         self.row(ev, rv, t, nv, warp, lane)?;
         let next = ev.iadd(rv, rstride)?;
@@ -805,11 +881,16 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         ev.kb.br(header)?;
         ev.kb.position(exit);
         if cluster.is_some() {
-            // No CTA leaves while another CTA of its cluster may still read its shared memory:
-            // a relaxed arrive, since every such read has been consumed (its value went into
-            // the outputs stored before) by the time its thread arrives, and a release would
-            // make every thread wait for its output stores to reach L2 (`MEMBAR.ALL.GPU`).
-            ev.kb.cluster_barrier_relaxed()?;
+            // No CTA leaves while another CTA of its cluster may still read its shared memory.
+            // Each CTA arrives (relaxed: a release would make every thread wait for its
+            // outstanding global stores, `MEMBAR.ALL.GPU`) once it has read the other CTAs'
+            // partials of its last row, before that row's output pass (`row`), or here if it
+            // had no row; it waits here, usually without stalling, since the others arrived
+            // before their own output passes. A CTA thus frees its SM slot when its own
+            // outputs are stored rather than when its cluster's slowest CTA's are.
+            let none = ev.kb.b.build_int_compare(IntPredicate::UGE, row0, rows, "norow")?;
+            self.guarded(ev, Some(none), |ev| ev.kb.cluster_arrive_relaxed())?;
+            ev.kb.cluster_wait()?;
         }
         ev.kb.ret()
     }
@@ -875,7 +956,15 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             Ok(())
         })?;
-        ev.kb.cluster_barrier()?;
+        // Only thread 0 wrote slots: its warp arrives with release semantics, the other warps
+        // relaxed (a release arrive is a `MEMBAR.ALL.GPU` in each thread that executes it; the
+        // profile of 512 × 262144 rms_norm showed 14% of the warps' stall samples there when
+        // every thread released), and every thread waits (acquire) before reading the slots.
+        let w0 = ev.ilt(t, ev.ic(32))?;
+        let rest = ev.kb.b.build_not(w0, "rest")?;
+        self.guarded(ev, Some(w0), |ev| ev.kb.cluster_arrive())?;
+        self.guarded(ev, Some(rest), |ev| ev.kb.cluster_arrive_relaxed())?;
+        ev.kb.cluster_wait()?;
         let kinds: Vec<bool> = vals.iter().map(|v| matches!(v, Acc::I(_))).collect();
         let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
             let r = ev.kb.b.build_int_truncate_or_bit_cast(k, ev.kb.cx.i32_type(), "rank")?;
@@ -997,6 +1086,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             for (st, tot) in stats.iter().zip(totals) {
                 self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
             }
+        }
+        if let Some(c) = self.crow.get() {
+            // The last remote read of the CTA's last row is done: the exit barrier's arrive.
+            self.guarded(ev, Some(c.last), |ev| ev.kb.cluster_arrive_relaxed())?;
         }
         // Outputs.
         let row_outs: Vec<usize> = (0..self.plan.outs.len()).filter(|&i| self.plan.outs[i].kind == OutKind::Row).collect();
