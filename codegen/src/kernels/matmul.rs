@@ -520,7 +520,8 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// The schedule candidates of matmul `kernel` for autotuning ([`crate::schedule_variants`]):
 /// [`generate`]'s schedule first, then, for a tensor-core kernel, the other CTA tiles —
 /// [`MmaSchedule::DEFAULT`] and [`MmaSchedule::NARROW`], or for a flat GEMM (M ≤ 16) the flat
-/// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]) — each with its
+/// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]); for a quantized B read on tensor
+/// cores, other [`QuantMmaSchedule`]s and the quantized small-M kernel — each with its
 /// [`MatmulSchedule::name`] and a closure that compiles it (an alternative the kernel's layouts
 /// or epilogue do not accept fails there with [`CodegenError::Unsupported`]).
 ///
@@ -533,6 +534,19 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
     if let MatmulSchedule::Mma(d) = default {
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
         scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
+    }
+    if let MatmulSchedule::QuantMma(_) = default {
+        // Quantized weights: other step lengths and warp shapes, with and without the
+        // prefetch, and the small-M kernel streaming whole blocks per lane.
+        let alts = [
+            QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256, prefetch: false },
+            QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256, prefetch: true },
+            QuantMmaSchedule { warps: 4, tiles: 2, chunk: 128, prefetch: true },
+            QuantMmaSchedule { warps: 4, tiles: 1, chunk: 64, prefetch: true },
+        ];
+        scheds.extend(alts.into_iter().map(MatmulSchedule::QuantMma).filter(|a| *a != default));
+        let rows = spec.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
+        scheds.push(MatmulSchedule::SmallM(small_m_schedule(rows, true)));
     }
     Ok(scheds
         .into_iter()
@@ -552,6 +566,7 @@ impl MatmulSchedule {
             MatmulSchedule::Mma(s) => format!("mma {}x{}x{} w{}x{} s{}", s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.stages),
             MatmulSchedule::SmallM(s) => format!("gemv r{} l{} c{}", s.rows, s.lanes, s.columns),
             MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
+            MatmulSchedule::QuantMma(s) => format!("qmma w{} t{} k{}{}", s.warps, s.tiles, s.chunk, if s.prefetch { " prefetch" } else { "" }),
         }
     }
 }
@@ -3806,6 +3821,19 @@ pub(crate) mod tests {
                         check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (2 warps x 2 tiles, chunk 64)"), &g, kk, two, &ins, &bind(&[]));
                     }
                 }
+            }
+        }
+        // Every autotuning variant of a quantized projection (K = 160: a partial step for
+        // every step length) computes what the interpreter does.
+        for q in [DType::Q4_1, DType::Q8_0] {
+            let (g, kn) = quant_proj(q, DType::BF16, d(3), 37, 160, "bias_silu");
+            let ins = [random(DType::BF16, &[3, 160], 80), random_q(q, &[37, 160], 81), random(DType::BF16, &[37], 82)];
+            let built = crate::schedule_variants(&g, kn, &Target::SM_80).unwrap();
+            assert!(built.len() >= 5, "{:?}", built.iter().map(|v| v.name.clone()).collect::<Vec<_>>());
+            assert_eq!(built[0].plan, generate(&g, kn, &Target::SM_80).unwrap(), "the first variant is the default");
+            for v in &built {
+                let name = v.name.clone();
+                check(&format!("{q} variant `{name}`"), &g, kn, |g, k| crate::compile_variant(g, k, &Target::SM_80, &name), &ins, &bind(&[]));
             }
         }
         // f16 activations, a symbolic M bound to 1 and 5 (16 rows per CTA).
