@@ -44,7 +44,7 @@ pub struct Row {
 
 /// The benchmark groups, in the order they run (`--only` takes these names).
 pub const GROUPS: &[&str] = &[
-    "swiglu", "rmsnorm", "softmax", "bias", "rope", "gather", "cast", "kv_append", "layernorm", "log_softmax", "reduce", "rows", "matmul", "attn", "decode", "cascade",
+    "swiglu", "rmsnorm", "softmax", "bias", "rope", "gather", "cast", "kv_append", "layernorm", "log_softmax", "reduce", "rows", "matmul", "qmatmul", "attn", "decode", "cascade",
 ];
 
 /// The least traffic (bytes read + written once) of a memory-bound row: large enough that
@@ -82,6 +82,22 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
         DType::BF16 => (0..n).flat_map(|_| half::bf16::from_f64(next()).to_bits().to_le_bytes()).collect(),
         DType::F16 => (0..n).flat_map(|_| half::f16::from_f64(next()).to_bits().to_le_bytes()).collect(),
         DType::F32 => (0..n).flat_map(|_| (next() as f32).to_le_bytes()).collect(),
+        DType::Q8_0 | DType::Q4_1 => {
+            // Random blocks: a small positive f16 scale (and a negative minimum for q4_1),
+            // random quant bytes.
+            let mut out = Vec::with_capacity(dtype.storage_bytes(n).unwrap_or(0));
+            for _ in 0..n / DType::QBLOCK {
+                out.extend(half::f16::from_f64(0.001 + 0.01 * next().abs()).to_le_bytes());
+                let quants = if dtype == DType::Q4_1 {
+                    out.extend(half::f16::from_f64(-0.08 * next().abs()).to_le_bytes());
+                    16
+                } else {
+                    32
+                };
+                out.extend((0..quants).map(|_| ((next() + 1.0) * 127.9) as u8));
+            }
+            out
+        }
         _ => {
             let data: Vec<f64> = (0..n).map(|_| next()).collect();
             return Ok(dev.upload_f64(dtype, shape, &data)?);
@@ -236,6 +252,9 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
             });
         }
     }
+    if want("qmatmul") {
+        qmatmul_cases(&mut out)?;
+    }
     if want("attn") {
         let (b, h, s, d) = (2usize, 32usize, 4096usize, 128usize);
         for causal in [false, true] {
@@ -358,6 +377,50 @@ fn cascade_group(out: &mut Vec<BenchCase>) -> Result<(), Error> {
             iters_cap: usize::MAX,
             anchor: Box::new(move |a| exact_anchor(a, "cascade", &key, "cudnn")),
         });
+    }
+    Ok(())
+}
+
+/// The `qmatmul` group: weight-only quantized matmul `x · dequantize(W)ᵀ` on a Llama-3-8B
+/// gate/up shape (K 4096, N 28672: 73.4 MB of `q4_1`, 124.8 MB of `q8_0` weights, 234.9 MB
+/// in bf16) at M = 1 (decode GEMV) and M = 16 (a 16-row decode batch), fused (one kernel per
+/// projection reading the blocks as stored). Each row runs four projections with distinct
+/// weights (four layers' worth, one kernel each, one after another) so that a run moves more
+/// than [`MIN_TRAFFIC_BYTES`] and the 50 MB L2 holds no weight between runs; GB/s counts the
+/// stored weight bytes, the activations read once and the outputs written once, so it
+/// compares with the copy bandwidth. The same shape with bf16 weights is the reference row.
+fn qmatmul_cases(out: &mut Vec<BenchCase>) -> Result<(), Error> {
+    const PROJECTIONS: usize = 4;
+    let (k, n) = (4096usize, 28672usize);
+    for m in [1usize, 16] {
+        for wdt in [DType::Q4_1, DType::Q8_0, DType::BF16] {
+            let mut g = Graph::new();
+            let mut fb = sinter_ir::FunctionBuilder::new(&g, "main");
+            let mut outs = Vec::new();
+            for p in 0..PROJECTIONS {
+                // Each projection its own activations: parallel matmuls of one x by bf16
+                // weights would be merged into one matmul on concatenated weights.
+                let x = fb.param(&format!("x{p}"), sinter_ir::TensorType::new(DType::BF16, [sinter_ir::Dim::constant(m as i64), sinter_ir::Dim::constant(k as i64)]));
+                let w = fb.param(&format!("w{p}"), sinter_ir::TensorType::new(wdt, [sinter_ir::Dim::constant(n as i64), sinter_ir::Dim::constant(k as i64)]));
+                let wd = if wdt.is_quantized() { fb.op1(sinter_ir::OpKind::Dequantize, &[w], vec![("dtype", sinter_ir::Attr::DType(DType::BF16))])? } else { w };
+                outs.push(fb.op1(sinter_ir::OpKind::Matmul, &[x, wd], vec![("transpose_b", sinter_ir::Attr::Bool(true))])?);
+            }
+            g.add_func(fb.finish(&outs)?);
+            let wbytes = wdt.storage_bytes(n * k).unwrap_or(0);
+            let inputs: Vec<Input> = (0..PROJECTIONS as u64).flat_map(|p| [(DType::BF16, vec![m, k], Fill::Random(40 + 2 * p)), (wdt, vec![n, k], Fill::Random(41 + 2 * p))]).collect();
+            out.push(BenchCase {
+                group: "qmatmul",
+                name: format!("x·dequantize({wdt} W)ᵀ ×{PROJECTIONS} [Fused]"),
+                shape: format!("M{m} K{k} N{n} ({:.1} MB/W)", wbytes as f64 / 1e6),
+                graph: g,
+                lowering: Lowering::Fused,
+                inputs,
+                work: (PROJECTIONS * (wbytes + m * k * 2 + m * n * 2)) as f64,
+                unit: "GB/s",
+                iters_cap: usize::MAX,
+                anchor: Box::new(copy_anchor),
+            });
+        }
     }
     Ok(())
 }

@@ -149,7 +149,7 @@ pub fn tunable(kg: &KernelGraph, k: Kernel) -> bool {
         Family::Matmul | Family::RowReduction | Family::Attention
     ) && kd.inputs.iter().chain(&kd.outputs).all(|b| {
         let ty = &kg.buffers[*b].ty;
-        matches!(ty.dtype, DType::BF16 | DType::F16 | DType::F32)
+        matches!(ty.dtype, DType::BF16 | DType::F16 | DType::F32 | DType::Q8_0 | DType::Q4_1)
             && ty.shape.iter().all(|d| d.as_const().is_some())
     })
 }
@@ -366,16 +366,29 @@ fn alone(
             .map(|d| d.as_const().unwrap_or(0).max(0) as usize)
             .collect();
         let n: usize = shape.iter().product();
-        let values: Vec<f64> = (0..n)
-            .map(|_| {
+        let mut next = || {
                 // xorshift64*: reproducible, no dependency.
                 state ^= state >> 12;
                 state ^= state << 25;
                 state ^= state >> 27;
                 let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
-                2.0 * (r as f64 / (1u64 << 53) as f64) - 1.0
-            })
-            .collect();
+                r as f64 / (1u64 << 53) as f64
+            };
+        if let Some(block) = ty.dtype.block_bytes() {
+            // Quantized weights: random codes under a finite scale (and min) of 1/16 in every
+            // block (f16 0x2C00), so no block decodes to NaN or infinity.
+            let len = ty.dtype.storage_bytes(n).unwrap_or(0);
+            let mut bytes: Vec<u8> = (0..len).map(|_| (next() * 256.0) as u8).collect();
+            let scales = if ty.dtype == DType::Q4_1 { 2 } else { 1 };
+            for blk in bytes.chunks_mut(block) {
+                for s in 0..scales.min(blk.len() / 2) {
+                    blk[2 * s..2 * s + 2].copy_from_slice(&0x2C00u16.to_le_bytes());
+                }
+            }
+            bufs.push(device.upload_bytes(ty.dtype, &shape, &bytes)?);
+            continue;
+        }
+        let values: Vec<f64> = (0..n).map(|_| 2.0 * next() - 1.0).collect();
         bufs.push(device.upload_f64(ty.dtype, &shape, &values)?);
     }
     Ok((one, bufs))

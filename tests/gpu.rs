@@ -101,6 +101,11 @@ fn inputs_for(g: &sinter::Graph, b: &Bindings, seed: u64, int_hi: i64) -> Vec<(S
             let ty = f.ty(p);
             let shape: Vec<usize> = ty.shape.iter().map(|d| d.eval(b).unwrap() as usize).collect();
             let n: usize = shape.iter().product();
+            if ty.dtype.is_quantized() {
+                // Weights in [-1, 1) quantized as llama.cpp does (q8_0 / q4_1 blocks).
+                let vals: Vec<f32> = (0..n).map(|_| rng.next_f64() as f32).collect();
+                return (f.values[p].name.clone().unwrap(), Tensor::quantize(ty.dtype, &shape, &vals).unwrap());
+            }
             let data: Vec<f64> = match ty.dtype {
                 DType::I32 | DType::I64 => (0..n).map(|_| ((rng.next_f64() + 1.0) * 0.5 * int_hi as f64).floor().min(int_hi as f64 - 1.0)).collect(),
                 DType::Bool => (0..n).map(|_| if rng.next_f64() > 0.0 { 1.0 } else { 0.0 }).collect(),
@@ -255,6 +260,34 @@ fn family_cases() -> Vec<Case> {
     for form in ["rotate_half", "interleaved"] {
         let src = format!("func @main(%x: bf16[2, T, 3, 64], %pos: i32[T, 1]) {{\n  %y: bf16[2, T, 3, 64] = rope(%x, %pos) {{theta=10000.0, form=\"{form}\"}}\n  return %y\n}}");
         cases.push(Case::new(format!("rope {form}"), &src, &[("T", 5)], 4, 1.0, Box::new(none)));
+    }
+    // Weight-only quantized matmul x · dequantize(W)ᵀ (GGUF [N, K]) against the interpreter's
+    // dequantise-then-matmul: fused, the blocks are read as stored by the quantized small-M
+    // kernel (M 1 to 16); unfused (and at M = 64 > 16), a dequantise kernel writes the bf16
+    // weight for the bf16 matmul. N tails, K 32..4096, epilogues, NaN/inf in the activations.
+    for (q, dt, m, n, k, epi) in [
+        ("q4_1", "bf16", "1", 1000, 4096, ""),
+        ("q8_0", "bf16", "1", 4099, 96, ""),
+        ("q4_1", "bf16", "16", 576, 576, "residual"),
+        ("q8_0", "bf16", "16", 1536, 576, "bias_silu"),
+        ("q8_0", "bf16", "1", 28672, 32, ""),
+        ("q4_1", "f32", "3", 70, 160, "bias_silu"),
+        ("q4_1", "f16", "5", 33, 64, ""),
+        ("q8_0", "bf16", "64", 576, 576, ""),
+    ] {
+        let (extra, tail) = match epi {
+            "residual" => (format!(", %r: {dt}[{m}, {n}]"), format!("  %y: {dt}[{m}, {n}] = add(%r, %h)\n")),
+            "bias_silu" => (format!(", %b: {dt}[{n}]"), format!("  %hb: {dt}[{m}, {n}] = add(%h, %b)\n  %y: {dt}[{m}, {n}] = silu(%hb)\n")),
+            _ => (String::new(), format!("  %y: {dt}[{m}, {n}] = cast(%h) {{dtype={dt}}}\n")),
+        };
+        let src = format!(
+            "func @main(%x: {dt}[{m}, {k}], %w: {q}[{n}, {k}]{extra}) {{\n  %wd: {dt}[{n}, {k}] = dequantize(%w) {{dtype={dt}}}\n  %h: {dt}[{m}, {n}] = matmul(%x, %wd) {{transpose_b=true}}\n{tail}  return %y\n}}"
+        );
+        // f32 accumulation over K in another order than the interpreter's f64 sum: f32 rows
+        // with K = 160 stay within 4x the f32 tolerance.
+        let widen = if dt == "f32" { 4.0 } else { 1.0 };
+        let edit: Edit = if m == "16" { Box::new(specials("x", &[(5, f64::NAN), (700, f64::INFINITY), (1500, f64::NEG_INFINITY)])) } else { Box::new(none) };
+        cases.push(Case::new(format!("quantized matmul {q} {dt} M={m} N={n} K={k} {epi}"), &src, &[("T", 37)], 21, widen, edit));
     }
     // Row reductions, odd lengths and special rows.
     for n in [1, 17, 1000, 3420, 4096, 262144] {

@@ -28,6 +28,7 @@ pub mod emit;
 pub mod kernels;
 pub mod math;
 pub mod ptxas;
+pub(crate) mod quant;
 pub mod target;
 
 use std::sync::OnceLock;

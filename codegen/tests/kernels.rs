@@ -1263,6 +1263,9 @@ fn with(t: Tensor, f: impl Fn(usize, f64) -> f64) -> Tensor {
 }
 
 fn encode(dt: DType, data: &[f64]) -> Vec<u8> {
+    if dt.is_quantized() {
+        return sinter_ir::dtype::qcodes_to_bytes(dt, data).expect("whole blocks");
+    }
     let mut out = Vec::with_capacity(data.len() * dt.size_bytes());
     for &v in data {
         match dt {
@@ -1272,6 +1275,7 @@ fn encode(dt: DType, data: &[f64]) -> Vec<u8> {
             DType::I32 => out.extend((v as i32).to_le_bytes()),
             DType::I64 => out.extend((v as i64).to_le_bytes()),
             DType::Bool => out.push(u8::from(v != 0.0)),
+            DType::Q8_0 | DType::Q4_1 => unreachable!("handled above"),
         }
     }
     out
@@ -1289,6 +1293,7 @@ fn decode(dt: DType, bytes: &[u8], n: usize) -> Vec<f64> {
                 DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
                 DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
                 DType::Bool => f64::from(b[0]),
+                DType::Q8_0 | DType::Q4_1 => panic!("a block-quantized output"),
             }
         })
         .collect()

@@ -80,7 +80,8 @@ pub fn graph(input: TokenStream) -> TokenStream {
 // ------------------------------------------------------------------------------------------
 // Syntax
 
-const DTYPES: [(&str, &str); 6] = [("bf16", "BF16"), ("f16", "F16"), ("f32", "F32"), ("i32", "I32"), ("i64", "I64"), ("bool", "Bool")];
+const DTYPES: [(&str, &str); 8] =
+    [("bf16", "BF16"), ("f16", "F16"), ("f32", "F32"), ("i32", "I32"), ("i64", "I64"), ("bool", "Bool"), ("q8_0", "Q8_0"), ("q4_1", "Q4_1")];
 
 #[derive(Clone)]
 enum DimExpr {
@@ -293,7 +294,7 @@ fn parse_type(input: ParseStream) -> syn::Result<TypeSpec> {
         let dt: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a tensor type such as `bf16[T, 576]`"))?;
         let name = dt.to_string();
         if !DTYPES.iter().any(|(n, _)| *n == name) {
-            return err(dt.span(), format!("unknown dtype `{name}`; expected one of bf16, f16, f32, i32, i64, bool (or a Rust expression in braces)"));
+            return err(dt.span(), format!("unknown dtype `{name}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1 (or a Rust expression in braces)"));
         }
         (DTypeSpec::Lit(name), dt.span())
     };
@@ -896,7 +897,7 @@ fn attr_tokens(ts: &TokenStream2) -> syn::Result<TokenStream2> {
         // A Rust primitive type is never a value: it is a dtype the DSL does not have.
         const PRIMITIVES: [&str; 13] = ["f64", "f8", "i8", "i16", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize", "char"];
         if PRIMITIVES.iter().any(|p| i == p) {
-            return err(i.span(), format!("unknown dtype `{i}`; expected one of bf16, f16, f32, i32, i64, bool (or a Rust expression in braces)"));
+            return err(i.span(), format!("unknown dtype `{i}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1 (or a Rust expression in braces)"));
         }
     }
     if let [TokenTree::Group(g)] = v.as_slice() {

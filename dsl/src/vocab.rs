@@ -61,6 +61,7 @@ pub static METHODS: &[MethodSpec] = &[
     f("cos", "Cos"),
     MethodSpec { attrs: &["form"], ..f("gelu", "Gelu") },
     m("cast", "Cast", Kind::Cast, (1, 1), &["dtype"], &["dtype"]),
+    m("dequantize", "Dequantize", Kind::Cast, (1, 1), &["dtype"], &["dtype"]),
     m("add", "Add", Kind::Binary, (2, 2), &[], &[]),
     m("sub", "Sub", Kind::Binary, (2, 2), &[], &[]),
     m("mul", "Mul", Kind::Binary, (2, 2), &[], &[]),

@@ -165,6 +165,62 @@ pub fn cast(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     Ok(vec![TensorType { dtype: c.dtype("dtype")?, shape: x.shape.clone() }])
 }
 
+/// `dequantize`: a block-quantized operand whose last axis is a multiple of the block (32),
+/// a float result dtype, the same shape.
+pub fn dequantize(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let x = c.input(0)?;
+    let to = c.dtype("dtype")?;
+    if !x.dtype.is_quantized() {
+        return err(format!("`dequantize` reads a block-quantized tensor (q8_0, q4_1), not {}", x.dtype));
+    }
+    if !to.is_float() {
+        return err(format!("`dequantize` gives a float dtype (bf16, f16, f32), not {to}"));
+    }
+    Ok(vec![TensorType { dtype: to, shape: x.shape.clone() }])
+}
+
+/// Checks where a block-quantized dtype (`q8_0`, `q4_1`) may appear: as the operand of
+/// `dequantize` (which reads it) and as an argument or result of `call` (which passes it on);
+/// anywhere else it is an error that names the operand or result.
+///
+/// # Errors
+/// A message naming the op and the operand or result of quantized dtype.
+pub fn check_quantized(op: &Op, inputs: &[&TensorType], results: &[TensorType]) -> Result<(), ShapeError> {
+    use crate::ops::OpKind;
+    let name = op.kind.name();
+    match op.kind {
+        OpKind::Call => return Ok(()),
+        OpKind::Dequantize => {}
+        _ => {
+            if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
+                let operand = op.kind.info().operands.get(i).map(|s| s.trim_end_matches(['?', '*'])).unwrap_or("operand");
+                return err(format!(
+                    "`{name}` does not read block-quantized tensors: operand {i} (`{operand}`) is {t}; only `dequantize` reads q8_0/q4_1 (write `dequantize(x, dtype=bf16)` first)"
+                ));
+            }
+        }
+    }
+    if let Some((i, t)) = results.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
+        return err(format!("`{name}` cannot produce a block-quantized tensor: result {i} would be {t}; q8_0/q4_1 tensors come only from parameters"));
+    }
+    Ok(())
+}
+
+/// Checks a block-quantized tensor type: rank ≥ 1 and a last axis that is provably a whole
+/// number of blocks of 32 (a constant multiple of 32, or a symbolic dim with a factor 32).
+///
+/// # Errors
+/// A message naming the type.
+pub fn check_quantized_type(t: &TensorType) -> Result<(), ShapeError> {
+    if !t.dtype.is_quantized() {
+        return Ok(());
+    }
+    match t.shape.last() {
+        Some(d) if d.div_exact(DType::QBLOCK as i64).is_some() => Ok(()),
+        _ => err(format!("{t}: a block-quantized tensor's last axis must be a multiple of the block size {}", DType::QBLOCK)),
+    }
+}
+
 /// Arithmetic with broadcasting; operands share a non-bool dtype.
 pub fn binary(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (a, b) = (c.input(0)?, c.input(1)?);

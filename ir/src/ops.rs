@@ -242,6 +242,8 @@ op_table! {
     Cos => "cos", Unary, ["x"], [], infer::unary_float, "Cosine (radians), element-wise.";
     Cast => "cast", Unary, ["x"], [a("dtype", K::DType, D::Required)], infer::cast,
         "Converts to `dtype`: float→float rounds to nearest even; float→int truncates toward zero and saturates (NaN→0); →bool is x≠0.";
+    Dequantize => "dequantize", Unary, ["x"], [a("dtype", K::DType, D::Required)], infer::dequantize,
+        "Block-quantized `q8_0`/`q4_1` (GGUF blocks of 32 along the last axis) → float `dtype` (bf16, f16, f32), element-wise: q·d (`q8_0`) or nibble·d + m (`q4_1`), exact, rounded once to `dtype` (llama.cpp's `dequantize_row_q8_0`/`_q4_1`). The only op that reads a quantized tensor.";
     // --- binary element-wise with NumPy broadcasting --------------------------------------
     Add => "add", Binary, ["a", "b"], [], infer::binary, "a + b with NumPy broadcasting; operands share a dtype.";
     Sub => "sub", Binary, ["a", "b"], [], infer::binary, "a − b with broadcasting.";

@@ -11,7 +11,7 @@
 //! |---|---|
 //! | Pointwise, Layout, Gather | element-wise ops, sources and views (no matmul, attention, `kv_append`, row reductions); every output of one shape, or of one shape once trailing `reshape`s are peeled |
 //! | RowReduction | row nodes (`reduce_*`, `softmax`, `log_softmax`, `rms_norm`, `layer_norm`) over the last axis of operands of one shape `[L…, N]`, element-wise prologue and epilogue; every output (trailing reshapes peeled) `[L…, N]`, `[L…, 1]` or `[L…]` |
-//! | Matmul | exactly one `matmul` of two float operands of one dtype that are kernel inputs through `reshape`s and `slice`s ([`sinter_ir::epilogue::viewed_param`]); an epilogue that [`sinter_ir::epilogue::analyse`] accepts — element-wise at the same element, column segments through element-wise ops, reshapes, `rope` and a `kv_append` whose pages are kernel inputs (the QKV projection writing K and V into the cache), or paired segments (SwiGLU over gate/up) |
+//! | Matmul | exactly one `matmul` of two float operands of one dtype that are kernel inputs through `reshape`s and `slice`s ([`sinter_ir::epilogue::viewed_param`]), or a B operand that is `dequantize` of a `q8_0`/`q4_1` kernel input `[N, K]` read with `transpose_b` at a constant M ≤ 16 ([`quantized_b`]); an epilogue that [`sinter_ir::epilogue::analyse`] accepts — element-wise at the same element, column segments through element-wise ops, reshapes, `rope` and a `kv_append` whose pages are kernel inputs (the QKV projection writing K and V into the cache), or paired segments (SwiGLU over gate/up) |
 //! | Attention, PagedAttention | exactly one `attention` / `paged_attention` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose result, through `reshape`s, is the one output (with `lse=true`: O and, unless unused, the lse result, through `reshape`s, are the outputs) |
 //! | AttentionMerge | exactly one `attention_merge` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose o result and, unless unused, lse result are the outputs through `reshape`s |
 //! | KvAppend | one `kv_append` whose page operands are kernel inputs and whose two results are exactly the outputs; element-wise ops and views on the other operands |
@@ -46,6 +46,34 @@ pub fn is_strict_operand(k: OpKind, i: usize) -> bool {
         OpKind::KvAppend => i < 2,
         _ => false,
     }
+}
+
+/// The largest constant M of a matmul that reads its B operand as quantized blocks
+/// ([`quantized_b`]); larger or symbolic M dequantise into a buffer and run the bf16 GEMM.
+pub const QUANTIZED_MAX_M: i64 = 16;
+
+/// Whether matmul node `mm` of `f` reads its B operand as stored `q8_0`/`q4_1` blocks (the
+/// quantized GEMV / small-M kernel of `codegen`'s matmul family): B is `dequantize(w)` of a
+/// value `w` that is not computed (a parameter of `f`, so a kernel input), with
+/// `transpose_b` (the GGUF layout `[N, K]`, blocks along K), `w` of rank 2 and the result's
+/// M a constant ≤ [`QUANTIZED_MAX_M`]. Elsewhere the dequantised weight is written to a
+/// buffer first.
+pub fn quantized_b(f: &Function, mm: sinter_ir::Node) -> bool {
+    let nd = &f.nodes[mm];
+    if nd.op.kind != OpKind::Matmul || nd.inputs.len() != 2 || nd.op.bool("transpose_b") != Some(true) || nd.op.bool("transpose_a") == Some(true) {
+        return false;
+    }
+    let ValueDef::Result(dq, _) = f.values[nd.inputs[1]].def else { return false };
+    let dnd = &f.nodes[dq];
+    if dnd.op.kind != OpKind::Dequantize {
+        return false;
+    }
+    let w = dnd.inputs[0];
+    let out = &f.ty(nd.results[0]).shape;
+    matches!(f.values[w].def, ValueDef::Param(_))
+        && f.ty(w).rank() == 2
+        && out.len() >= 2
+        && out[out.len() - 2].as_const().is_some_and(|m| (1..=QUANTIZED_MAX_M).contains(&m))
 }
 
 /// Follows `v` back through `reshape` nodes of `body` (as the generators peel trailing
@@ -140,7 +168,9 @@ pub fn check(kd: &KernelData) -> Result<(), String> {
             if mms.next().is_some() {
                 return Err("more than one matmul".into());
             }
-            if mnd.inputs.len() != 2 || mnd.results.len() != 1 || !mnd.inputs.iter().all(|&v| viewed_param(body, v).is_some()) {
+            let (mm, _) = body.nodes.iter().find(|(_, nd)| nd.op.kind == OpKind::Matmul).ok_or("no matmul")?;
+            let operand_ok = |i: usize, v: Value| viewed_param(body, v).is_some() || (i == 1 && quantized_b(body, mm));
+            if mnd.inputs.len() != 2 || mnd.results.len() != 1 || !mnd.inputs.iter().enumerate().all(|(i, &v)| operand_ok(i, v)) {
                 return Err("the matmul's operands must be kernel inputs (possibly through reshapes and slices)".into());
             }
             let (a, b) = (body.ty(mnd.inputs[0]), body.ty(mnd.inputs[1]));

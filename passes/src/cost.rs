@@ -91,9 +91,14 @@ impl CostConfig {
         t.shape.iter().map(|d| self.size(d)).product()
     }
 
-    /// Bytes of a tensor type.
+    /// Bytes of a tensor type (block-quantized types: their blocks' bytes, 34/32 or 20/32 a
+    /// element).
     pub fn bytes(&self, t: &TensorType) -> f64 {
-        self.numel(t) * t.dtype.size_bytes() as f64
+        let per = match t.dtype.block_bytes() {
+            Some(bb) => bb as f64 / sinter_ir::DType::QBLOCK as f64,
+            None => t.dtype.size_bytes() as f64,
+        };
+        self.numel(t) * per
     }
 }
 

@@ -57,7 +57,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 
-use crate::contract::{is_elementwise, is_strict_operand, one_shape};
+use crate::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b};
 use crate::cost::{is_contiguous_slice, CostConfig};
 
 /// What a node is to the partitioner.
@@ -78,7 +78,9 @@ pub fn role(f: &Function, n: Node) -> Role {
     let nd = &f.nodes[n];
     use OpKind::*;
     match nd.op.kind {
-        Reshape => Role::View,
+        // A dequantised weight is recomputed by the kernels that read it: the element
+        // evaluator from the blocks, a matmul as its B operand (`contract::quantized_b`).
+        Reshape | Dequantize => Role::View,
         Slice => match nd.inputs.first() {
             Some(&x) if is_contiguous_slice(&nd.op, f.ty(x)) => Role::View,
             _ => Role::Anchor(Family::Layout),
@@ -653,7 +655,9 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
         for &m in &p.groups[g].nodes {
             let nd = &f.nodes[m];
             for (i, &v) in nd.inputs.iter().enumerate() {
-                if is_strict_operand(nd.op.kind, i) && !need.contains(&v) {
+                // A matmul reads a dequantised weight as stored blocks where it can.
+                let blocks = i == 1 && uses.contract && quantized_b(f, m);
+                if is_strict_operand(nd.op.kind, i) && !blocks && !need.contains(&v) {
                     need.push(v);
                 }
             }

@@ -41,9 +41,9 @@ pub struct DeviceBuffer {
 
 /// The bytes an element count of `dtype` occupies, or an error on overflow.
 pub(crate) fn byte_len(dtype: DType, numel: usize) -> Result<usize, RuntimeError> {
-    numel
-        .checked_mul(dtype.size_bytes())
-        .ok_or_else(|| RuntimeError::Buffer(format!("{numel} elements of {dtype} overflow usize bytes")))
+    dtype
+        .storage_bytes(numel)
+        .ok_or_else(|| RuntimeError::Buffer(format!("{numel} elements of {dtype} overflow usize bytes or are not whole blocks")))
 }
 
 /// The element count of `shape`, or an error on overflow.

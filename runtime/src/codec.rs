@@ -12,8 +12,14 @@ use sinter_ir::DType;
 
 use crate::error::RuntimeError;
 
-/// Encodes `values` as `dtype` elements, rounding each with [`DType::round`].
+/// Encodes `values` as `dtype` elements, rounding each with [`DType::round`]. A block-quantized
+/// dtype (`q8_0`, `q4_1`) takes the interpreter's element codes
+/// ([`sinter_ir::dtype::QCode`]) and gives GGUF blocks; a count that is not a whole number of
+/// blocks gives no bytes (which no buffer accepts).
 pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
+    if dtype.is_quantized() {
+        return sinter_ir::dtype::qcodes_to_bytes(dtype, values).unwrap_or_default();
+    }
     let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
     for &x in values {
         let r = dtype.round(x);
@@ -24,6 +30,7 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
             DType::I32 => out.extend_from_slice(&(r as i32).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&(r as i64).to_le_bytes()),
             DType::Bool => out.push(u8::from(r != 0.0)),
+            DType::Q8_0 | DType::Q4_1 => {}
         }
     }
     out
@@ -35,6 +42,10 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
 /// # Errors
 /// [`RuntimeError::Buffer`] when `bytes.len()` is not a multiple of the element size.
 pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, RuntimeError> {
+    if dtype.is_quantized() {
+        return sinter_ir::dtype::qcodes_from_bytes(dtype, bytes)
+            .ok_or_else(|| RuntimeError::Buffer(format!("{} bytes are not a whole number of {dtype} blocks", bytes.len())));
+    }
     let size = dtype.size_bytes();
     if bytes.len() % size != 0 {
         return Err(RuntimeError::Buffer(format!("{} bytes are not a whole number of {dtype} elements ({size} bytes each)", bytes.len())));
@@ -47,7 +58,7 @@ pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, RuntimeError> 
             DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
-            DType::Bool => {
+            DType::Bool | DType::Q8_0 | DType::Q4_1 => {
                 if c[0] != 0 {
                     1.0
                 } else {
@@ -135,7 +146,7 @@ mod tests {
     #[test]
     fn f64_round_trip_matches_dtype_round() {
         let xs = [0.0, -0.0, 1.0, -1.5, std::f64::consts::PI, 1e-8, 65520.0, 1e39, -1e39, f64::INFINITY, f64::NEG_INFINITY, 2.5e9, -7.9, 1.0 + 2f64.powi(-8)];
-        for dtype in DType::ALL {
+        for dtype in DType::ALL.into_iter().filter(|d| !d.is_quantized()) {
             let bytes = encode_f64(dtype, &xs);
             assert_eq!(bytes.len(), xs.len() * dtype.size_bytes());
             let back = decode_f64(dtype, &bytes).unwrap();

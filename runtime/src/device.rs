@@ -642,6 +642,9 @@ impl Device {
     /// [`RuntimeError::Buffer`] when the range is not inside the buffer's elements; as
     /// [`Device::read_bytes`].
     pub fn download_range_f64(&self, buf: &DeviceBuffer, first: usize, count: usize) -> Result<Vec<f64>, RuntimeError> {
+        if buf.dtype().is_quantized() {
+            return Err(RuntimeError::Buffer(format!("a range of elements of the block-quantized {buf:?} cannot be read alone")));
+        }
         let size = buf.dtype().size_bytes();
         let end = first.checked_add(count).filter(|&e| e <= buf.numel());
         let (Some(offset), Some(len), Some(_)) = (first.checked_mul(size), count.checked_mul(size), end) else {

@@ -584,7 +584,7 @@ fn extent_bytes(data: &BufferData, shape: &[usize], bindings: &Bindings, label: 
         }
         elems = elems.max(span);
     }
-    elems.checked_mul(data.ty.dtype.size_bytes()).ok_or_else(overflow)
+    data.ty.dtype.storage_bytes(elems).ok_or_else(overflow)
 }
 
 /// Symbols of `graph`'s buffer shapes that no input shape binds directly (as a bare symbol):

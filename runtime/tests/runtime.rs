@@ -337,7 +337,7 @@ fn gpu_add_one_through_a_launch_plan() {
 fn gpu_upload_download_every_dtype() {
     let Some((_lock, dev)) = gpu() else { return };
     let values = [0.0, -0.0, 1.0, -1.5, std::f64::consts::PI, 65520.0, 1e39, -1e39, f64::INFINITY, f64::NEG_INFINITY, 2.5e9, -7.9, 1e-9, 42.0, 0.1, -3.0];
-    for dtype in DType::ALL {
+    for dtype in DType::ALL.into_iter().filter(|d| !d.is_quantized()) {
         for shape in [vec![16usize], vec![4, 4], vec![2, 2, 4]] {
             let b = dev.upload_f64(dtype, &shape, &values).unwrap();
             assert_eq!(b.dtype(), dtype);

@@ -322,6 +322,35 @@ impl GgufFile {
         Ok(out)
     }
 
+    /// Tensor `name` kept in its stored block format: a `q8_0` or `q4_1` [`Tensor`] (GGUF type
+    /// 8 or 3) of the expected row-major shape, its bytes as the file holds them, for a graph
+    /// that reads it with `dequantize` (the matmul kernels then read the blocks as stored).
+    /// `Ok(None)` when the tensor is stored in another type.
+    ///
+    /// # Errors
+    /// Missing tensor, wrong shape, data past the end of the file, a last axis that is not a
+    /// whole number of blocks.
+    pub fn quantized_tensor(&self, name: &str, expected: &[usize]) -> Result<Option<Tensor>, ModelError> {
+        let t = self.info(name).ok_or_else(|| ModelError::MissingTensor { path: self.path.clone(), name: name.to_string() })?;
+        if t.shape != expected {
+            return Err(ModelError::TensorShape { path: self.path.clone(), name: name.to_string(), expected: expected.to_vec(), got: t.shape.clone() });
+        }
+        let dtype = match t.kind {
+            8 => DType::Q8_0,
+            3 => DType::Q4_1,
+            _ => return Ok(None),
+        };
+        let n: usize = t.shape.iter().product();
+        let size = dtype.storage_bytes(n).ok_or_else(|| ModelError::Malformed { path: self.path.clone(), reason: format!("tensor `{name}` has {n} elements, not a whole number of blocks") })? as u64;
+        let end = t.offset.saturating_add(size);
+        if end > self.bytes.len() as u64 {
+            return Err(ModelError::Truncated { path: self.path.clone(), name: name.to_string(), start: t.offset, end, len: self.bytes.len() as u64 });
+        }
+        Tensor::from_blocks(dtype, expected, &self.bytes[t.offset as usize..end as usize])
+            .map(Some)
+            .map_err(|e| ModelError::Malformed { path: self.path.clone(), reason: format!("tensor `{name}`: {e}") })
+    }
+
     /// Tensor `name` as a sinter [`Tensor`] of `dtype` (rounded to nearest even).
     ///
     /// # Errors
@@ -365,6 +394,56 @@ mod tests {
         let v = file_with(8, &[32], blk).dequantize("t", &[32]).unwrap();
         assert_eq!(v[0], -4.0);
         assert_eq!(v[31], 3.75);
+    }
+
+    /// The interpreter's `dequantize` of the blocks as stored gives exactly what this loader
+    /// gives (f32, bit for bit), for random Q8_0 and Q4_1 blocks (specials included: d = 0,
+    /// negative d, large m).
+    #[test]
+    fn interpreter_dequantize_is_bit_exact_with_the_loader() {
+        use sinter_ir::{Attr, FunctionBuilder, Graph, OpKind, TensorType};
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut byte = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        };
+        for (kind, dtype, bb) in [(8u32, DType::Q8_0, 34usize), (3, DType::Q4_1, 20)] {
+            let (rows, k) = (5usize, 96usize);
+            let mut data = Vec::new();
+            for b in 0..rows * k / 32 {
+                let mut blk: Vec<u8> = (0..bb).map(|_| byte()).collect();
+                // Finite scales (random f16 bits may be NaN/inf: those propagate alike, but
+                // keep most blocks ordinary), one zero scale, one negative.
+                let d = match b % 5 {
+                    0 => 0.0f32,
+                    1 => -0.0123,
+                    _ => f32::from(byte()) / 512.0 + 0.001,
+                };
+                blk[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                if kind == 3 {
+                    blk[2..4].copy_from_slice(&f16::from_f32(if b % 3 == 0 { -300.25 } else { -0.5 }).to_le_bytes());
+                }
+                data.extend(blk);
+            }
+            let f = file_with(kind, &[rows, k], data);
+            let want = f.dequantize("t", &[rows, k]).unwrap();
+            let q = f.quantized_tensor("t", &[rows, k]).unwrap().expect("a block type");
+            assert_eq!(q.dtype(), dtype);
+            let mut fb = FunctionBuilder::new(&Graph::new(), "main");
+            let w = fb.param("w", TensorType::new(dtype, [sinter_ir::Dim::constant(rows as i64), sinter_ir::Dim::constant(k as i64)]));
+            let y = fb.op1(OpKind::Dequantize, &[w], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
+            let mut g = Graph::new();
+            g.add_func(fb.finish(&[y]).unwrap());
+            let got = sinter_ir::interp::run(&g, "main", &[&q], &sinter_ir::Bindings::new()).unwrap();
+            for (i, (&a, &b)) in got[0].data().iter().zip(&want).enumerate() {
+                assert_eq!((a as f32).to_bits(), b.to_bits(), "{dtype} element {i}: interpreter {a} vs loader {b}");
+            }
+        }
+        // Other types are not kept quantized.
+        let f = file_with(0, &[32], vec![0; 128]);
+        assert!(f.quantized_tensor("t", &[32]).unwrap().is_none());
     }
 
     #[test]

@@ -692,6 +692,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let z = self.kb.cx.i8_type().const_zero();
                 Scalar::I(self.kb.b.build_int_compare(IntPredicate::NE, v.into_int_value(), z, "b")?)
             }
+            DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} tensor read other than by `dequantize`")),
         })
     }
 
@@ -700,6 +701,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::BF16 | DType::F16 | DType::F32 => self.kb.from_f32(s.f()?, dtype)?.as_basic_value_enum(),
             DType::I32 | DType::I64 => s.i()?.as_basic_value_enum(),
             DType::Bool => self.kb.b.build_int_z_extend(s.i()?, self.kb.cx.i8_type(), "b")?.as_basic_value_enum(),
+            DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} result")),
         })
     }
 
@@ -797,6 +799,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let gelu_tanh = nd.op.str("form") == Some("tanh");
                 xs.into_iter().map(|s| self.unary(kind, gelu_tanh, in_dt, out_dt, s)).collect()
             }
+            Dequantize => self.dequantize(node, result, at, out_dt),
             Add | Sub | Mul | Div | Maximum | Minimum | Pow | Eq | Ne | Lt | Le | Gt | Ge => {
                 let a = self.input(node, 0)?;
                 let in_dt = self.dtype(a)?;
@@ -905,6 +908,31 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         }
     }
 
+    /// `dequantize` of a kernel parameter (a `q8_0`/`q4_1` buffer, contiguous along its
+    /// last axis) at `at`: per lane, the element's block is found from its row-major element
+    /// offset (the buffer's strides are element strides) and decoded by [`crate::quant`].
+    fn dequantize(&mut self, node: Node, result: Value, at: &At<'ctx>, out_dt: DType) -> R<Lanes<'ctx>> {
+        let x = self.input(node, 0)?;
+        let in_dt = self.dtype(x)?;
+        let ValueDef::Param(i) = self.f.values[x].def else {
+            return unsupported(format!("`dequantize` of a computed {in_dt} value (only a kernel input is read as blocks)"));
+        };
+        let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
+        if buf.strides.last().and_then(|s| s.as_const()) != Some(1) {
+            return unsupported(format!("a {in_dt} buffer whose last axis is not contiguous"));
+        }
+        let from = self.shape(result)?;
+        let to = self.shape(x)?;
+        let a = self.broadcast_at(at, &from, &to)?;
+        let mut out = Vec::with_capacity(at.lanes as usize);
+        for one in self.split(&a)? {
+            let (off, _, _) = self.offsets(&buf.strides, &one)?;
+            let v = crate::quant::element(self.kb, in_dt, buf.ptr, off)?;
+            out.push(Scalar::F(self.kb.round_to(v, out_dt)?));
+        }
+        Ok(out)
+    }
+
     fn constant_scalar(&self, dt: DType, value: f64) -> R<Scalar<'ctx>> {
         let r = dt.round(value);
         Ok(match dt {
@@ -912,6 +940,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::I32 => Scalar::I(self.kb.i32c(r as i64)),
             DType::I64 => Scalar::I(self.kb.i64c(r as i64)),
             DType::Bool => Scalar::I(self.kb.cx.bool_type().const_int(u64::from(r != 0.0), false)),
+            DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dt} constant")),
         })
     }
 
@@ -952,7 +981,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                     let f = self.kb.b.build_signed_int_to_float(c, self.kb.cx.f32_type(), "f")?;
                     Scalar::F(self.kb.round_to(f, dt)?)
                 }
-                DType::Bool => return bad("iota cannot produce bool"),
+                DType::Bool | DType::Q8_0 | DType::Q4_1 => return bad(format!("iota cannot produce {dt}")),
             });
         }
         Ok(out)
@@ -1031,6 +1060,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let f = if from == DType::Bool { b.build_unsigned_int_to_float(v, f32t, "f")? } else { b.build_signed_int_to_float(v, f32t, "f")? };
                 Scalar::F(self.kb.round_to(f, to)?)
             }
+            (_, DType::Q8_0 | DType::Q4_1) => return unsupported(format!("a cast to {to}")),
             (false, DType::Bool) => {
                 let v = x.i()?;
                 Scalar::I(b.build_int_compare(IntPredicate::NE, v, v.get_type().const_zero(), "b")?)

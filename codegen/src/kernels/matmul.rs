@@ -91,6 +91,28 @@
 //!   what decode (memory-bound) needs; FlashDecoding++ (Hong et al. 2023, arXiv 2311.01282,
 //!   §4) motivates the flat-GEMM split.
 //!
+//! **Block-quantized weights** (`q8_0`, `q4_1`: GGUF blocks of 32 along K, see
+//! [`sinter_ir::DType::Q4_1`]): a B operand that is `dequantize(w)` of a `[N, K]` kernel
+//! input read with `transpose_b` (the GGUF layout; the passes fuse it at a constant M ≤ 16,
+//! `sinter_passes::contract::quantized_b`) is read as stored and dequantised in registers
+//! (`crate::quant`), each value rounded to the `dequantize` dtype as the unfused graph
+//! rounds it, products accumulated in f32. Two schedules:
+//! - [`QuantMmaSchedule`] (bf16/f16 activations, direct epilogue, M ≤ 16: the default): a
+//!   warp per 8 weight rows loads exactly the bytes its lanes' `mma.m16n8k16` B fragments
+//!   need (`q4_1`: the `d`/`m` word and two 16-bit quant pairs a lane per block, whose low
+//!   and high nibbles are the block's two k16 steps; `q8_0`: `d` and four pairs) — no shared
+//!   memory for the weights, so each weight byte crosses DRAM → registers once — while the
+//!   CTA stages the activations (padded to 16 rows) in shared memory per 256-element step;
+//!   the 16·N·K FLOPs of a 16-row decode batch run on tensor cores, not CUDA cores.
+//! - the small-M kernel with `lanes = 32` (f32 activations, columns/paired epilogues —
+//!   RoPE, SwiGLU —, or as a schedule to compare): lane `l` of a column's warp streams
+//!   blocks `l, l+32, …` with 4-byte loads (`q8_0`'s 34-byte blocks are 2-byte aligned: eight
+//!   aligned words and two 16-bit loads, funnel-shifted), so a warp reads 640 (`q4_1`) or
+//!   1088 (`q8_0`) contiguous bytes a step.
+//!
+//! Where neither applies (a symbolic M, B not `[N, K]`), the passes write the dequantised
+//! weight to a buffer and the bf16 kernels read it.
+//!
 //! [`choose_schedule`] picks among them by shape and dtype: a constant M in 2..=16 of bf16/f16
 //! gets the flat tensor-core GEMM (the small-M kernel where its layouts do not allow the
 //! 16-byte copies); M = 1 (pure weight bandwidth: the GEMV reads the weight with more CTAs)
@@ -364,6 +386,58 @@ impl MmaSchedule {
     }
 }
 
+/// The tensor-core schedule of a matmul whose B operand is block-quantized (`q8_0`/`q4_1`,
+/// `[N, K]`), for constant M ≤ 16 ([`build_quant_mma`]): each warp owns `tiles` column
+/// tiles of 8 and reads their weight rows' blocks straight into the `mma.m16n8k16` B
+/// fragments (dequantised in registers, no shared memory for the weights); the CTA stages
+/// `chunk` K columns of the (≤ 16-row) activations in shared memory per step.
+///
+/// Constraints: `1 ≤ warps ≤ 32`, `tiles ≥ 1`, `chunk` a multiple of 32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantMmaSchedule {
+    /// Warps per CTA.
+    pub warps: u32,
+    /// Column tiles of 8 per warp.
+    pub tiles: u32,
+    /// K elements per step (activation rows staged in shared memory).
+    pub chunk: u32,
+    /// Load the next step's weight words while the current step computes (register double
+    /// buffering: twice the weight bytes in flight per warp, twice the registers for them).
+    pub prefetch: bool,
+}
+
+impl QuantMmaSchedule {
+    /// 8 warps of one 8-column tile each (64 columns per CTA: 448 CTAs for N = 28672), 128
+    /// K elements (4 blocks a row) per step with the next step prefetched: every warp keeps
+    /// 8 blocks of each of its 8 rows in flight while it computes, and the CTA reads the
+    /// activations once for 64 columns.
+    pub const DEFAULT: QuantMmaSchedule = QuantMmaSchedule { warps: 8, tiles: 1, chunk: 128, prefetch: true };
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+
+    /// Output columns per CTA.
+    pub fn columns(&self) -> u32 {
+        8 * self.warps * self.tiles
+    }
+
+    /// Bytes of the staged activation tile: 16 rows of `chunk` 16-bit elements, padded by
+    /// 8 elements a row (so the A fragment loads of a warp hit 32 different banks).
+    pub fn shared_bytes(&self) -> u32 {
+        16 * (self.chunk + 8) * 2
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if (1..=32).contains(&self.warps) && self.tiles >= 1 && self.chunk >= 32 && self.chunk % 32 == 0 && self.shared_bytes() <= 48 * 1024 {
+            Ok(())
+        } else {
+            Err(format!("invalid quantized tensor-core schedule {self:?}"))
+        }
+    }
+}
+
 /// Which matmul kernel to generate, with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulSchedule {
@@ -373,6 +447,8 @@ pub enum MatmulSchedule {
     SmallM(SmallMSchedule),
     /// Tensor-core GEMM (`cp.async`, `ldmatrix`, `mma.sync`).
     Mma(MmaSchedule),
+    /// Tensor-core small-M GEMM with a block-quantized B read into the fragments.
+    QuantMma(QuantMmaSchedule),
 }
 
 /// Picks the schedule for a kernel whose matmul has `m` rows and `n` columns of `dtype`;
@@ -444,7 +520,8 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// The schedule candidates of matmul `kernel` for autotuning ([`crate::schedule_variants`]):
 /// [`generate`]'s schedule first, then, for a tensor-core kernel, the other CTA tiles —
 /// [`MmaSchedule::DEFAULT`] and [`MmaSchedule::NARROW`], or for a flat GEMM (M ≤ 16) the flat
-/// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]) — each with its
+/// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]); for a quantized B read on tensor
+/// cores, other [`QuantMmaSchedule`]s and the quantized small-M kernel — each with its
 /// [`MatmulSchedule::name`] and a closure that compiles it (an alternative the kernel's layouts
 /// or epilogue do not accept fails there with [`CodegenError::Unsupported`]).
 ///
@@ -457,6 +534,19 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
     if let MatmulSchedule::Mma(d) = default {
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
         scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
+    }
+    if let MatmulSchedule::QuantMma(_) = default {
+        // Quantized weights: other step lengths and warp shapes, with and without the
+        // prefetch, and the small-M kernel streaming whole blocks per lane.
+        let alts = [
+            QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256, prefetch: false },
+            QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256, prefetch: true },
+            QuantMmaSchedule { warps: 4, tiles: 2, chunk: 128, prefetch: true },
+            QuantMmaSchedule { warps: 4, tiles: 1, chunk: 64, prefetch: true },
+        ];
+        scheds.extend(alts.into_iter().map(MatmulSchedule::QuantMma).filter(|a| *a != default));
+        let rows = spec.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
+        scheds.push(MatmulSchedule::SmallM(small_m_schedule(rows, true)));
     }
     Ok(scheds
         .into_iter()
@@ -476,6 +566,7 @@ impl MatmulSchedule {
             MatmulSchedule::Mma(s) => format!("mma {}x{}x{} w{}x{} s{}", s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.stages),
             MatmulSchedule::SmallM(s) => format!("gemv r{} l{} c{}", s.rows, s.lanes, s.columns),
             MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
+            MatmulSchedule::QuantMma(s) => format!("qmma w{} t{} k{}{}", s.warps, s.tiles, s.chunk, if s.prefetch { " prefetch" } else { "" }),
         }
     }
 }
@@ -485,8 +576,18 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::Tiled(s) => ("matmul", s.check().and_then(|()| spec.fits(s)), s.threads()),
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
         MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
+        MatmulSchedule::QuantMma(s) => ("matmul_mma_q", s.check().and_then(|()| spec.quant_mma_ok()), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
+    let quant_ok = match schedule {
+        MatmulSchedule::SmallM(s) => s.lanes == 32,
+        MatmulSchedule::QuantMma(_) => true,
+        _ => false,
+    };
+    if let (Some(q), false) = (spec.b_quant, quant_ok) {
+        return Err(unsupported(&spec.kernel_name, format!("a {q} B operand is read by the quantized schedules only, not {schedule:?}")));
+    }
+    let tag = if spec.b_quant.is_some() && matches!(schedule, MatmulSchedule::SmallM(_)) { "matmul_small_m_q" } else { tag };
     let entry = format!("{}_{tag}", spec.kernel_name);
     let ctx = Context::create();
     let n_outputs = spec.n_buffers - spec.n_inputs;
@@ -494,6 +595,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::Tiled(s) => build_tiled(kit, spec, s),
         MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
         MatmulSchedule::Mma(s) => build_mma(kit, spec, s, &spec.mma_plan(s, target).map_err(|e| kit.err(e))?),
+        MatmulSchedule::QuantMma(s) => build_quant_mma(kit, spec, s),
     })?;
     let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
     // Tiled and tensor-core kernels: a CTA per (row tile, column tile, batch).
@@ -508,6 +610,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (grid, shared_bytes) = match schedule {
         MatmulSchedule::Tiled(s) => (tiles(s.bm, s.bn), 0),
         MatmulSchedule::Mma(s) => (tiles(s.bm, s.bn), spec.mma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
+        MatmulSchedule::QuantMma(s) => ([GridDim { numerator: spec.n.clone(), denominator: s.columns() }, GridDim { numerator: spec.m.clone(), denominator: 16 }, batch], 0),
         MatmulSchedule::SmallM(s) => {
             let cols = match &spec.epi {
                 Epi::Paired { width, .. } => width.clone(),
@@ -517,6 +620,22 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         }
     };
     Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes, params })
+}
+
+/// When `v` is `dequantize` of a block-quantized kernel input: `Ok((parameter, dtype))`, or
+/// why the kernel cannot read it as blocks; `None` when `v` is something else.
+fn quantized_operand(body: &Function, v: Value, buffers: &[BufInfo]) -> Option<Result<(usize, DType), String>> {
+    let ValueDef::Result(n, _) = body.values.get(v)?.def else { return None };
+    let nd = body.nodes.get(n)?;
+    if nd.op.kind != OpKind::Dequantize {
+        return None;
+    }
+    let w = *nd.inputs.first()?;
+    let q = body.ty(w).dtype;
+    Some(match body.values[w].def {
+        ValueDef::Param(i) if q.is_quantized() && buffers.get(i).is_some_and(|b| b.dtype == q) => Ok((i, q)),
+        _ => Err(format!("`dequantize` of {} that is not a {q} kernel input", body.label(w))),
+    })
 }
 
 /// The error for a kernel this family cannot generate (`kernel` is `k3`).
@@ -581,6 +700,10 @@ struct Spec {
     dtype: DType,
     a: MatOperand,
     b: MatOperand,
+    /// B is `dequantize` of a block-quantized kernel input (`q8_0`/`q4_1`, `[N, K]` read with
+    /// `transpose_b`): its blocks are read as stored and dequantised in registers
+    /// ([`MatOperand`] `b` then describes the quantized buffer in elements).
+    b_quant: Option<DType>,
     m: Dim,
     n: Dim,
     k: Dim,
@@ -672,7 +795,21 @@ impl Spec {
             Ok(MatOperand { buffer: view.param, dtype, offset: view.offset, batch_strides: bs, outer, ks, align: view.align })
         };
         let a = mat(av, at, ta, true)?;
-        let b = mat(bv, bt, tb, false)?;
+        let (b, b_quant) = match quantized_operand(body, bv, &buffers) {
+            Some(w) => {
+                let (w, q) = w.map_err(&no)?;
+                if !tb || ta || bt.rank() != 2 {
+                    return Err(no(format!("a {q} weight is read as blocks only as a [N, K] B operand with transpose_b (got {bt}, transpose_a {ta}, transpose_b {tb})")));
+                }
+                let info = &buffers[w];
+                if info.strides != Layout::contiguous(&info.shape).strides || info.align < 4 {
+                    return Err(no(format!("the {q} weight must be a contiguous, 4-byte aligned buffer")));
+                }
+                let outer = info.strides[0].clone();
+                (MatOperand { buffer: w, dtype, offset: Dim::constant(0), batch_strides: vec![Dim::constant(0); rank - 2], outer, ks: Dim::constant(1), align: info.align }, Some(q))
+            }
+            None => (mat(bv, bt, tb, false)?, None),
+        };
         for op in [&a, &b] {
             all_dims.extend(op.batch_strides.iter().cloned());
             all_dims.extend([op.offset.clone(), op.outer.clone(), op.ks.clone()]);
@@ -704,6 +841,7 @@ impl Spec {
             dtype,
             a,
             b,
+            b_quant,
             m,
             n,
             k,
@@ -729,6 +867,15 @@ impl Spec {
     /// per combined segment).
     fn default_schedule(&self, target: &Target) -> MatmulSchedule {
         let b_k = self.b.ks.as_const() == Some(1);
+        if self.b_quant.is_some() {
+            // Tensor cores with the blocks read into the B fragments where the kernel takes
+            // it; else the quantized small-M kernel (a warp per column streams its blocks).
+            if self.quant_mma_ok().is_ok() {
+                return MatmulSchedule::QuantMma(QuantMmaSchedule::DEFAULT);
+            }
+            let rows = self.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
+            return MatmulSchedule::SmallM(small_m_schedule(rows, true));
+        }
         let multiple = match &self.epi {
             Epi::Columns { rope_d, .. } => u32::try_from(*rope_d).unwrap_or(u32::MAX),
             _ => 1,
@@ -769,6 +916,28 @@ impl Spec {
             128 => TiledSchedule { bm: 64, bn: 128, bk: 16, tm: 4, tn: 4 },
             _ => TiledSchedule { bm: 32, bn, bk: 16, tm: 4, tn: 4 },
         })
+    }
+
+    /// Whether the quantized tensor-core kernel takes this kernel: a block-quantized B,
+    /// bf16/f16 operands, a constant M ≤ 16, a direct epilogue, and activations whose K
+    /// axis is read in aligned 16-byte vectors.
+    fn quant_mma_ok(&self) -> Result<(), String> {
+        if self.b_quant.is_none() {
+            return Err("B is not block-quantized".into());
+        }
+        if !matches!(self.dtype, DType::BF16 | DType::F16) {
+            return Err(format!("tensor cores do not take {} operands", self.dtype));
+        }
+        if !self.m.as_const().is_some_and(|m| (1..=16).contains(&m)) {
+            return Err(format!("M = {} is not a constant in 1..=16", self.m));
+        }
+        if !matches!(self.epi, Epi::Direct) {
+            return Err("the epilogue reads R at other columns (the small-M kernel takes it)".into());
+        }
+        if !self.a.vector_ok(8) {
+            return Err("A's rows are not read in aligned 16-byte vectors".into());
+        }
+        Ok(())
     }
 
     /// Whether tiled schedule `s` suits this kernel's epilogue (tile width a multiple of the
@@ -1437,16 +1606,19 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
         None
     };
 
-    // Vector width along K: 16 bytes where both operands allow it and K is a multiple.
-    let es = spec.dtype.size_bytes() as u32;
-    let vw = 16 / es;
-    let c = if lanes > 1 && spec.a.vector_ok(vw) && spec.b.vector_ok(vw) && spec.k.div_exact(i64::from(vw)).is_some() { vw } else { 1 };
-
     // acc[column][row]
     let acc: Vec<Vec<PointerValue>> = cols.iter().map(|_| (0..s.rows).map(|_| kit.var_f(kit.f32c(0.0))).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
     let m_valid: Vec<IntValue> = (0..s.rows)
         .map(|i| kit.icmp(IntPredicate::SLT, kit.add(m0, kit.i64c(i64::from(i)))?, mdim))
         .collect::<R<_>>()?;
+    if let Some(q) = spec.b_quant {
+        small_m_quant_loop(kit, spec, q, (lane, lanes), &cols, n_valid, (m0, &m_valid), &acc, &bases)?;
+    } else {
+    // Vector width along K: 16 bytes where both operands allow it and K is a multiple.
+    let es = spec.dtype.size_bytes() as u32;
+    let vw = 16 / es;
+    let c = if lanes > 1 && spec.a.vector_ok(vw) && spec.b.vector_ok(vw) && spec.k.div_exact(i64::from(vw)).is_some() { vw } else { 1 };
+
     let start = kit.mul(lane, kit.i64c(i64::from(c)))?;
     let step = kit.i64c(i64::from(c * lanes));
     kit.for_range(start, kdim, step, |k, kk| {
@@ -1470,6 +1642,7 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
         }
         Ok(())
     })?;
+    }
     // Reduce over the lanes of a column (lanes are aligned groups of a warp).
     let masks: Vec<u32> = (0..lanes.trailing_zeros()).rev().map(|b| 1 << b).collect();
     let mut sums: Vec<Vec<FloatValue>> = Vec::with_capacity(acc.len());
@@ -1492,6 +1665,218 @@ fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
         }
         Ok(())
     })
+}
+
+/// The K loop of the small-M kernel when B is block-quantized (`q8_0`/`q4_1`, `[N, K]`):
+/// lane `l` of a column's group takes blocks `l, l + lanes, …` of the column's row of blocks
+/// (so a warp reads `lanes` consecutive blocks, 640 contiguous bytes of `q4_1` or 1088 of
+/// `q8_0`, per step), decodes the block's 32 values in registers ([`crate::quant::block_values`]:
+/// 4-byte loads), rounds each to the `dequantize` dtype (where the unfused graph rounds), and
+/// accumulates them against the 32 matching elements of each row of A (16-byte vectors where
+/// A's layout allows) in f32. A column past N reads nothing.
+#[allow(clippy::too_many_arguments)]
+fn small_m_quant_loop<'ctx>(
+    kit: &Kit<'ctx>,
+    spec: &Spec,
+    q: DType,
+    (lane, lanes): (IntValue<'ctx>, u32),
+    cols: &[IntValue<'ctx>],
+    n_valid: IntValue<'ctx>,
+    (m0, m_valid): (IntValue<'ctx>, &[IntValue<'ctx>]),
+    acc: &[Vec<PointerValue<'ctx>>],
+    bases: &Bases<'ctx>,
+) -> R<()> {
+    let dt = spec.dtype;
+    let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
+    let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
+    let kdim = kit.dim(&spec.k)?;
+    let kblocks = kit.udiv(kdim, kit.i64c(32))?;
+    // A's 32 elements of a block: vectors of 16 bytes where its layout allows.
+    let vw = 16 / dt.size_bytes() as u32;
+    let vector = spec.a.vector_ok(vw);
+    let (chunk, nchunks) = if vector { (vw, 32 / vw) } else { (32, 1) };
+    kit.if_then(n_valid, |k| {
+        k.for_range(lane, kblocks, k.i64c(i64::from(lanes)), |k, kb| {
+            let mut bvs = Vec::with_capacity(cols.len());
+            for &col in cols {
+                let block = k.add(k.mul(col, kblocks)?, kb)?;
+                let vals = k.math(|b| crate::quant::block_values(b, q, b_ptr, block))?;
+                let vals: Vec<FloatValue> = vals.into_iter().map(|v| k.math(|b| b.round_to(v, dt))).collect::<R<_>>()?;
+                bvs.push(vals);
+            }
+            let k0 = k.mul(kb, k.i64c(32))?;
+            for (i, &mv) in m_valid.iter().enumerate() {
+                let m = k.add(m0, k.i64c(i as i64))?;
+                let mut av = Vec::with_capacity(32);
+                for c in 0..nchunks {
+                    let kk = k.add(k0, k.i64c(i64::from(c * chunk)))?;
+                    let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
+                    av.extend(k.guarded_load(mv, dt, a_ptr, aidx, chunk, vector, a_ks)?);
+                }
+                for (seg_acc, bv) in acc.iter().zip(&bvs) {
+                    let p = seg_acc[i];
+                    let mut sum = k.get_f(p)?;
+                    for (x, y) in av.iter().zip(bv) {
+                        sum = k.fma(*x, *y, sum)?;
+                    }
+                    k.set(p, sum.into())?;
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// The quantized tensor-core kernel ([`QuantMmaSchedule`]): `C[16, 8·tiles·warps]` tiles of
+/// `x · dequantize(W)ᵀ` with `x` ≤ 16 rows (padded to 16 with zeros) and `W` `[N, K]` in
+/// `q8_0`/`q4_1` blocks. Per step of `chunk` K columns:
+/// 1. each warp loads, for each of its tiles (8 weight rows) and each of the step's blocks,
+///    the words its lanes' B fragments need ([`crate::quant::fragment_words`]: 3 or 5 naturally
+///    aligned loads a lane per block, a row's four lanes reading the whole block) — all of
+///    the step's loads issued before any is used;
+/// 2. the CTA stages the step's activation columns (16 rows, zeros past M and K) in shared
+///    memory with 16-byte loads, rows padded by 16 bytes (4·g + t distinct banks);
+/// 3. after a barrier, each lane dequantises its 8 values per block
+///    ([`crate::quant::fragment_values`], f32), rounds them to the operand dtype in pairs
+///    (`pack_x2`: where the unfused graph rounds the dequantised weight), and issues two
+///    `mma.m16n8k16` per block with A fragments read from shared memory (32-bit loads);
+/// 4. a barrier before the next step overwrites the tile.
+///
+/// Accumulators are f32; the direct epilogue runs per element from them. Weight rows past N
+/// and blocks past K read nothing (their fragments are zero).
+fn build_quant_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &QuantMmaSchedule) -> R<()> {
+    let q = spec.b_quant.ok_or_else(|| kit.err("no quantized B"))?;
+    let dt = spec.dtype;
+    let tid = kit.sreg("tid.x")?;
+    let bx = kit.zext64(kit.sreg("ctaid.x")?)?;
+    let by = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let bases = batch_bases(kit, spec, bz)?;
+    let (mdim, ndim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.n)?, kit.dim(&spec.k)?);
+    let (a_ptr, b_ptr) = (kit.buf(spec.a.buffer)?, kit.buf(spec.b.buffer)?);
+    let (a_outer, a_ks) = (kit.dim(&spec.a.outer)?, kit.dim(&spec.a.ks)?);
+    let kblocks = kit.udiv(kdim, kit.i64c(32))?;
+    let warp = kit.zext64(kit.udiv(tid, kit.i32c(32))?)?;
+    let lane = kit.zext64(kit.urem(tid, kit.i32c(32))?)?;
+    let g = kit.udiv(lane, kit.i64c(4))?;
+    let t = kit.urem(lane, kit.i64c(4))?;
+    let m0 = kit.mul(by, kit.i64c(16))?;
+    let cta_n0 = kit.mul(bx, kit.i64c(i64::from(s.columns())))?;
+    let warp_n0 = kit.add(cta_n0, kit.mul(warp, kit.i64c(i64::from(8 * s.tiles)))?)?;
+    let pitch = (s.chunk + 8) * 2;
+    let smem = kit.shared(SharedKind::Static, s.shared_bytes())?;
+    let steps = s.chunk / 32;
+    let acc: Vec<[PointerValue; 4]> = (0..s.tiles).map(|_| Ok([kit.var_f(kit.f32c(0.0))?, kit.var_f(kit.f32c(0.0))?, kit.var_f(kit.f32c(0.0))?, kit.var_f(kit.f32c(0.0))?])).collect::<R<_>>()?;
+    // Each thread's 16-byte pieces of the staged tile: 16 rows × chunk/8 pieces.
+    let pieces = 16 * s.chunk / 8;
+    let nwords = if q == DType::Q4_1 { 3 } else { 5 };
+    let i32t = kit.i32t;
+    // The B fragment words of the step starting at block `kb0`: one i32 variable per word
+    // (zero for rows past N and blocks past K), every load issued before any is used.
+    let load_words = |k: &Kit<'ctx>, kb0: IntValue<'ctx>| -> R<Vec<Vec<Vec<PointerValue<'ctx>>>>> {
+        let mut words = Vec::with_capacity(s.tiles as usize);
+        for tile in 0..s.tiles {
+            let row = k.add(k.add(warp_n0, k.i64c(i64::from(8 * tile)))?, g)?;
+            let row_ok = k.icmp(IntPredicate::SLT, row, ndim)?;
+            let mut per_block = Vec::with_capacity(steps as usize);
+            for j in 0..steps {
+                let blk = k.add(kb0, k.i64c(i64::from(j)))?;
+                let ok = k.and(row_ok, k.icmp(IntPredicate::SLT, blk, kblocks)?)?;
+                let vars: Vec<PointerValue> = (0..nwords).map(|_| k.var_i(i32t.const_zero())).collect::<R<_>>()?;
+                k.if_then(ok, |k| {
+                    let block = k.add(k.mul(row, kblocks)?, blk)?;
+                    let w = k.math(|b| crate::quant::fragment_words(b, q, b_ptr, block, t))?;
+                    for (p, v) in vars.iter().zip(w) {
+                        k.set(*p, v.into())?;
+                    }
+                    Ok(())
+                })?;
+                per_block.push(vars);
+            }
+            words.push(per_block);
+        }
+        Ok(words)
+    };
+    // With prefetch, `cur` holds the words of the step about to compute (loaded one step
+    // ahead); the loop loads the next step's into fresh variables and moves them over.
+    let cur = if s.prefetch { Some(load_words(kit, kit.i64c(0))?) } else { None };
+    kit.for_range(kit.i64c(0), kit.add(kblocks, kit.i64c(i64::from(steps - 1)))?, kit.i64c(i64::from(steps)), |k, kb0| {
+        // 1. The B fragment words: this step's (no prefetch) or the next step's (prefetch).
+        let fresh = load_words(k, if s.prefetch { k.add(kb0, k.i64c(i64::from(steps)))? } else { kb0 })?;
+        let this = cur.as_ref().unwrap_or(&fresh);
+        let words: Vec<Vec<Vec<IntValue>>> = this.iter().map(|t| t.iter().map(|b| b.iter().map(|&p| k.get_i(p, i32t)).collect::<R<Vec<_>>>()).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
+        // 2. The activation tile: 16 rows × chunk columns, zeros past M and K.
+        let k0 = k.mul(kb0, k.i64c(32))?;
+        for r in 0..pieces.div_ceil(s.threads()) {
+            let piece = k.add(k.zext64(tid)?, k.i64c(i64::from(r * s.threads())))?;
+            let inside = k.icmp(IntPredicate::SLT, piece, k.i64c(i64::from(pieces)))?;
+            k.if_then(inside, |k| {
+                let per_row = i64::from(s.chunk / 8);
+                let (row, col) = (k.udiv(piece, k.i64c(per_row))?, k.mul(k.urem(piece, k.i64c(per_row))?, k.i64c(8))?);
+                let m = k.add(m0, row)?;
+                let kk = k.add(k0, col)?;
+                let ok = k.and(k.icmp(IntPredicate::SLT, m, mdim)?, k.icmp(IntPredicate::SLT, kk, kdim)?)?;
+                let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
+                let vals = k.guarded_load(ok, dt, a_ptr, aidx, 8, true, a_ks)?;
+                let off = k.add(k.mul(k.trunc32(row)?, k.i32c(pitch as i32))?, k.mul(k.trunc32(col)?, k.i32c(2))?)?;
+                k.sh_store(dt, k.sh_at(smem, off)?, &vals)
+            })?;
+        }
+        k.barrier()?;
+        // 3. Dequantise into the fragments; two MMAs a block.
+        let g32 = k.trunc32(g)?;
+        let t32 = k.trunc32(t)?;
+        let a_word = |k: &Kit<'ctx>, row: IntValue<'ctx>, col: u32| -> R<IntValue<'ctx>> {
+            // Row `row` (i32), columns `col + 2t`, `+1` of the staged tile, as one 32-bit word.
+            let off = k.add(k.mul(row, k.i32c(pitch as i32))?, k.add(k.i32c(2 * col as i32), k.mul(t32, k.i32c(4))?)?)?;
+            let p = k.sh_at(smem, off)?;
+            k.math(|b| Ok(b.load(b.cx.i32_type().into(), p, 4)?.into_int_value()))
+        };
+        let g8 = k.add(g32, k.i32c(8))?;
+        for j in 0..steps {
+            let mut a_frags = Vec::with_capacity(2);
+            for step in 0..2u32 {
+                let col = 32 * j + 16 * step;
+                a_frags.push([a_word(k, g32, col)?, a_word(k, g8, col)?, a_word(k, g32, col + 8)?, a_word(k, g8, col + 8)?]);
+            }
+            for (tile, per_block) in words.iter().enumerate() {
+                let vals = k.math(|b| crate::quant::fragment_values(b, q, &per_block[j as usize]))?;
+                let packed: Vec<IntValue> = vals.chunks(2).map(|p| k.math(|b| b.pack_x2(dt, p[0], p[1]))).collect::<R<_>>()?;
+                let mut c = [k.get_f(acc[tile][0])?, k.get_f(acc[tile][1])?, k.get_f(acc[tile][2])?, k.get_f(acc[tile][3])?];
+                for (step, a) in a_frags.iter().enumerate() {
+                    c = k.mma(dt, *a, [packed[2 * step], packed[2 * step + 1]], c)?;
+                }
+                for (p, v) in acc[tile].iter().zip(c) {
+                    k.set(*p, v.into())?;
+                }
+            }
+        }
+        // 4. The tile is rewritten by the next step; the prefetched words become current.
+        if let Some(cur) = &cur {
+            for (c, f) in cur.iter().flatten().flatten().zip(fresh.iter().flatten().flatten()) {
+                k.set(*c, k.get_i(*f, i32t)?.into())?;
+            }
+        }
+        k.barrier()
+    })?;
+    // The direct epilogue at each lane's four elements of each tile.
+    for (tile, a) in acc.iter().enumerate() {
+        let n_base = k_tile_col(kit, warp_n0, tile as u32, t)?;
+        for (i, p) in a.iter().enumerate() {
+            let m = kit.add(m0, kit.add(g, kit.i64c(if i >= 2 { 8 } else { 0 }))?)?;
+            let n = kit.add(n_base, kit.i64c((i % 2) as i64))?;
+            let ok = kit.and(kit.icmp(IntPredicate::SLT, m, mdim)?, kit.icmp(IntPredicate::SLT, n, ndim)?)?;
+            let v = kit.get_f(*p)?;
+            kit.if_then(ok, |k| epilogue_and_store(k, spec, &bases, m, n, v))?;
+        }
+    }
+    Ok(())
+}
+
+/// The first of the two columns lane `t` holds in tile `tile` of a warp whose tiles start at
+/// column `warp_n0`: `warp_n0 + 8·tile + 2t`.
+fn k_tile_col<'ctx>(k: &Kit<'ctx>, warp_n0: IntValue<'ctx>, tile: u32, t: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    k.add(k.add(warp_n0, k.i64c(i64::from(8 * tile)))?, k.mul(t, k.i64c(2))?)
 }
 
 /// The columns epilogue of the small-M kernel at R's element (row `m` of batch `z`, column
@@ -3377,6 +3762,133 @@ pub(crate) mod tests {
         emulated_mma_direct();
     }
 
+    /// `x [m, k] · dequantize(w [n, k] of q, dtype)ᵀ`, then `epi`: "none", "bias_silu" (+ bias
+    /// [n], silu) or "residual" (+ r [m, n]); the kernel reads w as stored blocks.
+    fn quant_proj(q: DType, dt: DType, m: Dim, n: i64, k: i64, epi: &str) -> (KernelGraph, Kernel) {
+        let mut fb = FunctionBuilder::new(&Graph::new(), "qproj");
+        let x = fb.param("x", ty(dt, &[m.clone(), d(k)]));
+        let w = fb.param("w", ty(q, &[d(n), d(k)]));
+        let wd = fb.op1(OpKind::Dequantize, &[w], vec![("dtype", Attr::DType(dt))]).unwrap();
+        let mut y = fb.op1(OpKind::Matmul, &[x, wd], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        match epi {
+            "bias_silu" => {
+                let bias = fb.param("bias", ty(dt, &[d(n)]));
+                y = fb.op1(OpKind::Add, &[y, bias], vec![]).unwrap();
+                y = fb.op1(OpKind::Silu, &[y], vec![]).unwrap();
+            }
+            "residual" => {
+                let r = fb.param("r", ty(dt, &[m, d(n)]));
+                y = fb.op1(OpKind::Add, &[r, y], vec![]).unwrap();
+            }
+            _ => {}
+        }
+        single_kernel(Family::Matmul, fb.finish(&[y]).unwrap())
+    }
+
+    /// Random quantized weights: values in [−1, 1) with a few blocks of larger range,
+    /// quantized as llama.cpp's reference quantizers do.
+    fn random_q(q: DType, shape: &[usize], seed: u64) -> Tensor {
+        let v = super::emu::random(DType::F32, shape, seed);
+        let vals: Vec<f32> = v.data().iter().enumerate().map(|(i, &x)| if (i / 32) % 7 == 3 { (x * 40.0) as f32 } else { x as f32 }).collect();
+        Tensor::quantize(q, shape, &vals).unwrap()
+    }
+
+    #[test]
+    fn emulated_quantized() {
+        use super::emu::{check, random};
+        let gen = |g: &KernelGraph, k: Kernel| generate(g, k, &Target::SM_80);
+        for q in [DType::Q4_1, DType::Q8_0] {
+            // M 1 / 3 / 16; N tails (a column group of 4 partly past N); K 32, 96, 4096.
+            for (m, n, k, epi) in [(1usize, 70i64, 32i64, "none"), (3, 37, 96, "bias_silu"), (16, 9, 4096, "residual"), (1, 5, 4096, "none"), (2, 33, 160, "none")] {
+                for dt in [DType::BF16, DType::F32] {
+                    let (g, kk) = quant_proj(q, dt, d(m as i64), n, k, epi);
+                    let plan = gen(&g, kk).unwrap();
+                    // bf16/f16 with a direct epilogue: the tensor-core kernel; f32: small-M.
+                    let want = if dt == DType::F32 { "matmul_small_m_q" } else { "matmul_mma_q" };
+                    assert!(plan.entry.ends_with(want), "{}", plan.entry);
+                    // NaN and ±inf in the activations where some rows stay finite (M ≥ 3), and
+                    // in the one row at M = 1, N = 70 (every output NaN: it propagates).
+                    let x = random(dt, &[m, k as usize], 1);
+                    let x = if m >= 3 || n == 70 { with_specials(x) } else { x };
+                    let mut ins = vec![x, random_q(q, &[n as usize, k as usize], 2)];
+                    match epi {
+                        "bias_silu" => ins.push(random(dt, &[n as usize], 3)),
+                        "residual" => ins.push(random(dt, &[m, n as usize], 4)),
+                        _ => {}
+                    }
+                    check(&format!("{q} {dt} M={m} N={n} K={k} {epi}"), &g, kk, gen, &ins, &bind(&[]));
+                    if dt != DType::F32 {
+                        let small = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::SmallM(small_m_schedule(m as u32, true)));
+                        check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (small-M)"), &g, kk, small, &ins, &bind(&[]));
+                        // Two tiles a warp, 64-column steps (a K tail when K is not a multiple).
+                        let two = |g: &KernelGraph, k: Kernel| generate_with(g, k, &Target::SM_80, &MatmulSchedule::QuantMma(QuantMmaSchedule { warps: 2, tiles: 2, chunk: 64, prefetch: false }));
+                        check(&format!("{q} {dt} M={m} N={n} K={k} {epi} (2 warps x 2 tiles, chunk 64)"), &g, kk, two, &ins, &bind(&[]));
+                    }
+                }
+            }
+        }
+        // Every autotuning variant of a quantized projection (K = 160: a partial step for
+        // every step length) computes what the interpreter does.
+        for q in [DType::Q4_1, DType::Q8_0] {
+            let (g, kn) = quant_proj(q, DType::BF16, d(3), 37, 160, "bias_silu");
+            let ins = [random(DType::BF16, &[3, 160], 80), random_q(q, &[37, 160], 81), random(DType::BF16, &[37], 82)];
+            let built = crate::schedule_variants(&g, kn, &Target::SM_80).unwrap();
+            assert!(built.len() >= 5, "{:?}", built.iter().map(|v| v.name.clone()).collect::<Vec<_>>());
+            assert_eq!(built[0].plan, generate(&g, kn, &Target::SM_80).unwrap(), "the first variant is the default");
+            for v in &built {
+                let name = v.name.clone();
+                check(&format!("{q} variant `{name}`"), &g, kn, |g, k| crate::compile_variant(g, k, &Target::SM_80, &name), &ins, &bind(&[]));
+            }
+        }
+        // f16 activations, a symbolic M bound to 1 and 5 (16 rows per CTA).
+        let (g, kk) = quant_proj(DType::Q4_1, DType::F16, sym("T"), 40, 64, "none");
+        for t in [1usize, 5] {
+            let ins = [random(DType::F16, &[t, 64], 5), random_q(DType::Q4_1, &[40, 64], 6)];
+            check(&format!("q4_1 f16 T={t}"), &g, kk, gen, &ins, &bind(&[("T", t as i64)]));
+        }
+    }
+
+    #[test]
+    fn quantized_ptxas_reports() {
+        let cases: Vec<(&str, (KernelGraph, Kernel))> = vec![
+            ("q4_1 bf16 M=1 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q8_0 bf16 M=1 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q8_0, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q4_1 bf16 M=16 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q8_0 bf16 M=16 K=4096 N=28672 (tensor cores)", quant_proj(DType::Q8_0, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q4_1 bf16 M=1 K=4096 N=28672 (GEMV)", quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q8_0 bf16 M=1 K=4096 N=28672 (GEMV)", quant_proj(DType::Q8_0, DType::BF16, d(1), 28672, 4096, "none")),
+            ("q4_1 bf16 M=16 K=4096 N=28672 (small M)", quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q8_0 bf16 M=16 K=4096 N=28672 (small M)", quant_proj(DType::Q8_0, DType::BF16, d(16), 28672, 4096, "none")),
+            ("q4_1 f32 M=3 bias+silu", quant_proj(DType::Q4_1, DType::F32, d(3), 70, 96, "bias_silu")),
+        ];
+        let mut text = String::new();
+        for t in [Target::SM_80, Target::SM_90A] {
+            for (what, (g, k)) in &cases {
+                let plan = if what.contains("GEMV") || what.contains("small M") {
+                    let rows = if what.contains("M=16") { 16 } else { 1 };
+                    generate_with(g, *k, &t, &MatmulSchedule::SmallM(small_m_schedule(rows, true)))
+                } else {
+                    generate(g, *k, &t)
+                };
+                let plan = plan.unwrap_or_else(|e| panic!("{what}: {e}"));
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what}\n{}\n{report}", plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("matmul_quant_ptxas", text);
+        // The kernels' PTX for sm_90a: block loads of the weights, mma, no local memory.
+        let (g, k) = quant_proj(DType::Q4_1, DType::BF16, d(1), 28672, 4096, "none");
+        let plan = generate_with(&g, k, &Target::SM_90A, &MatmulSchedule::SmallM(small_m_schedule(1, true))).unwrap();
+        assert!(plan.ptx.contains("ld.global.nc.b32"), "no 4-byte block loads");
+        assert!(!plan.ptx.contains(".local"), "local memory in the quantized GEMV");
+        insta::assert_snapshot!("matmul_quant_q4_1_gemv_sm_90a_ptx", plan.ptx);
+        let (g, k) = quant_proj(DType::Q4_1, DType::BF16, d(16), 28672, 4096, "none");
+        let plan = generate(&g, k, &Target::SM_90A).unwrap();
+        assert!(plan.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "no mma");
+        assert!(!plan.ptx.contains(".local"), "local memory in the quantized tensor-core kernel");
+        insta::assert_snapshot!("matmul_quant_q4_1_mma_sm_90a_ptx", plan.ptx);
+    }
+
     /// Small tensor-core schedules for the emulator: one warp and a 2-stage pipeline; four
     /// warps, a 3-stage pipeline and grouped CTA order.
     pub(crate) const MMA_ONE_WARP: MmaSchedule = MmaSchedule { bm: 32, bn: 32, bk: 32, warps_m: 1, warps_n: 1, stages: 2, group_m: 1 };
@@ -4389,8 +4901,8 @@ pub(crate) mod emu {
     const GUARD: usize = 256;
 
     pub(crate) fn to_bytes(t: &Tensor) -> Vec<u8> {
-        let mut v = Vec::new();
-        for &x in t.data() {
+        let mut v = t.to_blocks().unwrap_or_default();
+        for &x in t.data().iter().filter(|_| !t.dtype().is_quantized()) {
             match t.dtype() {
                 DType::BF16 => v.extend(f32_to_bf16(x as f32).to_le_bytes()),
                 DType::F32 => v.extend((x as f32).to_le_bytes()),
@@ -4398,6 +4910,7 @@ pub(crate) mod emu {
                 DType::I64 => v.extend((x as i64).to_le_bytes()),
                 DType::Bool => v.push(u8::from(x != 0.0)),
                 DType::F16 => v.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+                DType::Q8_0 | DType::Q4_1 => {}
             }
         }
         v.extend(std::iter::repeat_n(0xA5, GUARD));

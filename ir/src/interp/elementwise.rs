@@ -52,6 +52,17 @@ pub(super) fn unary(op: &Op, x: &Tensor) -> Result<Tensor> {
     use OpKind::*;
     let kind = op.kind;
     let dt = x.dtype;
+    if kind == Dequantize {
+        let out_dt = attrs::dtype(op, "dtype")?;
+        if !dt.is_quantized() || !out_dt.is_float() {
+            return operands_err(format!("`dequantize` reads q8_0/q4_1 into a float dtype, got {dt} → {out_dt}"));
+        }
+        let data: Vec<f64> = x.data.iter().map(|&c| out_dt.round(crate::dtype::QCode::from_f64(dt, c).value(dt))).collect();
+        return Ok(Tensor::from_parts(out_dt, x.shape.clone(), data));
+    }
+    if dt.is_quantized() {
+        return operands_err(format!("`{}` does not read block-quantized tensors ({dt})", kind.name()));
+    }
     let out_dt = if kind == Cast { attrs::dtype(op, "dtype")? } else { dt };
     match kind {
         Cast => {}

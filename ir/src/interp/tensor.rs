@@ -107,6 +107,64 @@ impl Tensor {
         Tensor { dtype, shape: shape.to_vec(), data }
     }
 
+    /// A block-quantized tensor (`q8_0` or `q4_1`) of logical `shape` from its stored bytes in
+    /// GGUF's block layout (see [`DType::Q8_0`], [`DType::Q4_1`]): blocks of 32 consecutive
+    /// row-major elements. Its elements are held as codes ([`crate::dtype::QCode`]).
+    ///
+    /// # Errors
+    /// [`InterpError::BadTensor`] when `dtype` is not block-quantized, the last axis is not a
+    /// multiple of 32 or `bytes` is not `elements / 32` blocks.
+    pub fn from_blocks(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor, InterpError> {
+        let bad = |message: String| InterpError::BadTensor { message };
+        let n = checked_numel(shape).ok_or_else(|| bad(format!("the element count of shape {shape:?} overflows usize")))?;
+        if shape.last().is_none_or(|&k| k % DType::QBLOCK != 0) {
+            return Err(bad(format!("a {dtype} tensor needs a last axis that is a multiple of 32, got {shape:?}")));
+        }
+        if dtype.storage_bytes(n) != Some(bytes.len()) {
+            return Err(bad(format!("a {dtype} tensor of shape {shape:?} is stored in {:?} bytes, {} were given", dtype.storage_bytes(n), bytes.len())));
+        }
+        let data = crate::dtype::qcodes_from_bytes(dtype, bytes).ok_or_else(|| bad(format!("{dtype} is not a block-quantized dtype")))?;
+        Ok(Tensor { dtype, shape: shape.to_vec(), data })
+    }
+
+    /// Quantizes `values` (row-major, last axis a multiple of 32) to `dtype` as llama.cpp's
+    /// reference quantizers do (`quantize_row_q8_0_ref`: `d = max|x|/127`, `q = round(x/d)`;
+    /// `quantize_row_q4_1_ref`: `d = (max − min)/15`, `m = min`, `q = round((x − m)/d)` clamped to
+    /// 0..15), with `d` and `m` stored as f16. For tests and benchmarks.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_blocks`], and when `values` does not match `shape`.
+    pub fn quantize(dtype: DType, shape: &[usize], values: &[f32]) -> Result<Tensor, InterpError> {
+        if checked_numel(shape) != Some(values.len()) || values.len() % DType::QBLOCK != 0 {
+            return Err(InterpError::BadTensor { message: format!("{} values for a {dtype} tensor of shape {shape:?}", values.len()) });
+        }
+        let mut bytes = Vec::new();
+        for blk in values.chunks_exact(DType::QBLOCK) {
+            if dtype == DType::Q8_0 {
+                let amax = blk.iter().fold(0f32, |a, &x| a.max(x.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                bytes.extend(half::f16::from_f32(d).to_le_bytes());
+                bytes.extend(blk.iter().map(|&x| (x * id).round().clamp(-128.0, 127.0) as i8 as u8));
+            } else {
+                let (mn, mx) = blk.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                let d = (mx - mn) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                bytes.extend(half::f16::from_f32(d).to_le_bytes());
+                bytes.extend(half::f16::from_f32(mn).to_le_bytes());
+                let q: Vec<u8> = blk.iter().map(|&x| ((x - mn) * id).round().clamp(0.0, 15.0) as u8).collect();
+                bytes.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+            }
+        }
+        Tensor::from_blocks(dtype, shape, &bytes)
+    }
+
+    /// The stored bytes (GGUF block layout) of a block-quantized tensor, `None` for other
+    /// dtypes.
+    pub fn to_blocks(&self) -> Option<Vec<u8>> {
+        crate::dtype::qcodes_to_bytes(self.dtype, &self.data)
+    }
+
     /// Builds a tensor from parts that already satisfy the invariants (length, rounding).
     pub(super) fn from_parts(dtype: DType, shape: Vec<usize>, data: Vec<f64>) -> Tensor {
         debug_assert_eq!(checked_numel(&shape), Some(data.len()));

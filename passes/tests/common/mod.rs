@@ -58,6 +58,12 @@ pub fn inputs(f: &Function, b: &Bindings, seed: u64, variant: Variant) -> Vec<Te
             let shape: Vec<usize> = ty.shape.iter().map(|d| d.eval(b).expect("bound") as usize).collect();
             let n: usize = shape.iter().product();
             let last = shape.last().copied().unwrap_or(1);
+            if ty.dtype.is_quantized() {
+                // Weights quantized from values in [-2, 2) (times 1e30 for `Large` is beyond
+                // an f16 scale, so quantized weights stay in range).
+                let vals: Vec<f32> = (0..n).map(|_| (4.0 * rng.unit() - 2.0) as f32).collect();
+                return Tensor::quantize(ty.dtype, &shape, &vals).expect("quantized tensor");
+            }
             let data: Vec<f64> = (0..n)
                 .map(|i| {
                     let u = rng.unit();
