@@ -97,14 +97,14 @@
 //! `sinter_passes::contract::quantized_b`) is read as stored and dequantised in registers
 //! (`crate::quant`), each value rounded to the `dequantize` dtype as the unfused graph
 //! rounds it, products accumulated in f32. Two schedules:
-//! - [`QuantMmaSchedule`] (bf16/f16 activations, direct epilogue, M ≤ 16: the default): a
+//! - [`QuantMmaSchedule`] (bf16/f16 activations, direct epilogue, 2 ≤ M ≤ 16: the default): a
 //!   warp per 8 weight rows loads exactly the bytes its lanes' `mma.m16n8k16` B fragments
 //!   need (`q4_1`: the `d`/`m` word and two 16-bit quant pairs a lane per block, whose low
 //!   and high nibbles are the block's two k16 steps; `q8_0`: `d` and four pairs) — no shared
 //!   memory for the weights, so each weight byte crosses DRAM → registers once — while the
 //!   CTA stages the activations (padded to 16 rows) in shared memory per 256-element step;
 //!   the 16·N·K FLOPs of a 16-row decode batch run on tensor cores, not CUDA cores.
-//! - the small-M kernel with `lanes = 32` (f32 activations, columns/paired epilogues —
+//! - the small-M kernel with `lanes = 32` (one row — decode at batch 1 —, f32 activations, columns/paired epilogues —
 //!   RoPE, SwiGLU —, or as a schedule to compare): lane `l` of a column's warp streams
 //!   blocks `l, l+32, …` with 4-byte loads (`q8_0`'s 34-byte blocks are 2-byte aligned: eight
 //!   aligned words and two 16-bit loads, funnel-shifted), so a warp reads 640 (`q4_1`) or
@@ -407,11 +407,13 @@ pub struct QuantMmaSchedule {
 }
 
 impl QuantMmaSchedule {
-    /// 8 warps of one 8-column tile each (64 columns per CTA: 448 CTAs for N = 28672), 128
+    /// 4 warps of two 8-column tiles each (64 columns per CTA: 448 CTAs for N = 28672), 128
     /// K elements (4 blocks a row) per step with the next step prefetched: every warp keeps
-    /// 8 blocks of each of its 8 rows in flight while it computes, and the CTA reads the
-    /// activations once for 64 columns.
-    pub const DEFAULT: QuantMmaSchedule = QuantMmaSchedule { warps: 8, tiles: 1, chunk: 128, prefetch: true };
+    /// 8 blocks of each of its 16 rows in flight while it computes, and the CTA reads the
+    /// activations once for 64 columns. On an H200 at M = 16, K 4096, N 28672 (autotuning,
+    /// bench/RESULTS.md): q4_1 86.7 µs against 102.3 with 8 warps of one tile; q8_0 121.4
+    /// against 135.5.
+    pub const DEFAULT: QuantMmaSchedule = QuantMmaSchedule { warps: 4, tiles: 2, chunk: 128, prefetch: true };
 
     /// Threads per CTA.
     pub fn threads(&self) -> u32 {
@@ -535,10 +537,12 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
         scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
     }
-    if let MatmulSchedule::QuantMma(_) = default {
+    if spec.b_quant.is_some() {
         // Quantized weights: other step lengths and warp shapes, with and without the
         // prefetch, and the small-M kernel streaming whole blocks per lane.
         let alts = [
+            QuantMmaSchedule::DEFAULT,
+            QuantMmaSchedule { warps: 8, tiles: 1, chunk: 128, prefetch: true },
             QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256, prefetch: false },
             QuantMmaSchedule { warps: 8, tiles: 1, chunk: 256, prefetch: true },
             QuantMmaSchedule { warps: 4, tiles: 2, chunk: 128, prefetch: true },
@@ -546,7 +550,10 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         ];
         scheds.extend(alts.into_iter().map(MatmulSchedule::QuantMma).filter(|a| *a != default));
         let rows = spec.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
-        scheds.push(MatmulSchedule::SmallM(small_m_schedule(rows, true)));
+        let gemv = MatmulSchedule::SmallM(small_m_schedule(rows, true));
+        if gemv != default {
+            scheds.push(gemv);
+        }
     }
     Ok(scheds
         .into_iter()
@@ -868,9 +875,12 @@ impl Spec {
     fn default_schedule(&self, target: &Target) -> MatmulSchedule {
         let b_k = self.b.ks.as_const() == Some(1);
         if self.b_quant.is_some() {
-            // Tensor cores with the blocks read into the B fragments where the kernel takes
-            // it; else the quantized small-M kernel (a warp per column streams its blocks).
-            if self.quant_mma_ok().is_ok() {
+            // One row (decode at batch 1): the small-M kernel, a warp per column streaming its
+            // blocks (H200, K 4096, N 28672, q4_1: 54.3 µs against 98.1 for the tensor-core
+            // kernel, whose 16-row mma computes 15 rows of padding). More rows: tensor cores
+            // with the blocks read into the B fragments where the kernel takes it; else the
+            // quantized small-M kernel.
+            if self.m.as_const() != Some(1) && self.quant_mma_ok().is_ok() {
                 return MatmulSchedule::QuantMma(QuantMmaSchedule::DEFAULT);
             }
             let rows = self.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
@@ -3803,8 +3813,9 @@ pub(crate) mod tests {
                 for dt in [DType::BF16, DType::F32] {
                     let (g, kk) = quant_proj(q, dt, d(m as i64), n, k, epi);
                     let plan = gen(&g, kk).unwrap();
-                    // bf16/f16 with a direct epilogue: the tensor-core kernel; f32: small-M.
-                    let want = if dt == DType::F32 { "matmul_small_m_q" } else { "matmul_mma_q" };
+                    // bf16/f16 with a direct epilogue and M > 1: the tensor-core kernel; f32 or
+                    // one row: small-M.
+                    let want = if dt == DType::F32 || m == 1 { "matmul_small_m_q" } else { "matmul_mma_q" };
                     assert!(plan.entry.ends_with(want), "{}", plan.entry);
                     // NaN and ±inf in the activations where some rows stay finite (M ≥ 3), and
                     // in the one row at M = 1, N = 70 (every output NaN: it propagates).
