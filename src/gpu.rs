@@ -154,6 +154,23 @@ fn plans_for_device(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: 
     Ok(out)
 }
 
+/// Kernel `k` of `kg` alone, as a kernel graph of its own: its distinct inputs are the graph's
+/// inputs (in first-use order), its outputs the graph's outputs; every buffer of `kg` is kept
+/// (same ids). For running or timing one kernel by itself (autotuning, tests).
+pub fn kernel_alone(kg: &KernelGraph, k: Kernel) -> KernelGraph {
+    let kd = &kg.kernels[k];
+    let mut inputs = Vec::new();
+    for b in &kd.inputs {
+        if !inputs.contains(b) {
+            inputs.push(*b);
+        }
+    }
+    let mut kernels = kg.kernels.clone();
+    kernels.clear();
+    kernels.push(kd.clone());
+    KernelGraph { buffers: kg.buffers.clone(), kernels, inputs, outputs: kd.outputs.clone() }
+}
+
 /// Lowers `graph` to a kernel graph.
 ///
 /// # Errors

@@ -340,22 +340,8 @@ fn alone(
     k: Kernel,
     device: &Device,
 ) -> Result<(KernelGraph, Vec<DeviceBuffer>), Error> {
-    let kd = &kg.kernels[k];
-    let mut inputs = Vec::new();
-    for b in &kd.inputs {
-        if !inputs.contains(b) {
-            inputs.push(*b);
-        }
-    }
-    let mut kernels = kg.kernels.clone();
-    kernels.clear();
-    kernels.push(kd.clone());
-    let one = KernelGraph {
-        buffers: kg.buffers.clone(),
-        kernels,
-        inputs: inputs.clone(),
-        outputs: kd.outputs.clone(),
-    };
+    let one = crate::gpu::kernel_alone(kg, k);
+    let inputs = one.inputs.clone();
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut bufs = Vec::with_capacity(inputs.len());
     for b in &inputs {

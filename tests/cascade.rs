@@ -122,6 +122,7 @@ fn cascade_kernels_compile_and_assemble_without_spills() {
 }
 
 /// The graphs the GPU tests below run, for `precompile_gpu_test_kernels`.
+#[cfg(feature = "llvm")]
 pub(crate) fn precompile_graphs() -> Vec<sinter::Graph> {
     let mut out = Vec::new();
     for (i, c) in cases().iter().enumerate() {

@@ -922,7 +922,6 @@ fn sweep_configs() -> Vec<(sinter::zoo::llama::LlamaConfig, Vec<(Lowering, DType
 #[test]
 fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
     use sinter::zoo::{llama, Mode};
-    use sinter_ir::KernelGraph;
     let Some(dev) = device() else { return };
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let mut fails = Vec::new();
@@ -959,16 +958,8 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
                 body_graph.add_func(kd.body.clone());
                 let want = sinter::ir::interp::run(&body_graph, &kd.body.name, &ins, &bindings).unwrap();
                 // The kernel alone: its inputs are graph inputs, its outputs graph outputs.
-                let mut inputs = Vec::new();
-                for b in &kd.inputs {
-                    if !inputs.contains(b) {
-                        inputs.push(*b);
-                    }
-                }
-                let mut kernels = kg.kernels.clone();
-                kernels.clear();
-                kernels.push(kd.clone());
-                let one = KernelGraph { buffers: kg.buffers.clone(), kernels, inputs: inputs.clone(), outputs: kd.outputs.clone() };
+                let one = sinter::gpu::kernel_alone(&kg, k);
+                let inputs = one.inputs.clone();
                 let mut stats = sinter::gpu::CompileStats::default();
                 let r = sinter::gpu::plans(&one, sinter::gpu::target_for(&dev), &cache, &mut stats)
                     .and_then(|plans| Ok(sinter_runtime::Executor::new(&dev, &one, plans)?.with_output_guard(256, 0xFF)))
