@@ -150,8 +150,9 @@ enum Cmd {
     /// Run each kernel family on the GPU at the shapes of bench/anchors.py and print time,
     /// GB/s or TFLOP/s and the ratio to the anchors measured in the same call.
     Bench {
-        /// Groups to run (default: all): swiglu rmsnorm softmax bias rope gather cast kv_append
-        /// layernorm log_softmax reduce rows matmul attn decode.
+        /// Groups to run, separated by spaces or commas (default: all): swiglu rmsnorm softmax
+        /// bias rope gather cast kv_append layernorm log_softmax reduce rows matmul qmatmul attn
+        /// decode cascade.
         #[arg(long, num_args = 1.., value_delimiter = ',')]
         only: Vec<String>,
         /// anchors.json written by bench/anchors.py in the same device call (and more such
@@ -164,7 +165,7 @@ enum Cmd {
         /// Write the rows as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Compile the kernels into the cache for this target (sm_80, sm_90a) instead of
+        /// Compile the kernels into the cache for this target (sm_80, sm_90, sm_90a) instead of
         /// running; needs no GPU. A build without LLVM then runs them from the cache.
         #[arg(long)]
         precompile: Option<String>,
@@ -189,7 +190,7 @@ enum Cmd {
         /// Write Graphviz files of each graph before and after fusion into this folder.
         #[arg(long)]
         dot: Option<PathBuf>,
-        /// Also list each kernel's schedule candidates for this target (sm_80, sm_90a): the
+        /// Also list each kernel's schedule candidates for this target (sm_80, sm_90, sm_90a): the
         /// default first, and the winner where autotuning has timed them (kernel cache).
         #[arg(long)]
         schedules: Option<String>,

@@ -10,9 +10,11 @@
 //! `[-1, 1)`, one launch to warm up, then the median of [`TIMED_RUNS`] launches, CUDA events —
 //! and stores a record of the times and the winner in the kernel cache. Every later compile of
 //! the same kernel for the same target (with or without autotuning) runs the winner's plan
-//! when the record was made on a device of the same name, so a kernel is timed once per
-//! (kernel, shape, target, card). `sinter explain --schedules` shows each kernel's candidates
-//! and, where a record exists, the winner.
+//! when the record was made on a device of the same name. A kernel keeps one record per
+//! (kernel, shape, target): a card of another name times it again and replaces the record, so
+//! a cache shared by two kinds of card re-tunes whenever they alternate. `sinter explain
+//! --schedules` shows each kernel's candidates and, where a record exists, the winner.
+//! `SINTER_AUTOTUNE` must be exactly `1`.
 //!
 //! A kernel is tunable when its family offers alternatives (matmul, row reduction, prefill
 //! attention), every buffer it reads or writes has a constant shape (the shape class of a
@@ -304,9 +306,10 @@ pub fn describe(kg: &KernelGraph, k: Kernel, target: &str) -> Result<String, Err
         sinter_codegen::schedule_names(kg, k, &t)
             .map_err(|e| Error::Codegen(format!("kernel {k}: {e}")))?
     };
-    let cache = KernelCache::open_default()?;
+    // The records are optional here: a cache that cannot be opened has none.
+    let cache = KernelCache::open_default().ok();
     #[cfg(not(feature = "llvm"))]
-    let names = cached_names(kg, k, target, &cache).unwrap_or_else(|| vec!["default".into()]);
+    let names = cache.as_ref().and_then(|c| cached_names(kg, k, target, c)).unwrap_or_else(|| vec!["default".into()]);
     let mut line = format!(
         "schedule: {}",
         names.first().map_or("default", String::as_str)
@@ -314,10 +317,10 @@ pub fn describe(kg: &KernelGraph, k: Kernel, target: &str) -> Result<String, Err
     if names.len() > 1 {
         line.push_str(&format!(" (candidates: {})", names[1..].join(", ")));
         if !tunable(kg, k) {
-            line.push_str("; not tuned: a symbolic or non-float buffer");
+            line.push_str("; not tuned: a buffer with a symbolic dim or an integer/bool dtype");
         }
     }
-    if let Some(r) = record(kg, k, target, &cache) {
+    if let Some(r) = cache.as_ref().and_then(|c| record(kg, k, target, c)) {
         let times: Vec<String> = r
             .micros
             .iter()

@@ -195,7 +195,7 @@ pub fn check_quantized(op: &Op, inputs: &[&TensorType], results: &[TensorType]) 
             if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
                 let operand = op.kind.info().operands.get(i).map(|s| s.trim_end_matches(['?', '*'])).unwrap_or("operand");
                 return err(format!(
-                    "`{name}` does not read block-quantized tensors: operand {i} (`{operand}`) is {t}; only `dequantize` reads q8_0/q4_1 (write `dequantize(x, dtype=bf16)` first)"
+                    "`{name}` does not read block-quantized tensors: operand {i} (`{operand}`) is {t}; only `dequantize` reads q8_0/q4_1 (write `dequantize(%x) {{dtype=bf16}}` first)"
                 ));
             }
         }
