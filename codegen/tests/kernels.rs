@@ -1617,6 +1617,15 @@ fn cpu_cluster_rows_match_the_interpreter() {
     let x = with(random(&mut rng, DType::F32, &[3, 40000], -1.0, 1.0), |_, v| ((1000.0 + 0.01 * v) as f32) as f64);
     let ins = [x, random(&mut rng, DType::F32, &[40000], 0.5, 1.5), random(&mut rng, DType::F32, &[40000], -0.5, 0.5)];
     check_on_cpu("cluster layer_norm offset f32", &gk, &bind(&[("R", 3)]), &ins, 1);
+    // Slices of very different means (a step and a ramp along the row): the variance is
+    // mostly the spread between the CTAs' slice means, the δ² term of their Chan merge.
+    let x = with(random(&mut rng, DType::F32, &[3, 40000], -1.0, 1.0), |i, v| {
+        let (r, c) = (i / 40000, (i % 40000) as f64);
+        let m = if r == 0 { if c < 20000.0 { -50.0 } else { 50.0 } } else { 1e3 + c * 0.05 * r as f64 };
+        ((m + v) as f32) as f64
+    });
+    let ins = [x, random(&mut rng, DType::F32, &[40000], 0.5, 1.5), random(&mut rng, DType::F32, &[40000], -0.5, 0.5)];
+    check_on_cpu("cluster layer_norm slice means apart f32", &gk, &bind(&[("R", 3)]), &ins, 1);
 }
 
 /// Every row schedule autotuning may pick computes what the interpreter does: the cluster

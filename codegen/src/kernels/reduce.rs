@@ -81,7 +81,11 @@
 //!   arrives once it has read the partials of its last row (before that row's output pass)
 //!   and waits at its exit, so it leaves when its own outputs are written. Every
 //!   shared array is carved from the dynamic shared memory (the launch passes its size).
-//!   `softmax` is always online here (one exchange). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
+//!   `softmax` is always online here (one exchange), and a `layer_norm` crosses the cluster
+//!   once too: each CTA computes corrected two-pass statistics of its own slice (its mean,
+//!   then Σ(x − mean) and Σ(x − mean)² from the stage) and the cluster merges the CTAs'
+//!   `(n, mean, M2)` by Chan, Golub & LeVeque's pairwise update, in `f64` (see
+//!   `Emitter::cluster_level`). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
 //!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB;
 //!   up to 96 KiB, 512 threads when the output pass also reads an unstaged input (a weight),
 //!   else 256 threads with four vectors a loop iteration (longer rows keep the multi-pass
@@ -426,8 +430,9 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// `layer_norm`, whose centred values and two extra statistics need more); with 32 (a
 /// `layer_norm`), 64. The cluster schedule (`smem`: its shared memory per CTA, and whether it
 /// stages anything) asks for as many CTAs as the SM's shared memory and threads allow, with
-/// 40 registers a thread (48 with a `layer_norm`, 64 without staging). Otherwise 1, ptxas's
-/// own choice.
+/// 40 registers a thread (56 with an `f32` `layer_norm`, 64 without staging; a `bf16`
+/// `layer_norm` fits 40 since its statistics cross the cluster once, see
+/// [`Emitter::cluster_level`]). Otherwise 1, ptxas's own choice.
 fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target: &Target) -> u32 {
     let block = s.threads_per_row * s.rows_per_cta;
     let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
@@ -440,7 +445,7 @@ fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target:
         let regs = match (staged, heavy) {
             (false, _) => 64,
             (true, true) if wide => 56,
-            (true, true) => 48,
+            (true, true) => 40,
             (true, false) => 40,
         };
         return by_smem.min(65536 / (block * regs)).min(2048 / block).max(1);
@@ -870,7 +875,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             // The next row's partials reuse the shared memory: a barrier before it, if there
             // is one (the grid has a CTA per row, so normally there is none). In the cluster
             // schedule each row's cluster barriers already order the reuse (see
-            // `cluster_fold`).
+            // `cluster_fold_with`).
             let again = ev.kb.b.build_int_compare(IntPredicate::ULT, next, rows, "again")?;
             self.guarded(ev, Some(again), |ev| ev.kb.barrier())?;
         }
@@ -980,11 +985,163 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         self.fold_lanes(ev, self.sched.cluster, lane, &load, identity, merge)
     }
 
-    /// The cluster's totals of statistics `stats` from this CTA's (`totals`), see
-    /// [`Emitter::cluster_fold_with`].
-    fn cluster_fold(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], totals: Vec<Acc<'ctx>>, t: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
-        let identity = self.identities(ev, stats);
-        self.cluster_fold_with(ev, &totals, t, identity, &|e, ev, a, b| e.combine_all(ev, stats, a, b))
+    /// The cluster schedule's end of a reduction level: the CTA's `totals` of `stats` become
+    /// the row's statistics with at most one cluster exchange.
+    ///
+    /// A `layer_norm` crosses the cluster once, not once per level: its first level (`LnSum`)
+    /// gives the CTA's own slice mean `m₀ = Σx / n_c` (no exchange), the second its corrected
+    /// two-pass statistics over the slice, `mean_c = m₀ + Σ(x − m₀)/n_c` and
+    /// `M2_c = Σ(x − m₀)² − (Σ(x − m₀))²/n_c` (Björck's correction, as the CTA schedules use),
+    /// and the cluster merges the CTAs' `(n_c, mean_c, M2_c)` by Chan, Golub & LeVeque's
+    /// pairwise update (1979/1983: `n = n_a + n_b`, `mean = (n_a·mean_a + n_b·mean_b)/n`,
+    /// `M2 = M2_a + M2_b + δ²·n_a·n_b/n`, `δ = mean_b − mean_a`) — symmetric in `a` and `b`,
+    /// so the butterfly leaves every thread of the cluster with the same bits (see
+    /// [`Emitter::fold_lanes`]). An empty slice is `(0, 0, 0)`. Other statistics of the level
+    /// are folded in the same exchange.
+    fn cluster_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], totals: Vec<Acc<'ctx>>, t: IntValue<'ctx>, nv: IntValue<'ctx>, pending: &mut Pending<'ctx>) -> R<()> {
+        let crow = self.crow.get().ok_or_else(|| CodegenError::Builder("no cluster row".into()))?;
+        let f32t = ev.kb.cx.f32_type();
+        let some = ev.ilt(crow.start, crow.end)?;
+        let len = ev.isub(crow.end, crow.start)?;
+        let len = ev.kb.b.build_select(some, len, ev.ic(0), "n_c")?.into_int_value();
+        let n_c = ev.kb.b.build_unsigned_int_to_float(len, f32t, "n_c")?;
+        let zero = ev.kb.f32c(0.0);
+        // The statistics every CTA folds as usual, and the layer norms' (dev, var) pairs.
+        let mut folded: Vec<(Stat, Acc<'ctx>)> = Vec::new();
+        let mut ln: Vec<(Node, Option<FloatValue<'ctx>>, Option<FloatValue<'ctx>>)> = Vec::new();
+        for (st, tot) in stats.iter().zip(totals) {
+            match (st.kind, tot) {
+                (StatKind::LnSum, Acc::F(sum)) => {
+                    // The slice's own mean (0 for an empty slice).
+                    let m0 = ev.kb.fdiv(sum, n_c)?;
+                    let m0 = ev.kb.fsel(some, m0, zero)?;
+                    ev.rows.insert(st.node, RowScalars::LayerNormMean { mean: m0 });
+                }
+                (StatKind::LnDev | StatKind::LnVar, Acc::F(v)) => {
+                    let i = match ln.iter().position(|e| e.0 == st.node) {
+                        Some(i) => i,
+                        None => {
+                            ln.push((st.node, None, None));
+                            ln.len() - 1
+                        }
+                    };
+                    if st.kind == StatKind::LnDev {
+                        ln[i].1 = Some(v);
+                    } else {
+                        ln[i].2 = Some(v);
+                    }
+                }
+                (_, tot) => folded.push((*st, tot)),
+            }
+        }
+        let fstats: Vec<Stat> = folded.iter().map(|(s, _)| *s).collect();
+        let mut vals: Vec<Acc<'ctx>> = folded.iter().map(|(_, a)| *a).collect();
+        let mut identity = self.identities(ev, &fstats);
+        let f64t = ev.kb.cx.f64_type();
+        let i64t = ev.kb.cx.i64_type();
+        let n64 = ev.kb.b.build_unsigned_int_to_float(len, f64t, "n_c")?;
+        let z64 = ev.kb.f64c(0.0);
+        let bits = |ev: &mut Eval<'_, 'ctx>, v: FloatValue<'ctx>| -> R<Acc<'ctx>> { Ok(Acc::I(ev.kb.b.build_bit_cast(v, i64t, "bits")?.into_int_value())) };
+        for &(node, dev, ss) in &ln {
+            let (Some(dev), Some(ss)) = (dev, ss) else {
+                return Err(CodegenError::Builder("layer_norm statistics of a level incomplete".into()));
+            };
+            let Some(RowScalars::LayerNormMean { mean: m0 }) = ev.rows.get(&node).copied() else {
+                return Err(CodegenError::Builder("layer_norm variance before its mean".into()));
+            };
+            // In f64: the merged mean must keep what an f32 would round away (a row of mean
+            // 1000 and spread 0.01 needs its mean to far below an f32 ulp at 1000).
+            let m0 = ev.kb.b.build_float_ext(m0, f64t, "m0")?;
+            let dev = ev.kb.b.build_float_ext(dev, f64t, "dev")?;
+            let ss = ev.kb.b.build_float_ext(ss, f64t, "ss")?;
+            let d = ev.kb.fdiv(dev, n64)?;
+            let mean = ev.kb.fadd(m0, d)?;
+            let mean = ev.kb.fsel(some, mean, z64)?;
+            let dd = ev.kb.fmul(d, dev)?;
+            let m2 = ev.kb.fsub(ss, dd)?;
+            let m2 = ev.kb.fsel(some, m2, z64)?;
+            for v in [n64, mean, m2] {
+                vals.push(bits(ev, v)?);
+            }
+            identity.extend([Acc::I(ev.kb.i64c(0)), Acc::I(ev.kb.i64c(0)), Acc::I(ev.kb.i64c(0))]);
+        }
+        if vals.is_empty() {
+            // Only slice means this level: nothing crosses the cluster.
+            return Ok(());
+        }
+        let k = fstats.len();
+        let merged = self.cluster_fold_with(ev, &vals, t, identity, &|e, ev, a, b| {
+            let mut out = e.combine_all(ev, &fstats, &a[..k], &b[..k])?;
+            for (x, y) in a[k..].chunks(3).zip(b[k..].chunks(3)) {
+                out.extend(e.chan_merge(ev, x, y)?);
+            }
+            Ok(out)
+        })?;
+        for ((st, _), tot) in folded.iter().zip(&merged) {
+            self.finish_stat(ev, st, *tot, nv, pending)?;
+        }
+        for (&(node, _, _), tri) in ln.iter().zip(merged[k..].chunks(3)) {
+            let (Some(Acc::I(n)), Some(Acc::I(mean)), Some(Acc::I(m2))) = (tri.first().copied(), tri.get(1).copied(), tri.get(2).copied()) else {
+                return Err(CodegenError::Builder("layer_norm cluster statistics".into()));
+            };
+            let n = ev.kb.b.build_bit_cast(n, f64t, "n")?.into_float_value();
+            let mean = ev.kb.b.build_bit_cast(mean, f64t, "mean")?.into_float_value();
+            let m2 = ev.kb.b.build_bit_cast(m2, f64t, "m2")?.into_float_value();
+            // The mean as an f32 and its correction (see `RowScalars::LayerNorm`).
+            let hi = ev.kb.b.build_float_trunc(mean, f32t, "mean")?;
+            let hi64 = ev.kb.b.build_float_ext(hi, f64t, "mean")?;
+            let lo = ev.kb.fsub(mean, hi64)?;
+            let d = ev.kb.b.build_float_trunc(lo, f32t, "d")?;
+            let var = ev.kb.fdiv(m2, n)?;
+            let var = ev.kb.b.build_float_trunc(var, f32t, "var")?;
+            let eps = ev.f.nodes[node].op.float("eps").unwrap_or(0.0) as f32;
+            let var = ev.kb.combine_f32(Combine::Max, var, zero)?;
+            let v = ev.kb.fadd(var, ev.kb.f32c(eps))?;
+            let sq = ev.kb.fsqrt(v)?;
+            let r = ev.kb.fdiv(ev.kb.f32c(1.0), sq)?;
+            ev.rows.insert(node, RowScalars::LayerNorm { mean: hi, d, r });
+        }
+        Ok(())
+    }
+
+    /// Chan, Golub & LeVeque's merge of two `(n, mean, M2)` triples of `f64`s carried as
+    /// their bits (`i64`, so that the exchange and the shuffles move them whole), in a form
+    /// symmetric in `a` and `b` (see [`Emitter::cluster_level`]); two empty triples give
+    /// `(0, 0, 0)`.
+    fn chan_merge(&self, ev: &mut Eval<'_, 'ctx>, a: &[Acc<'ctx>], b: &[Acc<'ctx>]) -> R<Vec<Acc<'ctx>>> {
+        let f64t = ev.kb.cx.f64_type();
+        let i64t = ev.kb.cx.i64_type();
+        let mut v = Vec::with_capacity(6);
+        for x in a.iter().take(3).chain(b.iter().take(3)) {
+            let Acc::I(i) = x else {
+                return Err(CodegenError::Builder("layer_norm cluster triples".into()));
+            };
+            v.push(ev.kb.b.build_bit_cast(*i, f64t, "f")?.into_float_value());
+        }
+        let [na, ma, qa, nb, mb, qb] = v[..] else {
+            return Err(CodegenError::Builder("layer_norm cluster triples".into()));
+        };
+        let zero = ev.kb.f64c(0.0);
+        let n = ev.kb.fadd(na, nb)?;
+        let empty = ev.kb.feq(n, zero)?;
+        let inv = ev.kb.fdiv(ev.kb.f64c(1.0), n)?;
+        let inv = ev.kb.fsel(empty, zero, inv)?;
+        let sa = ev.kb.fmul(na, ma)?;
+        let sb = ev.kb.fmul(nb, mb)?;
+        let s = ev.kb.fadd(sa, sb)?;
+        let mean = ev.kb.fmul(s, inv)?;
+        let delta = ev.kb.fsub(mb, ma)?;
+        let d2 = ev.kb.fmul(delta, delta)?;
+        let nn = ev.kb.fmul(na, nb)?;
+        let w = ev.kb.fmul(nn, inv)?;
+        let q = ev.kb.fadd(qa, qb)?;
+        let dw = ev.kb.fmul(d2, w)?;
+        let m2 = ev.kb.fadd(q, dw)?;
+        let mut out = Vec::with_capacity(3);
+        for x in [n, mean, m2] {
+            out.push(Acc::I(ev.kb.b.build_bit_cast(x, i64t, "bits")?.into_int_value()));
+        }
+        Ok(out)
     }
 
     /// The lead coordinates of row `r` (innermost first), tagged as the row space's axes.
@@ -1082,9 +1239,12 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 None => self.loop_level(ev, &stats, &lead, t, nv)?,
             };
             let totals = self.combine_group(ev, &stats, partials, level, warp, lane)?;
-            let totals = if self.split.is_some() { self.cluster_fold(ev, &stats, totals, t)? } else { totals };
-            for (st, tot) in stats.iter().zip(totals) {
-                self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
+            if self.split.is_some() {
+                self.cluster_level(ev, &stats, totals, t, nv, &mut pending_m)?;
+            } else {
+                for (st, tot) in stats.iter().zip(totals) {
+                    self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
+                }
             }
         }
         if let Some(c) = self.crow.get() {
