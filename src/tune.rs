@@ -127,6 +127,19 @@ pub fn forget(kg: &KernelGraph, k: Kernel, target: &str, cache: &KernelCache) ->
     Ok(cache.remove_record(&tuned_key(kg, k, target))?)
 }
 
+/// Pins candidate `name` of kernel `k` for devices named `device`: writes a timing record
+/// whose winner is `name` (untimed: its time reads `NaN`), so that later compiles on such a
+/// device run that candidate (when its plan is in the cache) until the kernel is tuned or
+/// [`forget`]-ed again. For tests that run every candidate, and for a user who wants one.
+///
+/// # Errors
+/// [`Error::Runtime`] when the record cannot be written.
+pub fn pin(kg: &KernelGraph, k: Kernel, target: &str, cache: &KernelCache, device: &str, name: &str) -> Result<(), Error> {
+    let r = TuningRecord { device: device.to_string(), winner: name.to_string(), micros: vec![(name.to_string(), f64::NAN)] };
+    cache.put_record(&tuned_key(kg, k, target), &r.to_text())?;
+    Ok(())
+}
+
 /// The plan of the candidate `k`'s timing record chose on a device named `device`, if there is
 /// such a record and the plan is in the cache (else the caller uses the default schedule).
 pub fn tuned_plan(

@@ -521,6 +521,80 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(())
     }
 
+    /// `fence.proxy.async.shared::cta` (PTX ISA §9.7.13.4.1, "membar/fence"): orders this
+    /// thread's earlier generic-proxy writes to shared memory (stores, completed `cp.async`
+    /// copies) before later async-proxy reads of it — what `wgmma.mma_async` does with its
+    /// shared-memory operands (PTX ISA §9.7.15.1). Each writer fences; a CTA barrier after the
+    /// fence then publishes the writes to the warpgroups that issue the `wgmma`.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn fence_proxy_async_shared(&self) -> R<()> {
+        self.asm_void("fence.proxy.async.shared::cta;")
+    }
+
+    /// A side-effecting inline-asm statement without operands (clobbering memory).
+    fn asm_void(&self, text: &str) -> R<()> {
+        let vt = self.cx.void_type().fn_type(&[], false);
+        let f = self.cx.create_inline_asm(vt, text.to_owned(), "~{memory}".to_owned(), true, false, None, false);
+        self.b.build_indirect_call(vt, f, &[], "")?;
+        Ok(())
+    }
+
+    /// One K tile of a warpgroup's `m64nNk16` products (PTX ISA §9.7.15.5,
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16|f16}.{bf16|f16}`), as one inline-asm
+    /// block: `wgmma.fence`, one `wgmma.mma_async` per `(a_desc, b_desc)` pair of `descs` (both
+    /// operands in shared memory, described by 64-bit matrix descriptors, §9.7.15.5.1; no
+    /// transposes: K-major A and B), `wgmma.commit_group`, `wgmma.wait_group 0`. `acc` holds the
+    /// warpgroup's `n/2` f32 accumulators of this thread (the D fragment of §9.7.15.5.1's
+    /// figure "WGMMA .m64nNk16 D": element `i` at row `16·(warp % 4) + lane/4 + 8·((i/2) % 2)`,
+    /// column `8·(i/4) + 2·(lane % 4) + i % 2`); they are read and written in place and
+    /// returned. Waiting inside the block keeps the accumulators out of LLVM's hands while the
+    /// products are in flight (a copy of an accumulator register between the issue and the
+    /// wait would read it early); the warpgroups of a CTA still overlap each other's products.
+    /// Every thread of the warpgroup must execute it (`.sync.aligned`). sm_90a only.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] (also for an `n` that is not a multiple of 8 in 8..=256 or a
+    /// dtype other than bf16/f16).
+    pub fn wgmma_k_tile(&self, dt: sinter_ir::DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)]) -> R<Vec<FloatValue<'ctx>>> {
+        let ty = match dt {
+            sinter_ir::DType::BF16 => "bf16",
+            sinter_ir::DType::F16 => "f16",
+            _ => return Err(CodegenError::Builder(format!("wgmma of {dt} operands"))),
+        };
+        let regs = (n / 2) as usize;
+        if n % 8 != 0 || !(8..=256).contains(&n) || acc.len() != regs || descs.is_empty() {
+            return Err(CodegenError::Builder(format!("wgmma m64n{n}k16 with {} accumulators", acc.len())));
+        }
+        let f32t = self.cx.f32_type();
+        let i64t = self.cx.i64_type();
+        let out_ty = self.cx.struct_type(&vec![f32t.into(); regs], false);
+        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum<'ctx>> = vec![f32t.into(); regs];
+        params.extend(std::iter::repeat_n(inkwell::types::BasicMetadataTypeEnum::from(i64t), 2 * descs.len()));
+        let fty = out_ty.fn_type(&params, false);
+        let list = (0..regs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        let mut text = String::from("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.fence.sync.aligned;\n");
+        for j in 0..descs.len() {
+            let (a, b) = (2 * regs + 2 * j, 2 * regs + 2 * j + 1);
+            text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{list}}}, ${a}, ${b}, p, 1, 1, 0, 0;\n"));
+        }
+        text.push_str("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}");
+        let mut cons: Vec<String> = (0..regs).map(|_| "=f".to_owned()).collect();
+        cons.extend((0..regs).map(|i| i.to_string()));
+        cons.extend(std::iter::repeat_n("l".to_owned(), 2 * descs.len()));
+        cons.push("~{memory}".to_owned());
+        let f = self.cx.create_inline_asm(fty, text, cons.join(","), true, false, None, false);
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> = acc.iter().map(|&v| v.into()).collect();
+        for &(a, b) in descs {
+            args.push(a.into());
+            args.push(b.into());
+        }
+        let call = self.b.build_indirect_call(fty, f, &args, "wgmma")?;
+        let st = basic(call.try_as_basic_value().basic(), "wgmma")?.into_struct_value();
+        (0..regs as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
+    }
+
     /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` (PTX ISA §9.7.14.5.15;
     /// `llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16` and its `.x1`/`.x2`/`.trans`
     /// variants): the warp loads `count` (1, 2 or 4) 8×8 matrices of 16-bit elements from

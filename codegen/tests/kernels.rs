@@ -804,6 +804,32 @@ fn sass_has_tensor_core_instructions() {
     }
 }
 
+/// The Hopper GEMM (`wgmma`, sm_90a) in the SASS: `HGMMA` warpgroup products reading both
+/// operands from shared memory, `LDGSTS` (cp.async) for the slabs, the async-proxy fence;
+/// no spills. sm_80 refuses the schedule.
+#[test]
+fn sass_wgmma_has_hgmma() {
+    let Some(tool) = cuobjdump() else { return };
+    let w = sinter_codegen::kernels::matmul::MatmulSchedule::Wgmma(sinter_codegen::kernels::matmul::MmaSchedule::WGMMA);
+    for (what, gk) in [("[N, K] B", matmul_at(DType::BF16, 512, 4096, 4096)), ("f16 tails", matmul_at(DType::F16, 200, 1000, 520))] {
+        let plan = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap();
+        assert!(plan.entry.ends_with("_wgmma"), "{what}: {}", plan.entry);
+        assert!(plan.ptx.contains(".align 1024 .b8 smem_dyn[]"), "{what}: the slabs' 1024-byte alignment");
+        let Some(r) = assemble(&plan) else { return };
+        assert!(!r.spills(), "{what}: spills: {r:?}");
+        let code = sass(&tool, &r.cubin, "wgmma");
+        if std::env::var_os("SINTER_DUMP_WGMMA").is_some() {
+            std::fs::write(format!("/tmp/wgmma_{}.ptx", what.len()), &plan.ptx).unwrap();
+        }
+        for want in ["HGMMA.64x256x16.F32", "LDGSTS.E.BYPASS", "FENCE.VIEW.ASYNC.S", "BAR.SYNC"] {
+            assert!(code.contains(want), "{what}: no {want}:\n{code}");
+        }
+        assert!(!code.contains("HMMA.16816"), "{what}: mma.sync in the wgmma kernel");
+        let err = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_80, &w).unwrap_err();
+        assert!(err.to_string().contains("sm_90a"), "{what}: {err}");
+    }
+}
+
 /// Prefill attention on tensor cores, in the SASS: `HMMA` for Q·Kᵀ and P·V, `LDSM` for Q
 /// and K and its transposed form (`.MT88`) for V, `LDGSTS` (cp.async) for the tiles,
 /// `MUFU.EX2` alone for the exponentials (no subnormal range fix-ups), `VOTE.ANY` for the

@@ -296,6 +296,10 @@ impl MmaSchedule {
     /// per thread, 2 MMAs per k-step), 4 stages (96 KiB of shared memory). See
     /// [`MmaSchedule::flat`] for the choice of the tile.
     pub const FLAT: MmaSchedule = MmaSchedule::flat(32);
+    /// The Hopper schedule ([`MatmulSchedule::Wgmma`]): 128×256×64, two warpgroups of
+    /// m64n256 products (128 f32 accumulators per thread), 4 stages (192 KiB of shared
+    /// memory) — CUTLASS's sm90 bf16 tile shape.
+    pub const WGMMA: MmaSchedule = MmaSchedule { bm: 128, bn: 256, bk: 64, warps_m: 8, warps_n: 1, stages: 4, group_m: 16 };
 
     /// The flat schedule with `bn` columns per CTA (32, 64, 128 or 256: a RoPE head of 64 or
     /// 128 needs the tile to be a multiple of it): `bm` 16, one warp row and `min(bn/16, 4)`
@@ -451,6 +455,11 @@ pub enum MatmulSchedule {
     Mma(MmaSchedule),
     /// Tensor-core small-M GEMM with a block-quantized B read into the fragments.
     QuantMma(QuantMmaSchedule),
+    /// Hopper tensor-core GEMM (sm_90a: `cp.async` into 128-byte-swizzled slabs,
+    /// `wgmma.mma_async` from shared memory, [`build_wgmma`]); the schedule's fields as for
+    /// [`MatmulSchedule::Mma`], with `bk` 64, `bm` a multiple of 64, one warp per 16 rows
+    /// (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`].
+    Wgmma(MmaSchedule),
 }
 
 /// Picks the schedule for a kernel whose matmul has `m` rows and `n` columns of `dtype`;
@@ -536,6 +545,9 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
     if let MatmulSchedule::Mma(d) = default {
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
         scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
+        if d.bm != 16 && spec.wgmma_plan(&MmaSchedule::WGMMA, target).is_ok() {
+            scheds.push(MatmulSchedule::Wgmma(MmaSchedule::WGMMA));
+        }
     }
     if spec.b_quant.is_some() {
         // Quantized weights: other step lengths and warp shapes, with and without the
@@ -574,6 +586,7 @@ impl MatmulSchedule {
             MatmulSchedule::SmallM(s) => format!("gemv r{} l{} c{}", s.rows, s.lanes, s.columns),
             MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
             MatmulSchedule::QuantMma(s) => format!("qmma w{} t{} k{}{}", s.warps, s.tiles, s.chunk, if s.prefetch { " prefetch" } else { "" }),
+            MatmulSchedule::Wgmma(s) => format!("wgmma {}x{}x{} s{}", s.bm, s.bn, s.bk, s.stages),
         }
     }
 }
@@ -584,6 +597,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
         MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
         MatmulSchedule::QuantMma(s) => ("matmul_mma_q", s.check().and_then(|()| spec.quant_mma_ok()), s.threads()),
+        MatmulSchedule::Wgmma(s) => ("matmul_wgmma", s.check().and_then(|()| spec.wgmma_plan(s, target).map(|_| ())), s.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
     let quant_ok = match schedule {
@@ -603,6 +617,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
         MatmulSchedule::Mma(s) => build_mma(kit, spec, s, &spec.mma_plan(s, target).map_err(|e| kit.err(e))?),
         MatmulSchedule::QuantMma(s) => build_quant_mma(kit, spec, s),
+        MatmulSchedule::Wgmma(s) => build_wgmma(kit, spec, s, &spec.wgmma_plan(s, target).map_err(|e| kit.err(e))?),
     })?;
     let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
     // Tiled and tensor-core kernels: a CTA per (row tile, column tile, batch).
@@ -617,6 +632,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (grid, shared_bytes) = match schedule {
         MatmulSchedule::Tiled(s) => (tiles(s.bm, s.bn), 0),
         MatmulSchedule::Mma(s) => (tiles(s.bm, s.bn), spec.mma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
+        MatmulSchedule::Wgmma(s) => (tiles(s.bm, s.bn), spec.wgmma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
         MatmulSchedule::QuantMma(s) => ([GridDim { numerator: spec.n.clone(), denominator: s.columns() }, GridDim { numerator: spec.m.clone(), denominator: 16 }, batch], 0),
         MatmulSchedule::SmallM(s) => {
             let cols = match &spec.epi {
@@ -1023,6 +1039,25 @@ impl Spec {
             return Err(format!("{s:?} needs {smem_bytes} bytes of shared memory, more than {target} allows"));
         }
         Ok(MmaPlan { a, b, stage_bytes, smem_bytes, pitch })
+    }
+
+    /// The shared-memory plan of Hopper schedule `s` ([`MatmulSchedule::Wgmma`]), or why the
+    /// kernel cannot take it: [`Spec::mma_plan`]'s conditions, an sm_90a target, K-major A
+    /// and B (K contiguous in memory: the descriptors describe K-major slabs), `bk` 64 (one
+    /// 128-byte swizzle row), `bm` a multiple of 64 with a warp per 16 rows, `bn` a multiple
+    /// of 8 up to 256.
+    fn wgmma_plan(&self, s: &MmaSchedule, target: &Target) -> Result<MmaPlan, String> {
+        if !target.has_wgmma() {
+            return Err(format!("wgmma needs sm_90a, not {target}"));
+        }
+        if s.bk != 64 || s.bm % 64 != 0 || s.warps_n != 1 || s.warps_m * 16 != s.bm || s.bn % 8 != 0 || s.bn > 256 {
+            return Err(format!("{s:?} is not a warpgroup schedule (bk 64, bm a multiple of 64 with a warp per 16 rows, bn ≤ 256)"));
+        }
+        let plan = self.mma_plan(s, target)?;
+        if !(plan.a.k_contig && plan.b.k_contig) {
+            return Err("wgmma reads K-major A and B only (B as [N, K])".into());
+        }
+        Ok(plan)
     }
 
     /// Static shared memory of the tiled kernel: the slabs, or the staged tile (in the
@@ -2256,6 +2291,148 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
     })?;
     kit.cp_async_wait(0)?;
 
+    let tile = MmaTile { mt, nt, wm, wn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, m0, pid_n, bz };
+    mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
+}
+
+/// The Hopper tensor-core GEMM ([`MatmulSchedule::Wgmma`], sm_90a): the pipeline of
+/// [`build_mma`] — every thread copies its 16-byte chunks of A's and B's slabs of a stage
+/// with `cp.async` into 128-byte-swizzled rows, `stages − 1` K tiles in flight — with the
+/// products on warpgroup MMAs (PTX ISA §9.7.15, `wgmma.mma_async` m64nNk16, both operands
+/// read by the tensor cores straight from shared memory through matrix descriptors:
+/// no `ldmatrix`, no fragment registers). Warpgroup `j` (threads `128j …`) owns rows
+/// `64j … 64j + 63` of the CTA tile and all its `bn` columns: `bn/2` f32 accumulators per
+/// thread. Per K tile: wait for its copies, `fence.proxy.async.shared::cta` (the copies are
+/// generic-proxy writes, `wgmma` reads through the async proxy), a CTA barrier, `bk/16`
+/// `wgmma`s committed as one group and waited for ([`KernelBuilder::wgmma_k_tile`]), then
+/// the copies of K tile `kt + stages − 1` into the stage K tile `kt − 1` used (every
+/// warpgroup has finished with it: it waited for its products before this tile's barrier).
+///
+/// The slab layout is [`Slab`]'s: for `bk` = 64, rows of 128 bytes whose 16-byte chunks are
+/// XOR-swizzled by `row mod 8` — exactly the K-major 128-byte-swizzle canonical layout of
+/// §9.7.15.5.1 (8-row, 1024-byte swizzle atoms, stacked along M/N: stride byte offset 1024;
+/// the leading byte offset unused), given a 1024-byte-aligned slab. A `k16` step advances a
+/// descriptor's start address by 32 bytes inside the atom.
+fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan) -> R<()> {
+    let threads = s.threads();
+    kit.launch_bounds(threads);
+    let dt = spec.dtype;
+    let stages = s.stages;
+    let tid = kit.sreg("tid.x")?;
+    let wg = kit.lshr(tid, 7)?;
+    let (pid_m, pid_n) = raster(kit, s.group_m)?;
+    let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let m0 = kit.mul(pid_m, kit.i64c(i64::from(s.bm)))?;
+    let bases = batch_bases(kit, spec, bz)?;
+    let (mdim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.k)?);
+    let smem = kit.shared(SharedKind::Dynamic(plan.smem_bytes), plan.smem_bytes)?;
+    kit.align_dynamic_shared(1024)?;
+
+    let a_whole = spec.m.div_exact(i64::from(s.bm)).is_some();
+    let a_chunks = mma_chunks(kit, spec, &spec.a, &plan.a, (s.bk, threads), tid, bases.a, (None, a_whole), &|k, v| {
+        let m = k.add(m0, k.zext64(v)?)?;
+        Ok((m, m, mdim))
+    })?;
+    let starts: Vec<Dim>;
+    let (b_segments, b_whole) = match &spec.epi {
+        Epi::Paired { segs, width, .. } => {
+            let sub = s.bn / segs.len() as u32;
+            starts = segs.iter().map(|sg| sg.start.clone()).collect();
+            (Some((sub, starts.as_slice())), width.div_exact(i64::from(sub)).is_some())
+        }
+        _ => (None, spec.n.div_exact(i64::from(s.bn)).is_some()),
+    };
+    let b_chunks = mma_chunks(kit, spec, &spec.b, &plan.b, (s.bk, threads), tid, bases.b, (b_segments, b_whole), &|k, v| tile_column(k, spec, s.bn, pid_n, v))?;
+    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| -> R<()> {
+        let k0 = k.mul(k.zext64(kt)?, k.i64c(i64::from(s.bk)))?;
+        issue_chunks(k, &spec.a, &a_chunks, k0, kdim, smem, stage)?;
+        issue_chunks(k, &spec.b, &b_chunks, k0, kdim, smem, stage)
+    };
+    let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(i64::from(s.bk - 1)))?, kit.i64c(i64::from(s.bk)))?)?;
+    for st in 0..stages - 1 {
+        kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| issue(k, k.i32c(st as i32), k.i32c((st * plan.stage_bytes) as i32)))?;
+        kit.cp_async_commit()?;
+    }
+
+    // Matrix descriptors (§9.7.15.5.1): start address >> 4 in bits 0–13, leading byte offset
+    // (unused for swizzled K-major operands: 1) in 16–29, stride byte offset 1024 >> 4 in
+    // 32–45, 128-byte swizzle (1) in 62–63.
+    let desc_fixed = kit.i64c((1i64 << 16) | (64i64 << 32) | (1i64 << 62));
+    let sbase = kit.smem_addr(smem)?;
+    let a_wg = kit.add(sbase, kit.add(kit.mul(wg, kit.i32c((64 * plan.a.row_bytes()) as i32))?, kit.i32c(plan.a.base as i32))?)?;
+    let b_cta = kit.add(sbase, kit.i32c(plan.b.base as i32))?;
+    let desc = |k: &Kit<'ctx>, addr: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        let enc = k.lshr(k.and(addr, k.i32c(0x3FFFF))?, 4)?;
+        k.add(desc_fixed, k.zext64(enc)?)
+    };
+
+    let n_acc = (s.bn / 2) as usize;
+    let zero = kit.f32c(0.0);
+    let acc: Vec<PointerValue> = (0..n_acc).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
+    let next_stage = |k: &Kit<'ctx>, v: PointerValue<'ctx>| -> R<()> {
+        let cur = k.get_i(v, k.i32t)?;
+        let nxt = k.add(cur, k.i32c(plan.stage_bytes as i32))?;
+        let wrap = k.icmp(IntPredicate::EQ, nxt, k.i32c((stages * plan.stage_bytes) as i32))?;
+        k.set(v, k.select_i(wrap, k.i32c(0), nxt)?.into())
+    };
+    let read = kit.var_i(kit.i32c(0))?;
+    let write = kit.var_i(kit.i32c(((stages - 1) * plan.stage_bytes) as i32))?;
+    kit.for_range(kit.i32c(0), ktiles, kit.i32c(1), |k, kt| {
+        k.cp_async_wait(stages - 2)?;
+        k.fence_proxy_async()?;
+        k.barrier()?;
+        let rs = k.get_i(read, k.i32t)?;
+        let mut descs = Vec::with_capacity((s.bk / 16) as usize);
+        for kk in 0..s.bk / 16 {
+            let off = k.add(rs, k.i32c((32 * kk) as i32))?;
+            descs.push((desc(k, k.add(a_wg, off)?)?, desc(k, k.add(b_cta, off)?)?));
+        }
+        let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
+        let out = k.wgmma_k_tile(dt, s.bn, &cur, &descs)?;
+        for (&p, v) in acc.iter().zip(out) {
+            k.set(p, v.into())?;
+        }
+        next_stage(k, read)?;
+        let nk = k.add(kt, k.i32c((stages - 1) as i32))?;
+        let ws = k.get_i(write, k.i32t)?;
+        k.if_then(k.icmp(IntPredicate::SLT, nk, ktiles)?, |k| issue(k, nk, ws))?;
+        k.cp_async_commit()?;
+        next_stage(k, write)
+    })?;
+    kit.cp_async_wait(0)?;
+    let tile = MmaTile { mt: 1, nt: (s.bn / 8) as usize, wm: 16, wn: s.bn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, m0, pid_n, bz };
+    mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
+}
+
+/// The tile of a tensor-core kernel's epilogue ([`mma_epilogue`]).
+struct MmaTile<'ctx> {
+    /// m16 row blocks and n8 column blocks of a warp's accumulators.
+    mt: usize,
+    nt: usize,
+    /// The warp tile (rows, columns) and the warps along M (warp `w` is at `(w % warps_m,
+    /// w / warps_m)`).
+    wm: u32,
+    wn: u32,
+    warps_m: u32,
+    /// The CTA tile and its threads.
+    bm: u32,
+    bn: u32,
+    threads: u32,
+    /// The tile's first row (i64), column tile and batch index.
+    m0: IntValue<'ctx>,
+    pid_n: IntValue<'ctx>,
+    bz: IntValue<'ctx>,
+}
+
+/// The epilogue of the tensor-core kernels: each warp's accumulators `acc[(mi·nt + ni)·4 + q]`
+/// in the `m16n8` fragment layout (lane `(g, t) = (lane/4, lane%4)` holds columns `2t, 2t+1`
+/// of rows `g` and `g + 8` of each block) through the kernel's epilogue to the outputs —
+/// directly from registers, or staged through shared memory (`smem`) as a whole tile.
+fn mma_epilogue<'ctx>(kit: &Kit<'ctx>, spec: &Spec, plan: &MmaPlan, smem: PointerValue<'ctx>, acc: &[PointerValue<'ctx>], tl: &MmaTile<'ctx>, bases: &Bases<'ctx>) -> R<()> {
+    let MmaTile { mt, nt, wm, wn, threads, m0, pid_n, bz, .. } = *tl;
+    let dt = spec.dtype;
+    let mdim = kit.dim(&spec.m)?;
+    let tid = kit.sreg("tid.x")?;
     // Epilogue. Lane (g, t) = (lane / 4, lane % 4) holds, of each m16n8 tile, columns 2t,
     // 2t + 1 of rows g and g + 8.
     // The lane's coordinates afresh from an opaque copy of `tid.x`, so that LLVM does not
@@ -2264,8 +2441,8 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
     let tid = kit.math(|kb| kb.opaque(tid))?;
     let lane = kit.and(tid, kit.i32c(31))?;
     let warp = kit.lshr(tid, 5)?;
-    let warp_m = kit.urem(warp, kit.i32c(s.warps_m as i32))?;
-    let warp_n = kit.udiv(warp, kit.i32c(s.warps_m as i32))?;
+    let warp_m = kit.urem(warp, kit.i32c(tl.warps_m as i32))?;
+    let warp_n = kit.udiv(warp, kit.i32c(tl.warps_m as i32))?;
     let g = kit.lshr(lane, 2)?;
     let t2 = kit.shl(kit.and(lane, kit.i32c(3))?, 1)?;
     let row0 = kit.add(kit.mul(warp_m, kit.i32c(wm as i32))?, g)?;
@@ -2291,12 +2468,12 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
             }
         }
         kit.barrier()?;
-        let t = StagedTile { bm: s.bm, bn: s.bn, pitch: plan.pitch, threads };
+        let t = StagedTile { bm: tl.bm, bn: tl.bn, pitch: plan.pitch, threads };
         return staged_outputs(kit, spec, t, smem, (m0, pid_n, bz), tid);
     }
     // Direct: each pair of columns evaluated from the registers, as two lanes (vector loads
     // and stores where the layouts allow); a last odd column alone.
-    let n0 = kit.mul(pid_n, kit.i64c(i64::from(s.bn)))?;
+    let n0 = kit.mul(pid_n, kit.i64c(i64::from(tl.bn)))?;
     let ndim = kit.dim(&spec.n)?;
     let n_even = spec.n.div_exact(2).is_some();
     let mbase = kit.add(m0, kit.zext64(row0)?)?;
@@ -2309,10 +2486,10 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
                 let n = kit.add(nbase, kit.i64c(i64::from(dc)))?;
                 let m_ok = kit.icmp(IntPredicate::SLT, m, mdim)?;
                 let both = kit.icmp(IntPredicate::SLT, kit.add(n, kit.i64c(1))?, ndim)?;
-                kit.if_then(kit.and(m_ok, both)?, |k| epilogue_and_store_pair(k, spec, &bases, m, n, v))?;
+                kit.if_then(kit.and(m_ok, both)?, |k| epilogue_and_store_pair(k, spec, bases, m, n, v))?;
                 if !n_even {
                     let last = kit.icmp(IntPredicate::EQ, kit.add(n, kit.i64c(1))?, ndim)?;
-                    kit.if_then(kit.and(m_ok, last)?, |k| epilogue_and_store(k, spec, &bases, m, n, v[0]))?;
+                    kit.if_then(kit.and(m_ok, last)?, |k| epilogue_and_store(k, spec, bases, m, n, v[0]))?;
                 }
             }
         }
@@ -2689,6 +2866,18 @@ pub(crate) mod kit {
         pub(crate) fn cp_async_16(&self, dst: PointerValue<'ctx>, src: PointerValue<'ctx>, src_bytes: IntValue<'ctx>) -> R<()> {
             self.bld().cp_async_16(dst, src, src_bytes)
         }
+        /// [`KernelBuilder::fence_proxy_async_shared`].
+        pub(crate) fn fence_proxy_async(&self) -> R<()> {
+            self.bld().fence_proxy_async_shared()
+        }
+        /// [`KernelBuilder::wgmma_k_tile`].
+        pub(crate) fn wgmma_k_tile(&self, dt: DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)]) -> R<Vec<FloatValue<'ctx>>> {
+            self.bld().wgmma_k_tile(dt, n, acc, descs)
+        }
+        /// The shared-memory address (i32, in the CTA's shared window) of `p`.
+        pub(crate) fn smem_addr(&self, p: PointerValue<'ctx>) -> R<IntValue<'ctx>> {
+            Ok(self.bld().b.build_ptr_to_int(p, self.i32t, "saddr")?)
+        }
         /// [`KernelBuilder::cp_async_commit`].
         pub(crate) fn cp_async_commit(&self) -> R<()> {
             self.bld().cp_async_commit()
@@ -2819,6 +3008,15 @@ pub(crate) mod kit {
                     Ok(g.as_pointer_value())
                 }
             }
+        }
+
+        /// Raises the dynamic shared memory's declared alignment to `align` bytes (after
+        /// [`Kit::shared`] with [`SharedKind::Dynamic`]).
+        pub(crate) fn align_dynamic_shared(&self, align: u32) -> R<()> {
+            let kb = self.bld();
+            let g = kb.module.get_global("smem_dyn").ok_or_else(|| self.err("no dynamic shared memory"))?;
+            g.set_alignment(align);
+            Ok(())
         }
 
         /// `&ptr[idx]` for elements of float dtype `dt`, as a plain (not `inbounds`) GEP: the
