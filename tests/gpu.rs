@@ -720,6 +720,7 @@ fn precompile_gpu_test_kernels() {
     let mut graphs: Vec<sinter::Graph> = family_cases().iter().chain(&big_cases()).map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
     graphs.extend(zoo_cases().into_iter().map(|z| z.1));
     graphs.extend(crate::cascade::precompile_graphs());
+    graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
         for mode in [sinter::zoo::Mode::Prefill, sinter::zoo::Mode::Decode] {
             for dt in lowerings.iter().map(|l| l.1).collect::<std::collections::BTreeSet<_>>() {
