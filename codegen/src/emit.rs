@@ -557,7 +557,7 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`] (also for an `n` that is not a multiple of 8 in 8..=256 or a
     /// dtype other than bf16/f16).
-    pub fn wgmma_k_tile(&self, dt: sinter_ir::DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)]) -> R<Vec<FloatValue<'ctx>>> {
+    pub fn wgmma_k_tile(&self, dt: sinter_ir::DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
         let ty = match dt {
             sinter_ir::DType::BF16 => "bf16",
             sinter_ir::DType::F16 => "f16",
@@ -579,7 +579,7 @@ impl<'ctx> KernelBuilder<'ctx> {
             let (a, b) = (2 * regs + 2 * j, 2 * regs + 2 * j + 1);
             text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{list}}}, ${a}, ${b}, p, 1, 1, 0, 0;\n"));
         }
-        text.push_str("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}");
+        text.push_str(&format!("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned {in_flight};\n}}"));
         let mut cons: Vec<String> = (0..regs).map(|_| "=f".to_owned()).collect();
         cons.extend((0..regs).map(|i| i.to_string()));
         cons.extend(std::iter::repeat_n("l".to_owned(), 2 * descs.len()));
@@ -593,6 +593,28 @@ impl<'ctx> KernelBuilder<'ctx> {
         let call = self.b.build_indirect_call(fty, f, &args, "wgmma")?;
         let st = basic(call.try_as_basic_value().basic(), "wgmma")?.into_struct_value();
         (0..regs as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
+    }
+
+    /// `wgmma.wait_group.sync.aligned 0` with the accumulators `acc` as in-out operands: after
+    /// [`KernelBuilder::wgmma_k_tile`] with a group left in flight, the wait that makes them
+    /// readable (LLVM orders their later reads after it).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
+        let f32t = self.cx.f32_type();
+        let n = acc.len();
+        let out_ty = self.cx.struct_type(&vec![f32t.into(); n], false);
+        let params: Vec<inkwell::types::BasicMetadataTypeEnum<'ctx>> = vec![f32t.into(); n];
+        let fty = out_ty.fn_type(&params, false);
+        let mut cons: Vec<String> = (0..n).map(|_| "=f".to_owned()).collect();
+        cons.extend((0..n).map(|i| i.to_string()));
+        cons.push("~{memory}".to_owned());
+        let f = self.cx.create_inline_asm(fty, "wgmma.wait_group.sync.aligned 0;".to_owned(), cons.join(","), true, false, None, false);
+        let args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> = acc.iter().map(|&v| v.into()).collect();
+        let call = self.b.build_indirect_call(fty, f, &args, "wgmma_wait")?;
+        let st = basic(call.try_as_basic_value().basic(), "wgmma_wait")?.into_struct_value();
+        (0..n as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
     }
 
     /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` (PTX ISA §9.7.14.5.15;

@@ -811,7 +811,8 @@ fn sass_has_tensor_core_instructions() {
 #[test]
 fn sass_wgmma_has_hgmma() {
     let Some(tool) = cuobjdump() else { return };
-    let w = sinter_codegen::kernels::matmul::MatmulSchedule::Wgmma(sinter_codegen::kernels::matmul::MmaSchedule::WGMMA);
+    use sinter_codegen::kernels::matmul::{MatmulSchedule, WgmmaSchedule};
+    for w in [MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT), MatmulSchedule::Wgmma(WgmmaSchedule { in_flight: 1, ..WgmmaSchedule::DEFAULT })] {
     for (what, gk) in [("[N, K] B", matmul_at(DType::BF16, 512, 4096, 4096)), ("f16 tails", matmul_at(DType::F16, 200, 1000, 520))] {
         let plan = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap();
         assert!(plan.entry.ends_with("_wgmma"), "{what}: {}", plan.entry);
@@ -820,7 +821,7 @@ fn sass_wgmma_has_hgmma() {
         assert!(!r.spills(), "{what}: spills: {r:?}");
         let code = sass(&tool, &r.cubin, "wgmma");
         if std::env::var_os("SINTER_DUMP_WGMMA").is_some() {
-            std::fs::write(format!("/tmp/wgmma_{}.ptx", what.len()), &plan.ptx).unwrap();
+            std::fs::write(format!("/tmp/wgmma_{}_{}.ptx", what.len(), w.name().len()), &plan.ptx).unwrap();
         }
         for want in ["HGMMA.64x256x16.F32", "LDGSTS.E.BYPASS", "FENCE.VIEW.ASYNC.S", "BAR.SYNC"] {
             assert!(code.contains(want), "{what}: no {want}:\n{code}");
@@ -828,6 +829,7 @@ fn sass_wgmma_has_hgmma() {
         assert!(!code.contains("HMMA.16816"), "{what}: mma.sync in the wgmma kernel");
         let err = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_80, &w).unwrap_err();
         assert!(err.to_string().contains("sm_90a"), "{what}: {err}");
+    }
     }
 }
 

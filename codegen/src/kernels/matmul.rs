@@ -390,6 +390,25 @@ impl MmaSchedule {
     }
 }
 
+/// The Hopper GEMM's schedule ([`MatmulSchedule::Wgmma`], [`build_wgmma`]): the CTA tile and
+/// pipeline (`tile`, as for [`MatmulSchedule::Mma`] with a warp per 16 rows) and how many of
+/// a warpgroup's K-tile product groups stay in flight when it moves on (`in_flight`, 0 or 1:
+/// PTX ISA §9.7.15.7 `wgmma.wait_group N`). With 1, a K tile's products overlap the next
+/// tile's barrier and copies, and the copies run `stages − 2` tiles ahead (a stage is refilled
+/// only when no warpgroup's products can still read it); with 0, `stages − 1` ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgmmaSchedule {
+    /// The CTA tile and pipeline depth.
+    pub tile: MmaSchedule,
+    /// Product groups a warpgroup leaves in flight (0 or 1).
+    pub in_flight: u32,
+}
+
+impl WgmmaSchedule {
+    /// [`MmaSchedule::WGMMA`], waiting for each K tile's products.
+    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 0 };
+}
+
 /// The tensor-core schedule of a matmul whose B operand is block-quantized (`q8_0`/`q4_1`,
 /// `[N, K]`), for constant M ≤ 16 ([`build_quant_mma`]): each warp owns `tiles` column
 /// tiles of 8 and reads their weight rows' blocks straight into the `mma.m16n8k16` B
@@ -458,8 +477,9 @@ pub enum MatmulSchedule {
     /// Hopper tensor-core GEMM (sm_90a: `cp.async` into 128-byte-swizzled slabs,
     /// `wgmma.mma_async` from shared memory, [`build_wgmma`]); the schedule's fields as for
     /// [`MatmulSchedule::Mma`], with `bk` 64, `bm` a multiple of 64, one warp per 16 rows
-    /// (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`].
-    Wgmma(MmaSchedule),
+    /// (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`] and
+    /// [`WgmmaSchedule`].
+    Wgmma(WgmmaSchedule),
 }
 
 /// Picks the schedule for a kernel whose matmul has `m` rows and `n` columns of `dtype`;
@@ -546,13 +566,14 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
         scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
         if d.bm != 16 && spec.wgmma_plan(&MmaSchedule::WGMMA, target).is_ok() {
-            scheds.push(MatmulSchedule::Wgmma(MmaSchedule::WGMMA));
+            scheds.push(MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT));
         }
     }
     if let MatmulSchedule::Wgmma(_) = default {
         // The other Hopper tile width, then the `mma.sync` kernels.
-        let narrow = MmaSchedule { bn: 128, ..MmaSchedule::WGMMA };
-        let alts = [MatmulSchedule::Wgmma(MmaSchedule::WGMMA), MatmulSchedule::Wgmma(narrow), MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)];
+        let narrow = WgmmaSchedule { tile: MmaSchedule { bn: 128, ..MmaSchedule::WGMMA }, in_flight: 0 };
+        let overlap = WgmmaSchedule { in_flight: 1, ..WgmmaSchedule::DEFAULT };
+        let alts = [MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT), MatmulSchedule::Wgmma(overlap), MatmulSchedule::Wgmma(narrow), MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)];
         scheds.extend(alts.into_iter().filter(|a| *a != default));
     }
     if spec.b_quant.is_some() {
@@ -592,7 +613,7 @@ impl MatmulSchedule {
             MatmulSchedule::SmallM(s) => format!("gemv r{} l{} c{}", s.rows, s.lanes, s.columns),
             MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
             MatmulSchedule::QuantMma(s) => format!("qmma w{} t{} k{}{}", s.warps, s.tiles, s.chunk, if s.prefetch { " prefetch" } else { "" }),
-            MatmulSchedule::Wgmma(s) => format!("wgmma {}x{}x{} s{}", s.bm, s.bn, s.bk, s.stages),
+            MatmulSchedule::Wgmma(w) => format!("wgmma {}x{}x{} s{}{}", w.tile.bm, w.tile.bn, w.tile.bk, w.tile.stages, if w.in_flight > 0 { format!(" f{}", w.in_flight) } else { String::new() }),
         }
     }
 }
@@ -603,7 +624,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
         MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
         MatmulSchedule::QuantMma(s) => ("matmul_mma_q", s.check().and_then(|()| spec.quant_mma_ok()), s.threads()),
-        MatmulSchedule::Wgmma(s) => ("matmul_wgmma", s.check().and_then(|()| spec.wgmma_plan(s, target).map(|_| ())), s.threads()),
+        MatmulSchedule::Wgmma(w) => ("matmul_wgmma", w.tile.check().and_then(|()| if w.in_flight <= 1 { Ok(()) } else { Err(format!("{w:?}: at most one product group in flight")) }).and_then(|()| spec.wgmma_plan(&w.tile, target).map(|_| ())), w.tile.threads()),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
     let quant_ok = match schedule {
@@ -623,7 +644,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
         MatmulSchedule::Mma(s) => build_mma(kit, spec, s, &spec.mma_plan(s, target).map_err(|e| kit.err(e))?),
         MatmulSchedule::QuantMma(s) => build_quant_mma(kit, spec, s),
-        MatmulSchedule::Wgmma(s) => build_wgmma(kit, spec, s, &spec.wgmma_plan(s, target).map_err(|e| kit.err(e))?),
+        MatmulSchedule::Wgmma(w) => build_wgmma(kit, spec, w, &spec.wgmma_plan(&w.tile, target).map_err(|e| kit.err(e))?),
     })?;
     let batch = GridDim { numerator: Dim::product(&spec.batch), denominator: 1 };
     // Tiled and tensor-core kernels: a CTA per (row tile, column tile, batch).
@@ -638,7 +659,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (grid, shared_bytes) = match schedule {
         MatmulSchedule::Tiled(s) => (tiles(s.bm, s.bn), 0),
         MatmulSchedule::Mma(s) => (tiles(s.bm, s.bn), spec.mma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
-        MatmulSchedule::Wgmma(s) => (tiles(s.bm, s.bn), spec.wgmma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
+        MatmulSchedule::Wgmma(w) => (tiles(w.tile.bm, w.tile.bn), spec.wgmma_plan(&w.tile, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
         MatmulSchedule::QuantMma(s) => ([GridDim { numerator: spec.n.clone(), denominator: s.columns() }, GridDim { numerator: spec.m.clone(), denominator: 16 }, batch], 0),
         MatmulSchedule::SmallM(s) => {
             let cols = match &spec.epi {
@@ -936,7 +957,7 @@ impl Spec {
             // 8192³: 593.8 TFLOP/s against 505 for `mma.sync`; 4096³: 255.6 against 298.4 µs).
             let w = MmaSchedule { warps_m: s.bm / 16, warps_n: 1, stages: 4, ..s };
             if self.wgmma_plan(&w, target).is_ok() {
-                return MatmulSchedule::Wgmma(w);
+                return MatmulSchedule::Wgmma(WgmmaSchedule { tile: w, in_flight: 0 });
             }
             if self.mma_plan(&s, target).is_ok() {
                 return MatmulSchedule::Mma(s);
@@ -2325,7 +2346,8 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
 /// §9.7.15.5.1 (8-row, 1024-byte swizzle atoms, stacked along M/N: stride byte offset 1024;
 /// the leading byte offset unused), given a 1024-byte-aligned slab. A `k16` step advances a
 /// descriptor's start address by 32 bytes inside the atom.
-fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan) -> R<()> {
+fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan) -> R<()> {
+    let s = &w.tile;
     let threads = s.threads();
     kit.launch_bounds(threads);
     let dt = spec.dtype;
@@ -2361,7 +2383,13 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPl
         issue_chunks(k, &spec.b, &b_chunks, k0, kdim, smem, stage)
     };
     let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(i64::from(s.bk - 1)))?, kit.i64c(i64::from(s.bk)))?)?;
-    for st in 0..stages - 1 {
+    // K tiles the copies run ahead: a stage is refilled once no warpgroup's products can
+    // still read it (with a group left in flight, the one two tiles back).
+    let ahead = stages - 1 - w.in_flight;
+    if ahead < 1 {
+        return Err(kit.err(format!("{w:?}: too few stages")));
+    }
+    for st in 0..ahead {
         kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| issue(k, k.i32c(st as i32), k.i32c((st * plan.stage_bytes) as i32)))?;
         kit.cp_async_commit()?;
     }
@@ -2388,9 +2416,9 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPl
         k.set(v, k.select_i(wrap, k.i32c(0), nxt)?.into())
     };
     let read = kit.var_i(kit.i32c(0))?;
-    let write = kit.var_i(kit.i32c(((stages - 1) * plan.stage_bytes) as i32))?;
+    let write = kit.var_i(kit.i32c((ahead * plan.stage_bytes) as i32))?;
     kit.for_range(kit.i32c(0), ktiles, kit.i32c(1), |k, kt| {
-        k.cp_async_wait(stages - 2)?;
+        k.cp_async_wait(ahead - 1)?;
         k.fence_proxy_async()?;
         k.barrier()?;
         let rs = k.get_i(read, k.i32t)?;
@@ -2400,18 +2428,26 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPl
             descs.push((desc(k, k.add(a_wg, off)?)?, desc(k, k.add(b_cta, off)?)?));
         }
         let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
-        let out = k.wgmma_k_tile(dt, s.bn, &cur, &descs)?;
+        let out = k.wgmma_k_tile(dt, s.bn, &cur, &descs, w.in_flight)?;
         for (&p, v) in acc.iter().zip(out) {
             k.set(p, v.into())?;
         }
         next_stage(k, read)?;
-        let nk = k.add(kt, k.i32c((stages - 1) as i32))?;
+        let nk = k.add(kt, k.i32c(ahead as i32))?;
         let ws = k.get_i(write, k.i32t)?;
         k.if_then(k.icmp(IntPredicate::SLT, nk, ktiles)?, |k| issue(k, nk, ws))?;
         k.cp_async_commit()?;
         next_stage(k, write)
     })?;
     kit.cp_async_wait(0)?;
+    if w.in_flight > 0 {
+        // The last group, waited for with the accumulators as its operands.
+        let cur: Vec<FloatValue> = acc.iter().map(|&p| kit.get_f(p)).collect::<R<_>>()?;
+        let out = kit.wgmma_wait(&cur)?;
+        for (&p, v) in acc.iter().zip(out) {
+            kit.set(p, v.into())?;
+        }
+    }
     let tile = MmaTile { mt: 1, nt: (s.bn / 8) as usize, wm: 16, wn: s.bn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, m0, pid_n, bz };
     mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
 }
@@ -2883,8 +2919,12 @@ pub(crate) mod kit {
             self.bld().fence_proxy_async_shared()
         }
         /// [`KernelBuilder::wgmma_k_tile`].
-        pub(crate) fn wgmma_k_tile(&self, dt: DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)]) -> R<Vec<FloatValue<'ctx>>> {
-            self.bld().wgmma_k_tile(dt, n, acc, descs)
+        pub(crate) fn wgmma_k_tile(&self, dt: DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
+            self.bld().wgmma_k_tile(dt, n, acc, descs, in_flight)
+        }
+        /// [`KernelBuilder::wgmma_wait`].
+        pub(crate) fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
+            self.bld().wgmma_wait(acc)
         }
         /// The shared-memory address (i32, in the CTA's shared window) of `p`.
         pub(crate) fn smem_addr(&self, p: PointerValue<'ctx>) -> R<IntValue<'ctx>> {
