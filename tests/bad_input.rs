@@ -114,6 +114,23 @@ fn attention_heads_not_a_multiple_of_kv_heads() {
 }
 
 #[test]
+fn paged_attention_unified_max_not_finite() {
+    let mut b = builder("decode");
+    let q = b.param("q", ty(DType::BF16, &["B", "8", "1", "64"]));
+    let kp = b.param("kp", ty(DType::BF16, &["P", "16", "2", "64"]));
+    let vp = b.param("vp", ty(DType::BF16, &["P", "16", "2", "64"]));
+    let bt = b.param("bt", ty(DType::I32, &["B", "M"]));
+    let lens = b.param("lens", ty(DType::I32, &["B"]));
+    for (phi, shown) in [(f64::NAN, "NaN"), (f64::NEG_INFINITY, "-inf"), (1e39, "1e39")] {
+        let attrs = vec![("scale", Attr::Float(0.125)), ("heads", Attr::Int(8)), ("kv_heads", Attr::Int(2)), ("unified_max", Attr::Float(phi))];
+        refused!(misplaced:
+            b.op1(OpKind::PagedAttention, &[q, kp, vp, bt, lens], attrs),
+            format!("attribute `unified_max` must be a finite f32 number, got {shown}")
+        );
+    }
+}
+
+#[test]
 fn operands_of_two_dtypes() {
     let mut b = builder("mixed");
     let x = b.param("x", ty(DType::BF16, &["T", "64"]));

@@ -869,6 +869,7 @@ fn default_text(a: &sinter::ir::ops::AttrSpec) -> String {
         D::Bool(v) => format!("default `{v}`"),
         D::Str(s) => format!("default `\"{s}\"`"),
         D::Empty => "default `[]`".into(),
+        D::Absent => "optional".into(),
     }
 }
 

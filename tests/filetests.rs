@@ -106,13 +106,13 @@ fn roundtrip_files_cover_every_op() {
 }
 
 /// The round-trip files cover what the format offers beyond ops: multi-result nodes, calls,
-/// unnamed values, every attribute kind and every dtype.
+/// unnamed values, every attribute kind (optional attributes absent and given) and every dtype.
 #[test]
 fn roundtrip_files_cover_the_format() {
     use sinter_ir::{Attr, DType};
     let mut attr_kinds = BTreeSet::new();
     let mut dtypes = BTreeSet::new();
-    let (mut multi_result, mut calls, mut unnamed, mut symbolic, mut funcs) = (0, 0, 0, 0, 0);
+    let (mut multi_result, mut calls, mut unnamed, mut symbolic, mut funcs, mut optional_given) = (0, 0, 0, 0, 0, 0);
     let files = dir_files("roundtrip");
     for path in &files {
         for f in parse_file(path).funcs.values() {
@@ -125,7 +125,8 @@ fn roundtrip_files_cover_the_format() {
             for n in f.nodes.values() {
                 multi_result += usize::from(n.results.len() > 1);
                 calls += usize::from(n.op.kind == OpKind::Call);
-                for a in &n.op.attrs {
+                for (spec, a) in n.op.kind.info().attrs.iter().zip(&n.op.attrs) {
+                    optional_given += usize::from(matches!(spec.default, sinter_ir::ops::AttrDefault::Absent) && *a != Attr::Absent);
                     attr_kinds.insert(match a {
                         Attr::Int(_) => "int",
                         Attr::Float(_) => "float",
@@ -135,13 +136,16 @@ fn roundtrip_files_cover_the_format() {
                         Attr::Dims(_) => "dims",
                         Attr::Dim(_) => "dim",
                         Attr::DType(_) => "dtype",
+                        Attr::Absent => "absent",
                     });
                 }
             }
         }
     }
     assert!(files.len() >= 12, "{} round-trip files", files.len());
-    assert_eq!(attr_kinds.len(), 8, "attribute kinds seen: {attr_kinds:?}");
+    // The eight kinds, and optional attributes both absent and given.
+    assert_eq!(attr_kinds.len(), 9, "attribute kinds seen: {attr_kinds:?}");
+    assert!(optional_given >= 1, "no optional attribute given in the round-trip files");
     assert_eq!(dtypes.len(), DType::ALL.len(), "dtypes seen: {dtypes:?}");
     assert!(multi_result >= 3 && calls >= 5 && unnamed >= 10 && symbolic >= 100 && funcs >= 20);
 }

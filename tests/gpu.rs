@@ -247,6 +247,30 @@ fn every_gpu_case_compiles_and_assembles_without_spills() {
     assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
 
+/// Without a GPU: `unified_max` survives both lowerings into the split-KV kernel, whose fast
+/// path is the only code with a `vote.sync.ballot` (one per row), on sm_80 and sm_90a.
+#[cfg(feature = "llvm")]
+#[test]
+fn unified_max_reaches_the_decode_kernel() {
+    let cases = unified_max_cases();
+    assert_eq!(cases.len(), 5);
+    for c in cases {
+        let g = sinter::ir::parse(&c.src).unwrap();
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            let kg = match lowering {
+                Lowering::Unfused => sinter_passes::lower_unfused(&g).unwrap(),
+                Lowering::Fused => sinter_passes::compile(&g, &sinter_passes::PassOptions::default()).unwrap().0,
+            };
+            let decode: Vec<_> = kg.kernels.iter().filter(|(_, d)| d.family == sinter::ir::Family::PagedAttention).map(|(k, _)| k).collect();
+            assert_eq!(decode.len(), 1, "{} [{lowering:?}]", c.name);
+            for target in [sinter_codegen::Target::SM_80, sinter_codegen::Target::SM_90A] {
+                let plan = sinter_codegen::compile_kernel(&kg, decode[0], &target).unwrap();
+                assert!(plan.ptx.contains("vote.sync.ballot"), "{} [{lowering:?}] {}: no unified-max fast path", c.name, target.name());
+            }
+        }
+    }
+}
+
 /// The kernel-family cases: odd sizes, bf16 and f32, NaN and ±inf where the reference has them.
 fn family_cases() -> Vec<Case> {
     let mut cases = Vec::new();
@@ -424,6 +448,70 @@ fn family_cases() -> Vec<Case> {
             }),
         ));
     }
+    cases.extend(unified_max_cases());
+    cases
+}
+
+/// Split-KV decode with FlashDecoding++'s unified maximum (`unified_max = φ`) over the
+/// split-KV cases' batch (lengths 0/1111/333, clusters of 8 on sm_90): inputs in [−2, 2), scale
+/// 0.088, so the scores are about N(0, 1.3²), below 6 at D128 (4 at D64) and bounded by 45
+/// (22.5). φ = 5 near the maximum (every worker on the fast path); φ = −60 (exp(s − φ)
+/// overflows: every worker recomputes with the online softmax); φ = 80 (every p underflows:
+/// every worker recomputes); a mix with `lse=true`: q made positive and key 500 of sequence 1
+/// (tile 15: one worker's) set to 16 in every dim, so its score ≈ 180 ≫ φ + 20 — that worker
+/// recomputes, the others report φ; and NaN in V / +inf and −inf in K with φ = 5.
+fn unified_max_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let table = |ins: &mut Vec<(String, Tensor)>| {
+        ins[3].1 = Tensor::from_fn(DType::I32, &[3, 70], |i| ((i[0] * 70 + i[1] * 3) % 200) as f64);
+        ins[4].1 = Tensor::new(DType::I32, &[3], vec![0.0, 1111.0, 333.0]).unwrap();
+    };
+    let src = |t: usize, h: usize, hkv: usize, dh: usize, attrs: &str, lse: bool| {
+        let (res, ret) = if lse { (format!(", %lse: f32[3, {h}, {t}]"), ", %lse") } else { (String::new(), "") };
+        format!("func @main(%q: bf16[3, {h}, {t}, {dh}], %kp: bf16[200, 16, {hkv}, {dh}], %vp: bf16[200, 16, {hkv}, {dh}], %bt: i32[3, 70], %len: i32[3]) {{\n  %o: bf16[3, {h}, {t}, {dh}]{res} = paged_attention(%q, %kp, %vp, %bt, %len) {{scale=0.088, heads={h}, kv_heads={hkv}, {attrs}}}\n  return %o{ret}\n}}")
+    };
+    for (t, h, hkv, dh, phi, what) in [(1, 8, 2, 128, 5.0, "fast path"), (4, 8, 2, 128, -60.0, "every worker recomputes: overflow"), (1, 16, 1, 64, 80.0, "every worker recomputes: underflow")] {
+        cases.push(Case::new(
+            format!("split-KV paged_attention unified_max={phi} ({what}) T={t} H={h}/{hkv} D={dh}, lengths 0/1111/333"),
+            src(t, h, hkv, dh, &format!("unified_max={phi:?}"), false),
+            &[],
+            17,
+            1.0,
+            Box::new(table),
+        ));
+    }
+    cases.push(Case::new(
+        "split-KV paged_attention unified_max=5.0, one worker above the window (key 500 of sequence 1), lse",
+        src(1, 8, 2, 128, "lse=true, unified_max=5.0", true),
+        &[],
+        17,
+        1.0,
+        Box::new(move |ins: &mut Vec<(String, Tensor)>| {
+            table(ins);
+            let q = &ins[0].1;
+            ins[0].1 = Tensor::new(DType::BF16, q.shape(), q.data().iter().map(|x| x.abs()).collect()).unwrap();
+            // Key 500 of sequence 1: block-table column 31, page (70 + 93) % 200 = 163, slot 4.
+            let kp = &ins[1].1;
+            let mut d = kp.data().to_vec();
+            let base = (163 * 16 + 4) * 2 * 128;
+            d[base..base + 2 * 128].iter_mut().for_each(|x| *x = 16.0);
+            ins[1].1 = Tensor::new(DType::BF16, kp.shape(), d).unwrap();
+        }),
+    ));
+    cases.push(Case::new(
+        "split-KV paged_attention unified_max=5.0 with NaN in V, +inf and -inf in K",
+        src(1, 8, 2, 128, "unified_max=5.0", false),
+        &[],
+        17,
+        1.0,
+        Box::new(move |ins: &mut Vec<(String, Tensor)>| {
+            table(ins);
+            // Sequence 2, key 40 (page 146, slot 8): NaN in V; sequence 1, key 16 (page 73,
+            // slot 0): +inf in K head 1; sequence 1, key 0 (page 70): −inf in K head 0.
+            specials("vp", &[(((146 * 16 + 8) * 2) * 128 + 3, f64::NAN)])(ins);
+            specials("kp", &[(((73 * 16) * 2 + 1) * 128 + 5, f64::INFINITY), ((70 * 16 * 2) * 128 + 9, f64::NEG_INFINITY)])(ins);
+        }),
+    ));
     cases
 }
 

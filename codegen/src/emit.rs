@@ -726,6 +726,16 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(self.intrinsic_value("llvm.nvvm.vote.any.sync", &[], &[self.i32c(-1).into(), pred.into()])?.into_int_value())
     }
 
+    /// `vote.sync.ballot.b32 m, pred, 0xffffffff` (PTX ISA §9.7.13.10;
+    /// `llvm.nvvm.vote.ballot.sync`): an `i32` whose bit `l` is `pred` (an `i1`) of lane `l`;
+    /// every lane gets it. All 32 lanes must take part.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn vote_ballot(&self, pred: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.intrinsic_value("llvm.nvvm.vote.ballot.sync", &[], &[self.i32c(-1).into(), pred.into()])?.into_int_value())
+    }
+
     /// `shfl.sync.bfly.b32 v, lane_mask, 0x1f, 0xffffffff`: the value of lane `lane ^ lane_mask`
     /// (all 32 lanes must take part).
     ///

@@ -102,7 +102,7 @@ pub static METHODS: &[MethodSpec] = &[
     // the graph is built: the log-sum-exp form is written with the builder or the text format.
     m("attention", "Attention", Kind::Other, (3, 4), &["scale", "causal", "heads", "kv_heads", "layout", "lse"], &["scale", "heads", "kv_heads"]),
     MethodSpec { results: 2, ..m("kv_append", "KvAppend", Kind::Other, (6, 6), &[], &[]) },
-    m("paged_attention", "PagedAttention", Kind::Other, (5, 5), &["scale", "causal", "heads", "kv_heads", "lse"], &["scale", "heads", "kv_heads"]),
+    m("paged_attention", "PagedAttention", Kind::Other, (5, 5), &["scale", "causal", "heads", "kv_heads", "lse", "unified_max"], &["scale", "heads", "kv_heads"]),
     MethodSpec { results: 2, ..m("attention_merge", "AttentionMerge", Kind::Other, (4, 4), &[], &[]) },
 ];
 

@@ -620,6 +620,11 @@ pub fn paged_attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> 
     want_eq(&q.shape[1], &Dim::constant(h), "q's head axis must equal `heads`")?;
     want_eq(&q.shape[3], &kp.shape[3], "q's head dim differs from the pages'")?;
     check_tables(bt, lens, &q.shape[0], "seq_lens")?;
+    if let Some(phi) = c.op.float("unified_max") {
+        if !phi.is_finite() || !(phi as f32).is_finite() {
+            return err(format!("attribute `unified_max` must be a finite f32 number, got {phi:?}"));
+        }
+    }
     Ok(with_lse(c, q.clone()))
 }
 

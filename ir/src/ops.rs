@@ -53,6 +53,10 @@ pub enum Attr {
     Dim(Dim),
     /// See [`AttrKind::DType`].
     DType(DType),
+    /// An optional attribute ([`AttrDefault::Absent`]) that is not given: the node carries this
+    /// in its slot, the text format omits it. Of no [`AttrKind`]: only an optional attribute's
+    /// slot accepts it ([`AttrSpec::accepts`]).
+    Absent,
 }
 
 impl PartialEq for Attr {
@@ -68,6 +72,7 @@ impl PartialEq for Attr {
             (Dims(a), Dims(b)) => a == b,
             (Dim(a), Dim(b)) => a == b,
             (DType(a), DType(b)) => a == b,
+            (Absent, Absent) => true,
             _ => false,
         }
     }
@@ -107,6 +112,9 @@ pub enum AttrDefault {
     Str(&'static str),
     /// The empty list (for `Ints` / `Dims`).
     Empty,
+    /// Optional: absent unless given ([`Attr::Absent`] in the node's slot); when given, a value
+    /// of the attribute's kind.
+    Absent,
 }
 
 impl AttrDefault {
@@ -119,6 +127,7 @@ impl AttrDefault {
             AttrDefault::Bool(v) => Some(Attr::Bool(v)),
             AttrDefault::Str(v) => Some(Attr::Str(v.to_string())),
             AttrDefault::Empty => None,
+            AttrDefault::Absent => Some(Attr::Absent),
         }
     }
 }
@@ -142,6 +151,12 @@ impl AttrSpec {
             (AttrDefault::Empty, AttrKind::Ints) => Some(Attr::Ints(vec![])),
             (d, _) => d.value(),
         }
+    }
+
+    /// Whether this attribute's slot may hold `a`: a value of its kind, or [`Attr::Absent`]
+    /// when the attribute is optional.
+    pub fn accepts(&self, a: &Attr) -> bool {
+        a.is_kind(self.kind) || (matches!(a, Attr::Absent) && matches!(self.default, AttrDefault::Absent))
     }
 }
 
@@ -202,6 +217,8 @@ const HEADS: AttrSpec = a("heads", K::Int, D::Required);
 const KV_HEADS: AttrSpec = a("kv_heads", K::Int, D::Required);
 /// `attention`/`paged_attention` also return each row's log-sum-exp (f32, natural log).
 const LSE: AttrSpec = a("lse", K::Bool, D::Bool(false));
+/// `paged_attention`'s optional unified maximum φ (FlashDecoding++'s asynchronous softmax).
+const UNIFIED_MAX: AttrSpec = a("unified_max", K::Float, D::Absent);
 
 macro_rules! op_table {
     ($( $kind:ident => $name:literal, $class:ident, [$($operand:literal),*], [$($attr:expr),*], $infer:path, $doc:literal; )*) => {
@@ -308,9 +325,9 @@ op_table! {
     KvAppend => "kv_append", Composite, ["k_pages", "v_pages", "k_new", "v_new", "block_table", "start_pos"], [], infer::kv_append,
         "Writes new K/V rows into a paged cache (PagedAttention, Kwon et al. 2023): pages [P, page_size, Hkv, D], new [B, T, Hkv, D], block_table [B, max_pages] i32, start_pos [B] i32; token t of sequence b goes to slot start_pos[b]+t, page block_table[b][slot/page_size]; returns the updated (k_pages, v_pages).";
     PagedAttention => "paged_attention", Composite, ["q", "k_pages", "v_pages", "block_table", "seq_lens"],
-        [SCALE, a("causal", K::Bool, D::Bool(true)), HEADS, KV_HEADS, LSE],
+        [SCALE, a("causal", K::Bool, D::Bool(true)), HEADS, KV_HEADS, LSE, UNIFIED_MAX],
         infer::paged_attention,
-        "Attention of q [B, H, T, D] over a paged cache [P, page_size, Hkv, D] read through block_table [B, max_pages] i32 with seq_lens [B] i32 keys per sequence (the lengths live in device memory); causal aligned bottom-right per sequence; GQA as in `attention`; a sequence with no visible key gives 0. With `lse=true` a second result f32 [B, H, T]: each row's natural-log log-sum-exp of its visible scores (−inf where none), for `attention_merge`.";
+        "Attention of q [B, H, T, D] over a paged cache [P, page_size, Hkv, D] read through block_table [B, max_pages] i32 with seq_lens [B] i32 keys per sequence (the lengths live in device memory); causal aligned bottom-right per sequence; GQA as in `attention`; a sequence with no visible key gives 0. With `lse=true` a second result f32 [B, H, T]: each row's natural-log log-sum-exp of its visible scores (−inf where none), for `attention_merge`. `unified_max=φ` (optional, a finite f32; an execution strategy that does not change the result) asks the split-KV kernel for FlashDecoding++'s asynchronous softmax (Hong et al. 2023, arXiv 2311.01282): every partial softmax takes exp(s − φ) against this one maximum chosen ahead of time (from the model's score statistics) instead of its running maximum, so no partial reduces maxima or rescales its sums, and the partials merge without synchronising; φ cancels, so the result is the same softmax; a partial whose largest score lies too far above or below φ for exp(s − φ) to be safe in f32 is recomputed with the online softmax, so any finite φ gives the right result and one near the scores' maximum the fast one.";
     AttentionMerge => "attention_merge", Composite, ["o_a", "lse_a", "o_b", "lse_b"], [], infer::attention_merge,
         "Merges two partial attention states over disjoint key sets by their log-sum-exp (FlashInfer's merge state; Ye et al. 2024, cascade inference): o_a, o_b [..., D] of one float dtype, lse_a, lse_b f32 [...] (natural log, as `attention` with `lse=true` gives); with M = max(lse_a, lse_b), wₓ = exp(lseₓ − M): o = (w_a·o_a + w_b·o_b)/(w_a + w_b) rounded once, lse = M + ln(w_a + w_b) in f32. A state whose lse is −inf is empty and its o is not read; both empty gives o = 0, lse = −inf; NaN propagates. Commutative and associative (up to rounding), so partial states of any key split merge in any order.";
     // --- functions -----------------------------------------------------------------------
@@ -370,7 +387,8 @@ impl OpKind {
 pub struct Op {
     /// Which op.
     pub kind: OpKind,
-    /// One value per attribute of the op's table row, in table order (defaults filled in).
+    /// One value per attribute of the op's table row, in table order (defaults filled in; an
+    /// optional attribute not given is [`Attr::Absent`]).
     pub attrs: Vec<Attr>,
 }
 
@@ -459,7 +477,7 @@ impl Op {
                 }
                 (v, _) => v,
             };
-            if !value.is_kind(spec.kind) {
+            if !spec.accepts(&value) {
                 return Err(AttrError::Kind { op: info.name, name: spec.name, expected: kind_text(spec.kind) });
             }
             if slots[i].is_some() {
@@ -497,7 +515,7 @@ impl Op {
             _ => None,
         }
     }
-    /// Float attribute.
+    /// Float attribute (`None` also for an optional float attribute that is absent).
     pub fn float(&self, name: &str) -> Option<f64> {
         match self.attr(name)? {
             Attr::Float(v) => Some(*v),
@@ -581,5 +599,28 @@ mod tests {
         let e = Op::new(OpKind::Gelu, vec![("form".into(), Attr::Str("fast".into()))]).unwrap_err();
         assert_eq!(e.to_string(), "attribute `form` of `gelu` must be one of \"erf\", \"tanh\"");
         assert_eq!(Op::new(OpKind::RmsNorm, vec![("eps".into(), Attr::Int(1))]).unwrap().float("eps"), Some(1.0));
+    }
+
+    /// An optional attribute (`paged_attention`'s `unified_max`) is absent unless given; only
+    /// an optional slot takes `Attr::Absent`.
+    #[test]
+    fn optional_attrs_are_absent_unless_given() {
+        let base = || vec![("scale".to_string(), Attr::Float(0.125)), ("heads".into(), Attr::Int(4)), ("kv_heads".into(), Attr::Int(2))];
+        let op = Op::new(OpKind::PagedAttention, base()).unwrap();
+        assert_eq!(op.attr("unified_max"), Some(&Attr::Absent));
+        assert_eq!(op.float("unified_max"), None);
+        let spec = &OpKind::PagedAttention.info().attrs[OpKind::PagedAttention.attr_index("unified_max").unwrap()];
+        assert_eq!(spec.default_value(), Some(Attr::Absent));
+        let mut given = base();
+        given.push(("unified_max".into(), Attr::Int(6)));
+        assert_eq!(Op::new(OpKind::PagedAttention, given).unwrap().float("unified_max"), Some(6.0));
+        let mut explicit = base();
+        explicit.push(("unified_max".into(), Attr::Absent));
+        assert_eq!(Op::new(OpKind::PagedAttention, explicit).unwrap(), op);
+        let mut wrong = base();
+        wrong.push(("unified_max".into(), Attr::Bool(true)));
+        assert_eq!(Op::new(OpKind::PagedAttention, wrong).unwrap_err().to_string(), "attribute `unified_max` of `paged_attention` must be a number");
+        let e = Op::new(OpKind::RmsNorm, vec![("eps".into(), Attr::Absent)]).unwrap_err();
+        assert_eq!(e.to_string(), "attribute `eps` of `rms_norm` must be a number");
     }
 }

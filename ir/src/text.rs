@@ -35,6 +35,9 @@ fn print_attr(out: &mut String, a: &Attr) {
         Attr::Dims(v) => write!(out, "[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
         Attr::Dim(d) => write!(out, "{d}"),
         Attr::DType(d) => write!(out, "{d}"),
+        // Only an optional attribute's slot holds it, and there it is the default, which is
+        // not printed; a node that carries it elsewhere does not verify.
+        Attr::Absent => write!(out, "absent"),
     }
     .expect("writing to a String cannot fail");
 }

@@ -64,7 +64,7 @@ pub(crate) fn check_op_form(op: &Op, n: usize) -> Result<(), String> {
         return Err(format!("`{}` has {} attributes, the node carries {}", info.name, info.attrs.len(), op.attrs.len()));
     }
     for (a, spec) in op.attrs.iter().zip(info.attrs) {
-        if !a.is_kind(spec.kind) {
+        if !spec.accepts(a) {
             return Err(format!("attribute `{}` must be {}", spec.name, kind_text(spec.kind)));
         }
     }

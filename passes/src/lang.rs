@@ -110,6 +110,7 @@ fn attr_key(a: &Attr) -> String {
         Attr::Dims(v) => format!("D[{}]", v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(";")),
         Attr::Dim(d) => format!("d{d}"),
         Attr::DType(d) => format!("t{d}"),
+        Attr::Absent => "-".into(),
     }
 }
 
@@ -124,6 +125,7 @@ pub fn attr_text(a: &Attr) -> String {
         Attr::Dims(v) => format!("[{}]", v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
         Attr::Dim(d) => d.to_string(),
         Attr::DType(d) => d.to_string(),
+        Attr::Absent => "absent".into(),
     }
 }
 

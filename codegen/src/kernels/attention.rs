@@ -47,7 +47,10 @@
 //! et al. 2023, arXiv 2309.06180). The length is read from `seq_lens` in device memory, so one
 //! compiled kernel (and one captured CUDA graph) serves every decode step; a length is clamped
 //! to `[0, M·S]` and a page number to `[0, P)`, so a corrupt table cannot fault (the
-//! interpreter reports those as errors).
+//! interpreter reports those as errors). The node's `unified_max` (FlashDecoding++'s
+//! unified-max softmax, an execution strategy) is taken by the split-KV kernel
+//! ([`super::decode`]); this one ignores it and computes the same result with its online
+//! softmax.
 //!
 //! # Bodies
 //! One `attention` / `paged_attention` node whose operands are kernel inputs, possibly through
@@ -931,6 +934,9 @@ pub(super) struct Paged {
     pub(super) table: (usize, Dim, Dim, Dim),
     /// Sequence lengths: buffer, offset, stride.
     pub(super) lens: (usize, Dim, Dim),
+    /// The node's `unified_max` φ as f32 (FlashDecoding++'s unified maximum; `None`: the
+    /// online softmax), see [`super::decode`].
+    pub(super) unified_max: Option<f32>,
 }
 
 impl Paged {
@@ -948,6 +954,10 @@ impl Paged {
         if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
             return Err(bad(&name, fam, format!("heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")));
         }
+        let unified_max = match op.float("unified_max") {
+            Some(phi) if !(phi as f32).is_finite() => return Err(bad(&name, fam, format!("attribute `unified_max` must be a finite f32 number, got {phi:?}"))),
+            phi => phi.map(|phi| phi as f32),
+        };
         let ty = |i: usize| body.ty(nd.inputs[i]);
         let (qt, pt, tbt, lnt) = (ty(0), ty(1), ty(3), ty(4));
         let dtype = qt.dtype;
@@ -990,6 +1000,7 @@ impl Paged {
             vp,
             table: (tv.param, tv.offset.clone(), tv.strides[0].clone(), tv.strides[1].clone()),
             lens: (lv.param, lv.offset.clone(), lv.strides[0].clone()),
+            unified_max,
         })
     }
 

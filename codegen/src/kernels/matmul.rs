@@ -4624,7 +4624,12 @@ pub(crate) mod tests {
 /// `shfl.sync.bfly`, `ex2.approx`) and bf16 conversions turned into calls of the functions
 /// below — and compiled with MCJIT. CTAs run one after another (the kernel's shared memory is
 /// one global); the threads of a CTA run as OS threads, with `std::sync::Barrier`s for the
-/// CTA barrier and for each warp (shuffles exchange values through per-warp slots). This
+/// CTA barrier and for each warp (shuffles exchange values through per-warp slots). A kernel
+/// with a thread-block cluster (`"nvvm.cluster_dim"`) runs a cluster at a time: the module is
+/// compiled once per CTA of the cluster, so each CTA has its own shared memory, all their
+/// threads run at once, `mapa.shared::cluster` maps an address into another CTA's copy,
+/// `barrier.cluster.wait` is a barrier of every thread of the cluster (an arrive is a no-op,
+/// which is stricter, never looser), and `%cluster_ctarank` is the CTA's rank. This
 /// checks the generators' index arithmetic, masking, tiling and synchronisation structure on
 /// edge cases; it does not check the NVPTX back end or ptxas (ptxas assembles every kernel
 /// in the other tests) nor the device's `ex2.approx` (the host's `exp2` stands in).
@@ -4664,12 +4669,24 @@ pub(crate) mod emu {
         warps: Vec<Warp>,
     }
 
+    /// The CTAs of a thread-block cluster running together.
+    struct Cluster {
+        /// Every thread of the cluster (`barrier.cluster.wait`, and between clusters).
+        barrier: Barrier,
+        /// Per rank: the address ranges `(start, bytes)` of that CTA's shared-memory globals,
+        /// in one order for every rank.
+        shared: Vec<Vec<(usize, usize)>>,
+    }
+
     struct ThreadCtx {
         tid: u32,
         ntid: u32,
         ctaid: [u32; 3],
         nctaid: [u32; 3],
         cta: Arc<Cta>,
+        /// The CTA's rank in its cluster.
+        rank: u32,
+        cluster: Arc<Cluster>,
     }
 
     /// One 16-byte `cp.async` copy: destination and source addresses and the bytes read.
@@ -4752,6 +4769,32 @@ pub(crate) mod emu {
         let any = warp.slots.iter().any(|s| s.load(Ordering::SeqCst) != 0);
         warp.barrier.wait();
         u8::from(any)
+    }
+    extern "C" fn emu_cluster_ctarank() -> i32 {
+        with(|c| c.rank as i32)
+    }
+    extern "C" fn emu_cluster_arrive() {}
+    extern "C" fn emu_cluster_wait() {
+        let cluster = with(|c| c.cluster.clone());
+        cluster.barrier.wait();
+    }
+    /// `mapa.shared::cluster`: `p` (in this CTA's shared memory) moved to CTA `rank`'s copy.
+    extern "C" fn emu_mapa(p: usize, rank: i32) -> usize {
+        with(|c| {
+            let own = &c.cluster.shared[c.rank as usize];
+            let i = own.iter().position(|&(start, bytes)| (start..start + bytes).contains(&p)).expect("mapa of an address outside shared memory");
+            c.cluster.shared[rank as usize][i].0 + (p - own[i].0)
+        })
+    }
+    /// `vote.sync.ballot.b32`: the `i1` arrives in bit 0 of a byte (the rest undefined).
+    extern "C" fn emu_vote_ballot(_: i32, p: u8) -> i32 {
+        let (cta, tid) = with(|c| (c.cta.clone(), c.tid));
+        let warp = &cta.warps[(tid / 32) as usize];
+        warp.slots[(tid % 32) as usize].store(u32::from(p & 1), Ordering::SeqCst);
+        warp.barrier.wait();
+        let bits = warp.slots.iter().enumerate().fold(0u32, |m, (l, s)| m | (s.load(Ordering::SeqCst) << l));
+        warp.barrier.wait();
+        bits as i32
     }
     extern "C" fn emu_ex2(x: f32) -> f32 {
         x.exp2()
@@ -4982,8 +5025,14 @@ pub(crate) mod emu {
             ("llvm.nvvm.cp.async.wait.group", "emu_cp_wait"),
             ("llvm.nvvm.ex2.approx.ftz.f32", "emu_ex2"),
             ("llvm.nvvm.vote.any.sync", "emu_vote_any"),
+            ("llvm.nvvm.vote.ballot.sync", "emu_vote_ballot"),
+            ("llvm.nvvm.read.ptx.sreg.cluster.ctarank", "emu_cluster_ctarank"),
+            ("llvm.nvvm.barrier.cluster.arrive.aligned", "emu_cluster_arrive"),
+            ("llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", "emu_cluster_arrive"),
+            ("llvm.nvvm.barrier.cluster.wait.aligned", "emu_cluster_wait"),
+            ("llvm.nvvm.mapa.shared.cluster", "emu_mapa"),
         ];
-        let mut text = ir.replace("ptx_kernel ", "").replace("addrspace(1)", "").replace("addrspace(3)", "").replace("addrspacecast", "bitcast");
+        let mut text = ir.replace("ptx_kernel ", "").replace("addrspace(1)", "").replace("addrspace(3)", "").replace("addrspace(7)", "").replace("addrspacecast", "bitcast");
         for (from, to) in renames {
             text = text.replace(&format!("@{from}("), &format!("@{to}("));
         }
@@ -5047,6 +5096,10 @@ pub(crate) mod emu {
         out.push_str("declare void @emu_ldmatrix(ptr, i32, i32)\ndeclare void @emu_mma(i32, i32, i32, i32, i32, i32, i32, float, float, float, float)\n");
         out.push_str("declare i32 @emu_frag_i(i32)\ndeclare float @emu_frag_f(i32)\n");
         out.push_str("define i32 @emu_id32(i32 %x) {\n  ret i32 %x\n}\ndefine i64 @emu_id64(i64 %x) {\n  ret i64 %x\n}\n");
+        // `emu_shared_<i>()`: the address of the kernel's i-th shared-memory global.
+        for (i, (name, _)) in shared_globals(ir).iter().enumerate() {
+            out.push_str(&format!("define ptr @emu_shared_{i}() {{\n  ret ptr @{name}\n}}\n"));
+        }
         out.push_str("define void @emu_entry(ptr %args) {\n");
         let mut call = Vec::new();
         for (i, p) in params.iter().enumerate() {
@@ -5061,6 +5114,26 @@ pub(crate) mod emu {
         out
     }
 
+    /// The kernel IR's shared-memory globals (`addrspace(3)`), with their sizes in bytes (0
+    /// for the dynamic `smem_dyn`), in order of definition.
+    fn shared_globals(ir: &str) -> Vec<(String, usize)> {
+        ir.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix('@')?.split_once(" = ")?;
+                let ty = rest.split_once("addrspace(3) global [")?.1;
+                let bytes = ty.split_once(" x i8]")?.0.trim().parse().ok()?;
+                Some((name.to_string(), bytes))
+            })
+            .collect()
+    }
+
+    /// The cluster shape of the kernel (`"nvvm.cluster_dim"="x,y,z"`), `[1, 1, 1]` without one.
+    fn cluster_dims(ir: &str) -> [u32; 3] {
+        let Some(rest) = ir.split_once("\"nvvm.cluster_dim\"=\"").map(|(_, r)| r) else { return [1, 1, 1] };
+        let dims: Vec<u32> = rest.split('"').next().unwrap_or("").split(',').map(|d| d.trim().parse().expect("a cluster dim")).collect();
+        [dims[0], dims[1], dims[2]]
+    }
+
     /// Runs `plan` (whose `ptx` holds the kernel's IR) on the host over `bufs` (every
     /// kernel buffer's bytes, inputs then outputs) with the symbols of `bindings`.
     pub(crate) fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
@@ -5069,12 +5142,111 @@ pub(crate) mod emu {
         if let Some(dir) = std::env::var_os("SINTER_EMU_DUMP") {
             let _ = std::fs::write(std::path::Path::new(&dir).join(format!("{}_{}.ll", plan.entry, ir.len())), &ir);
         }
+        let cdims = cluster_dims(&plan.ptx);
+        let nrank = (cdims[0] * cdims[1] * cdims[2]) as usize;
+        let globals = shared_globals(&plan.ptx);
         let ctx = Context::create();
-        let module = ctx
-            .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "emu"))
-            .unwrap_or_else(|e| panic!("{}: the host IR does not parse: {e}\n{ir}", plan.entry));
-        let ee = module.create_jit_execution_engine(OptimizationLevel::None).expect("MCJIT");
-        let fns: [(&str, usize); 26] = [
+        // One module per CTA of a cluster, so that each has its own shared memory.
+        let mut engines = Vec::with_capacity(nrank);
+        let mut dynamic: Vec<Vec<u8>> = Vec::with_capacity(nrank);
+        let mut shared = Vec::with_capacity(nrank);
+        let mut entries = Vec::with_capacity(nrank);
+        for _ in 0..nrank {
+            let module = ctx
+                .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "emu"))
+                .unwrap_or_else(|e| panic!("{}: the host IR does not parse: {e}\n{ir}", plan.entry));
+            let ee = module.create_jit_execution_engine(OptimizationLevel::None).expect("MCJIT");
+            map_functions(&module, &ee);
+            let mut dyn_bytes = vec![0u8; plan.shared_bytes as usize + 16];
+            let dyn_addr = (dyn_bytes.as_mut_ptr() as usize).div_ceil(16) * 16;
+            if let Some(g) = module.get_global("smem_dyn") {
+                ee.add_global_mapping(&g, dyn_addr);
+            }
+            let ranges: Vec<(usize, usize)> = globals
+                .iter()
+                .enumerate()
+                .map(|(i, (name, bytes))| {
+                    if name == "smem_dyn" {
+                        return (dyn_addr, plan.shared_bytes as usize);
+                    }
+                    // SAFETY: `emu_shared_<i>` has this signature (built by `host_ir`).
+                    let f = unsafe { ee.get_function::<unsafe extern "C" fn() -> usize>(&format!("emu_shared_{i}")) }.expect("emu_shared");
+                    (unsafe { f.call() }, *bytes)
+                })
+                .collect();
+            // SAFETY: `emu_entry` has this signature (built by `host_ir`).
+            let entry = unsafe { ee.get_function::<unsafe extern "C" fn(*const u64)>("emu_entry") }.expect("emu_entry");
+            entries.push(unsafe { entry.as_raw() });
+            shared.push(ranges);
+            dynamic.push(dyn_bytes);
+            engines.push((module, ee));
+        }
+        let args: Vec<u64> = plan
+            .params
+            .iter()
+            .map(|p| match p {
+                KernelParam::Buffer(i) => bufs[*i].as_mut_ptr() as u64,
+                KernelParam::Size(d) => d.eval(bindings).expect("a bound size") as u64,
+            })
+            .collect();
+        let grid: Vec<u32> = plan.grid.iter().map(|g| g.eval(bindings).expect("a bound grid")).collect();
+        assert!((0..3).all(|i| grid[i] % cdims[i] == 0), "{}: grid {grid:?} is not a whole number of clusters {cdims:?}", plan.entry);
+        let threads = plan.block[0];
+        let args_addr = args.as_ptr() as usize;
+        // One OS thread per kernel thread of a cluster, reused for every cluster in turn: a
+        // barrier of all its threads separates clusters (their shared memory is reused).
+        let cluster = Arc::new(Cluster { barrier: Barrier::new(threads as usize * nrank), shared });
+        let ctas: Vec<Arc<Cta>> = (0..nrank)
+            .map(|_| {
+                Arc::new(Cta {
+                    barrier: Barrier::new(threads as usize),
+                    warps: (0..threads.div_ceil(32))
+                        .map(|_| Warp {
+                            barrier: Barrier::new(32),
+                            slots: std::array::from_fn(|_| AtomicU32::new(0)),
+                            xchg: std::array::from_fn(|_| (0..32 * XCHG).map(|_| AtomicU32::new(0)).collect()),
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
+        let (nx, ny, nz) = (grid[0] / cdims[0], grid[1] / cdims[1], grid[2] / cdims[2]);
+        let clusters: Vec<[u32; 3]> = (0..nz).flat_map(|z| (0..ny).flat_map(move |y| (0..nx).map(move |x| [x, y, z]))).collect();
+        std::thread::scope(|s| {
+            for rank in 0..nrank as u32 {
+                let f = entries[rank as usize];
+                let local = [rank % cdims[0], (rank / cdims[0]) % cdims[1], rank / (cdims[0] * cdims[1])];
+                for tid in 0..threads {
+                    let cta = ctas[rank as usize].clone();
+                    let cluster = cluster.clone();
+                    let nctaid = [grid[0], grid[1], grid[2]];
+                    let clusters = &clusters;
+                    std::thread::Builder::new()
+                        .stack_size(8 << 20)
+                        .spawn_scoped(s, move || {
+                            for c in clusters {
+                                let ctaid = std::array::from_fn(|i| c[i] * cdims[i] + local[i]);
+                                CTX.with(|x| *x.borrow_mut() = Some(ThreadCtx { tid, ntid: threads, ctaid, nctaid, cta: cta.clone(), rank, cluster: cluster.clone() }));
+                                ASYNC.with(|a| *a.borrow_mut() = AsyncState::default());
+                                // SAFETY: the kernel reads the argument slots and the buffers
+                                // they point to, which outlive the scope; its own bounds checks
+                                // are what this tests.
+                                unsafe { f(args_addr as *const u64) };
+                                cluster.barrier.wait();
+                            }
+                            CTX.with(|x| *x.borrow_mut() = None);
+                        })
+                        .expect("a thread");
+                }
+            }
+        });
+        drop(engines);
+        drop(dynamic);
+    }
+
+    /// Maps the `emu_*` functions the host IR calls to their Rust definitions.
+    fn map_functions(module: &inkwell::module::Module<'_>, ee: &inkwell::execution_engine::ExecutionEngine<'_>) {
+        let fns: [(&str, usize); 31] = [
             ("emu_tid_x", emu_tid_x as *const () as usize),
             ("emu_ntid_x", emu_ntid_x as *const () as usize),
             ("emu_ctaid_x", emu_ctaid_x as *const () as usize),
@@ -5101,68 +5273,17 @@ pub(crate) mod emu {
             ("emu_frag_i", emu_frag_i as *const () as usize),
             ("emu_frag_f", emu_frag_f as *const () as usize),
             ("emu_vote_any", emu_vote_any as *const () as usize),
+            ("emu_vote_ballot", emu_vote_ballot as *const () as usize),
+            ("emu_cluster_ctarank", emu_cluster_ctarank as *const () as usize),
+            ("emu_cluster_arrive", emu_cluster_arrive as *const () as usize),
+            ("emu_cluster_wait", emu_cluster_wait as *const () as usize),
+            ("emu_mapa", emu_mapa as *const () as usize),
         ];
         for (name, addr) in fns {
             if let Some(f) = module.get_function(name) {
                 ee.add_global_mapping(&f, addr);
             }
         }
-        let mut dynamic = vec![0u8; plan.shared_bytes as usize + 16];
-        if let Some(g) = module.get_global("smem_dyn") {
-            let addr = (dynamic.as_mut_ptr() as usize).div_ceil(16) * 16;
-            ee.add_global_mapping(&g, addr);
-        }
-        // SAFETY: `emu_entry` has this signature (built just above).
-        let entry = unsafe { ee.get_function::<unsafe extern "C" fn(*const u64)>("emu_entry") }.expect("emu_entry");
-        let f = unsafe { entry.as_raw() };
-        let args: Vec<u64> = plan
-            .params
-            .iter()
-            .map(|p| match p {
-                KernelParam::Buffer(i) => bufs[*i].as_mut_ptr() as u64,
-                KernelParam::Size(d) => d.eval(bindings).expect("a bound size") as u64,
-            })
-            .collect();
-        let grid: Vec<u32> = plan.grid.iter().map(|g| g.eval(bindings).expect("a bound grid")).collect();
-        let threads = plan.block[0];
-        let args_addr = args.as_ptr() as usize;
-        // One OS thread per kernel thread, reused for every CTA in turn: a barrier of all
-        // threads separates CTAs (their shared memory is one global).
-        let cta = Arc::new(Cta {
-            barrier: Barrier::new(threads as usize),
-            warps: (0..threads.div_ceil(32))
-                .map(|_| Warp {
-                    barrier: Barrier::new(32),
-                    slots: std::array::from_fn(|_| AtomicU32::new(0)),
-                    xchg: std::array::from_fn(|_| (0..32 * XCHG).map(|_| AtomicU32::new(0)).collect()),
-                })
-                .collect(),
-        });
-        let (gx, gy, gz) = (grid[0], grid[1], grid[2]);
-        let ctas: Vec<[u32; 3]> = (0..gz).flat_map(|z| (0..gy).flat_map(move |y| (0..gx).map(move |x| [x, y, z]))).collect();
-        std::thread::scope(|s| {
-            for tid in 0..threads {
-                let cta = cta.clone();
-                let nctaid = [grid[0], grid[1], grid[2]];
-                let ctas = &ctas;
-                std::thread::Builder::new()
-                    .stack_size(8 << 20)
-                    .spawn_scoped(s, move || {
-                        for &ctaid in ctas {
-                            CTX.with(|c| *c.borrow_mut() = Some(ThreadCtx { tid, ntid: threads, ctaid, nctaid, cta: cta.clone() }));
-                            ASYNC.with(|a| *a.borrow_mut() = AsyncState::default());
-                            // SAFETY: the kernel reads the argument slots and the buffers they
-                            // point to, which outlive the scope; its own bounds checks are
-                            // what this tests.
-                            unsafe { f(args_addr as *const u64) };
-                            cta.barrier.wait();
-                        }
-                        CTX.with(|c| *c.borrow_mut() = None);
-                    })
-                    .expect("a thread");
-            }
-        });
-        drop(dynamic);
     }
 
     /// Bytes past each output's extent, filled with a canary and checked after the run.

@@ -563,6 +563,11 @@ fn paged_inputs(c: &Paged) -> (Vec<Tensor>, Vec<(Tensor, Tensor)>) {
 }
 
 fn paged_graph(c: &Paged, shapes: &[&[usize]]) -> Graph {
+    paged_graph_with(c, shapes, None)
+}
+
+/// [`paged_graph`], with `unified_max` given when `unified_max` is.
+fn paged_graph_with(c: &Paged, shapes: &[&[usize]], unified_max: Option<f64>) -> Graph {
     let params = [
         ("q", ty(c.dtype, shapes[0])),
         ("k_pages", ty(c.dtype, shapes[1])),
@@ -577,6 +582,7 @@ fn paged_graph(c: &Paged, shapes: &[&[usize]]) -> Graph {
             ("heads", Attr::Int(c.heads as i64)),
             ("kv_heads", Attr::Int(c.kv_heads as i64)),
         ];
+        let attrs = attrs.into_iter().chain(unified_max.map(|phi| ("unified_max", Attr::Float(phi)))).collect();
         Ok(vec![b.op1(OpKind::PagedAttention, p, attrs)?])
     })
 }
@@ -635,6 +641,25 @@ fn paged_attention_with_a_partly_filled_last_page() {
     let want = dense_for(&c, &inputs[0], 0, &dense[0].0, &dense[0].1);
     assert_eq!(out.data(), want.data());
     assert!(out.data().iter().all(|v| v.is_finite()));
+}
+
+/// `unified_max` is an execution strategy (FlashDecoding++'s unified-max softmax): the
+/// interpreter's result is bit-identical with it, for φ near the scores, far below and far
+/// above them.
+#[test]
+fn paged_attention_ignores_unified_max() {
+    let c = Paged { dtype: DType::BF16, heads: 4, kv_heads: 2, page_size: 4, lens: vec![6, 0, 11], t: 2, d: 8, causal: true, seed: 7 };
+    let (inputs, _) = paged_inputs(&c);
+    let shapes: Vec<&[usize]> = inputs.iter().map(Tensor::shape).collect();
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let plain = call_fn(&paged_graph(&c, &shapes), "main", &refs).remove(0);
+    for phi in [1.0, -1e4, 1e4] {
+        let g = paged_graph_with(&c, &shapes, Some(phi));
+        let text = crate::text::print(&g);
+        assert!(text.contains(&format!("unified_max={phi:?}")), "{text}");
+        let out = call_fn(&g, "main", &refs).remove(0);
+        assert!(out.data().iter().zip(plain.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "unified_max={phi} changed the result");
+    }
 }
 
 #[test]
