@@ -80,6 +80,8 @@ use std::sync::Arc;
 pub use sinter_dsl::graph;
 #[doc(hidden)]
 pub use sinter_dsl::__vocab;
+#[doc(hidden)]
+pub use sinter_dsl::__vocab_fp8;
 pub use sinter_ir as ir;
 pub use sinter_ir::interp::{InterpError, Tensor};
 pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};

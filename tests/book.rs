@@ -572,6 +572,33 @@ fn paged_attention_reads_through_the_block_table() -> Result<(), Box<dyn std::er
 }
 // ANCHOR_END: paged_agrees
 
+#[test]
+// ANCHOR: fp8_matmul
+fn an_fp8_matmul_is_written_with_its_scales() -> Result<(), Box<dyn std::error::Error>> {
+    // Activations quantized per tensor at run time, a weight stored in f8e4m3 as [N, K]; the
+    // scales are f32 scalars in device memory.
+    let g = graph! {
+        fn main(x: bf16[T, 4], sx: f32[], w8: f8e4m3[2, 4], sw: f32[]) -> (bf16[T, 2], f8e4m3[T, 4]) {
+            let x8 = x.quantize_fp8(sx);
+            let a = x8.dequantize_fp8(sx, bf16);
+            let w = w8.dequantize_fp8(sw, bf16);
+            (a.matmul(w, transpose_b = true), x8)
+        }
+    }?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let x = Tensor::new(DType::BF16, &[1, 4], vec![0.5, 1.0625, -3.0, 1000.0])?;
+    let w8 = Tensor::new(DType::F8E4M3, &[2, 4], vec![1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])?;
+    let (sx, sw) = (Tensor::scalar(DType::F32, 0.5), Tensor::scalar(DType::F32, 0.25));
+    let out = p.run(&[("x", &x), ("sx", &sx), ("w8", &w8), ("sw", &sw)], &[])?;
+    // x / 0.5 = [1, 2.125, -6, 2000]: 2.125 is halfway between 2 and 2.25 and goes to the
+    // even 2; 2000 is beyond the largest f8e4m3, 448, and saturates.
+    assert_eq!(out[1].data(), &[1.0, 2.0, -6.0, 448.0]);
+    // y = (x8 · 0.5) · (w8 · 0.25)ᵀ = [(1 + 2) · 0.125, 448 · 0.125].
+    assert_eq!(out[0].data(), &[0.375, 56.0]);
+    Ok(())
+}
+// ANCHOR_END: fp8_matmul
+
 // ---------------------------------------------------------------------------------------------
 // Chapter 7: a whole model.
 
@@ -975,6 +1002,18 @@ fn ch10_dsl_words_name_ops_of_the_table() {
         let row = OP_TABLE.iter().find(|r| format!("{:?}", r.kind) == *op).unwrap_or_else(|| panic!("DSL word `{word}` builds `{op}`, which is not in OP_TABLE"));
         let table: Vec<&str> = row.attrs.iter().map(|a| a.name).collect();
         assert_eq!(*attrs, &table[..], "DSL word `{word}`: attributes differ from the op table's `{}`", row.name);
+    }
+}
+
+/// The DSL refuses `f8e4m3` operands at expansion for exactly the ops the IR refuses them
+/// (`sinter_ir::infer::accepts_fp8`), so a misuse is a compile error where the macro knows the
+/// dtype and a build error, with the same rule, where it does not.
+#[test]
+fn ch10_dsl_fp8_words_agree_with_the_ir() {
+    let dsl: &[&str] = sinter::__vocab_fp8!();
+    for row in sinter::ir::OP_TABLE {
+        let variant = format!("{:?}", row.kind);
+        assert_eq!(dsl.contains(&variant.as_str()), sinter::ir::infer::accepts_fp8(row.kind), "`{}`: the DSL and the IR disagree on f8e4m3 operands", row.name);
     }
 }
 

@@ -134,7 +134,7 @@ pub struct KernelBuilder<'ctx> {
 }
 
 /// The LLVM storage type of a dtype: `bfloat`, `half`, `float`, `i32`, `i64`, `i8` (bool, and
-/// the bytes of the block-quantized types).
+/// the bytes of the block-quantized types and of `f8e4m3`, which no generator reads yet).
 pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
     match dtype {
         DType::BF16 => cx.bf16_type().into(),
@@ -142,7 +142,7 @@ pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx
         DType::F32 => cx.f32_type().into(),
         DType::I32 => cx.i32_type().into(),
         DType::I64 => cx.i64_type().into(),
-        DType::Bool | DType::Q8_0 | DType::Q4_1 => cx.i8_type().into(),
+        DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3 => cx.i8_type().into(),
     }
 }
 

@@ -160,6 +160,7 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
         kernel: kernel.to_string(),
         message: format!("the kernel graph has {} kernels", graph.kernels.len()),
     })?;
+    refuse_fp8(graph, kernel)?;
     let r = match data.family {
         Family::Pointwise => kernels::pointwise::generate(graph, kernel, target),
         Family::RowReduction => kernels::reduce::generate(graph, kernel, target),
@@ -178,6 +179,28 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
         CodegenError::BadKernel { kernel: k, message } if k.is_empty() => CodegenError::BadKernel { kernel: name, message },
         other => other,
     })
+}
+
+/// What the generators say of `f8e4m3` (issue #8): no kernel reads or writes it yet.
+pub(crate) fn fp8_message(what: &str) -> String {
+    format!("{what}: no generator reads or writes f8e4m3 yet (the FP8 matmul and attention kernels are to come; the interpreter runs fp8 graphs)")
+}
+
+/// Refuses a kernel that holds an `f8e4m3` value — a buffer it reads or writes, or a value its
+/// body computes (`dequantize_fp8(quantize_fp8(x))` has no fp8 buffer) — with
+/// [`CodegenError::Unsupported`] naming the dtype, the value and the kernel, before any
+/// generator sees it.
+fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
+    let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
+    let buffer = data.inputs.iter().chain(&data.outputs).find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| (b, d)));
+    let what = match buffer {
+        Some((b, d)) => format!("buffer {b} ({}{})", d.ty, d.name.as_deref().map(|n| format!(", `{n}`")).unwrap_or_default()),
+        None => match data.body.values.iter().find(|(_, v)| v.ty.dtype.is_fp8()) {
+            Some((v, d)) => format!("value {} ({})", data.body.label(v), d.ty),
+            None => return Ok(()),
+        },
+    };
+    Err(CodegenError::Unsupported { kernel: format!("{kernel} ({:?})", data.family), message: fp8_message(&format!("f8e4m3 {what}")) })
 }
 
 /// One schedule candidate of a kernel, compiled (autotuning: the runtime times the
@@ -204,6 +227,7 @@ fn candidates<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) ->
         kernel: kernel.to_string(),
         message: format!("the kernel graph has {} kernels", graph.kernels.len()),
     })?;
+    refuse_fp8(graph, kernel)?;
     let name = format!("{kernel} ({:?})", data.family);
     let named = |e: CodegenError| match e {
         CodegenError::Unsupported { kernel: k, message } if k.is_empty() => CodegenError::Unsupported { kernel: name.clone(), message },
@@ -485,6 +509,34 @@ mod tests {
         builder.build_return(None).unwrap(); // `ret void` in a function returning i32
         let err = compile_module_to_ptx(&module, &Target::SM_80).unwrap_err();
         assert!(matches!(err, CodegenError::InvalidModule { .. }), "{err}");
+    }
+
+    #[test]
+    fn kernels_holding_fp8_are_refused_naming_the_dtype() {
+        use crate::kernels::matmul::tests::{d, single_kernel, ty};
+        use sinter_ir::{Attr, DType, FunctionBuilder, Graph, OpKind};
+        let scale = || ty(DType::F32, &[]);
+        // An fp8 matmul: f8e4m3 input buffers.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_matmul");
+        let (a8, sa) = (fb.param("a8", ty(DType::F8E4M3, &[d(16), d(64)])), fb.param("sa", scale()));
+        let (b8, sb) = (fb.param("b8", ty(DType::F8E4M3, &[d(32), d(64)])), fb.param("sb", scale()));
+        let bf16 = || vec![("dtype", Attr::DType(DType::BF16))];
+        let a = fb.op1(OpKind::DequantizeFp8, &[a8, sa], bf16()).unwrap();
+        let b = fb.op1(OpKind::DequantizeFp8, &[b8, sb], bf16()).unwrap();
+        let y = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
+        let e = compile_kernel(&g, k, &Target::SM_90A).unwrap_err();
+        assert!(matches!(&e, CodegenError::Unsupported { .. }), "{e:?}");
+        assert_eq!(e.to_string(), "kernel k0 (Matmul): unsupported: f8e4m3 buffer b0 (f8e4m3[16, 64], `a8`): no generator reads or writes f8e4m3 yet (the FP8 matmul and attention kernels are to come; the interpreter runs fp8 graphs)");
+        assert!(matches!(schedule_variants(&g, k, &Target::SM_90A), Err(CodegenError::Unsupported { .. })));
+        // A fake-quantization round trip has no fp8 buffer, only an fp8 value in its body.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "fake_quant");
+        let (x, s) = (fb.param("x", ty(DType::F32, &[d(64)])), fb.param("s", scale()));
+        let q = fb.op1(OpKind::QuantizeFp8, &[x, s], vec![]).unwrap();
+        let y = fb.op1(OpKind::DequantizeFp8, &[q, s], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
+        let (g, k) = single_kernel(Family::Pointwise, fb.finish(&[y]).unwrap());
+        let e = compile_kernel(&g, k, &Target::SM_80).unwrap_err().to_string();
+        assert!(e.starts_with("kernel k0 (Pointwise): unsupported: f8e4m3 value %v2 (f8e4m3[64])"), "{e}");
     }
 
     #[test]

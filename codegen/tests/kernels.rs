@@ -1304,6 +1304,7 @@ fn encode(dt: DType, data: &[f64]) -> Vec<u8> {
             DType::I32 => out.extend((v as i32).to_le_bytes()),
             DType::I64 => out.extend((v as i64).to_le_bytes()),
             DType::Bool => out.push(u8::from(v != 0.0)),
+            DType::F8E4M3 => out.push(sinter_ir::dtype::f8e4m3_from_f64(v)),
             DType::Q8_0 | DType::Q4_1 => unreachable!("handled above"),
         }
     }
@@ -1322,6 +1323,7 @@ fn decode(dt: DType, bytes: &[u8], n: usize) -> Vec<f64> {
                 DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
                 DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
                 DType::Bool => f64::from(b[0]),
+                DType::F8E4M3 => sinter_ir::dtype::f8e4m3_to_f64(b[0]),
                 DType::Q8_0 | DType::Q4_1 => panic!("a block-quantized output"),
             }
         })

@@ -80,8 +80,37 @@ pub fn graph(input: TokenStream) -> TokenStream {
 // ------------------------------------------------------------------------------------------
 // Syntax
 
-const DTYPES: [(&str, &str); 8] =
-    [("bf16", "BF16"), ("f16", "F16"), ("f32", "F32"), ("i32", "I32"), ("i64", "I64"), ("bool", "Bool"), ("q8_0", "Q8_0"), ("q4_1", "Q4_1")];
+const DTYPES: [(&str, &str); 9] = [
+    ("bf16", "BF16"),
+    ("f16", "F16"),
+    ("f32", "F32"),
+    ("i32", "I32"),
+    ("i64", "I64"),
+    ("bool", "Bool"),
+    ("q8_0", "Q8_0"),
+    ("q4_1", "Q4_1"),
+    ("f8e4m3", "F8E4M3"),
+];
+
+/// The ops that accept `f8e4m3` operands (`sinter_ir::infer::accepts_fp8`, which the root
+/// crate's tests compare with this list through `__vocab_fp8!`): conversions, data movement and
+/// calls. Anything else on an `f8e4m3` operand is refused at expansion when the dtype is known.
+const FP8_OPS: [&str; 11] = ["Cast", "DequantizeFp8", "Transpose", "Permute", "Reshape", "Broadcast", "Concat", "Slice", "Gather", "Select", "Call"];
+
+/// Refuses `f8e4m3` operands of an op that does not compute on them (see [`FP8_OPS`]); `word`
+/// is how the user wrote the op (`@`, `exp`).
+fn refuse_fp8(op: &str, word: &str, span: Span, tys: &[&SType]) -> syn::Result<()> {
+    if FP8_OPS.contains(&op) {
+        return Ok(());
+    }
+    match tys.iter().enumerate().find(|(_, t)| t.dtype.as_deref() == Some("f8e4m3")) {
+        Some((i, t)) => err(
+            span,
+            format!("`{word}` does not compute on f8e4m3 (a storage type): operand {i} is {}; read it with `.dequantize_fp8(scale, bf16)` first", t.text()),
+        ),
+        None => Ok(()),
+    }
+}
 
 #[derive(Clone)]
 enum DimExpr {
@@ -294,7 +323,7 @@ fn parse_type(input: ParseStream) -> syn::Result<TypeSpec> {
         let dt: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a tensor type such as `bf16[T, 576]`"))?;
         let name = dt.to_string();
         if !DTYPES.iter().any(|(n, _)| *n == name) {
-            return err(dt.span(), format!("unknown dtype `{name}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1 (or a Rust expression in braces)"));
+            return err(dt.span(), format!("unknown dtype `{name}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1, f8e4m3 (or a Rust expression in braces)"));
         }
         (DTypeSpec::Lit(name), dt.span())
     };
@@ -897,7 +926,7 @@ fn attr_tokens(ts: &TokenStream2) -> syn::Result<TokenStream2> {
         // A Rust primitive type is never a value: it is a dtype the DSL does not have.
         const PRIMITIVES: [&str; 13] = ["f64", "f8", "i8", "i16", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize", "char"];
         if PRIMITIVES.iter().any(|p| i == p) {
-            return err(i.span(), format!("unknown dtype `{i}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1 (or a Rust expression in braces)"));
+            return err(i.span(), format!("unknown dtype `{i}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1, f8e4m3 (or a Rust expression in braces)"));
         }
     }
     if let [TokenTree::Group(g)] = v.as_slice() {
@@ -936,6 +965,7 @@ fn compile_expr(cx: &mut Cx, e: &Expr) -> syn::Result<Compiled> {
         }
         Expr::Neg { span, e } => {
             let c = compile_single(cx, e)?;
+            refuse_fp8("Neg", "-", *span, &[&c.ty])?;
             let code = c.code;
             let t = cx.fresh();
             let __at = relocate(*span);
@@ -1067,6 +1097,7 @@ fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs: &Expr) ->
     if deferred(rhs) {
         rty = SType { dtype: lty.dtype.clone(), dims: Some(vec![]) };
     }
+    refuse_fp8(op.op_kind(), tokens_of_op(op), span, &[&lty, &rty])?;
     let ty = if op == BinOp::Matmul { matmul_type(span, &lty, &rty, false, false)? } else {
         let mut t = check_broadcast(span, &lty, &rty, tokens_of_op(op))?;
         if op.is_compare() {
@@ -1399,7 +1430,33 @@ fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args: &[Arg], fi
         }
         Ok(())
     };
+    refuse_fp8(spec.op, spec.name, span, &ops.iter().map(|c| &c.ty).collect::<Vec<_>>())?;
+    // The per-tensor scale of the fp8 conversions: one f32, a scalar.
+    let check_scale = || -> syn::Result<()> {
+        let sc = ops.get(1).map(|c| c.ty.clone()).unwrap_or_default();
+        let not_f32 = sc.dtype.as_deref().is_some_and(|d| d != "f32");
+        let not_scalar = sc.dims.as_ref().is_some_and(|d| !d.is_empty());
+        if not_f32 || not_scalar {
+            return err(span, format!("the scale of `{}` is one f32 per tensor, a scalar f32[]: got {}", spec.name, sc.text()));
+        }
+        Ok(())
+    };
     Ok(match spec.kind {
+        vocab::Kind::Other if spec.op == "QuantizeFp8" => {
+            if let Some(d) = x.dtype.as_deref().filter(|d| !matches!(*d, "bf16" | "f16" | "f32")) {
+                return err(span, format!("`quantize_fp8` quantizes a float tensor (bf16, f16, f32), got {d} ({})", x.text()));
+            }
+            check_scale()?;
+            SType { dtype: Some("f8e4m3".into()), dims: x.dims }
+        }
+        vocab::Kind::Cast if spec.op == "DequantizeFp8" => {
+            if let Some(d) = x.dtype.as_deref().filter(|d| *d != "f8e4m3") {
+                return err(span, format!("`dequantize_fp8` reads an f8e4m3 tensor, got {d} ({})", x.text()));
+            }
+            check_scale()?;
+            let dt = attr_arg(spec, args, first_attr, "dtype").map(|t| t.to_string()).filter(|t| DTYPES.iter().any(|(n, _)| n == t));
+            SType { dtype: dt, dims: x.dims }
+        }
         vocab::Kind::Unary => {
             if let Some(d) = &x.dtype {
                 if spec.float_only && !matches!(d.as_str(), "bf16" | "f16" | "f32") {
@@ -1701,4 +1758,13 @@ pub fn __vocab(_input: TokenStream) -> TokenStream {
         quote!((#n, #op, &[#(#attrs),*] as &[&str]))
     });
     quote!(&[#(#rows),*] as &[(&str, &str, &[&str])]).into()
+}
+
+/// The ops whose `f8e4m3` operands the macro lets through ([`FP8_OPS`]), for the root crate's
+/// consistency test against `sinter_ir::infer::accepts_fp8`: expands to `&[op_variant]`.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __vocab_fp8(_input: TokenStream) -> TokenStream {
+    let ops = FP8_OPS.iter();
+    quote!(&[#(#ops),*] as &[&str]).into()
 }

@@ -62,6 +62,8 @@ pub static METHODS: &[MethodSpec] = &[
     MethodSpec { attrs: &["form"], ..f("gelu", "Gelu") },
     m("cast", "Cast", Kind::Cast, (1, 1), &["dtype"], &["dtype"]),
     m("dequantize", "Dequantize", Kind::Cast, (1, 1), &["dtype"], &["dtype"]),
+    m("quantize_fp8", "QuantizeFp8", Kind::Other, (2, 2), &[], &[]),
+    m("dequantize_fp8", "DequantizeFp8", Kind::Cast, (2, 2), &["dtype"], &["dtype"]),
     m("add", "Add", Kind::Binary, (2, 2), &[], &[]),
     m("sub", "Sub", Kind::Binary, (2, 2), &[], &[]),
     m("mul", "Mul", Kind::Binary, (2, 2), &[], &[]),

@@ -206,6 +206,94 @@ pub fn check_quantized(op: &Op, inputs: &[&TensorType], results: &[TensorType]) 
     Ok(())
 }
 
+/// `quantize_fp8(x, scale)`: a float `x` (bf16, f16, f32) and a per-tensor scale, an `f32`
+/// scalar; the result is `f8e4m3` of x's shape.
+pub fn quantize_fp8(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let (x, s) = (c.input(0)?, c.input(1)?);
+    if !x.dtype.is_float() {
+        return err(format!("`quantize_fp8` quantizes a float tensor (bf16, f16, f32): operand 0 (`x`) is {x}"));
+    }
+    want_fp8_scale(s, "quantize_fp8")?;
+    Ok(vec![TensorType { dtype: DType::F8E4M3, shape: x.shape.clone() }])
+}
+
+/// `dequantize_fp8(x, scale) {dtype}`: an `f8e4m3` `x`, a per-tensor scale (an `f32` scalar)
+/// and a float result dtype; the result has x's shape.
+pub fn dequantize_fp8(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let (x, s) = (c.input(0)?, c.input(1)?);
+    let to = c.dtype("dtype")?;
+    if x.dtype != DType::F8E4M3 {
+        return err(format!("`dequantize_fp8` reads an f8e4m3 tensor: operand 0 (`x`) is {x}"));
+    }
+    want_fp8_scale(s, "dequantize_fp8")?;
+    if !to.is_float() {
+        return err(format!("`dequantize_fp8` gives a float dtype (bf16, f16, f32), not {to}"));
+    }
+    Ok(vec![TensorType { dtype: to, shape: x.shape.clone() }])
+}
+
+/// The scale of `quantize_fp8`/`dequantize_fp8`: one `f32` per tensor, a rank-0 tensor (so it
+/// lives in device memory and can change without recompiling, as a per-tensor scale of
+/// Transformer Engine or `torch._scaled_mm` does).
+fn want_fp8_scale(s: &TensorType, op: &str) -> Result<(), ShapeError> {
+    if s.dtype != DType::F32 || !s.shape.is_empty() {
+        return err(format!("the scale of `{op}` is one f32 per tensor, a scalar f32[]: operand 1 (`scale`) is {s}"));
+    }
+    Ok(())
+}
+
+/// Whether op `kind` accepts `f8e4m3` operands. `f8e4m3` is a storage type: it is read by the
+/// conversions (`cast`, `dequantize_fp8`), moved by the layout ops (`transpose`, `permute`,
+/// `reshape`, `broadcast`, `concat`, `slice`, `gather`'s table, `select`'s branches) and passed
+/// through `call`; arithmetic, comparisons, reductions, `matmul`, attention and the norms do
+/// not compute on it (they read `dequantize_fp8`'s result, which a fused kernel recomputes from
+/// the fp8 bytes: `matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))` is the fp8 matmul).
+pub fn accepts_fp8(kind: crate::ops::OpKind) -> bool {
+    use crate::ops::OpKind::*;
+    matches!(kind, Cast | DequantizeFp8 | Transpose | Permute | Reshape | Broadcast | Concat | Slice | Gather | Select | Call)
+}
+
+/// Whether op `kind` may produce an `f8e4m3` result: the ops of [`accepts_fp8`] (whose results
+/// carry their operands' dtype), `quantize_fp8`, and `constant` (a value rounded to it).
+pub fn produces_fp8(kind: crate::ops::OpKind) -> bool {
+    use crate::ops::OpKind::*;
+    (accepts_fp8(kind) && kind != DequantizeFp8) || matches!(kind, QuantizeFp8 | Constant)
+}
+
+/// The message for operand `i` of type `ty` (printed) of op `kind` being `f8e4m3` where
+/// [`accepts_fp8`] says no: it names the operand and says how to read the value.
+pub fn fp8_operand_message(kind: crate::ops::OpKind, i: usize, ty: &str) -> String {
+    use crate::ops::OpKind::*;
+    let name = kind.name();
+    let operand = kind.info().operands.get(i).or(kind.info().operands.last()).map(|s| s.trim_end_matches(['?', '*'])).unwrap_or("operand");
+    let hint = match kind {
+        Matmul => "; an fp8 matmul is `matmul(dequantize_fp8(a8, sa) {dtype=bf16}, dequantize_fp8(b8, sb) {dtype=bf16})`, which the compiler keeps one kernel reading the fp8 bytes",
+        _ => "",
+    };
+    format!("`{name}` does not compute on f8e4m3 (a storage type): operand {i} (`{operand}`) is {ty}; read it with `dequantize_fp8(%x, %scale) {{dtype=bf16}}` (or `cast`) first{hint}")
+}
+
+/// Checks where `f8e4m3` may appear ([`accepts_fp8`], [`produces_fp8`]).
+///
+/// # Errors
+/// A message naming the op and the operand or result of dtype `f8e4m3`.
+pub fn check_fp8(op: &Op, inputs: &[&TensorType], results: &[TensorType]) -> Result<(), ShapeError> {
+    if !accepts_fp8(op.kind) {
+        if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype.is_fp8()) {
+            return err(fp8_operand_message(op.kind, i, &t.to_string()));
+        }
+    }
+    if !produces_fp8(op.kind) {
+        if let Some((i, t)) = results.iter().enumerate().find(|(_, t)| t.dtype.is_fp8()) {
+            return err(format!(
+                "`{}` cannot produce f8e4m3: result {i} would be {t}; f8e4m3 values come from `quantize_fp8`, `cast` and parameters",
+                op.kind.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a block-quantized tensor type: rank ≥ 1 and a last axis that is provably a whole
 /// number of blocks of 32 (a constant multiple of 32, or a symbolic dim with a factor 32).
 ///

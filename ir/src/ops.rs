@@ -258,9 +258,13 @@ op_table! {
     Sin => "sin", Unary, ["x"], [], infer::unary_float, "Sine (radians), element-wise.";
     Cos => "cos", Unary, ["x"], [], infer::unary_float, "Cosine (radians), element-wise.";
     Cast => "cast", Unary, ["x"], [a("dtype", K::DType, D::Required)], infer::cast,
-        "Converts to `dtype`: float→float rounds to nearest even; float→int truncates toward zero and saturates (NaN→0); →bool is x≠0.";
+        "Converts to `dtype`: float→float rounds to nearest even; float→int truncates toward zero and saturates (NaN→0); →bool is x≠0. →`f8e4m3` rounds to nearest even and saturates (PTX `cvt.rn.satfinite.e4m3x2.f32`): finite values beyond ±448 and ±inf give ±448, NaN stays NaN; `f8e4m3`→ a float dtype is exact.";
     Dequantize => "dequantize", Unary, ["x"], [a("dtype", K::DType, D::Required)], infer::dequantize,
         "Block-quantized `q8_0`/`q4_1` (GGUF blocks of 32 along the last axis) → float `dtype` (bf16, f16, f32), element-wise: q·d (`q8_0`) or nibble·d + m (`q4_1`), exact, rounded once to `dtype` (llama.cpp's `dequantize_row_q8_0`/`_q4_1`). The only op that reads a quantized tensor.";
+    QuantizeFp8 => "quantize_fp8", Binary, ["x", "scale"], [], infer::quantize_fp8,
+        "Per-tensor FP8 quantization (OCP OFP8 E4M3, Micikevicius et al. 2022, arXiv 2209.05433): float `x` (bf16, f16, f32) → `f8e4m3`, element-wise x/scale, the quotient computed in f32 (IEEE division, one rounding) and converted as PTX's `cvt.rn.satfinite.e4m3x2.f32` does: round to nearest even, finite values beyond ±448 and ±inf saturate to ±448, NaN stays NaN, subnormals (down to 2⁻⁹) kept. `scale` is the per-tensor *dequantisation* scale (x ≈ scale·quantize_fp8(x, scale); the scale_a/scale_b of `torch._scaled_mm`, Transformer Engine's scale_inv, typically amax(x)/448), one f32 in device memory: a scalar tensor f32[].";
+    DequantizeFp8 => "dequantize_fp8", Binary, ["x", "scale"], [a("dtype", K::DType, D::Required)], infer::dequantize_fp8,
+        "Per-tensor FP8 dequantization: `f8e4m3` `x` → float `dtype` (bf16, f16, f32), element-wise x·scale computed in f32 (the fp8 value is exact in f32: one rounding) and rounded to `dtype`; `scale` an f32 scalar tensor f32[] (as in `quantize_fp8`). With `cast`, the only op that reads f8e4m3 as numbers: `matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))` is the fp8 matmul, `attention` of dequantised q, k, v the fp8 attention; the compiler keeps each one kernel reading the fp8 bytes and the scales.";
     // --- binary element-wise with NumPy broadcasting --------------------------------------
     Add => "add", Binary, ["a", "b"], [], infer::binary, "a + b with NumPy broadcasting; operands share a dtype.";
     Sub => "sub", Binary, ["a", "b"], [], infer::binary, "a − b with broadcasting.";

@@ -482,7 +482,7 @@ impl Parser {
             Tok::Ident(s) => DType::from_name(s),
             _ => None,
         }
-        .ok_or_else(|| self.error("a dtype (bf16, f16, f32, i32, i64, bool)"))?;
+        .ok_or_else(|| self.error(format!("a dtype ({})", DType::ALL.map(DType::name).join(", "))))?;
         self.bump();
         self.expect("[")?;
         let mut shape = Vec::new();

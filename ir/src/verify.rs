@@ -75,8 +75,10 @@ pub(crate) fn check_op_form(op: &Op, n: usize) -> Result<(), String> {
 pub(crate) fn infer_op(op: &Op, inputs: Vec<&TensorType>, callee: Option<&Signature>) -> Result<Vec<TensorType>, String> {
     check_op_form(op, inputs.len())?;
     crate::infer::check_quantized(op, &inputs, &[]).map_err(|e| e.0)?;
+    crate::infer::check_fp8(op, &inputs, &[]).map_err(|e| e.0)?;
     let results = (op.kind.info().infer)(&InferCtx { op, inputs: inputs.clone(), callee }).map_err(|e| e.0)?;
     crate::infer::check_quantized(op, &[], &results).map_err(|e| e.0)?;
+    crate::infer::check_fp8(op, &[], &results).map_err(|e| e.0)?;
     Ok(results)
 }
 

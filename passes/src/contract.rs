@@ -7,12 +7,17 @@
 //! under [`crate::PassOptions::codegen_contract`]: a kernel outside them is split
 //! ([`crate::partition::dissolve`]) and the graph rebuilt.
 //!
+//! `f8e4m3` (issue #8): the FP8 matmul and attention bodies below are the shapes the FP8
+//! kernels will take, so the partitioner forms them now; until those kernels land, the code
+//! generator refuses every kernel holding an `f8e4m3` value with `Unsupported` (naming the
+//! dtype), and fp8 graphs run on the interpreter only.
+//!
 //! | family | body |
 //! |---|---|
 //! | Pointwise, Layout, Gather | element-wise ops, sources and views (no matmul, attention, `kv_append`, row reductions); every output of one shape, or of one shape once trailing `reshape`s are peeled |
 //! | RowReduction | row nodes (`reduce_*`, `softmax`, `log_softmax`, `rms_norm`, `layer_norm`) over the last axis of operands of one shape `[L…, N]`, element-wise prologue and epilogue; every output (trailing reshapes peeled) `[L…, N]`, `[L…, 1]` or `[L…]` |
-//! | Matmul | exactly one `matmul` of two float operands of one dtype that are kernel inputs through `reshape`s and `slice`s ([`sinter_ir::epilogue::viewed_param`]), or a B operand that is `dequantize` of a `q8_0`/`q4_1` kernel input `[N, K]` read with `transpose_b` at a constant M ≤ 16 ([`quantized_b`]); an epilogue that [`sinter_ir::epilogue::analyse`] accepts — element-wise at the same element, column segments through element-wise ops, reshapes, `rope` and a `kv_append` whose pages are kernel inputs (the QKV projection writing K and V into the cache), or paired segments (SwiGLU over gate/up) |
-//! | Attention, PagedAttention | exactly one `attention` / `paged_attention` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose result, through `reshape`s, is the one output (with `lse=true`: O and, unless unused, the lse result, through `reshape`s, are the outputs) |
+//! | Matmul | exactly one `matmul` of two float operands of one dtype that are kernel inputs through `reshape`s and `slice`s ([`sinter_ir::epilogue::viewed_param`]), or a B operand that is `dequantize` of a `q8_0`/`q4_1` kernel input `[N, K]` read with `transpose_b` at a constant M ≤ 16 ([`quantized_b`]), or both operands `dequantize_fp8` of `f8e4m3` kernel inputs, B `[N, K]` read with `transpose_b` ([`fp8_matmul`]); an epilogue that [`sinter_ir::epilogue::analyse`] accepts — element-wise at the same element, column segments through element-wise ops, reshapes, `rope` and a `kv_append` whose pages are kernel inputs (the QKV projection writing K and V into the cache), or paired segments (SwiGLU over gate/up) |
+//! | Attention, PagedAttention | exactly one `attention` / `paged_attention` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s — or, for `attention`, q, k, v all `dequantize_fp8` of `f8e4m3` kernel inputs ([`fp8_attention`]) — and whose result, through `reshape`s, is the one output (with `lse=true`: O and, unless unused, the lse result, through `reshape`s, are the outputs) |
 //! | AttentionMerge | exactly one `attention_merge` node (and views) whose operands are kernel inputs through `reshape`s and `slice`s and whose o result and, unless unused, lse result are the outputs through `reshape`s |
 //! | KvAppend | one `kv_append` whose page operands are kernel inputs and whose two results are exactly the outputs; element-wise ops and views on the other operands |
 
@@ -74,6 +79,71 @@ pub fn quantized_b(f: &Function, mm: sinter_ir::Node) -> bool {
         && f.ty(w).rank() == 2
         && out.len() >= 2
         && out[out.len() - 2].as_const().is_some_and(|m| (1..=QUANTIZED_MAX_M).contains(&m))
+}
+
+/// Whether `v` of `f` is `dequantize_fp8(x8, scale)` whose `x8` and `scale` a kernel reads
+/// from buffers (`buffer` says which values are; a `constant` scale is recomputed in the
+/// body): the operand an fp8 kernel reads as stored bytes and one f32, dequantising in
+/// registers ([`fp8_matmul`], [`fp8_attention`]).
+pub fn fp8_view_with(f: &Function, v: Value, buffer: &dyn Fn(Value) -> bool) -> bool {
+    let ValueDef::Result(n, _) = f.values[v].def else { return false };
+    let nd = &f.nodes[n];
+    if nd.op.kind != OpKind::DequantizeFp8 || nd.inputs.len() != 2 {
+        return false;
+    }
+    let constant = |x: Value| matches!(f.values[x].def, ValueDef::Result(c, _) if f.nodes[c].op.kind == OpKind::Constant);
+    buffer(nd.inputs[0]) && (buffer(nd.inputs[1]) || constant(nd.inputs[1]))
+}
+
+/// Whether matmul node `mm` of `f` is an FP8 matmul (issue #8): both operands are
+/// `dequantize_fp8` of `f8e4m3` tensors read from buffers ([`fp8_view_with`]), A `[…, M, K]`
+/// as stored and B a rank-2 `[N, K]` read with `transpose_b`: both K-major, as FP8 tensor cores
+/// (`mma` e4m3 from sm_89, `wgmma` on sm_90a) and `torch._scaled_mm` take them. Such a matmul
+/// is one kernel reading the fp8 bytes and the two scales; elsewhere (a bf16 operand, another
+/// layout) the dequantised operands are written to buffers and the ordinary GEMM reads them.
+/// Only `dequantize_fp8` the user wrote is fused: the passes never introduce fp8.
+pub fn fp8_matmul_with(f: &Function, mm: sinter_ir::Node, buffer: &dyn Fn(Value) -> bool) -> bool {
+    let nd = &f.nodes[mm];
+    if nd.op.kind != OpKind::Matmul || nd.inputs.len() != 2 || nd.op.bool("transpose_b") != Some(true) || nd.op.bool("transpose_a") == Some(true) {
+        return false;
+    }
+    nd.inputs.iter().all(|&v| fp8_view_with(f, v, buffer)) && f.ty(nd.inputs[1]).rank() == 2
+}
+
+/// Whether attention node `n` of `f` is an FP8 attention: q, k and v are all `dequantize_fp8`
+/// of `f8e4m3` tensors read from buffers ([`fp8_view_with`]; FlashAttention-3's FP8 forward
+/// with per-tensor descaling), a mask, if any, a kernel input through views.
+pub fn fp8_attention_with(f: &Function, n: sinter_ir::Node, buffer: &dyn Fn(Value) -> bool) -> bool {
+    let nd = &f.nodes[n];
+    nd.op.kind == OpKind::Attention
+        && nd.inputs.len() >= 3
+        && nd.inputs[..3].iter().all(|&v| fp8_view_with(f, v, buffer))
+        && nd.inputs.get(3).is_none_or(|&m| viewed_param(f, m).is_some())
+}
+
+/// Whether `v` of kernel body `f` is a kernel input (a parameter).
+fn param(f: &Function) -> impl Fn(Value) -> bool + '_ {
+    move |v| matches!(f.values[v].def, ValueDef::Param(_))
+}
+
+/// [`fp8_matmul_with`] in a kernel body: the fp8 tensors and scales are kernel inputs.
+pub fn fp8_matmul(f: &Function, mm: sinter_ir::Node) -> bool {
+    fp8_matmul_with(f, mm, &param(f))
+}
+
+/// [`fp8_attention_with`] in a kernel body: the fp8 tensors and scales are kernel inputs.
+pub fn fp8_attention(f: &Function, n: sinter_ir::Node) -> bool {
+    fp8_attention_with(f, n, &param(f))
+}
+
+/// Whether operand `i` of node `n` of `f` is read as fp8 bytes by its kernel (an operand of an
+/// FP8 matmul or attention, `buffer` as in [`fp8_view_with`]).
+pub fn reads_fp8_with(f: &Function, n: sinter_ir::Node, i: usize, buffer: &dyn Fn(Value) -> bool) -> bool {
+    match f.nodes[n].op.kind {
+        OpKind::Matmul => i < 2 && fp8_matmul_with(f, n, buffer),
+        OpKind::Attention => i < 3 && fp8_attention_with(f, n, buffer),
+        _ => false,
+    }
 }
 
 /// Follows `v` back through `reshape` nodes of `body` (as the generators peel trailing
@@ -169,7 +239,7 @@ pub fn check(kd: &KernelData) -> Result<(), String> {
                 return Err("more than one matmul".into());
             }
             let (mm, _) = body.nodes.iter().find(|(_, nd)| nd.op.kind == OpKind::Matmul).ok_or("no matmul")?;
-            let operand_ok = |i: usize, v: Value| viewed_param(body, v).is_some() || (i == 1 && quantized_b(body, mm));
+            let operand_ok = |i: usize, v: Value| viewed_param(body, v).is_some() || (i == 1 && quantized_b(body, mm)) || fp8_matmul(body, mm);
             if mnd.inputs.len() != 2 || mnd.results.len() != 1 || !mnd.inputs.iter().enumerate().all(|(i, &v)| operand_ok(i, v)) {
                 return Err("the matmul's operands must be kernel inputs (possibly through reshapes and slices)".into());
             }
@@ -196,10 +266,13 @@ pub fn check(kd: &KernelData) -> Result<(), String> {
                 Family::PagedAttention => OpKind::PagedAttention,
                 _ => OpKind::AttentionMerge,
             };
-            let mut main = body.nodes.values().filter(|nd| !matches!(nd.op.kind, OpKind::Reshape | OpKind::Slice));
+            // Views, and the `dequantize_fp8` (with a constant scale) of an fp8 attention.
+            let fp8 = body.nodes.iter().find(|(_, nd)| nd.op.kind == want).is_some_and(|(n, _)| fp8_attention(body, n));
+            let aside = |k: OpKind| matches!(k, OpKind::Reshape | OpKind::Slice) || (fp8 && matches!(k, OpKind::DequantizeFp8 | OpKind::Constant));
+            let mut main = body.nodes.values().filter(|nd| !aside(nd.op.kind));
             match (main.next(), main.next()) {
                 (Some(nd), None) if nd.op.kind == want => {
-                    if !nd.inputs.iter().all(|&v| viewed_param(body, v).is_some()) {
+                    if !nd.inputs.iter().enumerate().all(|(i, &v)| viewed_param(body, v).is_some() || (fp8 && i < 3)) {
                         return Err("operands must be kernel inputs (possibly through reshapes and slices)".into());
                     }
                     // O is an output; every output is a result of the node (the lse may be unused).

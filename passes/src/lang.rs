@@ -281,7 +281,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType], callees: &BTreeMap<String, Signatu
     } else {
         None
     };
-    (op.kind.info().infer)(&InferCtx { op, inputs: inputs.to_vec(), callee }).map_err(|e| e.0)
+    // Where f8e4m3 may appear is part of the rule: no rewrite builds arithmetic on it.
+    sinter_ir::infer::check_fp8(op, inputs, &[]).map_err(|e| e.0)?;
+    let out = (op.kind.info().infer)(&InferCtx { op, inputs: inputs.to_vec(), callee }).map_err(|e| e.0)?;
+    sinter_ir::infer::check_fp8(op, &[], &out).map_err(|e| e.0)?;
+    Ok(out)
 }
 
 impl Analysis<Sir> for SirAnalysis {
@@ -465,10 +469,14 @@ pub fn is_scalarlike(t: &TensorType) -> bool {
     t.shape.iter().all(Dim::is_one)
 }
 
-/// True for the float dtypes whose values an f32 holds exactly.
+/// True when every value of `from` is a value of `to` (bf16/f16 → f32, f8e4m3 → bf16/f16/f32,
+/// i32 → i64, bool → anything).
 pub fn widens_exactly(from: DType, to: DType) -> bool {
     from == to
-        || matches!((from, to), (DType::BF16, DType::F32) | (DType::F16, DType::F32) | (DType::I32, DType::I64) | (DType::Bool, _))
+        || matches!(
+            (from, to),
+            (DType::BF16, DType::F32) | (DType::F16, DType::F32) | (DType::F8E4M3, DType::BF16 | DType::F16 | DType::F32) | (DType::I32, DType::I64) | (DType::Bool, _)
+        )
 }
 
 #[cfg(test)]

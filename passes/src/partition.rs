@@ -57,7 +57,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 
-use crate::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b};
+use crate::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
 use crate::cost::{is_contiguous_slice, CostConfig};
 
 /// What a node is to the partitioner.
@@ -79,8 +79,9 @@ pub fn role(f: &Function, n: Node) -> Role {
     use OpKind::*;
     match nd.op.kind {
         // A dequantised weight is recomputed by the kernels that read it: the element
-        // evaluator from the blocks, a matmul as its B operand (`contract::quantized_b`).
-        Reshape | Dequantize => Role::View,
+        // evaluator from the blocks, a matmul as its B operand (`contract::quantized_b`);
+        // likewise an fp8 tensor's dequantisation (`contract::fp8_matmul`, `fp8_attention`).
+        Reshape | Dequantize | DequantizeFp8 => Role::View,
         Slice => match nd.inputs.first() {
             Some(&x) if is_contiguous_slice(&nd.op, f.ty(x)) => Role::View,
             _ => Role::Anchor(Family::Layout),
@@ -654,9 +655,12 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
     for g in p.live().collect::<Vec<_>>() {
         for &m in &p.groups[g].nodes {
             let nd = &f.nodes[m];
+            // Values a kernel reads from a buffer: parameters, and values of other kernels.
+            let buffer = |x: Value| !uses.producer.contains_key(&x) || p.source(uses, x).is_some_and(|h| h != g);
             for (i, &v) in nd.inputs.iter().enumerate() {
-                // A matmul reads a dequantised weight as stored blocks where it can.
-                let blocks = i == 1 && uses.contract && quantized_b(f, m);
+                // A matmul reads a dequantised weight as stored blocks where it can, an fp8
+                // matmul or attention its fp8 operands as stored bytes.
+                let blocks = uses.contract && ((i == 1 && quantized_b(f, m)) || reads_fp8_with(f, m, i, &buffer));
                 if is_strict_operand(nd.op.kind, i) && !blocks && !need.contains(&v) {
                     need.push(v);
                 }

@@ -2,7 +2,9 @@
 //!
 //! Device layout of each dtype (little-endian): `bf16` and `f16` as their 16-bit IEEE/bfloat
 //! patterns (through the `half` crate), `f32` as IEEE binary32, `i32`/`i64` as two's complement,
-//! `bool` as one byte (`0` false, `1` true; any non-zero byte reads back as true).
+//! `bool` as one byte (`0` false, `1` true; any non-zero byte reads back as true), `f8e4m3` as
+//! its OCP E4M3 byte ([`sinter_ir::dtype::f8e4m3_from_f64`]: nearest even, saturating at ±448;
+//! NaN as `0x7F`/`0xFF` by its sign).
 //!
 //! [`encode_f64`] rounds each value exactly as [`DType::round`] does, so that uploading an
 //! interpreter [`Tensor`](sinter_ir::interp::Tensor)'s data and downloading it again gives the
@@ -30,6 +32,7 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
             DType::I32 => out.extend_from_slice(&(r as i32).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&(r as i64).to_le_bytes()),
             DType::Bool => out.push(u8::from(r != 0.0)),
+            DType::F8E4M3 => out.push(sinter_ir::dtype::f8e4m3_from_f64(r)),
             DType::Q8_0 | DType::Q4_1 => {}
         }
     }
@@ -58,6 +61,7 @@ pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, RuntimeError> 
             DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
+            DType::F8E4M3 => sinter_ir::dtype::f8e4m3_to_f64(c[0]),
             DType::Bool | DType::Q8_0 | DType::Q4_1 => {
                 if c[0] != 0 {
                     1.0
@@ -154,7 +158,7 @@ mod tests {
                 let want = dtype.round(*x);
                 assert!(want == *y || (want.is_nan() && y.is_nan()), "{dtype}: {x} -> {y}, want {want}");
                 // Sign of zero survives for floats.
-                if dtype.is_float() && want == 0.0 {
+                if (dtype.is_float() || dtype.is_fp8()) && want == 0.0 {
                     assert_eq!(want.is_sign_negative(), y.is_sign_negative(), "{dtype} signed zero");
                 }
             }
@@ -162,8 +166,19 @@ mod tests {
     }
 
     #[test]
+    fn f8e4m3_bytes_round_trip_and_saturate() {
+        // Every byte decodes to its value and encodes back to itself (both NaNs included).
+        let all: Vec<u8> = (0..=255).collect();
+        let values = decode_f64(DType::F8E4M3, &all).unwrap();
+        assert_eq!(encode_f64(DType::F8E4M3, &values), all);
+        // One byte a value; beyond ±448 and ±inf saturate (satfinite), not NaN.
+        assert_eq!(encode_f64(DType::F8E4M3, &[448.0, 1e6, f64::NEG_INFINITY, 0.0]), vec![0x7E, 0x7E, 0xFE, 0x00]);
+        assert_eq!(DType::F8E4M3.storage_bytes(3), Some(3));
+    }
+
+    #[test]
     fn nan_survives_float_dtypes() {
-        for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for dtype in [DType::BF16, DType::F16, DType::F32, DType::F8E4M3] {
             let back = decode_f64(dtype, &encode_f64(dtype, &[f64::NAN])).unwrap();
             assert!(back[0].is_nan(), "{dtype}");
         }

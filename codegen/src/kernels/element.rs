@@ -693,6 +693,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 Scalar::I(self.kb.b.build_int_compare(IntPredicate::NE, v.into_int_value(), z, "b")?)
             }
             DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} tensor read other than by `dequantize`")),
+            DType::F8E4M3 => return unsupported(crate::fp8_message("an f8e4m3 operand")),
         })
     }
 
@@ -702,6 +703,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::I32 | DType::I64 => s.i()?.as_basic_value_enum(),
             DType::Bool => self.kb.b.build_int_z_extend(s.i()?, self.kb.cx.i8_type(), "b")?.as_basic_value_enum(),
             DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} result")),
+            DType::F8E4M3 => return unsupported(crate::fp8_message("an f8e4m3 result")),
         })
     }
 
@@ -800,6 +802,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 xs.into_iter().map(|s| self.unary(kind, gelu_tanh, in_dt, out_dt, s)).collect()
             }
             Dequantize => self.dequantize(node, result, at, out_dt),
+            QuantizeFp8 | DequantizeFp8 => unsupported(crate::fp8_message(&format!("`{}`", kind.name()))),
             Add | Sub | Mul | Div | Maximum | Minimum | Pow | Eq | Ne | Lt | Le | Gt | Ge => {
                 let a = self.input(node, 0)?;
                 let in_dt = self.dtype(a)?;
@@ -941,6 +944,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::I64 => Scalar::I(self.kb.i64c(r as i64)),
             DType::Bool => Scalar::I(self.kb.cx.bool_type().const_int(u64::from(r != 0.0), false)),
             DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dt} constant")),
+            DType::F8E4M3 => return unsupported(crate::fp8_message("an f8e4m3 constant")),
         })
     }
 
@@ -981,7 +985,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                     let f = self.kb.b.build_signed_int_to_float(c, self.kb.cx.f32_type(), "f")?;
                     Scalar::F(self.kb.round_to(f, dt)?)
                 }
-                DType::Bool | DType::Q8_0 | DType::Q4_1 => return bad(format!("iota cannot produce {dt}")),
+                DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3 => return bad(format!("iota cannot produce {dt}")),
             });
         }
         Ok(out)
@@ -1061,6 +1065,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 Scalar::F(self.kb.round_to(f, to)?)
             }
             (_, DType::Q8_0 | DType::Q4_1) => return unsupported(format!("a cast to {to}")),
+            (_, DType::F8E4M3) => return unsupported(crate::fp8_message("a cast to f8e4m3")),
             (false, DType::Bool) => {
                 let v = x.i()?;
                 Scalar::I(b.build_int_compare(IntPredicate::NE, v, v.get_type().const_zero(), "b")?)

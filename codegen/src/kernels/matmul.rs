@@ -5299,6 +5299,7 @@ pub(crate) mod emu {
                 DType::I64 => v.extend((x as i64).to_le_bytes()),
                 DType::Bool => v.push(u8::from(x != 0.0)),
                 DType::F16 => v.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+                DType::F8E4M3 => v.push(sinter_ir::dtype::f8e4m3_from_f64(x)),
                 DType::Q8_0 | DType::Q4_1 => {}
             }
         }

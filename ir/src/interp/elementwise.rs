@@ -97,6 +97,41 @@ pub(super) fn unary(op: &Op, x: &Tensor) -> Result<Tensor> {
     Ok(Tensor::from_parts(out_dt, x.shape.clone(), data))
 }
 
+/// The per-tensor scale of `quantize_fp8`/`dequantize_fp8`: an f32 scalar.
+fn fp8_scale(op: &str, scale: &Tensor) -> Result<f64> {
+    match (scale.dtype, scale.shape.as_slice(), scale.data.first()) {
+        (DType::F32, [], Some(&s)) => Ok(s),
+        _ => operands_err(format!(
+            "the scale of `{op}` is one f32 per tensor, a scalar f32[]: operand 1 (`scale`) is {}",
+            type_text(scale.dtype, &scale.shape)
+        )),
+    }
+}
+
+/// `quantize_fp8(x, scale)`: x / scale in f32 (the quotient of two f32 values computed in f64
+/// and rounded to f32 is the correctly rounded f32 quotient, as `div.rn.f32` gives), then
+/// rounded to `f8e4m3` with saturation ([`DType::round`]).
+pub(super) fn quantize_fp8(x: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    if !x.dtype.is_float() {
+        return operands_err(format!("`quantize_fp8` quantizes a float tensor (bf16, f16, f32): operand 0 (`x`) is {}", type_text(x.dtype, &x.shape)));
+    }
+    let s = fp8_scale("quantize_fp8", scale)?;
+    let data = x.data.iter().map(|&v| DType::F8E4M3.round((v / s) as f32 as f64)).collect();
+    Ok(Tensor::from_parts(DType::F8E4M3, x.shape.clone(), data))
+}
+
+/// `dequantize_fp8(x, scale) {dtype}`: x·scale in f32 (exact in f64: a 4-bit by a 24-bit
+/// significand; then one rounding to f32, as `mul.rn.f32` gives), rounded to `dtype`.
+pub(super) fn dequantize_fp8(op: &Op, x: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let out_dt = attrs::dtype(op, "dtype")?;
+    if x.dtype != DType::F8E4M3 || !out_dt.is_float() {
+        return operands_err(format!("`dequantize_fp8` reads f8e4m3 into a float dtype (bf16, f16, f32), got {} → {out_dt}", type_text(x.dtype, &x.shape)));
+    }
+    let s = fp8_scale("dequantize_fp8", scale)?;
+    let data = x.data.iter().map(|&v| out_dt.round((v * s) as f32 as f64)).collect();
+    Ok(Tensor::from_parts(out_dt, x.shape.clone(), data))
+}
+
 fn bcast(a: &Tensor, b: &Tensor) -> Result<Vec<usize>> {
     broadcast_shapes(&a.shape, &b.shape).map_or_else(
         || operands_err(format!("shapes {} and {} do not broadcast", type_text(a.dtype, &a.shape), type_text(b.dtype, &b.shape))),

@@ -24,6 +24,11 @@
 //!   key is exactly 0. Integer `div` truncates toward zero and division by zero is an error;
 //!   integer results that leave the dtype's range saturate (as [`DType::round`] does), they do
 //!   not wrap.
+//! - **FP8.** `f8e4m3` elements are held as their exact values. Rounding to it is nearest even
+//!   with saturation (±inf and finite values beyond ±448 give ±448, NaN stays NaN), as PTX's
+//!   `cvt.rn.satfinite.e4m3x2.f32` converts; `quantize_fp8` divides by its per-tensor scale in
+//!   f32 first (one IEEE rounding, then the e4m3 one), `dequantize_fp8` multiplies in f32 and
+//!   rounds to its dtype. No other arithmetic reads `f8e4m3` (an error naming the operand).
 //! - **Symbols** are bound from the input shapes (a parameter dim that is a bare symbol binds
 //!   it) together with explicit [`Bindings`]; every other declared dim is evaluated and must
 //!   equal the input's. Every node result is checked against its declared type.
@@ -635,6 +640,16 @@ fn eval_op(op: &Op, ins: &[&Tensor], b: &Bindings) -> Result<Vec<Tensor>> {
         ins.get(i).copied().ok_or_else(|| InterpError::Arity { site: Site::default(), what: "operands", expected: op.kind.arity_text(), got: ins.len() })
     };
     let one = |t: Tensor| Ok(vec![t]);
+    if !crate::infer::accepts_fp8(op.kind) {
+        if let Some((i, t)) = ins.iter().enumerate().find(|(_, t)| t.dtype.is_fp8()) {
+            return operands_err(crate::infer::fp8_operand_message(op.kind, i, &type_text(t.dtype, &t.shape)));
+        }
+    }
+    match op.kind {
+        QuantizeFp8 => return one(elementwise::quantize_fp8(x(0)?, x(1)?)?),
+        DequantizeFp8 => return one(elementwise::dequantize_fp8(op, x(0)?, x(1)?)?),
+        _ => {}
+    }
     match op.kind.info().class {
         OpClass::Unary => one(elementwise::unary(op, x(0)?)?),
         OpClass::Binary if op.kind == Select => one(elementwise::select(x(0)?, x(1)?, x(2)?)?),

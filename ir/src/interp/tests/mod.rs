@@ -4,6 +4,7 @@
 mod cascade;
 mod decomp;
 mod errors;
+mod fp8;
 mod llama;
 mod ops;
 

@@ -1,0 +1,163 @@
+//! FP8 in the passes (issue #8): `matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))` and
+//! `attention` of dequantised q, k, v are one kernel each whose inputs are the fp8 tensors and
+//! the scales — also when the fp8 activations and their scale are computed by earlier kernels
+//! — where the layouts allow it, and the dequantised operands are written to buffers where they
+//! do not; the passes never introduce fp8 where the user did not write it.
+
+mod common;
+
+use sinter_ir::interp::{self, run_kernel_graph, Tensor};
+use sinter_ir::{Bindings, DType, Family, KernelGraph, OpKind};
+use sinter_passes::check::compare;
+use sinter_passes::contract::{self, fp8_attention, fp8_matmul};
+use sinter_passes::{compile, PassOptions};
+
+/// Compiles `src`, checks every kernel against the contract and the kernel graph against the
+/// reference (symbols at 5).
+fn compile_checked(src: &str) -> KernelGraph {
+    let g = sinter_ir::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let (kg, _) = compile(&g, &PassOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    for (k, kd) in kg.kernels.iter() {
+        contract::check(kd).unwrap_or_else(|e| panic!("{k} ({:?}) breaks the contract: {e}", kd.family));
+    }
+    let f = g.entry().unwrap();
+    let b: Bindings = common::sizes(f, 5);
+    let ins = common::inputs(f, &b, 11, common::Variant::Random);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want = interp::run(&g, &f.name, &refs, &b).unwrap();
+    let got = run_kernel_graph(&kg, &refs, &b).unwrap();
+    for (w, o) in want.iter().zip(&got) {
+        compare(w, o, false).unwrap();
+    }
+    kg
+}
+
+/// The input buffers' types of the one kernel of `family`, printed.
+fn inputs_of(kg: &KernelGraph, family: Family) -> Vec<String> {
+    let mut ks = kg.kernels.values().filter(|k| k.family == family);
+    let k = ks.next().unwrap_or_else(|| panic!("no {family:?} kernel"));
+    assert!(ks.next().is_none(), "one {family:?} kernel");
+    let mut tys: Vec<String> = k.inputs.iter().map(|&b| kg.buffers[b].ty.to_string()).collect();
+    tys.sort();
+    tys
+}
+
+#[test]
+fn an_fp8_matmul_reads_the_fp8_bytes_and_the_scales() {
+    let src = "func @f(%x8: f8e4m3[T, 64], %sx: f32[], %w8: f8e4m3[32, 64], %sw: f32[]) {
+  %x: bf16[T, 64] = dequantize_fp8(%x8, %sx) {dtype=bf16}
+  %w: bf16[32, 64] = dequantize_fp8(%w8, %sw) {dtype=bf16}
+  %y: bf16[T, 32] = matmul(%x, %w) {transpose_b=true}
+  return %y
+}";
+    let kg = compile_checked(src);
+    assert_eq!(kg.kernels.len(), 1);
+    assert_eq!(inputs_of(&kg, Family::Matmul), ["f32[]", "f32[]", "f8e4m3[32, 64]", "f8e4m3[T, 64]"]);
+    let body = &kg.kernels.values().next().unwrap().body;
+    let (mm, _) = body.nodes.iter().find(|(_, n)| n.op.kind == OpKind::Matmul).unwrap();
+    assert!(fp8_matmul(body, mm));
+}
+
+#[test]
+fn dynamic_per_tensor_scaling_feeds_the_fp8_matmul_from_earlier_kernels() {
+    // The activation scale is amax(|x|)/448, computed on the device; x8 is written by one
+    // kernel, the scale by another, and the matmul reads both as buffers.
+    let src = "func @f(%x: f32[T, 64], %w8: f8e4m3[32, 64], %sw: f32[]) {
+  %ax: f32[T, 64] = abs(%x)
+  %m1: f32[T] = reduce_max(%ax) {keepdim=false}
+  %m: f32[] = reduce_max(%m1) {keepdim=false}
+  %c: f32[] = constant() {value=448.0, dtype=f32}
+  %sx: f32[] = div(%m, %c)
+  %x8: f8e4m3[T, 64] = quantize_fp8(%x, %sx)
+  %xd: f32[T, 64] = dequantize_fp8(%x8, %sx) {dtype=f32}
+  %wd: f32[32, 64] = dequantize_fp8(%w8, %sw) {dtype=f32}
+  %y: f32[T, 32] = matmul(%xd, %wd) {transpose_b=true}
+  return %y
+}";
+    let kg = compile_checked(src);
+    assert_eq!(inputs_of(&kg, Family::Matmul), ["f32[]", "f32[]", "f8e4m3[32, 64]", "f8e4m3[T, 64]"]);
+    let quantize = kg.kernels.values().find(|k| k.body.nodes.values().any(|n| n.op.kind == OpKind::QuantizeFp8)).expect("a kernel quantizes x");
+    assert!(quantize.outputs.iter().any(|&b| kg.buffers[b].ty.dtype == DType::F8E4M3), "it writes x8");
+}
+
+#[test]
+fn a_matmul_writes_fp8_from_its_epilogue() {
+    // Two fp8 projections in a row: the first matmul's epilogue quantizes its output (the
+    // kernel writes f8e4m3), the second reads those bytes.
+    let src = "func @f(%x8: f8e4m3[T, 64], %sx: f32[], %w8: f8e4m3[64, 64], %sw: f32[], %sh: f32[], %u8: f8e4m3[32, 64], %su: f32[]) {
+  %x: bf16[T, 64] = dequantize_fp8(%x8, %sx) {dtype=bf16}
+  %w: bf16[64, 64] = dequantize_fp8(%w8, %sw) {dtype=bf16}
+  %h: bf16[T, 64] = matmul(%x, %w) {transpose_b=true}
+  %h8: f8e4m3[T, 64] = quantize_fp8(%h, %sh)
+  %hd: bf16[T, 64] = dequantize_fp8(%h8, %sh) {dtype=bf16}
+  %u: bf16[32, 64] = dequantize_fp8(%u8, %su) {dtype=bf16}
+  %y: bf16[T, 32] = matmul(%hd, %u) {transpose_b=true}
+  return %y
+}";
+    let kg = compile_checked(src);
+    assert_eq!(kg.kernels.len(), 2);
+    let first = kg.kernels.values().next().unwrap();
+    assert_eq!(first.outputs.iter().map(|&b| kg.buffers[b].ty.to_string()).collect::<Vec<_>>(), ["f8e4m3[T, 64]"]);
+    assert!(kg.kernels.values().all(|k| k.family == Family::Matmul));
+}
+
+#[test]
+fn other_layouts_and_mixed_operands_dequantise_into_buffers() {
+    // B stored [K, N] (not K-major), and bf16 activations against an fp8 weight: the ordinary
+    // GEMM reads bf16 buffers written from the fp8 tensors.
+    for src in [
+        "func @f(%x8: f8e4m3[T, 64], %sx: f32[], %w8: f8e4m3[64, 32], %sw: f32[]) {
+  %x: bf16[T, 64] = dequantize_fp8(%x8, %sx) {dtype=bf16}
+  %w: bf16[64, 32] = dequantize_fp8(%w8, %sw) {dtype=bf16}
+  %y: bf16[T, 32] = matmul(%x, %w)
+  return %y
+}",
+        "func @f(%x: bf16[T, 64], %w8: f8e4m3[32, 64], %sw: f32[]) {
+  %w: bf16[32, 64] = dequantize_fp8(%w8, %sw) {dtype=bf16}
+  %y: bf16[T, 32] = matmul(%x, %w) {transpose_b=true}
+  return %y
+}",
+    ] {
+        let kg = compile_checked(src);
+        assert!(inputs_of(&kg, Family::Matmul).iter().all(|t| t.starts_with("bf16")), "{src}");
+    }
+}
+
+#[test]
+fn an_fp8_attention_reads_the_fp8_bytes_and_the_scales() {
+    let src = "func @f(%q8: f8e4m3[1, S, 4, 16], %sq: f32[], %k8: f8e4m3[1, S, 2, 16], %sk: f32[], %w8: f8e4m3[1, S, 2, 16], %sw: f32[]) {
+  %q: f16[1, S, 4, 16] = dequantize_fp8(%q8, %sq) {dtype=f16}
+  %k: f16[1, S, 2, 16] = dequantize_fp8(%k8, %sk) {dtype=f16}
+  %v: f16[1, S, 2, 16] = dequantize_fp8(%w8, %sw) {dtype=f16}
+  %o: f16[1, S, 4, 16] = attention(%q, %k, %v) {scale=0.25, causal=true, heads=4, kv_heads=2, layout=\"bshd\"}
+  return %o
+}";
+    let kg = compile_checked(src);
+    assert_eq!(kg.kernels.len(), 1);
+    let tys = inputs_of(&kg, Family::Attention);
+    assert_eq!(tys.iter().filter(|t| t.starts_with("f8e4m3")).count(), 3, "{tys:?}");
+    assert_eq!(tys.iter().filter(|t| *t == "f32[]").count(), 3, "{tys:?}");
+    let body = &kg.kernels.values().next().unwrap().body;
+    let (n, _) = body.nodes.iter().find(|(_, n)| n.op.kind == OpKind::Attention).unwrap();
+    assert!(fp8_attention(body, n));
+}
+
+#[test]
+fn the_passes_introduce_no_fp8() {
+    // Every file test that does not mention f8e4m3 compiles to a kernel graph without an
+    // f8e4m3 buffer or value: fp8 appears only where the user wrote it.
+    let mut checked = 0;
+    for (path, src) in common::corpus() {
+        if src.contains("f8e4m3") {
+            continue;
+        }
+        let g = common::load(&path, &src);
+        let (kg, _) = compile(&g, &PassOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(kg.buffers.values().all(|b| !b.ty.dtype.is_fp8()), "{}: an f8e4m3 buffer", path.display());
+        for kd in kg.kernels.values() {
+            assert!(kd.body.values.values().all(|v| !v.ty.dtype.is_fp8()), "{}: an f8e4m3 value", path.display());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 25, "{checked} files");
+}
