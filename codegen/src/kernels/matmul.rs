@@ -2174,6 +2174,67 @@ fn raster<'ctx>(k: &Kit<'ctx>, group: u32) -> R<(IntValue<'ctx>, IntValue<'ctx>)
 /// wait for k-tile `kt + 1` (`cp.async.wait_group stages−2`, then a barrier, which also
 /// tells every thread that the stage about to be overwritten has been read), so that its
 /// first fragments load while the last MMAs of `kt` issue.
+/// The `cp.async` copies of a tensor-core kernel's pipeline stage ([`build_mma`],
+/// [`build_wgmma`]): the 16-byte chunks of A's and B's slabs this thread copies per stage
+/// ([`mma_chunks`]; B's in segments for the paired epilogue), and where they go.
+struct StageLoads<'a, 'ctx> {
+    spec: &'a Spec,
+    bk: u32,
+    a: Chunks<'ctx>,
+    b: Chunks<'ctx>,
+    kdim: IntValue<'ctx>,
+    smem: PointerValue<'ctx>,
+}
+
+impl<'a, 'ctx> StageLoads<'a, 'ctx> {
+    /// This thread's chunks of the CTA tile at row `m0` (i64) and column tile `pid_n` (i64).
+    #[allow(clippy::too_many_arguments)]
+    fn new(kit: &Kit<'ctx>, spec: &'a Spec, s: &MmaSchedule, plan: &MmaPlan, tid: IntValue<'ctx>, bases: &Bases<'ctx>, (m0, pid_n): (IntValue<'ctx>, IntValue<'ctx>), smem: PointerValue<'ctx>) -> R<Self> {
+        let threads = s.threads();
+        let (mdim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.k)?);
+        let a_whole = spec.m.div_exact(i64::from(s.bm)).is_some();
+        let a = mma_chunks(kit, spec, &spec.a, &plan.a, (s.bk, threads), tid, bases.a, (None, a_whole), &|k, v| {
+            let m = k.add(m0, k.zext64(v)?)?;
+            Ok((m, m, mdim))
+        })?;
+        let starts: Vec<Dim>;
+        let (b_segments, b_whole) = match &spec.epi {
+            Epi::Paired { segs, width, .. } => {
+                let sub = s.bn / segs.len() as u32;
+                starts = segs.iter().map(|sg| sg.start.clone()).collect();
+                (Some((sub, starts.as_slice())), width.div_exact(i64::from(sub)).is_some())
+            }
+            _ => (None, spec.n.div_exact(i64::from(s.bn)).is_some()),
+        };
+        let b = mma_chunks(kit, spec, &spec.b, &plan.b, (s.bk, threads), tid, bases.b, (b_segments, b_whole), &|k, v| tile_column(k, spec, s.bn, pid_n, v))?;
+        Ok(StageLoads { spec, bk: s.bk, a, b, kdim, smem })
+    }
+
+    /// K tiles (i32: K < 2³¹·bk, a row of 2³⁷ 16-bit elements would not fit in a device's
+    /// memory), saving the main loop a register pair.
+    fn ktiles(&self, kit: &Kit<'ctx>) -> R<IntValue<'ctx>> {
+        let bk = i64::from(self.bk);
+        kit.trunc32(kit.udiv(kit.add(self.kdim, kit.i64c(bk - 1))?, kit.i64c(bk))?)
+    }
+
+    /// Issues K tile `kt`'s copies into the stage at byte offset `stage`.
+    fn issue(&self, k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>) -> R<()> {
+        let k0 = k.mul(k.zext64(kt)?, k.i64c(i64::from(self.bk)))?;
+        issue_chunks(k, &self.spec.a, &self.a, k0, self.kdim, self.smem, stage)?;
+        issue_chunks(k, &self.spec.b, &self.b, k0, self.kdim, self.smem, stage)
+    }
+
+    /// The pipeline's prologue: K tiles `0 … ahead − 1` (those that exist) into stages
+    /// `0 … ahead − 1`, a commit group each.
+    fn prologue(&self, kit: &Kit<'ctx>, ktiles: IntValue<'ctx>, ahead: u32, stage_bytes: u32) -> R<()> {
+        for st in 0..ahead {
+            kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| self.issue(k, k.i32c(st as i32), k.i32c((st * stage_bytes) as i32)))?;
+            kit.cp_async_commit()?;
+        }
+        Ok(())
+    }
+}
+
 fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan) -> R<()> {
     let threads = s.threads();
     kit.launch_bounds(threads);
@@ -2191,37 +2252,14 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
     let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
     let m0 = kit.mul(pid_m, kit.i64c(i64::from(s.bm)))?;
     let bases = batch_bases(kit, spec, bz)?;
-    let (mdim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.k)?);
     let smem = kit.shared(SharedKind::Dynamic(plan.smem_bytes), plan.smem_bytes)?;
 
-    // The chunks this thread copies per stage.
-    let a_whole = spec.m.div_exact(i64::from(s.bm)).is_some();
-    let a_chunks = mma_chunks(kit, spec, &spec.a, &plan.a, (s.bk, threads), tid, bases.a, (None, a_whole), &|k, v| {
-        let m = k.add(m0, k.zext64(v)?)?;
-        Ok((m, m, mdim))
-    })?;
-    let starts: Vec<Dim>;
-    let (b_segments, b_whole) = match &spec.epi {
-        Epi::Paired { segs, width, .. } => {
-            let sub = s.bn / segs.len() as u32;
-            starts = segs.iter().map(|sg| sg.start.clone()).collect();
-            (Some((sub, starts.as_slice())), width.div_exact(i64::from(sub)).is_some())
-        }
-        _ => (None, spec.n.div_exact(i64::from(s.bn)).is_some()),
-    };
-    let b_chunks = mma_chunks(kit, spec, &spec.b, &plan.b, (s.bk, threads), tid, bases.b, (b_segments, b_whole), &|k, v| tile_column(k, spec, s.bn, pid_n, v))?;
-    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| -> R<()> {
-        let k0 = k.mul(k.zext64(kt)?, k.i64c(i64::from(s.bk)))?;
-        issue_chunks(k, &spec.a, &a_chunks, k0, kdim, smem, stage)?;
-        issue_chunks(k, &spec.b, &b_chunks, k0, kdim, smem, stage)
-    };
+    let loads = StageLoads::new(kit, spec, s, plan, tid, &bases, (m0, pid_n), smem)?;
     // k-tiles are counted in 32 bits (K < 2³¹·bk: a row of 2³⁷ 16-bit elements would not
     // fit in a device's memory), saving the main loop a register pair.
-    let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(i64::from(s.bk - 1)))?, kit.i64c(i64::from(s.bk)))?)?;
-    for st in 0..stages - 1 {
-        kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| issue(k, k.i32c(st as i32), k.i32c((st * plan.stage_bytes) as i32)))?;
-        kit.cp_async_commit()?;
-    }
+    let ktiles = loads.ktiles(kit)?;
+    loads.prologue(kit, ktiles, stages - 1, plan.stage_bytes)?;
+    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| loads.issue(k, kt, stage);
 
     // Each lane's ldmatrix row address within a 16×16 (outer × K) block of a slab: lane
     // 8j + r points at row r of matrix j; A's matrices are (rows 0–7, k 0–7), (8–15, 0–7),
@@ -2360,41 +2398,19 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
     let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
     let m0 = kit.mul(pid_m, kit.i64c(i64::from(s.bm)))?;
     let bases = batch_bases(kit, spec, bz)?;
-    let (mdim, kdim) = (kit.dim(&spec.m)?, kit.dim(&spec.k)?);
     let smem = kit.shared(SharedKind::Dynamic(plan.smem_bytes), plan.smem_bytes)?;
     kit.align_dynamic_shared(1024)?;
 
-    let a_whole = spec.m.div_exact(i64::from(s.bm)).is_some();
-    let a_chunks = mma_chunks(kit, spec, &spec.a, &plan.a, (s.bk, threads), tid, bases.a, (None, a_whole), &|k, v| {
-        let m = k.add(m0, k.zext64(v)?)?;
-        Ok((m, m, mdim))
-    })?;
-    let starts: Vec<Dim>;
-    let (b_segments, b_whole) = match &spec.epi {
-        Epi::Paired { segs, width, .. } => {
-            let sub = s.bn / segs.len() as u32;
-            starts = segs.iter().map(|sg| sg.start.clone()).collect();
-            (Some((sub, starts.as_slice())), width.div_exact(i64::from(sub)).is_some())
-        }
-        _ => (None, spec.n.div_exact(i64::from(s.bn)).is_some()),
-    };
-    let b_chunks = mma_chunks(kit, spec, &spec.b, &plan.b, (s.bk, threads), tid, bases.b, (b_segments, b_whole), &|k, v| tile_column(k, spec, s.bn, pid_n, v))?;
-    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| -> R<()> {
-        let k0 = k.mul(k.zext64(kt)?, k.i64c(i64::from(s.bk)))?;
-        issue_chunks(k, &spec.a, &a_chunks, k0, kdim, smem, stage)?;
-        issue_chunks(k, &spec.b, &b_chunks, k0, kdim, smem, stage)
-    };
-    let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(i64::from(s.bk - 1)))?, kit.i64c(i64::from(s.bk)))?)?;
+    let loads = StageLoads::new(kit, spec, s, plan, tid, &bases, (m0, pid_n), smem)?;
+    let ktiles = loads.ktiles(kit)?;
     // K tiles the copies run ahead: a stage is refilled once no warpgroup's products can
     // still read it (with a group left in flight, the one two tiles back).
     let ahead = stages - 1 - w.in_flight;
     if ahead < 1 {
         return Err(kit.err(format!("{w:?}: too few stages")));
     }
-    for st in 0..ahead {
-        kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| issue(k, k.i32c(st as i32), k.i32c((st * plan.stage_bytes) as i32)))?;
-        kit.cp_async_commit()?;
-    }
+    loads.prologue(kit, ktiles, ahead, plan.stage_bytes)?;
+    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| loads.issue(k, kt, stage);
 
     // Matrix descriptors (§9.7.15.5.1): start address >> 4 in bits 0–13, leading byte offset
     // (unused for swizzled K-major operands: 1) in 16–29, stride byte offset 1024 >> 4 in
