@@ -227,6 +227,25 @@ fn explain_prints_kernels_per_layer_and_writes_dot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `sinter explain --schedules` still prints the report when the code generator cannot build
+/// a kernel (an fp8 matmul today): that kernel's line says why; an unknown target is an error.
+#[cfg(feature = "llvm")]
+#[test]
+fn explain_schedules_reports_a_kernel_it_cannot_build() {
+    let dir = std::env::temp_dir().join(format!("sinter-explain-fp8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("fp8.sir");
+    std::fs::write(&file, "func @main(%a8: f8e4m3[64, 64], %sa: f32[], %b8: f8e4m3[64, 64], %sb: f32[]) {\n  %a: bf16[64, 64] = dequantize_fp8(%a8, %sa) {dtype=bf16}\n  %b: bf16[64, 64] = dequantize_fp8(%b8, %sb) {dtype=bf16}\n  %y: bf16[64, 64] = matmul(%a, %b) {transpose_b=true}\n  return %y\n}\n").unwrap();
+    let run = |arch: &str| std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["explain"]).arg(&file).args(["--schedules", arch]).output().unwrap();
+    let out = run("sm_90a");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("k0 Matmul: dequantize_fp8 dequantize_fp8 matmul") && text.contains("schedule: none, kernel k0 (Matmul): unsupported: f8e4m3 buffer"), "{text}");
+    let bad = run("sm_99");
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("unknown GPU target `sm_99`"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A decode graph specialised to a batch (`Graph::specialize`, `T = 1` and `T = 16`) verifies
 /// and fuses exactly as the symbolic one: seven kernels per layer, every one within the code
 /// generator's contract, and the same values on the interpreter as the symbolic graph (tiny
