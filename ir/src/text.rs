@@ -519,9 +519,9 @@ impl Parser {
                 self.bump();
                 Ok(Attr::Float(if s == "inf" { f64::INFINITY } else { f64::NAN }))
             }
-            (Tok::Ident(s), _) if DType::from_name(&s).is_some() => {
+            (Tok::Ident(s), _) if let Some(dt) = DType::from_name(&s) => {
                 self.bump();
-                Ok(Attr::DType(DType::from_name(&s).expect("checked")))
+                Ok(Attr::DType(dt))
             }
             (_, true) => {
                 // -inf, -1.5, or a negative dim / integer
