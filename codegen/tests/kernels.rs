@@ -1607,18 +1607,21 @@ fn cluster_helpers_emit_what_ptx_says() {
 #[test]
 fn cpu_cluster_rows_match_the_interpreter() {
     let mut rng = Rng(7);
-    for (n, cluster, long_block) in [(32768usize, 2u32, None), (33000, 3, None), (262144, 8, Some(512u32)), (262147, 8, Some(512))] {
+    for n in [32768usize, 33000, 262144, 262147] {
         for what in ["softmax", "log_softmax", "rms_norm", "layer_norm"] {
-            let block = match long_block {
-                Some(b) if matches!(what, "rms_norm" | "layer_norm") => b,
-                _ => 256,
+            // (CTAs per row, threads per CTA)
+            let expect = match (what, n) {
+                (_, 32768) => (2, 256),
+                (_, 33000) => (3, 256),
+                ("rms_norm" | "layer_norm", _) => (8, 512),
+                _ => (8, 256),
             };
             let dt = DType::BF16;
             let rows = if n > 100_000 { 2 } else { 5 };
             let gk = row_kernel(dt, s("R"), d(n as i64), what);
             let plan = compile_kernel(&gk.0, gk.1, &Target::SM_90A).unwrap();
-            assert_eq!((plan.grid[1].numerator.as_const(), plan.block[0]), (Some(i64::from(cluster)), block), "{what} {n}: not the cluster schedule");
-            assert!(plan.ptx.contains(&format!(".reqnctapercluster 1, {cluster}, 1")) && plan.ptx.contains("mapa.shared::cluster"), "{what} {n}");
+            assert_eq!((plan.grid[1].numerator.as_const().unwrap_or(0), plan.block[0]), expect, "{what} {n}: (CTAs per row, threads)");
+            assert!(plan.ptx.contains(&format!(".reqnctapercluster 1, {}, 1", expect.0)) && plan.ptx.contains("mapa.shared::cluster"), "{what} {n}");
             // The slice is prefetched with 16-byte cp.async where rows allow 16-byte vectors
             // (an odd N has 2-byte chunks: the first pass loads and stages them).
             assert_eq!(plan.ptx.contains("cp.async.cg.shared.global"), n % 8 == 0, "{what} {n}: the prefetch");
@@ -1661,11 +1664,13 @@ fn cpu_cluster_rows_match_the_interpreter() {
 
 /// Every row schedule autotuning may pick computes what the interpreter does: the cluster
 /// schedule's thread counts and unrolls (softmax and rms_norm, rows of 33000: three CTAs, a
-/// short last slice) and the multi-pass CTA schedule's (f32 softmax, rows of 262144).
+/// short last slice), with the row-invariant inputs staged or not and its cluster sizes
+/// (rms_norm; layer_norm of an odd 33001), and the multi-pass CTA schedule's (f32 softmax,
+/// rows of 262144).
 #[test]
 fn cpu_row_schedule_variants_match_the_interpreter() {
     let mut rng = Rng(11);
-    for (dt, n, what) in [(DType::BF16, 33000usize, "softmax"), (DType::BF16, 33000, "rms_norm"), (DType::F32, 262144, "softmax")] {
+    for (dt, n, what) in [(DType::BF16, 33000usize, "softmax"), (DType::BF16, 33000, "rms_norm"), (DType::BF16, 33001, "layer_norm"), (DType::F32, 262144, "softmax")] {
         let gk = row_kernel(dt, s("R"), d(n as i64), what);
         let target = Target::SM_90A;
         let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
@@ -1673,8 +1678,14 @@ fn cpu_row_schedule_variants_match_the_interpreter() {
         assert_eq!(variants[0].plan, compile_kernel(&gk.0, gk.1, &target).unwrap(), "{what} {n}: the first variant is the default");
         let rows = if n > 100_000 { 2 } else { 3 };
         let mut ins = vec![special_rows(&mut rng, dt, rows, n, what)];
-        if what == "rms_norm" {
+        if matches!(what, "rms_norm" | "layer_norm") {
             ins.push(random(&mut rng, dt, &[n], 0.5, 1.5));
+        }
+        if what == "layer_norm" {
+            ins.push(random(&mut rng, dt, &[n], -0.5, 0.5));
+            // An odd length: the staged weight and bias (` w`) are copied by loads and stores,
+            // not cp.async.
+            assert!(variants.iter().filter(|v| v.name.ends_with(" w")).count() >= 2, "{:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
         }
         for v in &variants {
             let tag = format!("variant `{}` {what} {dt} N={n}", v.name);

@@ -236,6 +236,12 @@ pub(crate) struct Stage<'ctx> {
     pub cursor: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
     /// Elements per chunk.
     pub lanes: u32,
+    /// Row-invariant parameters (shape `[1…, N]`) staged too: filled by the row's prefetch
+    /// (while `resident_fill`), read by every pass after it at the chunk's own column
+    /// ([`Tag::Ref`] of the row axis `row_axis`).
+    pub resident: std::collections::HashSet<usize>,
+    pub resident_fill: bool,
+    pub row_axis: usize,
 }
 
 impl<'ctx> Stage<'ctx> {
@@ -570,6 +576,10 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         }
         let k = at.axes.len().checked_sub(1)?;
         let last = at.axes[k];
+        if st.resident.contains(&i) {
+            let own = last.tag == Tag::Ref(st.row_axis) && last.base.as_value_ref() == base.as_value_ref() && at.axes[..k].iter().all(|a| a.zero);
+            return own.then_some(!st.resident_fill);
+        }
         let own = at.axes[..k].iter().enumerate().all(|(a, ax)| ax.tag == Tag::Ref(a))
             && last.tag == Tag::Ref(k)
             && last.base.as_value_ref() == base.as_value_ref();
@@ -682,6 +692,24 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             st.filling.insert(i);
         }
         Ok(true)
+    }
+
+    /// Fills parameter `i`'s stage slot for `at` (the current chunk): by [`Eval::prefetch_param`]'s
+    /// `cp.async` where it applies, else by a load and a store (visible to the thread itself
+    /// at once). Returns whether a `cp.async` was issued.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn fill_param(&mut self, i: usize, at: &At<'ctx>) -> R<bool> {
+        if self.staged(i, at) != Some(false) {
+            return Err(CodegenError::Builder(format!("parameter {i} is not filled at this coordinate")));
+        }
+        if self.prefetch_param(i, at)? {
+            return Ok(true);
+        }
+        let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
+        self.load_param(i, &buf, at)?;
+        Ok(false)
     }
 
     fn decode_storage(&self, dtype: DType, v: BasicValueEnum<'ctx>) -> R<Scalar<'ctx>> {

@@ -97,6 +97,17 @@
 //!   otherwise unroll their few iterations completely and exceed the 40 registers a thread
 //!   that occupancy allows. Reductions alone (nothing to stage: the row is read once anyway)
 //!   keep the multi-pass schedule.
+//! - *Staged invariants* (an autotuning variant, `w` in its name; not a default): the
+//!   row-invariant inputs of the row's length (shape `[1…, N]`: a `layer_norm`'s weight and
+//!   bias, an `rms_norm`'s weight, a broadcast mask) are copied into the CTA's shared memory by
+//!   each row's prefetch too (`cp.async`, the same group as the row's slice), so their L2
+//!   latency hides behind the row's DRAM reads and every pass reads them from there at the
+//!   chunk's own column. Measured on an H200 (bench/RESULTS.md, 2026-11-30): no better than
+//!   reading them from L2 at equal cluster size, and the larger clusters their shared memory
+//!   asks for cost far more than they save (`layer_norm` 4096 × 32768: 150.4 µs with 2 CTAs
+//!   unstaged, 190.6 µs with 4 staged, 269.7 µs with 8); keeping them resident across the
+//!   rows of a persistent cluster was slower still (each row's cluster barriers serialise a
+//!   cluster's rows).
 //!
 //! A reduction *level* is a set of statistics that can be computed in the same pass: a
 //! statistic's level is one more than the deepest statistic its input depends on (softmax's
@@ -137,6 +148,11 @@ pub struct RowSchedule {
     /// `N`): the row is split into `cluster` slices, one per CTA of a thread-block cluster,
     /// each staged in its CTA's shared memory (see the module docs).
     pub cluster: u32,
+    /// The cluster schedule only: the *row-invariant* inputs of the row's length (a
+    /// `layer_norm`'s weight and bias, an `rms_norm`'s weight) are copied into the CTA's
+    /// shared memory with each row's prefetch and read from there (see the module docs);
+    /// `false`: the passes read them from global memory.
+    pub stage_invariant: bool,
 }
 
 /// Elements a thread may hold in registers in the one-read schedule.
@@ -166,13 +182,14 @@ impl RowSchedule {
     /// `staged_bytes`: the bytes per row element the cluster schedule stages in shared memory
     /// (the row-varying inputs its statistics read); `unstaged`: an input of the row's length
     /// that is not staged (a weight the output pass reads from global memory).
+
     pub fn choose(n: &Dim, min_size: usize, heavy: bool, target: &Target, staged_bytes: u64, unstaged: bool) -> RowSchedule {
         let mut vec = (16 / min_size.max(1)).clamp(1, 8) as u32;
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1 };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1 };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -225,6 +242,9 @@ impl RowSchedule {
         if self.unroll == 0 {
             return Err("unroll 0".into());
         }
+        if self.stage_invariant && self.cluster == 1 {
+            return Err("staged row-invariant inputs need the cluster schedule".into());
+        }
         if self.cluster == 0 || self.cluster > MAX_CLUSTER_EXPLICIT {
             return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER_EXPLICIT})", self.cluster));
         }
@@ -250,6 +270,9 @@ struct Split {
     iters: i64,
     /// The staged parameters and their element sizes.
     staged: Vec<(usize, u32)>,
+    /// The staged row-invariant parameters and their element sizes
+    /// ([`RowSchedule::stage_invariant`]).
+    resident: Vec<(usize, u32)>,
     /// Bytes of shared memory staging takes (each array a whole number of iterations,
     /// 16-byte aligned).
     stage_bytes: u32,
@@ -273,15 +296,17 @@ impl Split {
         let (slice, iters, per_iter) = (slice as i64, iters as i64, per_iter as i64);
         let mut staged = Vec::new();
         let mut bytes = 0u64;
-        for &i in &plan.staged {
+        let mut resident = Vec::new();
+        let kept: &[usize] = if sched.stage_invariant { &plan.resident } else { &[] };
+        for (keep, &i) in plan.staged.iter().map(|i| (false, i)).chain(kept.iter().map(|i| (true, i))) {
             let size = cx.buffer(i)?.ty.dtype.size_bytes() as u32;
-            staged.push((i, size));
+            if keep { &mut resident } else { &mut staged }.push((i, size));
             bytes += (iters * per_iter) as u64 * u64::from(size);
             bytes = bytes.div_ceil(16) * 16;
         }
         let stage_bytes = u32::try_from(bytes).map_err(|_| cx.unsupported("a slice too large to stage"))?;
         let exact = slice * i64::from(sched.cluster) == n as i64 && slice % per_iter == 0;
-        Ok(Split { slice, iters, staged, stage_bytes, exact })
+        Ok(Split { slice, iters, staged, resident, stage_bytes, exact })
     }
 }
 
@@ -290,6 +315,9 @@ impl RowSchedule {
     /// variant's cache key, and what `sinter explain` shows.
     pub fn name(&self) -> String {
         let mut n = format!("rows t{} u{} c{}", self.threads_per_row, self.unroll, self.cluster);
+        if self.stage_invariant {
+            n.push_str(" w");
+        }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
         }
@@ -317,8 +345,17 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         if default.cluster == 1 {
             alts.push((1024, 2));
         }
-        scheds.extend(alts.into_iter().map(|(t, u)| RowSchedule { threads_per_row: t, unroll: u, ..default }).filter(|a| *a != default));
+        scheds.extend(alts.into_iter().map(|(t, u)| RowSchedule { threads_per_row: t, unroll: u, ..default }));
     }
+    if default.cluster > 1 && !Analysis::new(&cx, false, true)?.resident.is_empty() {
+        // The row-invariant inputs staged too, at the default's cluster size and the powers of
+        // two around it (those whose slices fit the shared memory).
+        for c in [2, 4, 8, default.cluster] {
+            scheds.push(RowSchedule { cluster: c, stage_invariant: true, threads_per_row: 256, unroll: 2, ..default });
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    scheds.retain(|sc| sc.cluster >= 1 && sc.cluster <= MAX_CLUSTER_EXPLICIT && seen.insert(*sc));
     Ok(scheds
         .into_iter()
         .map(|sc| {
@@ -331,13 +368,14 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
 /// [`RowSchedule::choose`]'s schedule for the kernel of `cx`, with its analysis.
 fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<(RowSchedule, Analysis)> {
     let plan = Analysis::new(cx, false, false)?;
+    let body = &cx.data.body;
     let min_size = plan.min_row_elem_size(cx)?;
-    let heavy = cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
+    let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
     let mut staged_bytes = 0u64;
     for &i in &plan.staged {
         staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
     }
-    let unstaged = cx.data.body.params.iter().enumerate().any(|(i, &p)| cx.data.body.ty(p).shape.last() == Some(&plan.n) && !plan.staged.contains(&i));
+    let unstaged = body.params.iter().enumerate().any(|(i, &p)| body.ty(p).shape.last() == Some(&plan.n) && !plan.staged.contains(&i));
     Ok((RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes, unstaged), plan))
 }
 
@@ -539,6 +577,9 @@ struct Analysis {
     /// Parameters the cluster schedule stages in shared memory: those of the row space's
     /// shape that a statistic reads (an ancestor of a row node's reduced operand).
     staged: Vec<usize>,
+    /// Row-invariant parameters of the row's length (shape `[1…, N]`, `N` not 1, not staged):
+    /// what [`RowSchedule::stage_invariant`] stages.
+    resident: Vec<usize>,
 }
 
 fn is_row_node(k: OpKind) -> bool {
@@ -699,7 +740,20 @@ impl Analysis {
         if passes <= 1 {
             staged.clear();
         }
-        Ok(Analysis { lead, n, stats, levels, outs, staged })
+        let resident = if staged.is_empty() || n.is_one() {
+            Vec::new()
+        } else {
+            body.params
+                .iter()
+                .enumerate()
+                .filter(|&(i, &p)| {
+                    let sh = &body.ty(p).shape;
+                    !staged.contains(&i) && sh.last() == Some(&n) && sh[..sh.len() - 1].iter().all(Dim::is_one)
+                })
+                .map(|(i, _)| i)
+                .collect()
+        };
+        Ok(Analysis { lead, n, stats, levels, outs, staged, resident })
     }
 
     /// The narrowest element of the buffers read or written along the rows.
@@ -828,11 +882,21 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 self.dsmem.set(Some(base));
                 let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
                 let mut arrays = HashMap::new();
-                for &(i, size) in &split.staged {
+                for &(i, size) in split.staged.iter().chain(&split.resident) {
                     let len = u32::try_from(split.iters * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
                     arrays.insert(i, self.smem_alloc(ev, len * size, 16)?);
                 }
-                ev.stage = Some(Stage { arrays, ready: Default::default(), filling: Default::default(), fill: true, cursor: None, lanes: s.vec });
+                ev.stage = Some(Stage {
+                    arrays,
+                    ready: Default::default(),
+                    filling: Default::default(),
+                    fill: true,
+                    cursor: None,
+                    lanes: s.vec,
+                    resident: split.resident.iter().map(|&(i, _)| i).collect(),
+                    resident_fill: false,
+                    row_axis: self.plan.lead.len(),
+                });
                 let rank = ev.kb.sreg("cluster.ctarank")?;
                 let slice = split.slice;
                 let (start, end) = ev.kb.in_prologue(|kb| {
@@ -1633,17 +1697,35 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// `cp.async.wait_group 0`, so the whole slice is in flight at once (instead of `unroll`
     /// vectors per thread per round trip) and the first pass reads the stage. Chunks the
     /// prefetch cannot copy (not a contiguous, aligned 16-byte vector) are loaded and staged
-    /// by the first pass as before. Nothing to do outside the cluster schedule.
+    /// by the first pass as before. The staged row-invariant inputs are copied in the same
+    /// loop ([`RowSchedule::stage_invariant`]). Nothing to do outside the cluster schedule.
     fn prefetch_slice(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
         let Some(split) = &self.split else { return Ok(()) };
         if split.staged.is_empty() {
             return Ok(());
+        }
+        // The staged row-invariant inputs (`RowSchedule::stage_invariant`), read at the
+        // chunk's column: a `cp.async` each, or a load and a store (visible to the thread at
+        // once) where the chunk is not an aligned 16-byte vector.
+        let mut row_shape = self.plan.lead.clone();
+        row_shape.push(self.plan.n.clone());
+        let mut invariant = Vec::with_capacity(split.resident.len());
+        for &(i, _) in &split.resident {
+            let p = *ev.f.params.get(i).ok_or_else(|| CodegenError::Builder(format!("no parameter {i}")))?;
+            invariant.push((i, ev.f.ty(p).shape.clone()));
+        }
+        if let Some(st) = ev.stage.as_mut() {
+            st.resident_fill = true;
         }
         let mut issued = false;
         self.chunk_loop(ev, "prefetch", (t, nv), &[], true, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             for &(i, _) in &split.staged {
                 issued |= ev.prefetch_param(i, &ch.at)?;
+            }
+            for (i, shape) in &invariant {
+                let at = ev.broadcast_at(&ch.at, &row_shape, shape)?;
+                issued |= ev.fill_param(*i, &at)?;
             }
             Ok(acc)
         })?;
@@ -1653,6 +1735,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         }
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
+            st.resident_fill = false;
         }
         Ok(())
     }
