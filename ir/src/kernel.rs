@@ -11,6 +11,7 @@
 
 use cranelift_entity::{entity_impl, PrimaryMap};
 
+use crate::dtype::DType;
 use crate::dim::{Bindings, Dim, DimError};
 use crate::graph::{Function, TensorType};
 
@@ -172,6 +173,38 @@ pub enum KernelParam {
     Buffer(usize),
     /// A 64-bit integer: a dim evaluated under the launch's bindings (sizes, strides).
     Size(Dim),
+    /// A TMA tensor map over one of the kernel's buffers, encoded by the runtime at launch
+    /// (`cuTensorMapEncodeTiled`) and passed by value as a 128-byte, 64-byte-aligned
+    /// `__grid_constant__` parameter (PTX: `.param .align 64 .b8 p[128]`), which the kernel's
+    /// `cp.async.bulk.tensor` copies name (PTX ISA §5.5.8 "Tensor-map", §9.7.9.25.5.2).
+    TensorMap(TensorMap),
+}
+
+/// A tiled TMA tensor map: a view of buffer `buffer` as a tensor of up to 5 dimensions,
+/// innermost first, read in boxes of `box_dims` elements into shared memory with the
+/// `swizzle` pattern; out-of-bounds elements of a box read as zero. All dims are in
+/// elements and evaluated under the launch's bindings.
+///
+/// The driver requires (and the runtime checks, naming the kernel): a 16-byte-aligned start
+/// address, strides that are multiples of 16 bytes and below 2⁴⁰, dims in `1..=2³²`, boxes
+/// of at most 256 elements a dimension whose innermost extent times the element size is a
+/// multiple of 16 bytes and, with a swizzle, at most the swizzle span.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorMap {
+    /// The kernel buffer (inputs then outputs, as [`KernelParam::Buffer`]).
+    pub buffer: usize,
+    /// The element type (`bf16`, `f16`, `f32`, `f8e4m3`: bytes as `uint8`).
+    pub dtype: DType,
+    /// Elements from the buffer's start to the tensor's first element.
+    pub offset: Dim,
+    /// Extent of each dimension, innermost first (the innermost is contiguous).
+    pub dims: Vec<Dim>,
+    /// Stride of each dimension after the innermost, in elements (`dims.len() − 1` of them).
+    pub strides: Vec<Dim>,
+    /// The box a copy moves, elements per dimension, innermost first.
+    pub box_dims: Vec<u32>,
+    /// The shared-memory swizzle span in bytes: 0 (none), 32, 64 or 128.
+    pub swizzle: u32,
 }
 
 /// What the runtime needs to launch a compiled kernel: the PTX, its entry point, the launch

@@ -26,7 +26,7 @@ pub mod verify;
 pub use builder::{BuildError, FunctionBuilder};
 pub use dim::{Bindings, Dim, DimError};
 pub use dtype::DType;
-pub use kernel::{Buffer, BufferData, BufferRole, Family, GridDim, Kernel, KernelData, KernelGraph, KernelParam, LaunchPlan, Layout};
+pub use kernel::{Buffer, BufferData, BufferRole, Family, GridDim, Kernel, KernelData, KernelGraph, KernelParam, LaunchPlan, Layout, TensorMap};
 pub use graph::{FuncId, Function, Graph, Node, NodeData, Signature, TensorType, Value, ValueData, ValueDef};
 pub use ops::{Attr, AttrKind, Op, OpClass, OpInfo, OpKind, OP_TABLE};
 pub use text::{parse, print, ParseError};

@@ -415,22 +415,38 @@ impl Device {
         Ok(())
     }
 
-    /// `cuLaunchKernel` of a resolved launch on the device's stream (every argument is 8
-    /// bytes: a device pointer or an i64).
+    /// `cuLaunchKernel` of a resolved launch on the device's stream (an argument is 8 bytes,
+    /// a device pointer or an i64, or a 128-byte tensor map encoded here).
     pub(crate) fn enqueue(&self, kernel: &LoadedKernel, r: &ResolvedLaunch) -> Result<(), RuntimeError> {
-        let mut storage: Vec<u64> = r
-            .args
-            .iter()
-            .map(|a| match *a {
-                ArgValue::Ptr(p) => p,
-                ArgValue::I64(v) => v as u64,
-            })
-            .collect();
-        let mut params: Vec<*mut c_void> = storage.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        let mut words: Vec<u64> = Vec::with_capacity(r.args.len());
+        let mut maps: Vec<sys::CUtensorMap> = Vec::new();
+        for a in &r.args {
+            match a {
+                ArgValue::Ptr(p) => words.push(*p),
+                ArgValue::I64(v) => words.push(*v as u64),
+                ArgValue::TensorMap(t) => {
+                    words.push(0);
+                    maps.push(encode_tensor_map(t).map_err(|e| RuntimeError::cuda("cuTensorMapEncodeTiled", e, Some(kernel.entry.clone())))?);
+                }
+            }
+        }
+        let (mut wi, mut mi) = (words.iter_mut(), maps.iter_mut());
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(r.args.len());
+        for a in &r.args {
+            let p: Option<*mut c_void> = match a {
+                ArgValue::TensorMap(_) => {
+                    let _ = wi.next();
+                    mi.next().map(|m| (m as *mut sys::CUtensorMap).cast())
+                }
+                _ => wi.next().map(|v| (v as *mut u64).cast()),
+            };
+            params.push(p.ok_or_else(|| RuntimeError::InvalidLaunch { entry: kernel.entry.clone(), reason: "argument storage".into() })?);
+        }
         self.bind()?;
         // SAFETY: `kernel.func` is a loaded function of this context; `params` points at one
-        // 8-byte value per kernel parameter, alive until cuLaunchKernel returns (the driver
-        // copies them). What the kernel does with the addresses is the plan's contract.
+        // value per kernel parameter (8 bytes, or a 64-byte-aligned 128-byte tensor map),
+        // alive until cuLaunchKernel returns (the driver copies them). What the kernel does
+        // with the addresses is the plan's contract.
         let r2 = unsafe {
             result::launch_kernel(
                 kernel.func,
@@ -709,4 +725,49 @@ fn check_len(shape: &[usize], n: usize) -> Result<(), RuntimeError> {
         return Err(RuntimeError::Buffer(format!("shape {shape:?} has {want} elements, {n} values were given")));
     }
     Ok(())
+}
+
+/// Encodes a tiled TMA tensor map (CUDA Driver API `cuTensorMapEncodeTiled`): element strides
+/// 1, no interleave, L2 promotion of 128 bytes, out-of-bounds elements read as zero. The
+/// encoding is host-only (no context needed); `t` was checked by
+/// [`crate::ResolvedTensorMap::check`].
+///
+/// # Errors
+/// The driver's error (`CUDA_ERROR_INVALID_VALUE` for a map it rejects).
+fn encode_tensor_map(t: &crate::ResolvedTensorMap) -> Result<sys::CUtensorMap, DriverError> {
+    use sys::CUtensorMapDataType_enum as Ty;
+    let ty = match t.dtype {
+        DType::BF16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F16 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::F32 => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        _ => Ty::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+    };
+    let swizzle = match t.swizzle {
+        32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+    };
+    let ones = [1u32; 5];
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every pointer is to a live array of at least `rank` (strides: rank − 1)
+    // elements; the function writes only `map`.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            ty,
+            t.dims.len() as u32,
+            t.address as *mut c_void,
+            t.dims.as_ptr(),
+            t.strides.as_ptr(),
+            t.box_dims.as_ptr(),
+            ones.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?;
+    }
+    Ok(map)
 }

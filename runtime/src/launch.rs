@@ -3,7 +3,7 @@
 //! it is tested without a GPU; [`Device::launch`](crate::Device::launch) feeds the result to
 //! `cuLaunchKernel`.
 
-use sinter_ir::{Bindings, KernelParam, LaunchPlan};
+use sinter_ir::{Bindings, DType, Dim, KernelParam, LaunchPlan};
 
 use crate::error::RuntimeError;
 
@@ -19,12 +19,70 @@ pub const MAX_THREADS_PER_BLOCK: u64 = 1024;
 pub const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 
 /// One kernel argument, as it is passed to the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgValue {
     /// A device pointer (`.param .u64` holding a global address).
     Ptr(u64),
     /// A 64-bit integer (`.param .u64`/`.s64`): a size or stride in elements.
     I64(i64),
+    /// A TMA tensor map, encoded at launch ([`crate::Device`] calls `cuTensorMapEncodeTiled`)
+    /// and passed as 128 bytes by value.
+    TensorMap(ResolvedTensorMap),
+}
+
+/// A [`sinter_ir::TensorMap`] with its buffer's address and every dim evaluated: the
+/// arguments of `cuTensorMapEncodeTiled` (dims innermost first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedTensorMap {
+    /// The element type.
+    pub dtype: DType,
+    /// Global address of the tensor's first element (buffer base + offset), bytes.
+    pub address: u64,
+    /// Extent of each dimension, elements.
+    pub dims: Vec<u64>,
+    /// Stride of each dimension after the innermost, bytes.
+    pub strides: Vec<u64>,
+    /// Box extent of each dimension, elements.
+    pub box_dims: Vec<u32>,
+    /// Swizzle span in bytes (0, 32, 64, 128).
+    pub swizzle: u32,
+}
+
+impl ResolvedTensorMap {
+    /// The driver's constraints on a tiled tensor map (CUDA Driver API, `cuTensorMapEncodeTiled`),
+    /// checked before the call so that a violation names what is wrong.
+    ///
+    /// # Errors
+    /// The violated constraint, as a sentence.
+    pub fn check(&self) -> Result<(), String> {
+        let rank = self.dims.len();
+        let esize = self.dtype.size_bytes() as u64;
+        if !(1..=5).contains(&rank) || self.strides.len() + 1 != rank || self.box_dims.len() != rank {
+            return Err(format!("rank {rank} with {} strides and {} box dims (rank 1 to 5, one stride fewer)", self.strides.len(), self.box_dims.len()));
+        }
+        if self.address % 16 != 0 {
+            return Err(format!("address {:#x} is not 16-byte aligned", self.address));
+        }
+        if let Some(d) = self.dims.iter().find(|&&d| d == 0 || d > 1 << 32) {
+            return Err(format!("a dimension of {d} elements (1 to 2^32)"));
+        }
+        if let Some(s) = self.strides.iter().find(|&&s| s % 16 != 0 || s >= 1 << 40) {
+            return Err(format!("a stride of {s} bytes (a multiple of 16 below 2^40)"));
+        }
+        if let Some(b) = self.box_dims.iter().find(|&&b| b == 0 || b > 256) {
+            return Err(format!("a box extent of {b} (1 to 256)"));
+        }
+        let inner = u64::from(self.box_dims[0]) * esize;
+        if inner % 16 != 0 {
+            return Err(format!("the box's inner extent is {inner} bytes (a multiple of 16)"));
+        }
+        match self.swizzle {
+            0 => {}
+            32 | 64 | 128 if inner <= u64::from(self.swizzle) => {}
+            sw => return Err(format!("swizzle {sw} with a {inner}-byte inner box extent (0, or 32/64/128 at least the extent)")),
+        }
+        Ok(())
+    }
 }
 
 /// A launch plan with every expression evaluated.
@@ -81,6 +139,21 @@ pub fn resolve(plan: &LaunchPlan, buffer_ptrs: &[u64], bindings: &Bindings) -> R
                 what: format!("parameter {i} (`{d}`) of kernel `{}`", plan.entry),
                 source,
             })?),
+            KernelParam::TensorMap(t) => {
+                let Some(&base) = buffer_ptrs.get(t.buffer) else {
+                    return Err(invalid(format!("parameter {i} is a tensor map of buffer {}, but the launch has {} buffers", t.buffer, buffer_ptrs.len())));
+                };
+                let eval = |d: &Dim, what: &str| -> Result<u64, RuntimeError> {
+                    let v = d.eval(bindings).map_err(|source| RuntimeError::Dim { what: format!("{what} (`{d}`) of parameter {i}'s tensor map, kernel `{}`", plan.entry), source })?;
+                    u64::try_from(v).map_err(|_| invalid(format!("parameter {i}'s tensor map: {what} `{d}` = {v} is negative")))
+                };
+                let esize = t.dtype.size_bytes() as u64;
+                let dims = t.dims.iter().map(|d| eval(d, "a dimension")).collect::<Result<Vec<_>, _>>()?;
+                let strides = t.strides.iter().map(|d| Ok(eval(d, "a stride")? * esize)).collect::<Result<Vec<_>, RuntimeError>>()?;
+                let map = ResolvedTensorMap { dtype: t.dtype, address: base + eval(&t.offset, "the offset")? * esize, dims, strides, box_dims: t.box_dims.clone(), swizzle: t.swizzle };
+                map.check().map_err(|e| invalid(format!("parameter {i}'s tensor map over buffer {}: {e}", t.buffer)))?;
+                ArgValue::TensorMap(map)
+            }
         });
     }
     Ok(ResolvedLaunch { entry: plan.entry.clone(), grid, block: plan.block, shared_bytes: plan.shared_bytes, args })
@@ -93,6 +166,7 @@ pub fn buffer_count(plan: &LaunchPlan) -> usize {
         .iter()
         .filter_map(|p| match p {
             KernelParam::Buffer(b) => Some(b + 1),
+            KernelParam::TensorMap(t) => Some(t.buffer + 1),
             KernelParam::Size(_) => None,
         })
         .max()
@@ -167,5 +241,39 @@ mod tests {
         // Overflowing u32 CTAs is an error, not a wrap.
         let err = resolve(&plan(), &[1, 2], &bind(&[("N", i64::MAX / 2)])).unwrap_err();
         assert!(matches!(err, RuntimeError::Dim { source: DimError::Overflow(_), .. }), "{err:?}");
+    }
+
+    /// A tensor map resolves to the buffer's address plus its offset, dims in elements and
+    /// strides in bytes; what the driver would reject is an error naming the parameter, the
+    /// buffer and the constraint.
+    #[test]
+    fn tensor_maps_resolve_and_are_checked() {
+        let map = |offset: Dim, k: Dim, box0: u32, swizzle: u32| {
+            let mut p = plan();
+            p.params.push(KernelParam::TensorMap(sinter_ir::TensorMap {
+                buffer: 1,
+                dtype: DType::BF16,
+                offset,
+                dims: vec![k.clone(), Dim::symbol("N")],
+                strides: vec![k],
+                box_dims: vec![box0, 128],
+                swizzle,
+            }));
+            p
+        };
+        let n = Dim::symbol("N");
+        let r = resolve(&map(Dim::constant(8), n.clone(), 64, 128), &[0x1000, 0x2000], &bind(&[("N", 4096)])).unwrap();
+        let Some(ArgValue::TensorMap(t)) = r.args.last() else { panic!("{:?}", r.args) };
+        assert_eq!((t.address, t.dims.clone(), t.strides.clone(), t.box_dims.clone()), (0x2010, vec![4096, 4096], vec![8192], vec![64, 128]));
+        for (p, n, want) in [
+            (map(Dim::constant(3), n.clone(), 64, 128), 4096, "not 16-byte aligned"),
+            (map(Dim::constant(0), n.clone(), 64, 128), 4100, "a multiple of 16"),
+            (map(Dim::constant(0), n.clone(), 128, 128), 4096, "swizzle 128 with a 256-byte"),
+            (map(Dim::constant(0), n.clone(), 300, 0), 4096, "box extent of 300"),
+        ] {
+            let err = resolve(&p, &[0x1000, 0x2000], &bind(&[("N", n)])).unwrap_err().to_string();
+            assert!(err.contains(want) && err.contains("buffer 1") && err.contains("k_add"), "{want}: {err}");
+        }
+        assert_eq!(buffer_count(&map(Dim::constant(0), n, 64, 128)), 2);
     }
 }

@@ -51,7 +51,7 @@ pub use codec::Element;
 pub use device::{Device, KernelAttributes, LoadedKernel};
 pub use error::RuntimeError;
 pub use executor::{free_symbols, CapturedGraph, Executor, KernelTime, Profile};
-pub use launch::{resolve, ArgValue, ResolvedLaunch};
+pub use launch::{resolve, ArgValue, ResolvedLaunch, ResolvedTensorMap};
 pub use plan_text::{parse_plan, print_plan};
 pub use pool::{MemoryPool, PoolStats, RawAllocator};
 pub use probe::{driver_available, probe, DeviceInfo};

@@ -18,7 +18,7 @@
 //! parser here (sums and differences of products of integers and `symbol^power`), so
 //! `parse_plan(&print_plan(p)) == p` for every plan.
 
-use sinter_ir::{Dim, GridDim, KernelParam, LaunchPlan};
+use sinter_ir::{DType, Dim, GridDim, KernelParam, LaunchPlan, TensorMap};
 
 /// Writes `plan` in the text form above.
 pub fn print_plan(plan: &LaunchPlan) -> String {
@@ -34,6 +34,19 @@ pub fn print_plan(plan: &LaunchPlan) -> String {
         match p {
             KernelParam::Buffer(i) => s.push_str(&format!("param buffer {i}\n")),
             KernelParam::Size(d) => s.push_str(&format!("param size {d}\n")),
+            KernelParam::TensorMap(t) => {
+                let list = |v: &[Dim]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+                let boxes = t.box_dims.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+                s.push_str(&format!(
+                    "param tmap {} {} {} {boxes} | {} | {} | {}\n",
+                    t.buffer,
+                    t.dtype.name(),
+                    t.swizzle,
+                    t.offset,
+                    list(&t.dims),
+                    list(&t.strides)
+                ));
+            }
         }
     }
     s.push_str(&format!("ptx {}\n", plan.ptx.len()));
@@ -90,6 +103,8 @@ pub fn parse_plan(text: &str) -> Result<LaunchPlan, String> {
             params.push(KernelParam::Buffer(p.parse::<usize>().map_err(|e| format!("line {n}: buffer index: {e}"))?));
         } else if let Some(p) = line.strip_prefix("param size ") {
             params.push(KernelParam::Size(parse_dim(p).map_err(|e| format!("line {n}: {e}"))?));
+        } else if let Some(p) = line.strip_prefix("param tmap ") {
+            params.push(KernelParam::TensorMap(parse_tensor_map(p).map_err(|e| format!("line {n}: tensor map: {e}"))?));
         } else if let Some(p) = line.strip_prefix("ptx ") {
             break p.parse::<usize>().map_err(|e| format!("line {n}: ptx length: {e}"))?;
         } else {
@@ -105,6 +120,34 @@ pub fn parse_plan(text: &str) -> Result<LaunchPlan, String> {
 
 fn truncate(s: &str) -> String {
     s.chars().take(60).collect()
+}
+
+/// Reads a tensor map as [`print_plan`] writes it: `buffer dtype swizzle box,… | offset |
+/// dim; … | stride; …`.
+fn parse_tensor_map(text: &str) -> Result<TensorMap, String> {
+    let parts: Vec<&str> = text.split(" | ").collect();
+    let [head, offset, dims, strides] = parts.as_slice() else {
+        return Err(format!("expected four `|`-separated fields, found {}", parts.len()));
+    };
+    let head: Vec<&str> = head.split(' ').collect();
+    let [buffer, dtype, swizzle, boxes] = head.as_slice() else {
+        return Err("expected `buffer dtype swizzle box`".into());
+    };
+    let list = |t: &str| -> Result<Vec<Dim>, String> {
+        if t.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        t.split(';').map(parse_dim).collect()
+    };
+    Ok(TensorMap {
+        buffer: buffer.parse().map_err(|e| format!("buffer `{buffer}`: {e}"))?,
+        dtype: DType::from_name(dtype).ok_or_else(|| format!("unknown dtype `{dtype}`"))?,
+        swizzle: swizzle.parse().map_err(|e| format!("swizzle `{swizzle}`: {e}"))?,
+        box_dims: boxes.split(',').map(|b| b.parse::<u32>().map_err(|e| format!("box `{b}`: {e}"))).collect::<Result<_, _>>()?,
+        offset: parse_dim(offset)?,
+        dims: list(dims)?,
+        strides: list(strides)?,
+    })
 }
 
 /// Parses a dimension in [`Dim`]'s printed form: `term (('+'|'-') term)*`, a term being
@@ -220,7 +263,21 @@ mod tests {
             grid: [GridDim { numerator: ds[5].clone(), denominator: 128 }, GridDim::fixed(4), GridDim { numerator: ds[6].clone(), denominator: 1 }],
             block: [128, 2, 1],
             shared_bytes: 99 * 1024,
-            params: vec![KernelParam::Buffer(0), KernelParam::Size(ds[4].clone()), KernelParam::Buffer(2), KernelParam::Size(ds[2].clone())],
+            params: vec![
+                KernelParam::Buffer(0),
+                KernelParam::Size(ds[4].clone()),
+                KernelParam::Buffer(2),
+                KernelParam::TensorMap(TensorMap {
+                    buffer: 1,
+                    dtype: DType::BF16,
+                    offset: ds[6].clone(),
+                    dims: vec![ds[3].clone(), ds[5].clone(), Dim::constant(8)],
+                    strides: vec![ds[4].clone(), ds[5].clone()],
+                    box_dims: vec![64, 256, 1],
+                    swizzle: 128,
+                }),
+                KernelParam::Size(ds[2].clone()),
+            ],
         };
         let text = print_plan(&plan);
         assert_eq!(parse_plan(&text).unwrap(), plan);
