@@ -63,7 +63,7 @@ use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
 use inkwell::passes::PassBuilderOptions;
-use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, FloatType};
+use inkwell::types::{AnyType, BasicMetadataTypeEnum, BasicType, BasicTypeEnum, FloatType};
 use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim};
@@ -86,6 +86,11 @@ pub enum ParamKind {
     },
     /// An `i64` (a size evaluated by the runtime: [`sinter_ir::KernelParam::Size`]).
     Size,
+    /// A TMA tensor map passed by value ([`sinter_ir::KernelParam::TensorMap`]): `ptr
+    /// byval([128 x i8]) align 64` marked `"nvvm.grid_constant"`, so that the kernel takes
+    /// its address in the parameter space (`cvta.param`) instead of copying it to local
+    /// memory — the address `cp.async.bulk.tensor` needs (CUDA's `__grid_constant__`).
+    TensorMap,
 }
 
 impl ParamKind {
@@ -165,11 +170,19 @@ impl<'ctx> KernelBuilder<'ctx> {
             .map(|p| match p {
                 ParamKind::Global { .. } => gptr.into(),
                 ParamKind::Size => cx.i64_type().into(),
+                ParamKind::TensorMap => cx.ptr_type(AddressSpace::default()).into(),
             })
             .collect();
         let func = module.add_function(name, cx.void_type().fn_type(&tys, false), None);
         func.set_call_conventions(PTX_KERNEL_CALL_CONV);
         for (i, p) in params.iter().enumerate() {
+            if *p == ParamKind::TensorMap {
+                let loc = AttributeLoc::Param(i as u32);
+                let bytes = cx.i8_type().array_type(128);
+                func.add_attribute(loc, cx.create_type_attribute(Attribute::get_named_enum_kind_id("byval"), bytes.as_any_type_enum()));
+                func.add_attribute(loc, cx.create_enum_attribute(Attribute::get_named_enum_kind_id("align"), 64));
+                func.add_attribute(loc, cx.create_string_attribute("nvvm.grid_constant", ""));
+            }
             if let ParamKind::Global { read_only, no_alias } = *p {
                 let loc = AttributeLoc::Param(i as u32);
                 if no_alias {
@@ -615,6 +628,101 @@ impl<'ctx> KernelBuilder<'ctx> {
         let call = self.b.build_indirect_call(fty, f, &args, "wgmma_wait")?;
         let st = basic(call.try_as_basic_value().basic(), "wgmma_wait")?.into_struct_value();
         (0..n as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
+    }
+
+    /// `mbarrier.init.shared::cta.b64 [bar], count` (PTX ISA §9.7.13.15.9): the 8-byte
+    /// mbarrier at shared address `bar` (32-bit) expects `count` arrivals a phase.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn mbarrier_init(&self, bar: IntValue<'ctx>, count: u32) -> R<()> {
+        self.asm_args(&format!("mbarrier.init.shared::cta.b64 [$0], {count};"), "r", &[bar.into()])
+    }
+
+    /// `fence.mbarrier_init.release.cluster` (PTX ISA §9.7.13.4): makes this thread's
+    /// `mbarrier.init`s visible to the async proxy (TMA's `complete_tx`) and to the cluster,
+    /// before the barrier that publishes them.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn fence_mbarrier_init(&self) -> R<()> {
+        self.asm_void("fence.mbarrier_init.release.cluster;")
+    }
+
+    /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes` (PTX ISA §9.7.13.15.12):
+    /// this thread's arrival at the mbarrier, raising the phase's expected transaction count
+    /// by `bytes` (what the copies that signal it will deliver).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn mbarrier_arrive_expect_tx(&self, bar: IntValue<'ctx>, bytes: u32) -> R<()> {
+        self.asm_args(&format!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {bytes};"), "r", &[bar.into()])
+    }
+
+    /// Waits until the phase of parity `parity` (i32, 0 or 1) of the mbarrier at `bar` has
+    /// completed: a loop of `mbarrier.try_wait.parity.shared::cta.b64` (PTX ISA §9.7.13.15.16;
+    /// each try suspends the thread for a while before it reports). Acquire semantics at CTA
+    /// scope: the data the phase's copies delivered is visible after it.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn mbarrier_wait_parity(&mut self, bar: IntValue<'ctx>, parity: IntValue<'ctx>) -> R<()> {
+        let i32t = self.cx.i32_type();
+        let fty = i32t.fn_type(&[i32t.into(), i32t.into()], false);
+        let text = "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\nselp.u32 $0, 1, 0, p;\n}";
+        let f = self.cx.create_inline_asm(fty, text.to_owned(), "=r,r,r,~{memory}".to_owned(), true, false, None, false);
+        let spin = self.block("mbar_wait");
+        let done = self.block("mbar_done");
+        self.br(spin)?;
+        self.position(spin);
+        let call = self.b.build_indirect_call(fty, f, &[bar.into(), parity.into()], "ready")?;
+        let ready = basic(call.try_as_basic_value().basic(), "mbarrier.try_wait")?.into_int_value();
+        let ok = self.b.build_int_compare(IntPredicate::NE, ready, i32t.const_zero(), "ok")?;
+        self.cond_br(ok, done, spin)?;
+        self.position(done);
+        Ok(())
+    }
+
+    /// `cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+    /// [dst], [map, {coords}], [bar]` (PTX ISA §9.7.9.25.5.2): the TMA unit copies the box of
+    /// the tensor map `map` (a `__grid_constant__` kernel parameter,
+    /// [`ParamKind::TensorMap`]) at element coordinates `coords` (i32, innermost first; out of
+    /// bounds reads as zero) to shared address `dst` (32-bit, aligned as the map's swizzle
+    /// asks: 1024 bytes for 128-byte swizzling) and signals the mbarrier at `bar` with the
+    /// box's bytes. Issued by one thread.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] (also for a rank outside 1..=5).
+    pub fn tma_load(&self, dst: IntValue<'ctx>, map: PointerValue<'ctx>, coords: &[IntValue<'ctx>], bar: IntValue<'ctx>) -> R<()> {
+        let r = coords.len();
+        if !(1..=5).contains(&r) {
+            return Err(CodegenError::Builder(format!("a TMA copy of rank {r}")));
+        }
+        let addr = self.b.build_ptr_to_int(map, self.cx.i64_type(), "tmap")?;
+        let cs = (0..r).map(|i| format!("${}", 3 + i)).collect::<Vec<_>>().join(", ");
+        let text = format!("cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{{cs}}}], [$2];");
+        let mut cons = vec!["r", "l", "r"];
+        cons.extend(std::iter::repeat_n("r", r));
+        let mut args: Vec<BasicMetadataValueEnum<'ctx>> = vec![dst.into(), addr.into(), bar.into()];
+        args.extend(coords.iter().map(|&c| BasicMetadataValueEnum::from(c)));
+        self.asm_args(&text, &cons.join(","), &args)
+    }
+
+    /// A side-effecting inline-asm statement with input operands `args` under constraints
+    /// `cons` (clobbering memory).
+    fn asm_args(&self, text: &str, cons: &str, args: &[BasicMetadataValueEnum<'ctx>]) -> R<()> {
+        let tys: Vec<BasicMetadataTypeEnum<'ctx>> = args
+            .iter()
+            .map(|a| match a {
+                BasicMetadataValueEnum::IntValue(v) => Ok(v.get_type().into()),
+                BasicMetadataValueEnum::PointerValue(v) => Ok(v.get_type().into()),
+                _ => Err(CodegenError::Builder("an inline-asm operand that is not an integer or a pointer".into())),
+            })
+            .collect::<R<_>>()?;
+        let fty = self.cx.void_type().fn_type(&tys, false);
+        let f = self.cx.create_inline_asm(fty, text.to_owned(), format!("{cons},~{{memory}}"), true, false, None, false);
+        self.b.build_indirect_call(fty, f, args, "")?;
+        Ok(())
     }
 
     /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` (PTX ISA §9.7.14.5.15;

@@ -833,6 +833,43 @@ fn sass_wgmma_has_hgmma() {
     }
 }
 
+/// The TMA-loaded wgmma matmul (sm_90a): two tensor maps (A `[M, K]`, B `[N, K]`, boxes of
+/// one K tile, 128-byte swizzle) as 128-byte `__grid_constant__` parameters addressed in the
+/// parameter space, `cp.async.bulk.tensor` copies completing on mbarriers; in the SASS
+/// `UTMALDG` and the mbarrier's `SYNCS` operations, `HGMMA`, and no `LDGSTS` (cp.async).
+/// Shapes with tails (200 × 1000 × 520, f16) too: the boxes' out-of-bounds rows read zero.
+#[test]
+fn sass_wgmma_tma_has_utmaldg() {
+    use sinter_codegen::kernels::matmul::{MatmulSchedule, WgmmaSchedule};
+    use sinter_ir::KernelParam;
+    let w = MatmulSchedule::Wgmma(WgmmaSchedule { tma: true, ..WgmmaSchedule::DEFAULT });
+    for (what, gk, (m, n, k)) in [("[N, K] B", matmul_at(DType::BF16, 512, 4096, 4096), (512, 4096, 4096)), ("f16 tails", matmul_at(DType::F16, 200, 1000, 520), (200, 1000, 520))] {
+        let plan = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap();
+        let maps: Vec<_> = plan.params.iter().filter_map(|p| if let KernelParam::TensorMap(t) = p { Some(t.clone()) } else { None }).collect();
+        assert_eq!(maps.len(), 2, "{what}: {:?}", plan.params);
+        for (t, outer, rows) in [(&maps[0], m, 128u32), (&maps[1], n, 256)] {
+            assert_eq!((t.dims.iter().map(|d| d.as_const()).collect::<Vec<_>>(), t.box_dims.clone(), t.swizzle), (vec![Some(k), Some(outer)], vec![64, rows], 128), "{what}");
+        }
+        for want in [".param .align 64 .b8", "cvta.param.u64", "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx", "fence.mbarrier_init"] {
+            assert!(plan.ptx.contains(want), "{what}: no `{want}` in the PTX");
+        }
+        assert!(!plan.ptx.contains("cp.async.cg"), "{what}: cp.async chunks in the TMA kernel");
+        let Some(r) = assemble(&plan) else { return };
+        assert!(!r.spills(), "{what}: spills: {r:?}");
+        let Some(tool) = cuobjdump() else { return };
+        let code = sass(&tool, &r.cubin, "wgmma");
+        for want in ["UTMALDG.2D", "SYNCS", "HGMMA.64x256x16.F32"] {
+            assert!(code.contains(want), "{what}: no {want}:\n{code}");
+        }
+        assert!(!code.contains("LDGSTS"), "{what}: cp.async in the TMA kernel");
+    }
+    // Operands neither the wgmma kernel nor a tensor map can read are refused with the
+    // reason: a K of 100 f16 (200-byte rows, not a multiple of 16 bytes).
+    let gk = matmul_at(DType::F16, 128, 256, 100);
+    let err = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap_err();
+    assert!(err.to_string().contains("16-byte"), "{err}");
+}
+
 /// Prefill attention on tensor cores, in the SASS: `HMMA` for Q·Kᵀ and P·V, `LDSM` for Q
 /// and K and its transposed form (`.MT88`) for V, `LDGSTS` (cp.async) for the tiles,
 /// `MUFU.EX2` alone for the exponentials (no subnormal range fix-ups), `VOTE.ANY` for the

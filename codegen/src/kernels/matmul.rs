@@ -139,7 +139,7 @@
 use inkwell::context::Context;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
-use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, OpKind, Value, ValueDef};
+use sinter_ir::{Attr, DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, Layout, OpKind, TensorMap, Value, ValueDef};
 
 use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 
@@ -402,12 +402,16 @@ pub struct WgmmaSchedule {
     pub tile: MmaSchedule,
     /// Product groups a warpgroup leaves in flight (0 or 1).
     pub in_flight: u32,
+    /// Load the stages with the Tensor Memory Accelerator ([`TmaLoads`]: one thread issues
+    /// `cp.async.bulk.tensor` copies of A's and B's boxes from tensor maps, completing on a
+    /// stage's mbarrier) instead of every thread's `cp.async` chunks ([`StageLoads`]).
+    pub tma: bool,
 }
 
 impl WgmmaSchedule {
     /// [`MmaSchedule::WGMMA`] with one K tile's products in flight (H200, bf16 8192³: 707.1
     /// TFLOP/s = 1.04× cuBLAS, against 592.8 waiting for each tile's products).
-    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 1 };
+    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 1, tma: false };
 }
 
 /// The tensor-core schedule of a matmul whose B operand is block-quantized (`q8_0`/`q4_1`,
@@ -576,6 +580,13 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         let waiting = WgmmaSchedule { in_flight: 0, ..WgmmaSchedule::DEFAULT };
         let alts = [MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT), MatmulSchedule::Wgmma(waiting), MatmulSchedule::Wgmma(narrow), MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)];
         scheds.extend(alts.into_iter().filter(|a| *a != default));
+        // The TMA-loaded forms, where the operands allow tensor maps.
+        for w in [WgmmaSchedule::DEFAULT, narrow] {
+            let t = WgmmaSchedule { tma: true, ..w };
+            if spec.tma_maps(&t.tile).is_ok() && MatmulSchedule::Wgmma(t) != default {
+                scheds.push(MatmulSchedule::Wgmma(t));
+            }
+        }
     }
     if spec.b_quant.is_some() {
         // Quantized weights: other step lengths and warp shapes, with and without the
@@ -614,7 +625,15 @@ impl MatmulSchedule {
             MatmulSchedule::SmallM(s) => format!("gemv r{} l{} c{}", s.rows, s.lanes, s.columns),
             MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
             MatmulSchedule::QuantMma(s) => format!("qmma w{} t{} k{}{}", s.warps, s.tiles, s.chunk, if s.prefetch { " prefetch" } else { "" }),
-            MatmulSchedule::Wgmma(w) => format!("wgmma {}x{}x{} s{}{}", w.tile.bm, w.tile.bn, w.tile.bk, w.tile.stages, if w.in_flight > 0 { format!(" f{}", w.in_flight) } else { String::new() }),
+            MatmulSchedule::Wgmma(w) => format!(
+                "wgmma {}x{}x{} s{}{}{}",
+                w.tile.bm,
+                w.tile.bn,
+                w.tile.bk,
+                w.tile.stages,
+                if w.in_flight > 0 { format!(" f{}", w.in_flight) } else { String::new() },
+                if w.tma { " tma" } else { "" }
+            ),
         }
     }
 }
@@ -625,7 +644,15 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         MatmulSchedule::SmallM(s) => ("matmul_small_m", s.check(), s.threads()),
         MatmulSchedule::Mma(s) => ("matmul_mma", s.check().and_then(|()| spec.mma_plan(s, target).map(|_| ())), s.threads()),
         MatmulSchedule::QuantMma(s) => ("matmul_mma_q", s.check().and_then(|()| spec.quant_mma_ok()), s.threads()),
-        MatmulSchedule::Wgmma(w) => ("matmul_wgmma", w.tile.check().and_then(|()| if w.in_flight <= 1 { Ok(()) } else { Err(format!("{w:?}: at most one product group in flight")) }).and_then(|()| spec.wgmma_plan(&w.tile, target).map(|_| ())), w.tile.threads()),
+        MatmulSchedule::Wgmma(w) => (
+            "matmul_wgmma",
+            w.tile
+                .check()
+                .and_then(|()| if w.in_flight <= 1 { Ok(()) } else { Err(format!("{w:?}: at most one product group in flight")) })
+                .and_then(|()| spec.wgmma_plan(&w.tile, target).map(|_| ()))
+                .and_then(|()| if w.tma { spec.tma_maps(&w.tile).map(|_| ()) } else { Ok(()) }),
+            w.tile.threads(),
+        ),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
     let quant_ok = match schedule {
@@ -640,7 +667,11 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let entry = format!("{}_{tag}", spec.kernel_name);
     let ctx = Context::create();
     let n_outputs = spec.n_buffers - spec.n_inputs;
-    let (ptx, params) = Kit::build(&ctx, &entry, *target, spec.n_inputs, n_outputs, &spec.all_dims, threads, |kit| match schedule {
+    let maps = match schedule {
+        MatmulSchedule::Wgmma(w) if w.tma => spec.tma_maps(&w.tile).map_err(|e| unsupported(&spec.kernel_name, e))?,
+        _ => Vec::new(),
+    };
+    let (ptx, params) = Kit::build_with_maps(&ctx, &entry, *target, (spec.n_inputs, n_outputs), &maps, &spec.all_dims, threads, |kit| match schedule {
         MatmulSchedule::Tiled(s) => build_tiled(kit, spec, s),
         MatmulSchedule::SmallM(s) => build_small_m(kit, spec, s),
         MatmulSchedule::Mma(s) => build_mma(kit, spec, s, &spec.mma_plan(s, target).map_err(|e| kit.err(e))?),
@@ -959,7 +990,7 @@ impl Spec {
             // `mma.sync`; 4096³: 213.2 against 301.3 µs).
             let w = MmaSchedule { warps_m: s.bm / 16, warps_n: 1, stages: 4, ..s };
             if self.wgmma_plan(&w, target).is_ok() {
-                return MatmulSchedule::Wgmma(WgmmaSchedule { tile: w, in_flight: 1 });
+                return MatmulSchedule::Wgmma(WgmmaSchedule { tile: w, ..WgmmaSchedule::DEFAULT });
             }
             if self.mma_plan(&s, target).is_ok() {
                 return MatmulSchedule::Mma(s);
@@ -1093,6 +1124,40 @@ impl Spec {
             return Err("wgmma reads K-major A and B only (B as [N, K])".into());
         }
         Ok(plan)
+    }
+
+    /// The TMA tensor maps of the wgmma kernel's operands ([`WgmmaSchedule::tma`]): A as
+    /// `[batch…, M, K]` and B as `[batch…, N, K]` (K innermost; a batch axis an operand is
+    /// broadcast along is left out), boxes of `64 × bm` and `64 × bn` elements (one K tile,
+    /// 128 bytes a row) with 128-byte swizzling — the layout of the cp.async slabs
+    /// ([`Slab::offset`]) and of the wgmma descriptors. Tails read as zero. Needs 16-bit
+    /// operands copyable in 16-byte chunks along K ([`MatOperand::chunks_ok`]: the driver's
+    /// 16-byte alignment of the start and strides), a direct or staged epilogue (not the paired
+    /// one, whose B tile is two segments), and at most three batch axes.
+    fn tma_maps(&self, s: &MmaSchedule) -> Result<Vec<TensorMap>, String> {
+        if matches!(self.epi, Epi::Paired { .. }) || self.b_quant.is_some() {
+            return Err("TMA loads need a direct or staged epilogue of an unquantized B".into());
+        }
+        let map = |op: &MatOperand, outer: &Dim, rows: u32| -> Result<TensorMap, String> {
+            if !op.chunks_ok(true) {
+                return Err("TMA loads need K-contiguous 16-bit operands with 16-byte-aligned rows, offset and base".into());
+            }
+            let mut dims = vec![self.k.clone(), outer.clone()];
+            let mut strides = vec![op.outer.clone()];
+            let mut box_dims = vec![s.bk, rows];
+            for (d, st) in self.batch.iter().zip(&op.batch_strides) {
+                if st.as_const() != Some(0) {
+                    dims.push(d.clone());
+                    strides.push(st.clone());
+                    box_dims.push(1);
+                }
+            }
+            if dims.len() > 5 {
+                return Err("TMA loads of more than three batch axes".into());
+            }
+            Ok(TensorMap { buffer: op.buffer, dtype: op.dtype, offset: op.offset.clone(), dims, strides, box_dims, swizzle: 128 })
+        };
+        Ok(vec![map(&self.a, &self.m, s.bm)?, map(&self.b, &self.n, s.bn)?])
     }
 
     /// Static shared memory of the tiled kernel: the slabs, or the staged tile (in the
@@ -2386,6 +2451,112 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
 /// §9.7.15.5.1 (8-row, 1024-byte swizzle atoms, stacked along M/N: stride byte offset 1024;
 /// the leading byte offset unused), given a 1024-byte-aligned slab. A `k16` step advances a
 /// descriptor's start address by 32 bytes inside the atom.
+/// The TMA loads of the wgmma kernel's pipeline ([`WgmmaSchedule::tma`], PTX ISA §9.7.9.25.5.2
+/// and §9.7.13.15 "mbarrier"): stage `i` has an mbarrier (arrival count 1); thread 0 fills a
+/// stage by arriving with the expected transaction bytes (A's and B's boxes) and issuing one
+/// `cp.async.bulk.tensor` per operand from its tensor map (`Kit` maps 0 and 1,
+/// [`Spec::tma_maps`]), which completes the barrier's phase as the bytes land; every thread
+/// waits on the phase's parity (`(kt / stages) mod 2` for K tile `kt`) before reading the
+/// stage. The boxes land 128-byte swizzled, as the descriptors expect.
+struct TmaLoads<'ctx> {
+    /// Shared address of stage 0's mbarrier (i32).
+    bars: IntValue<'ctx>,
+    /// Shared address of the dynamic shared memory (i32).
+    sbase: IntValue<'ctx>,
+    /// Whether this is thread 0 (i1).
+    leader: IntValue<'ctx>,
+    /// The box coordinates after K: (M row, N column, batch coordinates…) for A and B (i32).
+    a_at: Vec<IntValue<'ctx>>,
+    b_at: Vec<IntValue<'ctx>>,
+    a_base: u32,
+    b_base: u32,
+    tx_bytes: u32,
+    stage_bytes: u32,
+    stages: u32,
+    bk: u32,
+}
+
+impl<'ctx> TmaLoads<'ctx> {
+    /// Initialises the stages' mbarriers (thread 0, then a fence and a CTA barrier).
+    #[allow(clippy::too_many_arguments)]
+    fn new(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan, tid: IntValue<'ctx>, bases: &Bases<'ctx>, (m0, pid_n): (IntValue<'ctx>, IntValue<'ctx>), smem: PointerValue<'ctx>) -> R<Self> {
+        let bars = kit.mbarriers(s.stages)?;
+        let leader = kit.icmp(IntPredicate::EQ, tid, kit.i32c(0))?;
+        kit.if_then(leader, |k| {
+            for i in 0..s.stages {
+                k.mbarrier_init(k.add(bars, k.i32c((8 * i) as i32))?, 1)?;
+            }
+            k.fence_mbarrier_init()
+        })?;
+        kit.barrier()?;
+        let n0 = kit.mul(pid_n, kit.i64c(i64::from(s.bn)))?;
+        let at = |op: &MatOperand, outer: IntValue<'ctx>| -> R<Vec<IntValue<'ctx>>> {
+            let mut v = vec![kit.trunc32(outer)?];
+            for (c, st) in bases.coords.iter().zip(&op.batch_strides) {
+                if st.as_const() != Some(0) {
+                    v.push(kit.trunc32(*c)?);
+                }
+            }
+            Ok(v)
+        };
+        Ok(TmaLoads {
+            bars,
+            sbase: kit.smem_addr(smem)?,
+            leader,
+            a_at: at(&spec.a, m0)?,
+            b_at: at(&spec.b, n0)?,
+            a_base: plan.a.base,
+            b_base: plan.b.base,
+            tx_bytes: plan.a.bytes() + plan.b.bytes(),
+            stage_bytes: plan.stage_bytes,
+            stages: s.stages,
+            bk: s.bk,
+        })
+    }
+
+    /// The mbarrier of the stage at byte offset `stage` (i32).
+    fn bar(&self, k: &Kit<'ctx>, stage: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let idx = k.udiv(stage, k.i32c(self.stage_bytes as i32))?;
+        k.add(self.bars, k.shl(idx, 3)?)
+    }
+
+    /// Thread 0 issues K tile `kt`'s boxes into the stage at byte offset `stage`.
+    fn issue(&self, k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>) -> R<()> {
+        k.if_then(self.leader, |k| {
+            let bar = self.bar(k, stage)?;
+            k.mbarrier_arrive_expect_tx(bar, self.tx_bytes)?;
+            let k0 = k.mul(kt, k.i32c(self.bk as i32))?;
+            let dst = k.add(self.sbase, stage)?;
+            let mut a = vec![k0];
+            a.extend(self.a_at.iter().copied());
+            k.tma_load(k.add(dst, k.i32c(self.a_base as i32))?, 0, &a, bar)?;
+            let mut b = vec![k0];
+            b.extend(self.b_at.iter().copied());
+            k.tma_load(k.add(dst, k.i32c(self.b_base as i32))?, 1, &b, bar)
+        })
+    }
+
+    /// Waits until K tile `kt`'s boxes are in the stage at byte offset `stage`.
+    fn wait(&self, k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>) -> R<()> {
+        let parity = k.and(k.udiv(kt, k.i32c(self.stages as i32))?, k.i32c(1))?;
+        k.mbarrier_wait_parity(self.bar(k, stage)?, parity)
+    }
+
+    /// K tiles `0 … ahead − 1` (those that exist) into stages `0 … ahead − 1`.
+    fn prologue(&self, kit: &Kit<'ctx>, ktiles: IntValue<'ctx>, ahead: u32) -> R<()> {
+        for st in 0..ahead {
+            kit.if_then(kit.icmp(IntPredicate::SLT, kit.i32c(st as i32), ktiles)?, |k| self.issue(k, k.i32c(st as i32), k.i32c((st * self.stage_bytes) as i32)))?;
+        }
+        Ok(())
+    }
+}
+
+/// The stage loads of the wgmma kernel: every thread's `cp.async` chunks or the TMA's boxes.
+enum WgmmaLoads<'a, 'ctx> {
+    Chunks(StageLoads<'a, 'ctx>),
+    Tma(TmaLoads<'ctx>),
+}
+
 fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan) -> R<()> {
     let s = &w.tile;
     let threads = s.threads();
@@ -2401,16 +2572,28 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
     let smem = kit.shared(SharedKind::Dynamic(plan.smem_bytes), plan.smem_bytes)?;
     kit.align_dynamic_shared(1024)?;
 
-    let loads = StageLoads::new(kit, spec, s, plan, tid, &bases, (m0, pid_n), smem)?;
-    let ktiles = loads.ktiles(kit)?;
+    let loads = if w.tma {
+        WgmmaLoads::Tma(TmaLoads::new(kit, spec, s, plan, tid, &bases, (m0, pid_n), smem)?)
+    } else {
+        WgmmaLoads::Chunks(StageLoads::new(kit, spec, s, plan, tid, &bases, (m0, pid_n), smem)?)
+    };
+    let kdim = kit.dim(&spec.k)?;
+    let bk = i64::from(s.bk);
+    let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(bk - 1))?, kit.i64c(bk))?)?;
     // K tiles the copies run ahead: a stage is refilled once no warpgroup's products can
     // still read it (with a group left in flight, the one two tiles back).
     let ahead = stages - 1 - w.in_flight;
     if ahead < 1 {
         return Err(kit.err(format!("{w:?}: too few stages")));
     }
-    loads.prologue(kit, ktiles, ahead, plan.stage_bytes)?;
-    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| loads.issue(k, kt, stage);
+    match &loads {
+        WgmmaLoads::Chunks(l) => l.prologue(kit, ktiles, ahead, plan.stage_bytes)?,
+        WgmmaLoads::Tma(l) => l.prologue(kit, ktiles, ahead)?,
+    }
+    let issue = |k: &Kit<'ctx>, kt: IntValue<'ctx>, stage: IntValue<'ctx>| match &loads {
+        WgmmaLoads::Chunks(l) => l.issue(k, kt, stage),
+        WgmmaLoads::Tma(l) => l.issue(k, kt, stage),
+    };
 
     // Matrix descriptors (§9.7.15.5.1): start address >> 4 in bits 0–13, leading byte offset
     // (unused for swizzled K-major operands: 1) in 16–29, stride byte offset 1024 >> 4 in
@@ -2436,10 +2619,16 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
     let read = kit.var_i(kit.i32c(0))?;
     let write = kit.var_i(kit.i32c((ahead * plan.stage_bytes) as i32))?;
     kit.for_range(kit.i32c(0), ktiles, kit.i32c(1), |k, kt| {
-        k.cp_async_wait(ahead - 1)?;
-        k.fence_proxy_async()?;
-        k.barrier()?;
         let rs = k.get_i(read, k.i32t)?;
+        match &loads {
+            WgmmaLoads::Chunks(_) => {
+                k.cp_async_wait(ahead - 1)?;
+                k.fence_proxy_async()?;
+            }
+            // The TMA writes through the async proxy, as wgmma reads: no proxy fence.
+            WgmmaLoads::Tma(l) => l.wait(k, kt, rs)?,
+        }
+        k.barrier()?;
         let mut descs = Vec::with_capacity((s.bk / 16) as usize);
         for kk in 0..s.bk / 16 {
             let off = k.add(rs, k.i32c((32 * kk) as i32))?;
@@ -2454,10 +2643,14 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
         let nk = k.add(kt, k.i32c(ahead as i32))?;
         let ws = k.get_i(write, k.i32t)?;
         k.if_then(k.icmp(IntPredicate::SLT, nk, ktiles)?, |k| issue(k, nk, ws))?;
-        k.cp_async_commit()?;
+        if !w.tma {
+            k.cp_async_commit()?;
+        }
         next_stage(k, write)
     })?;
-    kit.cp_async_wait(0)?;
+    if !w.tma {
+        kit.cp_async_wait(0)?;
+    }
     if w.in_flight > 0 {
         // The last group, waited for with the accumulators as its operands.
         let cur: Vec<FloatValue> = acc.iter().map(|&p| kit.get_f(p)).collect::<R<_>>()?;
@@ -2584,7 +2777,7 @@ pub(crate) mod kit {
     use inkwell::types::{BasicTypeEnum, FloatType, IntType};
     use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, IntValue, PointerValue};
     use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
-    use sinter_ir::{DType, Dim, Function, KernelData, KernelGraph, KernelParam, Layout, OpKind, Value, ValueDef};
+    use sinter_ir::{DType, Dim, Function, KernelData, KernelGraph, KernelParam, Layout, OpKind, TensorMap, Value, ValueDef};
 
     use crate::emit::{KernelBuilder, ParamKind, SizeTable};
     use crate::kernels::element::{Buf, Eval, IndexWidth};
@@ -2623,6 +2816,8 @@ pub(crate) mod kit {
         pub i64t: IntType<'ctx>,
         n_inputs: usize,
         n_buffers: usize,
+        /// TMA tensor maps, parameters after the buffers ([`Kit::tensor_map`]).
+        maps: Vec<TensorMap>,
         sizes: Vec<Dim>,
         requested: RefCell<Vec<Dim>>,
     }
@@ -2631,7 +2826,8 @@ pub(crate) mod kit {
         /// Kernel `name` for `target` with `n_inputs` read-only input buffers, `n_outputs`
         /// output buffers, one i64 parameter per distinct non-constant dim of `dims`, and a
         /// launch bound of `threads` threads per block; positioned in its body.
-        pub(crate) fn new(ctx: &'ctx Context, name: &str, target: Target, n_inputs: usize, n_outputs: usize, dims: &[Dim], threads: u32) -> R<Kit<'ctx>> {
+        /// TMA tensor maps `maps` are parameters after the buffers ([`Kit::tensor_map`]).
+        pub(crate) fn with_maps(ctx: &'ctx Context, name: &str, target: Target, (n_inputs, n_outputs): (usize, usize), maps: &[TensorMap], dims: &[Dim], threads: u32) -> R<Kit<'ctx>> {
             let mut sizes: Vec<Dim> = Vec::new();
             for d in dims {
                 if d.as_const().is_none() && !sizes.contains(d) {
@@ -2640,6 +2836,7 @@ pub(crate) mod kit {
             }
             let mut params = vec![ParamKind::input(); n_inputs];
             params.extend(std::iter::repeat_n(ParamKind::output(), n_outputs));
+            params.extend(std::iter::repeat_n(ParamKind::TensorMap, maps.len()));
             params.extend(std::iter::repeat_n(ParamKind::Size, sizes.len()));
             let kb = KernelBuilder::new(ctx, name, &params, target)?;
             // No `.maxntid` by default: with it, ptxas 12.9 trades registers for occupancy on
@@ -2657,6 +2854,7 @@ pub(crate) mod kit {
                 i64t: ctx.i64_type(),
                 n_inputs,
                 n_buffers: n_inputs + n_outputs,
+                maps: maps.to_vec(),
                 sizes,
                 requested: RefCell::new(Vec::new()),
             })
@@ -2670,7 +2868,7 @@ pub(crate) mod kit {
             self.sizes
                 .iter()
                 .enumerate()
-                .filter(|(i, d)| requested.contains(d) || kb.func.get_nth_param((self.n_buffers + i) as u32).is_some_and(|p| p.get_first_use().is_some()))
+                .filter(|(i, d)| requested.contains(d) || kb.func.get_nth_param((self.first_size() + i) as u32).is_some_and(|p| p.get_first_use().is_some()))
                 .map(|(_, d)| d.clone())
                 .collect()
         }
@@ -2690,14 +2888,30 @@ pub(crate) mod kit {
             threads: u32,
             build: impl Fn(&Kit<'ctx>) -> R<()>,
         ) -> R<(String, Vec<KernelParam>)> {
-            let kit = Kit::new(ctx, name, target, n_inputs, n_outputs, dims, threads)?;
+            Self::build_with_maps(ctx, name, target, (n_inputs, n_outputs), &[], dims, threads, build)
+        }
+
+        /// [`Kit::build`] of a kernel that also takes the TMA tensor maps `maps` (parameters
+        /// after the buffers, [`Kit::tensor_map`]).
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn build_with_maps(
+            ctx: &'ctx Context,
+            name: &str,
+            target: Target,
+            io: (usize, usize),
+            maps: &[TensorMap],
+            dims: &[Dim],
+            threads: u32,
+            build: impl Fn(&Kit<'ctx>) -> R<()>,
+        ) -> R<(String, Vec<KernelParam>)> {
+            let kit = Kit::with_maps(ctx, name, target, io, maps, dims, threads)?;
             build(&kit)?;
             let used = kit.used_sizes();
             let kit = if used.len() == kit.sizes.len() {
                 kit
             } else {
                 drop(kit);
-                let kit = Kit::new(ctx, name, target, n_inputs, n_outputs, &used, threads)?;
+                let kit = Kit::with_maps(ctx, name, target, io, maps, &used, threads)?;
                 build(&kit)?;
                 kit
             };
@@ -2744,8 +2958,23 @@ pub(crate) mod kit {
         /// The kernel's parameter list: every buffer, then every size.
         pub(crate) fn params(&self) -> Vec<KernelParam> {
             let mut p: Vec<KernelParam> = (0..self.n_buffers).map(KernelParam::Buffer).collect();
+            p.extend(self.maps.iter().cloned().map(KernelParam::TensorMap));
             p.extend(self.sizes.iter().cloned().map(KernelParam::Size));
             p
+        }
+
+        /// The parameter index of the first size (after the buffers and tensor maps).
+        fn first_size(&self) -> usize {
+            self.n_buffers + self.maps.len()
+        }
+
+        /// Tensor map `i`'s parameter: a pointer to its 128 bytes in the parameter space.
+        pub(crate) fn tensor_map(&self, i: usize) -> R<PointerValue<'ctx>> {
+            if i >= self.maps.len() {
+                return Err(self.err(format!("no tensor map {i}")));
+            }
+            let p = self.bld().func.get_nth_param((self.n_buffers + i) as u32).ok_or_else(|| self.err(format!("no parameter for tensor map {i}")))?;
+            Ok(p.into_pointer_value())
         }
 
         /// An internal error of the generator.
@@ -2778,7 +3007,7 @@ pub(crate) mod kit {
                 req.push(d.clone());
             }
             drop(req);
-            self.bld().param_int(self.n_buffers + pos)
+            self.bld().param_int(self.first_size() + pos)
         }
 
         // ---- constants -------------------------------------------------------------------
@@ -2943,6 +3172,33 @@ pub(crate) mod kit {
         /// [`KernelBuilder::wgmma_wait`].
         pub(crate) fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
             self.bld().wgmma_wait(acc)
+        }
+        /// `n` mbarriers (8 bytes each, a static shared array): the shared address (i32) of
+        /// the first; barrier `i` is 8·i bytes further.
+        pub(crate) fn mbarriers(&self, n: u32) -> R<IntValue<'ctx>> {
+            let p = self.kb.try_borrow_mut().map_err(|_| self.err("builder in use"))?.shared_array(self.i64t.into(), n.max(1), 8, "mbar");
+            self.smem_addr(p)
+        }
+        /// [`KernelBuilder::mbarrier_init`].
+        pub(crate) fn mbarrier_init(&self, bar: IntValue<'ctx>, count: u32) -> R<()> {
+            self.bld().mbarrier_init(bar, count)
+        }
+        /// [`KernelBuilder::fence_mbarrier_init`].
+        pub(crate) fn fence_mbarrier_init(&self) -> R<()> {
+            self.bld().fence_mbarrier_init()
+        }
+        /// [`KernelBuilder::mbarrier_arrive_expect_tx`].
+        pub(crate) fn mbarrier_arrive_expect_tx(&self, bar: IntValue<'ctx>, bytes: u32) -> R<()> {
+            self.bld().mbarrier_arrive_expect_tx(bar, bytes)
+        }
+        /// [`KernelBuilder::mbarrier_wait_parity`].
+        pub(crate) fn mbarrier_wait_parity(&self, bar: IntValue<'ctx>, parity: IntValue<'ctx>) -> R<()> {
+            self.kb.try_borrow_mut().map_err(|_| self.err("builder in use"))?.mbarrier_wait_parity(bar, parity)
+        }
+        /// [`KernelBuilder::tma_load`] from tensor map `map` ([`Kit::tensor_map`]).
+        pub(crate) fn tma_load(&self, dst: IntValue<'ctx>, map: usize, coords: &[IntValue<'ctx>], bar: IntValue<'ctx>) -> R<()> {
+            let m = self.tensor_map(map)?;
+            self.bld().tma_load(dst, m, coords, bar)
         }
         /// The shared-memory address (i32, in the CTA's shared window) of `p`.
         pub(crate) fn smem_addr(&self, p: PointerValue<'ctx>) -> R<IntValue<'ctx>> {
@@ -3152,7 +3408,7 @@ pub(crate) mod kit {
         /// dims. Kit methods must not be called inside `f` (the evaluator holds the builder).
         pub(crate) fn with_eval<T>(&self, body: &Function, params: Vec<Buf<'ctx>>, f: impl FnOnce(&mut Eval<'_, 'ctx>) -> R<T>) -> R<T> {
             let mut kb = self.kb.try_borrow_mut().map_err(|_| self.err("builder in use"))?;
-            let mut sizes = SizeTable::fixed(self.sizes.clone(), self.n_buffers, true);
+            let mut sizes = SizeTable::fixed(self.sizes.clone(), self.first_size(), true);
             let mut ev = Eval::new(&mut kb, &mut sizes, body, params, IndexWidth::I64);
             f(&mut ev)
         }
