@@ -936,6 +936,8 @@ fn candidate_graphs() -> Vec<sinter::Graph> {
         sinter::graph! { fn main(x: f16[200, 520], w: f16[1000, 520], b: f16[1000]) -> f16[200, 1000] { x.matmul(w, transpose_b = true) + b } }.unwrap(),
         sinter::graph! { fn main(x: bf16[256, 512], wg: bf16[768, 512], wu: bf16[768, 512]) -> bf16[256, 768] { x.matmul(wg, transpose_b = true).silu() * x.matmul(wu, transpose_b = true) } }.unwrap(),
         sinter::graph! { fn main(x: bf16[512, 4096], w: bf16[4096, 4096]) -> bf16[512, 4096] { x.matmul(w, transpose_b = true) } }.unwrap(),
+        // Batched, B broadcast across the batch (the TMA kernel's rank-3 and rank-2 maps).
+        sinter::graph! { fn main(x: bf16[3, 130, 256], w: bf16[200, 256]) -> bf16[3, 130, 200] { x.matmul(w, transpose_b = true) } }.unwrap(),
     ]
 }
 

@@ -805,14 +805,16 @@ fn sass_has_tensor_core_instructions() {
     }
 }
 
-/// The Hopper GEMM (`wgmma`, sm_90a) in the SASS: `HGMMA` warpgroup products reading both
-/// operands from shared memory, `LDGSTS` (cp.async) for the slabs, the async-proxy fence;
+/// The Hopper GEMM (`wgmma`, sm_90a) loaded by cp.async (the schedule where the operands
+/// allow no tensor map) in the SASS: `HGMMA` warpgroup products reading both operands from
+/// shared memory, `LDGSTS` (cp.async) for the slabs, the async-proxy fence;
 /// no spills. sm_80 refuses the schedule.
 #[test]
 fn sass_wgmma_has_hgmma() {
     let Some(tool) = cuobjdump() else { return };
     use sinter_codegen::kernels::matmul::{MatmulSchedule, WgmmaSchedule};
-    for w in [MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT), MatmulSchedule::Wgmma(WgmmaSchedule { in_flight: 0, ..WgmmaSchedule::DEFAULT })] {
+    let chunks = WgmmaSchedule { tma: false, ..WgmmaSchedule::DEFAULT };
+    for w in [MatmulSchedule::Wgmma(chunks), MatmulSchedule::Wgmma(WgmmaSchedule { in_flight: 0, ..chunks })] {
     for (what, gk) in [("[N, K] B", matmul_at(DType::BF16, 512, 4096, 4096)), ("f16 tails", matmul_at(DType::F16, 200, 1000, 520))] {
         let plan = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap();
         assert!(plan.entry.ends_with("_wgmma"), "{what}: {}", plan.entry);
@@ -863,6 +865,17 @@ fn sass_wgmma_tma_has_utmaldg() {
         }
         assert!(!code.contains("LDGSTS"), "{what}: cp.async in the TMA kernel");
     }
+    // Batched: A `[3, 130, 256]` gets a rank-3 map (its batch axis), B `[200, 256]`
+    // broadcast across the batch a rank-2 one; the TMA is the sm_90a default.
+    let mut fb = FunctionBuilder::new(&Graph::new(), "bmm");
+    let x = fb.param("x", ty(DType::BF16, &[d(3), d(130), d(256)]));
+    let wt = fb.param("w", ty(DType::BF16, &[d(200), d(256)]));
+    let y = op_a(&mut fb, OpKind::Matmul, &[x, wt], vec![("transpose_b", Attr::Bool(true))]);
+    let gk = single(Family::Matmul, fb.finish(&[y]).unwrap());
+    let plan = compile_kernel(&gk.0, gk.1, &Target::SM_90A).unwrap();
+    let ranks: Vec<usize> = plan.params.iter().filter_map(|p| if let KernelParam::TensorMap(t) = p { Some(t.dims.len()) } else { None }).collect();
+    assert_eq!(ranks, vec![3, 2], "{:?}", plan.params);
+    assert!(plan.ptx.contains("cp.async.bulk.tensor.3d") && plan.ptx.contains("cp.async.bulk.tensor.2d"));
     // Operands neither the wgmma kernel nor a tensor map can read are refused with the
     // reason: a K of 100 f16 (200-byte rows, not a multiple of 16 bytes).
     let gk = matmul_at(DType::F16, 128, 256, 100);

@@ -409,9 +409,11 @@ pub struct WgmmaSchedule {
 }
 
 impl WgmmaSchedule {
-    /// [`MmaSchedule::WGMMA`] with one K tile's products in flight (H200, bf16 8192³: 707.1
-    /// TFLOP/s = 1.04× cuBLAS, against 592.8 waiting for each tile's products).
-    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 1, tma: false };
+    /// [`MmaSchedule::WGMMA`] with one K tile's products in flight, loaded by the TMA where
+    /// the operands allow tensor maps (H200, bf16 8192³, bench/RESULTS.md: 1404.6 µs = 782.8
+    /// TFLOP/s = 1.13× cuBLAS with TMA, 1502.5 µs with every thread's cp.async; 4096³: 199.5
+    /// against 206.7 µs; waiting for each tile's products: 1818.2 µs).
+    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 1, tma: true };
 }
 
 /// The tensor-core schedule of a matmul whose B operand is block-quantized (`q8_0`/`q4_1`,
@@ -571,22 +573,18 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
         scheds.extend(alts.into_iter().map(MatmulSchedule::Mma).filter(|a| *a != default));
         if d.bm != 16 && spec.wgmma_plan(&MmaSchedule::WGMMA, target).is_ok() {
-            scheds.push(MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT));
+            scheds.push(MatmulSchedule::Wgmma(WgmmaSchedule { tma: false, ..WgmmaSchedule::DEFAULT }));
         }
     }
     if let MatmulSchedule::Wgmma(_) = default {
         // The other Hopper tile width, then the `mma.sync` kernels.
+        // TMA and cp.async loads, the other Hopper tile width, then the `mma.sync` kernels.
         let narrow = WgmmaSchedule { tile: MmaSchedule { bn: 128, ..MmaSchedule::WGMMA }, ..WgmmaSchedule::DEFAULT };
         let waiting = WgmmaSchedule { in_flight: 0, ..WgmmaSchedule::DEFAULT };
-        let alts = [MatmulSchedule::Wgmma(WgmmaSchedule::DEFAULT), MatmulSchedule::Wgmma(waiting), MatmulSchedule::Wgmma(narrow), MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)];
-        scheds.extend(alts.into_iter().filter(|a| *a != default));
-        // The TMA-loaded forms, where the operands allow tensor maps.
-        for w in [WgmmaSchedule::DEFAULT, narrow] {
-            let t = WgmmaSchedule { tma: true, ..w };
-            if spec.tma_maps(&t.tile).is_ok() && MatmulSchedule::Wgmma(t) != default {
-                scheds.push(MatmulSchedule::Wgmma(t));
-            }
-        }
+        let chunks = |w: WgmmaSchedule| WgmmaSchedule { tma: false, ..w };
+        let wg = [WgmmaSchedule::DEFAULT, chunks(WgmmaSchedule::DEFAULT), chunks(waiting), narrow, chunks(narrow)];
+        let alts = wg.into_iter().filter(|w| !w.tma || spec.tma_maps(&w.tile).is_ok()).map(MatmulSchedule::Wgmma).chain([MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)]);
+        scheds.extend(alts.filter(|a| *a != default));
     }
     if spec.b_quant.is_some() {
         // Quantized weights: other step lengths and warp shapes, with and without the
@@ -990,7 +988,8 @@ impl Spec {
             // `mma.sync`; 4096³: 213.2 against 301.3 µs).
             let w = MmaSchedule { warps_m: s.bm / 16, warps_n: 1, stages: 4, ..s };
             if self.wgmma_plan(&w, target).is_ok() {
-                return MatmulSchedule::Wgmma(WgmmaSchedule { tile: w, ..WgmmaSchedule::DEFAULT });
+                let tma = self.tma_maps(&w).is_ok();
+                return MatmulSchedule::Wgmma(WgmmaSchedule { tile: w, tma, ..WgmmaSchedule::DEFAULT });
             }
             if self.mma_plan(&s, target).is_ok() {
                 return MatmulSchedule::Mma(s);
@@ -3703,6 +3702,7 @@ pub(crate) mod tests {
             .iter()
             .filter_map(|p| match p {
                 KernelParam::Size(d) => Some(d.to_string()),
+                KernelParam::TensorMap(t) => Some(format!("tmap(buffer {}, box {:?})", t.buffer, t.box_dims)),
                 KernelParam::Buffer(_) => None,
             })
             .collect();
@@ -3923,11 +3923,13 @@ pub(crate) mod tests {
         // bf16 at a symbolic M: the tensor cores, 128×256 tiles, 144 KiB of dynamic shared
         // memory, the launch bound declared.
         let (g, k) = projection(sym("T"), DType::BF16);
-        // sm_90a: the same tile on warpgroup MMAs, 4 stages (192 KiB), 8 warps.
+        // sm_90a: the same tile on warpgroup MMAs, 4 stages (192 KiB), 8 warps, the stages
+        // loaded by the TMA from two tensor maps (parameters after the buffers).
         let hopper = generate(&g, k, &Target::SM_90A).unwrap();
         assert_eq!((hopper.entry.as_str(), hopper.block, hopper.shared_bytes), ("k0_matmul_wgmma", [256, 1, 1], 192 * 1024));
         assert_eq!(hopper.grid[..2], [GridDim { numerator: sym("T"), denominator: 128 }, GridDim { numerator: d(1536), denominator: 256 }]);
-        assert!(hopper.ptx.contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") && hopper.ptx.contains("fence.proxy.async.shared::cta"));
+        assert!(hopper.ptx.contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") && hopper.ptx.contains("cp.async.bulk.tensor.2d"));
+        assert!(matches!(hopper.params[..], [KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3), KernelParam::TensorMap(_), KernelParam::TensorMap(_), KernelParam::Size(_)]), "{:?}", hopper.params);
         let plan = generate(&g, k, &Target::SM_90).unwrap();
         assert_eq!(plan.entry, "k0_matmul_mma");
         assert_eq!(plan.block, [256, 1, 1]);
@@ -5380,6 +5382,7 @@ pub(crate) mod emu {
             let ty = match p {
                 KernelParam::Buffer(_) => "ptr",
                 KernelParam::Size(_) => "i64",
+                KernelParam::TensorMap(_) => panic!("the CPU emulator runs no TMA kernel (emulate an sm_90 target)"),
             };
             out.push_str(&format!("  %p{i} = getelementptr i64, ptr %args, i64 {i}\n  %a{i} = load {ty}, ptr %p{i}\n"));
             call.push(format!("{ty} %a{i}"));
@@ -5461,6 +5464,7 @@ pub(crate) mod emu {
             .map(|p| match p {
                 KernelParam::Buffer(i) => bufs[*i].as_mut_ptr() as u64,
                 KernelParam::Size(d) => d.eval(bindings).expect("a bound size") as u64,
+                KernelParam::TensorMap(_) => panic!("the CPU emulator runs no TMA kernel"),
             })
             .collect();
         let grid: Vec<u32> = plan.grid.iter().map(|g| g.eval(bindings).expect("a bound grid")).collect();
