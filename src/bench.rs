@@ -653,7 +653,10 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool) -> R
     }
     let mut rows = Vec::new();
     let mut previous: Vec<(Input, DeviceBuffer)> = Vec::new();
-    for c in cases(only)? {
+    // `SINTER_BENCH_CASE=text`: only the cases whose "name shape" contains `text` (to profile
+    // one kernel, e.g. under Nsight Compute).
+    let pick = std::env::var("SINTER_BENCH_CASE").ok();
+    for c in cases(only)?.into_iter().filter(|c| pick.as_ref().is_none_or(|p| format!("{} {}", c.name, c.shape).contains(p.as_str()))) {
         // The previous case's buffers that this one does not share are freed before the
         // uploads; the shared ones are used again.
         previous.retain(|(spec, _)| c.inputs.contains(spec));
