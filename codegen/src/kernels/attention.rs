@@ -75,7 +75,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
-use super::attention_tc::{self, TcSchedule};
+use super::attention_tc::{self, TcSchedule, WgSchedule};
 use super::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
 use super::KernelCtx;
 use crate::target::Target;
@@ -755,6 +755,12 @@ impl Prefill {
 /// LLVM and target errors otherwise.
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
+    if attention_tc::wg_eligible(&p, target).is_ok() {
+        match attention_tc::plan_wg(&p, target, &attention_tc::choose_wg_schedule(p.d, p.dv)) {
+            Err(CodegenError::Unsupported { .. }) => {}
+            done => return done,
+        }
+    }
     if attention_tc::eligible(&p).is_ok() {
         match attention_tc::plan(&p, target, &tc_default(&p, target)) {
             // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
@@ -795,7 +801,24 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
     // target's shared memory does not fit the tile); the alternatives other key tiles.
     let default = tc_default(&p, target);
     let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
-    let mut out: Vec<crate::Candidate<'a>> = vec![(default.name(), first)];
+    let mut out: Vec<crate::Candidate<'a>> = Vec::new();
+    if attention_tc::wg_eligible(&p, target).is_ok() {
+        // sm_90a: the wgmma kernel first (the default), its other tiles, then the mma.sync
+        // kernel's.
+        let wd = attention_tc::choose_wg_schedule(p.d, p.dv);
+        out.push((wd.name(), first));
+        let alts = [WgSchedule { pv_split: true, ..wd }, WgSchedule { block_kv: 64, ..wd }].into_iter().filter(|a| *a != wd);
+        for sc in alts {
+            let p = p.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan_wg(&p, target, &sc));
+            out.push((sc.name(), build));
+        }
+        let p2 = p.clone();
+        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan(&p2, target, &default));
+        out.push((default.name(), build));
+    } else {
+        out.push((default.name(), first));
+    }
     let alts = [32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default);
     for sc in alts {
         let p = p.clone();
@@ -815,6 +838,17 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
 pub fn generate_prefill_tc_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &TcSchedule) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
     attention_tc::plan(&p, target, schedule)
+}
+
+/// As [`generate_prefill`], on Hopper tensor cores (`wgmma`, sm_90a) with the schedule given
+/// ([`attention_tc`]).
+///
+/// # Errors
+/// As [`generate_prefill`], and [`CodegenError::Unsupported`] for a kernel or target the
+/// `wgmma` kernel does not take ([`attention_tc::wg_eligible`]) or an invalid schedule.
+pub fn generate_prefill_wg_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &WgSchedule) -> Result<LaunchPlan, CodegenError> {
+    let p = Prefill::analyse(graph, kernel)?;
+    attention_tc::plan_wg(&p, target, schedule)
 }
 
 /// As [`generate_prefill`], on CUDA cores with the schedule given (for autotuning and tests).
