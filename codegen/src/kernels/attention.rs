@@ -1310,9 +1310,10 @@ pub(crate) mod tests {
     #[test]
     fn launch_plans() {
         // bf16, D = 128, causal: the tensor-core kernel, 4 warps × 32 rows, 78 KiB of dynamic
-        // shared memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40).
+        // shared memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40). On
+        // sm_90 (sm_90a takes the wgmma kernel: below).
         let (g, k) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, true, false);
-        let plan = generate_prefill(&g, k, &Target::SM_90A).unwrap();
+        let plan = generate_prefill(&g, k, &Target::SM_90).unwrap();
         assert_eq!(plan.entry, "k0_attention");
         assert_eq!(plan.block, [128, 1, 1]);
         assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 128 });
@@ -1320,10 +1321,15 @@ pub(crate) mod tests {
         assert_eq!(plan.grid[2], GridDim { numerator: sym("B"), denominator: 1 });
         assert_eq!(plan.shared_bytes, 79872);
         assert_eq!(TcSchedule { warps: 4, m_tiles: 2, block_kv: 32, q_in_regs: false }.shared_bytes(128, 128), 79872);
-        // Not causal, on sm_90a: 48-key tiles, 99 KiB (K and V 48×136, the P scratch 128×56);
+        // Not causal, on sm_90: 48-key tiles, 99 KiB (K and V 48×136, the P scratch 128×56);
         // on sm_80, whose 164 KiB would not hold two CTAs of 99, 32-key tiles.
         let (gn, kn) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, false, false);
-        assert_eq!(generate_prefill(&gn, kn, &Target::SM_90A).unwrap().shared_bytes, 101376);
+        assert_eq!(generate_prefill(&gn, kn, &Target::SM_90).unwrap().shared_bytes, 101376);
+        // sm_90a: the wgmma kernel, 2 warpgroups × 64 rows, 194 KiB (Q 128×128, two stages of
+        // K and V 128×128, all swizzled slabs, and the P scratch 128×136).
+        let hw = generate_prefill(&gn, kn, &Target::SM_90A).unwrap();
+        assert_eq!((hw.entry.as_str(), hw.block, hw.shared_bytes), ("k0_attention_wgmma", [256, 1, 1], 128 * 128 * 2 * 5 + 128 * 136 * 2));
+        assert_eq!(hw.grid[0], GridDim { numerator: sym("T"), denominator: 128 });
         assert_eq!(generate_prefill(&gn, kn, &Target::SM_80).unwrap().shared_bytes, 79872);
         assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
         for s in ["T", "S"] {
@@ -1470,7 +1476,9 @@ pub(crate) mod tests {
                 let Some(report) = assemble(plan) else { return };
                 text.push_str(&format!("{}\n{report}", plan_line(plan)));
             }
-            assert!(plans[0].ptx.contains("cp.async.cg.shared.global") && plans[0].ptx.contains("mma.sync"), "the reshaped operands are still contiguous");
+            // sm_90a: the wgmma kernel (bf16, D 64), on the same cp.async copies.
+            let mma = if t == Target::SM_90A { "wgmma.mma_async" } else { "mma.sync" };
+            assert!(plans[0].ptx.contains("cp.async.cg.shared.global") && plans[0].ptx.contains(mma), "the reshaped operands are still contiguous");
         }
         insta::assert_snapshot!("attention_llama_ptxas", text);
         // The block table's view: layer 1 starts T·M elements in.
@@ -1568,7 +1576,8 @@ pub(crate) mod tests {
     fn emulated_prefill_tc_matches_interpreter() {
         use crate::kernels::matmul::emu::{check, random};
         let tc = |s: TcSchedule| move |g: &KernelGraph, k: Kernel| generate_prefill_tc_with(g, k, &Target::SM_80, &s);
-        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90A);
+        // sm_90 (not sm_90a, whose wgmma kernel the emulator cannot run): the same schedules.
+        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90);
         let sizes = |b: usize, t: usize, s: usize| bind(&[("B", b as i64), ("T", t as i64), ("S", s as i64)]);
         // Self-attention at three lengths, causal and not, D = 64 (GQA 3) and 128 (GQA 1).
         for (h, hkv, hd) in [(6, 2, 64), (2, 2, 128)] {
@@ -1631,12 +1640,17 @@ pub(crate) mod tests {
     fn emulated_prefill_variants() {
         use crate::kernels::matmul::emu::{check, random};
         let (g, k) = prefill(DType::BF16, 6, 2, sym("T"), sym("S"), 64, 64, true, false);
-        let built = crate::schedule_variants(&g, k, &Target::SM_90A).unwrap();
+        // sm_90a's candidates: the wgmma kernel's (not emulated: the GPU tests run them), then
+        // the mma.sync kernel's, which sm_90 has alone.
+        let hopper = crate::schedule_variants(&g, k, &Target::SM_90A).unwrap();
+        let names: Vec<&str> = hopper.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["wgmma kv128 g2", "wgmma kv128 g2 +split", "wgmma kv64 g2", "tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
+        let built = crate::schedule_variants(&g, k, &Target::SM_90).unwrap();
         let names: Vec<&str> = built.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
         let ins = [random(DType::BF16, &[1, 6, 129, 64], 40), random(DType::BF16, &[1, 2, 129, 64], 41), random(DType::BF16, &[1, 2, 129, 64], 42)];
         for name in names {
-            check(&format!("variant `{name}`"), &g, k, |g, k| crate::compile_variant(g, k, &Target::SM_90A, name), &ins, &bind(&[("B", 1), ("T", 129), ("S", 129)]));
+            check(&format!("variant `{name}`"), &g, k, |g, k| crate::compile_variant(g, k, &Target::SM_90, name), &ins, &bind(&[("B", 1), ("T", 129), ("S", 129)]));
         }
         assert!(crate::compile_variant(&g, k, &Target::SM_90A, "tc kv99").is_err());
     }
@@ -1695,15 +1709,15 @@ pub(crate) mod tests {
         g.buffers[ob].layout.align = 2;
         let ins = [random(DType::BF16, &[1, 2, 33, d], 62), random(DType::BF16, &[1, 1, 33, d], 63), random(DType::BF16, &[1, 1, 33, d], 64)];
         check("tc element stores", &g, k, gen, &ins, &sizes(33, 33));
-        // D = 128 on sm_90a, not causal (48-key tiles: 0..48, 48..96, 96..100, the last
+        // D = 128 on sm_90, not causal (48-key tiles: 0..48, 48..96, 96..100, the last
         // zero-filled past the sequence): NaN in V at key 35, +inf at key 70, NaN in q row 7.
-        let gen90 = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90A);
+        let gen90 = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90);
         let (g, k) = prefill(DType::BF16, 2, 1, sym("T"), sym("T"), 128, 128, false, false);
         let (t, d) = (100usize, 128usize);
         let q = with_values(random(DType::BF16, &[1, 2, t, d], 65), &[(7 * d + 4, f64::NAN)]);
         let v = with_values(random(DType::BF16, &[1, 1, t, d], 66), &[(35 * d + 3, f64::NAN), (70 * d + 9, f64::INFINITY)]);
         let ins = [q, random(DType::BF16, &[1, 1, t, d], 67), v];
-        check("tc D128 sm_90a NaN/inf in V, NaN in q", &g, k, gen90, &ins, &bind(&[("B", 1), ("T", t as i64)]));
+        check("tc D128 sm_90 NaN/inf in V, NaN in q", &g, k, gen90, &ins, &bind(&[("B", 1), ("T", t as i64)]));
     }
 
     /// Paged decode emulated against the interpreter: lengths 0, 1, a partly filled last

@@ -1,6 +1,7 @@
 //! Prefill attention on tensor cores: FlashAttention-2 (Dao 2023, arXiv 2307.08691,
 //! Algorithm 1 and §3.3) with `mma.sync.m16n8k16`, the default schedule of
-//! [`super::attention::generate_prefill`] for bf16 and f16.
+//! [`super::attention::generate_prefill`] for bf16 and f16 — and on sm_90a, for head dims 64
+//! and 128, the same algorithm on `wgmma` (see "The Hopper kernel").
 //!
 //! # Schedule ([`TcSchedule`])
 //! A CTA of `warps` warps owns `block_q = 16·m_tiles·warps` query rows of one (batch, head);
@@ -69,6 +70,38 @@
 //! Rows past the sequence are zero-filled, so they never need it. Finite inputs cost one scan
 //! of part of the diagonal tile per warp (and a cheap check of each row's first tile), and
 //! the products are the interpreter's for every input, NaN and ±inf included.
+//!
+//! # The Hopper kernel ([`WgSchedule`], sm_90a)
+//! On sm_90a, for head dims D, Dv ∈ {64, 128} without an additive mask ([`wg_eligible`]),
+//! [`super::attention::generate_prefill`] builds the same algorithm on `wgmma.mma_async`
+//! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608, without its producer warpgroup and
+//! ping-pong yet). It is this module's kernel with three things changed:
+//! - **CTA**: `warpgroups` (2) consumer warpgroups of 4 warps, each owning 64 query rows (a
+//!   warp 16: the `TcSchedule` walk with one slab a warp), 128-key tiles. A warpgroup
+//!   computes a key tile when any of its rows sees a key of it (not per warp: a `wgmma` needs
+//!   its four warps).
+//! - **Shared memory**: Q, and two stages of K and V, as 128-byte-swizzled slabs of 64
+//!   columns (the K-major canonical layout of §9.7.15.5.1, 1024-byte aligned; copied with
+//!   the same 16-byte `cp.async`, then `fence.proxy.async` before the barrier), then the P
+//!   scratch (padded rows), which also stages the output. D = 128: 194 KiB, one CTA an SM.
+//! - **Products**: S = Q·Kᵀ is one `m64n{block_kv}k16` per 16 columns of D, both operands
+//!   K-major from shared memory (as the GEMM's A and B). Its f32 accumulators are, per warp,
+//!   exactly the `m16n8` C layout of `block_kv / 8` tiles, so the softmax, masking and NaN
+//!   handling below run unchanged. O += P·V is one `m64n{Dv}k16` per 16 keys with **A = P
+//!   from registers** (the bf16/f16 pairs of two adjacent n8 tiles of S are the register A
+//!   fragment, as for `mma.sync`) and B = V from shared memory, **MN-major** (`imm-trans-b`;
+//!   its descriptor's leading byte offset steps 64 columns of Dv: see `mn_major` in the
+//!   source), or with `pv_split` one `m64n64k16` per 64 columns. Each `wgmma` group is waited
+//!   for at once (`wait_group 0`); the two warpgroups overlap each other.
+//! - **Non-finite V**: a warpgroup takes a tile's CUDA-core P·V when any of its warps finds a
+//!   non-finite V value in a product the interpreter does not make (`bar.red.or.pred` on
+//!   named barrier `1 + warpgroup`).
+//!
+//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet: an
+//! intra-warpgroup overlap of the softmax with the next Q·Kᵀ, producer/consumer warpgroups
+//! with TMA and `mbarrier`s, `setmaxnreg`, a third consumer warpgroup, an additive mask, other
+//! head dims (they take the `mma.sync` kernel, as sm_80 and sm_90 always do). The CPU
+//! emulator cannot run `wgmma`: the kernel's correctness rests on the GPU tests.
 //!
 //! # What it takes
 //! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
