@@ -256,8 +256,10 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
         qmatmul_cases(&mut out)?;
     }
     if want("attn") {
-        let (b, h, s, d) = (2usize, 32usize, 4096usize, 128usize);
-        for causal in [false, true] {
+        // The anchor's shapes: B2 H32 S4096 D128 (the target), B1 H32 S16384 D128,
+        // B2 H32 S4096 D64. On sm_90a the kernel is the wgmma one (FlashAttention-3 tiles),
+        // elsewhere FlashAttention-2 on mma.sync.
+        for (b, h, s, d, causal) in [(2usize, 32usize, 4096usize, 128usize, false), (2, 32, 4096, 128, true), (1, 32, 16384, 128, false), (1, 32, 16384, 128, true), (2, 32, 4096, 64, false), (2, 32, 4096, 64, true)] {
             let g = crate::graph! {
                 fn main(q: bf16[{b}, {h}, {s}, {d}], k: bf16[{b}, {h}, {s}, {d}], v: bf16[{b}, {h}, {s}, {d}]) -> bf16[{b}, {h}, {s}, {d}] {
                     q.attention(k, v, scale = 1.0 / (d as f64).sqrt(), causal = causal, heads = h, kv_heads = h)
@@ -267,7 +269,7 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
             let key = shape.clone();
             out.push(BenchCase {
                 group: "attn",
-                name: "attention (FlashAttention-2, tensor cores)".into(),
+                name: "attention (sm_90a: wgmma FA3 tiles; else FA2 mma.sync)".into(),
                 shape,
                 graph: g,
                 lowering: Lowering::Unfused,

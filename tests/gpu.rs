@@ -211,7 +211,7 @@ fn every_gpu_case_compiles_and_assembles_without_spills() {
     let Some(ptxas) = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap() else { return };
     let mut fails = Vec::new();
     let mut kernels = 0;
-    for c in family_cases().into_iter().chain(big_cases()) {
+    for c in family_cases().into_iter().chain(big_cases()).chain(wgmma_attention_cases()) {
         let g = sinter::ir::parse(&c.src).unwrap();
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let kg = match lowering {
@@ -267,6 +267,95 @@ fn unified_max_reaches_the_decode_kernel() {
                 let plan = sinter_codegen::compile_kernel(&kg, decode[0], &target).unwrap();
                 assert!(plan.ptx.contains("vote.sync.ballot"), "{} [{lowering:?}] {}: no unified-max fast path", c.name, target.name());
             }
+        }
+    }
+}
+
+/// Prefill attention cases for the Hopper `wgmma` kernel (the default on sm_90a for head
+/// dims 64 and 128 without a mask; on other cards they run the `mma.sync` kernel): causal and
+/// not, Sq ≠ Skv (bottom-right alignment, fully masked rows when Sq > Skv), sequence tails
+/// (1, 17, 200, 1000 against 128-key and 128-row tiles), GQA 8/2, D 64 and 128 (and Dv 64
+/// under D 128), f16, NaN in q, k and v (hidden by the causal mask and visible), ±inf in V,
+/// and the rows' log-sum-exp (`lse=true`).
+fn wgmma_attention_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let attn = |dt: &str, b: usize, h: usize, hkv: usize, sq: usize, skv: usize, d: usize, dv: usize, causal: bool, lse: bool| {
+        let (res, ret, attr) = if lse { (format!(", %l: f32[{b}, {h}, {sq}]"), ", %l", ", lse=true") } else { (String::new(), "", "") };
+        format!(
+            "func @main(%q: {dt}[{b}, {h}, {sq}, {d}], %k: {dt}[{b}, {hkv}, {skv}, {d}], %v: {dt}[{b}, {hkv}, {skv}, {dv}]) {{\n  %o: {dt}[{b}, {h}, {sq}, {dv}]{res} = attention(%q, %k, %v) {{scale=0.0883883, causal={causal}, heads={h}, kv_heads={hkv}{attr}}}\n  return %o{ret}\n}}"
+        )
+    };
+    let mut seed = 200;
+    for d in [64, 128] {
+        for causal in [false, true] {
+            for (sq, skv) in [(1, 1), (17, 17), (200, 200), (1000, 1000), (100, 300), (300, 100), (1, 200), (200, 17)] {
+                seed += 1;
+                cases.push(Case::new(format!("wgmma attention bf16 causal={causal} Sq={sq} Skv={skv} H=8/2 D={d}"), attn("bf16", 1, 8, 2, sq, skv, d, d, causal, false), &[], seed, 1.0, Box::new(none)));
+            }
+        }
+    }
+    cases.push(Case::new("wgmma attention bf16 causal Sq=Skv=1000 H=8/2 D=128 Dv=64", attn("bf16", 2, 8, 2, 1000, 1000, 128, 64, true, false), &[], 230, 1.0, Box::new(none)));
+    cases.push(Case::new("wgmma attention f16 causal Sq=Skv=333 H=4/4 D=128", attn("f16", 2, 4, 4, 333, 333, 128, 128, true, false), &[], 231, 1.0, Box::new(none)));
+    cases.push(Case::new("wgmma attention f16 not causal Sq=Skv=129 H=4/2 D=64", attn("f16", 1, 4, 2, 129, 129, 64, 64, false, false), &[], 232, 1.0, Box::new(none)));
+    for (causal, sq, skv, d) in [(true, 300, 300, 128), (false, 200, 1000, 64), (true, 300, 100, 128)] {
+        cases.push(Case::new(format!("wgmma attention bf16 lse causal={causal} Sq={sq} Skv={skv} H=8/2 D={d}"), attn("bf16", 1, 8, 2, sq, skv, d, d, causal, true), &[], 233, 1.0, Box::new(none)));
+    }
+    // NaN in q row 7 (head 0), in a K row hidden from the first rows (key 150), NaN/±inf in V
+    // rows the causal mask hides from some rows (keys 135, 170, 260, 261) and a NaN one every
+    // row sees (key 3 of the second KV head): the interpreter's NaN rows, and no NaN from
+    // products it never makes.
+    for d in [64, 128] {
+        cases.push(Case::new(
+            format!("wgmma attention bf16 causal NaN/inf in q, k, v Sq=Skv=300 H=8/2 D={d}"),
+            attn("bf16", 1, 8, 2, 300, 300, d, d, true, false),
+            &[],
+            240 + d as u64,
+            1.0,
+            Box::new(move |ins: &mut Vec<(String, Tensor)>| {
+                let q: &'static [(usize, f64)] = if d == 64 { &[(7 * 64 + 4, f64::NAN)] } else { &[(7 * 128 + 4, f64::NAN)] };
+                let k: &'static [(usize, f64)] = if d == 64 { &[(150 * 64 + 1, f64::NAN)] } else { &[(150 * 128 + 1, f64::NAN)] };
+                let v: &'static [(usize, f64)] = if d == 64 {
+                    &[(135 * 64 + 3, f64::NAN), (170 * 64 + 9, f64::INFINITY), (260 * 64 + 10, f64::INFINITY), (261 * 64 + 10, f64::NEG_INFINITY), ((300 + 3) * 64 + 5, f64::NAN)]
+                } else {
+                    &[(135 * 128 + 3, f64::NAN), (170 * 128 + 9, f64::INFINITY), (260 * 128 + 100, f64::INFINITY), (261 * 128 + 100, f64::NEG_INFINITY), ((300 + 3) * 128 + 5, f64::NAN)]
+                };
+                specials("q", q)(ins);
+                specials("k", k)(ins);
+                specials("v", v)(ins);
+            }),
+        ));
+    }
+    cases
+}
+
+/// The `wgmma` prefill attention kernel against the interpreter ([`wgmma_attention_cases`]);
+/// on a card without sm_90a the same cases run the `mma.sync` kernel.
+#[test]
+fn gpu_wgmma_attention_matches_the_interpreter() {
+    let Some(dev) = device() else { return };
+    eprintln!("device: {} (target {})", dev.info(), sinter::gpu::target_for(&dev));
+    let mut fails = Vec::new();
+    for c in wgmma_attention_cases() {
+        fails.extend(case(&dev, &c.name, &c.src, &c.syms, c.seed, c.widen, &c.edit));
+    }
+    assert!(fails.is_empty(), "{} GPU case failures:\n{}", fails.len(), fails.join("\n"));
+}
+
+/// Without a GPU: every case of [`wgmma_attention_cases`] compiles, under both lowerings, to
+/// the `wgmma` kernel on sm_90a (and to the `mma.sync` kernel on sm_90).
+#[cfg(feature = "llvm")]
+#[test]
+fn wgmma_attention_cases_take_the_wgmma_kernel() {
+    for c in wgmma_attention_cases() {
+        let g = sinter::ir::parse(&c.src).unwrap();
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            let kg = sinter::gpu::lower(&g, lowering).unwrap();
+            let attn: Vec<_> = kg.kernels.iter().filter(|(_, d)| d.family == sinter::ir::Family::Attention).map(|(k, _)| k).collect();
+            assert_eq!(attn.len(), 1, "{} [{lowering:?}]", c.name);
+            let plan = sinter_codegen::compile_kernel(&kg, attn[0], &sinter_codegen::Target::SM_90A).unwrap();
+            assert!(plan.entry.ends_with("_attention_wgmma"), "{} [{lowering:?}]: {}", c.name, plan.entry);
+            let plan = sinter_codegen::compile_kernel(&kg, attn[0], &sinter_codegen::Target::SM_90).unwrap();
+            assert!(plan.ptx.contains("mma.sync") && !plan.ptx.contains("wgmma"), "{} [{lowering:?}] sm_90", c.name);
         }
     }
 }
@@ -805,7 +894,7 @@ fn precompile_gpu_test_kernels() {
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let mut stats = sinter::gpu::CompileStats::default();
     let mut total = 0;
-    let mut graphs: Vec<sinter::Graph> = family_cases().iter().chain(&big_cases()).map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
+    let mut graphs: Vec<sinter::Graph> = family_cases().iter().chain(&big_cases()).chain(&wgmma_attention_cases()).map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
     graphs.extend(zoo_cases().into_iter().map(|z| z.1));
     graphs.extend(crate::cascade::precompile_graphs());
     graphs.extend(candidate_graphs());
@@ -819,7 +908,7 @@ fn precompile_gpu_test_kernels() {
     let mut fails = Vec::new();
     // Every schedule candidate of the autotuning test's kernels and of the candidate test's.
     #[cfg(feature = "llvm")]
-    for g in autotune_graphs().into_iter().chain(candidate_graphs()) {
+    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()) {
         let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache) {
             Ok(n) => total += n,
@@ -947,17 +1036,48 @@ fn candidate_graphs() -> Vec<sinter::Graph> {
 #[test]
 fn gpu_every_matmul_candidate_matches_the_interpreter() {
     let Some(dev) = device() else { return };
+    every_candidate_matches(&dev, candidate_graphs(), 120);
+}
+
+/// Prefill attention graphs whose every schedule candidate
+/// `gpu_every_attention_candidate_matches_the_interpreter` runs: on sm_90a the `wgmma`
+/// kernel (`wgmma kv128 g2`), its `+split` form (one n64 `wgmma` per 64 columns of V: no
+/// leading byte offset in V's descriptor), 64-key tiles, and the `mma.sync` kernel's tiles —
+/// D 128 causal with tails (Sq 300, Skv 333), D 64 not causal, GQA 8/2.
+fn attention_candidate_graphs() -> Vec<sinter::Graph> {
+    [
+        "func @main(%q: bf16[1, 8, 300, 128], %k: bf16[1, 2, 333, 128], %v: bf16[1, 2, 333, 128]) {\n  %o: bf16[1, 8, 300, 128] = attention(%q, %k, %v) {scale=0.0883883, causal=true, heads=8, kv_heads=2}\n  return %o\n}",
+        "func @main(%q: bf16[1, 8, 257, 64], %k: bf16[1, 2, 257, 64], %v: bf16[1, 2, 257, 64]) {\n  %o: bf16[1, 8, 257, 64] = attention(%q, %k, %v) {scale=0.125, causal=false, heads=8, kv_heads=2}\n  return %o\n}",
+    ]
+    .iter()
+    .map(|src| sinter::ir::parse(src).unwrap())
+    .collect()
+}
+
+/// Every schedule candidate of the prefill attention kernels of [`attention_candidate_graphs`]
+/// (pinned in turn) matches the interpreter on the device: on sm_90a each `wgmma` candidate
+/// and the `mma.sync` kernel. Where the default fails and `+split` passes, V's leading byte
+/// offset (the MN-major descriptor) is the suspect.
+#[test]
+fn gpu_every_attention_candidate_matches_the_interpreter() {
+    let Some(dev) = device() else { return };
+    every_candidate_matches(&dev, attention_candidate_graphs(), 140);
+}
+
+/// Runs every schedule candidate of each tunable kernel of `graphs` (the i-th candidate of
+/// every kernel at once, pinned with `sinter::tune::pin`) against the interpreter.
+fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) {
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
-    let target = sinter::gpu::target_for(&dev);
+    let target = sinter::gpu::target_for(dev);
     let mut fails = Vec::new();
-    for (gi, g) in candidate_graphs().into_iter().enumerate() {
+    for (gi, g) in graphs.into_iter().enumerate() {
         let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
         let tunable: Vec<_> = kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)).collect();
         assert!(!tunable.is_empty(), "graph {gi}: no tunable kernel");
         let names: Vec<Vec<String>> = tunable.iter().map(|&k| sinter::tune::cached_names(&kg, k, target, &cache).unwrap()).collect();
         let rounds = names.iter().map(Vec::len).max().unwrap_or(0);
         assert!(rounds >= 2, "graph {gi}: candidates {names:?}");
-        let ins = inputs_for(&g, &Bindings::new(), 120 + gi as u64, 7);
+        let ins = inputs_for(&g, &Bindings::new(), seed + gi as u64, 7);
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
         let want = sinter::ir::interp::run_entry(&g, &refs, &Bindings::new()).unwrap();
         let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
@@ -968,7 +1088,7 @@ fn gpu_every_matmul_candidate_matches_the_interpreter() {
                 sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
                 chosen.push(name.clone());
             }
-            let p = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).unwrap();
+            let p = GpuProgram::compile_with_options(&g, dev, Lowering::Fused, false, &mut |_, _| {}).unwrap();
             assert_eq!(p.stats().tuned, tunable.len(), "graph {gi} {chosen:?}: the pinned candidates ran");
             let got = p.run(&named, &Bindings::new()).unwrap();
             for (o, w) in got.iter().zip(&want) {

@@ -608,6 +608,85 @@ impl<'ctx> KernelBuilder<'ctx> {
         (0..regs as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
     }
 
+    /// One K tile of a warpgroup's `m64nNk16` products with A from **registers** (PTX ISA
+    /// §9.7.15.5.2, the `wgmma.mma_async … d, a, b-desc, scale-d, imm-scale-a, imm-scale-b,
+    /// imm-trans-b` form): `wgmma.fence`, one `wgmma.mma_async` per `(a, b_desc)` pair of
+    /// `steps` — `a` the four `.b32` registers of the warp's 16×16 A fragment (figure "WGMMA
+    /// .m64nNk16 register fragment layout for matrix A": warp `w % 4` holds rows `16·(w % 4) ..`,
+    /// lane `(g, t) = (lane/4, lane%4)` holds `{(g, 2t), (g, 2t+1)}`, `{(g+8, 2t), ..}`,
+    /// `{(g, 2t+8), ..}`, `{(g+8, 2t+8), ..}`, low half first — the `mma.m16n8k16` A layout),
+    /// `b_desc` B's matrix descriptor —, `wgmma.commit_group`, `wgmma.wait_group in_flight`.
+    /// `trans_b` sets `imm-trans-b` (B stored MN-major, N contiguous; allowed for bf16/f16
+    /// only). `acc` as in [`KernelBuilder::wgmma_k_tile`]. Every thread of the warpgroup must
+    /// execute it. sm_90a only.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] (also for an `n` that is not a multiple of 8 in 8..=256 or a
+    /// dtype other than bf16/f16).
+    pub fn wgmma_rs_k_tile(&self, dt: sinter_ir::DType, n: u32, acc: &[FloatValue<'ctx>], steps: &[([IntValue<'ctx>; 4], IntValue<'ctx>)], trans_b: bool, in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
+        let ty = match dt {
+            sinter_ir::DType::BF16 => "bf16",
+            sinter_ir::DType::F16 => "f16",
+            _ => return Err(CodegenError::Builder(format!("wgmma of {dt} operands"))),
+        };
+        let regs = (n / 2) as usize;
+        if n % 8 != 0 || !(8..=256).contains(&n) || acc.len() != regs || steps.is_empty() {
+            return Err(CodegenError::Builder(format!("wgmma m64n{n}k16 (A in registers) with {} accumulators", acc.len())));
+        }
+        let f32t = self.cx.f32_type();
+        let (i32t, i64t) = (self.cx.i32_type(), self.cx.i64_type());
+        let out_ty = self.cx.struct_type(&vec![f32t.into(); regs], false);
+        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum<'ctx>> = vec![f32t.into(); regs];
+        for _ in steps {
+            params.extend(std::iter::repeat_n(inkwell::types::BasicMetadataTypeEnum::from(i32t), 4));
+            params.push(i64t.into());
+        }
+        let fty = out_ty.fn_type(&params, false);
+        let list = (0..regs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        let tb = u32::from(trans_b);
+        let mut text = String::from("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.fence.sync.aligned;\n");
+        for j in 0..steps.len() {
+            let o = 2 * regs + 5 * j;
+            text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{list}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, {tb};\n", o, o + 1, o + 2, o + 3, o + 4));
+        }
+        text.push_str(&format!("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned {in_flight};\n}}"));
+        let mut cons: Vec<String> = (0..regs).map(|_| "=f".to_owned()).collect();
+        cons.extend((0..regs).map(|i| i.to_string()));
+        for _ in steps {
+            cons.extend(std::iter::repeat_n("r".to_owned(), 4));
+            cons.push("l".to_owned());
+        }
+        cons.push("~{memory}".to_owned());
+        let f = self.cx.create_inline_asm(fty, text, cons.join(","), true, false, None, false);
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> = acc.iter().map(|&v| v.into()).collect();
+        for (a, b) in steps {
+            args.extend(a.iter().map(|&x| inkwell::values::BasicMetadataValueEnum::from(x)));
+            args.push((*b).into());
+        }
+        let call = self.b.build_indirect_call(fty, f, &args, "wgmma_rs")?;
+        let st = basic(call.try_as_basic_value().basic(), "wgmma_rs")?.into_struct_value();
+        (0..regs as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
+    }
+
+    /// `bar.red.or.pred` over the `count` threads (a multiple of 32) that reach named barrier
+    /// `id` (an `i32`, 1..=15; 0 is the CTA barrier of [`KernelBuilder::barrier`]) (PTX ISA
+    /// §9.7.13.1, "bar, barrier"): every one of them gets whether `flag` (an `i1`) holds in any
+    /// of them — a barrier and a vote over, for instance, one warpgroup. Every thread counted
+    /// must reach it, with the whole warp (`.aligned`).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn bar_red_or(&self, id: IntValue<'ctx>, count: u32, flag: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let i32t = self.cx.i32_type();
+        let fty = i32t.fn_type(&[i32t.into(), i32t.into()], false);
+        let text = format!("{{\n.reg .pred p, q;\nsetp.ne.b32 p, $1, 0;\nbar.red.or.pred q, $2, {count}, p;\nselp.b32 $0, 1, 0, q;\n}}");
+        let f = self.cx.create_inline_asm(fty, text, "=r,r,r,~{memory}".to_owned(), true, false, None, false);
+        let x = self.b.build_int_z_extend(flag, i32t, "")?;
+        let r = self.b.build_indirect_call(fty, f, &[x.into(), id.into()], "bar_red_or")?;
+        let v = basic(r.try_as_basic_value().basic(), "bar_red_or")?.into_int_value();
+        Ok(self.b.build_int_compare(inkwell::IntPredicate::NE, v, i32t.const_zero(), "")?)
+    }
+
     /// `wgmma.wait_group.sync.aligned 0` with the accumulators `acc` as in-out operands: after
     /// [`KernelBuilder::wgmma_k_tile`] with a group left in flight, the wait that makes them
     /// readable (LLVM orders their later reads after it).

@@ -886,11 +886,12 @@ fn sass_wgmma_tma_has_utmaldg() {
 /// Prefill attention on tensor cores, in the SASS: `HMMA` for Q·Kᵀ and P·V, `LDSM` for Q
 /// and K and its transposed form (`.MT88`) for V, `LDGSTS` (cp.async) for the tiles,
 /// `MUFU.EX2` alone for the exponentials (no subnormal range fix-ups), `VOTE.ANY` for the
-/// warp's decisions, at sm_80 and sm_90a, for head dims 64 and 128, causal or not.
+/// warp's decisions, at sm_80 and sm_90 (sm_90a takes the `wgmma` kernel:
+/// [`sass_attention_wgmma_has_hgmma`]), for head dims 64 and 128, causal or not.
 #[test]
 fn sass_attention_has_tensor_core_instructions() {
     let Some(tool) = cuobjdump() else { return };
-    for t in [Target::SM_80, Target::SM_90A] {
+    for t in [Target::SM_80, Target::SM_90] {
         for (hd, causal) in [(64, true), (128, true), (128, false)] {
             let (g, k) = attention_at(DType::BF16, 2, 32, 8, 512, hd, causal);
             let plan = compile_kernel(&g, k, &t).unwrap();
@@ -903,6 +904,37 @@ fn sass_attention_has_tensor_core_instructions() {
             let hmma = code.matches("HMMA.16816").count();
             assert!(hmma >= 128, "{t} D{hd}: {hmma} HMMA");
             assert!(!code.contains("LDL") && !code.contains("STL"), "{t} D{hd}: local memory");
+        }
+    }
+}
+
+/// Prefill attention on Hopper tensor cores (sm_90a, the default there for head dims 64 and
+/// 128): `HGMMA` for Q·Kᵀ and P·V and no `HMMA`, `LDGSTS` for the tiles, the async-proxy
+/// fence, the warpgroup's `BAR.RED.OR`, `MUFU.EX2` for the exponentials; no local memory.
+/// Each schedule candidate, bf16, causal or not, D 64 and 128.
+#[test]
+fn sass_attention_wgmma_has_hgmma() {
+    use sinter_codegen::kernels::attention::generate_prefill_wg_with;
+    use sinter_codegen::kernels::attention_tc::{choose_wg_schedule, WgSchedule};
+    let Some(tool) = cuobjdump() else { return };
+    for (hd, causal) in [(64, true), (128, true), (128, false)] {
+        let (g, k) = attention_at(DType::BF16, 2, 32, 8, 512, hd, causal);
+        let default = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+        assert!(default.entry.ends_with("_attention_wgmma"), "D{hd}: {}", default.entry);
+        let w = choose_wg_schedule(hd as u32, hd as u32);
+        for sc in [w, WgSchedule { pv_split: true, ..w }, WgSchedule { block_kv: 64, ..w }] {
+            let plan = generate_prefill_wg_with(&g, k, &Target::SM_90A, &sc).unwrap();
+            let Some(r) = assemble(&plan) else { return };
+            let code = sass(&tool, &r.cubin, "attention_wgmma");
+            for want in ["HGMMA.64x", "LDGSTS.E.BYPASS.128", "FENCE.VIEW.ASYNC.S", "MUFU.EX2", "SHFL.BFLY", "BAR.SYNC", "BAR.RED.OR", "STG.E.128"] {
+                assert!(code.contains(want), "{} D{hd} causal={causal}: no {want}:\n{code}", sc.name());
+            }
+            assert!(!code.contains("HMMA.16816"), "{} D{hd}: mma.sync in the wgmma kernel", sc.name());
+            assert!(!code.contains("LDL") && !code.contains("STL"), "{} D{hd}: local memory", sc.name());
+            // S: m64n{kv}k16 per 16 of D; P·V: per 16 keys, one m64n{Dv}k16 or Dv/64 n64.
+            let n = code.matches("HGMMA.64x").count() as u32;
+            let pv = if sc.pv_split { hd / 64 } else { 1 };
+            assert!(n >= hd as u32 / 16 + sc.block_kv / 16 * pv as u32, "{} D{hd}: {n} HGMMA", sc.name());
         }
     }
 }

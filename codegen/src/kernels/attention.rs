@@ -75,7 +75,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
-use super::attention_tc::{self, TcSchedule};
+use super::attention_tc::{self, TcSchedule, WgSchedule};
 use super::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
 use super::KernelCtx;
 use crate::target::Target;
@@ -755,6 +755,12 @@ impl Prefill {
 /// LLVM and target errors otherwise.
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
+    if attention_tc::wg_eligible(&p, target).is_ok() {
+        match attention_tc::plan_wg(&p, target, &attention_tc::choose_wg_schedule(p.d, p.dv)) {
+            Err(CodegenError::Unsupported { .. }) => {}
+            done => return done,
+        }
+    }
     if attention_tc::eligible(&p).is_ok() {
         match attention_tc::plan(&p, target, &tc_default(&p, target)) {
             // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
@@ -795,7 +801,24 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
     // target's shared memory does not fit the tile); the alternatives other key tiles.
     let default = tc_default(&p, target);
     let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
-    let mut out: Vec<crate::Candidate<'a>> = vec![(default.name(), first)];
+    let mut out: Vec<crate::Candidate<'a>> = Vec::new();
+    if attention_tc::wg_eligible(&p, target).is_ok() {
+        // sm_90a: the wgmma kernel first (the default), its other tiles, then the mma.sync
+        // kernel's.
+        let wd = attention_tc::choose_wg_schedule(p.d, p.dv);
+        out.push((wd.name(), first));
+        let alts = [WgSchedule { pv_split: true, ..wd }, WgSchedule { block_kv: 64, ..wd }].into_iter().filter(|a| *a != wd);
+        for sc in alts {
+            let p = p.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan_wg(&p, target, &sc));
+            out.push((sc.name(), build));
+        }
+        let p2 = p.clone();
+        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan(&p2, target, &default));
+        out.push((default.name(), build));
+    } else {
+        out.push((default.name(), first));
+    }
     let alts = [32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default);
     for sc in alts {
         let p = p.clone();
@@ -815,6 +838,17 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
 pub fn generate_prefill_tc_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &TcSchedule) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
     attention_tc::plan(&p, target, schedule)
+}
+
+/// As [`generate_prefill`], on Hopper tensor cores (`wgmma`, sm_90a) with the schedule given
+/// ([`attention_tc`]).
+///
+/// # Errors
+/// As [`generate_prefill`], and [`CodegenError::Unsupported`] for a kernel or target the
+/// `wgmma` kernel does not take ([`attention_tc::wg_eligible`]) or an invalid schedule.
+pub fn generate_prefill_wg_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &WgSchedule) -> Result<LaunchPlan, CodegenError> {
+    let p = Prefill::analyse(graph, kernel)?;
+    attention_tc::plan_wg(&p, target, schedule)
 }
 
 /// As [`generate_prefill`], on CUDA cores with the schedule given (for autotuning and tests).
@@ -1276,9 +1310,10 @@ pub(crate) mod tests {
     #[test]
     fn launch_plans() {
         // bf16, D = 128, causal: the tensor-core kernel, 4 warps × 32 rows, 78 KiB of dynamic
-        // shared memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40).
+        // shared memory (Q 128×136, two stages of K and V 32×136, the P scratch 128×40). On
+        // sm_90 (sm_90a takes the wgmma kernel: below).
         let (g, k) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, true, false);
-        let plan = generate_prefill(&g, k, &Target::SM_90A).unwrap();
+        let plan = generate_prefill(&g, k, &Target::SM_90).unwrap();
         assert_eq!(plan.entry, "k0_attention");
         assert_eq!(plan.block, [128, 1, 1]);
         assert_eq!(plan.grid[0], GridDim { numerator: sym("T"), denominator: 128 });
@@ -1286,10 +1321,15 @@ pub(crate) mod tests {
         assert_eq!(plan.grid[2], GridDim { numerator: sym("B"), denominator: 1 });
         assert_eq!(plan.shared_bytes, 79872);
         assert_eq!(TcSchedule { warps: 4, m_tiles: 2, block_kv: 32, q_in_regs: false }.shared_bytes(128, 128), 79872);
-        // Not causal, on sm_90a: 48-key tiles, 99 KiB (K and V 48×136, the P scratch 128×56);
+        // Not causal, on sm_90: 48-key tiles, 99 KiB (K and V 48×136, the P scratch 128×56);
         // on sm_80, whose 164 KiB would not hold two CTAs of 99, 32-key tiles.
         let (gn, kn) = prefill(DType::BF16, 32, 8, sym("T"), sym("S"), 128, 128, false, false);
-        assert_eq!(generate_prefill(&gn, kn, &Target::SM_90A).unwrap().shared_bytes, 101376);
+        assert_eq!(generate_prefill(&gn, kn, &Target::SM_90).unwrap().shared_bytes, 101376);
+        // sm_90a: the wgmma kernel, 2 warpgroups × 64 rows, 194 KiB (Q 128×128, two stages of
+        // K and V 128×128, all swizzled slabs, and the P scratch 128×136).
+        let hw = generate_prefill(&gn, kn, &Target::SM_90A).unwrap();
+        assert_eq!((hw.entry.as_str(), hw.block, hw.shared_bytes), ("k0_attention_wgmma", [256, 1, 1], 128 * 128 * 2 * 5 + 128 * 136 * 2));
+        assert_eq!(hw.grid[0], GridDim { numerator: sym("T"), denominator: 128 });
         assert_eq!(generate_prefill(&gn, kn, &Target::SM_80).unwrap().shared_bytes, 79872);
         assert_eq!(&plan.params[..4], &[KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Buffer(3)]);
         for s in ["T", "S"] {
@@ -1436,7 +1476,9 @@ pub(crate) mod tests {
                 let Some(report) = assemble(plan) else { return };
                 text.push_str(&format!("{}\n{report}", plan_line(plan)));
             }
-            assert!(plans[0].ptx.contains("cp.async.cg.shared.global") && plans[0].ptx.contains("mma.sync"), "the reshaped operands are still contiguous");
+            // sm_90a: the wgmma kernel (bf16, D 64), on the same cp.async copies.
+            let mma = if t == Target::SM_90A { "wgmma.mma_async" } else { "mma.sync" };
+            assert!(plans[0].ptx.contains("cp.async.cg.shared.global") && plans[0].ptx.contains(mma), "the reshaped operands are still contiguous");
         }
         insta::assert_snapshot!("attention_llama_ptxas", text);
         // The block table's view: layer 1 starts T·M elements in.
@@ -1534,7 +1576,8 @@ pub(crate) mod tests {
     fn emulated_prefill_tc_matches_interpreter() {
         use crate::kernels::matmul::emu::{check, random};
         let tc = |s: TcSchedule| move |g: &KernelGraph, k: Kernel| generate_prefill_tc_with(g, k, &Target::SM_80, &s);
-        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90A);
+        // sm_90 (not sm_90a, whose wgmma kernel the emulator cannot run): the same schedules.
+        let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90);
         let sizes = |b: usize, t: usize, s: usize| bind(&[("B", b as i64), ("T", t as i64), ("S", s as i64)]);
         // Self-attention at three lengths, causal and not, D = 64 (GQA 3) and 128 (GQA 1).
         for (h, hkv, hd) in [(6, 2, 64), (2, 2, 128)] {
@@ -1597,12 +1640,17 @@ pub(crate) mod tests {
     fn emulated_prefill_variants() {
         use crate::kernels::matmul::emu::{check, random};
         let (g, k) = prefill(DType::BF16, 6, 2, sym("T"), sym("S"), 64, 64, true, false);
-        let built = crate::schedule_variants(&g, k, &Target::SM_90A).unwrap();
+        // sm_90a's candidates: the wgmma kernel's (not emulated: the GPU tests run them), then
+        // the mma.sync kernel's, which sm_90 has alone.
+        let hopper = crate::schedule_variants(&g, k, &Target::SM_90A).unwrap();
+        let names: Vec<&str> = hopper.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["wgmma kv128 g2", "wgmma kv128 g2 +split", "wgmma kv64 g2", "tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
+        let built = crate::schedule_variants(&g, k, &Target::SM_90).unwrap();
         let names: Vec<&str> = built.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
         let ins = [random(DType::BF16, &[1, 6, 129, 64], 40), random(DType::BF16, &[1, 2, 129, 64], 41), random(DType::BF16, &[1, 2, 129, 64], 42)];
         for name in names {
-            check(&format!("variant `{name}`"), &g, k, |g, k| crate::compile_variant(g, k, &Target::SM_90A, name), &ins, &bind(&[("B", 1), ("T", 129), ("S", 129)]));
+            check(&format!("variant `{name}`"), &g, k, |g, k| crate::compile_variant(g, k, &Target::SM_90, name), &ins, &bind(&[("B", 1), ("T", 129), ("S", 129)]));
         }
         assert!(crate::compile_variant(&g, k, &Target::SM_90A, "tc kv99").is_err());
     }
@@ -1661,15 +1709,15 @@ pub(crate) mod tests {
         g.buffers[ob].layout.align = 2;
         let ins = [random(DType::BF16, &[1, 2, 33, d], 62), random(DType::BF16, &[1, 1, 33, d], 63), random(DType::BF16, &[1, 1, 33, d], 64)];
         check("tc element stores", &g, k, gen, &ins, &sizes(33, 33));
-        // D = 128 on sm_90a, not causal (48-key tiles: 0..48, 48..96, 96..100, the last
+        // D = 128 on sm_90, not causal (48-key tiles: 0..48, 48..96, 96..100, the last
         // zero-filled past the sequence): NaN in V at key 35, +inf at key 70, NaN in q row 7.
-        let gen90 = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90A);
+        let gen90 = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90);
         let (g, k) = prefill(DType::BF16, 2, 1, sym("T"), sym("T"), 128, 128, false, false);
         let (t, d) = (100usize, 128usize);
         let q = with_values(random(DType::BF16, &[1, 2, t, d], 65), &[(7 * d + 4, f64::NAN)]);
         let v = with_values(random(DType::BF16, &[1, 1, t, d], 66), &[(35 * d + 3, f64::NAN), (70 * d + 9, f64::INFINITY)]);
         let ins = [q, random(DType::BF16, &[1, 1, t, d], 67), v];
-        check("tc D128 sm_90a NaN/inf in V, NaN in q", &g, k, gen90, &ins, &bind(&[("B", 1), ("T", t as i64)]));
+        check("tc D128 sm_90 NaN/inf in V, NaN in q", &g, k, gen90, &ins, &bind(&[("B", 1), ("T", t as i64)]));
     }
 
     /// Paged decode emulated against the interpreter: lengths 0, 1, a partly filled last

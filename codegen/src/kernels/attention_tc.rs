@@ -1,6 +1,7 @@
 //! Prefill attention on tensor cores: FlashAttention-2 (Dao 2023, arXiv 2307.08691,
 //! Algorithm 1 and §3.3) with `mma.sync.m16n8k16`, the default schedule of
-//! [`super::attention::generate_prefill`] for bf16 and f16.
+//! [`super::attention::generate_prefill`] for bf16 and f16 — and on sm_90a, for head dims 64
+//! and 128, the same algorithm on `wgmma` (see "The Hopper kernel").
 //!
 //! # Schedule ([`TcSchedule`])
 //! A CTA of `warps` warps owns `block_q = 16·m_tiles·warps` query rows of one (batch, head);
@@ -69,6 +70,38 @@
 //! Rows past the sequence are zero-filled, so they never need it. Finite inputs cost one scan
 //! of part of the diagonal tile per warp (and a cheap check of each row's first tile), and
 //! the products are the interpreter's for every input, NaN and ±inf included.
+//!
+//! # The Hopper kernel ([`WgSchedule`], sm_90a)
+//! On sm_90a, for head dims D, Dv ∈ {64, 128} without an additive mask ([`wg_eligible`]),
+//! [`super::attention::generate_prefill`] builds the same algorithm on `wgmma.mma_async`
+//! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608, without its producer warpgroup and
+//! ping-pong yet). It is this module's kernel with three things changed:
+//! - **CTA**: `warpgroups` (2) consumer warpgroups of 4 warps, each owning 64 query rows (a
+//!   warp 16: the `TcSchedule` walk with one slab a warp), 128-key tiles. A warpgroup
+//!   computes a key tile when any of its rows sees a key of it (not per warp: a `wgmma` needs
+//!   its four warps).
+//! - **Shared memory**: Q, and two stages of K and V, as 128-byte-swizzled slabs of 64
+//!   columns (the K-major canonical layout of §9.7.15.5.1, 1024-byte aligned; copied with
+//!   the same 16-byte `cp.async`, then `fence.proxy.async` before the barrier), then the P
+//!   scratch (padded rows), which also stages the output. D = 128: 194 KiB, one CTA an SM.
+//! - **Products**: S = Q·Kᵀ is one `m64n{block_kv}k16` per 16 columns of D, both operands
+//!   K-major from shared memory (as the GEMM's A and B). Its f32 accumulators are, per warp,
+//!   exactly the `m16n8` C layout of `block_kv / 8` tiles, so the softmax, masking and NaN
+//!   handling below run unchanged. O += P·V is one `m64n{Dv}k16` per 16 keys with **A = P
+//!   from registers** (the bf16/f16 pairs of two adjacent n8 tiles of S are the register A
+//!   fragment, as for `mma.sync`) and B = V from shared memory, **MN-major** (`imm-trans-b`;
+//!   its descriptor's leading byte offset steps 64 columns of Dv: see `mn_major` in the
+//!   source), or with `pv_split` one `m64n64k16` per 64 columns. Each `wgmma` group is waited
+//!   for at once (`wait_group 0`); the two warpgroups overlap each other.
+//! - **Non-finite V**: a warpgroup takes a tile's CUDA-core P·V when any of its warps finds a
+//!   non-finite V value in a product the interpreter does not make (`bar.red.or.pred` on
+//!   named barrier `1 + warpgroup`).
+//!
+//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet: an
+//! intra-warpgroup overlap of the softmax with the next Q·Kᵀ, producer/consumer warpgroups
+//! with TMA and `mbarrier`s, `setmaxnreg`, a third consumer warpgroup, an additive mask, other
+//! head dims (they take the `mma.sync` kernel, as sm_80 and sm_90 always do). The CPU
+//! emulator cannot run `wgmma`: the kernel's correctness rests on the GPU tests.
 //!
 //! # What it takes
 //! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
@@ -190,6 +223,103 @@ pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
     Ok(())
 }
 
+/// Work split of the Hopper attention CTA (sm_90a, `wgmma`; see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgSchedule {
+    /// Warpgroups per CTA (1 to 3), each owning 64 query rows.
+    pub warpgroups: u32,
+    /// Keys per tile: the N of the `m64nNk16` S = Q·Kᵀ product (64 to 256, a multiple of 16).
+    pub block_kv: u32,
+    /// P·V as one `m64n64k16` per 64 columns of Dv (no leading byte offset in V's
+    /// descriptor) instead of one `m64n{Dv}k16`.
+    pub pv_split: bool,
+}
+
+impl WgSchedule {
+    /// Query rows per CTA.
+    pub fn block_q(&self) -> u32 {
+        64 * self.warpgroups
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        128 * self.warpgroups
+    }
+
+    /// Shared memory per CTA, in bytes, for head dims `d` (Q/K) and `dv` (V).
+    pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
+        Smem::wg(self, d, dv).total
+    }
+
+    /// A short, stable name (`wgmma kv128 g2`, `+split` for `pv_split`): part of an
+    /// autotuned variant's cache key, and what `sinter explain` shows.
+    pub fn name(&self) -> String {
+        format!("wgmma kv{} g{}{}", self.block_kv, self.warpgroups, if self.pv_split { " +split" } else { "" })
+    }
+
+    /// The layout the mma.sync kernel's builder walks: a warp per 16 rows.
+    fn as_tc(&self) -> TcSchedule {
+        TcSchedule { warps: 4 * self.warpgroups, m_tiles: 1, block_kv: self.block_kv, q_in_regs: false }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if (1..=3).contains(&self.warpgroups) && self.block_kv % 16 == 0 && (64..=256).contains(&self.block_kv) {
+            Ok(())
+        } else {
+            Err(format!("invalid wgmma attention schedule {self:?}"))
+        }
+    }
+}
+
+/// The Hopper schedule for head dims `d`, `dv` ≤ 128: two warpgroups (128 query rows, 256
+/// threads, so up to 255 registers a thread at one CTA an SM), 128-key tiles — a 64×128 f32
+/// S and a 64×Dv f32 O accumulator a warpgroup (64 + 64 registers a thread at D = 128), as
+/// FlashAttention-3's (arXiv 2407.08608) 128×128 tile for D = 128.
+pub fn choose_wg_schedule(_d: u32, _dv: u32) -> WgSchedule {
+    WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false }
+}
+
+/// Why prefill attention `p` cannot take the `wgmma` kernel on `target` (`Ok` when it can):
+/// what [`eligible`] asks, and sm_90a, head dims 64 or 128, no additive mask.
+pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
+    eligible(p)?;
+    if !target.has_wgmma() {
+        return Err(format!("wgmma needs sm_90a, not {target}"));
+    }
+    if !matches!(p.d, 64 | 128) || !matches!(p.dv, 64 | 128) {
+        return Err(format!("the wgmma kernel takes head dims 64 and 128, not {} and {}", p.d, p.dv));
+    }
+    if p.mask.is_some() {
+        return Err("an additive mask (the wgmma kernel has none yet)".into());
+    }
+    Ok(())
+}
+
+/// The launch plan of the `wgmma` kernel for `p` with schedule `w`.
+///
+/// # Errors
+/// [`crate::CodegenError::Unsupported`] when `p` is not [`wg_eligible`], the schedule is
+/// invalid or its shared memory exceeds the target's; LLVM errors otherwise.
+pub(super) fn plan_wg(p: &Prefill, target: &Target, w: &WgSchedule) -> R<LaunchPlan> {
+    let fam = Family::Attention;
+    w.check().map_err(|e| unsupported(&p.name, fam, e))?;
+    wg_eligible(p, target).map_err(|e| unsupported(&p.name, fam, e))?;
+    let sm = Smem::wg(w, p.d, p.dv);
+    // Dynamic always: its 1024-byte alignment is what the swizzled slabs need.
+    let shared = match shared_kind(sm.total, target, &p.name, fam)? {
+        SharedKind::Static => SharedKind::Dynamic(sm.total),
+        k => k,
+    };
+    let s = w.as_tc();
+    let ctx = Context::create();
+    let entry = format!("{}_attention_wgmma", p.name);
+    let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| {
+        kit.launch_bounds(s.threads());
+        build(kit, p, &s, &sm, shared, Some(w))
+    })?;
+    Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
+}
+
 /// Shared-memory layout: byte offsets and row strides (elements).
 struct Smem {
     /// Row stride of the Q tile (also the output staging and, with Q in registers, the P
@@ -204,6 +334,17 @@ struct Smem {
     v: [u32; 2],
     /// The P scratch (the Q tile when Q lives in registers).
     p: u32,
+    /// Where the output is staged (byte offset) and its row stride (elements): the Q tile
+    /// (`ldq`), or with `wgmma` the P scratch (`ldp`); each warp uses its own rows.
+    stage: u32,
+    ldst: u32,
+    /// Whether Q, K and V are stored as `wgmma` operands (sm_90a): rows of 128 bytes (64
+    /// elements) whose 16-byte chunks are XOR-swizzled by `row mod 8`, a tile of width D as
+    /// D / 64 such slabs one after the other (chunk `c` of row `r` at
+    /// `(c / 8)·rows·128 + r·128 + 16·((c mod 8) xor (r mod 8))`), every slab 1024-byte
+    /// aligned — the 128-byte-swizzle canonical layout of PTX ISA §9.7.15.5.1, as the
+    /// `wgmma` GEMM's slabs (`matmul::Slab`). Padded rows otherwise.
+    swz: bool,
     total: u32,
 }
 
@@ -225,7 +366,22 @@ impl Smem {
             total += s.block_q() * (s.block_kv + 8) * 2;
             (p, s.block_kv + 8)
         };
-        Smem { ldq, ldk, ldv, ldp, k, v, p, total }
+        Smem { ldq, ldk, ldv, ldp, k, v, p, stage: 0, ldst: ldq, swz: false, total }
+    }
+
+    /// The `wgmma` kernel's: Q (`block_q × d`), two stages of K (`block_kv × d`) and V
+    /// (`block_kv × dv`), all swizzled slabs ([`Smem::swz`]), then the padded P scratch of the
+    /// CUDA-core P·V (rows of `max(block_kv, dv) + 8`), which also stages the output.
+    fn wg(w: &WgSchedule, d: u32, dv: u32) -> Smem {
+        let (bq, bkv) = (w.block_q(), w.block_kv);
+        let (kb, vb) = (bkv * d * 2, bkv * dv * 2);
+        let q_bytes = bq * d * 2;
+        let k = [q_bytes, q_bytes + kb];
+        let v = [q_bytes + 2 * kb, q_bytes + 2 * kb + vb];
+        let p = v[1] + vb;
+        let ldp = bkv.max(dv) + 8;
+        let total = p + bq * ldp * 2;
+        Smem { ldq: d, ldk: d, ldv: dv, ldp, k, v, p, stage: p, ldst: ldp, swz: true, total }
     }
 }
 
@@ -244,7 +400,7 @@ pub(super) fn plan(p: &Prefill, target: &Target, s: &TcSchedule) -> R<LaunchPlan
     let entry = format!("{}_attention", p.name);
     let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| {
         kit.launch_bounds(s.threads());
-        build(kit, p, s, &sm, shared)
+        build(kit, p, s, &sm, shared, None)
     })?;
     Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
 }
@@ -339,13 +495,16 @@ struct Rows<'ctx> {
 
 // Fragment coordinates index several parallel arrays at once: index loops read better here.
 #[allow(clippy::too_many_lines, clippy::needless_range_loop)]
-fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: SharedKind) -> R<()> {
+fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: SharedKind, wg: Option<&WgSchedule>) -> R<()> {
     let dt = p.dtype;
     let (d, dv, bkv, mt) = (p.d, p.dv, s.block_kv, s.m_tiles as usize);
     let (bq, threads, rpw) = (s.block_q(), s.threads(), s.rows_per_warp());
     let n_nt = (bkv / 8) as usize; // n8 tiles of S
     let n_ov = (dv / 8) as usize; // n8 tiles of O
     let smem = kit.shared(shared, sm.total)?;
+    if wg.is_some() {
+        kit.align_dynamic_shared(1024)?;
+    }
     let c32 = |v: u32| kit.i32c(v as i32);
     let ninf = kit.f32c(f64::NEG_INFINITY);
     let zero = kit.f32c(0.0);
@@ -401,6 +560,16 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     let has_rows = kit.icmp(IntPredicate::SLT, w0, sq)?;
     let min_limit = kit.trunc32(limit_of(kit, w0)?)?;
     let warp_end = kit.select_int(has_rows, kit.trunc32(limit_of(kit, w_last)?)?, c32(0))?;
+    // The tiles a warp computes end at its last row's limit; a warpgroup's `wgmma` needs all
+    // four warps, so there they end at the warpgroup's (64 rows from 64·(warp / 4)).
+    let wg_id = kit.lshr(tid, 7)?;
+    let grp_end = if wg.is_some() {
+        let g0 = kit.add(q0, kit.zext64(kit.mul(wg_id, c32(64))?)?)?;
+        let g_last = kit.sub(kit.smin(kit.add(g0, kit.i64c(64))?, sq)?, kit.i64c(1))?;
+        kit.select_int(kit.icmp(IntPredicate::SLT, g0, sq)?, kit.trunc32(limit_of(kit, g_last)?)?, c32(0))?
+    } else {
+        warp_end
+    };
     let rows = {
         let mut r = Rows { limit: Vec::new(), valid: Vec::new(), index: Vec::new() };
         for mi in 0..mt {
@@ -421,18 +590,33 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     };
 
     // ---- global → shared copies ----------------------------------------------------------
+    // The byte offset (i32) of 16-byte chunk `col` of row `r` of a `rows`-row tile at
+    // `sm_off`: padded rows of `ld` elements, or (wgmma) the 128-byte-swizzled K-major
+    // canonical layout ([`Smem::swz`]).
+    let sm_at = |k: &Kit<'ctx>, sm_off: IntValue<'ctx>, rows: u32, ld: u32, r: IntValue<'ctx>, col: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        if sm.swz {
+            let slab = k.mul(k.lshr(col, 3)?, c32(rows * 128))?;
+            let phys = k.xor(k.and(col, c32(7))?, k.and(r, c32(7))?)?;
+            k.add(sm_off, k.add(slab, k.add(k.mul(r, c32(128))?, k.shl(phys, 4)?)?)?)
+        } else {
+            k.add(sm_off, k.add(k.mul(r, c32(ld * 2))?, k.mul(col, c32(16))?)?)
+        }
+    };
     // `rows` rows of `chunks` 16-byte chunks: row r (< nvalid, i64, else zero-filled) starts
     // at element `row0 + r·rstride` of `gptr`, lands at byte `sm_off + r·ld·2`.
     #[allow(clippy::too_many_arguments)]
     let copy_rows = |k: &Kit<'ctx>, rows: u32, chunks: u32, ld: u32, sm_off: IntValue<'ctx>, gptr: PointerValue<'ctx>, row0: IntValue<'ctx>, rstride: IntValue<'ctx>, nvalid: IntValue<'ctx>| -> R<()> {
         let total = rows * chunks;
-        if threads % chunks == 0 {
+        if threads % chunks == 0 && (!sm.swz || (threads / chunks) % 8 == 0) {
             // Every copy of this thread is at column tid % chunks, rows tid / chunks + i·step.
             let step = threads / chunks;
             let r0 = k.udiv(tid, c32(chunks))?;
             let col = k.urem(tid, c32(chunks))?;
             let g0 = k.add(row0, k.add(k.mul(k.zext64(r0)?, rstride)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
-            let s0 = k.sh_at(smem, k.add(sm_off, k.add(k.mul(r0, c32(ld * 2))?, k.mul(col, c32(16))?)?)?)?;
+            let s0 = k.sh_at(smem, sm_at(k, sm_off, rows, ld, r0, col)?)?;
+            // Rows step·i apart: `step` is a multiple of 8 when swizzled (checked below), so
+            // their swizzle is the first row's.
+            let row_bytes = if sm.swz { 128 } else { ld * 2 };
             let left = k.sub(nvalid, k.zext64(r0)?)?; // copy i is valid when i·step < left
             // The source walks by `step` rows from one pointer (no per-copy offsets for LLVM
             // to hoist out of the tile loop into registers).
@@ -444,7 +628,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 }
                 let go = |k: &Kit<'ctx>| -> R<()> {
                     let valid = k.icmp(IntPredicate::SLT, k.i64c(i64::from(i * step)), left)?;
-                    let dst = k.sh_at(s0, c32(i * step * ld * 2))?;
+                    let dst = k.sh_at(s0, c32(i * step * row_bytes))?;
                     k.cp_async_16(dst, src, k.select_int(valid, c32(16), c32(0))?)
                 };
                 if (i + 1) * step <= rows {
@@ -463,7 +647,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 let r64 = k.zext64(r)?;
                 let gi = k.add(row0, k.add(k.mul(r64, rstride)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
                 let valid = k.icmp(IntPredicate::SLT, r64, nvalid)?;
-                let dst = k.sh_at(smem, k.add(sm_off, k.add(k.mul(r, c32(ld * 2))?, k.mul(col, c32(16))?)?)?)?;
+                let dst = k.sh_at(smem, sm_at(k, sm_off, rows, ld, r, col)?)?;
                 k.cp_async_16(dst, k.gep_raw(dt, gptr, gi)?, k.select_int(valid, c32(16), c32(0))?)
             };
             if (i + 1) * threads <= total {
@@ -490,7 +674,38 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| issue_tile(k, c32(0)))?;
     kit.cp_async_commit()?;
     kit.cp_async_wait(0)?;
+    if wg.is_some() {
+        // The copies (generic proxy) before the `wgmma`s' reads (async proxy), §9.7.15.1.
+        kit.fence_proxy_async()?;
+    }
     kit.barrier()?;
+    // Matrix descriptors (§9.7.15.5.1, "Matrix Descriptor Format"): start address >> 4 in bits
+    // 0–13, leading byte offset >> 4 in 16–29, stride byte offset >> 4 in 32–45, the swizzle
+    // mode in 62–63 (1: 128 bytes). Every operand tile here is stored as 128-byte rows (64
+    // elements of its contiguous axis) XOR-swizzled by `row mod 8` in 1024-byte atoms of 8
+    // rows, "slabs" of 64 columns one after the other ([`Smem::swz`]).
+    // - Q [q, d] (A, K-major) and K [kv, d] (B, K-major): exactly the GEMM's operands
+    //   (`matmul::build_wgmma`): leading byte offset unused for swizzled K-major layouts (1),
+    //   stride byte offset 1024 (the next 8 rows of M or N); a k16 step is +32 bytes inside
+    //   the 128-byte row, the next 64 columns of d the next slab.
+    // - V [kv, d] as B of P·V ([K = kv, N = d], N contiguous: **MN-major**, `imm-trans-b` 1).
+    //   The MN-major 128-byte-swizzle canonical layout (§9.7.15.5.1; CUTLASS
+    //   `make_gmma_desc<Major::MN>`: `Swizzle<3,4,3> o ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))`,
+    //   T = 8 elements) is 64 contiguous N elements per 128-byte row, 8 rows of K per 1024-byte
+    //   atom: the same bytes as a slab. The **stride** byte offset steps K by 8 rows (1024);
+    //   the **leading** byte offset steps N by 64 columns (one atom along MN), i.e. the slab
+    //   stride `block_kv · 128` — used only by an `n` over 64 (Dv = 128 in one `wgmma`; the
+    //   `pv_split` schedules issue one n64 per slab and never use it). A k16 step is 16 rows:
+    //   +2048 bytes, atom-aligned.
+    let sbase = kit.smem_addr(smem)?;
+    let k_major = (1i64 << 16) | (64i64 << 32) | (1i64 << 62);
+    let mn_major = (i64::from(bkv * 128 / 16) << 16) | (64i64 << 32) | (1i64 << 62);
+    let desc = |k: &Kit<'ctx>, addr: IntValue<'ctx>, fixed: i64| -> R<IntValue<'ctx>> {
+        let enc = k.lshr(k.and(addr, c32(0x3FFFF))?, 4)?;
+        k.add(k.i64c(fixed), k.zext64(enc)?)
+    };
+    // The warpgroup's 64 rows of Q (slab 0).
+    let q_wg = kit.add(sbase, kit.mul(wg_id, c32(64 * 128))?)?;
     // ldmatrix lane offsets (bytes). A (Q, row-major 16×16): lane l → row l % 16, column
     // chunk l / 16. B from K ([key, d], two n8 tiles): row (l % 8) + 8·(l / 16), chunk
     // (l / 8) % 2. B from V ([key, d], transposed, two n8 tiles): row (l % 8) + 8·((l / 8) % 2),
@@ -544,6 +759,9 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     // ---- the key tiles -------------------------------------------------------------------------
     kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
         k.cp_async_wait(0)?;
+        if wg.is_some() {
+            k.fence_proxy_async()?;
+        }
         k.barrier()?;
         let next = k.add(t, c32(1))?;
         k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
@@ -551,7 +769,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             k.cp_async_commit()
         })?;
         let j0 = k.mul(t, c32(bkv))?;
-        k.if_then(k.icmp(IntPredicate::SLT, j0, warp_end)?, |k| {
+        k.if_then(k.icmp(IntPredicate::SLT, j0, grp_end)?, |k| {
             let stage = k.and(t, c32(1))?;
             let k_sm = k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?;
             let v_sm = k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?;
@@ -559,7 +777,24 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
 
             // S = Q·Kᵀ.
             let mut sacc: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
-            for ks in 0..d / 16 {
+            if wg.is_some() {
+                // m64n{bkv}k16 per 16 columns of d, A = the warpgroup's Q rows, B = the K tile;
+                // this warp's 16 rows come back in the m16n8 C layout of each n8 tile.
+                let k_addr = k.add(sbase, k_sm)?;
+                let descs = (0..d / 16)
+                    .map(|ks| {
+                        let (slab, kb) = (ks / 4, (ks % 4) * 32);
+                        Ok((desc(k, k.add(q_wg, c32(slab * bq * 128 + kb))?, k_major)?, desc(k, k.add(k_addr, c32(slab * bkv * 128 + kb))?, k_major)?))
+                    })
+                    .collect::<R<Vec<_>>>()?;
+                let out = k.wgmma_k_tile(dt, bkv, &vec![zero; (bkv / 2) as usize], &descs, 0)?;
+                for n in 0..n_nt {
+                    for e in 0..4 {
+                        sacc[0][n][e] = out[4 * n + e];
+                    }
+                }
+            }
+            for ks in 0..if wg.is_some() { 0 } else { d / 16 } {
                 let qa: Vec<[IntValue<'ctx>; 4]> = (0..mt).map(|mi| if s.q_in_regs { Ok(qf[mi][ks as usize]) } else { q_frag(k, mi, ks) }).collect::<R<_>>()?;
                 for np in 0..(bkv / 16) as usize {
                     let kb = k.ldmatrix_x4(k.sh_at(k_at, c32(np as u32 * 16 * sm.ldk * 2 + ks * 32))?, false)?;
@@ -714,15 +949,20 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 k.for_range(lane, total, c32(32), |k, e| {
                     let r = k.add(r0, k.udiv(e, c32(cv))?)?;
                     let col = k.urem(e, c32(cv))?;
-                    let at = k.add(v_sm, k.add(k.mul(r, c32(sm.ldv * 2))?, k.mul(col, c32(16))?)?)?;
+                    let at = sm_at(k, v_sm, bkv, sm.ldv, r, col)?;
                     let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
                     let bad = any_nonfinite(k, &words, exp_mask)?;
                     k.if_then(bad, |k| k.set(found, c32(1).into()))
                 })?;
+                if wg.is_some() {
+                    return k.set(slow_var, get_i32(k, found)?.into());
+                }
                 let any = warp_any(k, k.icmp(IntPredicate::NE, get_i32(k, found)?, c32(0))?)?;
                 k.set(slow_var, k.select_int(any, c32(1), c32(0))?.into())
             })?;
             let slow = k.icmp(IntPredicate::NE, get_i32(k, slow_var)?, c32(0))?;
+            // The warpgroup decides together (its P·V is one `wgmma`): named barrier 1 + wg.
+            let slow = if wg.is_some() { k.bar_red_or(k.add(wg_id, c32(1))?, 128, slow)? } else { slow };
 
             k.if_else(
                 slow,
@@ -746,8 +986,12 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                     k.for_range(c32(0), c32(bkv), c32(1), |k, jj| {
                         let j = k.add(j0, jj)?;
                         // V(j, 8n + 2·t4 ..) at constant offsets from one pointer.
-                        let vrow = k.sh_at(smem, k.add(k.add(v_sm, k.mul(jj, c32(sm.ldv * 2))?)?, k.mul(t4, c32(4))?)?)?;
-                        let vs: Vec<Vec<FloatValue<'ctx>>> = (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(vrow, c32(16 * n as u32))?, 2)).collect::<R<_>>()?;
+                        let vs: Vec<Vec<FloatValue<'ctx>>> = if sm.swz {
+                            (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(smem, k.add(sm_at(k, v_sm, bkv, sm.ldv, jj, c32(n as u32))?, k.mul(t4, c32(4))?)?)?, 2)).collect::<R<_>>()?
+                        } else {
+                            let vrow = k.sh_at(smem, k.add(k.add(v_sm, k.mul(jj, c32(sm.ldv * 2))?)?, k.mul(t4, c32(4))?)?)?;
+                            (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(vrow, c32(16 * n as u32))?, 2)).collect::<R<_>>()?
+                        };
                         let pcol = k.sh_at(smem, k.add(prow0, k.mul(jj, c32(2))?)?)?;
                         for mi in 0..mt {
                             for hh in 0..2 {
@@ -768,6 +1012,25 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 },
                 |k| {
                     // O += P·V on tensor cores.
+                    if let Some(w) = wg {
+                        // A = P from registers (k-step kk: keys 16kk..), B = V rows 16kk.. of
+                        // each slab (MN-major, see `mn_major`): Dv / n products of m64n{n}k16.
+                        let n = if w.pv_split { 64 } else { dv };
+                        let v_addr = k.add(sbase, v_sm)?;
+                        let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
+                        for part in 0..(dv / n) as usize {
+                            let steps = (0..n_nt / 2)
+                                .map(|kk| Ok((pa[0][kk], desc(k, k.add(v_addr, c32(part as u32 * bkv * 128 + kk as u32 * 2048))?, mn_major)?)))
+                                .collect::<R<Vec<_>>>()?;
+                            let regs = &flat[part * (n / 2) as usize..(part + 1) * (n / 2) as usize];
+                            let cur: Vec<FloatValue<'ctx>> = regs.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
+                            let out = k.wgmma_rs_k_tile(dt, n, &cur, &steps, true, 0)?;
+                            for (&a, v) in regs.iter().zip(out) {
+                                k.set(a, v.into())?;
+                            }
+                        }
+                        return Ok(());
+                    }
                     for kk in 0..n_nt / 2 {
                         for np in 0..n_ov / 2 {
                             let vb = k.ldmatrix_x4(k.sh_at(v_at, c32(kk as u32 * 16 * sm.ldv * 2 + np as u32 * 32))?, true)?;
@@ -813,13 +1076,14 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         // 16-byte stores.
         kit.warp_sync()?;
         let wrow0 = kit.mul(warp, c32(rpw))?;
+        let staged = |k: &Kit<'ctx>, x: IntValue<'ctx>| if sm.stage == 0 { Ok(x) } else { k.add(c32(sm.stage), x) };
         for (mi, pair) in outs.iter().enumerate() {
             for (hh, o) in pair.iter().enumerate() {
                 let row = kit.add(wrow0, kit.add(g, c32(16 * mi as u32 + 8 * hh as u32))?)?;
                 for n in 0..n_ov {
                     let col = kit.add(kit.mul(t4, c32(2))?, c32(8 * n as u32))?;
                     let word = kit.math(|kb| kb.pack_x2(dt, o[2 * n], o[2 * n + 1]))?;
-                    let at = kit.add(kit.mul(row, c32(sm.ldq * 2))?, kit.mul(col, c32(2))?)?;
+                    let at = staged(kit, kit.add(kit.mul(row, c32(sm.ldst * 2))?, kit.mul(col, c32(2))?)?)?;
                     store_i32s(kit, kit.sh_at(smem, at)?, &[word])?;
                 }
             }
@@ -834,7 +1098,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             let grow = kit.add(w0, kit.zext64(r)?)?;
             let ok = kit.and(kit.icmp(IntPredicate::ULT, e, c32(total))?, kit.icmp(IntPredicate::SLT, grow, sq)?)?;
             kit.if_then(ok, |k| {
-                let at = k.add(k.mul(k.add(wrow0, r)?, c32(sm.ldq * 2))?, k.mul(col, c32(16))?)?;
+                let at = staged(k, k.add(k.mul(k.add(wrow0, r)?, c32(sm.ldst * 2))?, k.mul(col, c32(16))?)?)?;
                 let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
                 let gi = k.add(o_base, k.add(k.mul(grow, o_ss)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
                 store_i32s(k, k.gep_raw(dt, o_ptr, gi)?, &words)
@@ -901,7 +1165,10 @@ mod tests {
                 for (causal, mask) in [(true, false), (false, false), (true, true)] {
                     let (g, k) = prefill(dt, 8, 2, sym("T"), sym("S"), hd, hd, causal, mask);
                     let plan = generate_prefill(&g, k, &t).unwrap_or_else(|e| panic!("D{hd}: {e}"));
-                    assert_eq!(plan.ptx.contains("mma.sync"), !(mask && hd > 128), "{t} D{hd} mask={mask}");
+                    // sm_90a takes the wgmma kernel for head dims 64 and 128 without a mask.
+                    let wgmma = t == Target::SM_90A && matches!(hd, 64 | 128) && !mask;
+                    assert_eq!(plan.ptx.contains("wgmma.mma_async"), wgmma, "{t} D{hd} mask={mask}");
+                    assert_eq!(plan.ptx.contains("mma.sync"), !wgmma && !(mask && hd > 128), "{t} D{hd} mask={mask}");
                     if assemble(&plan).is_none() {
                         return;
                     }
@@ -912,6 +1179,51 @@ mod tests {
                 let (g, k) = prefill(DType::BF16, 32, 8, d(4096), d(4096), 128, 128, causal, false);
                 assemble(&generate_prefill(&g, k, &t).unwrap());
             }
+        }
+    }
+
+    /// The `wgmma` kernel (sm_90a) at head dims 64 and 128 (Dv 64 with D 128 too), bf16 and
+    /// f16, causal or not, symbolic and constant lengths, with lse, each schedule candidate:
+    /// it assembles without spills, holds the `wgmma` forms it is built on (A from shared
+    /// memory for Q·Kᵀ, from registers with a transposed B for P·V) and no `mma.sync`; and
+    /// sm_90 (no `a`) and sm_80 keep the `mma.sync` kernel.
+    #[test]
+    fn wgmma_kernel_assembles_without_spills() {
+        use crate::kernels::attention::generate_prefill_wg_with;
+        let h = Target::SM_90A;
+        let scheds = [choose_wg_schedule(128, 128), WgSchedule { pv_split: true, ..choose_wg_schedule(128, 128) }, WgSchedule { block_kv: 64, ..choose_wg_schedule(128, 128) }];
+        for (dt, hd, dv) in [(DType::BF16, 128, 128), (DType::BF16, 64, 64), (DType::F16, 128, 128), (DType::BF16, 128, 64)] {
+            for causal in [false, true] {
+                for (sq, skv) in [(sym("T"), sym("S")), (d(4096), d(4096))] {
+                    let (g, k) = prefill(dt, 8, 2, sq.clone(), skv.clone(), hd, dv, causal, false);
+                    for w in &scheds {
+                        let plan = generate_prefill_wg_with(&g, k, &h, w).unwrap_or_else(|e| panic!("{w:?} D{hd}: {e}"));
+                        let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
+                        let n = if w.pv_split { 64 } else { dv };
+                        assert!(plan.ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.{ty}.{ty}", w.block_kv)), "{w:?}");
+                        assert!(plan.ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}")), "{w:?}");
+                        assert!(plan.ptx.contains("bar.red.or.pred") && !plan.ptx.contains("mma.sync"), "{w:?}");
+                        assert!(plan.ptx.contains(".align 1024 .b8 smem_dyn[]"), "{w:?}");
+                        assert_eq!(plan.block, [w.threads(), 1, 1]);
+                        let Some(r) = assemble(&plan) else { return };
+                        eprintln!("{} D{hd}/{dv} causal={causal} {sq}: {r}", w.name());
+                        if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
+                            std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), &plan.ptx).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+        for t in [Target::SM_80, Target::SM_90] {
+            let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), 128, 128, false, false);
+            let plan = generate_prefill(&g, k, &t).unwrap();
+            assert!(plan.ptx.contains("mma.sync") && !plan.ptx.contains("wgmma"), "{t}");
+            assert!(generate_prefill_wg_with(&g, k, &t, &choose_wg_schedule(128, 128)).is_err(), "{t}");
+        }
+        // Other head dims and a mask keep the mma.sync kernel on sm_90a.
+        for (hd, mask) in [(96, false), (256, false), (128, true)] {
+            let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), hd, hd, false, mask);
+            assert!(!generate_prefill(&g, k, &h).unwrap().ptx.contains("wgmma"), "D{hd} mask={mask}");
         }
     }
 

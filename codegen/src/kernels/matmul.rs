@@ -3168,6 +3168,14 @@ pub(crate) mod kit {
         pub(crate) fn wgmma_k_tile(&self, dt: DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
             self.bld().wgmma_k_tile(dt, n, acc, descs, in_flight)
         }
+        /// [`KernelBuilder::wgmma_rs_k_tile`].
+        pub(crate) fn wgmma_rs_k_tile(&self, dt: DType, n: u32, acc: &[FloatValue<'ctx>], steps: &[([IntValue<'ctx>; 4], IntValue<'ctx>)], trans_b: bool, in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
+            self.bld().wgmma_rs_k_tile(dt, n, acc, steps, trans_b, in_flight)
+        }
+        /// [`KernelBuilder::bar_red_or`].
+        pub(crate) fn bar_red_or(&self, id: IntValue<'ctx>, count: u32, flag: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            self.bld().bar_red_or(id, count, flag)
+        }
         /// [`KernelBuilder::wgmma_wait`].
         pub(crate) fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
             self.bld().wgmma_wait(acc)
