@@ -134,7 +134,7 @@ pub struct KernelBuilder<'ctx> {
 }
 
 /// The LLVM storage type of a dtype: `bfloat`, `half`, `float`, `i32`, `i64`, `i8` (bool, and
-/// the bytes of the block-quantized types and of `f8e4m3`, which no generator reads yet).
+/// the bytes of the block-quantized types and of `f8e4m3`, which only the fp8 matmul reads).
 pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
     match dtype {
         DType::BF16 => cx.bf16_type().into(),

@@ -4,7 +4,8 @@
 //! # What a kernel computes
 //! The body holds one `matmul` node `R = a · b` (`a [..., M, K]`, `b [..., K, N]` after the
 //! optional `transpose_a` / `transpose_b` of the last two axes; batch axes broadcast by NumPy
-//! rules; `bf16`, `f16` or `f32` operands of one dtype) whose operands are kernel inputs,
+//! rules; `bf16`, `f16` or `f32` operands of one dtype, or both `dequantize_fp8` of `f8e4m3`
+//! inputs, see **fp8** below) whose operands are kernel inputs,
 //! possibly through views (`reshape` of a contiguous buffer, `slice`: the passes leave them at
 //! the start of a body), and an epilogue that the shared element evaluator
 //! (`kernels::element`) computes from R, the other kernel inputs (any views, any broadcast)
@@ -112,6 +113,27 @@
 //!
 //! Where neither applies (a symbolic M, B not `[N, K]`), the passes write the dequantised
 //! weight to a buffer and the bf16 kernels read it.
+//!
+//! On sm_90a the tensor-core GEMM runs on warpgroup MMAs where A and B are K-major
+//! ([`MatmulSchedule::Wgmma`], [`build_wgmma`]: the same `cp.async` pipeline into
+//! 128-byte-swizzled slabs, `wgmma.mma_async` reading both from shared memory).
+//!
+//! **fp8** (`f8e4m3`, issue #8): a matmul of `dequantize_fp8(a8, sa)` and
+//! `dequantize_fp8(b8, sb)` — `a8 [..., M, K]` and `b8 [N, K]` read with `transpose_b`, both
+//! K-major, `sa`/`sb` f32 scalars (`f32[]` kernel inputs or constants), the `dequantize_fp8`
+//! dtype (bf16, f16, f32) the result's (`sinter_passes::contract::fp8_matmul` forms such
+//! kernels) — runs on the Hopper kernel with e4m3 operands (sm_90a only; PTX ISA §9.7.15.5
+//! `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3`): the fp8 bytes are copied as stored
+//! (a 16-byte chunk is 16 elements, so M/N/K rows must be multiples of 16 bytes: K a multiple
+//! of 16), a K tile is 128 elements (one 128-byte swizzle row, the byte geometry of bf16's 64),
+//! each `wgmma` covers 32 of K, the f32 accumulators are multiplied by `sa · sb` and the
+//! epilogue is the shared one (bias, activation, cast, …: any the bf16 kernel takes). Its
+//! schedule names read `wgmma 128x256x128 s4 f1` (the K tile of 128 tells it from bf16's 64).
+//! On sm_80/sm_90, under any other schedule, or with one fp8 operand only, the generator
+//! refuses the kernel (`Unsupported`, naming f8e4m3); fp8 anywhere else in a body is refused
+//! by the element evaluator. Numerics: the e4m3 products are exact and accumulate in f32,
+//! scaled once — as `torch._scaled_mm` computes — whereas the unfused graph rounds each
+//! dequantised operand to its dtype first (see [`build_wgmma`]).
 //!
 //! [`choose_schedule`] picks among them by shape and dtype: a constant M in 2..=16 of bf16/f16
 //! gets the flat tensor-core GEMM (the small-M kernel where its layouts do not allow the
@@ -477,9 +499,10 @@ pub enum MatmulSchedule {
     QuantMma(QuantMmaSchedule),
     /// Hopper tensor-core GEMM (sm_90a: `cp.async` into 128-byte-swizzled slabs,
     /// `wgmma.mma_async` from shared memory, [`build_wgmma`]); the schedule's fields as for
-    /// [`MatmulSchedule::Mma`], with `bk` 64, `bm` a multiple of 64, one warp per 16 rows
-    /// (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`] and
-    /// [`WgmmaSchedule`].
+    /// [`MatmulSchedule::Mma`], with `bk` one 128-byte row of the operands (64 bf16/f16
+    /// elements; 128 for the fp8 matmul's `f8e4m3`), `bm` a multiple of 64, one warp per 16
+    /// rows (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`] and
+    /// [`WgmmaSchedule`]. The only schedule of an fp8 matmul.
     Wgmma(WgmmaSchedule),
 }
 
