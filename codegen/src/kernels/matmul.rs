@@ -578,13 +578,20 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]); for a quantized B read on tensor
 /// cores, other [`QuantMmaSchedule`]s and the quantized small-M kernel — each with its
 /// [`MatmulSchedule::name`] and a closure that compiles it (an alternative the kernel's layouts
-/// or epilogue do not accept fails there with [`CodegenError::Unsupported`]).
+/// or epilogue do not accept fails there with [`CodegenError::Unsupported`]). An fp8 matmul
+/// has the wgmma tiles only.
 ///
 /// # Errors
-/// As [`generate`], when the kernel cannot be analysed.
+/// As [`generate`], when the kernel cannot be analysed or is an fp8 matmul the target's wgmma
+/// kernel does not take.
 pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
     let spec = std::rc::Rc::new(Spec::analyse(graph, kernel)?);
     let default = spec.default_schedule(target);
+    if let (Some(_), MatmulSchedule::Wgmma(w)) = (spec.fp8, default) {
+        // The fp8 matmul has no schedule where wgmma does not take it (sm_80, sm_90): no
+        // candidates to name either.
+        spec.wgmma_plan(&w.tile, target).map_err(|e| unsupported(&spec.kernel_name, e))?;
+    }
     let mut scheds = vec![default];
     if let MatmulSchedule::Mma(d) = default {
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
