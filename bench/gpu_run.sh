@@ -20,7 +20,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     echo "== anchors (PyTorch) and sinter bench, same call"
-    python3 bench/anchors.py --only ceiling swiglu rmsnorm softmax attn decode 2>&1 | tee "$OUT/anchors.log" | tail -45
+    python3 bench/anchors.py --only ceiling swiglu rmsnorm softmax attn decode fp8 2>&1 | tee "$OUT/anchors.log" | tail -45
     python3 bench/anchors_cascade.py 2>&1 | tee -a "$OUT/anchors.log" | tail -3
     "$C/sinter" bench --anchors "$OUT/anchors.json" "$OUT/anchors_cascade.json" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 fi

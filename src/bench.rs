@@ -44,7 +44,7 @@ pub struct Row {
 
 /// The benchmark groups, in the order they run (`--only` takes these names).
 pub const GROUPS: &[&str] = &[
-    "swiglu", "rmsnorm", "softmax", "bias", "rope", "gather", "cast", "kv_append", "layernorm", "log_softmax", "reduce", "rows", "matmul", "qmatmul", "attn", "decode", "cascade",
+    "swiglu", "rmsnorm", "softmax", "bias", "rope", "gather", "cast", "kv_append", "layernorm", "log_softmax", "reduce", "rows", "matmul", "fp8", "qmatmul", "attn", "decode", "cascade",
 ];
 
 /// The least traffic (bytes read + written once) of a memory-bound row: large enough that
@@ -251,6 +251,34 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
                 anchor: Box::new(|a| anchor(a, "ceiling", &["cuBLAS"])),
             });
         }
+    }
+    if want("fp8") {
+        // The fp8 matmul (issue #8): e4m3 operands A [M, K] and B [N, K] with per-tensor f32
+        // scales, one fused kernel (sm_90a's wgmma e4m3 GEMM), bf16 out — anchors.py's
+        // `torch._scaled_mm` row. Inputs uniform in [-1, 1) rounded to e4m3.
+        let (m, n, k) = (8192usize, 8192usize, 8192usize);
+        let g = crate::graph! {
+            fn main(a8: f8e4m3[{m}, {k}], sa: f32[], b8: f8e4m3[{n}, {k}], sb: f32[]) -> bf16[{m}, {n}] {
+                a8.dequantize_fp8(sa, bf16).matmul(b8.dequantize_fp8(sb, bf16), transpose_b = true)
+            }
+        }?;
+        out.push(BenchCase {
+            group: "fp8",
+            name: "fp8 e4m3 matmul (wgmma)".into(),
+            shape: format!("{m}x{n}x{k}"),
+            graph: g,
+            lowering: Lowering::Fused,
+            inputs: vec![
+                (DType::F8E4M3, vec![m, k], Fill::Random(50)),
+                (DType::F32, vec![], Fill::Values(vec![0.5])),
+                (DType::F8E4M3, vec![n, k], Fill::Random(51)),
+                (DType::F32, vec![], Fill::Values(vec![0.25])),
+            ],
+            work: 2.0 * (m * n * k) as f64,
+            unit: "TFLOP/s",
+            iters_cap: 10,
+            anchor: Box::new(|a| anchor(a, "fp8", &["cuBLAS fp8"])),
+        });
     }
     if want("qmatmul") {
         qmatmul_cases(&mut out)?;

@@ -19,7 +19,8 @@
 //! A kernel is tunable when its family offers alternatives (matmul, row reduction, prefill
 //! attention), every buffer it reads or writes has a constant shape (the shape class of a
 //! tuned kernel is its exact shape: a kernel with symbolic dims keeps the heuristic's schedule)
-//! and a float dtype (index-driven kernels would time their random indices, not their work).
+//! and a float dtype — or a block-quantized or `f8e4m3` one, which the random values fill as
+//! well (index-driven kernels would time their random indices, not their work).
 //!
 //! Cache layout, beside the plans (each entry keyed like the kernel's own, see
 //! [`crate::gpu::kernel_key`], with the schedule field changed): `variant <name> …` → the
@@ -164,7 +165,7 @@ pub fn tunable(kg: &KernelGraph, k: Kernel) -> bool {
         Family::Matmul | Family::RowReduction | Family::Attention
     ) && kd.inputs.iter().chain(&kd.outputs).all(|b| {
         let ty = &kg.buffers[*b].ty;
-        matches!(ty.dtype, DType::BF16 | DType::F16 | DType::F32 | DType::Q8_0 | DType::Q4_1)
+        matches!(ty.dtype, DType::BF16 | DType::F16 | DType::F32 | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3)
             && ty.shape.iter().all(|d| d.as_const().is_some())
     })
 }

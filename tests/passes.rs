@@ -227,8 +227,10 @@ fn explain_prints_kernels_per_layer_and_writes_dot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `sinter explain --schedules` still prints the report when the code generator cannot build
-/// a kernel (an fp8 matmul today): that kernel's line says why; an unknown target is an error.
+/// `sinter explain --schedules` shows the fp8 matmul's wgmma e4m3 schedule (a K tile of 128)
+/// and its candidates on sm_90a, and still prints the report where the code generator cannot
+/// build a kernel (the same fp8 matmul on sm_80): that kernel's line says why; an unknown
+/// target is an error.
 #[cfg(feature = "llvm")]
 #[test]
 fn explain_schedules_reports_a_kernel_it_cannot_build() {
@@ -240,7 +242,11 @@ fn explain_schedules_reports_a_kernel_it_cannot_build() {
     let out = run("sm_90a");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("k0 Matmul: dequantize_fp8 dequantize_fp8 matmul") && text.contains("schedule: none, kernel k0 (Matmul): unsupported: f8e4m3 buffer"), "{text}");
+    assert!(text.contains("k0 Matmul: dequantize_fp8 dequantize_fp8 matmul") && text.contains("wgmma 128x128x128 s4 f1") && text.contains("wgmma 128x256x128 s4"), "{text}");
+    let out = run("sm_80");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("k0 Matmul: dequantize_fp8 dequantize_fp8 matmul") && text.contains("schedule: none, kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not sm_80"), "{text}");
     let bad = run("sm_99");
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("unknown GPU target `sm_99`"));
     let _ = std::fs::remove_dir_all(&dir);

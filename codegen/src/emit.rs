@@ -139,7 +139,7 @@ pub struct KernelBuilder<'ctx> {
 }
 
 /// The LLVM storage type of a dtype: `bfloat`, `half`, `float`, `i32`, `i64`, `i8` (bool, and
-/// the bytes of the block-quantized types and of `f8e4m3`, which no generator reads yet).
+/// the bytes of the block-quantized types and of `f8e4m3`, which only the fp8 matmul reads).
 pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
     match dtype {
         DType::BF16 => cx.bf16_type().into(),
@@ -148,6 +148,18 @@ pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx
         DType::I32 => cx.i32_type().into(),
         DType::I64 => cx.i64_type().into(),
         DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3 => cx.i8_type().into(),
+    }
+}
+
+/// The K extent of one `wgmma.mma_async` over operands of `dt` (PTX ISA §9.7.15.5, "Matrix
+/// shape"): 16 for bf16/f16, 32 for `f8e4m3` — 32 bytes of a K-major row either way, so a
+/// 128-byte swizzled row (64 bf16 or 128 e4m3 elements) is four instructions' worth of K.
+/// `None` for a dtype `wgmma` does not take.
+pub fn wgmma_k(dt: DType) -> Option<u32> {
+    match dt {
+        DType::BF16 | DType::F16 => Some(16),
+        DType::F8E4M3 => Some(32),
+        _ => None,
     }
 }
 
@@ -554,11 +566,16 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(())
     }
 
-    /// One K tile of a warpgroup's `m64nNk16` products (PTX ISA §9.7.15.5,
-    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16|f16}.{bf16|f16}`), as one inline-asm
+    /// One K tile of a warpgroup's `m64nNkK` products (PTX ISA §9.7.15.5), as one inline-asm
     /// block: `wgmma.fence`, one `wgmma.mma_async` per `(a_desc, b_desc)` pair of `descs` (both
     /// operands in shared memory, described by 64-bit matrix descriptors, §9.7.15.5.1; no
-    /// transposes: K-major A and B), `wgmma.commit_group`, `wgmma.wait_group 0`. `acc` holds the
+    /// transposes: K-major A and B), `wgmma.commit_group`, `wgmma.wait_group in_flight`. The
+    /// operand dtype `dt` picks the instruction ([`wgmma_k`]): bf16/f16 take
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16|f16}.{bf16|f16} d, a, b, p, 1, 1, 0, 0`
+    /// (16 elements of K each), `f8e4m3` takes
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 d, a, b, p, 1, 1` (32 elements:
+    /// 8-bit types have no transpose operands, §9.7.15.5.2) — 32 bytes of each K-major row
+    /// either way. `acc` holds the
     /// warpgroup's `n/2` f32 accumulators of this thread (the D fragment of §9.7.15.5.1's
     /// figure "WGMMA .m64nNk16 D": element `i` at row `16·(warp % 4) + lane/4 + 8·((i/2) % 2)`,
     /// column `8·(i/4) + 2·(lane % 4) + i % 2`); they are read and written in place and
@@ -569,16 +586,18 @@ impl<'ctx> KernelBuilder<'ctx> {
     ///
     /// # Errors
     /// [`CodegenError::Builder`] (also for an `n` that is not a multiple of 8 in 8..=256 or a
-    /// dtype other than bf16/f16).
+    /// dtype other than bf16, f16, f8e4m3).
     pub fn wgmma_k_tile(&self, dt: sinter_ir::DType, n: u32, acc: &[FloatValue<'ctx>], descs: &[(IntValue<'ctx>, IntValue<'ctx>)], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
-        let ty = match dt {
-            sinter_ir::DType::BF16 => "bf16",
-            sinter_ir::DType::F16 => "f16",
+        let (ty, imms) = match dt {
+            sinter_ir::DType::BF16 => ("bf16", "1, 1, 0, 0"),
+            sinter_ir::DType::F16 => ("f16", "1, 1, 0, 0"),
+            sinter_ir::DType::F8E4M3 => ("e4m3", "1, 1"),
             _ => return Err(CodegenError::Builder(format!("wgmma of {dt} operands"))),
         };
+        let k = wgmma_k(dt).ok_or_else(|| CodegenError::Builder(format!("wgmma of {dt} operands")))?;
         let regs = (n / 2) as usize;
         if n % 8 != 0 || !(8..=256).contains(&n) || acc.len() != regs || descs.is_empty() {
-            return Err(CodegenError::Builder(format!("wgmma m64n{n}k16 with {} accumulators", acc.len())));
+            return Err(CodegenError::Builder(format!("wgmma m64n{n}k{k} with {} accumulators", acc.len())));
         }
         let f32t = self.cx.f32_type();
         let i64t = self.cx.i64_type();
@@ -590,7 +609,7 @@ impl<'ctx> KernelBuilder<'ctx> {
         let mut text = String::from("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.fence.sync.aligned;\n");
         for j in 0..descs.len() {
             let (a, b) = (2 * regs + 2 * j, 2 * regs + 2 * j + 1);
-            text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{list}}}, ${a}, ${b}, p, 1, 1, 0, 0;\n"));
+            text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, ${a}, ${b}, p, {imms};\n"));
         }
         text.push_str(&format!("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned {in_flight};\n}}"));
         let mut cons: Vec<String> = (0..regs).map(|_| "=f".to_owned()).collect();

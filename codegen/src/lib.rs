@@ -181,17 +181,23 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
     })
 }
 
-/// What the generators say of `f8e4m3` (issue #8): no kernel reads or writes it yet.
+/// What the generators say of `f8e4m3` (issue #8) where they do not read it: only the fp8
+/// matmul kernel does (sm_90a, `wgmma`, [`kernels::matmul`]).
 pub(crate) fn fp8_message(what: &str) -> String {
-    format!("{what}: no generator reads or writes f8e4m3 yet (the FP8 matmul and attention kernels are to come; the interpreter runs fp8 graphs)")
+    format!("{what}: the only kernel that reads f8e4m3 is the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the interpreter runs every fp8 graph")
 }
 
 /// Refuses a kernel that holds an `f8e4m3` value — a buffer it reads or writes, or a value its
 /// body computes (`dequantize_fp8(quantize_fp8(x))` has no fp8 buffer) — with
 /// [`CodegenError::Unsupported`] naming the dtype, the value and the kernel, before any
-/// generator sees it.
+/// generator sees it. Matmul kernels pass: their generator reads the fp8 matmul's operands
+/// ([`kernels::matmul`], `Spec::fp8`) and refuses every other fp8 value itself (the element
+/// evaluator refuses fp8 in an epilogue).
 fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
     let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
+    if data.family == Family::Matmul {
+        return Ok(());
+    }
     let buffer = data.inputs.iter().chain(&data.outputs).find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| (b, d)));
     let what = match buffer {
         Some((b, d)) => format!("buffer {b} ({}{})", d.ty, d.name.as_deref().map(|n| format!(", `{n}`")).unwrap_or_default()),
@@ -525,10 +531,23 @@ mod tests {
         let b = fb.op1(OpKind::DequantizeFp8, &[b8, sb], bf16()).unwrap();
         let y = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]).unwrap();
         let (g, k) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
-        let e = compile_kernel(&g, k, &Target::SM_90A).unwrap_err();
-        assert!(matches!(&e, CodegenError::Unsupported { .. }), "{e:?}");
-        assert_eq!(e.to_string(), "kernel k0 (Matmul): unsupported: f8e4m3 buffer b0 (f8e4m3[16, 64], `a8`): no generator reads or writes f8e4m3 yet (the FP8 matmul and attention kernels are to come; the interpreter runs fp8 graphs)");
-        assert!(matches!(schedule_variants(&g, k, &Target::SM_90A), Err(CodegenError::Unsupported { .. })));
+        // sm_90a has the fp8 wgmma kernel; sm_80 and sm_90 refuse it, naming the dtype.
+        assert!(compile_kernel(&g, k, &Target::SM_90A).unwrap().entry.ends_with("_matmul_wgmma_e4m3"));
+        for t in [Target::SM_80, Target::SM_90] {
+            let e = compile_kernel(&g, k, &t).unwrap_err();
+            assert!(matches!(&e, CodegenError::Unsupported { .. }), "{e:?}");
+            assert_eq!(e.to_string(), format!("kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not {t}: the only kernel that reads f8e4m3 is the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the interpreter runs every fp8 graph"));
+            assert!(matches!(schedule_variants(&g, k, &t), Err(CodegenError::Unsupported { .. })));
+        }
+        // An fp8 A with a bf16 B is not the fp8 matmul.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_mixed");
+        let (a8, sa) = (fb.param("a8", ty(DType::F8E4M3, &[d(16), d(64)])), fb.param("sa", scale()));
+        let b = fb.param("b", ty(DType::BF16, &[d(32), d(64)]));
+        let a = fb.op1(OpKind::DequantizeFp8, &[a8, sa], bf16()).unwrap();
+        let y = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
+        let e = compile_kernel(&g, k, &Target::SM_90A).unwrap_err().to_string();
+        assert!(e.starts_with("kernel k0 (Matmul): unsupported: a matmul with one `dequantize_fp8` operand: the only kernel"), "{e}");
         // A fake-quantization round trip has no fp8 buffer, only an fp8 value in its body.
         let mut fb = FunctionBuilder::new(&Graph::new(), "fake_quant");
         let (x, s) = (fb.param("x", ty(DType::F32, &[d(64)])), fb.param("s", scale()));

@@ -429,6 +429,20 @@ fn matmul_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
     single(Family::Matmul, fb.finish(&[y]).unwrap())
 }
 
+/// The fp8 matmul (issue #8): `dequantize_fp8(a8 [M, K], sa) · dequantize_fp8(b8 [N, K], sb)ᵀ`
+/// with f8e4m3 operands, f32 scalar scales and a result of `out` (the `dequantize_fp8` dtype).
+fn fp8_matmul_at(out: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_proj");
+    let a8 = fb.param("a8", ty(DType::F8E4M3, &[d(m), d(k)]));
+    let sa = fb.param("sa", ty(DType::F32, &[]));
+    let b8 = fb.param("b8", ty(DType::F8E4M3, &[d(n), d(k)]));
+    let sb = fb.param("sb", ty(DType::F32, &[]));
+    let a = op_a(&mut fb, OpKind::DequantizeFp8, &[a8, sa], vec![("dtype", Attr::DType(out))]);
+    let b = op_a(&mut fb, OpKind::DequantizeFp8, &[b8, sb], vec![("dtype", Attr::DType(out))]);
+    let y = op_a(&mut fb, OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]);
+    single(Family::Matmul, fb.finish(&[y]).unwrap())
+}
+
 /// `x [M, K] · w [K, N]` (B N-contiguous).
 fn matmul_kn_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "proj");
@@ -881,6 +895,48 @@ fn sass_wgmma_tma_has_utmaldg() {
     let gk = matmul_at(DType::F16, 128, 256, 100);
     let err = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap_err();
     assert!(err.to_string().contains("16-byte"), "{err}");
+
+/// The fp8 matmul (`f8e4m3` operands, issue #8) on sm_90a: the `wgmma` kernel with e4m3
+/// products — `QGMMA` in the SASS (`wgmma.mma_async …k32.f32.e4m3.e4m3`), no `HGMMA`/`HMMA`
+/// —, `LDGSTS` (cp.async) for the byte slabs, no spills, for every wgmma schedule candidate
+/// and with M, N and K tails (K a multiple of 16: 16-byte rows); bf16 and f32 results. sm_80
+/// and sm_90 (no `wgmma`) refuse it, naming f8e4m3.
+#[test]
+fn sass_fp8_wgmma_has_qgmma() {
+    let Some(tool) = cuobjdump() else { return };
+    for (what, gk) in [("fp8 512x4096x4096", fp8_matmul_at(DType::BF16, 512, 4096, 4096)), ("fp8 tails 200x300x208", fp8_matmul_at(DType::BF16, 200, 300, 208)), ("fp8 f32 out", fp8_matmul_at(DType::F32, 128, 256, 128))] {
+        let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &Target::SM_90A).unwrap();
+        assert!(variants.len() >= 3 && variants.iter().all(|v| v.name.starts_with("wgmma ") && v.name.contains("x128 ")), "{what}: {:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
+        for v in &variants {
+            let plan = &v.plan;
+            assert!(plan.entry.ends_with("_matmul_wgmma_e4m3"), "{what}: {}", plan.entry);
+            assert!(plan.ptx.contains("wgmma.mma_async.sync.aligned.m64n") && plan.ptx.contains("k32.f32.e4m3.e4m3"), "{what} {}", v.name);
+            let Some(r) = assemble(plan) else { return };
+            assert!(!r.spills(), "{what} {}: spills: {r:?}", v.name);
+            let code = sass(&tool, &r.cubin, "fp8");
+            for want in ["QGMMA.64x", "LDGSTS.E.BYPASS", "FENCE.VIEW.ASYNC.S", "BAR.SYNC"] {
+                assert!(code.contains(want), "{what} {}: no {want}:\n{code}", v.name);
+            }
+            assert!(!code.contains("HGMMA") && !code.contains("HMMA"), "{what} {}: 16-bit tensor-core products in the fp8 kernel", v.name);
+        }
+        for t in [Target::SM_80, Target::SM_90] {
+            let err = compile_kernel(&gk.0, gk.1, &t).unwrap_err().to_string();
+            assert!(err.contains("f8e4m3") && err.contains("sm_90a"), "{what} {t}: {err}");
+        }
+    }
+}
+
+/// The PTX of the fp8 matmul (sm_90a only: the other targets refuse it) at one shape with
+/// its launch plan and ptxas's resource lines (no spills), as [`ptx_snapshots`].
+#[test]
+fn ptx_snapshot_fp8_wgmma() {
+    let (g, k) = fp8_matmul_at(DType::BF16, 512, 4096, 4096);
+    let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+    let Some(report) = assemble(&plan) else { return };
+    assert!(!report.spills(), "spills\n{report}");
+    let what = "matmul (fp8 wgmma): dequantize_fp8(f8e4m3[512,4096], sa) · dequantize_fp8(f8e4m3[4096,4096], sb)ᵀ → bf16";
+    let text = format!("# {what}\n# {}\n{}{}", plan_line(&plan), report.to_string().lines().map(|l| format!("# ptxas {l}\n")).collect::<String>(), plan.ptx);
+    insta::assert_snapshot!("ptx_matmul_fp8_wgmma_512x4096x4096_sm_90a", text);
 }
 
 /// Prefill attention on tensor cores, in the SASS: `HMMA` for Q·Kᵀ and P·V, `LDSM` for Q

@@ -8,9 +8,10 @@
 //! ([`crate::partition::dissolve`]) and the graph rebuilt.
 //!
 //! `f8e4m3` (issue #8): the FP8 matmul and attention bodies below are the shapes the FP8
-//! kernels will take, so the partitioner forms them now; until those kernels land, the code
-//! generator refuses every kernel holding an `f8e4m3` value with `Unsupported` (naming the
-//! dtype), and fp8 graphs run on the interpreter only.
+//! kernels take. The FP8 matmul is generated on sm_90a (the `wgmma` e4m3 GEMM); the code
+//! generator refuses every other kernel holding an `f8e4m3` value (the FP8 attention, the
+//! matmul on other targets) with `Unsupported` (naming the dtype), and such graphs run on the
+//! interpreter only.
 //!
 //! | family | body |
 //! |---|---|

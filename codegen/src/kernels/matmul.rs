@@ -4,7 +4,8 @@
 //! # What a kernel computes
 //! The body holds one `matmul` node `R = a · b` (`a [..., M, K]`, `b [..., K, N]` after the
 //! optional `transpose_a` / `transpose_b` of the last two axes; batch axes broadcast by NumPy
-//! rules; `bf16`, `f16` or `f32` operands of one dtype) whose operands are kernel inputs,
+//! rules; `bf16`, `f16` or `f32` operands of one dtype, or both `dequantize_fp8` of `f8e4m3`
+//! inputs, see **fp8** below) whose operands are kernel inputs,
 //! possibly through views (`reshape` of a contiguous buffer, `slice`: the passes leave them at
 //! the start of a body), and an epilogue that the shared element evaluator
 //! (`kernels::element`) computes from R, the other kernel inputs (any views, any broadcast)
@@ -112,6 +113,27 @@
 //!
 //! Where neither applies (a symbolic M, B not `[N, K]`), the passes write the dequantised
 //! weight to a buffer and the bf16 kernels read it.
+//!
+//! On sm_90a the tensor-core GEMM runs on warpgroup MMAs where A and B are K-major
+//! ([`MatmulSchedule::Wgmma`], [`build_wgmma`]: the same `cp.async` pipeline into
+//! 128-byte-swizzled slabs, `wgmma.mma_async` reading both from shared memory).
+//!
+//! **fp8** (`f8e4m3`, issue #8): a matmul of `dequantize_fp8(a8, sa)` and
+//! `dequantize_fp8(b8, sb)` — `a8 [..., M, K]` and `b8 [N, K]` read with `transpose_b`, both
+//! K-major, `sa`/`sb` f32 scalars (`f32[]` kernel inputs or constants), the `dequantize_fp8`
+//! dtype (bf16, f16, f32) the result's (`sinter_passes::contract::fp8_matmul` forms such
+//! kernels) — runs on the Hopper kernel with e4m3 operands (sm_90a only; PTX ISA §9.7.15.5
+//! `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3`): the fp8 bytes are copied as stored
+//! (a 16-byte chunk is 16 elements, so M/N/K rows must be multiples of 16 bytes: K a multiple
+//! of 16), a K tile is 128 elements (one 128-byte swizzle row, the byte geometry of bf16's 64),
+//! each `wgmma` covers 32 of K, the f32 accumulators are multiplied by `sa · sb` and the
+//! epilogue is the shared one (bias, activation, cast, …: any the bf16 kernel takes). Its
+//! schedule names read `wgmma 128x256x128 s4 f1` (the K tile of 128 tells it from bf16's 64).
+//! On sm_80/sm_90, under any other schedule, or with one fp8 operand only, the generator
+//! refuses the kernel (`Unsupported`, naming f8e4m3); fp8 anywhere else in a body is refused
+//! by the element evaluator. Numerics: the e4m3 products are exact and accumulate in f32,
+//! scaled once — as `torch._scaled_mm` computes — whereas the unfused graph rounds each
+//! dequantised operand to its dtype first (see [`build_wgmma`]).
 //!
 //! [`choose_schedule`] picks among them by shape and dtype: a constant M in 2..=16 of bf16/f16
 //! gets the flat tensor-core GEMM (the small-M kernel where its layouts do not allow the
@@ -483,9 +505,10 @@ pub enum MatmulSchedule {
     QuantMma(QuantMmaSchedule),
     /// Hopper tensor-core GEMM (sm_90a: `cp.async` into 128-byte-swizzled slabs,
     /// `wgmma.mma_async` from shared memory, [`build_wgmma`]); the schedule's fields as for
-    /// [`MatmulSchedule::Mma`], with `bk` 64, `bm` a multiple of 64, one warp per 16 rows
-    /// (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`] and
-    /// [`WgmmaSchedule`].
+    /// [`MatmulSchedule::Mma`], with `bk` one 128-byte row of the operands (64 bf16/f16
+    /// elements; 128 for the fp8 matmul's `f8e4m3`), `bm` a multiple of 64, one warp per 16
+    /// rows (`warps_m = bm/16`, `warps_n` 1) and `bn` ≤ 256. See [`MmaSchedule::WGMMA`] and
+    /// [`WgmmaSchedule`]. The only schedule of an fp8 matmul.
     Wgmma(WgmmaSchedule),
 }
 
@@ -561,13 +584,20 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]); for a quantized B read on tensor
 /// cores, other [`QuantMmaSchedule`]s and the quantized small-M kernel — each with its
 /// [`MatmulSchedule::name`] and a closure that compiles it (an alternative the kernel's layouts
-/// or epilogue do not accept fails there with [`CodegenError::Unsupported`]).
+/// or epilogue do not accept fails there with [`CodegenError::Unsupported`]). An fp8 matmul
+/// has the wgmma tiles only.
 ///
 /// # Errors
-/// As [`generate`], when the kernel cannot be analysed.
+/// As [`generate`], when the kernel cannot be analysed or is an fp8 matmul the target's wgmma
+/// kernel does not take.
 pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
     let spec = std::rc::Rc::new(Spec::analyse(graph, kernel)?);
     let default = spec.default_schedule(target);
+    if let (Some(_), MatmulSchedule::Wgmma(w)) = (spec.fp8, default) {
+        // The fp8 matmul has no schedule where wgmma does not take it (sm_80, sm_90): no
+        // candidates to name either.
+        spec.wgmma_plan(&w.tile, target).map_err(|e| unsupported(&spec.kernel_name, e))?;
+    }
     let mut scheds = vec![default];
     if let MatmulSchedule::Mma(d) = default {
         let alts: Vec<MmaSchedule> = if d.bm == 16 { [32, 64, 128].into_iter().map(MmaSchedule::flat).collect() } else { vec![MmaSchedule::DEFAULT, MmaSchedule::NARROW] };
@@ -576,15 +606,20 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
             scheds.push(MatmulSchedule::Wgmma(WgmmaSchedule { tma: false, ..WgmmaSchedule::DEFAULT }));
         }
     }
-    if let MatmulSchedule::Wgmma(_) = default {
-        // The other Hopper tile width, then the `mma.sync` kernels.
-        // TMA and cp.async loads, the other Hopper tile width, then the `mma.sync` kernels.
-        let narrow = WgmmaSchedule { tile: MmaSchedule { bn: 128, ..MmaSchedule::WGMMA }, ..WgmmaSchedule::DEFAULT };
-        let waiting = WgmmaSchedule { in_flight: 0, ..WgmmaSchedule::DEFAULT };
+    if let MatmulSchedule::Wgmma(d) = default {
+        // TMA and cp.async loads (TMA where tensor maps fit: 16-bit operands), the other
+        // Hopper tile width (with the default's K tile: 64 bf16/f16, 128 e4m3 elements), then
+        // the `mma.sync` kernels (not for fp8 operands).
+        let base = WgmmaSchedule { tile: MmaSchedule { bk: d.tile.bk, ..MmaSchedule::WGMMA }, ..WgmmaSchedule::DEFAULT };
+        let narrow = WgmmaSchedule { tile: MmaSchedule { bn: 128, ..base.tile }, ..base };
+        let waiting = WgmmaSchedule { in_flight: 0, ..base };
         let chunks = |w: WgmmaSchedule| WgmmaSchedule { tma: false, ..w };
-        let wg = [WgmmaSchedule::DEFAULT, chunks(WgmmaSchedule::DEFAULT), chunks(waiting), narrow, chunks(narrow)];
-        let alts = wg.into_iter().filter(|w| !w.tma || spec.tma_maps(&w.tile).is_ok()).map(MatmulSchedule::Wgmma).chain([MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)]);
-        scheds.extend(alts.filter(|a| *a != default));
+        let wg = [base, chunks(base), chunks(waiting), narrow, chunks(narrow)];
+        let mut alts: Vec<MatmulSchedule> = wg.into_iter().filter(|w| !w.tma || spec.tma_maps(&w.tile).is_ok()).map(MatmulSchedule::Wgmma).collect();
+        if spec.fp8.is_none() {
+            alts.extend([MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)]);
+        }
+        scheds.extend(alts.into_iter().filter(|a| *a != default));
     }
     if spec.b_quant.is_some() {
         // Quantized weights: other step lengths and warp shapes, with and without the
@@ -653,6 +688,9 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         ),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
+    if spec.fp8.is_some() && !matches!(schedule, MatmulSchedule::Wgmma(_)) {
+        return Err(unsupported(&spec.kernel_name, crate::fp8_message(&format!("f8e4m3 matmul: schedule `{}`", schedule.name()))));
+    }
     let quant_ok = match schedule {
         MatmulSchedule::SmallM(s) => s.lanes == 32,
         MatmulSchedule::QuantMma(_) => true,
@@ -662,6 +700,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         return Err(unsupported(&spec.kernel_name, format!("a {q} B operand is read by the quantized schedules only, not {schedule:?}")));
     }
     let tag = if spec.b_quant.is_some() && matches!(schedule, MatmulSchedule::SmallM(_)) { "matmul_small_m_q" } else { tag };
+    let tag = if spec.fp8.is_some() { "matmul_wgmma_e4m3" } else { tag };
     let entry = format!("{}_{tag}", spec.kernel_name);
     let ctx = Context::create();
     let n_outputs = spec.n_buffers - spec.n_inputs;
@@ -756,19 +795,60 @@ impl MatOperand {
             && self.align >= c * self.dtype.size_bytes() as u32
     }
 
-    /// Whether a 16-bit operand can be copied in 16-byte chunks of 8 elements along its K
-    /// axis (`k_contig`) or its outer axis, each chunk starting at a multiple of 8 and 16-byte
-    /// aligned: that axis has stride 1; the other stride, the offset and every batch stride
-    /// are provably multiples of 8; the base is 16-byte aligned.
+    /// Whether a 16-bit or 8-bit operand can be copied in 16-byte chunks (8 or 16 elements,
+    /// [`MatOperand::per_chunk`]) along its K axis (`k_contig`) or its outer axis, each chunk
+    /// starting at a multiple of its element count and 16-byte aligned: that axis has stride
+    /// 1; the other stride, the offset and every batch stride are provably multiples of the
+    /// chunk's elements; the base is 16-byte aligned.
     fn chunks_ok(&self, k_contig: bool) -> bool {
         let (unit, other) = if k_contig { (&self.ks, &self.outer) } else { (&self.outer, &self.ks) };
-        self.dtype.size_bytes() == 2
-            && unit.as_const() == Some(1)
-            && other.div_exact(8).is_some()
-            && self.offset.div_exact(8).is_some()
-            && self.batch_strides.iter().all(|s| s.div_exact(8).is_some())
+        let Some(e) = self.per_chunk() else { return false };
+        unit.as_const() == Some(1)
+            && other.div_exact(e).is_some()
+            && self.offset.div_exact(e).is_some()
+            && self.batch_strides.iter().all(|s| s.div_exact(e).is_some())
             && self.align >= 16
     }
+
+    /// Elements per 16-byte chunk: 8 of a 16-bit dtype, 16 of `f8e4m3`; `None` for the rest.
+    fn per_chunk(&self) -> Option<i64> {
+        match self.dtype {
+            DType::BF16 | DType::F16 => Some(8),
+            DType::F8E4M3 => Some(16),
+            _ => None,
+        }
+    }
+}
+
+/// Where an fp8 operand's scale (an f32 scalar, `f32[]`) comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fp8Scale {
+    /// Kernel input `i`.
+    Buffer(usize),
+    /// A constant of the body (its value rounded to f32, as the interpreter rounds it).
+    Const(f32),
+}
+
+/// When `v` is `dequantize_fp8(x8, scale)`: `Ok((x8, scale))` for an `x8` and a scale the fp8
+/// kernel reads (`x8` is checked with the operand's views; the scale is an f32 kernel input
+/// or a constant), or why it cannot read them; `None` when `v` is something else.
+fn fp8_operand(body: &Function, v: Value, buffers: &[BufInfo]) -> Option<Result<(Value, Fp8Scale), String>> {
+    let ValueDef::Result(n, _) = body.values.get(v)?.def else { return None };
+    let nd = body.nodes.get(n)?;
+    if nd.op.kind != OpKind::DequantizeFp8 {
+        return None;
+    }
+    let [x8, scale] = nd.inputs[..] else { return Some(Err(format!("`dequantize_fp8` {} needs two operands", body.label(v)))) };
+    let scale_def = body.values.get(scale).map(|d| d.def.clone());
+    let scale = match scale_def {
+        Some(ValueDef::Param(i)) if buffers.get(i).is_some_and(|b| b.dtype == DType::F32) => Fp8Scale::Buffer(i),
+        Some(ValueDef::Result(c, _)) if body.nodes.get(c).is_some_and(|c| c.op.kind == OpKind::Constant) => match body.nodes[c].op.float("value") {
+            Some(x) => Fp8Scale::Const(x as f32),
+            None => return Some(Err(format!("the scale {} of `dequantize_fp8` is not a float constant", body.label(scale)))),
+        },
+        _ => return Some(Err(format!("the scale {} of `dequantize_fp8` is neither an f32 kernel input nor a constant", body.label(scale)))),
+    };
+    Some(Ok((x8, scale)))
 }
 
 /// What the generators need to know about a matmul kernel.
@@ -784,6 +864,12 @@ struct Spec {
     /// `transpose_b`): its blocks are read as stored and dequantised in registers
     /// ([`MatOperand`] `b` then describes the quantized buffer in elements).
     b_quant: Option<DType>,
+    /// Both operands are `dequantize_fp8(x8, scale)` of `f8e4m3` kernel inputs (A `[.., M, K]`,
+    /// B `[N, K]` with `transpose_b`): the fp8 matmul of issue #8. [`MatOperand`] `a` and `b`
+    /// then describe the `f8e4m3` buffers (one byte an element), read as stored by the wgmma
+    /// kernel, and the f32 accumulators are multiplied by `scale_a · scale_b` before the
+    /// epilogue.
+    fp8: Option<[Fp8Scale; 2]>,
     m: Dim,
     n: Dim,
     k: Dim,
@@ -872,11 +958,34 @@ impl Spec {
                 (true, true) | (false, false) => (s_cols, s_rows),
             };
             let bs = broadcast_strides(&ty.shape[..r - 2], &st[..r - 2], rank - 2);
+            let dtype = buffers.get(view.param).map_or(dtype, |b| b.dtype);
             Ok(MatOperand { buffer: view.param, dtype, offset: view.offset, batch_strides: bs, outer, ks, align: view.align })
         };
-        let a = mat(av, at, ta, true)?;
-        let (b, b_quant) = match quantized_operand(body, bv, &buffers) {
-            Some(w) => {
+        // An fp8 matmul: both operands `dequantize_fp8` of f8e4m3 tensors, read as stored.
+        let fp8 = match (fp8_operand(body, av, &buffers), fp8_operand(body, bv, &buffers)) {
+            (None, None) => None,
+            (Some(fa), Some(fb)) => {
+                let ((a8, sa), (b8, sb)) = (fa.map_err(&no)?, fb.map_err(&no)?);
+                if ta || !tb || bt.rank() != 2 {
+                    return Err(no(format!(
+                        "an f8e4m3 matmul reads A [.., M, K] and B [N, K] with transpose_b, both K-major as the fp8 tensor cores take them (got {at}, {bt}, transpose_a {ta}, transpose_b {tb})"
+                    )));
+                }
+                let (a, b) = (mat(a8, body.ty(a8), false, true)?, mat(b8, body.ty(b8), true, false)?);
+                if a.dtype != DType::F8E4M3 || b.dtype != DType::F8E4M3 {
+                    return Err(no(format!("`dequantize_fp8` of {} and {}: not f8e4m3 kernel inputs", body.label(a8), body.label(b8))));
+                }
+                Some((a, b, [sa, sb]))
+            }
+            _ => return Err(no(crate::fp8_message("a matmul with one `dequantize_fp8` operand"))),
+        };
+        let a = match &fp8 {
+            Some((a, _, _)) => a.clone(),
+            None => mat(av, at, ta, true)?,
+        };
+        let (b, b_quant) = match (fp8.as_ref().map(|f| f.1.clone()), quantized_operand(body, bv, &buffers)) {
+            (Some(b), _) => (b, None),
+            (None, Some(w)) => {
                 let (w, q) = w.map_err(&no)?;
                 if !tb || ta || bt.rank() != 2 {
                     return Err(no(format!("a {q} weight is read as blocks only as a [N, K] B operand with transpose_b (got {bt}, transpose_a {ta}, transpose_b {tb})")));
@@ -888,8 +997,9 @@ impl Spec {
                 let outer = info.strides[0].clone();
                 (MatOperand { buffer: w, dtype, offset: Dim::constant(0), batch_strides: vec![Dim::constant(0); rank - 2], outer, ks: Dim::constant(1), align: info.align }, Some(q))
             }
-            None => (mat(bv, bt, tb, false)?, None),
+            (None, None) => (mat(bv, bt, tb, false)?, None),
         };
+        let fp8 = fp8.map(|(_, _, scales)| scales);
         for op in [&a, &b] {
             all_dims.extend(op.batch_strides.iter().cloned());
             all_dims.extend([op.offset.clone(), op.outer.clone(), op.ks.clone()]);
@@ -922,6 +1032,7 @@ impl Spec {
             a,
             b,
             b_quant,
+            fp8,
             m,
             n,
             k,
@@ -963,6 +1074,17 @@ impl Spec {
             Epi::Columns { rope_d, .. } => u32::try_from(*rope_d).unwrap_or(u32::MAX),
             _ => 1,
         };
+        let columns = match &self.epi {
+            Epi::Paired { width, segs, .. } => width.scale(segs.len() as i64),
+            _ => self.n.clone(),
+        };
+        if self.fp8.is_some() {
+            // fp8: the wgmma kernel only (on another target it fails, saying so), with the CTA
+            // tile of the bf16 kernel and a K tile of 128 e4m3 elements.
+            let s = MmaSchedule::for_columns(&columns, multiple);
+            let s = if s.bn % multiple.max(1) == 0 { s } else { MmaSchedule::DEFAULT };
+            return MatmulSchedule::Wgmma(WgmmaSchedule { tile: self.wgmma_tile(s), in_flight: 1, tma: false });
+        }
         if let Some(rows) = self.m.as_const().filter(|m| (1..=16).contains(m)) {
             // The flat tensor-core GEMM with a tile a multiple of the RoPE head, where the
             // layouts allow it; the small-M kernel otherwise.
@@ -977,16 +1099,12 @@ impl Spec {
             }
             return choose_schedule(&self.m, &self.n, self.dtype, b_k);
         }
-        let columns = match &self.epi {
-            Epi::Paired { width, segs, .. } => width.scale(segs.len() as i64),
-            _ => self.n.clone(),
-        };
         if let MatmulSchedule::Mma(s) = choose_schedule(&self.m, &columns, self.dtype, b_k) {
             let s = if s.bn % multiple.max(1) == 0 { s } else { MmaSchedule::DEFAULT };
             // Hopper: the same CTA tile on warpgroup MMAs where the layouts allow, one K
             // tile's products in flight (H200, bf16 8192³: 707.1 TFLOP/s against 505 for
             // `mma.sync`; 4096³: 213.2 against 301.3 µs).
-            let w = MmaSchedule { warps_m: s.bm / 16, warps_n: 1, stages: 4, ..s };
+            let w = self.wgmma_tile(s);
             if self.wgmma_plan(&w, target).is_ok() {
                 let tma = self.tma_maps(&w).is_ok();
                 return MatmulSchedule::Wgmma(WgmmaSchedule { tile: w, tma, ..WgmmaSchedule::DEFAULT });
@@ -1007,6 +1125,13 @@ impl Spec {
             128 => TiledSchedule { bm: 64, bn: 128, bk: 16, tm: 4, tn: 4 },
             _ => TiledSchedule { bm: 32, bn, bk: 16, tm: 4, tn: 4 },
         })
+    }
+
+    /// The warpgroup form of CTA tile `s`: a warp per 16 rows, 4 stages, a K tile of one
+    /// 128-byte swizzle row of the operands (64 bf16/f16 elements, 128 e4m3).
+    fn wgmma_tile(&self, s: MmaSchedule) -> MmaSchedule {
+        let es = self.a.dtype.size_bytes().clamp(1, 2) as u32;
+        MmaSchedule { warps_m: s.bm / 16, warps_n: 1, stages: 4, bk: 128 / es, ..s }
     }
 
     /// Whether the quantized tensor-core kernel takes this kernel: a block-quantized B,
@@ -1056,9 +1181,21 @@ impl Spec {
     /// N-contiguous B, segment starts and sub-tile widths that are multiples of 8) and
     /// shared memory within the target's limit.
     fn mma_plan(&self, s: &MmaSchedule, target: &Target) -> Result<MmaPlan, String> {
+        if self.fp8.is_some() {
+            return Err(crate::fp8_message("the `mma.sync` kernel does not take f8e4m3 operands"));
+        }
         if !matches!(self.dtype, DType::BF16 | DType::F16) {
             return Err(format!("tensor-core matmul of {} operands", self.dtype));
         }
+        self.slab_plan(s, target)
+    }
+
+    /// The shared memory of the tensor-core kernels' pipeline for schedule `s` — slabs of
+    /// the operands' element size (16-bit, or 8-bit `f8e4m3` for the fp8 wgmma kernel) — or
+    /// why the kernel's layouts, epilogue or the target's shared memory do not allow it (see
+    /// [`Spec::mma_plan`]).
+    fn slab_plan(&self, s: &MmaSchedule, target: &Target) -> Result<MmaPlan, String> {
+        let es = self.a.dtype.size_bytes() as u32;
         let mode = |op: &MatOperand, what: &str| -> Result<bool, String> {
             if op.chunks_ok(true) {
                 Ok(true)
@@ -1071,12 +1208,12 @@ impl Spec {
                 ))
             }
         };
-        let a = Slab::new(mode(&self.a, "A")?, s.bm, s.bk, 0);
-        let b = Slab::new(mode(&self.b, "B")?, s.bn, s.bk, a.bytes());
+        let a = Slab::new(mode(&self.a, "A")?, s.bm, s.bk, 0, es);
+        let b = Slab::new(mode(&self.b, "B")?, s.bn, s.bk, a.bytes(), es);
         let threads = s.threads();
         for (what, sl) in [("A", a), ("B", b)] {
-            if !(sl.cols == 32 || sl.cols % 64 == 0) {
-                return Err(format!("{s:?}: {what}'s slab rows of {} elements cannot be swizzled (32 or a multiple of 64)", sl.cols));
+            if !(sl.row_bytes() == 64 || sl.row_bytes() % 128 == 0) {
+                return Err(format!("{s:?}: {what}'s slab rows of {} bytes cannot be swizzled (64 or a multiple of 128)", sl.row_bytes()));
             }
             if (sl.rows * sl.chunks()) % threads != 0 {
                 return Err(format!("{s:?}: {what}'s slab of {} chunks does not split over {threads} threads", sl.rows * sl.chunks()));
@@ -1098,7 +1235,7 @@ impl Spec {
         }
         let stage_bytes = a.bytes() + b.bytes();
         let pitch = s.bn + 8;
-        let staged = if self.epi.staged() { s.bm * pitch * 2 } else { 0 };
+        let staged = if self.epi.staged() { s.bm * pitch * self.dtype.size_bytes() as u32 } else { 0 };
         let smem_bytes = (s.stages * stage_bytes).max(staged);
         if smem_bytes > target.max_shared_memory_per_block() {
             return Err(format!("{s:?} needs {smem_bytes} bytes of shared memory, more than {target} allows"));
@@ -1107,22 +1244,35 @@ impl Spec {
     }
 
     /// The shared-memory plan of Hopper schedule `s` ([`MatmulSchedule::Wgmma`]), or why the
-    /// kernel cannot take it: [`Spec::mma_plan`]'s conditions, an sm_90a target, K-major A
-    /// and B (K contiguous in memory: the descriptors describe K-major slabs), `bk` 64 (one
-    /// 128-byte swizzle row), `bm` a multiple of 64 with a warp per 16 rows, `bn` a multiple
-    /// of 8 up to 256.
+    /// kernel cannot take it: [`Spec::mma_plan`]'s conditions (for bf16/f16 operands; `f8e4m3`
+    /// ones of an fp8 matmul as well), an sm_90a target, K-major A and B (K contiguous in
+    /// memory: the descriptors describe K-major slabs, and 8-bit `wgmma` has no transposed
+    /// form), `bk` one 128-byte swizzle row (64 bf16/f16, 128 e4m3 elements), `bm` a multiple
+    /// of 64 with a warp per 16 rows, `bn` a multiple of 8 up to 256. For an fp8 matmul the
+    /// reason names the fp8 kernel: it has no other schedule.
     fn wgmma_plan(&self, s: &MmaSchedule, target: &Target) -> Result<MmaPlan, String> {
-        if !target.has_wgmma() {
-            return Err(format!("wgmma needs sm_90a, not {target}"));
+        let plan = || -> Result<MmaPlan, String> {
+            if !target.has_wgmma() {
+                return Err(format!("wgmma needs sm_90a, not {target}"));
+            }
+            let dt = self.a.dtype;
+            let es = dt.size_bytes() as u32;
+            if crate::emit::wgmma_k(dt).is_none() || self.b.dtype != dt || (self.fp8.is_none() && !matches!(self.dtype, DType::BF16 | DType::F16)) {
+                return Err(format!("wgmma of {dt} · {} operands", self.b.dtype));
+            }
+            if s.bk * es != 128 || s.bm % 64 != 0 || s.warps_n != 1 || s.warps_m * 16 != s.bm || s.bn % 8 != 0 || s.bn > 256 {
+                return Err(format!("{s:?} is not a warpgroup schedule for {dt} (bk {}, bm a multiple of 64 with a warp per 16 rows, bn ≤ 256)", 128 / es));
+            }
+            let plan = self.slab_plan(s, target)?;
+            if !(plan.a.k_contig && plan.b.k_contig) {
+                return Err("wgmma reads K-major A and B only (B as [N, K])".into());
+            }
+            Ok(plan)
+        };
+        match (plan(), self.fp8) {
+            (Err(e), Some(_)) => Err(crate::fp8_message(&format!("f8e4m3 matmul: {e}"))),
+            (r, _) => r,
         }
-        if s.bk != 64 || s.bm % 64 != 0 || s.warps_n != 1 || s.warps_m * 16 != s.bm || s.bn % 8 != 0 || s.bn > 256 {
-            return Err(format!("{s:?} is not a warpgroup schedule (bk 64, bm a multiple of 64 with a warp per 16 rows, bn ≤ 256)"));
-        }
-        let plan = self.mma_plan(s, target)?;
-        if !(plan.a.k_contig && plan.b.k_contig) {
-            return Err("wgmma reads K-major A and B only (B as [N, K])".into());
-        }
-        Ok(plan)
     }
 
     /// The TMA tensor maps of the wgmma kernel's operands ([`WgmmaSchedule::tma`]): A as
@@ -1167,10 +1317,11 @@ impl Spec {
     }
 }
 
-/// One operand's slab in a pipeline stage of the tensor-core kernel: `rows × cols` 16-bit
-/// elements stored row by row, each row of `cols / 8` 16-byte chunks whose order is XOR-
-/// swizzled by the row ([`Slab::offset`]). Rows are the operand's outer axis (M for A, N for
-/// B) and columns its K axis when K is contiguous in memory (`k_contig`), else the reverse.
+/// One operand's slab in a pipeline stage of the tensor-core kernel: `rows × cols` elements
+/// of `es` bytes (2: bf16/f16; 1: `f8e4m3`) stored row by row, each row of `cols · es / 16`
+/// 16-byte chunks whose order is XOR-swizzled by the row ([`Slab::offset`]). Rows are the
+/// operand's outer axis (M for A, N for B) and columns its K axis when K is contiguous in
+/// memory (`k_contig`), else the reverse.
 #[derive(Clone, Copy, Debug)]
 struct Slab {
     k_contig: bool,
@@ -1178,23 +1329,29 @@ struct Slab {
     cols: u32,
     /// Byte offset within a stage.
     base: u32,
+    /// Bytes per element.
+    es: u32,
 }
 
 impl Slab {
     /// The slab of an operand with `outer` rows or columns in the CTA tile and `bk` K
     /// elements per stage, at `base`.
-    fn new(k_contig: bool, outer: u32, bk: u32, base: u32) -> Slab {
+    fn new(k_contig: bool, outer: u32, bk: u32, base: u32, es: u32) -> Slab {
         if k_contig {
-            Slab { k_contig, rows: outer, cols: bk, base }
+            Slab { k_contig, rows: outer, cols: bk, base, es }
         } else {
-            Slab { k_contig, rows: bk, cols: outer, base }
+            Slab { k_contig, rows: bk, cols: outer, base, es }
         }
     }
+    /// Elements per 16-byte chunk.
+    fn per_chunk(&self) -> u32 {
+        16 / self.es
+    }
     fn chunks(&self) -> u32 {
-        self.cols / 8
+        self.cols / self.per_chunk()
     }
     fn row_bytes(&self) -> u32 {
-        self.cols * 2
+        self.cols * self.es
     }
     fn bytes(&self) -> u32 {
         self.rows * self.row_bytes()
@@ -2134,15 +2291,17 @@ fn mma_chunks<'ctx>(
             Some(c0) if keeps_column && step % 8 == 0 => k.add(c0.dst, k.i32c((i * step * slab.row_bytes()) as i32))?,
             _ => k.add(k.i32c(slab.base as i32), slab.offset(k, row, col)?)?,
         };
-        let kc = k.zext64(k.shl(col, 3)?)?;
+        // The chunk's first element along its row (K, or M/N for an outer-contiguous slab).
+        let first_el = k.mul(col, k.i32c(slab.per_chunk() as i32))?;
+        let kc = k.zext64(first_el)?;
         let (elem, guard) = if slab.k_contig {
             let (o, idx, limit) = outer_of(k, row)?;
             let ok = if whole { None } else { Some(k.icmp(IntPredicate::SLT, idx, limit)?) };
             (k.add(k.mul(o, outer)?, kc)?, ChunkGuard::Outer { ok, kc })
         } else {
-            let (o, idx, limit) = outer_of(k, k.shl(col, 3)?)?;
+            let (o, idx, limit) = outer_of(k, first_el)?;
             let row64 = k.zext64(row)?;
-            let bytes = if whole { k.i32c(16) } else { clamp_bytes(k, k.sub(limit, idx)?)? };
+            let bytes = if whole { k.i32c(16) } else { clamp_bytes(k, k.sub(limit, idx)?, slab.es)? };
             (k.add(o, k.mul(row64, ks)?)?, ChunkGuard::K { row: row64, bytes })
         };
         let delta = match (first, segments) {
@@ -2168,11 +2327,11 @@ fn mma_chunks<'ctx>(
     Ok(Chunks { first: k.add(base, first)?, chunks, k_whole })
 }
 
-/// `2·clamp(n, 0, 8)` as an i32: the bytes of a 16-byte chunk of 16-bit elements that exist
-/// when `n` (i64) elements are left.
-fn clamp_bytes<'ctx>(k: &Kit<'ctx>, n: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-    let n = k.smin(k.smax(n, k.i64c(0))?, k.i64c(8))?;
-    k.shl(k.trunc32(n)?, 1)
+/// `es·clamp(n, 0, 16/es)` as an i32: the bytes of a 16-byte chunk of `es`-byte elements (2
+/// or 1) that exist when `n` (i64) elements are left.
+fn clamp_bytes<'ctx>(k: &Kit<'ctx>, n: IntValue<'ctx>, es: u32) -> R<IntValue<'ctx>> {
+    let n = k.smin(k.smax(n, k.i64c(0))?, k.i64c(i64::from(16 / es)))?;
+    k.mul(k.trunc32(n)?, k.i32c(es as i32))
 }
 
 /// Issues one stage's `cp.async` copies of an operand: its chunks at k-tile offset `k0`
@@ -2185,7 +2344,7 @@ fn issue_chunks<'ctx>(k: &Kit<'ctx>, op: &MatOperand, cs: &Chunks<'ctx>, k0: Int
     for c in &cs.chunks {
         let bytes = match c.guard {
             ChunkGuard::Outer { ok, kc } => {
-                let left = if cs.k_whole { full } else { clamp_bytes(k, k.sub(kdim, k.add(k0, kc)?)?)? };
+                let left = if cs.k_whole { full } else { clamp_bytes(k, k.sub(kdim, k.add(k0, kc)?)?, op.dtype.size_bytes() as u32)? };
                 match ok {
                     Some(ok) => k.select_i(ok, left, k.i32c(0))?,
                     None => left,
@@ -2432,24 +2591,6 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
     mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
 }
 
-/// The Hopper tensor-core GEMM ([`MatmulSchedule::Wgmma`], sm_90a): the pipeline of
-/// [`build_mma`] — every thread copies its 16-byte chunks of A's and B's slabs of a stage
-/// with `cp.async` into 128-byte-swizzled rows, `stages − 1` K tiles in flight — with the
-/// products on warpgroup MMAs (PTX ISA §9.7.15, `wgmma.mma_async` m64nNk16, both operands
-/// read by the tensor cores straight from shared memory through matrix descriptors:
-/// no `ldmatrix`, no fragment registers). Warpgroup `j` (threads `128j …`) owns rows
-/// `64j … 64j + 63` of the CTA tile and all its `bn` columns: `bn/2` f32 accumulators per
-/// thread. Per K tile: wait for its copies, `fence.proxy.async.shared::cta` (the copies are
-/// generic-proxy writes, `wgmma` reads through the async proxy), a CTA barrier, `bk/16`
-/// `wgmma`s committed as one group and waited for ([`KernelBuilder::wgmma_k_tile`]), then
-/// the copies of K tile `kt + stages − 1` into the stage K tile `kt − 1` used (every
-/// warpgroup has finished with it: it waited for its products before this tile's barrier).
-///
-/// The slab layout is [`Slab`]'s: for `bk` = 64, rows of 128 bytes whose 16-byte chunks are
-/// XOR-swizzled by `row mod 8` — exactly the K-major 128-byte-swizzle canonical layout of
-/// §9.7.15.5.1 (8-row, 1024-byte swizzle atoms, stacked along M/N: stride byte offset 1024;
-/// the leading byte offset unused), given a 1024-byte-aligned slab. A `k16` step advances a
-/// descriptor's start address by 32 bytes inside the atom.
 /// The TMA loads of the wgmma kernel's pipeline ([`WgmmaSchedule::tma`], PTX ISA §9.7.9.25.5.2
 /// and §9.7.13.15 "mbarrier"): stage `i` has an mbarrier (arrival count 1); thread 0 fills a
 /// stage by arriving with the expected transaction bytes (A's and B's boxes) and issuing one
@@ -2556,11 +2697,46 @@ enum WgmmaLoads<'a, 'ctx> {
     Tma(TmaLoads<'ctx>),
 }
 
+/// The Hopper tensor-core GEMM ([`MatmulSchedule::Wgmma`], sm_90a): the pipeline of
+/// [`build_mma`] — every thread copies its 16-byte chunks of A's and B's slabs of a stage
+/// with `cp.async` into 128-byte-swizzled rows, `stages − 1` K tiles in flight — with the
+/// products on warpgroup MMAs (PTX ISA §9.7.15, `wgmma.mma_async` m64nNk16 for bf16/f16,
+/// m64nNk32 `.e4m3.e4m3` for the fp8 matmul, both operands
+/// read by the tensor cores straight from shared memory through matrix descriptors:
+/// no `ldmatrix`, no fragment registers). Warpgroup `j` (threads `128j …`) owns rows
+/// `64j … 64j + 63` of the CTA tile and all its `bn` columns: `bn/2` f32 accumulators per
+/// thread. Per K tile: wait for its copies, `fence.proxy.async.shared::cta` (the copies are
+/// generic-proxy writes, `wgmma` reads through the async proxy), a CTA barrier, `bk/16`
+/// (`bk/32` for e4m3: four either way)
+/// `wgmma`s committed as one group and waited for ([`KernelBuilder::wgmma_k_tile`]), then
+/// the copies of K tile `kt + stages − 1` into the stage K tile `kt − 1` used (every
+/// warpgroup has finished with it: it waited for its products before this tile's barrier).
+///
+/// The slab layout is [`Slab`]'s: for `bk` = 64 16-bit or 128 8-bit elements, rows of 128
+/// bytes whose 16-byte chunks are XOR-swizzled by `row mod 8` — exactly the K-major
+/// 128-byte-swizzle canonical layout of §9.7.15.5.1 (8-row, 1024-byte swizzle atoms, stacked
+/// along M/N: stride byte offset 1024; the leading byte offset unused), given a
+/// 1024-byte-aligned slab; the layout is defined in bytes (16-byte units), so the same
+/// descriptors serve both element sizes. A `k16` (bf16/f16) or `k32` (e4m3) step advances a
+/// descriptor's start address by 32 bytes inside the atom.
+///
+/// **fp8** ([`Spec::fp8`]): A and B are the `f8e4m3` bytes of `dequantize_fp8(a8, scale_a)`
+/// and `dequantize_fp8(b8, scale_b)`, copied as stored; the products of the e4m3 values
+/// accumulate in f32 on the tensor cores, and after the last K tile every accumulator is
+/// multiplied by `scale_a · scale_b` (the two f32 scalars loaded once) before the shared
+/// epilogue rounds R to its dtype. The unfused graph instead rounds each dequantised operand
+/// to the `dequantize_fp8` dtype before the product (for bf16, a relative 2⁻⁹ per element);
+/// the fused kernel computes the exact products — as `torch._scaled_mm` and cuBLAS do — so
+/// it differs from the interpreter by those roundings as well as by the accumulation order.
 fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan) -> R<()> {
     let s = &w.tile;
     let threads = s.threads();
     kit.launch_bounds(threads);
-    let dt = spec.dtype;
+    // The operands' dtype picks the instruction: K 16 (bf16/f16) or 32 (e4m3) per `wgmma`,
+    // 32 bytes of each K-major row either way.
+    let dt = spec.a.dtype;
+    let ik = crate::emit::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
+    let k_step_bytes = ik * dt.size_bytes() as u32;
     let stages = s.stages;
     let tid = kit.sreg("tid.x")?;
     let wg = kit.lshr(tid, 7)?;
@@ -2628,9 +2804,9 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
             WgmmaLoads::Tma(l) => l.wait(k, kt, rs)?,
         }
         k.barrier()?;
-        let mut descs = Vec::with_capacity((s.bk / 16) as usize);
-        for kk in 0..s.bk / 16 {
-            let off = k.add(rs, k.i32c((32 * kk) as i32))?;
+        let mut descs = Vec::with_capacity((s.bk / ik) as usize);
+        for kk in 0..s.bk / ik {
+            let off = k.add(rs, k.i32c((k_step_bytes * kk) as i32))?;
             descs.push((desc(k, k.add(a_wg, off)?)?, desc(k, k.add(b_cta, off)?)?));
         }
         let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
@@ -2658,8 +2834,24 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
             kit.set(p, v.into())?;
         }
     }
+    if let Some(scales) = spec.fp8 {
+        // The fp8 matmul's dequantisation, once per accumulator: Σ a8·b8 · (scale_a·scale_b).
+        let scale = kit.fmul(fp8_scale(kit, scales[0])?, fp8_scale(kit, scales[1])?)?;
+        for &p in &acc {
+            kit.set(p, kit.fmul(kit.get_f(p)?, scale)?.into())?;
+        }
+    }
     let tile = MmaTile { mt: 1, nt: (s.bn / 8) as usize, wm: 16, wn: s.bn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, m0, pid_n, bz };
     mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
+}
+
+/// An fp8 operand's scale as an f32: loaded from its kernel input (a scalar, `f32[]`) or
+/// the constant.
+fn fp8_scale<'ctx>(kit: &Kit<'ctx>, scale: Fp8Scale) -> R<FloatValue<'ctx>> {
+    match scale {
+        Fp8Scale::Buffer(i) => kit.load_vec(DType::F32, kit.buf(i)?, kit.i64c(0), 1)?.pop().ok_or_else(|| kit.err("no scale loaded")),
+        Fp8Scale::Const(x) => Ok(kit.f32c(f64::from(x))),
+    }
 }
 
 /// The tile of a tensor-core kernel's epilogue ([`mma_epilogue`]).
@@ -3352,10 +3544,11 @@ pub(crate) mod kit {
             Ok(())
         }
 
-        /// `&ptr[idx]` for elements of float dtype `dt`, as a plain (not `inbounds`) GEP: the
-        /// result may lie outside the object (a pre-offset base that later indices bring back).
+        /// `&ptr[idx]` for elements of float dtype `dt` (or the bytes of `f8e4m3`), as a plain
+        /// (not `inbounds`) GEP: the result may lie outside the object (a pre-offset base that
+        /// later indices bring back).
         pub(crate) fn gep_raw(&self, dt: DType, ptr: PointerValue<'ctx>, idx: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
-            let ty = self.float_type(dt)?;
+            let ty: BasicTypeEnum<'ctx> = if dt.is_fp8() { self.ctx.i8_type().into() } else { self.float_type(dt)?.into() };
             // SAFETY (of the IR, not of Rust): nothing is dereferenced here.
             Ok(unsafe { self.bld().b.build_gep(ty, ptr, &[idx], "") }?)
         }
