@@ -895,6 +895,7 @@ fn sass_wgmma_tma_has_utmaldg() {
     let gk = matmul_at(DType::F16, 128, 256, 100);
     let err = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &w).unwrap_err();
     assert!(err.to_string().contains("16-byte"), "{err}");
+}
 
 /// The fp8 matmul (`f8e4m3` operands, issue #8) on sm_90a: the `wgmma` kernel with e4m3
 /// products — `QGMMA` in the SASS (`wgmma.mma_async …k32.f32.e4m3.e4m3`), no `HGMMA`/`HMMA`
