@@ -757,6 +757,34 @@ impl<'ctx> KernelBuilder<'ctx> {
         self.asm_args(&format!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {bytes};"), "r", &[bar.into()])
     }
 
+    /// `mbarrier.arrive.shared::cta.b64 _, [bar]` (PTX ISA §9.7.13.15.13): this thread's
+    /// arrival at the mbarrier at shared address `bar` (32-bit), release semantics at CTA
+    /// scope (what the thread read before it is ordered before the phase completes). The
+    /// warp-specialised matmul's consumers free a stage with it.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn mbarrier_arrive(&self, bar: IntValue<'ctx>) -> R<()> {
+        self.asm_args("mbarrier.arrive.shared::cta.b64 _, [$0];", "r", &[bar.into()])
+    }
+
+    /// `setmaxnreg.{inc|dec}.sync.aligned.u32 regs` (PTX ISA "setmaxnreg" among the miscellaneous instructions;
+    /// PTX 8.0, sm_90a):
+    /// the executing warpgroup's per-thread register budget becomes `regs` (24 ..= 256, a
+    /// multiple of 8): `.dec` releases registers to the SM's pool, `.inc` waits until the pool
+    /// has them. Every thread of the warpgroup executes the same instruction (`.sync.aligned`);
+    /// the kernel must declare its launch bound (`.maxntid`), from which ptxas derives the
+    /// registers each warpgroup starts with.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] (also for a `regs` outside 24..=256 or not a multiple of 8).
+    pub fn setmaxnreg(&self, inc: bool, regs: u32) -> R<()> {
+        if !(24..=256).contains(&regs) || regs % 8 != 0 {
+            return Err(CodegenError::Builder(format!("setmaxnreg {regs}: 24 ..= 256, a multiple of 8")));
+        }
+        self.asm_void(&format!("setmaxnreg.{}.sync.aligned.u32 {regs};", if inc { "inc" } else { "dec" }))
+    }
+
     /// Waits until the phase of parity `parity` (i32, 0 or 1) of the mbarrier at `bar` has
     /// completed: a loop of `mbarrier.try_wait.parity.shared::cta.b64` (PTX ISA §9.7.13.15.16;
     /// each try suspends the thread for a while before it reports). Acquire semantics at CTA

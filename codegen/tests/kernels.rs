@@ -897,6 +897,48 @@ fn sass_wgmma_tma_has_utmaldg() {
     assert!(err.to_string().contains("16-byte"), "{err}");
 }
 
+/// The warp-specialised wgmma matmul (`WgmmaSchedule::specialized`, issue #8), one CTA per
+/// tile and persistent over 132 CTAs: 384 threads (`.maxntid 384`, so ptxas budgets ≤ 168
+/// registers a thread), `setmaxnreg` 40/232 (`USETMAXREG` in the SASS), the producer's
+/// `UTMALDG`, the mbarriers' `SYNCS`, `HGMMA`, no spills, and one `BAR.SYNC` only (the one
+/// publishing the mbarriers' initialisation: none in the main loop); the persistent form's
+/// grid is `[132, 1, 1]`. Both are schedule candidates of a plain sm_90a product.
+#[test]
+fn sass_wgmma_ws_has_setmaxnreg() {
+    use sinter_codegen::kernels::matmul::{MatmulSchedule, WgmmaSchedule};
+    let ws = WgmmaSchedule { specialized: true, ..WgmmaSchedule::DEFAULT };
+    let persistent = WgmmaSchedule { ctas: 132, ..ws };
+    let gk = matmul_at(DType::BF16, 512, 4096, 4096);
+    let names: Vec<String> = sinter_codegen::schedule_variants(&gk.0, gk.1, &Target::SM_90A).unwrap().into_iter().map(|v| v.name).collect();
+    for w in [ws, persistent] {
+        assert!(names.contains(&MatmulSchedule::Wgmma(w).name()), "{:?} not in {names:?}", MatmulSchedule::Wgmma(w).name());
+    }
+    for (what, gk) in [("bf16 512x4096x4096", matmul_at(DType::BF16, 512, 4096, 4096)), ("f16 tails", matmul_at(DType::F16, 200, 1000, 520))] {
+        for w in [ws, persistent] {
+            let name = MatmulSchedule::Wgmma(w).name();
+            let plan = sinter_codegen::kernels::matmul::generate_with(&gk.0, gk.1, &Target::SM_90A, &MatmulSchedule::Wgmma(w)).unwrap();
+            assert_eq!(plan.block, [384, 1, 1], "{what} {name}");
+            if w.ctas > 0 {
+                assert_eq!(plan.grid.iter().map(|g| (g.numerator.as_const(), g.denominator)).collect::<Vec<_>>(), vec![(Some(132), 1), (Some(1), 1), (Some(1), 1)], "{what} {name}");
+            }
+            for want in [".maxntid 384", "setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232", "mbarrier.arrive.shared::cta.b64", "mbarrier.arrive.expect_tx", "cp.async.bulk.tensor.2d"] {
+                assert!(plan.ptx.contains(want), "{what} {name}: no `{want}` in the PTX");
+            }
+            let Some(r) = assemble(&plan) else { return };
+            let regs = r.function(&plan.entry).map(|k| k.registers).unwrap_or(0);
+            eprintln!("{what} {name}: {regs} registers");
+            assert!(regs <= 168, "{what} {name}: {regs} registers");
+            let Some(tool) = cuobjdump() else { return };
+            let code = sass(&tool, &r.cubin, "wgmma");
+            for want in ["USETMAXREG", "UTMALDG.2D", "SYNCS", "HGMMA.64x256x16.F32"] {
+                assert!(code.contains(want), "{what} {name}: no {want}:\n{code}");
+            }
+            assert_eq!(code.matches("BAR.SYNC").count(), 1, "{what} {name}: CTA barriers beyond the initialisation's:\n{code}");
+            assert!(!code.contains("LDGSTS"), "{what} {name}: cp.async in the TMA kernel");
+        }
+    }
+}
+
 /// The fp8 matmul (`f8e4m3` operands, issue #8) on sm_90a: the `wgmma` kernel with e4m3
 /// products — `QGMMA` in the SASS (`wgmma.mma_async …k32.f32.e4m3.e4m3`), no `HGMMA`/`HMMA`
 /// —, `LDGSTS` (cp.async) for the byte slabs, no spills, for every wgmma schedule candidate

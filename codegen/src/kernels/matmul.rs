@@ -428,14 +428,44 @@ pub struct WgmmaSchedule {
     /// `cp.async.bulk.tensor` copies of A's and B's boxes from tensor maps, completing on a
     /// stage's mbarrier) instead of every thread's `cp.async` chunks ([`StageLoads`]).
     pub tma: bool,
+    /// Warp specialisation ([`build_wgmma_ws`], needs `tma`): a third warpgroup, the
+    /// producer, issues the TMA copies (after `setmaxnreg.dec` to [`WS_PRODUCER_REGS`]);
+    /// the two consumer warpgroups (`setmaxnreg.inc` to [`WS_CONSUMER_REGS`]) wait on each
+    /// stage's *full* mbarrier, compute, and free it on its *empty* mbarrier: no CTA-wide
+    /// barrier in the main loop. 384 threads.
+    pub specialized: bool,
+    /// Persistent CTAs (with `specialized` only): 0 launches a CTA per output tile; `c > 0`
+    /// launches `c` CTAs (the launch plan's grid is `[c, 1, 1]`, which must not exceed
+    /// what fits on the device at once: one CTA per SM, so at most the SM count, 132 on an
+    /// H100/H200 SXM) that loop over the output tiles `blockIdx.x + i·gridDim.x` in raster
+    /// order, the pipeline running on across tiles.
+    pub ctas: u32,
 }
 
+/// The producer warpgroup's registers per thread after `setmaxnreg.dec`
+/// ([`WgmmaSchedule::specialized`]): it holds only the TMA coordinates and counters.
+pub const WS_PRODUCER_REGS: u32 = 40;
+/// The consumer warpgroups' registers per thread after `setmaxnreg.inc`: 128 accumulators
+/// and the descriptors. 128·40 + 256·232 = 64512 ≤ 65536, the SM's register file; both
+/// multiples of 8 (CUTLASS's sm90 warp-specialised split).
+pub const WS_CONSUMER_REGS: u32 = 232;
+/// Persistent CTAs of the candidate [`variants`] adds: the SM count of an H100/H200 SXM
+/// (132) — the SM count is not known at code generation, and a grid of constant size is
+/// what [`GridDim`] can express. On a device with fewer SMs the extra CTAs wait for a
+/// second wave (correct, slower); with more, SMs idle.
+pub const WS_PERSISTENT_CTAS: u32 = 132;
+
 impl WgmmaSchedule {
+    /// Threads per CTA: the tile's warpgroups, and the producer warpgroup when specialised.
+    pub fn threads(&self) -> u32 {
+        self.tile.threads() + if self.specialized { 128 } else { 0 }
+    }
+
     /// [`MmaSchedule::WGMMA`] with one K tile's products in flight, loaded by the TMA where
     /// the operands allow tensor maps (H200, bf16 8192³, bench/RESULTS.md: 1404.6 µs = 782.8
     /// TFLOP/s = 1.13× cuBLAS with TMA, 1502.5 µs with every thread's cp.async; 4096³: 199.5
     /// against 206.7 µs; waiting for each tile's products: 1818.2 µs).
-    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 1, tma: true };
+    pub const DEFAULT: WgmmaSchedule = WgmmaSchedule { tile: MmaSchedule::WGMMA, in_flight: 1, tma: true, specialized: false, ctas: 0 };
 }
 
 /// The tensor-core schedule of a matmul whose B operand is block-quantized (`q8_0`/`q4_1`,
@@ -614,7 +644,13 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         let narrow = WgmmaSchedule { tile: MmaSchedule { bn: 128, ..base.tile }, ..base };
         let waiting = WgmmaSchedule { in_flight: 0, ..base };
         let chunks = |w: WgmmaSchedule| WgmmaSchedule { tma: false, ..w };
-        let wg = [base, chunks(base), chunks(waiting), narrow, chunks(narrow)];
+        // Warp-specialised (TMA, direct epilogue only), one CTA per tile and persistent.
+        let ws = WgmmaSchedule { specialized: true, ..base };
+        let persistent = WgmmaSchedule { ctas: WS_PERSISTENT_CTAS, ..ws };
+        let mut wg = vec![base, chunks(base), chunks(waiting), narrow, chunks(narrow)];
+        if spec.ws_ok(&ws).is_ok() {
+            wg.extend([ws, persistent]);
+        }
         let mut alts: Vec<MatmulSchedule> = wg.into_iter().filter(|w| !w.tma || spec.tma_maps(&w.tile).is_ok()).map(MatmulSchedule::Wgmma).collect();
         if spec.fp8.is_none() {
             alts.extend([MatmulSchedule::Mma(MmaSchedule::DEFAULT), MatmulSchedule::Mma(MmaSchedule::NARROW)]);
@@ -659,13 +695,15 @@ impl MatmulSchedule {
             MatmulSchedule::Tiled(s) => format!("tiled {}x{}x{} t{}x{}", s.bm, s.bn, s.bk, s.tm, s.tn),
             MatmulSchedule::QuantMma(s) => format!("qmma w{} t{} k{}{}", s.warps, s.tiles, s.chunk, if s.prefetch { " prefetch" } else { "" }),
             MatmulSchedule::Wgmma(w) => format!(
-                "wgmma {}x{}x{} s{}{}{}",
+                "wgmma {}x{}x{} s{}{}{}{}{}",
                 w.tile.bm,
                 w.tile.bn,
                 w.tile.bk,
                 w.tile.stages,
                 if w.in_flight > 0 { format!(" f{}", w.in_flight) } else { String::new() },
-                if w.tma { " tma" } else { "" }
+                if w.tma { " tma" } else { "" },
+                if w.specialized { " ws" } else { "" },
+                if w.ctas > 0 { format!(" p{}", w.ctas) } else { String::new() }
             ),
         }
     }
@@ -683,8 +721,9 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
                 .check()
                 .and_then(|()| if w.in_flight <= 1 { Ok(()) } else { Err(format!("{w:?}: at most one product group in flight")) })
                 .and_then(|()| spec.wgmma_plan(&w.tile, target).map(|_| ()))
-                .and_then(|()| if w.tma { spec.tma_maps(&w.tile).map(|_| ()) } else { Ok(()) }),
-            w.tile.threads(),
+                .and_then(|()| if w.tma { spec.tma_maps(&w.tile).map(|_| ()) } else { Ok(()) })
+                .and_then(|()| spec.ws_ok(w)),
+            w.threads(),
         ),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
@@ -728,7 +767,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     let (grid, shared_bytes) = match schedule {
         MatmulSchedule::Tiled(s) => (tiles(s.bm, s.bn), 0),
         MatmulSchedule::Mma(s) => (tiles(s.bm, s.bn), spec.mma_plan(s, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
-        MatmulSchedule::Wgmma(w) => (tiles(w.tile.bm, w.tile.bn), spec.wgmma_plan(&w.tile, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
+        MatmulSchedule::Wgmma(w) => (if w.ctas > 0 { [GridDim::fixed(w.ctas), GridDim::fixed(1), GridDim::fixed(1)] } else { tiles(w.tile.bm, w.tile.bn) }, spec.wgmma_plan(&w.tile, target).map_err(|e| unsupported(&spec.kernel_name, e))?.smem_bytes),
         MatmulSchedule::QuantMma(s) => ([GridDim { numerator: spec.n.clone(), denominator: s.columns() }, GridDim { numerator: spec.m.clone(), denominator: 16 }, batch], 0),
         MatmulSchedule::SmallM(s) => {
             let cols = match &spec.epi {
@@ -1083,7 +1122,7 @@ impl Spec {
             // tile of the bf16 kernel and a K tile of 128 e4m3 elements.
             let s = MmaSchedule::for_columns(&columns, multiple);
             let s = if s.bn % multiple.max(1) == 0 { s } else { MmaSchedule::DEFAULT };
-            return MatmulSchedule::Wgmma(WgmmaSchedule { tile: self.wgmma_tile(s), in_flight: 1, tma: false });
+            return MatmulSchedule::Wgmma(WgmmaSchedule { tile: self.wgmma_tile(s), tma: false, ..WgmmaSchedule::DEFAULT });
         }
         if let Some(rows) = self.m.as_const().filter(|m| (1..=16).contains(m)) {
             // The flat tensor-core GEMM with a tile a multiple of the RoPE head, where the
@@ -1273,6 +1312,27 @@ impl Spec {
             (Err(e), Some(_)) => Err(crate::fp8_message(&format!("f8e4m3 matmul: {e}"))),
             (r, _) => r,
         }
+    }
+
+    /// Whether this kernel takes the warp-specialised and persistent forms of wgmma schedule
+    /// `w` ([`WgmmaSchedule::specialized`], [`WgmmaSchedule::ctas`]), or why not: they need
+    /// the TMA loads and the direct epilogue — a staged epilogue writes the tile over the
+    /// pipeline's shared memory behind a CTA-wide barrier, while the producer warpgroup is
+    /// already filling the stages for the next tile.
+    fn ws_ok(&self, w: &WgmmaSchedule) -> Result<(), String> {
+        if !w.specialized {
+            return if w.ctas == 0 { Ok(()) } else { Err(format!("{w:?}: persistent CTAs need the warp-specialised kernel")) };
+        }
+        if !w.tma {
+            return Err(format!("{w:?}: the warp-specialised kernel loads with the TMA"));
+        }
+        if self.fp8.is_some() {
+            return Err("the warp-specialised wgmma kernel has no fp8 form (fp8 loads with cp.async)".into());
+        }
+        if self.epi.staged() {
+            return Err("the warp-specialised wgmma kernel writes its results from registers: a staged epilogue (segments, pairs) would overwrite stages the producer fills".into());
+        }
+        Ok(())
     }
 
     /// The TMA tensor maps of the wgmma kernel's operands ([`WgmmaSchedule::tma`]): A as
@@ -2378,8 +2438,16 @@ fn raster<'ctx>(k: &Kit<'ctx>, group: u32) -> R<(IntValue<'ctx>, IntValue<'ctx>)
     }
     let nx = k.zext64(k.sreg("nctaid.x")?)?;
     let ny = k.zext64(k.sreg("nctaid.y")?)?;
+    group_tiles(k, k.add(x, k.mul(y, nx)?)?, (nx, ny), group)
+}
+
+/// [`raster`]'s order: the `linear`-th tile (i64) of a grid of `nx` row tiles × `ny` column
+/// tiles → `(row tile, column tile)`, `group` row tiles at a time.
+fn group_tiles<'ctx>(k: &Kit<'ctx>, linear: IntValue<'ctx>, (nx, ny): (IntValue<'ctx>, IntValue<'ctx>), group: u32) -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+    if group <= 1 {
+        return Ok((k.urem(linear, nx)?, k.udiv(linear, nx)?));
+    }
     let g = k.i64c(i64::from(group));
-    let linear = k.add(x, k.mul(y, nx)?)?;
     let per_group = k.mul(g, ny)?;
     let first = k.mul(k.udiv(linear, per_group)?, g)?;
     let size = k.smin(k.sub(nx, first)?, g)?;
@@ -2587,7 +2655,7 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
     })?;
     kit.cp_async_wait(0)?;
 
-    let tile = MmaTile { mt, nt, wm, wn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, m0, pid_n, bz };
+    let tile = MmaTile { mt, nt, wm, wn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, first_thread: 0, m0, pid_n, bz };
     mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
 }
 
@@ -2630,15 +2698,7 @@ impl<'ctx> TmaLoads<'ctx> {
         })?;
         kit.barrier()?;
         let n0 = kit.mul(pid_n, kit.i64c(i64::from(s.bn)))?;
-        let at = |op: &MatOperand, outer: IntValue<'ctx>| -> R<Vec<IntValue<'ctx>>> {
-            let mut v = vec![kit.trunc32(outer)?];
-            for (c, st) in bases.coords.iter().zip(&op.batch_strides) {
-                if st.as_const() != Some(0) {
-                    v.push(kit.trunc32(*c)?);
-                }
-            }
-            Ok(v)
-        };
+        let at = |op: &MatOperand, outer: IntValue<'ctx>| tma_box_at(kit, op, outer, bases);
         Ok(TmaLoads {
             bars,
             sbase: kit.smem_addr(smem)?,
@@ -2691,6 +2751,19 @@ impl<'ctx> TmaLoads<'ctx> {
     }
 }
 
+/// The coordinates after K of an operand's TMA box (i32): its first row along M or N
+/// (`outer`, i64), then the batch coordinates of `bases` along the axes the operand is not
+/// broadcast on (the tensor map's axes, [`Spec::tma_maps`]).
+fn tma_box_at<'ctx>(kit: &Kit<'ctx>, op: &MatOperand, outer: IntValue<'ctx>, bases: &Bases<'ctx>) -> R<Vec<IntValue<'ctx>>> {
+    let mut v = vec![kit.trunc32(outer)?];
+    for (c, st) in bases.coords.iter().zip(&op.batch_strides) {
+        if st.as_const() != Some(0) {
+            v.push(kit.trunc32(*c)?);
+        }
+    }
+    Ok(v)
+}
+
 /// The stage loads of the wgmma kernel: every thread's `cp.async` chunks or the TMA's boxes.
 enum WgmmaLoads<'a, 'ctx> {
     Chunks(StageLoads<'a, 'ctx>),
@@ -2729,6 +2802,9 @@ enum WgmmaLoads<'a, 'ctx> {
 /// the fused kernel computes the exact products — as `torch._scaled_mm` and cuBLAS do — so
 /// it differs from the interpreter by those roundings as well as by the accumulation order.
 fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan) -> R<()> {
+    if w.specialized {
+        return build_wgmma_ws(kit, spec, w, plan);
+    }
     let s = &w.tile;
     let threads = s.threads();
     kit.launch_bounds(threads);
@@ -2841,8 +2917,190 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
             kit.set(p, kit.fmul(kit.get_f(p)?, scale)?.into())?;
         }
     }
-    let tile = MmaTile { mt: 1, nt: (s.bn / 8) as usize, wm: 16, wn: s.bn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, m0, pid_n, bz };
+    let tile = MmaTile { mt: 1, nt: (s.bn / 8) as usize, wm: 16, wn: s.bn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads, first_thread: 0, m0, pid_n, bz };
     mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
+}
+
+/// Runs `body(kit, row tile, column tile, batch index)` (i64s) for each output tile this CTA
+/// computes: with [`WgmmaSchedule::ctas`] 0, the CTA's one tile ([`raster`] of `ctaid.x/y`,
+/// batch `ctaid.z`); otherwise the persistent walk — tiles `ctaid.x + i·nctaid.x` of the
+/// `⌈M/bm⌉ · ⌈N/bn⌉ · batch` tiles, batch-major, each batch's tiles in [`group_tiles`]'s
+/// order. Every role of the warp-specialised kernel walks the same sequence.
+fn for_each_tile<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, body: impl Fn(&Kit<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) -> R<()>) -> R<()> {
+    let s = &w.tile;
+    if w.ctas == 0 {
+        let (pid_m, pid_n) = raster(kit, s.group_m)?;
+        let bz = kit.zext64(kit.sreg("ctaid.z")?)?;
+        return body(kit, pid_m, pid_n, bz);
+    }
+    let ceil = |d: &Dim, by: u32| -> R<IntValue<'ctx>> { kit.udiv(kit.add(kit.dim(d)?, kit.i64c(i64::from(by) - 1))?, kit.i64c(i64::from(by))) };
+    let (tm, tn) = (ceil(&spec.m, s.bm)?, ceil(&spec.n, s.bn)?);
+    let per_batch = kit.mul(tm, tn)?;
+    let total = kit.mul(per_batch, kit.dim(&Dim::product(&spec.batch))?)?;
+    let first = kit.zext64(kit.sreg("ctaid.x")?)?;
+    let step = kit.zext64(kit.sreg("nctaid.x")?)?;
+    kit.for_range(first, total, step, |k, t| {
+        let bz = k.udiv(t, per_batch)?;
+        let (pid_m, pid_n) = group_tiles(k, k.urem(t, per_batch)?, (tm, tn), s.group_m)?;
+        body(k, pid_m, pid_n, bz)
+    })
+}
+
+/// The warp-specialised Hopper GEMM ([`WgmmaSchedule::specialized`], sm_90a; the
+/// producer/consumer split of CUTLASS's `KernelTmaWarpSpecialized*`), 384 threads:
+///
+/// - **warpgroup 0, the producer**: `setmaxnreg.dec` to [`WS_PRODUCER_REGS`]; thread 0
+///   alone then walks the K tiles of its tiles: waits on stage `s`'s *empty* mbarrier, arrives
+///   on its *full* mbarrier with the boxes' transaction bytes and issues the two
+///   `cp.async.bulk.tensor` copies (PTX ISA §9.7.9.25.5.2) that complete it. Its other 127
+///   threads exit.
+/// - **warpgroups 1 and 2, the consumers**: `setmaxnreg.inc` to [`WS_CONSUMER_REGS`];
+///   consumer warpgroup `j` (threads `128 + 128j …`) owns rows `64j … 64j + 63` of the CTA
+///   tile, as in [`build_wgmma`]. Per K tile: wait on the stage's *full* mbarrier, one group
+///   of `bk/16` `wgmma`s ([`KernelBuilder::wgmma_k_tile`], `wgmma.wait_group in_flight`),
+///   then free the stage whose products are known complete — this tile's with `in_flight`
+///   0, the previous tile's with 1 (the last one after the final `wgmma.wait_group 0`) —
+///   by an arrival on its *empty* mbarrier from lane 0 of every consumer warp (the wait is
+///   `.sync.aligned`: the warp is converged and its products done). Then the direct
+///   epilogue ([`mma_epilogue`], from registers: no shared memory, so it overlaps the
+///   producer's copies for the next tile).
+///
+/// Mbarriers (PTX ISA §9.7.13.15), `2·stages` of them in static shared memory: *full* `i`
+/// at `8i` (arrival count 1: the producer's `arrive.expect_tx`, then the TMA's bytes),
+/// *empty* `i` at `8(stages + i)` (arrival count: the consumer warps, `bm/16` = 8). Both
+/// sides count K tiles across output tiles with a stage index and a phase bit that flips
+/// each time the stage index wraps; a consumer waits for the full barrier's phase of that
+/// parity, the producer for the empty barrier's previous phase (parity flipped: on the
+/// first round a fresh barrier's "previous phase" counts as complete, so the stages start
+/// free). The only CTA-wide barrier is the one publishing the barriers' initialisation.
+///
+/// With [`WgmmaSchedule::ctas`] > 0 the CTAs are persistent ([`for_each_tile`]): the stage
+/// counters run on across tiles, so the producer fills the first stages of tile `i + 1`
+/// while the consumers finish and write tile `i`.
+///
+/// The launch bound is 384 threads, so ptxas budgets at most 65536/384 = 168 registers per
+/// thread for the kernel; `setmaxnreg` then moves them between the roles.
+fn build_wgmma_ws<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan) -> R<()> {
+    let s = &w.tile;
+    spec.ws_ok(w).map_err(|e| kit.err(e))?;
+    kit.launch_bounds(w.threads());
+    let dt = spec.a.dtype;
+    let ik = crate::emit::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
+    let k_step_bytes = ik * dt.size_bytes() as u32;
+    let stages = s.stages;
+    let stage_bytes = plan.stage_bytes;
+    let tid = kit.sreg("tid.x")?;
+    let smem = kit.shared(SharedKind::Dynamic(plan.smem_bytes), plan.smem_bytes)?;
+    kit.align_dynamic_shared(1024)?;
+    let sbase = kit.smem_addr(smem)?;
+    let bars = kit.mbarriers(2 * stages)?;
+    kit.if_then(kit.icmp(IntPredicate::EQ, tid, kit.i32c(0))?, |k| {
+        for i in 0..stages {
+            k.mbarrier_init(k.add(bars, k.i32c((8 * i) as i32))?, 1)?;
+            k.mbarrier_init(k.add(bars, k.i32c((8 * (stages + i)) as i32))?, s.threads() / 32)?;
+        }
+        k.fence_mbarrier_init()
+    })?;
+    kit.barrier()?;
+    let full = |k: &Kit<'ctx>, st: IntValue<'ctx>| k.add(bars, k.shl(st, 3)?);
+    let empty = |k: &Kit<'ctx>, st: IntValue<'ctx>| k.add(bars, k.shl(k.add(st, k.i32c(stages as i32))?, 3)?);
+    // (stage, phase) += 1 K tile.
+    let advance = |k: &Kit<'ctx>, st: PointerValue<'ctx>, ph: PointerValue<'ctx>| -> R<()> {
+        let nxt = k.add(k.get_i(st, k.i32t)?, k.i32c(1))?;
+        let wrap = k.icmp(IntPredicate::EQ, nxt, k.i32c(stages as i32))?;
+        k.set(st, k.select_i(wrap, k.i32c(0), nxt)?.into())?;
+        k.set(ph, k.select_i(wrap, k.xor(k.get_i(ph, k.i32t)?, k.i32c(1))?, k.get_i(ph, k.i32t)?)?.into())
+    };
+    let kdim = kit.dim(&spec.k)?;
+    let bk = i64::from(s.bk);
+    let ktiles = kit.trunc32(kit.udiv(kit.add(kdim, kit.i64c(bk - 1))?, kit.i64c(bk))?)?;
+    let producer = kit.icmp(IntPredicate::ULT, tid, kit.i32c(128))?;
+    kit.if_else(
+        producer,
+        |k| {
+            k.setmaxnreg(false, WS_PRODUCER_REGS)?;
+            k.if_then(k.icmp(IntPredicate::EQ, tid, k.i32c(0))?, |k| {
+                let (st, ph) = (k.var_i(k.i32c(0))?, k.var_i(k.i32c(0))?);
+                let tx = plan.a.bytes() + plan.b.bytes();
+                for_each_tile(k, spec, w, |k, pid_m, pid_n, bz| {
+                    let bases = batch_bases(k, spec, bz)?;
+                    let a_at = tma_box_at(k, &spec.a, k.mul(pid_m, k.i64c(i64::from(s.bm)))?, &bases)?;
+                    let b_at = tma_box_at(k, &spec.b, k.mul(pid_n, k.i64c(i64::from(s.bn)))?, &bases)?;
+                    k.for_range(k.i32c(0), ktiles, k.i32c(1), |k, kt| {
+                        let stv = k.get_i(st, k.i32t)?;
+                        k.mbarrier_wait_parity(empty(k, stv)?, k.xor(k.get_i(ph, k.i32t)?, k.i32c(1))?)?;
+                        let bar = full(k, stv)?;
+                        k.mbarrier_arrive_expect_tx(bar, tx)?;
+                        let dst = k.add(sbase, k.mul(stv, k.i32c(stage_bytes as i32))?)?;
+                        let k0 = k.mul(kt, k.i32c(s.bk as i32))?;
+                        for (map, base, at) in [(0, plan.a.base, &a_at), (1, plan.b.base, &b_at)] {
+                            let mut c = vec![k0];
+                            c.extend(at.iter().copied());
+                            k.tma_load(k.add(dst, k.i32c(base as i32))?, map, &c, bar)?;
+                        }
+                        advance(k, st, ph)
+                    })
+                })
+            })
+        },
+        |k| {
+            k.setmaxnreg(true, WS_CONSUMER_REGS)?;
+            let cwg = k.lshr(k.sub(tid, k.i32c(128))?, 7)?;
+            let lane0 = k.icmp(IntPredicate::EQ, k.and(tid, k.i32c(31))?, k.i32c(0))?;
+            let release = |k: &Kit<'ctx>, stv: IntValue<'ctx>| k.if_then(lane0, |k| k.mbarrier_arrive(empty(k, stv)?));
+            // Matrix descriptors as in `build_wgmma`.
+            let desc_fixed = k.i64c((1i64 << 16) | (64i64 << 32) | (1i64 << 62));
+            let a_wg = k.add(sbase, k.add(k.mul(cwg, k.i32c((64 * plan.a.row_bytes()) as i32))?, k.i32c(plan.a.base as i32))?)?;
+            let b_cta = k.add(sbase, k.i32c(plan.b.base as i32))?;
+            let desc = |k: &Kit<'ctx>, addr: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                let enc = k.lshr(k.and(addr, k.i32c(0x3FFFF))?, 4)?;
+                k.add(desc_fixed, k.zext64(enc)?)
+            };
+            let zero = k.f32c(0.0);
+            let acc: Vec<PointerValue> = (0..s.bn / 2).map(|_| k.var_f(zero)).collect::<R<_>>()?;
+            let (st, ph, prev) = (k.var_i(k.i32c(0))?, k.var_i(k.i32c(0))?, k.var_i(k.i32c(0))?);
+            for_each_tile(k, spec, w, |k, pid_m, pid_n, bz| {
+                for &p in &acc {
+                    k.set(p, zero.into())?;
+                }
+                k.for_range(k.i32c(0), ktiles, k.i32c(1), |k, kt| {
+                    let stv = k.get_i(st, k.i32t)?;
+                    k.mbarrier_wait_parity(full(k, stv)?, k.get_i(ph, k.i32t)?)?;
+                    let rs = k.mul(stv, k.i32c(stage_bytes as i32))?;
+                    let mut descs = Vec::with_capacity((s.bk / ik) as usize);
+                    for kk in 0..s.bk / ik {
+                        let off = k.add(rs, k.i32c((k_step_bytes * kk) as i32))?;
+                        descs.push((desc(k, k.add(a_wg, off)?)?, desc(k, k.add(b_cta, off)?)?));
+                    }
+                    let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
+                    let out = k.wgmma_k_tile(dt, s.bn, &cur, &descs, w.in_flight)?;
+                    for (&p, v) in acc.iter().zip(out) {
+                        k.set(p, v.into())?;
+                    }
+                    if w.in_flight == 0 {
+                        release(k, stv)?;
+                    } else {
+                        // K tile kt − 1's products are complete: free its stage.
+                        k.if_then(k.icmp(IntPredicate::SGT, kt, k.i32c(0))?, |k| release(k, k.get_i(prev, k.i32t)?))?;
+                        k.set(prev, stv.into())?;
+                    }
+                    advance(k, st, ph)
+                })?;
+                if w.in_flight > 0 {
+                    let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
+                    let out = k.wgmma_wait(&cur)?;
+                    for (&p, v) in acc.iter().zip(out) {
+                        k.set(p, v.into())?;
+                    }
+                    k.if_then(k.icmp(IntPredicate::SGT, ktiles, k.i32c(0))?, |k| release(k, k.get_i(prev, k.i32t)?))?;
+                }
+                let bases = batch_bases(k, spec, bz)?;
+                let m0 = k.mul(pid_m, k.i64c(i64::from(s.bm)))?;
+                let tile = MmaTile { mt: 1, nt: (s.bn / 8) as usize, wm: 16, wn: s.bn, warps_m: s.warps_m, bm: s.bm, bn: s.bn, threads: s.threads(), first_thread: 128, m0, pid_n, bz };
+                mma_epilogue(k, spec, plan, smem, &acc, &tile, &bases)
+            })
+        },
+    )
 }
 
 /// An fp8 operand's scale as an f32: loaded from its kernel input (a scalar, `f32[]`) or
@@ -2868,6 +3126,9 @@ struct MmaTile<'ctx> {
     bm: u32,
     bn: u32,
     threads: u32,
+    /// The first thread holding accumulators (`tid.x` of warp 0 of the tile: 128 in the
+    /// warp-specialised kernel, whose warpgroup 0 is the producer).
+    first_thread: u32,
     /// The tile's first row (i64), column tile and batch index.
     m0: IntValue<'ctx>,
     pid_n: IntValue<'ctx>,
@@ -2888,7 +3149,7 @@ fn mma_epilogue<'ctx>(kit: &Kit<'ctx>, spec: &Spec, plan: &MmaPlan, smem: Pointe
     // The lane's coordinates afresh from an opaque copy of `tid.x`, so that LLVM does not
     // keep them (or what they share with the loop's addresses) live through the main loop,
     // whose registers are all taken.
-    let tid = kit.math(|kb| kb.opaque(tid))?;
+    let tid = kit.sub(kit.math(|kb| kb.opaque(tid))?, kit.i32c(tl.first_thread as i32))?;
     let lane = kit.and(tid, kit.i32c(31))?;
     let warp = kit.lshr(tid, 5)?;
     let warp_m = kit.urem(warp, kit.i32c(tl.warps_m as i32))?;
@@ -3389,6 +3650,14 @@ pub(crate) mod kit {
         /// [`KernelBuilder::mbarrier_arrive_expect_tx`].
         pub(crate) fn mbarrier_arrive_expect_tx(&self, bar: IntValue<'ctx>, bytes: u32) -> R<()> {
             self.bld().mbarrier_arrive_expect_tx(bar, bytes)
+        }
+        /// [`KernelBuilder::mbarrier_arrive`].
+        pub(crate) fn mbarrier_arrive(&self, bar: IntValue<'ctx>) -> R<()> {
+            self.bld().mbarrier_arrive(bar)
+        }
+        /// [`KernelBuilder::setmaxnreg`].
+        pub(crate) fn setmaxnreg(&self, inc: bool, regs: u32) -> R<()> {
+            self.bld().setmaxnreg(inc, regs)
         }
         /// [`KernelBuilder::mbarrier_wait_parity`].
         pub(crate) fn mbarrier_wait_parity(&self, bar: IntValue<'ctx>, parity: IntValue<'ctx>) -> R<()> {
@@ -4317,6 +4586,25 @@ pub(crate) mod tests {
         let u = fb.op1(OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(1536))), ("end", Attr::Dim(d(3072)))]).unwrap();
         let o = fb.op1(OpKind::Swiglu, &[g, u], vec![]).unwrap();
         single_kernel(Family::Matmul, fb.finish(&[o]).unwrap())
+    }
+
+    /// The warp-specialised wgmma kernel writes from registers only: a staged epilogue (the
+    /// gate/up pairs) is refused with the reason and is not among the candidates, persistent
+    /// CTAs need the specialised kernel, and specialisation needs the TMA.
+    #[test]
+    fn wgmma_ws_refuses_what_it_cannot_run() {
+        let ws = WgmmaSchedule { specialized: true, ..WgmmaSchedule::DEFAULT };
+        let (g, k) = gate_up(d(256), DType::BF16);
+        let err = generate_with(&g, k, &Target::SM_90A, &MatmulSchedule::Wgmma(ws)).unwrap_err();
+        assert!(err.to_string().contains("staged epilogue"), "{err}");
+        let names: Vec<String> = variants(&g, k, &Target::SM_90A).unwrap().into_iter().map(|(n, _)| n).collect();
+        assert!(names.iter().all(|n| !n.contains(" ws")), "{names:?}");
+        let (g, k) = o_proj_view(d(256));
+        for (w, why) in [(WgmmaSchedule { ctas: 132, ..WgmmaSchedule::DEFAULT }, "persistent"), (WgmmaSchedule { tma: false, ..ws }, "TMA")] {
+            let err = generate_with(&g, k, &Target::SM_90A, &MatmulSchedule::Wgmma(w)).unwrap_err();
+            assert!(err.to_string().contains(why), "{err}");
+        }
+        assert_eq!(MatmulSchedule::Wgmma(WgmmaSchedule { ctas: 132, ..ws }).name(), "wgmma 128x256x64 s4 f1 tma ws p132");
     }
 
     /// `x + reshape(attn [1, M, 9, 64]) · wo` — the operand through a view, as the passes
