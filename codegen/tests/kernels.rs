@@ -957,7 +957,10 @@ fn sass_fp8_wgmma_has_qgmma() {
             let Some(r) = assemble(plan) else { return };
             assert!(!r.spills(), "{what} {}: spills: {r:?}", v.name);
             let code = sass(&tool, &r.cubin, "fp8");
-            for want in ["QGMMA.64x", "LDGSTS.E.BYPASS", "FENCE.VIEW.ASYNC.S", "BAR.SYNC"] {
+            // The TMA-loaded candidate (`… tma`: e4m3 boxes of 128 × rows, one byte an
+            // element) or every thread's cp.async chunks.
+            let loads: &[&str] = if v.name.ends_with(" tma") { &["UTMALDG.2D", "SYNCS"] } else { &["LDGSTS.E.BYPASS", "FENCE.VIEW.ASYNC.S"] };
+            for want in ["QGMMA.64x", "BAR.SYNC"].iter().chain(loads) {
                 assert!(code.contains(want), "{what} {}: no {want}:\n{code}", v.name);
             }
             assert!(!code.contains("HGMMA") && !code.contains("HMMA"), "{what} {}: 16-bit tensor-core products in the fp8 kernel", v.name);
