@@ -1180,7 +1180,7 @@ fn fp8_cases_lower_to_one_wgmma_kernel() {
         let variants = sinter_codegen::schedule_variants(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
         let mut names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
         names.sort_unstable();
-        assert_eq!(names, ["wgmma 128x128x128 s4 f1", "wgmma 128x256x128 s4", "wgmma 128x256x128 s4 f1"], "{label}");
+        assert_eq!(names, ["wgmma 128x128x128 s4 f1", "wgmma 128x128x128 s4 f1 tma", "wgmma 128x256x128 s4", "wgmma 128x256x128 s4 f1", "wgmma 128x256x128 s4 f1 tma"], "{label}");
         for v in &variants {
             assert!(v.plan.entry.ends_with("_matmul_wgmma_e4m3"), "{label}: {}", v.plan.entry);
             if let Some(p) = &ptxas {

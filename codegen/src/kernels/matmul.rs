@@ -1119,10 +1119,12 @@ impl Spec {
         };
         if self.fp8.is_some() {
             // fp8: the wgmma kernel only (on another target it fails, saying so), with the CTA
-            // tile of the bf16 kernel and a K tile of 128 e4m3 elements.
+            // tile of the bf16 kernel and a K tile of 128 e4m3 elements, TMA-loaded where the
+            // tensor maps fit (H200, 8192³: 785.1 µs against 828.4 with cp.async chunks).
             let s = MmaSchedule::for_columns(&columns, multiple);
             let s = if s.bn % multiple.max(1) == 0 { s } else { MmaSchedule::DEFAULT };
-            return MatmulSchedule::Wgmma(WgmmaSchedule { tile: self.wgmma_tile(s), tma: false, ..WgmmaSchedule::DEFAULT });
+            let tile = self.wgmma_tile(s);
+            return MatmulSchedule::Wgmma(WgmmaSchedule { tile, tma: self.tma_maps(&tile).is_ok(), ..WgmmaSchedule::DEFAULT });
         }
         if let Some(rows) = self.m.as_const().filter(|m| (1..=16).contains(m)) {
             // The flat tensor-core GEMM with a tile a multiple of the RoPE head, where the
