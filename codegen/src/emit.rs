@@ -727,6 +727,16 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`].
     pub fn wgmma_wait_group(&self, acc: &[FloatValue<'ctx>], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
+        self.wgmma_wait_group_noted(acc, in_flight, "")
+    }
+
+    /// [`KernelBuilder::wgmma_wait_group`] with a PTX comment `note` after the instruction:
+    /// waits with different notes are different inline asm to LLVM, so it does not merge (or
+    /// hoist out of a branch) the waits of the two arms of a branch.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn wgmma_wait_group_noted(&self, acc: &[FloatValue<'ctx>], in_flight: u32, note: &str) -> R<Vec<FloatValue<'ctx>>> {
         let f32t = self.cx.f32_type();
         let n = acc.len();
         let out_ty = self.cx.struct_type(&vec![f32t.into(); n], false);
@@ -735,7 +745,7 @@ impl<'ctx> KernelBuilder<'ctx> {
         let mut cons: Vec<String> = (0..n).map(|_| "=f".to_owned()).collect();
         cons.extend((0..n).map(|i| i.to_string()));
         cons.push("~{memory}".to_owned());
-        let f = self.cx.create_inline_asm(fty, format!("wgmma.wait_group.sync.aligned {in_flight};"), cons.join(","), true, false, None, false);
+        let f = self.cx.create_inline_asm(fty, if note.is_empty() { format!("wgmma.wait_group.sync.aligned {in_flight};") } else { format!("wgmma.wait_group.sync.aligned {in_flight}; // {note}") }, cons.join(","), true, false, None, false);
         let args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> = acc.iter().map(|&v| v.into()).collect();
         let call = self.b.build_indirect_call(fty, f, &args, "wgmma_wait")?;
         let st = basic(call.try_as_basic_value().basic(), "wgmma_wait")?.into_struct_value();

@@ -106,13 +106,17 @@
 //!   tensor cores, then waits for it (`wait_group 0`) and rescales O by α_t: the operations of
 //!   the plain loop in the same order, so the same results. Every accumulator and P_{t−1}'s A
 //!   registers are in-out operands of the inline asm that waits for them, so nothing reads or
-//!   reuses them while a group runs; there is no branch between an issue and its wait, as
-//!   ptxas serializes every `wgmma` otherwise (C7513–C7520): every warpgroup walks all the
-//!   CTA's key tiles (a causal CTA's upper warpgroup one fully masked tile more), and the first
-//!   tile and a tile that needs the CUDA-core P·V take an unpipelined iteration. V is loaded
-//!   one tile behind K, so a stage is overwritten only after every warpgroup's products that
-//!   read it were waited for. Registers (ptxas 12.9, 256 threads): D = 128 with 128-key tiles
-//!   240 to 246, 64-key 182 to 198; D = 64: 194 to 207 and 128 to 143; no spills.
+//!   reuses them while a group runs. ptxas serializes every `wgmma` (C7513–C7520) when an
+//!   issue or a wait lies under a branch it cannot prove uniform, so every warpgroup walks all
+//!   the CTA's key tiles (a causal CTA's upper warpgroup one fully masked tile more), and the
+//!   first tile and a tile that needs the CUDA-core P·V take an unpipelined iteration. ptxas
+//!   also hoists a wait to the top of its basic block: the last wait sits in the arms of the
+//!   rescaling branch, decided by the warpgroup (`bar.red.or`, as a conditional
+//!   `wgmma.wait_group` needs), so the exponentials stay before it (the SASS test checks).
+//!   V is loaded one tile behind K, so a stage is overwritten only after every warpgroup's
+//!   products that read it were waited for. Registers (ptxas 12.9, 256 threads): D = 128
+//!   with 128-key tiles 241 to 246, 64-key 179 to 194; D = 64: 201 to 207 and 134 to 143;
+//!   no spills.
 //!
 //! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet:
 //! producer/consumer warpgroups
@@ -1161,15 +1165,39 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                             scores(k, j0, &sacc)?;
                             let (pf, rescale, alphas) = softmax(k)?;
                             let pa_new = pack(k, &pf)?;
-                            // O readable again (P_{t−1} free): the P·V groups done.
+                            // O readable again (P_{t−1} free): the P·V groups done. ptxas
+                            // schedules a wait as early as its basic block allows, so it is
+                            // in each arm of the rescaling branch, after the softmax, not in
+                            // the softmax's block; the branch is the warpgroup's decision
+                            // (`bar.red.or`: a `wgmma.wait_group` under a condition must see
+                            // the whole warpgroup take the same way, §9.7.15.7.3), rescaling
+                            // when any of its rows has a new maximum (α = 1 exactly for the
+                            // others).
                             let mut o: Vec<FloatValue<'ctx>> = flat.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
                             for w in pa[0].iter().flatten() {
                                 o.push(k.math(|kb| Ok(kb.b.build_bit_cast(*w, f32t, "")?.into_float_value()))?);
                             }
-                            for (&a, v) in flat.iter().zip(k.wgmma_wait_group(&o, 0)?) {
-                                k.set(a, v.into())?;
-                            }
-                            rescale_acc(k, rescale, &alphas)?;
+                            let wait = |k: &Kit<'ctx>, note: &str| -> R<()> {
+                                for (&a, v) in flat.iter().zip(k.wgmma_wait_group_noted(&o, 0, note)?) {
+                                    k.set(a, v.into())?;
+                                }
+                                Ok(())
+                            };
+                            k.if_else(
+                                k.bar_red_or(k.add(wg_id, c32(1))?, 128, rescale)?,
+                                |k| {
+                                    wait(k, "rescale")?;
+                                    for &(mi, hh, alpha) in &alphas {
+                                        for a in &acc[mi] {
+                                            for e in [2 * hh, 2 * hh + 1] {
+                                                k.set(a[e], k.fmul(k.get_f(a[e])?, alpha)?.into())?;
+                                            }
+                                        }
+                                    }
+                                    Ok(())
+                                },
+                                |k| wait(k, "as is"),
+                            )?;
                             keep_pa(k, &pa_new)
                         },
                         // The last tile's P·V.
