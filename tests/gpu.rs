@@ -338,6 +338,37 @@ fn gpu_wgmma_attention_matches_the_interpreter() {
     for c in wgmma_attention_cases() {
         fails.extend(case(&dev, &c.name, &c.src, &c.syms, c.seed, c.widen, &c.edit));
     }
+    // The same cases (special values included: the overlapped loop's CUDA-core P·V) with each
+    // intra-warpgroup-overlap candidate (`… ov`) pinned, fused lowering.
+    let cache = sinter_runtime::KernelCache::open_default().unwrap();
+    let target = sinter::gpu::target_for(&dev);
+    for c in wgmma_attention_cases() {
+        let g = sinter::ir::parse(&c.src).unwrap();
+        let b: Bindings = c.syms.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let Some(k) = kg.kernels.keys().find(|&k| sinter::tune::tunable(&kg, k)) else { continue };
+        let mut ins = inputs_for(&g, &b, c.seed, 7);
+        (c.edit)(&mut ins);
+        let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
+        let want = sinter::ir::interp::run_entry(&g, &refs, &b).unwrap();
+        let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        for name in sinter::tune::cached_names(&kg, k, target, &cache).unwrap().iter().filter(|n| n.ends_with(" ov")) {
+            sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
+            let r = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).and_then(|p| p.run(&named, &b));
+            match r {
+                Ok(got) => {
+                    for (i, (o, w)) in got.iter().zip(&want).enumerate() {
+                        match check(&format!("{} [{name}] output {i}", c.name), o, w, c.widen) {
+                            Ok(()) => eprintln!("ok: {} [{name}]", c.name),
+                            Err(e) => fails.push(e),
+                        }
+                    }
+                }
+                Err(e) => fails.push(format!("{} [{name}]: {e}", c.name)),
+            }
+        }
+        sinter::tune::forget(&kg, k, target, &cache).unwrap();
+    }
     assert!(fails.is_empty(), "{} GPU case failures:\n{}", fails.len(), fails.join("\n"));
 }
 
@@ -908,7 +939,8 @@ fn precompile_gpu_test_kernels() {
     let mut fails = Vec::new();
     // Every schedule candidate of the autotuning test's kernels and of the candidate test's.
     #[cfg(feature = "llvm")]
-    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()) {
+    let wgmma_attention: Vec<sinter::Graph> = wgmma_attention_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
+    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()).chain(wgmma_attention) {
         let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache) {
             Ok(n) => total += n,
@@ -1052,7 +1084,8 @@ fn gpu_every_matmul_candidate_matches_the_interpreter() {
 /// Prefill attention graphs whose every schedule candidate
 /// `gpu_every_attention_candidate_matches_the_interpreter` runs: on sm_90a the `wgmma`
 /// kernel (`wgmma kv128 g2`), its `+split` form (one n64 `wgmma` per 64 columns of V: no
-/// leading byte offset in V's descriptor), 64-key tiles, and the `mma.sync` kernel's tiles —
+/// leading byte offset in V's descriptor), 64-key tiles, the intra-warpgroup overlap (`ov`, at
+/// 128 and 64 keys), and the `mma.sync` kernel's tiles —
 /// D 128 causal with tails (Sq 300, Skv 333), D 64 not causal, GQA 8/2.
 fn attention_candidate_graphs() -> Vec<sinter::Graph> {
     [

@@ -713,6 +713,30 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`].
     pub fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
+        self.wgmma_wait_group(acc, 0)
+    }
+
+    /// `wgmma.wait_group.sync.aligned in_flight` (PTX ISA §9.7.15.7.3) with the accumulators
+    /// `acc` as in-out operands: waits until at most the `in_flight` most recently committed
+    /// `wgmma` groups are pending, so that `acc` — written by an older group — is readable
+    /// (LLVM orders every later read of them after it, and none before: the values given are
+    /// the asm's inputs, not readable copies). Registers an in-flight `wgmma` reads (the A
+    /// fragment of a register-A product, bitcast to f32) may be passed too: live until the
+    /// wait, they cannot be reused for other values while the product runs.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn wgmma_wait_group(&self, acc: &[FloatValue<'ctx>], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
+        self.wgmma_wait_group_noted(acc, in_flight, "")
+    }
+
+    /// [`KernelBuilder::wgmma_wait_group`] with a PTX comment `note` after the instruction:
+    /// waits with different notes are different inline asm to LLVM, so it does not merge (or
+    /// hoist out of a branch) the waits of the two arms of a branch.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn wgmma_wait_group_noted(&self, acc: &[FloatValue<'ctx>], in_flight: u32, note: &str) -> R<Vec<FloatValue<'ctx>>> {
         let f32t = self.cx.f32_type();
         let n = acc.len();
         let out_ty = self.cx.struct_type(&vec![f32t.into(); n], false);
@@ -721,7 +745,7 @@ impl<'ctx> KernelBuilder<'ctx> {
         let mut cons: Vec<String> = (0..n).map(|_| "=f".to_owned()).collect();
         cons.extend((0..n).map(|i| i.to_string()));
         cons.push("~{memory}".to_owned());
-        let f = self.cx.create_inline_asm(fty, "wgmma.wait_group.sync.aligned 0;".to_owned(), cons.join(","), true, false, None, false);
+        let f = self.cx.create_inline_asm(fty, if note.is_empty() { format!("wgmma.wait_group.sync.aligned {in_flight};") } else { format!("wgmma.wait_group.sync.aligned {in_flight}; // {note}") }, cons.join(","), true, false, None, false);
         let args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> = acc.iter().map(|&v| v.into()).collect();
         let call = self.b.build_indirect_call(fty, f, &args, "wgmma_wait")?;
         let st = basic(call.try_as_basic_value().basic(), "wgmma_wait")?.into_struct_value();

@@ -1013,7 +1013,8 @@ fn sass_attention_has_tensor_core_instructions() {
 /// Prefill attention on Hopper tensor cores (sm_90a, the default there for head dims 64 and
 /// 128): `HGMMA` for Q·Kᵀ and P·V and no `HMMA`, `LDGSTS` for the tiles, the async-proxy
 /// fence, the warpgroup's `BAR.RED.OR`, `MUFU.EX2` for the exponentials; no local memory.
-/// Each schedule candidate, bf16, causal or not, D 64 and 128.
+/// Each schedule candidate, bf16, causal or not, D 64 and 128; the intra-warpgroup overlap
+/// (`ov`) with a group left in flight and no serialization by ptxas.
 #[test]
 fn sass_attention_wgmma_has_hgmma() {
     use sinter_codegen::kernels::attention::generate_prefill_wg_with;
@@ -1024,7 +1025,7 @@ fn sass_attention_wgmma_has_hgmma() {
         let default = compile_kernel(&g, k, &Target::SM_90A).unwrap();
         assert!(default.entry.ends_with("_attention_wgmma"), "D{hd}: {}", default.entry);
         let w = choose_wg_schedule(hd as u32, hd as u32);
-        for sc in [w, WgSchedule { pv_split: true, ..w }, WgSchedule { block_kv: 64, ..w }] {
+        for sc in [w, WgSchedule { pv_split: true, ..w }, WgSchedule { block_kv: 64, ..w }, WgSchedule { overlap: true, ..w }, WgSchedule { overlap: true, block_kv: 64, ..w }] {
             let plan = generate_prefill_wg_with(&g, k, &Target::SM_90A, &sc).unwrap();
             let Some(r) = assemble(&plan) else { return };
             let code = sass(&tool, &r.cubin, "attention_wgmma");
@@ -1037,6 +1038,18 @@ fn sass_attention_wgmma_has_hgmma() {
             let n = code.matches("HGMMA.64x").count() as u32;
             let pv = if sc.pv_split { hd / 64 } else { 1 };
             assert!(n >= hd as u32 / 16 + sc.block_kv / 16 * pv as u32, "{} D{hd}: {n} HGMMA", sc.name());
+            // The overlap keeps a group in flight: a `WARPGROUP.DEPBAR` that waits for all but
+            // one group (S_t done while P·V runs) with the softmax's exponentials before the
+            // wait for the last (ptxas hoists a wait to the top of its basic block), and
+            // ptxas did not serialize the `wgmma`s.
+            if sc.overlap {
+                let overlapped = code.match_indices("WARPGROUP.DEPBAR.LE gsb0, 0x1").any(|(i, _)| {
+                    let rest = &code[i..];
+                    rest.find("WARPGROUP.DEPBAR.LE gsb0, 0x0").is_some_and(|j| rest[..j].contains("MUFU.EX2"))
+                });
+                assert!(overlapped, "{} D{hd} causal={causal}: no softmax between the waits:\n{code}", sc.name());
+                assert!(!r.log.contains("serialized"), "{} D{hd} causal={causal}: {}", sc.name(), r.log);
+            }
         }
     }
 }

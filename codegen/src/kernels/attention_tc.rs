@@ -75,7 +75,8 @@
 //! On sm_90a, for head dims D, Dv ∈ {64, 128} without an additive mask ([`wg_eligible`]),
 //! [`super::attention::generate_prefill`] builds the same algorithm on `wgmma.mma_async`
 //! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608, without its producer warpgroup and
-//! ping-pong yet). It is this module's kernel with three things changed:
+//! ping-pong yet; its intra-warpgroup overlap as an option). It is this module's kernel with
+//! three things changed:
 //! - **CTA**: `warpgroups` (2) consumer warpgroups of 4 warps, each owning 64 query rows (a
 //!   warp 16: the `TcSchedule` walk with one slab a warp), 128-key tiles. A warpgroup
 //!   computes a key tile when any of its rows sees a key of it (not per warp: a `wgmma` needs
@@ -92,13 +93,33 @@
 //!   fragment, as for `mma.sync`) and B = V from shared memory, **MN-major** (`imm-trans-b`;
 //!   its descriptor's leading byte offset steps 64 columns of Dv: see `mn_major` in the
 //!   source), or with `pv_split` one `m64n64k16` per 64 columns. Each `wgmma` group is waited
-//!   for at once (`wait_group 0`); the two warpgroups overlap each other.
+//!   for at once (`wait_group 0`); the two warpgroups overlap each other — or, with
+//!   `overlap` (below), a group stays in flight across the softmax.
 //! - **Non-finite V**: a warpgroup takes a tile's CUDA-core P·V when any of its warps finds a
 //!   non-finite V value in a product the interpreter does not make (`bar.red.or.pred` on
 //!   named barrier `1 + warpgroup`).
 //!
-//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet: an
-//! intra-warpgroup overlap of the softmax with the next Q·Kᵀ, producer/consumer warpgroups
+//! - **Intra-warpgroup overlap** (`overlap`, names ending ` ov`; FlashAttention-3 §3.2,
+//!   Algorithm 2): iteration t issues S_t = Q·K_tᵀ (`commit`, no wait), then
+//!   O += P_{t−1}·V_{t−1} (`commit`, no wait), waits for S_t alone (`wait_group` 1, or 2 with
+//!   `pv_split`), runs S_t's masking and softmax on CUDA cores while the P·V group runs on the
+//!   tensor cores, then waits for it (`wait_group 0`) and rescales O by α_t: the operations of
+//!   the plain loop in the same order, so the same results. Every accumulator and P_{t−1}'s A
+//!   registers are in-out operands of the inline asm that waits for them, so nothing reads or
+//!   reuses them while a group runs. ptxas serializes every `wgmma` (C7513–C7520) when an
+//!   issue or a wait lies under a branch it cannot prove uniform, so every warpgroup walks all
+//!   the CTA's key tiles (a causal CTA's upper warpgroup one fully masked tile more), and the
+//!   first tile and a tile that needs the CUDA-core P·V take an unpipelined iteration. ptxas
+//!   also hoists a wait to the top of its basic block: the last wait sits in the arms of the
+//!   rescaling branch, decided by the warpgroup (`bar.red.or`, as a conditional
+//!   `wgmma.wait_group` needs), so the exponentials stay before it (the SASS test checks).
+//!   V is loaded one tile behind K, so a stage is overwritten only after every warpgroup's
+//!   products that read it were waited for. Registers (ptxas 12.9, 256 threads): D = 128
+//!   with 128-key tiles 241 to 246, 64-key 179 to 194; D = 64: 201 to 207 and 134 to 143;
+//!   no spills.
+//!
+//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet:
+//! producer/consumer warpgroups
 //! with TMA and `mbarrier`s, `setmaxnreg`, a third consumer warpgroup, an additive mask, other
 //! head dims (they take the `mma.sync` kernel, as sm_80 and sm_90 always do). The CPU
 //! emulator cannot run `wgmma`: the kernel's correctness rests on the GPU tests.
@@ -233,6 +254,11 @@ pub struct WgSchedule {
     /// P·V as one `m64n64k16` per 64 columns of Dv (no leading byte offset in V's
     /// descriptor) instead of one `m64n{Dv}k16`.
     pub pv_split: bool,
+    /// FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608 §3.2, Algorithm 2): the
+    /// softmax of key tile t runs while P_{t−1}·V_{t−1} is in flight, and Q·K_tᵀ is issued
+    /// before that P·V (see "The Hopper kernel" in the module docs). Costs the registers of
+    /// P_{t−1} across the loop (`block_kv / 4` a thread) beside S and O.
+    pub overlap: bool,
 }
 
 impl WgSchedule {
@@ -251,10 +277,10 @@ impl WgSchedule {
         Smem::wg(self, d, dv).total
     }
 
-    /// A short, stable name (`wgmma kv128 g2`, `+split` for `pv_split`): part of an
-    /// autotuned variant's cache key, and what `sinter explain` shows.
+    /// A short, stable name (`wgmma kv128 g2`, `+split` for `pv_split`, `ov` for
+    /// `overlap`): part of an autotuned variant's cache key, and what `sinter explain` shows.
     pub fn name(&self) -> String {
-        format!("wgmma kv{} g{}{}", self.block_kv, self.warpgroups, if self.pv_split { " +split" } else { "" })
+        format!("wgmma kv{} g{}{}{}", self.block_kv, self.warpgroups, if self.pv_split { " +split" } else { "" }, if self.overlap { " ov" } else { "" })
     }
 
     /// The layout the mma.sync kernel's builder walks: a warp per 16 rows.
@@ -276,7 +302,7 @@ impl WgSchedule {
 /// S and a 64×Dv f32 O accumulator a warpgroup (64 + 64 registers a thread at D = 128), as
 /// FlashAttention-3's (arXiv 2407.08608) 128×128 tile for D = 128.
 pub fn choose_wg_schedule(_d: u32, _dv: u32) -> WgSchedule {
-    WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false }
+    WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false, overlap: false }
 }
 
 /// Why prefill attention `p` cannot take the `wgmma` kernel on `target` (`Ok` when it can):
@@ -658,7 +684,18 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         }
         Ok(())
     };
-    // K and V of tile t (i32) into stage t & 1.
+    // K (or V) of tile t (i32) into its stage t & 1.
+    let issue_k = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
+        let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
+        let ks = k.add(c32(sm.k[0]), k.mul(k.and(t, c32(1))?, c32(sm.k[1] - sm.k[0]))?)?;
+        copy_rows(k, bkv, d / 8, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, k.sub(skv, j0)?)
+    };
+    let issue_v = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
+        let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
+        let vs = k.add(c32(sm.v[0]), k.mul(k.and(t, c32(1))?, c32(sm.v[1] - sm.v[0]))?)?;
+        copy_rows(k, bkv, dv / 8, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, k.sub(skv, j0)?)
+    };
+    // K and V of tile t into stage t & 1.
     let issue_tile = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
         let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
         let stage = k.and(t, c32(1))?;
@@ -668,10 +705,12 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         copy_rows(k, bkv, d / 8, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, nvalid)?;
         copy_rows(k, bkv, dv / 8, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, nvalid)
     };
+    let overlap = wg.is_some_and(|w| w.overlap);
 
     // ---- prologue: Q and tile 0 ------------------------------------------------------------
     copy_rows(kit, bq, d / 8, sm.ldq, c32(0), q_ptr, kit.add(q_base, kit.mul(q0, q_ss)?)?, q_ss, kit.sub(sq, q0)?)?;
-    kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| issue_tile(k, c32(0)))?;
+    // (The overlapped `wgmma` loop takes V one tile after K: V_0 in its first iteration.)
+    kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| if overlap { issue_k(k, c32(0)) } else { issue_tile(k, c32(0)) })?;
     kit.cp_async_commit()?;
     kit.cp_async_wait(0)?;
     if wg.is_some() {
@@ -756,302 +795,463 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         None => vec![[None, None]; mt],
     };
 
-    // ---- the key tiles -------------------------------------------------------------------------
-    kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
-        k.cp_async_wait(0)?;
-        if wg.is_some() {
-            k.fence_proxy_async()?;
+    // ---- the steps of a key tile -------------------------------------------------------------
+    // The K and V stages of tile t (byte offsets from the shared base).
+    let stage_of = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let stage = k.and(t, c32(1))?;
+        Ok((k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?, k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?))
+    };
+    // S = Q·Kᵀ on `wgmma` (K at `k_sm`): m64n{bkv}k16 per 16 columns of d, A = the
+    // warpgroup's Q rows, B = the K tile, as one group, `in_flight` groups left pending;
+    // this warp's 16 rows come back in the m16n8 C layout of each n8 tile (`bkv / 2` floats).
+    let qk_wg = |k: &Kit<'ctx>, k_sm: IntValue<'ctx>, in_flight: u32| -> R<Vec<FloatValue<'ctx>>> {
+        let k_addr = k.add(sbase, k_sm)?;
+        let descs = (0..d / 16)
+            .map(|ks| {
+                let (slab, kb) = (ks / 4, (ks % 4) * 32);
+                Ok((desc(k, k.add(q_wg, c32(slab * bq * 128 + kb))?, k_major)?, desc(k, k.add(k_addr, c32(slab * bkv * 128 + kb))?, k_major)?))
+            })
+            .collect::<R<Vec<_>>>()?;
+        k.wgmma_k_tile(dt, bkv, &vec![zero; (bkv / 2) as usize], &descs, in_flight)
+    };
+    // The scores of the tile at key j0 (`sacc`, raw products) into `sv`, in the log2 domain;
+    // masked; and the skipping state (`first`, `lo_var`, `maybe_skipping`) of this tile.
+    let scores = |k: &Kit<'ctx>, j0: IntValue<'ctx>, sacc: &[Vec<[FloatValue<'ctx>; 4]>]| -> R<()> {
+        for mi in 0..mt {
+            for n in 0..n_nt {
+                for e in 0..4 {
+                    let v = if fused { sacc[mi][n][e] } else { k.fmul(sacc[mi][n][e], cf)? };
+                    k.set(sv[mi][n][e], v.into())?;
+                }
+            }
         }
-        k.barrier()?;
-        let next = k.add(t, c32(1))?;
-        k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
-            issue_tile(k, next)?;
-            k.cp_async_commit()
-        })?;
-        let j0 = k.mul(t, c32(bkv))?;
-        k.if_then(k.icmp(IntPredicate::SLT, j0, grp_end)?, |k| {
-            let stage = k.and(t, c32(1))?;
-            let k_sm = k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?;
-            let v_sm = k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?;
-            let (k_at, v_at) = (k.sh_at(smem, k.add(k_sm, k_lane)?)?, k.sh_at(smem, k.add(v_sm, v_lane)?)?);
 
-            // S = Q·Kᵀ.
-            let mut sacc: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
-            if wg.is_some() {
-                // m64n{bkv}k16 per 16 columns of d, A = the warpgroup's Q rows, B = the K tile;
-                // this warp's 16 rows come back in the m16n8 C layout of each n8 tile.
-                let k_addr = k.add(sbase, k_sm)?;
-                let descs = (0..d / 16)
-                    .map(|ks| {
-                        let (slab, kb) = (ks / 4, (ks % 4) * 32);
-                        Ok((desc(k, k.add(q_wg, c32(slab * bq * 128 + kb))?, k_major)?, desc(k, k.add(k_addr, c32(slab * bkv * 128 + kb))?, k_major)?))
-                    })
-                    .collect::<R<Vec<_>>>()?;
-                let out = k.wgmma_k_tile(dt, bkv, &vec![zero; (bkv / 2) as usize], &descs, 0)?;
-                for n in 0..n_nt {
-                    for e in 0..4 {
-                        sacc[0][n][e] = out[4 * n + e];
-                    }
-                }
-            }
-            for ks in 0..if wg.is_some() { 0 } else { d / 16 } {
-                let qa: Vec<[IntValue<'ctx>; 4]> = (0..mt).map(|mi| if s.q_in_regs { Ok(qf[mi][ks as usize]) } else { q_frag(k, mi, ks) }).collect::<R<_>>()?;
-                for np in 0..(bkv / 16) as usize {
-                    let kb = k.ldmatrix_x4(k.sh_at(k_at, c32(np as u32 * 16 * sm.ldk * 2 + ks * 32))?, false)?;
-                    for mi in 0..mt {
-                        sacc[mi][2 * np] = k.mma(dt, qa[mi], [kb[0], kb[1]], sacc[mi][2 * np])?;
-                        sacc[mi][2 * np + 1] = k.mma(dt, qa[mi], [kb[2], kb[3]], sacc[mi][2 * np + 1])?;
-                    }
-                }
-            }
+        // Mask keys past each row's limit (and add the additive mask) where the tile
+        // crosses a row's limit.
+        let col0 = k.add(j0, k.mul(t4, c32(2))?)?;
+        let crosses = k.icmp(IntPredicate::SGT, k.add(j0, c32(bkv))?, min_limit)?;
+        let crosses = if p.mask.is_some() { k.bool_c(true) } else { crosses };
+        k.if_then(crosses, |k| {
             for mi in 0..mt {
                 for n in 0..n_nt {
                     for e in 0..4 {
-                        let v = if fused { sacc[mi][n][e] } else { k.fmul(sacc[mi][n][e], cf)? };
-                        k.set(sv[mi][n][e], v.into())?;
+                        let hh = e / 2;
+                        let col = k.add(col0, c32(8 * n as u32 + (e % 2) as u32))?;
+                        let vis = k.icmp(IntPredicate::SLT, col, rows.limit[mi][hh])?;
+                        let mut x = k.get_f(sv[mi][n][e])?;
+                        if let (Some(mk), Some(mrow)) = (&p.mask, mask_rows[mi][hh]) {
+                            // Row clamped below Sq, key below Skv: always in bounds, no branch.
+                            let j = k.select_int(vis, col, c32(0))?;
+                            let idx = k.add(mrow, k.mul(k.zext64(j)?, k.dim(&mk.st[3])?)?)?;
+                            let mv = k.load_vec(mk.dtype, k.buf(mk.buffer)?, idx, 1)?[0];
+                            x = k.fma(mv, k.f32c(std::f64::consts::LOG2_E), x)?;
+                        }
+                        k.set(sv[mi][n][e], k.select_f(vis, x, ninf)?.into())?;
                     }
                 }
             }
+            Ok(())
+        })?;
 
-            // Mask keys past each row's limit (and add the additive mask) where the tile
-            // crosses a row's limit.
-            let col0 = k.add(j0, k.mul(t4, c32(2))?)?;
-            let crosses = k.icmp(IntPredicate::SGT, k.add(j0, c32(bkv))?, min_limit)?;
-            let crosses = if p.mask.is_some() { k.bool_c(true) } else { crosses };
-            k.if_then(crosses, |k| {
-                for mi in 0..mt {
-                    for n in 0..n_nt {
-                        for e in 0..4 {
-                            let hh = e / 2;
-                            let col = k.add(col0, c32(8 * n as u32 + (e % 2) as u32))?;
-                            let vis = k.icmp(IntPredicate::SLT, col, rows.limit[mi][hh])?;
-                            let mut x = k.get_f(sv[mi][n][e])?;
-                            if let (Some(mk), Some(mrow)) = (&p.mask, mask_rows[mi][hh]) {
-                                // Row clamped below Sq, key below Skv: always in bounds, no branch.
-                                let j = k.select_int(vis, col, c32(0))?;
-                                let idx = k.add(mrow, k.mul(k.zext64(j)?, k.dim(&mk.st[3])?)?)?;
-                                let mv = k.load_vec(mk.dtype, k.buf(mk.buffer)?, idx, 1)?[0];
-                                x = k.fma(mv, k.f32c(std::f64::consts::LOG2_E), x)?;
-                            }
-                            k.set(sv[mi][n][e], k.select_f(vis, x, ninf)?.into())?;
-                        }
-                    }
-                }
-                Ok(())
-            })?;
-
-            // Rows that have seen only −inf: the interpreter skips their leading 16-key groups
-            // whose scores are all −inf. Count them (first[mi][h]), and note whether any row
-            // skips a group here and whether any is still without a score after this tile.
-            let n_grp = n_nt / 2;
-            k.set(lo_var, k.smax(min_limit, j0)?.into())?;
-            for f in first.iter().flatten() {
-                k.set(*f, c32(0).into())?;
-            }
-            k.if_then(k.icmp(IntPredicate::NE, get_i32(k, maybe_skipping)?, c32(0))?, |k| {
-                let mut skip = k.bool_c(false);
-                let mut dead = k.bool_c(false);
-                for mi in 0..mt {
-                    for hh in 0..2 {
-                        let mut live = k.fcmp(FloatPredicate::UNE, k.get_f(m[mi][hh])?, ninf)?;
-                        let mut count = c32(0);
-                        for grp in 0..n_grp {
-                            let mut gm = ninf;
-                            for n in [2 * grp, 2 * grp + 1] {
-                                for e in [2 * hh, 2 * hh + 1] {
-                                    gm = k.max_nan(gm, k.get_f(sv[mi][n][e])?)?;
-                                }
-                            }
-                            gm = k.max_nan(gm, k.shfl_xor(gm, 1)?)?;
-                            gm = k.max_nan(gm, k.shfl_xor(gm, 2)?)?;
-                            live = or(k, live, k.fcmp(FloatPredicate::UNE, gm, ninf)?)?;
-                            count = k.add(count, k.select_int(live, c32(0), c32(16))?)?;
-                        }
-                        k.set(first[mi][hh], count.into())?;
-                        skip = or(k, skip, k.icmp(IntPredicate::NE, count, c32(0))?)?;
-                        dead = or(k, dead, k.icmp(IntPredicate::EQ, count, c32(16 * n_grp as u32))?)?;
-                    }
-                }
-                let skip = warp_any(k, skip)?;
-                let dead = warp_any(k, dead)?;
-                k.set(maybe_skipping, k.select_int(dead, c32(1), c32(0))?.into())?;
-                k.if_then(skip, |k| k.set(lo_var, j0.into()))
-            })?;
-
-            // Online softmax per row; P as A fragments.
-            let mut pf: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
-            let mut rescale = k.bool_c(false);
-            let mut alphas = Vec::new();
+        // Rows that have seen only −inf: the interpreter skips their leading 16-key groups
+        // whose scores are all −inf. Count them (first[mi][h]), and note whether any row
+        // skips a group here and whether any is still without a score after this tile.
+        let n_grp = n_nt / 2;
+        k.set(lo_var, k.smax(min_limit, j0)?.into())?;
+        for f in first.iter().flatten() {
+            k.set(*f, c32(0).into())?;
+        }
+        k.if_then(k.icmp(IntPredicate::NE, get_i32(k, maybe_skipping)?, c32(0))?, |k| {
+            let mut skip = k.bool_c(false);
+            let mut dead = k.bool_c(false);
             for mi in 0..mt {
                 for hh in 0..2 {
-                    let xs: Vec<FloatValue<'ctx>> = (0..n_nt).flat_map(|n| [2 * hh, 2 * hh + 1].map(|e| (n, e))).map(|(n, e)| k.get_f(sv[mi][n][e])).collect::<R<_>>()?;
-                    let mut mx = xs[0];
-                    for &x in &xs[1..] {
-                        mx = k.max_nan(mx, x)?;
+                    let mut live = k.fcmp(FloatPredicate::UNE, k.get_f(m[mi][hh])?, ninf)?;
+                    let mut count = c32(0);
+                    for grp in 0..n_grp {
+                        let mut gm = ninf;
+                        for n in [2 * grp, 2 * grp + 1] {
+                            for e in [2 * hh, 2 * hh + 1] {
+                                gm = k.max_nan(gm, k.get_f(sv[mi][n][e])?)?;
+                            }
+                        }
+                        gm = k.max_nan(gm, k.shfl_xor(gm, 1)?)?;
+                        gm = k.max_nan(gm, k.shfl_xor(gm, 2)?)?;
+                        live = or(k, live, k.fcmp(FloatPredicate::UNE, gm, ninf)?)?;
+                        count = k.add(count, k.select_int(live, c32(0), c32(16))?)?;
                     }
-                    mx = k.max_nan(mx, k.shfl_xor(mx, 1)?)?;
-                    mx = k.max_nan(mx, k.shfl_xor(mx, 2)?)?;
-                    let mx = if fused { k.fmul(mx, cf)? } else { mx };
-                    let mo = k.get_f(m[mi][hh])?;
-                    let mn = k.max_nan(mo, mx)?;
-                    let none = k.fcmp(FloatPredicate::OEQ, mn, ninf)?;
-                    let mu = k.select_f(none, zero, mn)?;
-                    let alpha = ex2_ftz(k, k.fsub(mo, mu)?)?;
-                    let neg = k.fsub(zero, mu)?;
-                    let mut sum = zero;
-                    for (i, &x) in xs.iter().enumerate() {
-                        let arg = if fused { k.fma(x, cf, neg)? } else { k.fsub(x, mu)? };
-                        let pv = ex2_ftz(k, arg)?;
-                        sum = if i == 0 { pv } else { k.fadd(sum, pv)? };
-                        pf[mi][i / 2][2 * hh + i % 2] = pv;
-                    }
-                    k.set(l[mi][hh], k.fma(k.get_f(l[mi][hh])?, alpha, sum)?.into())?;
-                    k.set(m[mi][hh], mn.into())?;
-                    rescale = or(k, rescale, k.fcmp(FloatPredicate::UNE, alpha, k.f32c(1.0))?)?;
-                    alphas.push((mi, hh, alpha));
+                    k.set(first[mi][hh], count.into())?;
+                    skip = or(k, skip, k.icmp(IntPredicate::NE, count, c32(0))?)?;
+                    dead = or(k, dead, k.icmp(IntPredicate::EQ, count, c32(16 * n_grp as u32))?)?;
                 }
             }
-            // acc ·= α, skipped when no row of the warp has a new maximum (α = 1 exactly).
-            k.if_then(warp_any(k, rescale)?, |k| {
-                for &(mi, hh, alpha) in &alphas {
-                    for a in &acc[mi] {
-                        for e in [2 * hh, 2 * hh + 1] {
-                            k.set(a[e], k.fmul(k.get_f(a[e])?, alpha)?.into())?;
+            let skip = warp_any(k, skip)?;
+            let dead = warp_any(k, dead)?;
+            k.set(maybe_skipping, k.select_int(dead, c32(1), c32(0))?.into())?;
+            k.if_then(skip, |k| k.set(lo_var, j0.into()))
+        })
+    };
+    // Online softmax per row of `sv`: updates m and l, and gives P (pf, the layout of `sv`),
+    // whether any row of the warp has a new maximum, and each row's rescaling factor α (the
+    // accumulator is not touched here).
+    #[allow(clippy::type_complexity)]
+    let softmax = |k: &Kit<'ctx>| -> R<(Vec<Vec<[FloatValue<'ctx>; 4]>>, IntValue<'ctx>, Vec<(usize, usize, FloatValue<'ctx>)>)> {
+        let mut pf: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
+        let mut rescale = k.bool_c(false);
+        let mut alphas = Vec::new();
+        for mi in 0..mt {
+            for hh in 0..2 {
+                let xs: Vec<FloatValue<'ctx>> = (0..n_nt).flat_map(|n| [2 * hh, 2 * hh + 1].map(|e| (n, e))).map(|(n, e)| k.get_f(sv[mi][n][e])).collect::<R<_>>()?;
+                let mut mx = xs[0];
+                for &x in &xs[1..] {
+                    mx = k.max_nan(mx, x)?;
+                }
+                mx = k.max_nan(mx, k.shfl_xor(mx, 1)?)?;
+                mx = k.max_nan(mx, k.shfl_xor(mx, 2)?)?;
+                let mx = if fused { k.fmul(mx, cf)? } else { mx };
+                let mo = k.get_f(m[mi][hh])?;
+                let mn = k.max_nan(mo, mx)?;
+                let none = k.fcmp(FloatPredicate::OEQ, mn, ninf)?;
+                let mu = k.select_f(none, zero, mn)?;
+                let alpha = ex2_ftz(k, k.fsub(mo, mu)?)?;
+                let neg = k.fsub(zero, mu)?;
+                let mut sum = zero;
+                for (i, &x) in xs.iter().enumerate() {
+                    let arg = if fused { k.fma(x, cf, neg)? } else { k.fsub(x, mu)? };
+                    let pv = ex2_ftz(k, arg)?;
+                    sum = if i == 0 { pv } else { k.fadd(sum, pv)? };
+                    pf[mi][i / 2][2 * hh + i % 2] = pv;
+                }
+                k.set(l[mi][hh], k.fma(k.get_f(l[mi][hh])?, alpha, sum)?.into())?;
+                k.set(m[mi][hh], mn.into())?;
+                rescale = or(k, rescale, k.fcmp(FloatPredicate::UNE, alpha, k.f32c(1.0))?)?;
+                alphas.push((mi, hh, alpha));
+            }
+        }
+        Ok((pf, rescale, alphas))
+    };
+    // P as A fragments (pa[mi][kk]: keys 16kk..16kk+16), rounded to bf16/f16 pairs.
+    let pack = |k: &Kit<'ctx>, pf: &[Vec<[FloatValue<'ctx>; 4]>]| -> R<Vec<Vec<[IntValue<'ctx>; 4]>>> {
+        (0..mt)
+            .map(|mi| {
+                (0..n_nt / 2)
+                    .map(|kk| {
+                        let pk = |n: usize, e: usize| k.math(|kb| kb.pack_x2(dt, pf[mi][n][e], pf[mi][n][e + 1]));
+                        Ok([pk(2 * kk, 0)?, pk(2 * kk, 2)?, pk(2 * kk + 1, 0)?, pk(2 * kk + 1, 2)?])
+                    })
+                    .collect::<R<Vec<_>>>()
+            })
+            .collect::<R<_>>()
+    };
+    // acc ·= α, skipped when no row of the warp has a new maximum (α = 1 exactly).
+    let rescale_acc = |k: &Kit<'ctx>, rescale: IntValue<'ctx>, alphas: &[(usize, usize, FloatValue<'ctx>)]| -> R<()> {
+        k.if_then(warp_any(k, rescale)?, |k| {
+            for &(mi, hh, alpha) in alphas {
+                for a in &acc[mi] {
+                    for e in [2 * hh, 2 * hh + 1] {
+                        k.set(a[e], k.fmul(k.get_f(a[e])?, alpha)?.into())?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    };
+    // Products the interpreter does not make (see the module docs) in the tile at key j0
+    // (V at `v_sm`), after its `scores`: keys at or past the warp's first row's limit, and
+    // the groups some row skips. Whether V holds a non-finite value there, so that this
+    // tile's P·V must go the CUDA-core way (the warpgroup's decision with `wgmma`).
+    let decide_slow = |k: &Kit<'ctx>, j0: IntValue<'ctx>, v_sm: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+        let hi = k.smin(k.add(j0, c32(bkv))?, skv32)?;
+        k.set(slow_var, c32(0).into())?;
+        let lo = get_i32(k, lo_var)?;
+        k.if_then(k.icmp(IntPredicate::SLT, lo, hi)?, |k| {
+            // Lanes scan 16-byte chunks of V rows lo..hi (tile-relative rows lo − j0..).
+            let cv = dv / 8;
+            let r0 = k.sub(lo, j0)?;
+            let total = k.mul(k.sub(hi, lo)?, c32(cv))?;
+            let found = var_i32(k, c32(0))?;
+            k.for_range(lane, total, c32(32), |k, e| {
+                let r = k.add(r0, k.udiv(e, c32(cv))?)?;
+                let col = k.urem(e, c32(cv))?;
+                let at = sm_at(k, v_sm, bkv, sm.ldv, r, col)?;
+                let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
+                let bad = any_nonfinite(k, &words, exp_mask)?;
+                k.if_then(bad, |k| k.set(found, c32(1).into()))
+            })?;
+            if wg.is_some() {
+                return k.set(slow_var, get_i32(k, found)?.into());
+            }
+            let any = warp_any(k, k.icmp(IntPredicate::NE, get_i32(k, found)?, c32(0))?)?;
+            k.set(slow_var, k.select_int(any, c32(1), c32(0))?.into())
+        })?;
+        let slow = k.icmp(IntPredicate::NE, get_i32(k, slow_var)?, c32(0))?;
+        // The warpgroup decides together (its P·V is one `wgmma`): named barrier 1 + wg.
+        if wg.is_some() {
+            k.bar_red_or(k.add(wg_id, c32(1))?, 128, slow)
+        } else {
+            Ok(slow)
+        }
+    };
+    // CUDA-core P·V of the tile at key j0 (V at `v_sm`, P in `pa`), exactly the
+    // interpreter's products: per row, keys below its limit from its first multiplied group on.
+    let pv_slow = |k: &Kit<'ctx>, j0: IntValue<'ctx>, v_sm: IntValue<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>]| -> R<()> {
+        let first: Vec<[IntValue<'ctx>; 2]> = first.iter().map(|f| Ok([get_i32(k, f[0])?, get_i32(k, f[1])?])).collect::<R<_>>()?;
+        // P (rounded as the mma would see it) to the warp's scratch rows: row
+        // 16mi + 8h + g of the warp, keys as in the A fragments.
+        let prow0 = k.add(c32(sm.p), k.mul(k.add(k.mul(warp, c32(rpw))?, g)?, c32(sm.ldp * 2))?)?;
+        let pst = k.sh_at(smem, k.add(prow0, k.mul(t4, c32(4))?)?)?;
+        for mi in 0..mt {
+            for (kk, frag) in pa[mi].iter().enumerate() {
+                for (r, &word) in frag.iter().enumerate() {
+                    let off = (16 * mi as u32 + 8 * (r % 2) as u32) * sm.ldp * 2 + (16 * kk as u32 + 8 * (r / 2) as u32) * 2;
+                    store_i32s(k, k.sh_at(pst, c32(off))?, &[word])?;
+                }
+            }
+        }
+        k.warp_sync()?;
+        k.for_range(c32(0), c32(bkv), c32(1), |k, jj| {
+            let j = k.add(j0, jj)?;
+            // V(j, 8n + 2·t4 ..) at constant offsets from one pointer.
+            let vs: Vec<Vec<FloatValue<'ctx>>> = if sm.swz {
+                (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(smem, k.add(sm_at(k, v_sm, bkv, sm.ldv, jj, c32(n as u32))?, k.mul(t4, c32(4))?)?)?, 2)).collect::<R<_>>()?
+            } else {
+                let vrow = k.sh_at(smem, k.add(k.add(v_sm, k.mul(jj, c32(sm.ldv * 2))?)?, k.mul(t4, c32(4))?)?)?;
+                (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(vrow, c32(16 * n as u32))?, 2)).collect::<R<_>>()?
+            };
+            let pcol = k.sh_at(smem, k.add(prow0, k.mul(jj, c32(2))?)?)?;
+            for mi in 0..mt {
+                for hh in 0..2 {
+                    let pj = k.sh_load(dt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
+                    let made = k.and(k.icmp(IntPredicate::SLT, j, rows.limit[mi][hh])?, k.icmp(IntPredicate::SGE, jj, first[mi][hh])?)?;
+                    for (a, v) in acc[mi].iter().zip(&vs) {
+                        for e in 0..2 {
+                            let old = k.get_f(a[2 * hh + e])?;
+                            let new = k.fma(pj, v[e], old)?;
+                            k.set(a[2 * hh + e], k.select_f(made, new, old)?.into())?;
                         }
                     }
                 }
-                Ok(())
-            })?;
-            // pa[mi][kk]: A fragment of k-step kk (keys 16kk..16kk+16).
-            let pa: Vec<Vec<[IntValue<'ctx>; 4]>> = (0..mt)
-                .map(|mi| {
-                    (0..n_nt / 2)
-                        .map(|kk| {
-                            let pk = |n: usize, e: usize| k.math(|kb| kb.pack_x2(dt, pf[mi][n][e], pf[mi][n][e + 1]));
-                            Ok([pk(2 * kk, 0)?, pk(2 * kk, 2)?, pk(2 * kk + 1, 0)?, pk(2 * kk + 1, 2)?])
-                        })
-                        .collect::<R<Vec<_>>>()
-                })
-                .collect::<R<_>>()?;
-
-            // Products the interpreter does not make (see the module docs): keys at or past
-            // the warp's first row's limit, and the groups some row skips. If V holds a
-            // non-finite value there, this tile's P·V goes the CUDA-core way.
-            let hi = k.smin(k.add(j0, c32(bkv))?, skv32)?;
-            k.set(slow_var, c32(0).into())?;
-            let lo = get_i32(k, lo_var)?;
-            k.if_then(k.icmp(IntPredicate::SLT, lo, hi)?, |k| {
-                // Lanes scan 16-byte chunks of V rows lo..hi (tile-relative rows lo − j0..).
-                let cv = dv / 8;
-                let r0 = k.sub(lo, j0)?;
-                let total = k.mul(k.sub(hi, lo)?, c32(cv))?;
-                let found = var_i32(k, c32(0))?;
-                k.for_range(lane, total, c32(32), |k, e| {
-                    let r = k.add(r0, k.udiv(e, c32(cv))?)?;
-                    let col = k.urem(e, c32(cv))?;
-                    let at = sm_at(k, v_sm, bkv, sm.ldv, r, col)?;
-                    let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
-                    let bad = any_nonfinite(k, &words, exp_mask)?;
-                    k.if_then(bad, |k| k.set(found, c32(1).into()))
-                })?;
-                if wg.is_some() {
-                    return k.set(slow_var, get_i32(k, found)?.into());
+            }
+            Ok(())
+        })?;
+        k.warp_sync()
+    };
+    // The `wgmma` P·V's groups: one, or Dv / 64 with `pv_split`.
+    let pv_parts = wg.map_or(1, |w| if w.pv_split { dv / 64 } else { 1 });
+    // O += P·V on tensor cores (V at `v_sm`, P in `pa`). With `wgmma`, each of the
+    // `pv_parts` groups is waited for at once, or with `overlapped` (one Q·Kᵀ group issued
+    // before them) none is: part i's wait leaves its `2 + i` groups pending.
+    let pv_tc = |k: &Kit<'ctx>, v_sm: IntValue<'ctx>, v_at: PointerValue<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>], overlapped: bool| -> R<()> {
+        if wg.is_some() {
+            // A = P from registers (k-step kk: keys 16kk..), B = V rows 16kk.. of
+            // each slab (MN-major, see `mn_major`): Dv / n products of m64n{n}k16.
+            let n = dv / pv_parts;
+            let v_addr = k.add(sbase, v_sm)?;
+            let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
+            for part in 0..pv_parts as usize {
+                let steps = (0..n_nt / 2)
+                    .map(|kk| Ok((pa[0][kk], desc(k, k.add(v_addr, c32(part as u32 * bkv * 128 + kk as u32 * 2048))?, mn_major)?)))
+                    .collect::<R<Vec<_>>>()?;
+                let regs = &flat[part * (n / 2) as usize..(part + 1) * (n / 2) as usize];
+                let cur: Vec<FloatValue<'ctx>> = regs.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
+                let out = k.wgmma_rs_k_tile(dt, n, &cur, &steps, true, if overlapped { 2 + part as u32 } else { 0 })?;
+                for (&a, v) in regs.iter().zip(out) {
+                    k.set(a, v.into())?;
                 }
-                let any = warp_any(k, k.icmp(IntPredicate::NE, get_i32(k, found)?, c32(0))?)?;
-                k.set(slow_var, k.select_int(any, c32(1), c32(0))?.into())
-            })?;
-            let slow = k.icmp(IntPredicate::NE, get_i32(k, slow_var)?, c32(0))?;
-            // The warpgroup decides together (its P·V is one `wgmma`): named barrier 1 + wg.
-            let slow = if wg.is_some() { k.bar_red_or(k.add(wg_id, c32(1))?, 128, slow)? } else { slow };
+            }
+            return Ok(());
+        }
+        for kk in 0..n_nt / 2 {
+            for np in 0..n_ov / 2 {
+                let vb = k.ldmatrix_x4(k.sh_at(v_at, c32(kk as u32 * 16 * sm.ldv * 2 + np as u32 * 32))?, true)?;
+                for mi in 0..mt {
+                    for (half, bb) in [[vb[0], vb[1]], [vb[2], vb[3]]].into_iter().enumerate() {
+                        let a = &acc[mi][2 * np + half];
+                        let cur = [k.get_f(a[0])?, k.get_f(a[1])?, k.get_f(a[2])?, k.get_f(a[3])?];
+                        let out = k.mma(dt, pa[mi][kk], bb, cur)?;
+                        for e in 0..4 {
+                            k.set(a[e], out[e].into())?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
 
+    // ---- the key tiles -------------------------------------------------------------------------
+    if overlap {
+        // FlashAttention-3's intra-warpgroup pipelining (arXiv 2407.08608 §3.2, Algorithm 2):
+        // iteration t issues S_t = Q·K_tᵀ, then O += P_{t−1}·V_{t−1}, waits for S_t alone
+        // and runs its softmax while the P·V group is in flight, then waits for it and
+        // rescales O by α_t. The same operations in the same order as the loop below (O is
+        // rescaled by α_t after P_{t−1}·V_{t−1} is added, before P_t·V_t), so the same results.
+        // - P_{t−1} crosses the back edge in registers (`pa_prev`), and is an operand of the
+        //   wait for its P·V: the `wgmma` reads A registers asynchronously (§9.7.15.6), so
+        //   P_t, packed during the softmax, must not take P_{t−1}'s registers while it runs.
+        // - ptxas serializes every `wgmma` (C7520) when a group is in flight across a branch
+        //   it cannot prove uniform, and a warpgroup's tile range (`grp_end`) comes from the
+        //   thread index: so every warpgroup walks all `n_tiles` tiles (a causal CTA's upper
+        //   warpgroup computes up to one tile above its diagonal, fully masked: α = 1, p = 0,
+        //   and the non-finite scan of V keeps the products exact), and the rare CUDA-core
+        //   P·V (non-finite V where p = 0) takes a separate, unpipelined iteration.
+        // - Loads: iteration t takes K_{t+1} and V_t (V one tile later than K), so its barrier
+        //   finds K_t and V_{t−1} landed, and the stages it overwrites — K_{t−1}'s (its Q·Kᵀ
+        //   was waited for in iteration t − 1) and V_{t−2}'s (its P·V too) — are free in
+        //   every warpgroup. One iteration more than there are tiles, for the last P·V.
+        let i32t = kit.i32t;
+        let f32t = kit.f32t;
+        let pa_prev: Vec<[PointerValue<'ctx>; 4]> = (0..n_nt / 2).map(|_| Ok([kit.var_i(c32(0))?, kit.var_i(c32(0))?, kit.var_i(c32(0))?, kit.var_i(c32(0))?])).collect::<R<_>>()?;
+        let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
+        let keep_pa = |k: &Kit<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>]| -> R<()> {
+            for (v, w) in pa_prev.iter().zip(&pa[0]) {
+                for e in 0..4 {
+                    k.set(v[e], w[e].into())?;
+                }
+            }
+            Ok(())
+        };
+        kit.for_range(c32(0), kit.add(n_tiles, c32(1))?, c32(1), |k, t| {
+            k.cp_async_wait(0)?;
+            k.fence_proxy_async()?;
+            k.barrier()?;
+            let next = k.add(t, c32(1))?;
+            k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| issue_k(k, next))?;
+            k.if_then(k.icmp(IntPredicate::SLT, t, n_tiles)?, |k| issue_v(k, t))?;
+            k.cp_async_commit()?;
+            let j0 = k.mul(t, c32(bkv))?;
+            let jp = k.sub(j0, c32(bkv))?;
+            // Uniform in the CTA (the trip count is), which ptxas sees.
+            let cur = k.icmp(IntPredicate::SLT, t, n_tiles)?;
+            let prev = k.icmp(IntPredicate::SGT, t, c32(0))?;
+            let (k_sm, _) = stage_of(k, t)?;
+            let (_, vp_sm) = stage_of(k, k.sub(t, c32(1))?)?;
+            let vp_at = k.sh_at(smem, k.add(vp_sm, v_lane)?)?; // (the mma.sync form's; unused)
+            let pa_old = |k: &Kit<'ctx>| -> R<Vec<Vec<[IntValue<'ctx>; 4]>>> {
+                Ok(vec![pa_prev.iter().map(|v| Ok([k.get_i(v[0], i32t)?, k.get_i(v[1], i32t)?, k.get_i(v[2], i32t)?, k.get_i(v[3], i32t)?])).collect::<R<Vec<_>>>()?])
+            };
+            let slow = var_i32(k, c32(0))?;
+            k.if_then(prev, |k| {
+                let s = decide_slow(k, jp, vp_sm)?;
+                k.set(slow, k.select_int(s, c32(1), c32(0))?.into())
+            })?;
+            let slow = k.icmp(IntPredicate::NE, get_i32(k, slow)?, c32(0))?;
             k.if_else(
-                slow,
+                or(k, slow, not(k, prev)?)?,
                 |k| {
-                    // CUDA-core P·V, exactly the interpreter's products: per row, keys below
-                    // its limit from its first multiplied group on.
-                    let first: Vec<[IntValue<'ctx>; 2]> = first.iter().map(|f| Ok([get_i32(k, f[0])?, get_i32(k, f[1])?])).collect::<R<_>>()?;
-                    // P (rounded as the mma would see it) to the warp's scratch rows: row
-                    // 16mi + 8h + g of the warp, keys as in the A fragments.
-                    let prow0 = k.add(c32(sm.p), k.mul(k.add(k.mul(warp, c32(rpw))?, g)?, c32(sm.ldp * 2))?)?;
-                    let pst = k.sh_at(smem, k.add(prow0, k.mul(t4, c32(4))?)?)?;
-                    for mi in 0..mt {
-                        for (kk, frag) in pa[mi].iter().enumerate() {
-                            for (r, &word) in frag.iter().enumerate() {
-                                let off = (16 * mi as u32 + 8 * (r % 2) as u32) * sm.ldp * 2 + (16 * kk as u32 + 8 * (r / 2) as u32) * 2;
-                                store_i32s(k, k.sh_at(pst, c32(off))?, &[word])?;
-                            }
-                        }
-                    }
-                    k.warp_sync()?;
-                    k.for_range(c32(0), c32(bkv), c32(1), |k, jj| {
-                        let j = k.add(j0, jj)?;
-                        // V(j, 8n + 2·t4 ..) at constant offsets from one pointer.
-                        let vs: Vec<Vec<FloatValue<'ctx>>> = if sm.swz {
-                            (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(smem, k.add(sm_at(k, v_sm, bkv, sm.ldv, jj, c32(n as u32))?, k.mul(t4, c32(4))?)?)?, 2)).collect::<R<_>>()?
-                        } else {
-                            let vrow = k.sh_at(smem, k.add(k.add(v_sm, k.mul(jj, c32(sm.ldv * 2))?)?, k.mul(t4, c32(4))?)?)?;
-                            (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(vrow, c32(16 * n as u32))?, 2)).collect::<R<_>>()?
-                        };
-                        let pcol = k.sh_at(smem, k.add(prow0, k.mul(jj, c32(2))?)?)?;
-                        for mi in 0..mt {
-                            for hh in 0..2 {
-                                let pj = k.sh_load(dt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
-                                let made = k.and(k.icmp(IntPredicate::SLT, j, rows.limit[mi][hh])?, k.icmp(IntPredicate::SGE, jj, first[mi][hh])?)?;
-                                for (a, v) in acc[mi].iter().zip(&vs) {
-                                    for e in 0..2 {
-                                        let old = k.get_f(a[2 * hh + e])?;
-                                        let new = k.fma(pj, v[e], old)?;
-                                        k.set(a[2 * hh + e], k.select_f(made, new, old)?.into())?;
-                                    }
-                                }
-                            }
-                        }
-                        Ok(())
-                    })?;
-                    k.warp_sync()
+                    // The first tile, or tile t − 1's CUDA-core P·V: tile t as the loop below
+                    // does, nothing left in flight.
+                    k.if_then(slow, |k| pv_slow(k, jp, vp_sm, &pa_old(k)?))?;
+                    k.if_then(cur, |k| {
+                        let out = qk_wg(k, k_sm, 0)?;
+                        let sacc = vec![(0..n_nt).map(|n| [out[4 * n], out[4 * n + 1], out[4 * n + 2], out[4 * n + 3]]).collect::<Vec<_>>()];
+                        scores(k, j0, &sacc)?;
+                        let (pf, rescale, alphas) = softmax(k)?;
+                        rescale_acc(k, rescale, &alphas)?;
+                        keep_pa(k, &pack(k, &pf)?)
+                    })
                 },
                 |k| {
-                    // O += P·V on tensor cores.
-                    if let Some(w) = wg {
-                        // A = P from registers (k-step kk: keys 16kk..), B = V rows 16kk.. of
-                        // each slab (MN-major, see `mn_major`): Dv / n products of m64n{n}k16.
-                        let n = if w.pv_split { 64 } else { dv };
-                        let v_addr = k.add(sbase, v_sm)?;
-                        let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
-                        for part in 0..(dv / n) as usize {
-                            let steps = (0..n_nt / 2)
-                                .map(|kk| Ok((pa[0][kk], desc(k, k.add(v_addr, c32(part as u32 * bkv * 128 + kk as u32 * 2048))?, mn_major)?)))
-                                .collect::<R<Vec<_>>>()?;
-                            let regs = &flat[part * (n / 2) as usize..(part + 1) * (n / 2) as usize];
-                            let cur: Vec<FloatValue<'ctx>> = regs.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
-                            let out = k.wgmma_rs_k_tile(dt, n, &cur, &steps, true, 0)?;
-                            for (&a, v) in regs.iter().zip(out) {
-                                k.set(a, v.into())?;
+                    k.if_else(
+                        cur,
+                        |k| {
+                            // No branch from here to the last wait: S_t's group, then the
+                            // `pv_parts` P·V groups, S_t waited for alone.
+                            let s_next = qk_wg(k, k_sm, 1)?;
+                            let pa = pa_old(k)?;
+                            pv_tc(k, vp_sm, vp_at, &pa, true)?;
+                            let out = k.wgmma_wait_group(&s_next, pv_parts)?;
+                            let sacc = vec![(0..n_nt).map(|n| [out[4 * n], out[4 * n + 1], out[4 * n + 2], out[4 * n + 3]]).collect::<Vec<_>>()];
+                            scores(k, j0, &sacc)?;
+                            let (pf, rescale, alphas) = softmax(k)?;
+                            let pa_new = pack(k, &pf)?;
+                            // O readable again (P_{t−1} free): the P·V groups done. ptxas
+                            // schedules a wait as early as its basic block allows, so it is
+                            // in each arm of the rescaling branch, after the softmax, not in
+                            // the softmax's block; the branch is the warpgroup's decision
+                            // (`bar.red.or`: a `wgmma.wait_group` under a condition must see
+                            // the whole warpgroup take the same way, §9.7.15.7.3), rescaling
+                            // when any of its rows has a new maximum (α = 1 exactly for the
+                            // others).
+                            let mut o: Vec<FloatValue<'ctx>> = flat.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
+                            for w in pa[0].iter().flatten() {
+                                o.push(k.math(|kb| Ok(kb.b.build_bit_cast(*w, f32t, "")?.into_float_value()))?);
                             }
-                        }
-                        return Ok(());
-                    }
-                    for kk in 0..n_nt / 2 {
-                        for np in 0..n_ov / 2 {
-                            let vb = k.ldmatrix_x4(k.sh_at(v_at, c32(kk as u32 * 16 * sm.ldv * 2 + np as u32 * 32))?, true)?;
-                            for mi in 0..mt {
-                                for (half, bb) in [[vb[0], vb[1]], [vb[2], vb[3]]].into_iter().enumerate() {
-                                    let a = &acc[mi][2 * np + half];
-                                    let cur = [k.get_f(a[0])?, k.get_f(a[1])?, k.get_f(a[2])?, k.get_f(a[3])?];
-                                    let out = k.mma(dt, pa[mi][kk], bb, cur)?;
-                                    for e in 0..4 {
-                                        k.set(a[e], out[e].into())?;
-                                    }
+                            let wait = |k: &Kit<'ctx>, note: &str| -> R<()> {
+                                for (&a, v) in flat.iter().zip(k.wgmma_wait_group_noted(&o, 0, note)?) {
+                                    k.set(a, v.into())?;
                                 }
-                            }
-                        }
-                    }
-                    Ok(())
+                                Ok(())
+                            };
+                            k.if_else(
+                                k.bar_red_or(k.add(wg_id, c32(1))?, 128, rescale)?,
+                                |k| {
+                                    wait(k, "rescale")?;
+                                    for &(mi, hh, alpha) in &alphas {
+                                        for a in &acc[mi] {
+                                            for e in [2 * hh, 2 * hh + 1] {
+                                                k.set(a[e], k.fmul(k.get_f(a[e])?, alpha)?.into())?;
+                                            }
+                                        }
+                                    }
+                                    Ok(())
+                                },
+                                |k| wait(k, "as is"),
+                            )?;
+                            keep_pa(k, &pa_new)
+                        },
+                        // The last tile's P·V.
+                        |k| pv_tc(k, vp_sm, vp_at, &pa_old(k)?, false),
+                    )
                 },
             )
-        })
-    })?;
+        })?;
+    } else {
+        kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
+            k.cp_async_wait(0)?;
+            if wg.is_some() {
+                k.fence_proxy_async()?;
+            }
+            k.barrier()?;
+            let next = k.add(t, c32(1))?;
+            k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
+                issue_tile(k, next)?;
+                k.cp_async_commit()
+            })?;
+            let j0 = k.mul(t, c32(bkv))?;
+            k.if_then(k.icmp(IntPredicate::SLT, j0, grp_end)?, |k| {
+                let (k_sm, v_sm) = stage_of(k, t)?;
+                let (k_at, v_at) = (k.sh_at(smem, k.add(k_sm, k_lane)?)?, k.sh_at(smem, k.add(v_sm, v_lane)?)?);
 
+                // S = Q·Kᵀ.
+                let mut sacc: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
+                if wg.is_some() {
+                    let out = qk_wg(k, k_sm, 0)?;
+                    for n in 0..n_nt {
+                        for e in 0..4 {
+                            sacc[0][n][e] = out[4 * n + e];
+                        }
+                    }
+                }
+                for ks in 0..if wg.is_some() { 0 } else { d / 16 } {
+                    let qa: Vec<[IntValue<'ctx>; 4]> = (0..mt).map(|mi| if s.q_in_regs { Ok(qf[mi][ks as usize]) } else { q_frag(k, mi, ks) }).collect::<R<_>>()?;
+                    for np in 0..(bkv / 16) as usize {
+                        let kb = k.ldmatrix_x4(k.sh_at(k_at, c32(np as u32 * 16 * sm.ldk * 2 + ks * 32))?, false)?;
+                        for mi in 0..mt {
+                            sacc[mi][2 * np] = k.mma(dt, qa[mi], [kb[0], kb[1]], sacc[mi][2 * np])?;
+                            sacc[mi][2 * np + 1] = k.mma(dt, qa[mi], [kb[2], kb[3]], sacc[mi][2 * np + 1])?;
+                        }
+                    }
+                }
+                scores(k, j0, &sacc)?;
+                let (pf, rescale, alphas) = softmax(k)?;
+                rescale_acc(k, rescale, &alphas)?;
+                let pa = pack(k, &pf)?;
+                let slow = decide_slow(k, j0, v_sm)?;
+                k.if_else(slow, |k| pv_slow(k, j0, v_sm, &pa), |k| pv_tc(k, v_sm, v_at, &pa, false))
+            })
+        })?;
+    }
     // ---- O = acc / l, rounded once ------------------------------------------------------------
     let mut outs: Vec<[Vec<FloatValue<'ctx>>; 2]> = Vec::new();
     for mi in 0..mt {
@@ -1183,15 +1383,25 @@ mod tests {
     }
 
     /// The `wgmma` kernel (sm_90a) at head dims 64 and 128 (Dv 64 with D 128 too), bf16 and
-    /// f16, causal or not, symbolic and constant lengths, with lse, each schedule candidate:
-    /// it assembles without spills, holds the `wgmma` forms it is built on (A from shared
+    /// f16, causal or not, symbolic and constant lengths, with lse, each schedule candidate
+    /// and the intra-warpgroup overlap at 128 and 64 keys (with `pv_split` too, whose S wait
+    /// counts two P·V groups): it assembles without spills (and the overlap without ptxas
+    /// serializing its `wgmma`s), holds the `wgmma` forms it is built on (A from shared
     /// memory for Q·Kᵀ, from registers with a transposed B for P·V) and no `mma.sync`; and
     /// sm_90 (no `a`) and sm_80 keep the `mma.sync` kernel.
     #[test]
     fn wgmma_kernel_assembles_without_spills() {
         use crate::kernels::attention::generate_prefill_wg_with;
         let h = Target::SM_90A;
-        let scheds = [choose_wg_schedule(128, 128), WgSchedule { pv_split: true, ..choose_wg_schedule(128, 128) }, WgSchedule { block_kv: 64, ..choose_wg_schedule(128, 128) }];
+        let wd = choose_wg_schedule(128, 128);
+        let scheds = [
+            wd,
+            WgSchedule { pv_split: true, ..wd },
+            WgSchedule { block_kv: 64, ..wd },
+            WgSchedule { overlap: true, ..wd },
+            WgSchedule { overlap: true, block_kv: 64, ..wd },
+            WgSchedule { overlap: true, pv_split: true, ..wd },
+        ];
         for (dt, hd, dv) in [(DType::BF16, 128, 128), (DType::BF16, 64, 64), (DType::F16, 128, 128), (DType::BF16, 128, 64)] {
             for causal in [false, true] {
                 for (sq, skv) in [(sym("T"), sym("S")), (d(4096), d(4096))] {
@@ -1207,6 +1417,13 @@ mod tests {
                         assert_eq!(plan.block, [w.threads(), 1, 1]);
                         let Some(r) = assemble(&plan) else { return };
                         eprintln!("{} D{hd}/{dv} causal={causal} {sq}: {r}", w.name());
+                        if w.overlap {
+                            // The overlap holds only if ptxas keeps the groups in flight: no
+                            // "wgmma.mma_async instructions are serialized" (C7510 to C7520).
+                            let ptxas = crate::ptxas::find_ptxas_for_tests().unwrap().unwrap();
+                            let log = crate::ptxas::assemble_with(&ptxas, &plan.ptx, &h).unwrap().log;
+                            assert!(!log.contains("serialized"), "{} D{hd}/{dv} causal={causal}: {log}", w.name());
+                        }
                         if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
                             std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), &plan.ptx).unwrap();
                         }

@@ -3635,6 +3635,14 @@ pub(crate) mod kit {
         pub(crate) fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
             self.bld().wgmma_wait(acc)
         }
+        /// [`KernelBuilder::wgmma_wait_group`].
+        pub(crate) fn wgmma_wait_group(&self, acc: &[FloatValue<'ctx>], in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
+            self.bld().wgmma_wait_group(acc, in_flight)
+        }
+        /// [`KernelBuilder::wgmma_wait_group_noted`].
+        pub(crate) fn wgmma_wait_group_noted(&self, acc: &[FloatValue<'ctx>], in_flight: u32, note: &str) -> R<Vec<FloatValue<'ctx>>> {
+            self.bld().wgmma_wait_group_noted(acc, in_flight, note)
+        }
         /// `n` mbarriers (8 bytes each, a static shared array): the shared address (i32) of
         /// the first; barrier `i` is 8·i bytes further.
         pub(crate) fn mbarriers(&self, n: u32) -> R<IntValue<'ctx>> {
