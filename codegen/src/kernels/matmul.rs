@@ -2661,6 +2661,54 @@ fn build_mma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, s: &MmaSchedule, plan: &MmaPlan
     mma_epilogue(kit, spec, plan, smem, &acc, &tile, &bases)
 }
 
+/// One warpgroup's `wgmma` products of a K tile ([`build_wgmma`], [`build_wgmma_ws`]): the
+/// matrix descriptors (PTX ISA §9.7.15.5.1: start address >> 4 in bits 0–13, leading byte
+/// offset — unused for swizzled K-major operands: 1 — in 16–29, stride byte offset 1024 >> 4 in
+/// 32–45, 128-byte swizzle (1) in 62–63) of the warpgroup's A rows and the CTA's B rows in a
+/// stage, stepped `k_step_bytes` per instruction (16 of K for bf16/f16, 32 for e4m3).
+struct WgmmaProducts<'ctx> {
+    a_wg: IntValue<'ctx>,
+    b_cta: IntValue<'ctx>,
+    dt: DType,
+    ik: u32,
+    k_step_bytes: u32,
+    bk: u32,
+    bn: u32,
+    in_flight: u32,
+}
+
+impl<'ctx> WgmmaProducts<'ctx> {
+    /// The products of warpgroup `wg` (i32) over the slabs at shared address `sbase` (i32).
+    fn new(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan, sbase: IntValue<'ctx>, wg: IntValue<'ctx>) -> R<Self> {
+        let dt = spec.a.dtype;
+        let ik = crate::emit::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
+        let a_wg = kit.add(sbase, kit.add(kit.mul(wg, kit.i32c((64 * plan.a.row_bytes()) as i32))?, kit.i32c(plan.a.base as i32))?)?;
+        let b_cta = kit.add(sbase, kit.i32c(plan.b.base as i32))?;
+        Ok(WgmmaProducts { a_wg, b_cta, dt, ik, k_step_bytes: ik * dt.size_bytes() as u32, bk: w.tile.bk, bn: w.tile.bn, in_flight: w.in_flight })
+    }
+
+    /// Issues the K tile in the stage at byte offset `stage` (i32) onto the accumulators `acc`
+    /// (their variables, updated in place; [`KernelBuilder::wgmma_k_tile`]).
+    fn k_tile(&self, k: &Kit<'ctx>, stage: IntValue<'ctx>, acc: &[PointerValue<'ctx>]) -> R<()> {
+        let desc_fixed = k.i64c((1i64 << 16) | (64i64 << 32) | (1i64 << 62));
+        let desc = |addr: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let enc = k.lshr(k.and(addr, k.i32c(0x3FFFF))?, 4)?;
+            k.add(desc_fixed, k.zext64(enc)?)
+        };
+        let mut descs = Vec::with_capacity((self.bk / self.ik) as usize);
+        for kk in 0..self.bk / self.ik {
+            let off = k.add(stage, k.i32c((self.k_step_bytes * kk) as i32))?;
+            descs.push((desc(k.add(self.a_wg, off)?)?, desc(k.add(self.b_cta, off)?)?));
+        }
+        let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
+        let out = k.wgmma_k_tile(self.dt, self.bn, &cur, &descs, self.in_flight)?;
+        for (&p, v) in acc.iter().zip(out) {
+            k.set(p, v.into())?;
+        }
+        Ok(())
+    }
+}
+
 /// The TMA loads of the wgmma kernel's pipeline ([`WgmmaSchedule::tma`], PTX ISA §9.7.9.25.5.2
 /// and §9.7.13.15 "mbarrier"): stage `i` has an mbarrier (arrival count 1); thread 0 fills a
 /// stage by arriving with the expected transaction bytes (A's and B's boxes) and issuing one
@@ -2810,11 +2858,6 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
     let s = &w.tile;
     let threads = s.threads();
     kit.launch_bounds(threads);
-    // The operands' dtype picks the instruction: K 16 (bf16/f16) or 32 (e4m3) per `wgmma`,
-    // 32 bytes of each K-major row either way.
-    let dt = spec.a.dtype;
-    let ik = crate::emit::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
-    let k_step_bytes = ik * dt.size_bytes() as u32;
     let stages = s.stages;
     let tid = kit.sreg("tid.x")?;
     let wg = kit.lshr(tid, 7)?;
@@ -2848,17 +2891,7 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
         WgmmaLoads::Tma(l) => l.issue(k, kt, stage),
     };
 
-    // Matrix descriptors (§9.7.15.5.1): start address >> 4 in bits 0–13, leading byte offset
-    // (unused for swizzled K-major operands: 1) in 16–29, stride byte offset 1024 >> 4 in
-    // 32–45, 128-byte swizzle (1) in 62–63.
-    let desc_fixed = kit.i64c((1i64 << 16) | (64i64 << 32) | (1i64 << 62));
-    let sbase = kit.smem_addr(smem)?;
-    let a_wg = kit.add(sbase, kit.add(kit.mul(wg, kit.i32c((64 * plan.a.row_bytes()) as i32))?, kit.i32c(plan.a.base as i32))?)?;
-    let b_cta = kit.add(sbase, kit.i32c(plan.b.base as i32))?;
-    let desc = |k: &Kit<'ctx>, addr: IntValue<'ctx>| -> R<IntValue<'ctx>> {
-        let enc = k.lshr(k.and(addr, k.i32c(0x3FFFF))?, 4)?;
-        k.add(desc_fixed, k.zext64(enc)?)
-    };
+    let products = WgmmaProducts::new(kit, spec, w, plan, kit.smem_addr(smem)?, wg)?;
 
     let n_acc = (s.bn / 2) as usize;
     let zero = kit.f32c(0.0);
@@ -2882,16 +2915,7 @@ fn build_wgmma<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &Mma
             WgmmaLoads::Tma(l) => l.wait(k, kt, rs)?,
         }
         k.barrier()?;
-        let mut descs = Vec::with_capacity((s.bk / ik) as usize);
-        for kk in 0..s.bk / ik {
-            let off = k.add(rs, k.i32c((k_step_bytes * kk) as i32))?;
-            descs.push((desc(k, k.add(a_wg, off)?)?, desc(k, k.add(b_cta, off)?)?));
-        }
-        let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
-        let out = k.wgmma_k_tile(dt, s.bn, &cur, &descs, w.in_flight)?;
-        for (&p, v) in acc.iter().zip(out) {
-            k.set(p, v.into())?;
-        }
+        products.k_tile(k, rs, &acc)?;
         next_stage(k, read)?;
         let nk = k.add(kt, k.i32c(ahead as i32))?;
         let ws = k.get_i(write, k.i32t)?;
@@ -2986,9 +3010,6 @@ fn build_wgmma_ws<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &
     let s = &w.tile;
     spec.ws_ok(w).map_err(|e| kit.err(e))?;
     kit.launch_bounds(w.threads());
-    let dt = spec.a.dtype;
-    let ik = crate::emit::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
-    let k_step_bytes = ik * dt.size_bytes() as u32;
     let stages = s.stages;
     let stage_bytes = plan.stage_bytes;
     let tid = kit.sreg("tid.x")?;
@@ -3050,14 +3071,7 @@ fn build_wgmma_ws<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &
             let cwg = k.lshr(k.sub(tid, k.i32c(128))?, 7)?;
             let lane0 = k.icmp(IntPredicate::EQ, k.and(tid, k.i32c(31))?, k.i32c(0))?;
             let release = |k: &Kit<'ctx>, stv: IntValue<'ctx>| k.if_then(lane0, |k| k.mbarrier_arrive(empty(k, stv)?));
-            // Matrix descriptors as in `build_wgmma`.
-            let desc_fixed = k.i64c((1i64 << 16) | (64i64 << 32) | (1i64 << 62));
-            let a_wg = k.add(sbase, k.add(k.mul(cwg, k.i32c((64 * plan.a.row_bytes()) as i32))?, k.i32c(plan.a.base as i32))?)?;
-            let b_cta = k.add(sbase, k.i32c(plan.b.base as i32))?;
-            let desc = |k: &Kit<'ctx>, addr: IntValue<'ctx>| -> R<IntValue<'ctx>> {
-                let enc = k.lshr(k.and(addr, k.i32c(0x3FFFF))?, 4)?;
-                k.add(desc_fixed, k.zext64(enc)?)
-            };
+            let products = WgmmaProducts::new(k, spec, w, plan, sbase, cwg)?;
             let zero = k.f32c(0.0);
             let acc: Vec<PointerValue> = (0..s.bn / 2).map(|_| k.var_f(zero)).collect::<R<_>>()?;
             let (st, ph, prev) = (k.var_i(k.i32c(0))?, k.var_i(k.i32c(0))?, k.var_i(k.i32c(0))?);
@@ -3069,16 +3083,7 @@ fn build_wgmma_ws<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &
                     let stv = k.get_i(st, k.i32t)?;
                     k.mbarrier_wait_parity(full(k, stv)?, k.get_i(ph, k.i32t)?)?;
                     let rs = k.mul(stv, k.i32c(stage_bytes as i32))?;
-                    let mut descs = Vec::with_capacity((s.bk / ik) as usize);
-                    for kk in 0..s.bk / ik {
-                        let off = k.add(rs, k.i32c((k_step_bytes * kk) as i32))?;
-                        descs.push((desc(k, k.add(a_wg, off)?)?, desc(k, k.add(b_cta, off)?)?));
-                    }
-                    let cur: Vec<FloatValue> = acc.iter().map(|&p| k.get_f(p)).collect::<R<_>>()?;
-                    let out = k.wgmma_k_tile(dt, s.bn, &cur, &descs, w.in_flight)?;
-                    for (&p, v) in acc.iter().zip(out) {
-                        k.set(p, v.into())?;
-                    }
+                    products.k_tile(k, rs, &acc)?;
                     if w.in_flight == 0 {
                         release(k, stv)?;
                     } else {
