@@ -1083,9 +1083,9 @@ fn gpu_every_matmul_candidate_matches_the_interpreter() {
 
 /// Prefill attention graphs whose every schedule candidate
 /// `gpu_every_attention_candidate_matches_the_interpreter` runs: on sm_90a the `wgmma`
-/// kernel (`wgmma kv128 g2`), its `+split` form (one n64 `wgmma` per 64 columns of V: no
-/// leading byte offset in V's descriptor), 64-key tiles, the intra-warpgroup overlap (`ov`, at
-/// 128 and 64 keys), and the `mma.sync` kernel's tiles —
+/// kernel (`wgmma kv128 g2`, `kv64` at D 64), its `+split` form (one n64 `wgmma` per 64 columns
+/// of V: no leading byte offset in V's descriptor), the other key tile, the intra-warpgroup
+/// overlap (`ov`, at 128 and 64 keys), and the `mma.sync` kernel's tiles —
 /// D 128 causal with tails (Sq 300, Skv 333), D 64 not causal, GQA 8/2.
 fn attention_candidate_graphs() -> Vec<sinter::Graph> {
     [

@@ -1068,7 +1068,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let some = ev.ilt(crow.start, crow.end)?;
         let len = ev.isub(crow.end, crow.start)?;
         let len = ev.kb.b.build_select(some, len, ev.ic(0), "n_c")?.into_int_value();
-        let n_c = ev.kb.b.build_unsigned_int_to_float(len, f32t, "n_c")?;
+        // A layer norm's statistics are the warp's (`warp_only`): its element count.
+        let len = self.warp_count(ev, len, t)?;
+        let some = ev.ilt(ev.ic(0), len)?;
+        let n_c = ev.kb.b.build_unsigned_int_to_float(len, f32t, "n_w")?;
         let zero = ev.kb.f32c(0.0);
         // The statistics every CTA folds as usual, and the layer norms' (dev, var) pairs.
         let mut folded: Vec<(Stat, Acc<'ctx>)> = Vec::new();
@@ -1124,9 +1127,41 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let dd = ev.kb.fmul(d, dev)?;
             let m2 = ev.kb.fsub(ss, dd)?;
             let m2 = ev.kb.fsel(some, m2, z64)?;
+            let mut tri = Vec::with_capacity(3);
             for v in [n64, mean, m2] {
-                vals.push(bits(ev, v)?);
+                tri.push(bits(ev, v)?);
             }
+            // The warps' triples merged over the CTA: each warp's in shared memory, one
+            // barrier, a butterfly of Chan merges (every thread ends with the same bits).
+            let nw = self.sched.threads_per_row / 32;
+            let cta = if nw > 1 {
+                let arr = self.smem_alloc(ev, 3 * 8 * nw, 16)?;
+                let warp = ev.kb.b.build_right_shift(t, ev.ic(5), false, "warp")?;
+                let base = ev.imul(warp, ev.ic(3))?;
+                for (j, v) in tri.iter().enumerate() {
+                    let Acc::I(x) = v else { return Err(CodegenError::Builder("layer_norm warp triple".into())) };
+                    let idx = ev.iadd(base, ev.ic(j as i64))?;
+                    let p = ev.kb.gep(i64t.into(), arr, idx)?;
+                    ev.kb.store(p, (*x).into(), 8)?;
+                }
+                ev.kb.barrier()?;
+                let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
+                    let b = ev.imul(k, ev.ic(3))?;
+                    let mut out = Vec::with_capacity(3);
+                    for j in 0..3 {
+                        let idx = ev.iadd(b, ev.ic(j))?;
+                        let p = ev.kb.gep(i64t.into(), arr, idx)?;
+                        out.push(Acc::I(ev.kb.load(i64t.into(), p, 8)?.into_int_value()));
+                    }
+                    Ok(out)
+                };
+                let lane = ev.kb.b.build_and(t, ev.ic(31), "lane")?;
+                let id = vec![Acc::I(ev.kb.i64c(0)); 3];
+                self.fold_lanes(ev, nw, lane, &load, id, &|e, ev, a, b| e.chan_merge(ev, a, b))?
+            } else {
+                tri
+            };
+            vals.extend(cta);
             identity.extend([Acc::I(ev.kb.i64c(0)), Acc::I(ev.kb.i64c(0)), Acc::I(ev.kb.i64c(0))]);
         }
         if vals.is_empty() {
@@ -1206,6 +1241,31 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             out.push(Acc::I(ev.kb.b.build_bit_cast(x, i64t, "bits")?.into_int_value()));
         }
         Ok(out)
+    }
+
+    /// The elements of a cluster slice of `len` elements that the warp of thread `t` reads in
+    /// the pass loops ([`Emitter::chunk_loop`]: chunk `k` of warp `w` covers
+    /// `[k·T·vec + w·32·vec, +32·vec)` of the slice): with `span = 32·vec`, `stride = T·vec`
+    /// and `L = max(len − w·span, 0)`, `⌊(L + stride − span)/stride⌋` whole spans and what is
+    /// left of `L` after them, clamped to `[0, span]`.
+    fn warp_count(&self, ev: &mut Eval<'_, 'ctx>, len: IntValue<'ctx>, t: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let s = self.sched;
+        let span = 32 * i64::from(s.vec);
+        let stride = i64::from(s.threads_per_row) * i64::from(s.vec);
+        let warp = ev.kb.b.build_right_shift(t, ev.ic(5), false, "warp")?;
+        let off = ev.imul(warp, ev.ic(span))?;
+        let past = ev.ilt(len, off)?;
+        let l = ev.isub(len, off)?;
+        let l = ev.kb.b.build_select(past, ev.ic(0), l, "l")?.into_int_value();
+        let num = ev.iadd(l, ev.ic(stride - span))?;
+        let full = ev.kb.b.build_int_unsigned_div(num, ev.ic(stride), "full")?;
+        let done = ev.imul(full, ev.ic(stride))?;
+        let over = ev.ilt(l, done)?;
+        let rest = ev.isub(l, done)?;
+        let rest = ev.kb.b.build_select(over, ev.ic(0), rest, "rest")?.into_int_value();
+        let rest = ev.kb.intrinsic_value("llvm.umin", &[ev.ity().into()], &[rest.into(), ev.ic(span).into()])?.into_int_value();
+        let whole = ev.imul(full, ev.ic(span))?;
+        ev.iadd(whole, rest)
     }
 
     /// The lead coordinates of row `r` (innermost first), tagged as the row space's axes.
@@ -1898,6 +1958,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
 
     /// Combines the per-thread partials of the row group: warp shuffles, then (CTA mode)
     /// shared memory across warps.
+    ///
+    /// In the cluster schedule a `layer_norm`'s statistics stop at the warp (see
+    /// [`Emitter::warp_only`]): they are returned as warp totals.
     fn combine_group(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], partials: Vec<Acc<'ctx>>, level: usize, warp: IntValue<'ctx>, lane: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
         let mut warped = Vec::with_capacity(partials.len());
         for (st, p) in stats.iter().zip(partials) {
@@ -1912,15 +1975,20 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         }
         // Every lane of a warp holds the warp's total: all of them store it (same value, same
         // address), a barrier, then every thread folds the warps' totals in order.
+        let across: Vec<usize> = (0..stats.len()).filter(|&i| !self.warp_only(&stats[i])).collect();
+        if across.is_empty() {
+            return Ok(warped);
+        }
         let f32t = ev.kb.cx.f32_type();
         let i64t = ev.kb.cx.i64_type();
-        let nf = stats.iter().filter(|s| !s.int).count() as u32;
-        let ni = stats.iter().filter(|s| s.int).count() as u32;
+        let nf = across.iter().filter(|&&i| !stats[i].int).count() as u32;
+        let ni = across.iter().filter(|&&i| stats[i].int).count() as u32;
         let fsm = if nf > 0 { Some(self.smem_array(ev, f32t.into(), 4, nf * nw, &format!("red_f{level}"))?) } else { None };
         let ism = if ni > 0 { Some(self.smem_array(ev, i64t.into(), 8, ni * nw, &format!("red_i{level}"))?) } else { None };
         let (mut fi, mut ii) = (0u32, 0u32);
-        let mut slots = Vec::with_capacity(stats.len());
-        for (st, w) in stats.iter().zip(&warped) {
+        let mut slots = Vec::with_capacity(across.len());
+        for &i in &across {
+            let (st, w) = (&stats[i], &warped[i]);
             let (arr, slot, ty): (_, u32, inkwell::types::BasicTypeEnum<'ctx>) = if st.int {
                 ii += 1;
                 (ism, ii - 1, i64t.into())
@@ -1939,11 +2007,18 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             slots.push((arr, slot, ty));
         }
         ev.kb.barrier()?;
-        let mut out = Vec::with_capacity(stats.len());
-        for (st, (arr, slot, ty)) in stats.iter().zip(slots) {
-            out.push(self.fold_warps(ev, arr, ty, slot * nw, lane, st.combine())?);
+        let mut out = warped;
+        for (&i, (arr, slot, ty)) in across.iter().zip(slots) {
+            out[i] = self.fold_warps(ev, arr, ty, slot * nw, lane, stats[i].combine())?;
         }
         Ok(out)
+    }
+
+    /// Whether statistic `st` is combined over the warp only by [`Emitter::combine_group`]:
+    /// a `layer_norm`'s in the cluster schedule, whose statistics are corrected two-pass per
+    /// warp and merged once as `(n, mean, M2)` triples (see [`Emitter::cluster_level`]).
+    fn warp_only(&self, st: &Stat) -> bool {
+        self.split.is_some() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
     }
 
     /// The fold of the `nw` warp partials at `arr[base..base + nw]` (shared memory, after a
