@@ -940,7 +940,7 @@ fn precompile_gpu_test_kernels() {
     // Every schedule candidate of the autotuning test's kernels and of the candidate test's.
     #[cfg(feature = "llvm")]
     let wgmma_attention: Vec<sinter::Graph> = wgmma_attention_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
-    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()).chain(wgmma_attention) {
+    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()).chain(row_candidate_graphs()).chain(wgmma_attention) {
         let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache) {
             Ok(n) => total += n,
@@ -1079,6 +1079,27 @@ fn candidate_graphs() -> Vec<sinter::Graph> {
 fn gpu_every_matmul_candidate_matches_the_interpreter() {
     let Some(dev) = device() else { return };
     every_candidate_matches(&dev, candidate_graphs(), 120);
+}
+
+/// Row reductions over long rows whose every schedule candidate
+/// `gpu_every_row_candidate_matches_the_interpreter` runs: on sm_90a the cluster schedule's
+/// thread counts and unrolls, staged row-invariant inputs (` w`) and row pairs (` r2`, with an
+/// odd row count: the last pair's second row past the end) — LayerNorm over rows of 32768
+/// (exact slices) and 33001 (an odd length), RMSNorm over 262144.
+fn row_candidate_graphs() -> Vec<sinter::Graph> {
+    vec![
+        sinter::graph! { fn main(x: bf16[5, 32768], w: bf16[32768], b: bf16[32768]) -> bf16[5, 32768] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
+        sinter::graph! { fn main(x: bf16[3, 33001], w: bf16[33001], b: bf16[33001]) -> bf16[3, 33001] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
+        sinter::graph! { fn main(x: bf16[3, 262144], w: bf16[262144]) -> bf16[3, 262144] { x.rms_norm(w, eps = 1e-6) } }.unwrap(),
+    ]
+}
+
+/// Every schedule candidate of the row-reduction kernels of [`row_candidate_graphs`] (pinned
+/// in turn) matches the interpreter on the device.
+#[test]
+fn gpu_every_row_candidate_matches_the_interpreter() {
+    let Some(dev) = device() else { return };
+    every_candidate_matches(&dev, row_candidate_graphs(), 160);
 }
 
 /// Prefill attention graphs whose every schedule candidate
