@@ -1083,9 +1083,9 @@ fn gpu_every_matmul_candidate_matches_the_interpreter() {
 
 /// Row reductions over long rows whose every schedule candidate
 /// `gpu_every_row_candidate_matches_the_interpreter` runs: on sm_90a the cluster schedule's
-/// thread counts and unrolls, staged row-invariant inputs (` w`) and row pairs (` r2`, with an
-/// odd row count: the last pair's second row past the end) — LayerNorm over rows of 32768
-/// (exact slices) and 33001 (an odd length), RMSNorm over 262144.
+/// thread counts and unrolls, staged row-invariant inputs (` w`) and twice the default's
+/// cluster size (16 CTAs a row of 262144) — LayerNorm over rows of 32768 (exact slices) and
+/// 33001 (an odd length, three rows), RMSNorm over 262144.
 fn row_candidate_graphs() -> Vec<sinter::Graph> {
     vec![
         sinter::graph! { fn main(x: bf16[5, 32768], w: bf16[32768], b: bf16[32768]) -> bf16[5, 32768] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),

@@ -87,7 +87,9 @@
 //!   barrier between the passes), and its `(n, mean, M2)` is merged over the CTA's warps
 //!   (one barrier) and then the cluster's CTAs by Chan, Golub & LeVeque's pairwise update,
 //!   in `f64` (see `Emitter::cluster_level`). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
-//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB;
+//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA with four vectors a loop
+//!   iteration for slices up to 32 KiB (LayerNorm 4096 × 32768 on an H200: 146.6-149.6 µs
+//!   against 150.9-152.3 with two; the other row statistics equal or better, bench/RESULTS.md);
 //!   up to 96 KiB, 512 threads when the output pass also reads an unstaged input (a weight),
 //!   else 256 threads with four vectors a loop iteration (longer rows keep the multi-pass
 //!   schedule); e.g. `bf16` rows of 32768: 2 CTAs × 256 threads, 32 KiB each, six CTAs per
@@ -135,8 +137,7 @@ use crate::CodegenError;
 pub struct RowSchedule {
     /// Threads reducing one row: 32 (a warp) or a multiple of 32 up to 1024 (a CTA).
     pub threads_per_row: u32,
-    /// Rows per CTA: `128 / 32` in warp mode, 1 in CTA mode; in the cluster schedule 1, or 2
-    /// for *row pairs* (see [`RowSchedule::pairs`]).
+    /// Rows per CTA: `128 / 32` in warp mode, 1 in CTA mode.
     pub rows_per_cta: u32,
     /// Consecutive elements per thread per step (a power of two; `N` must be provably a
     /// multiple of it, or it is 1).
@@ -211,13 +212,14 @@ impl RowSchedule {
             let c = bytes.div_ceil(CLUSTER_SLICE_BYTES).clamp(2, MAX_CLUSTER);
             let slice = n.div_ceil(c).div_ceil(u64::from(vec)) * u64::from(vec) * staged_bytes;
             if slice <= MAX_SLICE_BYTES {
+                // Slices up to 32 KiB: 256 threads × 4 vectors (see the module docs).
                 // Slices over 32 KiB: 512 threads when the output pass also reads a global
                 // input (its L2 latency wants more warps to hide it), else 256 threads with
                 // four vectors per loop iteration (fewer, longer-running warps; 512 × 262144
                 // bf16 softmax on an H200: 85.3-86.0% of copy against 84.3-84.9% with 512 × 2,
                 // rms_norm the other way round: 86.0% with 256 × 4, 86.5-87.5% with 512 × 2).
                 let (t, unroll) = match (slice <= CLUSTER_SLICE_BYTES, unstaged) {
-                    (true, _) => (256, 2),
+                    (true, _) => (256, 4),
                     (false, true) => (512, 2),
                     (false, false) => (256, 4),
                 };
@@ -229,8 +231,7 @@ impl RowSchedule {
 
     fn check(&self, n: &Dim, target: &Target) -> Result<(), String> {
         let t = self.threads_per_row;
-        let pairs_ok = self.cluster > 1 && self.rows_per_cta == 2;
-        if !(t == 32 || (t % 32 == 0 && t <= 1024)) || (t > 32 && self.rows_per_cta != 1 && !pairs_ok) || self.rows_per_cta == 0 || self.threads() > 1024 {
+        if !(t == 32 || (t % 32 == 0 && t <= 1024)) || (t > 32 && self.rows_per_cta != 1) || self.rows_per_cta == 0 || t * self.rows_per_cta > 1024 {
             return Err(format!("{t} threads per row × {} rows per CTA", self.rows_per_cta));
         }
         if !self.vec.is_power_of_two() || !divisible(n, self.vec) {
@@ -247,9 +248,6 @@ impl RowSchedule {
         }
         if self.stage_invariant && self.cluster == 1 {
             return Err("staged row-invariant inputs need the cluster schedule".into());
-        }
-        if self.pairs() && self.stage_invariant {
-            return Err("row pairs read the row-invariant inputs once per pair already (no `w`)".into());
         }
         if self.cluster == 0 || self.cluster > MAX_CLUSTER_EXPLICIT {
             return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER_EXPLICIT})", self.cluster));
@@ -310,11 +308,6 @@ impl Split {
             bytes += (iters * per_iter) as u64 * u64::from(size);
             bytes = bytes.div_ceil(16) * 16;
         }
-        // Row pairs stage two slices of each row input (the invariant ones once).
-        let row_bytes: u64 = staged.iter().map(|&(_, size)| ((iters * per_iter) as u64 * u64::from(size)).div_ceil(16) * 16).sum();
-        if sched.pairs() {
-            bytes += row_bytes;
-        }
         let stage_bytes = u32::try_from(bytes).map_err(|_| cx.unsupported("a slice too large to stage"))?;
         let exact = slice * i64::from(sched.cluster) == n as i64 && slice % per_iter == 0;
         Ok(Split { slice, iters, staged, resident, stage_bytes, exact })
@@ -322,25 +315,6 @@ impl Split {
 }
 
 impl RowSchedule {
-    /// The cluster schedule's *row pairs* (`rows_per_cta` 2 with a cluster): each CTA stages
-    /// its slice of two rows, computes both rows' statistics, and writes both rows' outputs in
-    /// one pass, so that a row-invariant input of the output pass (a `layer_norm`'s weight and
-    /// bias) is read from L2 once per two rows: an H200's LayerNorm over 4096 × 32768 is bound
-    /// by L2 throughput (Nsight Compute: 87% of it at 74% of DRAM's), of which those reads are
-    /// half.
-    pub fn pairs(&self) -> bool {
-        self.cluster > 1 && self.rows_per_cta == 2
-    }
-
-    /// Threads per CTA.
-    pub fn threads(&self) -> u32 {
-        if self.cluster > 1 {
-            self.threads_per_row
-        } else {
-            self.threads_per_row * self.rows_per_cta
-        }
-    }
-
     /// A short, stable name (`rows t512 u2 c8`, `rows t32 r4 one-read`): part of an autotuned
     /// variant's cache key, and what `sinter explain` shows.
     pub fn name(&self) -> String {
@@ -383,12 +357,12 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         for c in [2, 4, 8, default.cluster] {
             scheds.push(RowSchedule { cluster: c, stage_invariant: true, threads_per_row: 256, unroll: 2, ..default });
         }
-        // Row pairs (the invariant inputs read once per two rows) at the default's cluster
-        // size and twice it (the same staged bytes per CTA as the default).
-        for c in [default.cluster, 2 * default.cluster] {
-            for (t, u) in [(256, 2), (256, 4), (512, 2)] {
-                scheds.push(RowSchedule { cluster: c, rows_per_cta: 2, threads_per_row: t, unroll: u, ..default });
-            }
+    }
+    if default.cluster > 1 && 2 * default.cluster <= MAX_CLUSTER_EXPLICIT {
+        // Twice the CTAs a row: half the staged slice, twice the CTAs an SM (16, Hopper's
+        // non-portable cluster size, for the longest rows).
+        for (t, u) in [(256, 2), (256, 4)] {
+            scheds.push(RowSchedule { cluster: 2 * default.cluster, threads_per_row: t, unroll: u, ..default });
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -450,7 +424,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     let split = if sched.cluster > 1 { Some(Split::new(&plan, &sched, &cx)?) } else { None };
     let width = cx.index_width();
     let entry = cx.entry();
-    let block = sched.threads();
+    let block = sched.threads_per_row * sched.rows_per_cta;
     let min_ctas = occupancy(&cx.data.body, sched, split.as_ref().map(|s| (s.stage_bytes + CLUSTER_SCRATCH_BYTES, !s.staged.is_empty())), target);
     let dynamic = std::cell::Cell::new(0u32);
     let (ptx, params) = build_twice_occupancy(&cx, target, &entry, block, min_ctas, width, |kb, sizes| {
@@ -476,7 +450,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
         let mut ev = Eval::new(kb, sizes, &cx.data.body, pbufs, width);
         ev.bf16_words = super::element::words_params(&cx.data.body);
         ev.pair_rounding = true;
-        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None), second: std::cell::RefCell::new(None) };
+        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None) };
         em.emit(&mut ev)?;
         dynamic.set(em.dsmem_used.get());
         Ok(())
@@ -509,7 +483,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// `layer_norm` fits 40 since its statistics cross the cluster once, see
 /// [`Emitter::cluster_level`]). Otherwise 1, ptxas's own choice.
 fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target: &Target) -> u32 {
-    let block = s.threads();
+    let block = s.threads_per_row * s.rows_per_cta;
     let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
     if let Some((smem, staged)) = smem {
         // 1 KiB of every CTA's shared memory is reserved on sm_80/sm_90.
@@ -852,9 +826,6 @@ struct Emitter<'p, 'ctx> {
     dsmem_used: Cell<u32>,
     /// The cluster schedule's facts about the current row.
     crow: Cell<Option<ClusterRow<'ctx>>>,
-    /// Row pairs ([`RowSchedule::pairs`]): the second row's staged arrays, swapped with
-    /// `Eval::stage` while that row is worked on.
-    second: std::cell::RefCell<Option<Stage<'ctx>>>,
 }
 
 /// Where the current row's slice lies, in the cluster schedule.
@@ -911,11 +882,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 let row0 = kb.b.build_int_add(kb.b.build_int_mul(ctaid, rpc_v, "r")?, warp, "row0")?;
                 let rs = kb.b.build_int_mul(nctaid, rpc_v, "rs")?;
                 Ok((lane, row0, rs, warp, lane))
-            } else if s.pairs() {
-                // Row pairs: rows `2·ctaid` and `2·ctaid + 1`, then a grid stride of pairs.
-                let row0 = kb.b.build_int_mul(ctaid, rpc_v, "row0")?;
-                let rs = kb.b.build_int_mul(nctaid, rpc_v, "rs")?;
-                Ok((tid, row0, rs, warp, lane))
             } else {
                 Ok((tid, ctaid, nctaid, warp, lane))
             }
@@ -927,28 +893,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 self.dsmem.set(Some(base));
                 let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
                 let mut arrays = HashMap::new();
-                let len = u32::try_from(split.iters * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
                 for &(i, size) in split.staged.iter().chain(&split.resident) {
+                    let len = u32::try_from(split.iters * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
                     arrays.insert(i, self.smem_alloc(ev, len * size, 16)?);
-                }
-                if s.pairs() {
-                    // The second row's staged slices.
-                    let mut second = HashMap::new();
-                    for &(i, size) in &split.staged {
-                        second.insert(i, self.smem_alloc(ev, len * size, 16)?);
-                    }
-                    let mut st = self.second.borrow_mut();
-                    *st = Some(Stage {
-                        arrays: second,
-                        ready: Default::default(),
-                        filling: Default::default(),
-                        fill: true,
-                        cursor: None,
-                        lanes: s.vec,
-                        resident: Default::default(),
-                        resident_fill: false,
-                        row_axis: self.plan.lead.len(),
-                    });
                 }
                 ev.stage = Some(Stage {
                     arrays,
@@ -997,11 +944,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let last = ev.kb.b.build_int_compare(IntPredicate::UGE, following, rows, "last")?;
             self.crow.set(Some(ClusterRow { rank, start, end, parity: pv, last }));
         }
-        if s.pairs() {
-            self.row_pair(ev, rv, rows, t, nv, warp, lane)?;
-        } else {
-            self.row(ev, rv, t, nv, warp, lane)?;
-        }
+        self.row(ev, rv, t, nv, warp, lane)?;
         let next = ev.iadd(rv, rstride)?;
         if s.threads_per_row > 32 && cluster.is_none() {
             // The next row's partials reuse the shared memory: a barrier before it, if there
@@ -1378,154 +1321,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         Ok(Chunk { at: At { axes, lanes: self.sched.vec }, valid })
     }
 
-    /// The statistics of the row at `lead` (every level; in the cluster schedule, with its
-    /// cluster exchanges): sets `ev.rows`.
-    #[allow(clippy::too_many_arguments)]
-    fn row_stats(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>, warp: IntValue<'ctx>, lane: IntValue<'ctx>, chunks: Option<&[Chunk<'ctx>]>) -> R<()> {
-        // Pending softmax / layer-norm pieces.
-        let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
-        for level in 1..=self.plan.levels {
-            let all: Vec<Stat> = self.plan.stats.iter().copied().filter(|st| st.level == level).collect();
-            let (fused, stats): (Vec<Stat>, Vec<Stat>) = all.into_iter().partition(|st| st.kind == StatKind::LnFused);
-            if let Some(chs) = chunks {
-                for st in &fused {
-                    self.layer_norm_fused(ev, st, chs, warp, nv)?;
-                }
-            }
-            let (online, stats): (Vec<Stat>, Vec<Stat>) = stats.into_iter().partition(|st| st.kind == StatKind::SoftmaxOnline);
-            if !online.is_empty() {
-                // Multi-pass only: one pass for the online statistics.
-                let acc = self.loop_level(ev, &online, lead, t, nv)?;
-                for (i, st) in online.iter().enumerate() {
-                    let (Some(Acc::F(m)), Some(Acc::F(sm))) = (acc.get(2 * i).copied(), acc.get(2 * i + 1).copied()) else {
-                        return Err(CodegenError::Builder("online softmax accumulators".into()));
-                    };
-                    self.softmax_online_finish(ev, st, m, sm, warp, t)?;
-                }
-            }
-            if stats.is_empty() {
-                continue;
-            }
-            let partials = match chunks {
-                Some(chs) => {
-                    let mut acc = self.identities(ev, &stats);
-                    for ch in chs {
-                        acc = self.accumulate(ev, &stats, ch, acc)?;
-                    }
-                    acc
-                }
-                None => self.loop_level(ev, &stats, lead, t, nv)?,
-            };
-            let totals = self.combine_group(ev, &stats, partials, level, warp, lane)?;
-            if self.split.is_some() {
-                self.cluster_level(ev, &stats, totals, t, nv, &mut pending_m)?;
-            } else {
-                for (st, tot) in stats.iter().zip(totals) {
-                    self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Row pairs ([`RowSchedule::pairs`]): rows `r` and `r + 1` (the latter clamped to the
-    /// last row, its outputs not written, when `r` is the last): both slices prefetched at
-    /// once into their own staged arrays, each row's statistics with its own cluster
-    /// exchange (row `r` the slots of parity 0, `r + 1` of parity 1: each set is rewritten
-    /// only after the other's cluster barrier), then one output pass computing both rows'
-    /// outputs of a chunk before storing either, so that the row-invariant loads of the two
-    /// (same addresses, no store between) are one load.
-    #[allow(clippy::too_many_arguments)]
-    fn row_pair(&self, ev: &mut Eval<'_, 'ctx>, r: IntValue<'ctx>, rows: IntValue<'ctx>, t: IntValue<'ctx>, nv: IntValue<'ctx>, warp: IntValue<'ctx>, lane: IntValue<'ctx>) -> R<()> {
-        let crow = self.crow.get().ok_or_else(|| CodegenError::Builder("row pairs without a cluster row".into()))?;
-        let r1 = ev.iadd(r, ev.ic(1))?;
-        let has_b = ev.ilt(r1, rows)?;
-        let rb = ev.kb.b.build_select(has_b, r1, r, "r_b")?.into_int_value();
-        let lead_a = self.lead_axes(ev, r)?;
-        let lead_b = self.lead_axes(ev, rb)?;
-        let swap = |ev: &mut Eval<'_, 'ctx>| -> R<()> {
-            let mut other = self.second.borrow_mut();
-            let o = other.take().ok_or_else(|| CodegenError::Builder("row pairs: no second stage".into()))?;
-            *other = ev.stage.replace(o);
-            Ok(())
-        };
-        // Both slices in flight at once.
-        self.prefetch_slice(ev, &lead_a, t, nv, false)?;
-        swap(ev)?;
-        self.prefetch_slice(ev, &lead_b, t, nv, true)?;
-        swap(ev)?;
-        let no = ev.kb.b.build_int_compare(IntPredicate::NE, ev.ic(0), ev.ic(0), "no")?;
-        self.crow.set(Some(ClusterRow { parity: ev.ic(0), last: no, ..crow }));
-        self.row_stats(ev, &lead_a, t, nv, warp, lane, None)?;
-        let rows_a = std::mem::take(&mut ev.rows);
-        swap(ev)?;
-        self.crow.set(Some(ClusterRow { parity: ev.ic(1), ..crow }));
-        self.row_stats(ev, &lead_b, t, nv, warp, lane, None)?;
-        let rows_b = std::mem::take(&mut ev.rows);
-        swap(ev)?;
-        // The last remote read of the CTA's last pair is done: the exit barrier's arrive.
-        self.guarded(ev, Some(crow.last), |ev| ev.kb.cluster_arrive_relaxed())?;
-        let row_outs: Vec<usize> = (0..self.plan.outs.len()).filter(|&i| self.plan.outs[i].kind == OutKind::Row).collect();
-        let fill_off = |ev: &mut Eval<'_, 'ctx>, on: bool| {
-            if let Some(st) = ev.stage.as_mut() {
-                if on {
-                    st.end_pass();
-                }
-                st.fill = on;
-            }
-        };
-        fill_off(ev, false);
-        if let Some(st) = self.second.borrow_mut().as_mut() {
-            st.fill = false;
-        }
-        if !row_outs.is_empty() {
-            self.chunk_loop(ev, "out", (t, nv), &[], true, &mut |ev, j, acc| {
-                ev.rows = rows_a.clone();
-                let ch_a = self.slice_chunk(ev, &lead_a, j, nv)?;
-                let mut va = Vec::new();
-                for &i in &row_outs {
-                    va.push(ev.eval(self.plan.outs[i].value, &ch_a.at)?);
-                }
-                swap(ev)?;
-                ev.rows = rows_b.clone();
-                let ch_b = self.slice_chunk(ev, &lead_b, j, nv)?;
-                let mut vb = Vec::new();
-                for &i in &row_outs {
-                    vb.push(ev.eval(self.plan.outs[i].value, &ch_b.at)?);
-                }
-                swap(ev)?;
-                self.guarded(ev, ch_a.valid, |ev| {
-                    for (&i, v) in row_outs.iter().zip(&va) {
-                        ev.store(&self.obufs[i], &ch_a.at, v)?;
-                    }
-                    Ok(())
-                })?;
-                let ok_b = match ch_b.valid {
-                    Some(v) => ev.kb.b.build_and(v, has_b, "ok_b")?,
-                    None => has_b,
-                };
-                self.guarded(ev, Some(ok_b), |ev| {
-                    for (&i, v) in row_outs.iter().zip(&vb) {
-                        ev.store(&self.obufs[i], &ch_b.at, v)?;
-                    }
-                    Ok(())
-                })?;
-                Ok(acc)
-            })?;
-        }
-        fill_off(ev, true);
-        if let Some(st) = self.second.borrow_mut().as_mut() {
-            st.end_pass();
-            st.fill = true;
-        }
-        // Row scalars of both rows.
-        ev.rows = rows_a;
-        self.row_scalar_outputs(ev, &lead_a, t, None)?;
-        ev.rows = rows_b;
-        self.row_scalar_outputs(ev, &lead_b, t, Some(has_b))?;
-        Ok(())
-    }
-
     fn row(&self, ev: &mut Eval<'_, 'ctx>, r: IntValue<'ctx>, t: IntValue<'ctx>, nv: IntValue<'ctx>, warp: IntValue<'ctx>, lane: IntValue<'ctx>) -> R<()> {
         let s = self.sched;
         let lead = self.lead_axes(ev, r)?;
@@ -1546,8 +1341,50 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             None => None,
         };
-        self.prefetch_slice(ev, &lead, t, nv, true)?;
-        self.row_stats(ev, &lead, t, nv, warp, lane, chunks.as_deref())?;
+        self.prefetch_slice(ev, &lead, t, nv)?;
+        // Pending softmax / layer-norm pieces.
+        let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
+        for level in 1..=self.plan.levels {
+            let all: Vec<Stat> = self.plan.stats.iter().copied().filter(|st| st.level == level).collect();
+            let (fused, stats): (Vec<Stat>, Vec<Stat>) = all.into_iter().partition(|st| st.kind == StatKind::LnFused);
+            if let Some(chs) = &chunks {
+                for st in &fused {
+                    self.layer_norm_fused(ev, st, chs, warp, nv)?;
+                }
+            }
+            let (online, stats): (Vec<Stat>, Vec<Stat>) = stats.into_iter().partition(|st| st.kind == StatKind::SoftmaxOnline);
+            if !online.is_empty() {
+                // Multi-pass only: one pass for the online statistics.
+                let acc = self.loop_level(ev, &online, &lead, t, nv)?;
+                for (i, st) in online.iter().enumerate() {
+                    let (Some(Acc::F(m)), Some(Acc::F(sm))) = (acc.get(2 * i).copied(), acc.get(2 * i + 1).copied()) else {
+                        return Err(CodegenError::Builder("online softmax accumulators".into()));
+                    };
+                    self.softmax_online_finish(ev, st, m, sm, warp, t)?;
+                }
+            }
+            if stats.is_empty() {
+                continue;
+            }
+            let partials = match &chunks {
+                Some(chs) => {
+                    let mut acc = self.identities(ev, &stats);
+                    for ch in chs {
+                        acc = self.accumulate(ev, &stats, ch, acc)?;
+                    }
+                    acc
+                }
+                None => self.loop_level(ev, &stats, &lead, t, nv)?,
+            };
+            let totals = self.combine_group(ev, &stats, partials, level, warp, lane)?;
+            if self.split.is_some() {
+                self.cluster_level(ev, &stats, totals, t, nv, &mut pending_m)?;
+            } else {
+                for (st, tot) in stats.iter().zip(totals) {
+                    self.finish_stat(ev, st, tot, nv, &mut pending_m)?;
+                }
+            }
+        }
         if let Some(c) = self.crow.get() {
             // The last remote read of the CTA's last row is done: the exit barrier's arrive.
             self.guarded(ev, Some(c.last), |ev| ev.kb.cluster_arrive_relaxed())?;
@@ -1572,19 +1409,14 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             None if !row_outs.is_empty() => self.loop_outputs(ev, &row_outs, &lead, t, nv)?,
             None => {}
         }
-        self.row_scalar_outputs(ev, &lead, t, None)
-    }
-
-    /// The row's scalar outputs (`[L…, 1]`, `[L…]`), written by the row group's thread 0 (in
-    /// the cluster schedule, of the cluster's first CTA), when `valid` (always if `None`).
-    fn row_scalar_outputs(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, valid: Option<IntValue<'ctx>>) -> R<()> {
+        // Row scalars, written by the row group's thread 0.
         let scalar_outs: Vec<usize> = (0..self.plan.outs.len()).filter(|&i| self.plan.outs[i].kind != OutKind::Row).collect();
         if !scalar_outs.is_empty() {
             let mut vals = Vec::new();
             let mut ats = Vec::new();
             for &i in &scalar_outs {
                 let o = &self.plan.outs[i];
-                let mut axes = lead.to_vec();
+                let mut axes = lead.clone();
                 if o.kind == OutKind::ScalarKeep {
                     axes.push(ev.zero_ax());
                 }
@@ -1597,9 +1429,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 // Every CTA of the cluster holds the row's statistics; the first writes them.
                 let r0 = ev.kb.b.build_int_compare(IntPredicate::EQ, c.rank, ev.kb.i32c(0), "r0")?;
                 first = ev.kb.b.build_and(first, r0, "t0")?;
-            }
-            if let Some(v) = valid {
-                first = ev.kb.b.build_and(first, v, "t0")?;
             }
             self.guarded(ev, Some(first), |ev| {
                 for ((&i, v), at) in scalar_outs.iter().zip(&vals).zip(&ats) {
@@ -1944,7 +1773,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// prefetch cannot copy (not a contiguous, aligned 16-byte vector) are loaded and staged
     /// by the first pass as before. The staged row-invariant inputs are copied in the same
     /// loop ([`RowSchedule::stage_invariant`]). Nothing to do outside the cluster schedule.
-    fn prefetch_slice(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>, wait: bool) -> R<()> {
+    fn prefetch_slice(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
         let Some(split) = &self.split else { return Ok(()) };
         if split.staged.is_empty() {
             return Ok(());
@@ -1976,9 +1805,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         })?;
         if issued {
             ev.kb.cp_async_commit()?;
-            if wait {
-                ev.kb.cp_async_wait(0)?;
-            }
+            ev.kb.cp_async_wait(0)?;
         }
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
