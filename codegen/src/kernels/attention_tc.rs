@@ -74,9 +74,9 @@
 //! # The Hopper kernel ([`WgSchedule`], sm_90a)
 //! On sm_90a, for head dims D, Dv ∈ {64, 128} without an additive mask ([`wg_eligible`]),
 //! [`super::attention::generate_prefill`] builds the same algorithm on `wgmma.mma_async`
-//! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608, without its producer warpgroup and
-//! ping-pong yet; its intra-warpgroup overlap as an option). It is this module's kernel with
-//! three things changed:
+//! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608; its intra-warpgroup overlap, its
+//! producer warpgroup with TMA loads and its ping-pong as options, not the default). It is
+//! this module's kernel with three things changed:
 //! - **CTA**: `warpgroups` (2) consumer warpgroups of 4 warps, each owning 64 query rows (a
 //!   warp 16: the `TcSchedule` walk with one slab a warp), 128-key tiles. A warpgroup
 //!   computes a key tile when any of its rows sees a key of it (not per warp: a `wgmma` needs
@@ -118,11 +118,59 @@
 //!   with 128-key tiles 241 to 246, 64-key 179 to 194; D = 64: 201 to 207 and 134 to 143;
 //!   no spills.
 //!
-//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet:
-//! producer/consumer warpgroups
-//! with TMA and `mbarrier`s, `setmaxnreg`, a third consumer warpgroup, an additive mask, other
+//! - **Warp specialisation** (`producer`, names ending ` ws`; FlashAttention-3 §3.1, the
+//!   producer/consumer split of the warp-specialised GEMM, `matmul::build_wgmma_ws`): 384
+//!   threads, `.maxntid 384` (so ptxas budgets 168 registers a thread until `setmaxnreg`).
+//!   Thread 0 initialises the mbarriers (static shared memory: `full[i]`, arrival count 1,
+//!   and `empty[i]`, one arrival per consumer warp, for each of the [`WS_STAGES`] = 2 stages,
+//!   and Q's), then the kernel's **only CTA-wide barrier**. Warpgroup 0, the **producer**,
+//!   gives its registers back (`setmaxnreg.dec` to [`WS_PRODUCER_REGS`] = 24) and its thread 0
+//!   issues every copy with the TMA (`cp.async.bulk.tensor.4d …mbarrier::complete_tx::bytes`,
+//!   PTX ISA §9.7.9.25.5.2): Q once (one `arrive.expect_tx` of its bytes), then for each key
+//!   tile t it waits for stage `t mod 2`'s empty barrier (parity flipped: fresh stages count
+//!   as free), arrives on its full barrier expecting the K and V bytes and issues their
+//!   boxes; then the warpgroup leaves the kernel. The tensor maps (kernel parameters after
+//!   the buffers, encoded by the runtime per launch) view each operand as `[D, S, H, B]`
+//!   (the layout's strides, `bshd` included; a broadcast head or batch axis left out), boxes
+//!   of `64 × rows × 1 × 1` with 128-byte swizzling: one box is one slab of the swizzled
+//!   layout above, two per operand at D = 128, the same bytes the `cp.async` kernel writes,
+//!   so the descriptors are unchanged. Sequence rows past S are zero-filled by the TMA per
+//!   head (the bounds are per dimension), as `cp.async`'s `src-size` 0 does. Warpgroups 1
+//!   and 2, the **consumers** (`setmaxnreg.inc` to [`WS_CONSUMER_REGS`] = 240), wait for Q's
+//!   barrier, then per key tile wait for the stage's full barrier (`mbarrier.try_wait.parity`,
+//!   the phase `(t / 2) mod 2`; acquire, so the non-finite scan's generic loads see the TMA's
+//!   bytes too), compute the tile exactly as the plain loop does — the same masking, causal
+//!   skipping, non-finite V scan and CUDA-core P·V, lse and output — and free the stage: a
+//!   `__syncwarp`, then lane 0 of each warp arrives on the empty barrier. Every consumer warp
+//!   walks all the CTA's `n_tiles` tiles (freeing those its warpgroup skips), and the
+//!   producer walks the same `n_tiles` (one expression of the CTA's indices), so each wait
+//!   has its arrival — for causal CTAs with fewer tiles and CTAs without any (they wait for
+//!   Q only). The warpgroup barriers of the non-finite decision (`bar.red.or`, ids 1 and 2,
+//!   128 threads) are the only other barriers. The output is staged in the P scratch, which
+//!   the producer never writes.
+//! - **Ping-pong** (`pingpong`, names ending ` ws pp`, on top of `producer`; FlashAttention-3
+//!   §3.1, Fig. 1): consumer warpgroup c waits at named barrier `3 + c` (`bar.sync`, 256
+//!   threads) before issuing its tile's S = Q·Kᵀ, and right after issuing it (before waiting
+//!   for it) arrives at the other's barrier (`bar.arrive`, 256): the two warpgroups issue
+//!   their Q·Kᵀ in turn, one's softmax and P·V running while the other's Q·Kᵀ does.
+//!   Warpgroup 0 goes first (one `bar.arrive` on its own barrier before the loop) and waits
+//!   once more after the loop for warpgroup 1's last signal; skipped tiles take their turn
+//!   too; so every phase of both barriers has 128 waiting and 128 arriving threads, none is
+//!   left half full at exit, and a CTA without tiles touches neither.
+//!
+//!   Not done in the warp-specialised kernel: the intra-warpgroup overlap (`ov` with `ws` is
+//!   refused; FlashAttention-3 combines them), separate K and V barriers (K's stage could be
+//!   freed after S, before P·V), more than two stages (D = 64 would have room), three
+//!   consumer warpgroups, persistent CTAs, the P·V inside the ping-pong's turn (FA3's
+//!   non-overlapped schedule keeps it outside, as here), a bounded spin on the mbarrier waits
+//!   (a deadlock hangs; the GPU tests run under `timeout`). Registers: 168 at launch (ptxas's
+//!   line), no spills, ptxas does not serialize the `wgmma`s (the tests check each).
+//!
+//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet: the
+//! warp-specialised kernel's gaps above, a third consumer warpgroup, an additive mask, other
 //! head dims (they take the `mma.sync` kernel, as sm_80 and sm_90 always do). The CPU
-//! emulator cannot run `wgmma`: the kernel's correctness rests on the GPU tests.
+//! emulator cannot run `wgmma`, the TMA or mbarriers: the kernel's correctness rests on the
+//! GPU tests.
 //!
 //! # What it takes
 //! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
@@ -1742,6 +1790,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Snapshots of the warp-specialised kernel: its launch plans (384 threads, the three
+    /// tensor maps among the parameters) and ptxas resource lines (sm_90a, no spills) for
+    /// ` ws` and ` ws pp` at D 128 (GQA 32/8, causal, symbolic lengths) and D 64 (SmolLM2's
+    /// 9/3, causal), 128- and 64-key tiles; and the whole PTX of the ping-pong at D 64, not
+    /// causal (the producer's TMA loop, the mbarrier waits and releases, the scheduling
+    /// barriers).
+    #[test]
+    fn wgmma_ws_snapshots() {
+        use crate::kernels::attention::generate_prefill_wg_with;
+        use crate::kernels::matmul::tests::plan_line;
+        let h = Target::SM_90A;
+        let mut text = String::new();
+        for (what, hd, hq, hkv) in [("bf16 D128 GQA 32/8 causal Sq=T Skv=S", 128, 32, 8), ("bf16 D64 GQA 9/3 causal Sq=T Skv=T", 64, 9, 3)] {
+            let skv = if hd == 128 { sym("S") } else { sym("T") };
+            let (g, k) = prefill(DType::BF16, hq, hkv, sym("T"), skv, hd, hd, true, false);
+            let ws = WgSchedule { producer: true, ..choose_wg_schedule(hd as u32, hd as u32) };
+            let pp = WgSchedule { pingpong: true, ..ws };
+            for w in [ws, WgSchedule { block_kv: 64, ..ws }, pp, WgSchedule { block_kv: 64, ..pp }] {
+                let plan = generate_prefill_wg_with(&g, k, &h, &w).unwrap();
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what} [{}]\n{}\n{report}", w.name(), plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("attention_wgmma_ws_ptxas", text);
+        let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), 64, 64, false, false);
+        let pp = WgSchedule { producer: true, pingpong: true, ..choose_wg_schedule(64, 64) };
+        insta::assert_snapshot!("attention_wgmma_ws_pp_d64_ptx", generate_prefill_wg_with(&g, k, &h, &pp).unwrap().ptx);
+    }
+
+    /// The warp-specialised options' names, threads, and what they refuse: the ping-pong
+    /// without the producer or with other than two consumer warpgroups, the producer with the
+    /// intra-warpgroup overlap (not built) or three consumer warpgroups (240 registers each).
+    #[test]
+    fn ws_schedules() {
+        let wd = choose_wg_schedule(128, 128);
+        assert!(!wd.producer && !wd.pingpong, "the default stays the cp.async kernel");
+        let ws = WgSchedule { producer: true, ..wd };
+        let pp = WgSchedule { pingpong: true, ..ws };
+        assert_eq!((ws.name(), pp.name(), WgSchedule { block_kv: 64, ..pp }.name()), ("wgmma kv128 g2 ws".into(), "wgmma kv128 g2 ws pp".into(), "wgmma kv64 g2 ws pp".into()));
+        assert_eq!((wd.threads(), ws.threads(), pp.threads()), (256, 384, 384));
+        assert_eq!((ws.block_q(), ws.as_tc().threads()), (128, 256), "the consumers' walk");
+        assert!(ws.check().is_ok() && pp.check().is_ok() && WgSchedule { block_kv: 64, ..pp }.check().is_ok());
+        for bad in [WgSchedule { pingpong: true, ..wd }, WgSchedule { overlap: true, ..ws }, WgSchedule { warpgroups: 3, ..ws }, WgSchedule { warpgroups: 1, ..pp }] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        // 128 · 24 + 256 · 240 registers fit the SM's 65536; the D 128 shared memory (Q, two
+        // stages of K and V, the P scratch) an sm_90 CTA's 227 KiB.
+        assert!(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= 65536);
+        assert_eq!(ws.shared_bytes(128, 128), 128 * 128 * 2 + WS_STAGES * 2 * 128 * 128 * 2 + 128 * 136 * 2);
+        assert!(ws.shared_bytes(128, 128) + 1024 <= Target::SM_90A.max_shared_memory_per_block());
     }
 
     #[test]
