@@ -1070,6 +1070,38 @@ fn gpu_autotune_times_candidates_and_runs_the_winner() {
     }
 }
 
+/// Timings of every prefill attention candidate at the benchmark's shape (bf16 B2 H32 S4096
+/// D128, non-causal and causal), from autotuning (medians, µs, and TFLOP/s at 4·B·H·S²·D,
+/// half of it causal) — the warp-specialised (`ws`) and ping-pong (`ws pp`) candidates among
+/// them. Only with `SINTER_ATTN_TIMINGS` set (it forgets and re-times the records).
+#[test]
+fn gpu_attention_candidate_timings() {
+    if std::env::var_os("SINTER_ATTN_TIMINGS").is_none() {
+        eprintln!("skipped: SINTER_ATTN_TIMINGS is not set");
+        return;
+    }
+    let Some(dev) = device() else { return };
+    let cache = sinter_runtime::KernelCache::open_default().unwrap();
+    let target = sinter::gpu::target_for(&dev);
+    for causal in [false, true] {
+        let src = format!("func @main(%q: bf16[2, 32, 4096, 128], %k: bf16[2, 32, 4096, 128], %v: bf16[2, 32, 4096, 128]) {{\n  %o: bf16[2, 32, 4096, 128] = attention(%q, %k, %v) {{scale=0.0883883, causal={causal}, heads=32, kv_heads=32}}\n  return %o\n}}");
+        let g = sinter::ir::parse(&src).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        for k in kg.kernels.keys() {
+            sinter::tune::forget(&kg, k, target, &cache).unwrap();
+        }
+        GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, true, &mut |_, _| {}).unwrap();
+        let flop = 4.0 * 2.0 * 32.0 * 4096.0 * 4096.0 * 128.0 * if causal { 0.5 } else { 1.0 };
+        for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
+            let r = sinter::tune::record(&kg, k, target, &cache).unwrap();
+            for (name, us) in &r.micros {
+                eprintln!("timing causal={causal} {name}: {us:.1} µs = {:.1} TFLOP/s", flop / (us * 1e-6) / 1e12);
+            }
+            eprintln!("winner causal={causal}: {}", r.winner);
+        }
+    }
+}
+
 /// Matmuls whose every schedule candidate `gpu_every_matmul_candidate_matches_the_interpreter`
 /// runs: tails in M, N and K with a bias (f16), a SwiGLU over gate/up halves of one weight
 /// (the paired epilogue), and a plain bf16 product of 512 × 4096 × 4096 — on sm_90a their
