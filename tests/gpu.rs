@@ -300,6 +300,16 @@ fn wgmma_attention_cases() -> Vec<Case> {
     for (causal, sq, skv, d) in [(true, 300, 300, 128), (false, 200, 1000, 64), (true, 300, 100, 128)] {
         cases.push(Case::new(format!("wgmma attention bf16 lse causal={causal} Sq={sq} Skv={skv} H=8/2 D={d}"), attn("bf16", 1, 8, 2, sq, skv, d, d, causal, true), &[], 233, 1.0, Box::new(none)));
     }
+    // Layout `bshd` ([B, S, H, D]: the heads interleaved in each row, the warp-specialised
+    // kernel's TMA maps with strides out of order), two sequences, with lse.
+    cases.push(Case::new(
+        "wgmma attention bf16 bshd causal Sq=Skv=300 H=8/2 D=128 lse",
+        "func @main(%q: bf16[2, 300, 8, 128], %k: bf16[2, 300, 2, 128], %v: bf16[2, 300, 2, 128]) {\n  %o: bf16[2, 300, 8, 128], %l: f32[2, 300, 8] = attention(%q, %k, %v) {scale=0.0883883, causal=true, heads=8, kv_heads=2, layout=\"bshd\", lse=true}\n  return %o, %l\n}",
+        &[],
+        234,
+        1.0,
+        Box::new(none),
+    ));
     // NaN in q row 7 (head 0), in a K row hidden from the first rows (key 150), NaN/±inf in V
     // rows the causal mask hides from some rows (keys 135, 170, 260, 261) and a NaN one every
     // row sees (key 3 of the second KV head): the interpreter's NaN rows, and no NaN from
@@ -339,7 +349,9 @@ fn gpu_wgmma_attention_matches_the_interpreter() {
         fails.extend(case(&dev, &c.name, &c.src, &c.syms, c.seed, c.widen, &c.edit));
     }
     // The same cases (special values included: the overlapped loop's CUDA-core P·V) with each
-    // intra-warpgroup-overlap candidate (`… ov`) pinned, fused lowering.
+    // intra-warpgroup-overlap candidate (`… ov`), each warp-specialised one (`… ws`: TMA
+    // producer, mbarrier ring) and each ping-pong one (`… pp`) pinned, fused lowering. A hang
+    // here is a deadlock of the warp-specialised kernel's barriers: run under `timeout`.
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let target = sinter::gpu::target_for(&dev);
     for c in wgmma_attention_cases() {
@@ -352,7 +364,7 @@ fn gpu_wgmma_attention_matches_the_interpreter() {
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
         let want = sinter::ir::interp::run_entry(&g, &refs, &b).unwrap();
         let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        for name in sinter::tune::cached_names(&kg, k, target, &cache).unwrap().iter().filter(|n| n.ends_with(" ov")) {
+        for name in sinter::tune::cached_names(&kg, k, target, &cache).unwrap().iter().filter(|n| n.ends_with(" ov") || n.ends_with(" ws") || n.ends_with(" pp")) {
             sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
             let r = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).and_then(|p| p.run(&named, &b));
             match r {
@@ -1058,6 +1070,38 @@ fn gpu_autotune_times_candidates_and_runs_the_winner() {
     }
 }
 
+/// Timings of every prefill attention candidate at the benchmark's shape (bf16 B2 H32 S4096
+/// D128, non-causal and causal), from autotuning (medians, µs, and TFLOP/s at 4·B·H·S²·D,
+/// half of it causal) — the warp-specialised (`ws`) and ping-pong (`ws pp`) candidates among
+/// them. Only with `SINTER_ATTN_TIMINGS` set (it forgets and re-times the records).
+#[test]
+fn gpu_attention_candidate_timings() {
+    if std::env::var_os("SINTER_ATTN_TIMINGS").is_none() {
+        eprintln!("skipped: SINTER_ATTN_TIMINGS is not set");
+        return;
+    }
+    let Some(dev) = device() else { return };
+    let cache = sinter_runtime::KernelCache::open_default().unwrap();
+    let target = sinter::gpu::target_for(&dev);
+    for causal in [false, true] {
+        let src = format!("func @main(%q: bf16[2, 32, 4096, 128], %k: bf16[2, 32, 4096, 128], %v: bf16[2, 32, 4096, 128]) {{\n  %o: bf16[2, 32, 4096, 128] = attention(%q, %k, %v) {{scale=0.0883883, causal={causal}, heads=32, kv_heads=32}}\n  return %o\n}}");
+        let g = sinter::ir::parse(&src).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        for k in kg.kernels.keys() {
+            sinter::tune::forget(&kg, k, target, &cache).unwrap();
+        }
+        GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, true, &mut |_, _| {}).unwrap();
+        let flop = 4.0 * 2.0 * 32.0 * 4096.0 * 4096.0 * 128.0 * if causal { 0.5 } else { 1.0 };
+        for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
+            let r = sinter::tune::record(&kg, k, target, &cache).unwrap();
+            for (name, us) in &r.micros {
+                eprintln!("timing causal={causal} {name}: {us:.1} µs = {:.1} TFLOP/s", flop / (us * 1e-6) / 1e12);
+            }
+            eprintln!("winner causal={causal}: {}", r.winner);
+        }
+    }
+}
+
 /// Matmuls whose every schedule candidate `gpu_every_matmul_candidate_matches_the_interpreter`
 /// runs: tails in M, N and K with a bias (f16), a SwiGLU over gate/up halves of one weight
 /// (the paired epilogue), and a plain bf16 product of 512 × 4096 × 4096 — on sm_90a their
@@ -1104,9 +1148,10 @@ fn gpu_every_row_candidate_matches_the_interpreter() {
 
 /// Prefill attention graphs whose every schedule candidate
 /// `gpu_every_attention_candidate_matches_the_interpreter` runs: on sm_90a the `wgmma`
-/// kernel (`wgmma kv128 g2`, `kv64` at D 64), its `+split` form (one n64 `wgmma` per 64 columns
-/// of V: no leading byte offset in V's descriptor), the other key tile, the intra-warpgroup
-/// overlap (`ov`, at 128 and 64 keys), and the `mma.sync` kernel's tiles —
+/// kernel (`wgmma kv128 g2 ws` at D 128, `kv64` at D 64) and every other `wgmma` schedule: its
+/// `+split` form (one n64 `wgmma` per 64 columns of V: no leading byte offset in V's
+/// descriptor), both key tiles, the intra-warpgroup overlap (`ov`), the warp-specialised TMA
+/// kernel (`ws`) and its ping-pong (`ws pp`), and the `mma.sync` kernel's tiles —
 /// D 128 causal with tails (Sq 300, Skv 333), D 64 not causal, GQA 8/2.
 fn attention_candidate_graphs() -> Vec<sinter::Graph> {
     [

@@ -706,6 +706,28 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(self.b.build_int_compare(inkwell::IntPredicate::NE, v, i32t.const_zero(), "")?)
     }
 
+    /// `bar.sync id, count` (PTX ISA §9.7.13.1, "bar, barrier"): waits at named barrier `id`
+    /// (an `i32`, 1..=15; 0 is the CTA barrier of [`KernelBuilder::barrier`]) until `count`
+    /// threads (a multiple of 32) have arrived there, this warp's included — with
+    /// [`KernelBuilder::bar_arrive`]s of other warps, a one-way signal between warpgroups
+    /// (FlashAttention-3's warpgroup scheduling barriers, arXiv 2407.08608 §3.1).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn bar_sync(&self, id: IntValue<'ctx>, count: u32) -> R<()> {
+        self.asm_args(&format!("bar.sync $0, {count};"), "r", &[id.into()])
+    }
+
+    /// `bar.arrive id, count` (PTX ISA §9.7.13.1): this warp's arrival at named barrier `id`
+    /// (an `i32`, 1..=15) of `count` threads, without waiting; the threads that wait there
+    /// ([`KernelBuilder::bar_sync`]) are released once `count` have arrived.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn bar_arrive(&self, id: IntValue<'ctx>, count: u32) -> R<()> {
+        self.asm_args(&format!("bar.arrive $0, {count};"), "r", &[id.into()])
+    }
+
     /// `wgmma.wait_group.sync.aligned 0` with the accumulators `acc` as in-out operands: after
     /// [`KernelBuilder::wgmma_k_tile`] with a group left in flight, the wait that makes them
     /// readable (LLVM orders their later reads after it).

@@ -1054,6 +1054,46 @@ fn sass_attention_wgmma_has_hgmma() {
     }
 }
 
+/// The warp-specialised wgmma attention (`WgSchedule::producer`, names ` ws`) and its
+/// ping-pong (` ws pp`), issue #8: schedule candidates of a plain sm_90a prefill at D 64 and
+/// 128; 384 threads (`.maxntid 384`: ptxas budgets ≤ 168 registers a thread before
+/// `setmaxnreg`), `USETMAXREG` (24/240), the producer's `UTMALDG.4D` (Q, K, V through 4-d
+/// maps), the mbarriers' `SYNCS`, `HGMMA`, no `LDGSTS` (cp.async) and no local memory, no
+/// `wgmma` serialization; one CTA-wide `BAR.SYNC 0` (the mbarriers' initialisation: none in
+/// the key loop), the ping-pong's `BAR.ARV` on the named scheduling barriers.
+#[test]
+fn sass_attention_wgmma_ws_has_tma_and_setmaxnreg() {
+    use sinter_codegen::kernels::attention::generate_prefill_wg_with;
+    use sinter_codegen::kernels::attention_tc::{choose_wg_schedule, WgSchedule};
+    for (hd, causal) in [(64, true), (128, true), (128, false)] {
+        let (g, k) = attention_at(DType::BF16, 2, 32, 8, 512, hd, causal);
+        let names: Vec<String> = sinter_codegen::schedule_variants(&g, k, &Target::SM_90A).unwrap().into_iter().map(|v| v.name).collect();
+        let ws = WgSchedule { producer: true, ..choose_wg_schedule(hd as u32, hd as u32) };
+        let pp = WgSchedule { pingpong: true, ..ws };
+        for sc in [ws, pp, WgSchedule { block_kv: 64, ..ws }, WgSchedule { block_kv: 64, ..pp }] {
+            assert!(names.contains(&sc.name()), "{} not in {names:?}", sc.name());
+            let plan = generate_prefill_wg_with(&g, k, &Target::SM_90A, &sc).unwrap();
+            assert_eq!(plan.block, [384, 1, 1], "{}", sc.name());
+            assert!(plan.ptx.contains(".maxntid 384"), "{}", sc.name());
+            let Some(r) = assemble(&plan) else { return };
+            let regs = r.function(&plan.entry).map(|k| k.registers).unwrap_or(0);
+            assert!(regs <= 168, "{} D{hd}: {regs} registers", sc.name());
+            assert!(!r.log.contains("serialized"), "{} D{hd} causal={causal}: {}", sc.name(), r.log);
+            let Some(tool) = cuobjdump() else { return };
+            let code = sass(&tool, &r.cubin, "attention_wgmma_ws");
+            for want in ["USETMAXREG", "UTMALDG.4D", "SYNCS", "HGMMA.64x", "MUFU.EX2", "BAR.RED.OR", "STG.E.128"] {
+                assert!(code.contains(want), "{} D{hd} causal={causal}: no {want}:\n{code}", sc.name());
+            }
+            assert!(!code.contains("LDGSTS"), "{} D{hd}: cp.async in the TMA kernel", sc.name());
+            assert!(!code.contains("HMMA.16816"), "{} D{hd}: mma.sync in the wgmma kernel", sc.name());
+            assert!(!code.contains("LDL") && !code.contains("STL"), "{} D{hd}: local memory", sc.name());
+            let cta = code.lines().filter(|l| l.contains("BAR.SYNC") && !l.contains("BAR.SYNC.DEFER_BLOCKING R") && (l.contains("BAR.SYNC 0x0") || l.contains("BAR.SYNC.DEFER_BLOCKING 0x0"))).count();
+            assert_eq!(cta, 1, "{} D{hd}: CTA barriers beyond the initialisation's:\n{code}", sc.name());
+            assert_eq!(code.contains("BAR.ARV"), sc.pingpong, "{} D{hd}: the ping-pong's bar.arrive", sc.name());
+        }
+    }
+}
+
 /// Launch plans: symbolic sizes become `Size` parameters after the buffers, constant ones
 /// are baked in; grids are `ceil(work / per-CTA)` expressions.
 #[test]

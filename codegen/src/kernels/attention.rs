@@ -803,12 +803,27 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
     let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
     let mut out: Vec<crate::Candidate<'a>> = Vec::new();
     if attention_tc::wg_eligible(&p, target).is_ok() {
-        // sm_90a: the wgmma kernel first (the default), its other key tile (64 or 128) and the
-        // intra-warpgroup overlap (`ov`) at both, then the mma.sync kernel's.
+        // sm_90a: the wgmma kernel first (the default), then the others: 128- and 64-key
+        // tiles, the `+split` P·V, the intra-warpgroup overlap (`ov`), the warp-specialised
+        // kernel (`ws`, TMA producer) and its ping-pong (`ws pp`), then the mma.sync kernel's.
         let wd = attention_tc::choose_wg_schedule(p.d, p.dv);
         out.push((wd.name(), first));
-        let other = if wd.block_kv == 64 { 128 } else { 64 };
-        let alts = [WgSchedule { pv_split: true, ..wd }, WgSchedule { block_kv: other, ..wd }, WgSchedule { overlap: true, ..wd }, WgSchedule { block_kv: other, overlap: true, ..wd }].into_iter().filter(|a| *a != wd);
+        let plain = WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false, overlap: false, producer: false, pingpong: false };
+        let ws = WgSchedule { producer: true, ..plain };
+        let pp = WgSchedule { pingpong: true, ..ws };
+        let alts = [
+            plain,
+            WgSchedule { pv_split: true, ..plain },
+            WgSchedule { block_kv: 64, ..plain },
+            WgSchedule { overlap: true, ..plain },
+            WgSchedule { block_kv: 64, overlap: true, ..plain },
+            ws,
+            WgSchedule { block_kv: 64, ..ws },
+            pp,
+            WgSchedule { block_kv: 64, ..pp },
+        ]
+        .into_iter()
+        .filter(|a| *a != wd);
         for sc in alts {
             let p = p.clone();
             let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan_wg(&p, target, &sc));
@@ -1645,7 +1660,7 @@ pub(crate) mod tests {
         // the mma.sync kernel's, which sm_90 has alone.
         let hopper = crate::schedule_variants(&g, k, &Target::SM_90A).unwrap();
         let names: Vec<&str> = hopper.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(names, ["wgmma kv64 g2", "wgmma kv64 g2 +split", "wgmma kv128 g2", "wgmma kv64 g2 ov", "wgmma kv128 g2 ov", "tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
+        assert_eq!(names, ["wgmma kv64 g2", "wgmma kv128 g2", "wgmma kv128 g2 +split", "wgmma kv128 g2 ov", "wgmma kv64 g2 ov", "wgmma kv128 g2 ws", "wgmma kv64 g2 ws", "wgmma kv128 g2 ws pp", "wgmma kv64 g2 ws pp", "tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);
         let built = crate::schedule_variants(&g, k, &Target::SM_90).unwrap();
         let names: Vec<&str> = built.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["tc kv64 w4 m2 +q", "tc kv32 w4 m2 +q", "tc kv48 w4 m2 +q"]);

@@ -74,9 +74,9 @@
 //! # The Hopper kernel ([`WgSchedule`], sm_90a)
 //! On sm_90a, for head dims D, Dv ∈ {64, 128} without an additive mask ([`wg_eligible`]),
 //! [`super::attention::generate_prefill`] builds the same algorithm on `wgmma.mma_async`
-//! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608, without its producer warpgroup and
-//! ping-pong yet; its intra-warpgroup overlap as an option). It is this module's kernel with
-//! three things changed:
+//! (PTX ISA §9.7.15; FlashAttention-3, arXiv 2407.08608; its intra-warpgroup overlap, its
+//! producer warpgroup with TMA loads and its ping-pong as options, not the default). It is
+//! this module's kernel with three things changed:
 //! - **CTA**: `warpgroups` (2) consumer warpgroups of 4 warps, each owning 64 query rows (a
 //!   warp 16: the `TcSchedule` walk with one slab a warp), 128-key tiles. A warpgroup
 //!   computes a key tile when any of its rows sees a key of it (not per warp: a `wgmma` needs
@@ -118,11 +118,65 @@
 //!   with 128-key tiles 241 to 246, 64-key 179 to 194; D = 64: 201 to 207 and 134 to 143;
 //!   no spills.
 //!
-//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet:
-//! producer/consumer warpgroups
-//! with TMA and `mbarrier`s, `setmaxnreg`, a third consumer warpgroup, an additive mask, other
+//! - **Warp specialisation** (`producer`, names ending ` ws`; FlashAttention-3 §3.1, the
+//!   producer/consumer split of the warp-specialised GEMM, `matmul::build_wgmma_ws`): 384
+//!   threads, `.maxntid 384` (so ptxas budgets 168 registers a thread until `setmaxnreg`).
+//!   Thread 0 initialises the mbarriers (static shared memory: `full[i]`, arrival count 1,
+//!   and `empty[i]`, one arrival per consumer warp, for each of the [`WS_STAGES`] = 2 stages,
+//!   and Q's), then the kernel's **only CTA-wide barrier**. Warpgroup 0, the **producer**,
+//!   gives its registers back (`setmaxnreg.dec` to [`WS_PRODUCER_REGS`] = 24) and its thread 0
+//!   issues every copy with the TMA (`cp.async.bulk.tensor.4d …mbarrier::complete_tx::bytes`,
+//!   PTX ISA §9.7.9.25.5.2): Q once (one `arrive.expect_tx` of its bytes), then for each key
+//!   tile t it waits for stage `t mod 2`'s empty barrier (parity flipped: fresh stages count
+//!   as free), arrives on its full barrier expecting the K and V bytes and issues their
+//!   boxes; then the warpgroup leaves the kernel. The tensor maps (kernel parameters after
+//!   the buffers, encoded by the runtime per launch) view each operand as `[D, S, H, B]`
+//!   (the layout's strides, `bshd` included; a broadcast head or batch axis left out), boxes
+//!   of `64 × rows × 1 × 1` with 128-byte swizzling: one box is one slab of the swizzled
+//!   layout above, two per operand at D = 128, the same bytes the `cp.async` kernel writes,
+//!   so the descriptors are unchanged. Sequence rows past S are zero-filled by the TMA per
+//!   head (the bounds are per dimension), as `cp.async`'s `src-size` 0 does. Warpgroups 1
+//!   and 2, the **consumers** (`setmaxnreg.inc` to [`WS_CONSUMER_REGS`] = 240), wait for Q's
+//!   barrier, then per key tile wait for the stage's full barrier (`mbarrier.try_wait.parity`,
+//!   the phase `(t / 2) mod 2`; acquire, so the non-finite scan's generic loads see the TMA's
+//!   bytes too), compute the tile exactly as the plain loop does — the same masking, causal
+//!   skipping, non-finite V scan and CUDA-core P·V, lse and output — and free the stage: a
+//!   `__syncwarp`, then lane 0 of each warp arrives on the empty barrier. Every consumer warp
+//!   walks all the CTA's `n_tiles` tiles (freeing those its warpgroup skips), and the
+//!   producer walks the same `n_tiles` (one expression of the CTA's indices), so each wait
+//!   has its arrival — for causal CTAs with fewer tiles and CTAs without any (they wait for
+//!   Q only). The warpgroup barriers of the non-finite decision (`bar.red.or`, ids 1 and 2,
+//!   128 threads) are the only other barriers. The output is staged in the P scratch, which
+//!   the producer never writes.
+//! - **Ping-pong** (`pingpong`, names ending ` ws pp`, on top of `producer`; FlashAttention-3
+//!   §3.1, Fig. 1): consumer warpgroup c waits at named barrier `3 + c` (`bar.sync`, 256
+//!   threads) before issuing its tile's S = Q·Kᵀ, and right after issuing it (before waiting
+//!   for it) arrives at the other's barrier (`bar.arrive`, 256): the two warpgroups issue
+//!   their Q·Kᵀ in turn, one's softmax and P·V running while the other's Q·Kᵀ does.
+//!   Warpgroup 0 goes first (one `bar.arrive` on its own barrier before the loop) and waits
+//!   once more after the loop for warpgroup 1's last signal; skipped tiles take their turn
+//!   too; so every phase of both barriers has 128 waiting and 128 arriving threads, none is
+//!   left half full at exit, and a CTA without tiles touches neither.
+//!
+//!   Not done in the warp-specialised kernel: the intra-warpgroup overlap (`ov` with `ws` is
+//!   refused; FlashAttention-3 combines them), separate K and V barriers (K's stage could be
+//!   freed after S, before P·V), more than two stages (D = 64 would have room), three
+//!   consumer warpgroups, persistent CTAs, the P·V inside the ping-pong's turn (FA3's
+//!   non-overlapped schedule keeps it outside, as here), a bounded spin on the mbarrier waits
+//!   (a deadlock hangs; the GPU tests run under `timeout`). Registers: 168 at launch (ptxas's
+//!   line), no spills, ptxas does not serialize the `wgmma`s (the tests check each).
+//!
+//!   Measured once on an H200 (autotuning medians, `gpu_attention_candidate_timings`, bf16
+//!   B2 H32 S4096 D128): non-causal `ws` kv128 975 µs = 564 TFLOP/s and `ws pp` 972 µs = 565
+//!   against the default's 1173 µs = 469 (`ov` 466); causal `ws` 606 µs = 454 and `ws pp`
+//!   611 µs = 450 against 709 µs = 388. The ping-pong adds nothing measurable over the
+//!   producer alone in this form; 64-key tiles are slower in every form.
+//!
+//! Registers (ptxas 12.9, D = 128, 256 threads): 202 to 212, no spills. Not done yet: the
+//! warp-specialised kernel's gaps above, a third consumer warpgroup, an additive mask, other
 //! head dims (they take the `mma.sync` kernel, as sm_80 and sm_90 always do). The CPU
-//! emulator cannot run `wgmma`: the kernel's correctness rests on the GPU tests.
+//! emulator cannot run `wgmma`, the TMA or mbarriers: the kernel's correctness rests on the
+//! GPU tests.
 //!
 //! # What it takes
 //! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
@@ -133,7 +187,7 @@
 use inkwell::context::Context;
 use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
-use sinter_ir::{DType, Family, LaunchPlan};
+use sinter_ir::{DType, Dim, Family, LaunchPlan, TensorMap};
 
 use super::attention::{shared_kind, unsupported, Prefill};
 use super::matmul::kit::{Kit, SharedKind, R};
@@ -259,7 +313,30 @@ pub struct WgSchedule {
     /// before that P·V (see "The Hopper kernel" in the module docs). Costs the registers of
     /// P_{t−1} across the loop (`block_kv / 4` a thread) beside S and O.
     pub overlap: bool,
+    /// Warp specialisation (FlashAttention-3 §3.1, arXiv 2407.08608): a producer warpgroup
+    /// (warpgroup 0, `setmaxnreg.dec` to [`WS_PRODUCER_REGS`]) whose one thread loads Q once
+    /// and K and V per key tile with the TMA into a ring of [`WS_STAGES`] stages guarded by
+    /// full/empty mbarriers; the `warpgroups` consumer warpgroups (`setmaxnreg.inc` to
+    /// [`WS_CONSUMER_REGS`]) compute, with no CTA-wide barrier in the key loop (see "The
+    /// Hopper kernel" in the module docs). 128 more threads. Not with `overlap`.
+    pub producer: bool,
+    /// FlashAttention-3's inter-warpgroup ping-pong (§3.1, Fig. 1), with `producer` and two
+    /// consumer warpgroups: named barriers make the warpgroups issue their Q·Kᵀ in turn, so
+    /// one's softmax runs while the other's products do.
+    pub pingpong: bool,
 }
+
+/// Stages of the K/V ring of the warp-specialised attention kernel ([`WgSchedule::producer`]):
+/// at D = 128 two stages of 128-key K and V tiles (128 KiB) beside Q (32 KiB) and the P
+/// scratch (34 KiB) fill the 227 KiB an sm_90 CTA may have.
+pub const WS_STAGES: u32 = 2;
+/// The producer warpgroup's registers per thread after `setmaxnreg.dec`: it holds only the
+/// loop counter and TMA coordinates; 24 is what leaves two consumer warpgroups 240
+/// (128 · 24 + 256 · 240 = 64512 ≤ 65536, the SM's registers).
+pub const WS_PRODUCER_REGS: u32 = 24;
+/// The consumer warpgroups' registers per thread after `setmaxnreg.inc`: FlashAttention-3's
+/// 240 (O and S accumulators, 64 + 64 at D = 128, and the softmax beside them).
+pub const WS_CONSUMER_REGS: u32 = 240;
 
 impl WgSchedule {
     /// Query rows per CTA.
@@ -267,20 +344,30 @@ impl WgSchedule {
         64 * self.warpgroups
     }
 
-    /// Threads per CTA.
+    /// Threads per CTA: 128 a consumer warpgroup, and 128 for the producer warpgroup.
     pub fn threads(&self) -> u32 {
-        128 * self.warpgroups
+        128 * (self.warpgroups + u32::from(self.producer))
     }
 
-    /// Shared memory per CTA, in bytes, for head dims `d` (Q/K) and `dv` (V).
+    /// Shared memory per CTA, in bytes, for head dims `d` (Q/K) and `dv` (V) (the
+    /// mbarriers of `producer`, 8 bytes each, are static and not counted).
     pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
         Smem::wg(self, d, dv).total
     }
 
     /// A short, stable name (`wgmma kv128 g2`, `+split` for `pv_split`, `ov` for
-    /// `overlap`): part of an autotuned variant's cache key, and what `sinter explain` shows.
+    /// `overlap`, `ws` for `producer`, `pp` for `pingpong`): part of an autotuned variant's
+    /// cache key, and what `sinter explain` shows.
     pub fn name(&self) -> String {
-        format!("wgmma kv{} g{}{}{}", self.block_kv, self.warpgroups, if self.pv_split { " +split" } else { "" }, if self.overlap { " ov" } else { "" })
+        format!(
+            "wgmma kv{} g{}{}{}{}{}",
+            self.block_kv,
+            self.warpgroups,
+            if self.pv_split { " +split" } else { "" },
+            if self.overlap { " ov" } else { "" },
+            if self.producer { " ws" } else { "" },
+            if self.pingpong { " pp" } else { "" }
+        )
     }
 
     /// The layout the mma.sync kernel's builder walks: a warp per 16 rows.
@@ -289,24 +376,33 @@ impl WgSchedule {
     }
 
     fn check(&self) -> Result<(), String> {
-        if (1..=3).contains(&self.warpgroups) && self.block_kv % 16 == 0 && (64..=256).contains(&self.block_kv) {
-            Ok(())
-        } else {
-            Err(format!("invalid wgmma attention schedule {self:?}"))
+        if !((1..=3).contains(&self.warpgroups) && self.block_kv % 16 == 0 && (64..=256).contains(&self.block_kv)) {
+            return Err(format!("invalid wgmma attention schedule {self:?}"));
         }
+        if self.producer && self.overlap {
+            return Err(format!("{self:?}: the warp-specialised attention kernel has no intra-warpgroup overlap yet"));
+        }
+        if self.producer && self.warpgroups > 2 {
+            return Err(format!("{self:?}: the warp-specialised attention kernel takes at most 2 consumer warpgroups (their 240 registers a thread)"));
+        }
+        if self.pingpong && !(self.producer && self.warpgroups == 2) {
+            return Err(format!("{self:?}: the ping-pong needs the producer warpgroup and two consumer warpgroups"));
+        }
+        Ok(())
     }
 }
 
 /// The Hopper schedule for head dims `d`, `dv` ≤ 128: two warpgroups (128 query rows, 256
 /// threads, so up to 255 registers a thread at one CTA an SM), 128-key tiles — a 64×128 f32
 /// S and a 64×Dv f32 O accumulator a warpgroup (64 + 64 registers a thread at D = 128), as
-/// FlashAttention-3's (arXiv 2407.08608) 128×128 tile for D = 128. Head dims of 64 take
-/// 64-key tiles: measured on an H200 (bench/RESULTS.md, 2026-11-30, 0174000) 1.28× faster than
-/// 128-key tiles non-causal and 1.15× causal at B2 H32 S4096 (twice the CTAs an SM: half
-/// the S registers and shared memory).
+/// FlashAttention-3's (arXiv 2407.08608) 128×128 tile for D = 128, on the warp-specialised
+/// kernel (`ws`: a TMA producer warpgroup; measured on an H200, B2 H32 S4096 D128: 564 against
+/// 469 TFLOP/s, causal 454 against 388, bench/RESULTS.md). Head dims of 64 take 64-key tiles
+/// without the producer: measured 1.28× faster than 128-key tiles non-causal and 1.15×
+/// causal (twice the CTAs an SM: half the S registers and shared memory).
 pub fn choose_wg_schedule(d: u32, dv: u32) -> WgSchedule {
-    let block_kv = if d.max(dv) <= 64 { 64 } else { 128 };
-    WgSchedule { warpgroups: 2, block_kv, pv_split: false, overlap: false }
+    let small = d.max(dv) <= 64;
+    WgSchedule { warpgroups: 2, block_kv: if small { 64 } else { 128 }, pv_split: false, overlap: false, producer: !small, pingpong: false }
 }
 
 /// Why prefill attention `p` cannot take the `wgmma` kernel on `target` (`Ok` when it can):
@@ -343,11 +439,59 @@ pub(super) fn plan_wg(p: &Prefill, target: &Target, w: &WgSchedule) -> R<LaunchP
     let s = w.as_tc();
     let ctx = Context::create();
     let entry = format!("{}_attention_wgmma", p.name);
-    let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| {
-        kit.launch_bounds(s.threads());
+    let maps = if w.producer { tma_maps(p, w) } else { Vec::new() };
+    let io = (p.n_inputs, p.n_buffers - p.n_inputs);
+    let (ptx, params) = Kit::build_with_maps(&ctx, &entry, *target, io, &maps, &p.dims(), w.threads(), |kit| {
+        kit.launch_bounds(w.threads());
         build(kit, p, &s, &sm, shared, Some(w))
     })?;
-    Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
+    Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), w.threads(), shared))
+}
+
+/// A TMA tensor map of attention operand `t` ([`WgSchedule::producer`]): the tensor as
+/// `[D, S, H, B]` (innermost first; `d` elements a row, `rows` the sequence length `S`,
+/// `heads` its heads), boxes of `64 × box_rows × 1 × 1` — one 64-column, 128-byte-wide slab
+/// of one head's rows — with 128-byte swizzling, the layout of [`Smem::swz`] and of the
+/// `wgmma` descriptors. Sequence rows past `S` read as zero **within the head** (the bounds
+/// are per dimension), so a tile at a sequence's end never sees the next head's rows. A head
+/// or batch axis of constant stride 0 (broadcast) is left out (the driver takes no zero
+/// stride); [`TmaAxes`] says which are kept.
+fn tma_map(t: &super::attention::T4, d: u32, rows: &Dim, heads: i64, batch: &Dim, box_rows: u32) -> TensorMap {
+    let mut dims = vec![Dim::from(i64::from(d)), rows.clone()];
+    let mut strides = vec![t.st[2].clone()];
+    let mut box_dims = vec![64, box_rows];
+    let axes = TmaAxes::of(t);
+    for (kept, extent, st) in [(axes.head, Dim::from(heads), &t.st[1]), (axes.batch, batch.clone(), &t.st[0])] {
+        if kept {
+            dims.push(extent);
+            strides.push(st.clone());
+            box_dims.push(1);
+        }
+    }
+    TensorMap { buffer: t.buffer, dtype: t.dtype, offset: t.offset.clone(), dims, strides, box_dims, swizzle: 128 }
+}
+
+/// Which of the head and batch axes a map of [`tma_map`] has (after D and S): those whose
+/// stride is not the constant 0.
+#[derive(Clone, Copy)]
+struct TmaAxes {
+    head: bool,
+    batch: bool,
+}
+
+impl TmaAxes {
+    fn of(t: &super::attention::T4) -> TmaAxes {
+        TmaAxes { head: t.st[1].as_const() != Some(0), batch: t.st[0].as_const() != Some(0) }
+    }
+}
+
+/// The maps of Q (boxes of the CTA's `block_q` rows), K and V (boxes of a key tile),
+/// kernel parameters 0, 1 and 2 after the buffers ([`Kit::tensor_map`]).
+fn tma_maps(p: &Prefill, w: &WgSchedule) -> Vec<TensorMap> {
+    let q = tma_map(&p.q, p.d, &p.sq, p.heads, &p.batch, w.block_q());
+    let k = tma_map(&p.k, p.d, &p.skv, p.kv_heads, &p.batch, w.block_kv);
+    let v = tma_map(&p.v, p.dv, &p.skv, p.kv_heads, &p.batch, w.block_kv);
+    vec![q, k, v]
 }
 
 /// Shared-memory layout: byte offsets and row strides (elements).
@@ -546,7 +690,12 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     let cf = kit.f32c(c);
 
     // ---- indices -----------------------------------------------------------------------
-    let tid = kit.sreg("tid.x")?;
+    // With the producer warpgroup (warpgroup 0), the consumers' thread index counts from 0
+    // after it: everything below but the producer's loop is the consumers'.
+    let ws = wg.is_some_and(|w| w.producer);
+    let pingpong = wg.is_some_and(|w| w.pingpong);
+    let raw_tid = kit.sreg("tid.x")?;
+    let tid = if ws { kit.sub(raw_tid, c32(128))? } else { raw_tid };
     let warp = kit.udiv(tid, c32(32))?;
     let lane = kit.urem(tid, c32(32))?;
     let g = kit.udiv(lane, c32(4))?;
@@ -712,16 +861,90 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     let overlap = wg.is_some_and(|w| w.overlap);
 
     // ---- prologue: Q and tile 0 ------------------------------------------------------------
-    copy_rows(kit, bq, d / 8, sm.ldq, c32(0), q_ptr, kit.add(q_base, kit.mul(q0, q_ss)?)?, q_ss, kit.sub(sq, q0)?)?;
-    // (The overlapped `wgmma` loop takes V one tile after K: V_0 in its first iteration.)
-    kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| if overlap { issue_k(k, c32(0)) } else { issue_tile(k, c32(0)) })?;
-    kit.cp_async_commit()?;
-    kit.cp_async_wait(0)?;
-    if wg.is_some() {
-        // The copies (generic proxy) before the `wgmma`s' reads (async proxy), §9.7.15.1.
-        kit.fence_proxy_async()?;
+    // The warp-specialised kernel's mbarriers (static shared memory, 8 bytes each): full[i]
+    // (arrival count 1: the producer's `arrive.expect_tx`, then the TMA's bytes) and empty[i]
+    // (one arrival from each consumer warp) of stage i, and Q's full barrier.
+    let bars = if ws { Some(kit.mbarriers(2 * WS_STAGES + 1)?) } else { None };
+    let full = |k: &Kit<'ctx>, bars: IntValue<'ctx>, st: IntValue<'ctx>| k.add(bars, k.shl(st, 3)?);
+    let empty = |k: &Kit<'ctx>, bars: IntValue<'ctx>, st: IntValue<'ctx>| k.add(bars, k.shl(k.add(st, c32(WS_STAGES))?, 3)?);
+    // Stage and phase parity of key tile t (i32): tile t fills stage t mod S in round t / S.
+    let ring = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> { Ok((k.urem(t, c32(WS_STAGES))?, k.and(k.udiv(t, c32(WS_STAGES))?, c32(1))?)) };
+    if let (Some(bars), Some(w)) = (bars, wg.filter(|w| w.producer)) {
+        let q_full = kit.add(bars, c32(16 * WS_STAGES))?;
+        kit.if_then(kit.icmp(IntPredicate::EQ, raw_tid, c32(0))?, |k| {
+            for i in 0..WS_STAGES {
+                k.mbarrier_init(full(k, bars, c32(i))?, 1)?;
+                k.mbarrier_init(empty(k, bars, c32(i))?, 4 * w.warpgroups)?;
+            }
+            k.mbarrier_init(q_full, 1)?;
+            k.fence_mbarrier_init()
+        })?;
+        // The kernel's one CTA-wide barrier: the mbarriers initialised, for every role.
+        kit.barrier()?;
+        // The producer: its registers to the pool, then thread 0 issues every TMA copy —
+        // Q once, then each key tile's K and V into stage t mod S once the consumers have
+        // freed it (its empty barrier's previous phase: on the first round, a fresh barrier's
+        // phase −1 counts as complete, so the stages start free) — and the warpgroup leaves.
+        // It walks exactly the consumers' `n_tiles` tiles (the same expression of the CTA's
+        // indices), so every wait on either side has its arrival.
+        kit.return_if(kit.icmp(IntPredicate::ULT, raw_tid, c32(128))?, |k| {
+            k.setmaxnreg(false, WS_PRODUCER_REGS)?;
+            k.if_then(k.icmp(IntPredicate::EQ, raw_tid, c32(0))?, |k| {
+                let sbase = k.smem_addr(smem)?;
+                let (hq, bz) = (k.sreg("ctaid.y")?, k.sreg("ctaid.z")?);
+                let hkv = k.udiv(hq, c32((p.heads / p.kv_heads) as u32))?;
+                let axes = |t: &super::attention::T4, h: IntValue<'ctx>| -> Vec<IntValue<'ctx>> {
+                    let a = TmaAxes::of(t);
+                    let mut c = Vec::new();
+                    if a.head {
+                        c.push(h);
+                    }
+                    if a.batch {
+                        c.push(bz);
+                    }
+                    c
+                };
+                let (q_hb, k_hb, v_hb) = (axes(&p.q, hq), axes(&p.k, hkv), axes(&p.v, hkv));
+                // A tile of `width` columns at shared offset `at`: one box per 64-column slab
+                // of `rows` rows, rows from `row0` (i32).
+                let boxes = |k: &Kit<'ctx>, map: usize, at: IntValue<'ctx>, width: u32, rows: u32, row0: IntValue<'ctx>, hb: &[IntValue<'ctx>], bar: IntValue<'ctx>| -> R<()> {
+                    for slab in 0..width / 64 {
+                        let mut c = vec![c32(64 * slab), row0];
+                        c.extend_from_slice(hb);
+                        k.tma_load(k.add(sbase, k.add(at, c32(slab * rows * 128))?)?, map, &c, bar)?;
+                    }
+                    Ok(())
+                };
+                k.mbarrier_arrive_expect_tx(q_full, bq * d * 2)?;
+                boxes(k, 0, c32(0), d, bq, k.trunc32(q0)?, &q_hb, q_full)?;
+                k.for_range(c32(0), n_tiles, c32(1), |k, t| {
+                    let (st, ph) = ring(k, t)?;
+                    k.mbarrier_wait_parity(empty(k, bars, st)?, k.xor(ph, c32(1))?)?;
+                    let bar = full(k, bars, st)?;
+                    k.mbarrier_arrive_expect_tx(bar, bkv * (d + dv) * 2)?;
+                    let k_sm = k.add(c32(sm.k[0]), k.mul(st, c32(sm.k[1] - sm.k[0]))?)?;
+                    let v_sm = k.add(c32(sm.v[0]), k.mul(st, c32(sm.v[1] - sm.v[0]))?)?;
+                    let j0 = k.mul(t, c32(bkv))?;
+                    boxes(k, 1, k_sm, d, bkv, j0, &k_hb, bar)?;
+                    boxes(k, 2, v_sm, dv, bkv, j0, &v_hb, bar)
+                })
+            })
+        })?;
+        kit.setmaxnreg(true, WS_CONSUMER_REGS)?;
+        // Q landed (waited for even without key tiles: no copy is left in flight at exit).
+        kit.mbarrier_wait_parity(q_full, c32(0))?;
+    } else {
+        copy_rows(kit, bq, d / 8, sm.ldq, c32(0), q_ptr, kit.add(q_base, kit.mul(q0, q_ss)?)?, q_ss, kit.sub(sq, q0)?)?;
+        // (The overlapped `wgmma` loop takes V one tile after K: V_0 in its first iteration.)
+        kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| if overlap { issue_k(k, c32(0)) } else { issue_tile(k, c32(0)) })?;
+        kit.cp_async_commit()?;
+        kit.cp_async_wait(0)?;
+        if wg.is_some() {
+            // The copies (generic proxy) before the `wgmma`s' reads (async proxy), §9.7.15.1.
+            kit.fence_proxy_async()?;
+        }
+        kit.barrier()?;
     }
-    kit.barrier()?;
     // Matrix descriptors (§9.7.15.5.1, "Matrix Descriptor Format"): start address >> 4 in bits
     // 0–13, leading byte offset >> 4 in 16–29, stride byte offset >> 4 in 32–45, the swizzle
     // mode in 62–63 (1: 128 bytes). Every operand tile here is stored as 128-byte rows (64
@@ -1210,6 +1433,67 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 },
             )
         })?;
+    } else if let Some(bars) = bars {
+        // The warp-specialised consumers: per key tile, wait for its stage's full barrier
+        // (the TMA's bytes landed: acquire, so the generic loads of the non-finite scan see
+        // them too), compute it as the loop below does when the warpgroup sees any of its
+        // keys, then free the stage: each warp, converged after its last read of it (the
+        // `wgmma`s waited for, the scans behind the warpgroup's `bar.red`), arrives on its
+        // empty barrier from lane 0. Every warp walks all `n_tiles` tiles and frees each
+        // once, so the producer, walking the same tiles, is never left waiting.
+        //
+        // Ping-pong (FlashAttention-3 §3.1): warpgroup c waits at its scheduling barrier
+        // `3 + c` before issuing S = Q·Kᵀ and, once it is issued, signals the other's
+        // (`bar.arrive`, 256 threads: the other warpgroup's 128 waiting and this one's 128) —
+        // so the warpgroups issue their products in turn and one's softmax and P·V run while
+        // the other's Q·Kᵀ does. Warpgroup 0 goes first (it signals its own barrier once
+        // before the loop) and waits once more after it, for warpgroup 1's last signal: on
+        // each barrier every phase has its 128 waiting and 128 arriving threads, and none is
+        // left half full at exit. Tiles a warpgroup skips (above its causal diagonal) still
+        // take their turn, so the counts match whatever the tiles.
+        let mine = kit.add(wg_id, c32(3))?;
+        let other = kit.sub(c32(4), wg_id)?;
+        let first_wg = kit.and(kit.icmp(IntPredicate::EQ, wg_id, c32(0))?, kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?)?;
+        if pingpong {
+            kit.if_then(first_wg, |k| k.bar_arrive(mine, 256))?;
+        }
+        let lane0 = kit.icmp(IntPredicate::EQ, lane, c32(0))?;
+        kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
+            let (st, ph) = ring(k, t)?;
+            k.mbarrier_wait_parity(full(k, bars, st)?, ph)?;
+            if pingpong {
+                k.bar_sync(mine, 256)?;
+            }
+            let j0 = k.mul(t, c32(bkv))?;
+            k.if_else(
+                k.icmp(IntPredicate::SLT, j0, grp_end)?,
+                |k| {
+                    let (k_sm, v_sm) = stage_of(k, t)?;
+                    let v_at = k.sh_at(smem, k.add(v_sm, v_lane)?)?;
+                    // S = Q·Kᵀ: issued, the other warpgroup signalled, then waited for.
+                    let out = if pingpong {
+                        let out = qk_wg(k, k_sm, 1)?;
+                        k.bar_arrive(other, 256)?;
+                        k.wgmma_wait_group(&out, 0)?
+                    } else {
+                        qk_wg(k, k_sm, 0)?
+                    };
+                    let sacc = vec![(0..n_nt).map(|n| [out[4 * n], out[4 * n + 1], out[4 * n + 2], out[4 * n + 3]]).collect::<Vec<_>>()];
+                    scores(k, j0, &sacc)?;
+                    let (pf, rescale, alphas) = softmax(k)?;
+                    rescale_acc(k, rescale, &alphas)?;
+                    let pa = pack(k, &pf)?;
+                    let slow = decide_slow(k, j0, v_sm)?;
+                    k.if_else(slow, |k| pv_slow(k, j0, v_sm, &pa), |k| pv_tc(k, v_sm, v_at, &pa, false))
+                },
+                |k| if pingpong { k.bar_arrive(other, 256) } else { Ok(()) },
+            )?;
+            k.warp_sync()?;
+            k.if_then(lane0, |k| k.mbarrier_arrive(empty(k, bars, st)?))
+        })?;
+        if pingpong {
+            kit.if_then(first_wg, |k| k.bar_sync(mine, 256))?;
+        }
     } else {
         kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
             k.cp_async_wait(0)?;
@@ -1446,6 +1730,129 @@ mod tests {
             let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), hd, hd, false, mask);
             assert!(!generate_prefill(&g, k, &h).unwrap().ptx.contains("wgmma"), "D{hd} mask={mask}");
         }
+    }
+
+    /// `attention(q, k, v)` with the rows' log-sum-exp, layout `bshd` (q `[B, Sq, H, D]`,
+    /// k `[B, Skv, Hkv, D]`, v `[B, Skv, Hkv, Dv]`): the TMA maps' strides out of order.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn prefill_lse(dt: DType, h: i64, hkv: i64, sq: sinter_ir::Dim, skv: sinter_ir::Dim, hd: i64, dv: i64, causal: bool) -> (sinter_ir::KernelGraph, sinter_ir::Kernel) {
+        use crate::kernels::matmul::tests::{single_kernel, ty};
+        use sinter_ir::{Attr, FunctionBuilder, Graph, OpKind};
+        let b = sym("B");
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
+        let q = fb.param("q", ty(dt, &[b.clone(), sq, d(h), d(hd)]));
+        let k = fb.param("k", ty(dt, &[b.clone(), skv.clone(), d(hkv), d(hd)]));
+        let v = fb.param("v", ty(dt, &[b, skv, d(hkv), d(dv)]));
+        let attrs = vec![
+            ("scale", Attr::Float(1.0 / (hd as f64).sqrt())),
+            ("causal", Attr::Bool(causal)),
+            ("heads", Attr::Int(h)),
+            ("kv_heads", Attr::Int(hkv)),
+            ("layout", Attr::Str("bshd".into())),
+            ("lse", Attr::Bool(true)),
+        ];
+        let r = fb.op(OpKind::Attention, &[q, k, v], attrs).unwrap();
+        single_kernel(Family::Attention, fb.finish(&r).unwrap())
+    }
+
+    /// The warp-specialised kernel (`producer`, names ` ws`) and its ping-pong (` pp`) at
+    /// head dims 128 and 64 (Dv 64 with D 128 too), 128- and 64-key tiles, bf16 and f16,
+    /// causal or not, symbolic and constant lengths, with lse: 384 threads (`.maxntid 384`),
+    /// `setmaxnreg` 24/240, the TMA copies of Q, K and V (4-d maps: D, S, head, batch) with
+    /// their mbarriers, no `cp.async`, one CTA-wide barrier (the mbarriers' initialisation)
+    /// and, for the ping-pong, the scheduling barriers 3 and 4; it assembles without spills
+    /// and without ptxas serializing its `wgmma`s.
+    #[test]
+    fn wgmma_ws_kernel_assembles_without_spills() {
+        use crate::kernels::attention::generate_prefill_wg_with;
+        let h = Target::SM_90A;
+        let ws = WgSchedule { producer: true, ..choose_wg_schedule(128, 128) };
+        let pp = WgSchedule { pingpong: true, ..ws };
+        let scheds = [ws, pp, WgSchedule { block_kv: 64, ..ws }, WgSchedule { block_kv: 64, ..pp }];
+        for (dt, hd, dv) in [(DType::BF16, 128, 128), (DType::BF16, 64, 64), (DType::F16, 128, 128), (DType::BF16, 128, 64)] {
+            for causal in [false, true] {
+                for (sq, skv) in [(sym("T"), sym("S")), (d(4096), d(4096))] {
+                    for lse in [false, true] {
+                        let (g, k) = if lse { prefill_lse(dt, 8, 2, sq.clone(), skv.clone(), hd, dv, causal) } else { prefill(dt, 8, 2, sq.clone(), skv.clone(), hd, dv, causal, false) };
+                        for w in &scheds {
+                            let plan = generate_prefill_wg_with(&g, k, &h, w).unwrap_or_else(|e| panic!("{w:?} D{hd}: {e}"));
+                            let ptx = &plan.ptx;
+                            assert_eq!(plan.block, [384, 1, 1]);
+                            for want in [".maxntid 384", "setmaxnreg.dec.sync.aligned.u32 24", "setmaxnreg.inc.sync.aligned.u32 240", "cp.async.bulk.tensor.4d", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta.b64", "wgmma.mma_async", "bar.red.or.pred"] {
+                                assert!(ptx.contains(want), "{} D{hd}: no `{want}`", w.name());
+                            }
+                            assert!(!ptx.contains("cp.async.cg") && !ptx.contains("mma.sync"), "{}", w.name());
+                            if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() { std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), ptx).unwrap(); }
+                            let cta_barriers = ptx.lines().filter(|l| l.split_whitespace().collect::<String>().starts_with("bar.sync0;")).count();
+                            assert_eq!(cta_barriers, 1, "{}: CTA barriers", w.name());
+                            assert_eq!(ptx.contains("bar.arrive"), w.pingpong, "{}", w.name());
+                            let params = plan.params.iter().filter(|p| matches!(p, sinter_ir::KernelParam::TensorMap(_))).count();
+                            assert_eq!(params, 3, "{}", w.name());
+                            let Some(r) = assemble(&plan) else { return };
+                            eprintln!("{} D{hd}/{dv} {dt} causal={causal} {sq} lse={lse}: {r}", w.name());
+                            let ptxas = crate::ptxas::find_ptxas_for_tests().unwrap().unwrap();
+                            let log = crate::ptxas::assemble_with(&ptxas, ptx, &h).unwrap().log;
+                            assert!(!log.contains("serialized"), "{} D{hd}/{dv} causal={causal}: {log}", w.name());
+                            if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
+                                std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), ptx).unwrap();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Snapshots of the warp-specialised kernel: its launch plans (384 threads, the three
+    /// tensor maps among the parameters) and ptxas resource lines (sm_90a, no spills) for
+    /// ` ws` and ` ws pp` at D 128 (GQA 32/8, causal, symbolic lengths) and D 64 (SmolLM2's
+    /// 9/3, causal), 128- and 64-key tiles; and the whole PTX of the ping-pong at D 64, not
+    /// causal (the producer's TMA loop, the mbarrier waits and releases, the scheduling
+    /// barriers).
+    #[test]
+    fn wgmma_ws_snapshots() {
+        use crate::kernels::attention::generate_prefill_wg_with;
+        use crate::kernels::matmul::tests::plan_line;
+        let h = Target::SM_90A;
+        let mut text = String::new();
+        for (what, hd, hq, hkv) in [("bf16 D128 GQA 32/8 causal Sq=T Skv=S", 128, 32, 8), ("bf16 D64 GQA 9/3 causal Sq=T Skv=T", 64, 9, 3)] {
+            let skv = if hd == 128 { sym("S") } else { sym("T") };
+            let (g, k) = prefill(DType::BF16, hq, hkv, sym("T"), skv, hd, hd, true, false);
+            let ws = WgSchedule { producer: true, ..choose_wg_schedule(hd as u32, hd as u32) };
+            let pp = WgSchedule { pingpong: true, ..ws };
+            for w in [ws, WgSchedule { block_kv: 64, ..ws }, pp, WgSchedule { block_kv: 64, ..pp }] {
+                let plan = generate_prefill_wg_with(&g, k, &h, &w).unwrap();
+                let Some(report) = assemble(&plan) else { return };
+                text.push_str(&format!("# {what} [{}]\n{}\n{report}", w.name(), plan_line(&plan)));
+            }
+        }
+        insta::assert_snapshot!("attention_wgmma_ws_ptxas", text);
+        let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), 64, 64, false, false);
+        let pp = WgSchedule { producer: true, pingpong: true, ..choose_wg_schedule(64, 64) };
+        insta::assert_snapshot!("attention_wgmma_ws_pp_d64_ptx", generate_prefill_wg_with(&g, k, &h, &pp).unwrap().ptx);
+    }
+
+    /// The warp-specialised options' names, threads, and what they refuse: the ping-pong
+    /// without the producer or with other than two consumer warpgroups, the producer with the
+    /// intra-warpgroup overlap (not built) or three consumer warpgroups (240 registers each).
+    #[test]
+    fn ws_schedules() {
+        let wd = choose_wg_schedule(128, 128);
+        assert!(!wd.producer && !wd.pingpong, "the default stays the cp.async kernel");
+        let ws = WgSchedule { producer: true, ..wd };
+        let pp = WgSchedule { pingpong: true, ..ws };
+        assert_eq!((ws.name(), pp.name(), WgSchedule { block_kv: 64, ..pp }.name()), ("wgmma kv128 g2 ws".into(), "wgmma kv128 g2 ws pp".into(), "wgmma kv64 g2 ws pp".into()));
+        assert_eq!((wd.threads(), ws.threads(), pp.threads()), (256, 384, 384));
+        assert_eq!((ws.block_q(), ws.as_tc().threads()), (128, 256), "the consumers' walk");
+        assert!(ws.check().is_ok() && pp.check().is_ok() && WgSchedule { block_kv: 64, ..pp }.check().is_ok());
+        for bad in [WgSchedule { pingpong: true, ..wd }, WgSchedule { overlap: true, ..ws }, WgSchedule { warpgroups: 3, ..ws }, WgSchedule { warpgroups: 1, ..pp }] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        // 128 · 24 + 256 · 240 registers fit the SM's 65536; the D 128 shared memory (Q, two
+        // stages of K and V, the P scratch) an sm_90 CTA's 227 KiB.
+        assert!(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= 65536);
+        assert_eq!(ws.shared_bytes(128, 128), 128 * 128 * 2 + WS_STAGES * 2 * 128 * 128 * 2 + 128 * 136 * 2);
+        assert!(ws.shared_bytes(128, 128) + 1024 <= Target::SM_90A.max_shared_memory_per_block());
     }
 
     #[test]

@@ -3636,6 +3636,14 @@ pub(crate) mod kit {
         pub(crate) fn bar_red_or(&self, id: IntValue<'ctx>, count: u32, flag: IntValue<'ctx>) -> R<IntValue<'ctx>> {
             self.bld().bar_red_or(id, count, flag)
         }
+        /// [`KernelBuilder::bar_sync`].
+        pub(crate) fn bar_sync(&self, id: IntValue<'ctx>, count: u32) -> R<()> {
+            self.bld().bar_sync(id, count)
+        }
+        /// [`KernelBuilder::bar_arrive`].
+        pub(crate) fn bar_arrive(&self, id: IntValue<'ctx>, count: u32) -> R<()> {
+            self.bld().bar_arrive(id, count)
+        }
         /// [`KernelBuilder::wgmma_wait`].
         pub(crate) fn wgmma_wait(&self, acc: &[FloatValue<'ctx>]) -> R<Vec<FloatValue<'ctx>>> {
             self.bld().wgmma_wait(acc)
@@ -3950,6 +3958,20 @@ pub(crate) mod kit {
             then(self)?;
             self.bld().br(done)?;
             self.bld().position(done);
+            Ok(())
+        }
+
+        /// `if cond { body(); return }`: the threads for which `cond` holds run `body` and
+        /// leave the kernel (the producer warpgroup of a warp-specialised kernel, whose
+        /// registers then never meet the consumers' code).
+        pub(crate) fn return_if(&self, cond: IntValue<'ctx>, body: impl FnOnce(&Self) -> R<()>) -> R<()> {
+            let tb = self.block("leave");
+            let cont = self.block("stay");
+            self.bld().cond_br(cond, tb, cont)?;
+            self.bld().position(tb);
+            body(self)?;
+            self.bld().ret()?;
+            self.bld().position(cont);
             Ok(())
         }
 
