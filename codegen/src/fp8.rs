@@ -150,3 +150,75 @@ fn to_f32_soft<'ctx>(kb: &KernelBuilder<'ctx>, x: IntValue<'ctx>) -> R<FloatValu
     let nan = b.build_int_compare(inkwell::IntPredicate::EQ, mag, c(0x7F), "nan")?;
     Ok(b.build_select(nan, f32t.const_float(f64::NAN), f, "f")?.into_float_value())
 }
+
+#[cfg(test)]
+mod tests {
+    use sinter_ir::dtype::{f8e4m3_from_f64, f8e4m3_to_f64};
+
+    /// The integer steps of `from_f32_soft`, in Rust (the same constants, in the same order):
+    /// what the sm_80 kernels compute.
+    fn soft_encode(x: f32) -> u8 {
+        let u = x.to_bits();
+        let sign = (u >> 24) & 0x80;
+        let a = u & 0x7FFF_FFFF;
+        let nan = a > 0x7F80_0000;
+        let m = a.min(0x43E0_0000);
+        let odd = (m >> 20) & 1;
+        let normal = ((m + 0x7_FFFF + odd) >> 20).wrapping_sub(120 << 3);
+        let t = f32::from_bits(a) * 512.0 + 8_388_608.0;
+        let sub = t.to_bits().wrapping_sub(0x4B00_0000);
+        let code = if nan { 0x7F } else if a < 0x3C80_0000 { sub } else { normal };
+        (code | sign) as u8
+    }
+
+    /// The steps of `to_f32_soft`: the magnitude bits moved into an f16, times 256.
+    fn soft_decode(b: u8) -> f32 {
+        let mag = u16::from(b & 0x7F);
+        if mag == 0x7F {
+            return f32::NAN;
+        }
+        let h = (mag << 7) | (u16::from(b & 0x80) << 8);
+        half::f16::from_bits(h).to_f32() * 256.0
+    }
+
+    fn same(a: u8, want: u8) -> bool {
+        // The two NaN encodings are one value to the interpreter.
+        a == want || (a & 0x7F == 0x7F && want & 0x7F == 0x7F)
+    }
+
+    #[test]
+    fn software_decode_is_exact_for_every_byte() {
+        for b in 0..=255u8 {
+            let (got, want) = (soft_decode(b), f8e4m3_to_f64(b));
+            assert!((got.is_nan() && want.is_nan()) || (f64::from(got).to_bits() == want.to_bits()), "{b:#04x}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn software_encode_matches_the_interpreter() {
+        let check = |x: f32| {
+            let (got, want) = (soft_encode(x), f8e4m3_from_f64(f64::from(x)));
+            assert!(same(got, want), "{x:e} ({:#010x}): {got:#04x} vs {want:#04x}", x.to_bits());
+        };
+        // Every code's value, the midpoints between neighbours (ties) and one f32 ulp either
+        // side of each, in both signs; the saturation edge; specials.
+        for b in 0..0x7Eu8 {
+            let (lo, hi) = (f8e4m3_to_f64(b) as f32, f8e4m3_to_f64(b + 1) as f32);
+            let mid = ((f64::from(lo) + f64::from(hi)) / 2.0) as f32;
+            for v in [lo, hi, mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)] {
+                check(v);
+                check(-v);
+            }
+        }
+        for v in [448.0f32, 448.00003, 463.9, 464.0, 464.1, 479.0, 480.0, 1e30, f32::MAX, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, 0.0, -0.0, f32::MIN_POSITIVE, 1e-45, 2f32.powi(-10), 2f32.powi(-10) * 1.0000001] {
+            check(v);
+            check(-v);
+        }
+        // A sweep of the f32 bit patterns.
+        let mut u = 0u32;
+        while let Some(n) = u.checked_add(104_729) {
+            check(f32::from_bits(u));
+            u = n;
+        }
+    }
+}
