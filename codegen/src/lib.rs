@@ -203,8 +203,11 @@ pub(crate) fn fp8_message(what: &str) -> String {
 /// epilogue is the element evaluator's).
 fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
     let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
-    if matches!(data.family, Family::Matmul | Family::Pointwise | Family::Layout | Family::Gather | Family::RowReduction) {
+    if matches!(data.family, Family::Pointwise | Family::Layout | Family::Gather | Family::RowReduction) {
         return Ok(());
+    }
+    if data.family == Family::Matmul {
+        return refuse_fp8_epilogue(graph, kernel, data);
     }
     let buffer = data.inputs.iter().chain(&data.outputs).find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| (b, d)));
     let what = match buffer {
@@ -215,6 +218,28 @@ fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
         },
     };
     Err(CodegenError::Unsupported { kernel: format!("{kernel} ({:?})", data.family), message: fp8_message(&format!("f8e4m3 {what}: the {:?} generator does not read f8e4m3", data.family)) })
+}
+
+/// A matmul kernel's epilogue holding `f8e4m3` — an fp8 result buffer, a `quantize_fp8` or
+/// `cast` to fp8, or a `dequantize_fp8` that is not one of the matmul's operands — is refused
+/// (the epilogue stores of the matmul generators are not checked for one-byte results, and
+/// the sm_80 conversion spills there); the unfused lowering computes it in its own
+/// element-wise kernel. The fp8 operands themselves are the generator's to judge.
+fn refuse_fp8_epilogue(graph: &KernelGraph, kernel: Kernel, data: &sinter_ir::KernelData) -> Result<(), CodegenError> {
+    let body = &data.body;
+    let operands: Vec<sinter_ir::Value> = body.nodes.values().filter(|n| n.op.kind == sinter_ir::OpKind::Matmul).flat_map(|n| n.inputs.iter().copied()).collect();
+    let out = data.outputs.iter().find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| format!("result buffer {b} ({})", d.ty)));
+    let value = || {
+        body.values.iter().find_map(|(v, d)| match d.def {
+            sinter_ir::ValueDef::Result(n, _) if d.ty.dtype.is_fp8() => Some(format!("value {} ({}, `{}`)", body.label(v), d.ty, body.nodes[n].op.kind.name())),
+            sinter_ir::ValueDef::Result(n, _) if body.nodes[n].op.kind == sinter_ir::OpKind::DequantizeFp8 && !operands.contains(&v) => Some(format!("value {} ({}, `dequantize_fp8` read by the epilogue)", body.label(v), d.ty)),
+            _ => None,
+        })
+    };
+    match out.or_else(value) {
+        Some(what) => Err(CodegenError::Unsupported { kernel: format!("{kernel} ({:?})", data.family), message: fp8_message(&format!("f8e4m3 in a matmul epilogue: {what}")) }),
+        None => Ok(()),
+    }
 }
 
 /// One schedule candidate of a kernel, compiled (autotuning: the runtime times the
@@ -567,6 +592,18 @@ mod tests {
         for t in Target::ALL {
             let plan = compile_kernel(&g, k, &t).unwrap_or_else(|e| panic!("{t}: {e}"));
             assert_eq!(plan.ptx.contains("e4m3x2"), t.sm_version() >= 89, "{t}: the cvt e4m3x2 instructions on sm_89+ only");
+        }
+        // A matmul whose epilogue quantizes its result to fp8 is refused (the unfused lowering
+        // quantizes in a pointwise kernel).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "quantized_proj");
+        let (a, b, s) = (fb.param("a", ty(DType::BF16, &[d(16), d(64)])), fb.param("b", ty(DType::BF16, &[d(32), d(64)])), fb.param("s", scale()));
+        let y = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let q = fb.op1(OpKind::QuantizeFp8, &[y, s], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[q]).unwrap());
+        for t in Target::ALL {
+            let e = compile_kernel(&g, k, &t).unwrap_err().to_string();
+            assert!(e.starts_with("kernel k0 (Matmul): unsupported: f8e4m3 in a matmul epilogue: result buffer b3 (f8e4m3[16, 32])"), "{e}");
+            assert!(matches!(schedule_variants(&g, k, &t), Err(CodegenError::Unsupported { .. })));
         }
         // A family that does not read fp8 (here an attention kernel holding one) is refused,
         // naming the dtype, the value and the family.

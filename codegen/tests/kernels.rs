@@ -2159,3 +2159,4 @@ fn cpu_zoo_bodies_match_the_interpreter() {
         check_on_cpu(&f.name, &single(family, f.clone()), &b, &inputs, 2);
     }
 }
+
