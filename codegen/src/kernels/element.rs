@@ -24,6 +24,14 @@
 //! index varies per lane, a reshape that splits the lane group across rows) split the
 //! coordinate into single lanes and evaluate each.
 //!
+//! **`f8e4m3`** (issue #8) is held as its byte (`Scalar::I` of an `i8`): loaded and stored as
+//! stored (16 lanes are one 16-byte vector access where the offsets prove it aligned), moved
+//! by the view ops and `select` unchanged; `quantize_fp8(x, s)` is `div.rn.f32` then the
+//! saturating round-to-nearest-even conversion, `dequantize_fp8(x8, s)` the exact conversion
+//! to f32, `mul.rn.f32` and the rounding to its dtype, `cast` goes through the exact f32 value
+//! (and rounds once on the way in), an fp8 `constant` is its byte — all bit-exact with the
+//! interpreter, with `cvt … e4m3x2` on sm_89+ and integer arithmetic on sm_80 ([`crate::fp8`]).
+//!
 //! **`bf16` as words.** A `bf16` input whose every use computes in f32 (see [`words_params`])
 //! is loaded as `i32` words and split with `w << 16` and `w & 0xffff0000` (exact): one
 //! instruction an element where `cvt.f32.bf16` of a high half costs two. An input that is
