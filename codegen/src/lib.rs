@@ -198,9 +198,9 @@ pub(crate) fn fp8_message(what: &str) -> String {
 /// writes, or a value its body computes), with [`CodegenError::Unsupported`] naming the dtype,
 /// the value and the kernel, before any generator sees it. The element-wise families
 /// (pointwise, layout, gather, row reductions) pass: the element evaluator reads, writes and
-/// converts fp8 ([`fp8`]). Matmul kernels pass too: their generator reads the fp8 matmul's
-/// operands ([`kernels::matmul`], `Spec::fp8`) and refuses other fp8 operands itself (an
-/// epilogue is the element evaluator's).
+/// converts fp8 ([`fp8`]). A matmul kernel is refused when its epilogue holds fp8
+/// ([`refuse_fp8_epilogue`]); its operands are its generator's to judge ([`kernels::matmul`],
+/// `Spec::fp8`: the fp8 matmul on sm_90a, any other fp8 operand refused).
 fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
     let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
     if matches!(data.family, Family::Pointwise | Family::Layout | Family::Gather | Family::RowReduction) {
