@@ -6096,6 +6096,7 @@ pub(crate) mod emu {
                 DType::BF16 => f64::from(emu_bf2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
                 DType::F16 => f64::from(emu_h2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
                 DType::F32 => f64::from(f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])),
+                DType::F8E4M3 => sinter_ir::dtype::f8e4m3_to_f64(b[i]),
                 other => panic!("output dtype {other} not compared"),
             })
             .collect()
