@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod emit;
+pub(crate) mod fp8;
 pub mod kernels;
 pub mod math;
 pub mod ptxas;
@@ -181,22 +182,32 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
     })
 }
 
-/// What the generators say of `f8e4m3` (issue #8) where they do not read it: only the fp8
-/// matmul kernel does (sm_90a, `wgmma`, [`kernels::matmul`]).
+/// The text of [`fp8_message`] after the refused part: where `f8e4m3` is supported.
+pub(crate) const FP8_SUPPORT: &str = "f8e4m3 tensor-core operands are read only by the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the element-wise kernels (pointwise, layout, gather, row reductions) load, store, quantize, dequantize and cast f8e4m3 on every target, so the unfused lowering (`dequantize_fp8` as its own kernel) runs anywhere; the interpreter runs every fp8 graph";
+
+/// What the generators say of `f8e4m3` (issue #8) where they do not read it: `what` (the
+/// refused kernel or value), then where fp8 is supported ([`FP8_SUPPORT`]): the fp8 matmul on
+/// sm_90a ([`kernels::matmul`]) and the element-wise kernels on every target
+/// (`kernels::element`, [`fp8`]).
 pub(crate) fn fp8_message(what: &str) -> String {
-    format!("{what}: the only kernel that reads f8e4m3 is the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the interpreter runs every fp8 graph")
+    format!("{what}: {FP8_SUPPORT}")
 }
 
-/// Refuses a kernel that holds an `f8e4m3` value — a buffer it reads or writes, or a value its
-/// body computes (`dequantize_fp8(quantize_fp8(x))` has no fp8 buffer) — with
-/// [`CodegenError::Unsupported`] naming the dtype, the value and the kernel, before any
-/// generator sees it. Matmul kernels pass: their generator reads the fp8 matmul's operands
-/// ([`kernels::matmul`], `Spec::fp8`) and refuses every other fp8 value itself (the element
-/// evaluator refuses fp8 in an epilogue).
+/// Refuses a kernel of a family that does not read `f8e4m3` — attention, paged attention, the
+/// attention merge and the KV append — when it holds an `f8e4m3` value (a buffer it reads or
+/// writes, or a value its body computes), with [`CodegenError::Unsupported`] naming the dtype,
+/// the value and the kernel, before any generator sees it. The element-wise families
+/// (pointwise, layout, gather, row reductions) pass: the element evaluator reads, writes and
+/// converts fp8 ([`fp8`]). A matmul kernel is refused when its epilogue holds fp8
+/// ([`refuse_fp8_epilogue`]); its operands are its generator's to judge ([`kernels::matmul`],
+/// `Spec::fp8`: the fp8 matmul on sm_90a, any other fp8 operand refused).
 fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
     let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
-    if data.family == Family::Matmul {
+    if matches!(data.family, Family::Pointwise | Family::Layout | Family::Gather | Family::RowReduction) {
         return Ok(());
+    }
+    if data.family == Family::Matmul {
+        return refuse_fp8_epilogue(graph, kernel, data);
     }
     let buffer = data.inputs.iter().chain(&data.outputs).find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| (b, d)));
     let what = match buffer {
@@ -206,7 +217,29 @@ fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
             None => return Ok(()),
         },
     };
-    Err(CodegenError::Unsupported { kernel: format!("{kernel} ({:?})", data.family), message: fp8_message(&format!("f8e4m3 {what}")) })
+    Err(CodegenError::Unsupported { kernel: format!("{kernel} ({:?})", data.family), message: fp8_message(&format!("f8e4m3 {what}: the {:?} generator does not read f8e4m3", data.family)) })
+}
+
+/// A matmul kernel's epilogue holding `f8e4m3` — an fp8 result buffer, a `quantize_fp8` or
+/// `cast` to fp8, or a `dequantize_fp8` that is not one of the matmul's operands — is refused
+/// (the epilogue stores of the matmul generators are not checked for one-byte results, and
+/// the sm_80 conversion spills there); the unfused lowering computes it in its own
+/// element-wise kernel. The fp8 operands themselves are the generator's to judge.
+fn refuse_fp8_epilogue(graph: &KernelGraph, kernel: Kernel, data: &sinter_ir::KernelData) -> Result<(), CodegenError> {
+    let body = &data.body;
+    let operands: Vec<sinter_ir::Value> = body.nodes.values().filter(|n| n.op.kind == sinter_ir::OpKind::Matmul).flat_map(|n| n.inputs.iter().copied()).collect();
+    let out = data.outputs.iter().find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| format!("result buffer {b} ({})", d.ty)));
+    let value = || {
+        body.values.iter().find_map(|(v, d)| match d.def {
+            sinter_ir::ValueDef::Result(n, _) if d.ty.dtype.is_fp8() => Some(format!("value {} ({}, `{}`)", body.label(v), d.ty, body.nodes[n].op.kind.name())),
+            sinter_ir::ValueDef::Result(n, _) if body.nodes[n].op.kind == sinter_ir::OpKind::DequantizeFp8 && !operands.contains(&v) => Some(format!("value {} ({}, `dequantize_fp8` read by the epilogue)", body.label(v), d.ty)),
+            _ => None,
+        })
+    };
+    match out.or_else(value) {
+        Some(what) => Err(CodegenError::Unsupported { kernel: format!("{kernel} ({:?})", data.family), message: fp8_message(&format!("f8e4m3 in a matmul epilogue: {what}")) }),
+        None => Ok(()),
+    }
 }
 
 /// One schedule candidate of a kernel, compiled (autotuning: the runtime times the
@@ -536,7 +569,8 @@ mod tests {
         for t in [Target::SM_80, Target::SM_90] {
             let e = compile_kernel(&g, k, &t).unwrap_err();
             assert!(matches!(&e, CodegenError::Unsupported { .. }), "{e:?}");
-            assert_eq!(e.to_string(), format!("kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not {t}: the only kernel that reads f8e4m3 is the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the interpreter runs every fp8 graph"));
+            assert_eq!(e.to_string(), format!("kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not {t}: {FP8_SUPPORT}"));
+            assert!(e.to_string().contains("f8e4m3") && e.to_string().contains("sm_90a"), "{e}");
             assert!(matches!(schedule_variants(&g, k, &t), Err(CodegenError::Unsupported { .. })));
         }
         // An fp8 A with a bf16 B is not the fp8 matmul.
@@ -547,15 +581,39 @@ mod tests {
         let y = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]).unwrap();
         let (g, k) = single_kernel(Family::Matmul, fb.finish(&[y]).unwrap());
         let e = compile_kernel(&g, k, &Target::SM_90A).unwrap_err().to_string();
-        assert!(e.starts_with("kernel k0 (Matmul): unsupported: a matmul with one `dequantize_fp8` operand: the only kernel"), "{e}");
-        // A fake-quantization round trip has no fp8 buffer, only an fp8 value in its body.
+        assert_eq!(e, format!("kernel k0 (Matmul): unsupported: a matmul with one `dequantize_fp8` operand: {FP8_SUPPORT}"));
+        // A fake-quantization round trip (no fp8 buffer, an fp8 value in its body) is an
+        // element-wise kernel: it compiles on every target.
         let mut fb = FunctionBuilder::new(&Graph::new(), "fake_quant");
         let (x, s) = (fb.param("x", ty(DType::F32, &[d(64)])), fb.param("s", scale()));
         let q = fb.op1(OpKind::QuantizeFp8, &[x, s], vec![]).unwrap();
         let y = fb.op1(OpKind::DequantizeFp8, &[q, s], vec![("dtype", Attr::DType(DType::F32))]).unwrap();
         let (g, k) = single_kernel(Family::Pointwise, fb.finish(&[y]).unwrap());
-        let e = compile_kernel(&g, k, &Target::SM_80).unwrap_err().to_string();
-        assert!(e.starts_with("kernel k0 (Pointwise): unsupported: f8e4m3 value %v2 (f8e4m3[64])"), "{e}");
+        for t in Target::ALL {
+            let plan = compile_kernel(&g, k, &t).unwrap_or_else(|e| panic!("{t}: {e}"));
+            assert_eq!(plan.ptx.contains("e4m3x2"), t.sm_version() >= 89, "{t}: the cvt e4m3x2 instructions on sm_89+ only");
+        }
+        // A matmul whose epilogue quantizes its result to fp8 is refused (the unfused lowering
+        // quantizes in a pointwise kernel).
+        let mut fb = FunctionBuilder::new(&Graph::new(), "quantized_proj");
+        let (a, b, s) = (fb.param("a", ty(DType::BF16, &[d(16), d(64)])), fb.param("b", ty(DType::BF16, &[d(32), d(64)])), fb.param("s", scale()));
+        let y = fb.op1(OpKind::Matmul, &[a, b], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+        let q = fb.op1(OpKind::QuantizeFp8, &[y, s], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Matmul, fb.finish(&[q]).unwrap());
+        for t in Target::ALL {
+            let e = compile_kernel(&g, k, &t).unwrap_err().to_string();
+            assert!(e.starts_with("kernel k0 (Matmul): unsupported: f8e4m3 in a matmul epilogue: result buffer b3 (f8e4m3[16, 32])"), "{e}");
+            assert!(matches!(schedule_variants(&g, k, &t), Err(CodegenError::Unsupported { .. })));
+        }
+        // A family that does not read fp8 (here an attention kernel holding one) is refused,
+        // naming the dtype, the value and the family.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_in_attention");
+        let (x, s) = (fb.param("x", ty(DType::F32, &[d(64)])), fb.param("s", scale()));
+        let q = fb.op1(OpKind::QuantizeFp8, &[x, s], vec![]).unwrap();
+        let (g, k) = single_kernel(Family::Attention, fb.finish(&[q]).unwrap());
+        let e = compile_kernel(&g, k, &Target::SM_90A).unwrap_err().to_string();
+        assert!(e.starts_with("kernel k0 (Attention): unsupported: f8e4m3 buffer"), "{e}");
+        assert!(e.contains("the Attention generator does not read f8e4m3") && e.ends_with(FP8_SUPPORT), "{e}");
     }
 
     #[test]

@@ -352,6 +352,65 @@ fn fused_pointwise(rows: i64, cols: i64) -> (KernelGraph, Kernel) {
     single(Family::Pointwise, fb.finish(&[out]).unwrap())
 }
 
+/// `quantize_fp8(x from[R, C], s f32[])` → `f8e4m3[R, C]` (issue #8).
+fn quantize_fp8_at(from: DType, rows: Dim, cols: Dim) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "quantize_fp8");
+    let x = fb.param("x", ty(from, &[rows, cols]));
+    let sc = fb.param("s", ty(DType::F32, &[]));
+    let y = op(&mut fb, OpKind::QuantizeFp8, &[x, sc]);
+    single(Family::Pointwise, fb.finish(&[y]).unwrap())
+}
+
+/// `dequantize_fp8(x8 f8e4m3[R, C], s f32[]) {dtype=to}` (issue #8).
+fn dequantize_fp8_at(to: DType, rows: Dim, cols: Dim) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "dequantize_fp8");
+    let x = fb.param("x8", ty(DType::F8E4M3, &[rows, cols]));
+    let sc = fb.param("s", ty(DType::F32, &[]));
+    let y = op_a(&mut fb, OpKind::DequantizeFp8, &[x, sc], vec![("dtype", Attr::DType(to))]);
+    single(Family::Pointwise, fb.finish(&[y]).unwrap())
+}
+
+/// Every other use of `f8e4m3` the element evaluator takes, each a kernel: the fake-quant
+/// round trip `dequantize_fp8(quantize_fp8(x, s), s)` (an fp8 value in registers only), casts
+/// to and from f8e4m3 (bf16, i32), a `select` of an fp8 tensor and an fp8 constant, a
+/// transpose of an fp8 tensor (layout), and a row reduction of dequantised fp8 rows.
+fn fp8_misc() -> Vec<(String, (KernelGraph, Kernel))> {
+    let (t, n) = (s("T"), d(1000));
+    let mut v = Vec::new();
+    let mut fb = FunctionBuilder::new(&Graph::new(), "fake_quant");
+    let x = fb.param("x", ty(DType::BF16, &[t.clone(), n.clone()]));
+    let sc = fb.param("s", ty(DType::F32, &[]));
+    let q = op(&mut fb, OpKind::QuantizeFp8, &[x, sc]);
+    let y = op_a(&mut fb, OpKind::DequantizeFp8, &[q, sc], vec![("dtype", Attr::DType(DType::BF16))]);
+    v.push(("pointwise fp8 fake quant bf16 [T,1000]".into(), single(Family::Pointwise, fb.finish(&[y]).unwrap())));
+    let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_casts");
+    let x = fb.param("x", ty(DType::BF16, &[t.clone(), n.clone()]));
+    let i = fb.param("i", ty(DType::I32, &[t.clone(), n.clone()]));
+    let x8 = fb.param("x8", ty(DType::F8E4M3, &[t.clone(), n.clone()]));
+    let m = fb.param("m", ty(DType::Bool, &[t.clone(), d(1)]));
+    let to8 = || vec![("dtype", Attr::DType(DType::F8E4M3))];
+    let a = op_a(&mut fb, OpKind::Cast, &[x], to8());
+    let b = op_a(&mut fb, OpKind::Cast, &[i], to8());
+    let c = op_a(&mut fb, OpKind::Cast, &[x8], vec![("dtype", Attr::DType(DType::F32))]);
+    let e = op_a(&mut fb, OpKind::Cast, &[x8], vec![("dtype", Attr::DType(DType::I32))]);
+    let k = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(-3.3)), ("dtype", Attr::DType(DType::F8E4M3))]);
+    let sel = op(&mut fb, OpKind::Select, &[m, x8, k]);
+    v.push(("pointwise fp8 casts and select [T,1000]".into(), single(Family::Pointwise, fb.finish(&[a, b, c, e, sel]).unwrap())));
+    let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_transpose");
+    let x = fb.param("x8", ty(DType::F8E4M3, &[t.clone(), d(576)]));
+    let y = op(&mut fb, OpKind::Transpose, &[x]);
+    v.push(("layout transpose f8e4m3".into(), single(Family::Layout, fb.finish(&[y]).unwrap())));
+    let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_rows");
+    let x = fb.param("x8", ty(DType::F8E4M3, &[s("R"), d(4096)]));
+    let sc = fb.param("s", ty(DType::F32, &[]));
+    let xf = op_a(&mut fb, OpKind::DequantizeFp8, &[x, sc], vec![("dtype", Attr::DType(DType::F32))]);
+    let y = op_a(&mut fb, OpKind::ReduceSum, &[xf], vec![("keepdim", Attr::Bool(true))]);
+    let z = op(&mut fb, OpKind::Softmax, &[xf]);
+    let zq = op(&mut fb, OpKind::QuantizeFp8, &[z, sc]);
+    v.push(("row fp8 reduce_sum + softmax quantized [R,4096]".into(), single(Family::RowReduction, fb.finish(&[y, zq]).unwrap())));
+    v
+}
+
 /// `cast(x [R, C], to)`.
 fn cast_kernel(from: DType, to: DType, rows: i64, cols: i64) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "cast");
@@ -552,6 +611,9 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
     }
     add("gather_bf16_i32_49152x576".into(), "gather: table bf16[49152,576], ids i32[4,32]".into(), embedding_at(DType::BF16, DType::I32, 49152, 576, 4, 32));
     add("gather_f32_i64_32000x4096".into(), "gather: table f32[32000,4096], ids i64[1,7]".into(), embedding_at(DType::F32, DType::I64, 32000, 4096, 1, 7));
+    // fp8 activations (issue #8): quantize and dequantize, one shape each.
+    add("quantize_fp8_bf16_64x4096".into(), "quantize_fp8(x bf16[64,4096], s f32[]) → f8e4m3".into(), quantize_fp8_at(DType::BF16, d(64), d(4096)));
+    add("dequantize_fp8_bf16_64x4096".into(), "dequantize_fp8(x8 f8e4m3[64,4096], s f32[]) → bf16".into(), dequantize_fp8_at(DType::BF16, d(64), d(4096)));
     for (from, to) in [(DType::BF16, DType::F32), (DType::F32, DType::BF16)] {
         for (r, c) in [(1024, 4096), (3, 1000)] {
             add(format!("cast_{from}_{to}_{r}x{c}"), format!("cast {from}[{r},{c}] to {to}"), cast_kernel(from, to, r, c));
@@ -658,7 +720,12 @@ fn cases() -> Vec<(String, (KernelGraph, Kernel))> {
         ("row epilogues f32".into(), row_epilogues(DType::F32)),
         ("row softmax f16 [R,1000]".into(), row_kernel(DType::F16, s("R"), d(1000), "softmax")),
         ("gather scaled embedding".into(), embedding_scaled()),
+        ("pointwise quantize_fp8 bf16 [T,1000]".into(), quantize_fp8_at(DType::BF16, s("T"), d(1000))),
+        ("pointwise quantize_fp8 f32 [T,17] (tail)".into(), quantize_fp8_at(DType::F32, s("T"), d(17))),
+        ("pointwise dequantize_fp8 bf16 [T,1000]".into(), dequantize_fp8_at(DType::BF16, s("T"), d(1000))),
+        ("pointwise dequantize_fp8 f32 [T,17] (tail)".into(), dequantize_fp8_at(DType::F32, s("T"), d(17))),
     ];
+    v.extend(fp8_misc());
     for what in ["softmax", "log_softmax", "rms_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"] {
         for dt in [DType::BF16, DType::F32] {
             let ns: Vec<Dim> = if matches!(what, "softmax" | "rms_norm") {
@@ -2132,3 +2199,4 @@ fn cpu_zoo_bodies_match_the_interpreter() {
         check_on_cpu(&f.name, &single(family, f.clone()), &b, &inputs, 2);
     }
 }
+

@@ -24,6 +24,14 @@
 //! index varies per lane, a reshape that splits the lane group across rows) split the
 //! coordinate into single lanes and evaluate each.
 //!
+//! **`f8e4m3`** (issue #8) is held as its byte (`Scalar::I` of an `i8`): loaded and stored as
+//! stored (16 lanes are one 16-byte vector access where the offsets prove it aligned), moved
+//! by the view ops and `select` unchanged; `quantize_fp8(x, s)` is `div.rn.f32` then the
+//! saturating round-to-nearest-even conversion, `dequantize_fp8(x8, s)` the exact conversion
+//! to f32, `mul.rn.f32` and the rounding to its dtype, `cast` goes through the exact f32 value
+//! (and rounds once on the way in), an fp8 `constant` is its byte — all bit-exact with the
+//! interpreter, with `cvt … e4m3x2` on sm_89+ and integer arithmetic on sm_80 ([`crate::fp8`]).
+//!
 //! **`bf16` as words.** A `bf16` input whose every use computes in f32 (see [`words_params`])
 //! is loaded as `i32` words and split with `w << 16` and `w & 0xffff0000` (exact): one
 //! instruction an element where `cvt.f32.bf16` of a high half costs two. An input that is
@@ -721,7 +729,8 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 Scalar::I(self.kb.b.build_int_compare(IntPredicate::NE, v.into_int_value(), z, "b")?)
             }
             DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} tensor read other than by `dequantize`")),
-            DType::F8E4M3 => return unsupported(crate::fp8_message("an f8e4m3 operand")),
+            // Held as its bit pattern (see [`crate::fp8`]).
+            DType::F8E4M3 => Scalar::I(v.into_int_value()),
         })
     }
 
@@ -731,7 +740,13 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::I32 | DType::I64 => s.i()?.as_basic_value_enum(),
             DType::Bool => self.kb.b.build_int_z_extend(s.i()?, self.kb.cx.i8_type(), "b")?.as_basic_value_enum(),
             DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} result")),
-            DType::F8E4M3 => return unsupported(crate::fp8_message("an f8e4m3 result")),
+            DType::F8E4M3 => {
+                let v = s.i()?;
+                if v.get_type().get_bit_width() != 8 {
+                    return Err(CodegenError::Builder(format!("an f8e4m3 value of {} bits", v.get_type().get_bit_width())));
+                }
+                v.as_basic_value_enum()
+            }
         })
     }
 
@@ -830,7 +845,27 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 xs.into_iter().map(|s| self.unary(kind, gelu_tanh, in_dt, out_dt, s)).collect()
             }
             Dequantize => self.dequantize(node, result, at, out_dt),
-            QuantizeFp8 | DequantizeFp8 => unsupported(crate::fp8_message(&format!("`{}`", kind.name()))),
+            QuantizeFp8 => {
+                let xs = self.operand(node, 0, result, at)?;
+                let ss = self.operand(node, 1, result, at)?;
+                let mut q = Vec::with_capacity(xs.len());
+                for (x, s) in xs.into_iter().zip(ss) {
+                    q.push(self.kb.fdiv(x.f()?, s.f()?)?);
+                }
+                Ok(crate::fp8::from_f32(self.kb, &q)?.into_iter().map(Scalar::I).collect())
+            }
+            DequantizeFp8 => {
+                let xs = self.operand(node, 0, result, at)?;
+                let ss = self.operand(node, 1, result, at)?;
+                let bytes = xs.iter().map(|x| x.i()).collect::<R<Vec<_>>>()?;
+                let vals = crate::fp8::to_f32(self.kb, &bytes)?;
+                let mut out = Vec::with_capacity(vals.len());
+                for (v, s) in vals.into_iter().zip(ss) {
+                    let p = self.kb.fmul(v, s.f()?)?;
+                    out.push(Scalar::F(self.kb.round_to(p, out_dt)?));
+                }
+                Ok(out)
+            }
             Add | Sub | Mul | Div | Maximum | Minimum | Pow | Eq | Ne | Lt | Le | Gt | Ge => {
                 let a = self.input(node, 0)?;
                 let in_dt = self.dtype(a)?;
@@ -972,7 +1007,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::I64 => Scalar::I(self.kb.i64c(r as i64)),
             DType::Bool => Scalar::I(self.kb.cx.bool_type().const_int(u64::from(r != 0.0), false)),
             DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dt} constant")),
-            DType::F8E4M3 => return unsupported(crate::fp8_message("an f8e4m3 constant")),
+            DType::F8E4M3 => Scalar::I(self.kb.cx.i8_type().const_int(u64::from(sinter_ir::dtype::f8e4m3_from_f64(value)), false)),
         })
     }
 
@@ -1077,6 +1112,23 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
     }
 
     fn cast(&mut self, from: DType, to: DType, x: Scalar<'ctx>) -> R<Scalar<'ctx>> {
+        // f8e4m3 (see [`crate::fp8`]): read as its exact f32 value, then cast as an f32 is; a
+        // cast to it rounds the f32 value once (integers convert to f32 first: exactly up to
+        // 2²⁴, and anything larger saturates at 448 either way).
+        if from == DType::F8E4M3 {
+            if to == DType::F8E4M3 {
+                return Ok(x);
+            }
+            let v = crate::fp8::to_f32(self.kb, &[x.i()?])?;
+            return self.cast(DType::F32, to, Scalar::F(v[0]));
+        }
+        if to == DType::F8E4M3 {
+            let f = match self.cast(from, DType::F32, x)? {
+                Scalar::F(f) => f,
+                Scalar::I(_) => return Err(CodegenError::Builder("a cast to f32 gave an integer".into())),
+            };
+            return Ok(Scalar::I(crate::fp8::from_f32(self.kb, &[f])?[0]));
+        }
         let b = &self.kb.b;
         let f32t = self.kb.cx.f32_type();
         Ok(match (from.is_float(), to) {
@@ -1093,7 +1145,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 Scalar::F(self.kb.round_to(f, to)?)
             }
             (_, DType::Q8_0 | DType::Q4_1) => return unsupported(format!("a cast to {to}")),
-            (_, DType::F8E4M3) => return unsupported(crate::fp8_message("a cast to f8e4m3")),
+            (_, DType::F8E4M3) => return Err(CodegenError::Builder("a cast to f8e4m3 reached the generic cast".into())),
             (false, DType::Bool) => {
                 let v = x.i()?;
                 Scalar::I(b.build_int_compare(IntPredicate::NE, v, v.get_type().const_zero(), "b")?)

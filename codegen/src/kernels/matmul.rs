@@ -130,8 +130,9 @@
 //! epilogue is the shared one (bias, activation, cast, …: any the bf16 kernel takes). Its
 //! schedule names read `wgmma 128x256x128 s4 f1` (the K tile of 128 tells it from bf16's 64).
 //! On sm_80/sm_90, under any other schedule, or with one fp8 operand only, the generator
-//! refuses the kernel (`Unsupported`, naming f8e4m3); fp8 anywhere else in a body is refused
-//! by the element evaluator. Numerics: the e4m3 products are exact and accumulate in f32,
+//! refuses the kernel (`Unsupported`, naming f8e4m3); fp8 in the epilogue (an fp8 result, a
+//! `quantize_fp8`) is refused before the generator runs (`refuse_fp8` in `lib.rs`); the unfused
+//! lowering, whose `dequantize_fp8`/`quantize_fp8` are element-wise kernels, runs anywhere. Numerics: the e4m3 products are exact and accumulate in f32,
 //! scaled once — as `torch._scaled_mm` computes — whereas the unfused graph rounds each
 //! dequantised operand to its dtype first (see [`build_wgmma`]).
 //!
@@ -6117,6 +6118,7 @@ pub(crate) mod emu {
                 DType::BF16 => f64::from(emu_bf2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
                 DType::F16 => f64::from(emu_h2f(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))),
                 DType::F32 => f64::from(f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])),
+                DType::F8E4M3 => sinter_ir::dtype::f8e4m3_to_f64(b[i]),
                 other => panic!("output dtype {other} not compared"),
             })
             .collect()

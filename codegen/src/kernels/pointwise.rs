@@ -23,7 +23,7 @@
 //! - **Flat** kernels — every value of the body has the outputs' element count or is a
 //!   single element, every full-size buffer is contiguous, and the ops are element-wise or
 //!   reshapes — index every buffer by the linear element index: `vec` is 16 bytes of the
-//!   narrowest full-size buffer (8 for `bf16`, 4 for `f32`; at most 8), each full group is one
+//!   narrowest full-size buffer (8 for `bf16`, 4 for `f32`; at most 8, or 16 for `f8e4m3`), each full group is one
 //!   16-byte `ld.global.nc.v4` per input and one `st.global.v4` per output, and the last
 //!   partial group (when `numel` is not provably a multiple of `vec`) is done element by
 //!   element: the scalar tail.
@@ -197,21 +197,28 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
     let shape = body.ty(outs[0].value).shape.clone();
     let n = Dim::product(&shape);
     let flat = flat_shapes(cx, &n, &outs);
-    // Vector width: 16 bytes of the narrowest full-size buffer.
+    // Vector width: 16 bytes of the narrowest full-size buffer (at most 8 elements, 16 where
+    // that buffer is `f8e4m3`: a 16-byte access of fp8 activations, their wider side two).
     let mut min_size = usize::MAX;
+    let mut fp8 = false;
     for (i, &p) in body.params.iter().enumerate() {
         if body.ty(p).numel() == n {
-            min_size = min_size.min(cx.buffer(i)?.ty.dtype.size_bytes());
+            let dt = cx.buffer(i)?.ty.dtype;
+            min_size = min_size.min(dt.size_bytes());
+            fp8 |= dt.is_fp8();
         }
     }
     for o in &outs {
-        min_size = min_size.min(cx.buffer(o.buffer)?.ty.dtype.size_bytes());
+        let dt = cx.buffer(o.buffer)?.ty.dtype;
+        min_size = min_size.min(dt.size_bytes());
+        fp8 |= dt.is_fp8();
     }
+    let max_vec = if fp8 && min_size == 1 { 16 } else { 8 };
     let block = schedule.map_or(PointwiseSchedule::BLOCK, |s| s.block);
     if block == 0 || block % 32 != 0 || block > 1024 {
         return Err(cx.unsupported(format!("block {block} is not a multiple of 32 in 32..=1024")));
     }
-    let mut vec = schedule.map_or_else(|| (16 / min_size.max(1)).clamp(1, 8) as u32, |s| s.vec);
+    let mut vec = schedule.map_or_else(|| (16 / min_size.max(1)).clamp(1, max_vec) as u32, |s| s.vec);
     if !vec.is_power_of_two() || vec > 16 {
         return Err(cx.unsupported(format!("vec {vec} is not a power of two ≤ 16")));
     }
