@@ -395,14 +395,14 @@ impl WgSchedule {
 /// The Hopper schedule for head dims `d`, `dv` ≤ 128: two warpgroups (128 query rows, 256
 /// threads, so up to 255 registers a thread at one CTA an SM), 128-key tiles — a 64×128 f32
 /// S and a 64×Dv f32 O accumulator a warpgroup (64 + 64 registers a thread at D = 128), as
-/// FlashAttention-3's (arXiv 2407.08608) 128×128 tile for D = 128, on the warp-specialised
-/// kernel (`ws`: a TMA producer warpgroup; measured on an H200, B2 H32 S4096 D128: 564 against
-/// 469 TFLOP/s, causal 454 against 388, bench/RESULTS.md). Head dims of 64 take 64-key tiles
-/// without the producer: measured 1.28× faster than 128-key tiles non-causal and 1.15×
-/// causal (twice the CTAs an SM: half the S registers and shared memory).
+/// FlashAttention-3's (arXiv 2407.08608) 128×128 tile for D = 128. Head dims of 64 take
+/// 64-key tiles: measured on an H200 (bench/RESULTS.md, 2026-11-30, 0174000) 1.28× faster than
+/// 128-key tiles non-causal and 1.15× causal at B2 H32 S4096 (twice the CTAs an SM: half
+/// the S registers and shared memory). The warp-specialised kernel (`ws`) is a candidate, not
+/// the default (see "The Hopper kernel").
 pub fn choose_wg_schedule(d: u32, dv: u32) -> WgSchedule {
-    let small = d.max(dv) <= 64;
-    WgSchedule { warpgroups: 2, block_kv: if small { 64 } else { 128 }, pv_split: false, overlap: false, producer: !small, pingpong: false }
+    let block_kv = if d.max(dv) <= 64 { 64 } else { 128 };
+    WgSchedule { warpgroups: 2, block_kv, pv_split: false, overlap: false, producer: false, pingpong: false }
 }
 
 /// Why prefill attention `p` cannot take the `wgmma` kernel on `target` (`Ok` when it can):
