@@ -182,20 +182,22 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
 }
 
 /// What the generators say of `f8e4m3` (issue #8) where they do not read it: only the fp8
-/// matmul kernel does (sm_90a, `wgmma`, [`kernels::matmul`]).
+/// matmul and the fp8 prefill attention do (sm_90a, `wgmma`; [`kernels::matmul`],
+/// [`kernels::attention_tc`]).
 pub(crate) fn fp8_message(what: &str) -> String {
-    format!("{what}: the only kernel that reads f8e4m3 is the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the interpreter runs every fp8 graph")
+    format!("{what}: the only kernels that read f8e4m3 are, on sm_90a with wgmma, the fp8 matmul (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b) and the fp8 attention (`attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))`, head dims 64 or 128, no mask, a bf16 or f16 output); the interpreter runs every fp8 graph")
 }
 
 /// Refuses a kernel that holds an `f8e4m3` value — a buffer it reads or writes, or a value its
 /// body computes (`dequantize_fp8(quantize_fp8(x))` has no fp8 buffer) — with
 /// [`CodegenError::Unsupported`] naming the dtype, the value and the kernel, before any
-/// generator sees it. Matmul kernels pass: their generator reads the fp8 matmul's operands
-/// ([`kernels::matmul`], `Spec::fp8`) and refuses every other fp8 value itself (the element
+/// generator sees it. Matmul and prefill attention kernels pass: their generators read the
+/// fp8 matmul's and the fp8 attention's operands ([`kernels::matmul`], `Spec::fp8`;
+/// [`kernels::attention_tc`], "fp8") and refuse every other fp8 value themselves (the element
 /// evaluator refuses fp8 in an epilogue).
 fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
     let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
-    if data.family == Family::Matmul {
+    if matches!(data.family, Family::Matmul | Family::Attention) {
         return Ok(());
     }
     let buffer = data.inputs.iter().chain(&data.outputs).find_map(|&b| graph.buffers.get(b).filter(|d| d.ty.dtype.is_fp8()).map(|d| (b, d)));
@@ -536,7 +538,7 @@ mod tests {
         for t in [Target::SM_80, Target::SM_90] {
             let e = compile_kernel(&g, k, &t).unwrap_err();
             assert!(matches!(&e, CodegenError::Unsupported { .. }), "{e:?}");
-            assert_eq!(e.to_string(), format!("kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not {t}: the only kernel that reads f8e4m3 is the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the interpreter runs every fp8 graph"));
+            assert_eq!(e.to_string(), format!("kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not {t}: the only kernels that read f8e4m3 are, on sm_90a with wgmma, the fp8 matmul (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b) and the fp8 attention (`attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))`, head dims 64 or 128, no mask, a bf16 or f16 output); the interpreter runs every fp8 graph"));
             assert!(matches!(schedule_variants(&g, k, &t), Err(CodegenError::Unsupported { .. })));
         }
         // An fp8 A with a bf16 B is not the fp8 matmul.
