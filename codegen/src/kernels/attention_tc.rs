@@ -1409,14 +1409,23 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 issue_tile(k, next)?;
                 k.cp_async_commit()
             })?;
-            if fp8.is_some() {
-                // Vᵀ written by generic stores, read by the `wgmma`s (async proxy): each
-                // writer fences, then the barrier (PTX ISA §9.7.15.1).
+            let j0 = k.mul(t, c32(bkv))?;
+            // fp8: every warpgroup issues its S = Q·K_tᵀ (for every tile of the CTA, so that the
+            // issue and its wait are under no condition ptxas cannot prove uniform; a causal
+            // CTA's upper warpgroup computes up to one fully masked tile it then skips), the
+            // threads transpose V_t into Vᵀ while it runs, then wait for it. Vᵀ is written by
+            // generic stores and read by the P·V `wgmma`s (async proxy): each writer fences,
+            // then the barrier (PTX ISA §9.7.15.1).
+            let s_fp8 = if fp8.is_some() {
+                let pending = qk_wg(k, stage_of(k, t)?.0, 1)?;
                 transpose_v(k, stage_of(k, t)?.1)?;
+                let out = k.wgmma_wait_group(&pending, 0)?;
                 k.fence_proxy_async()?;
                 k.barrier()?;
-            }
-            let j0 = k.mul(t, c32(bkv))?;
+                Some(out)
+            } else {
+                None
+            };
             k.if_then(k.icmp(IntPredicate::SLT, j0, grp_end)?, |k| {
                 let (k_sm, v_sm) = stage_of(k, t)?;
                 let (k_at, v_at) = (k.sh_at(smem, k.add(k_sm, k_lane)?)?, k.sh_at(smem, k.add(v_sm, v_lane)?)?);
@@ -1424,7 +1433,10 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 // S = Q·Kᵀ.
                 let mut sacc: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
                 if wg.is_some() {
-                    let out = qk_wg(k, k_sm, 0)?;
+                    let out = match &s_fp8 {
+                        Some(out) => out.clone(),
+                        None => qk_wg(k, k_sm, 0)?,
+                    };
                     for n in 0..n_nt {
                         for e in 0..4 {
                             sacc[0][n][e] = out[4 * n + e];
@@ -1696,6 +1708,7 @@ mod tests {
             assert!(e.contains("f8e4m3 attention: ") && e.contains("the only kernels that read f8e4m3"), "{e}");
         }
     }
+
 
     #[test]
     fn schedules() {
