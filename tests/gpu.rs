@@ -1377,8 +1377,9 @@ fn check_fp8_attention(name: &str, out: &Tensor, reference: &Tensor, v: &Tensor,
 }
 
 /// Without a GPU: each fp8 attention case lowers (fused) to one attention kernel whose
-/// schedule candidates on sm_90a are the wgmma e4m3 kernel at 128- and 64-key tiles
-/// (`wgmma kv128 g2 e4m3`, `wgmma kv64 g2 e4m3`), each assembled by ptxas without spills; sm_80
+/// schedule candidates on sm_90a are the wgmma e4m3 kernel at 128- and 64-key tiles and with
+/// the intra-warpgroup overlap (`wgmma kv128 g2 e4m3`, `wgmma kv64 g2 e4m3`,
+/// `wgmma kv128 g2 ov e4m3`), each assembled by ptxas without spills; sm_80
 /// refuses it, naming f8e4m3.
 #[cfg(feature = "llvm")]
 #[test]
@@ -1391,7 +1392,7 @@ fn fp8_attention_cases_lower_to_one_wgmma_kernel() {
         assert!(sinter::tune::tunable(&kg, k), "{label}");
         let variants = sinter_codegen::schedule_variants(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
         let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(names, ["wgmma kv128 g2 e4m3", "wgmma kv64 g2 e4m3"], "{label}");
+        assert_eq!(names, ["wgmma kv128 g2 e4m3", "wgmma kv64 g2 e4m3", "wgmma kv128 g2 ov e4m3"], "{label}");
         for v in &variants {
             assert!(v.plan.entry.ends_with("_attention_wgmma_e4m3"), "{label}: {}", v.plan.entry);
             if let Some(p) = &ptxas {
@@ -1405,7 +1406,8 @@ fn fp8_attention_cases_lower_to_one_wgmma_kernel() {
 }
 
 /// The fp8 attention (issue #8) on the device against the interpreter, each schedule candidate
-/// of its kernel pinned in turn (on sm_90a the wgmma e4m3 kernel at 128- and 64-key tiles), at
+/// of its kernel pinned in turn (on sm_90a the wgmma e4m3 kernel at 128- and 64-key tiles, and
+/// overlapped), at
 /// the shapes of [`fp8_attention_cases`], under the tolerance of [`check_fp8_attention`]; the
 /// fully masked rows (causal Sq > Skv) exactly 0, NaN exactly where the reference has it (a
 /// NaN in q: its row; a NaN in V at a key the causal mask hides: only the rows that see it).
@@ -1421,7 +1423,7 @@ fn gpu_fp8_attention_matches_the_interpreter() {
         let k = kg.kernels.keys().next().unwrap();
         assert!(sinter::tune::tunable(&kg, k), "{label}: not tunable");
         let names = sinter::tune::cached_names(&kg, k, target, &cache).unwrap();
-        assert!(names.len() == 2 && names.iter().all(|n| n.starts_with("wgmma ") && n.ends_with(" e4m3")), "{label}: candidates {names:?}");
+        assert!(names.len() == 3 && names.iter().all(|n| n.starts_with("wgmma ") && n.ends_with(" e4m3")), "{label}: candidates {names:?}");
         let mut ins = fp8_attention_inputs(&g, 400 + ci as u64);
         if let Some((input, at)) = nan_at {
             let t = &mut ins.iter_mut().find(|(n, _)| n == input).unwrap().1;

@@ -2,6 +2,10 @@
 //! and decode attention over a paged KV cache ([`Family::PagedAttention`],
 //! [`generate_paged`]): FlashAttention-2 on CUDA cores, correct for every shape.
 //!
+//! An fp8 attention (q, k, v all `dequantize_fp8` of `f8e4m3` kernel inputs, issue #8) has
+//! one kernel, the `wgmma` one on sm_90a ([`super::attention_tc`], "fp8"); elsewhere it is
+//! refused naming f8e4m3.
+//!
 //! [`generate_prefill`] hands bf16/f16 prefill attention whose head dims are multiples of 16
 //! and whose q/k/v rows are contiguous and 16-byte aligned to the tensor-core kernel of
 //! [`super::attention_tc`] (the same algorithm on `mma.sync`, `cp.async` double buffered);
@@ -844,12 +848,17 @@ fn tc_default(p: &Prefill, target: &Target) -> TcSchedule {
 pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
     let p = std::rc::Rc::new(Prefill::analyse(graph, kernel)?);
     if p.fp8.is_some() {
-        // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles; names end `e4m3`.
+        // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles and the
+        // intra-warpgroup overlap; names end `e4m3`.
         let wd = attention_tc::choose_wg_schedule(p.d, p.dv);
         let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
-        let alt = WgSchedule { block_kv: 64, ..wd };
-        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan_wg(&p, target, &alt));
-        return Ok(vec![(format!("{} e4m3", wd.name()), first), (format!("{} e4m3", alt.name()), build)]);
+        let mut out: Vec<crate::Candidate<'a>> = vec![(format!("{} e4m3", wd.name()), first)];
+        for alt in [WgSchedule { block_kv: 64, ..wd }, WgSchedule { overlap: true, ..wd }] {
+            let p = p.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan_wg(&p, target, &alt));
+            out.push((format!("{} e4m3", alt.name()), build));
+        }
+        return Ok(out);
     }
     if attention_tc::eligible(&p).is_err() {
         let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
