@@ -156,9 +156,13 @@
 //!   position `32c + 16h + 4t + i` — the sum over keys does not care about their order — so
 //!   each lane packs its own four scores into one register (no shuffles, as FA3's byte
 //!   permutes achieve). `m64n{Dv}k32.f32.e4m3.e4m3` per 32 keys, A from registers.
-//!   The plain loop issues S = Q·K_tᵀ (every warpgroup, every tile of the CTA: the issue and
-//!   its wait under no branch), transposes V_t while it runs, waits, fences, barriers; the
-//!   overlapped loop (` ov e4m3`) transposes V_{t−1} after its barrier, before the products.
+//!   The plain loop loads V two tiles ahead (three stages) and keeps two Vᵀ buffers: tile t
+//!   issues S = Q·K_tᵀ (every warpgroup, every tile of the CTA: the issue and its wait under
+//!   no branch), transposes V_{t+1} into the other buffer while it runs, waits, fences; the
+//!   barrier at the top of tile t + 1 publishes it, so the transposition costs no barrier of
+//!   its own (H200, B2 H32 S4096 D128: a second barrier per tile cost 10%, the transposition
+//!   itself 9%). The overlapped loop (` ov e4m3`) transposes V_{t−1} after its barrier, then
+//!   a second barrier, before the products.
 //! - **Output**: O = sv·acc / l (sv once, in f32), rounded once.
 //! - **Non-finite V**: e4m3 has NaN (`S.1111.111`) and no infinities; the scan for products
 //!   the interpreter does not make looks for NaN bytes, and the CUDA-core P·V reads V's bytes
@@ -454,9 +458,11 @@ struct Smem {
     /// aligned — the 128-byte-swizzle canonical layout of PTX ISA §9.7.15.5.1, as the
     /// `wgmma` GEMM's slabs (`matmul::Slab`). Padded rows otherwise.
     swz: bool,
-    /// fp8 (`f8e4m3` q, k, v): the byte offset of Vᵀ (`dv` rows of the tile's keys, 128-byte
-    /// swizzled, K-major: the B operand of the e4m3 P·V), else 0.
-    vt: u32,
+    /// fp8 (`f8e4m3` q, k, v): the byte offsets of the two Vᵀ buffers (`dv` rows of a tile's
+    /// keys, 128-byte swizzled, K-major: the B operand of the e4m3 P·V), else 0; and of V's
+    /// third stage (the plain loop loads V two tiles ahead), else 0.
+    vt: [u32; 2],
+    v2: u32,
     total: u32,
 }
 
@@ -478,7 +484,7 @@ impl Smem {
             total += s.block_q() * (s.block_kv + 8) * 2;
             (p, s.block_kv + 8)
         };
-        Smem { ldq, ldk, ldv, ldp, k, v, p, stage: 0, ldst: ldq, swz: false, vt: 0, total }
+        Smem { ldq, ldk, ldv, ldp, k, v, p, stage: 0, ldst: ldq, swz: false, vt: [0; 2], v2: 0, total }
     }
 
     /// The `wgmma` kernel's: Q (`block_q × d`), two stages of K (`block_kv × d`) and V
@@ -487,8 +493,8 @@ impl Smem {
     ///
     /// With `fp8` the tiles hold e4m3 bytes: a tile of width D ≤ 128 is one slab of 128-byte
     /// rows (at D = 64 half of each row is used), V's two stages are copied as stored (keys
-    /// outer) and transposed by the threads into Vᵀ (`dv` rows of 128 bytes, [`Smem::vt`]),
-    /// after the stages and before the P scratch.
+    /// outer, three stages) and transposed by the threads into Vᵀ (two buffers of `dv` rows of
+    /// 128 bytes, [`Smem::vt`]), after the stages and before the P scratch.
     fn wg(w: &WgSchedule, d: u32, dv: u32, fp8: bool) -> Smem {
         let (bq, bkv) = (w.block_q(), w.block_kv);
         // Bytes of a tile of `rows` rows of width `x`: whole 128-byte slabs.
@@ -498,11 +504,12 @@ impl Smem {
         let q_bytes = tile(bq, d);
         let k = [q_bytes, q_bytes + kb];
         let v = [q_bytes + 2 * kb, q_bytes + 2 * kb + vb];
-        let vt = if fp8 { v[1] + vb } else { 0 };
-        let p = v[1] + vb + if fp8 { dv * 128 } else { 0 };
+        let v2 = if fp8 { v[1] + vb } else { 0 };
+        let vt = if fp8 { [v2 + vb, v2 + vb + dv * 128] } else { [0; 2] };
+        let p = v[1] + vb + if fp8 { vb + 2 * dv * 128 } else { 0 };
         let ldp = bkv.max(dv) + 8;
         let total = p + bq * ldp * 2;
-        Smem { ldq: d, ldk: d, ldv: dv, ldp, k, v, p, stage: p, ldst: ldp, swz: true, vt, total }
+        Smem { ldq: d, ldk: d, ldv: dv, ldp, k, v, p, stage: p, ldst: ldp, swz: true, vt, v2, total }
     }
 }
 
@@ -1217,6 +1224,9 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         })?;
         k.warp_sync()
     };
+    // fp8: the Vᵀ buffer the next P·V reads (byte offset).
+    // (Only an fp8 kernel allocates it: the other kernels' PTX stays as it was.)
+    let vt_var = if fp8.is_some() { Some(var_i32(kit, c32(sm.vt[0]))?) } else { None };
     // The `wgmma` P·V's groups: one, or Dv / 64 with `pv_split`.
     let pv_parts = wg.map_or(1, |w| if w.pv_split { dv / 64 } else { 1 });
     // O += P·V on tensor cores (V at `v_sm`, P in `pa`). With `wgmma`, each of the
@@ -1226,7 +1236,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         if fp8.is_some() {
             // A = P's e4m3 fragments (k-step kk: the 32 keys 32kk..), B = Vᵀ (K-major, its
             // k positions permuted as `pack` needs): one m64n{Dv}k32 per 32 keys.
-            let vt_addr = k.add(sbase, c32(sm.vt))?;
+            let vt_addr = k.add(sbase, get_i32(k, vt_var.ok_or_else(|| k.err("no Vᵀ offset"))?)?)?;
             let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
             let steps = (0..n_nt / 4).map(|kk| Ok((pa[0][kk], desc(k, k.add(vt_addr, c32(kk as u32 * 32))?, k_major)?))).collect::<R<Vec<_>>>()?;
             let cur: Vec<FloatValue<'ctx>> = flat.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
@@ -1283,7 +1293,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     // rows are 128-byte swizzled (chunk c of row n at c xor (n mod 8)). Every thread's
     // `wgmma`s of the previous tile were waited for before the barrier that precedes
     // this, so the one Vᵀ buffer is free.
-    let transpose_v = |k: &Kit<'ctx>, v_sm: IntValue<'ctx>| -> R<()> {
+    let transpose_v = |k: &Kit<'ctx>, v_sm: IntValue<'ctx>, vt_sm: IntValue<'ctx>| -> R<()> {
         let ng = bkv / 32;
         let units = bkv * dv / 64;
         for i in 0..units.div_ceil(threads) {
@@ -1307,7 +1317,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                     for (b, &word) in cols.iter().enumerate() {
                         let n = k.add(k.mul(cn, c32(16))?, c32(4 * w + b as u32))?;
                         let chunk = k.xor(kc, k.and(n, c32(7))?)?;
-                        let at = k.add(c32(sm.vt), k.add(k.mul(n, c32(128))?, k.add(k.shl(chunk, 4)?, k.shl(t, 2)?)?)?)?;
+                        let at = k.add(vt_sm, k.add(k.mul(n, c32(128))?, k.add(k.shl(chunk, 4)?, k.shl(t, 2)?)?)?)?;
                         store_i32s(k, k.sh_at(smem, at)?, &[word])?;
                     }
                 }
@@ -1366,7 +1376,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 // readers, P_{t−2}·V_{t−2}, were waited for in iteration t − 1. The writers
                 // fence the async proxy, then the barrier (CTA-uniform condition).
                 k.if_then(k.icmp(IntPredicate::SGT, t, c32(0))?, |k| {
-                    transpose_v(k, stage_of(k, k.sub(t, c32(1))?)?.1)?;
+                    transpose_v(k, stage_of(k, k.sub(t, c32(1))?)?.1, c32(sm.vt[0]))?;
                     k.fence_proxy_async()?;
                     k.barrier()
                 })?;
@@ -1459,6 +1469,25 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             )
         })?;
     } else {
+        // fp8: V is loaded two tiles ahead of its use (three stages, t mod 3) and transposed
+        // one tile ahead into Vᵀ buffer t mod 2, so that the barrier at the top of the next
+        // tile publishes it (no second barrier). The prologue took K_0 and V_0: V_1 now, and
+        // V_0's transposition.
+        let v_stage = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let r = k.urem(t, c32(3))?;
+            k.select_int(k.icmp(IntPredicate::EQ, r, c32(0))?, c32(sm.v[0]), k.select_int(k.icmp(IntPredicate::EQ, r, c32(1))?, c32(sm.v[1]), c32(sm.v2))?)
+        };
+        let vt_of = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<IntValue<'ctx>> { k.add(c32(sm.vt[0]), k.mul(k.and(t, c32(1))?, c32(sm.vt[1] - sm.vt[0]))?) };
+        let issue_v3 = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
+            let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
+            copy_rows(k, bkv, dv / epc, sm.ldv, v_stage(k, t)?, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, k.sub(skv, j0)?)
+        };
+        if fp8.is_some() {
+            kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(1))?, |k| issue_v3(k, c32(1)))?;
+            kit.cp_async_commit()?;
+            transpose_v(kit, c32(sm.v[0]), c32(sm.vt[0]))?;
+            kit.fence_proxy_async()?;
+        }
         kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
             k.cp_async_wait(0)?;
             if wg.is_some() {
@@ -1466,29 +1495,40 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             }
             k.barrier()?;
             let next = k.add(t, c32(1))?;
-            k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
-                issue_tile(k, next)?;
-                k.cp_async_commit()
-            })?;
+            if fp8.is_some() {
+                k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| issue_k(k, next))?;
+                let after = k.add(t, c32(2))?;
+                k.if_then(k.icmp(IntPredicate::SLT, after, n_tiles)?, |k| issue_v3(k, after))?;
+                k.cp_async_commit()?;
+            } else {
+                k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
+                    issue_tile(k, next)?;
+                    k.cp_async_commit()
+                })?;
+            }
             let j0 = k.mul(t, c32(bkv))?;
             // fp8: every warpgroup issues its S = Q·K_tᵀ (for every tile of the CTA, so that the
             // issue and its wait are under no condition ptxas cannot prove uniform; a causal
             // CTA's upper warpgroup computes up to one fully masked tile it then skips), the
-            // threads transpose V_t into Vᵀ while it runs, then wait for it. Vᵀ is written by
-            // generic stores and read by the P·V `wgmma`s (async proxy): each writer fences,
-            // then the barrier (PTX ISA §9.7.15.1).
+            // threads transpose V_{t+1} into the other Vᵀ buffer while it runs (on the last
+            // tile, a stage no tile reads: harmless), then wait for it and fence the async
+            // proxy for the transposed bytes (PTX ISA §9.7.15.1; the next tile's barrier
+            // publishes them). ptxas 12.9 crashes on a fence between the issue and the wait.
             let s_fp8 = if fp8.is_some() {
                 let pending = qk_wg(k, stage_of(k, t)?.0, 1)?;
-                transpose_v(k, stage_of(k, t)?.1)?;
+                transpose_v(k, v_stage(k, next)?, vt_of(k, next)?)?;
                 let out = k.wgmma_wait_group(&pending, 0)?;
                 k.fence_proxy_async()?;
-                k.barrier()?;
+                if let Some(v) = vt_var {
+                    k.set(v, vt_of(k, t)?.into())?;
+                }
                 Some(out)
             } else {
                 None
             };
             k.if_then(k.icmp(IntPredicate::SLT, j0, grp_end)?, |k| {
                 let (k_sm, v_sm) = stage_of(k, t)?;
+                let v_sm = if fp8.is_some() { v_stage(k, t)? } else { v_sm };
                 let (k_at, v_at) = (k.sh_at(smem, k.add(k_sm, k_lane)?)?, k.sh_at(smem, k.add(v_sm, v_lane)?)?);
 
                 // S = Q·Kᵀ.
@@ -1776,6 +1816,7 @@ mod tests {
             assert!(e.contains("f8e4m3 attention: ") && e.contains("the only kernels that read f8e4m3"), "{e}");
         }
     }
+
 
 
 
