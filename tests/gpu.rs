@@ -947,10 +947,10 @@ fn precompile_gpu_test_kernels() {
             Err(e) => fails.push(format!("autotune candidates: {e}")),
         }
     }
-    // The fp8 matmuls: fused only (unfused, `dequantize_fp8` alone is a kernel no generator
-    // takes), every candidate.
+    // The fp8 matmuls and attentions: fused only (unfused, `dequantize_fp8` alone is a kernel
+    // no generator takes), every candidate.
     #[cfg(feature = "llvm")]
-    for (label, g, _) in fp8_cases() {
+    for (label, g) in fp8_cases().into_iter().map(|(l, g, _)| (l, g)).chain(fp8_attention_cases().into_iter().map(|(l, g, _)| (l, g))) {
         let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache).and_then(|n| sinter::gpu::plans(&kg, &target, &cache, &mut stats).map(|_| n + 1)) {
             Ok(n) => total += n,
