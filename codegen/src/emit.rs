@@ -627,30 +627,36 @@ impl<'ctx> KernelBuilder<'ctx> {
         (0..regs as u32).map(|i| Ok(self.b.build_extract_value(st, i, "d")?.into_float_value())).collect()
     }
 
-    /// One K tile of a warpgroup's `m64nNk16` products with A from **registers** (PTX ISA
-    /// §9.7.15.5.2, the `wgmma.mma_async … d, a, b-desc, scale-d, imm-scale-a, imm-scale-b,
-    /// imm-trans-b` form): `wgmma.fence`, one `wgmma.mma_async` per `(a, b_desc)` pair of
-    /// `steps` — `a` the four `.b32` registers of the warp's 16×16 A fragment (figure "WGMMA
-    /// .m64nNk16 register fragment layout for matrix A": warp `w % 4` holds rows `16·(w % 4) ..`,
-    /// lane `(g, t) = (lane/4, lane%4)` holds `{(g, 2t), (g, 2t+1)}`, `{(g+8, 2t), ..}`,
-    /// `{(g, 2t+8), ..}`, `{(g+8, 2t+8), ..}`, low half first — the `mma.m16n8k16` A layout),
-    /// `b_desc` B's matrix descriptor —, `wgmma.commit_group`, `wgmma.wait_group in_flight`.
-    /// `trans_b` sets `imm-trans-b` (B stored MN-major, N contiguous; allowed for bf16/f16
-    /// only). `acc` as in [`KernelBuilder::wgmma_k_tile`]. Every thread of the warpgroup must
-    /// execute it. sm_90a only.
+    /// One K tile of a warpgroup's `m64nNk16` (bf16/f16) or `m64nNk32` (`f8e4m3`) products
+    /// with A from **registers** (PTX ISA §9.7.15.5.2, the `wgmma.mma_async … d, a, b-desc,
+    /// scale-d, imm-scale-a, imm-scale-b{, imm-trans-b}` form): `wgmma.fence`, one
+    /// `wgmma.mma_async` per `(a, b_desc)` pair of `steps` — `a` the four `.b32` registers of
+    /// the warp's A fragment, `b_desc` B's matrix descriptor —, `wgmma.commit_group`,
+    /// `wgmma.wait_group in_flight`. The A fragment (warp `w % 4` holds rows `16·(w % 4) ..`,
+    /// lane `(g, t) = (lane/4, lane%4)`, low bytes first): bf16/f16 (figure "WGMMA .m64nNk16
+    /// register fragment layout for matrix A") `{(g, 2t), (g, 2t+1)}`, `{(g+8, 2t), ..}`,
+    /// `{(g, 2t+8), ..}`, `{(g+8, 2t+8), ..}` — the `mma.m16n8k16` A layout; `f8e4m3` (figure
+    /// "WGMMA .m64nNk32 register fragment layout for matrix A") `(g, 4t..4t+3)`,
+    /// `(g+8, 4t..4t+3)`, `(g, 16+4t..)`, `(g+8, 16+4t..)`, four e4m3 bytes a register.
+    /// `trans_b` sets `imm-trans-b` (B stored MN-major, N contiguous; bf16/f16 only: 8-bit
+    /// types have no transpose operand and take a K-major B). `acc` as in
+    /// [`KernelBuilder::wgmma_k_tile`]. Every thread of the warpgroup must execute it.
+    /// sm_90a only.
     ///
     /// # Errors
-    /// [`CodegenError::Builder`] (also for an `n` that is not a multiple of 8 in 8..=256 or a
-    /// dtype other than bf16/f16).
+    /// [`CodegenError::Builder`] (also for an `n` that is not a multiple of 8 in 8..=256, a
+    /// dtype other than bf16/f16/f8e4m3, or `trans_b` with f8e4m3).
     pub fn wgmma_rs_k_tile(&self, dt: sinter_ir::DType, n: u32, acc: &[FloatValue<'ctx>], steps: &[([IntValue<'ctx>; 4], IntValue<'ctx>)], trans_b: bool, in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
         let ty = match dt {
             sinter_ir::DType::BF16 => "bf16",
             sinter_ir::DType::F16 => "f16",
-            _ => return Err(CodegenError::Builder(format!("wgmma of {dt} operands"))),
+            sinter_ir::DType::F8E4M3 if !trans_b => "e4m3",
+            _ => return Err(CodegenError::Builder(format!("wgmma of {dt} operands (A in registers, transposed B: {trans_b})"))),
         };
+        let k = wgmma_k(dt).ok_or_else(|| CodegenError::Builder(format!("wgmma of {dt} operands")))?;
         let regs = (n / 2) as usize;
         if n % 8 != 0 || !(8..=256).contains(&n) || acc.len() != regs || steps.is_empty() {
-            return Err(CodegenError::Builder(format!("wgmma m64n{n}k16 (A in registers) with {} accumulators", acc.len())));
+            return Err(CodegenError::Builder(format!("wgmma m64n{n}k{k} (A in registers) with {} accumulators", acc.len())));
         }
         let f32t = self.cx.f32_type();
         let (i32t, i64t) = (self.cx.i32_type(), self.cx.i64_type());
@@ -662,11 +668,12 @@ impl<'ctx> KernelBuilder<'ctx> {
         }
         let fty = out_ty.fn_type(&params, false);
         let list = (0..regs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-        let tb = u32::from(trans_b);
+        // 8-bit types take no imm-trans-b operand.
+        let imms = if dt == sinter_ir::DType::F8E4M3 { "1, 1".to_owned() } else { format!("1, 1, {}", u32::from(trans_b)) };
         let mut text = String::from("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.fence.sync.aligned;\n");
         for j in 0..steps.len() {
             let o = 2 * regs + 5 * j;
-            text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{list}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, {tb};\n", o, o + 1, o + 2, o + 3, o + 4));
+            text.push_str(&format!("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, {{${}, ${}, ${}, ${}}}, ${}, p, {imms};\n", o, o + 1, o + 2, o + 3, o + 4));
         }
         text.push_str(&format!("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned {in_flight};\n}}"));
         let mut cons: Vec<String> = (0..regs).map(|_| "=f".to_owned()).collect();
@@ -993,6 +1000,72 @@ impl<'ctx> KernelBuilder<'ctx> {
             v = self.b.build_insert_element(v, r, self.i32c(i as i64), "p")?;
         }
         Ok(self.b.build_bit_cast(v, self.cx.i32_type(), "x2")?.into_int_value())
+    }
+
+    /// Four f32s rounded to nearest even into `f8e4m3` (OCP E4M3) with saturation to ±448 (NaN
+    /// stays NaN) and packed into one `i32`, `x[0]` in bits 0–7 … `x[3]` in 24–31: two
+    /// `cvt.rn.satfinite.e4m3x2.f32` (PTX ISA §9.7.9.21, sm_89+; the first source goes to the
+    /// upper byte) and a `mov.b32` of the halves — a register of an e4m3 `wgmma` A fragment.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn pack_e4m3x4(&self, x: [FloatValue<'ctx>; 4]) -> R<IntValue<'ctx>> {
+        let (i32t, f32t) = (self.cx.i32_type(), self.cx.f32_type());
+        let fty = i32t.fn_type(&[f32t.into(); 4], false);
+        let text = "{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\ncvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\nmov.b32 $0, {lo, hi};\n}";
+        let f = self.cx.create_inline_asm(fty, text.to_owned(), "=r,f,f,f,f".to_owned(), false, false, None, false);
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = x.iter().map(|&v| v.into()).collect();
+        let r = self.b.build_indirect_call(fty, f, &args, "e4m3x4")?;
+        Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
+    }
+
+    /// The two `f8e4m3` values in the low 16 bits of `x` (an `i32`; bits 0–7 first) as f32s,
+    /// exactly: `cvt.rn.f16x2.e4m3x2` (PTX ISA §9.7.9.21) then f16 → f32.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn e4m3x2_to_f32(&self, x: IntValue<'ctx>) -> R<[FloatValue<'ctx>; 2]> {
+        let w = self.e4m3x2_to_f16x2(x)?;
+        let h2 = self.b.build_bit_cast(w, self.cx.f16_type().vec_type(2), "h2")?.into_vector_value();
+        let f32t = self.cx.f32_type();
+        let e = |i: u64| -> R<FloatValue<'ctx>> {
+            let h = self.b.build_extract_element(h2, self.cx.i32_type().const_int(i, false), "")?.into_float_value();
+            Ok(self.b.build_float_ext(h, f32t, "")?)
+        };
+        Ok([e(0)?, e(1)?])
+    }
+
+    /// The two `f8e4m3` values in the low 16 bits of `x` (an `i32`; bits 0–7 first) widened
+    /// exactly to an f16 pair, packed into an `i32` (the first in bits 0–15):
+    /// `cvt.rn.f16x2.e4m3x2` (PTX ISA §9.7.9.21).
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn e4m3x2_to_f16x2(&self, x: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let i32t = self.cx.i32_type();
+        let fty = i32t.fn_type(&[i32t.into()], false);
+        let text = "{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\ncvt.rn.f16x2.e4m3x2 $0, h;\n}";
+        let f = self.cx.create_inline_asm(fty, text.to_owned(), "=r,r".to_owned(), false, false, None, false);
+        let r = self.b.build_indirect_call(fty, f, &[x.into()], "e4m3x2")?;
+        Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
+    }
+
+    /// The 4×4 byte transpose of `rows` (four `i32`s, byte `j` of row `i` = element `(i, j)`):
+    /// word `j` of the result holds bytes `(0, j), (1, j), (2, j), (3, j)`, low byte first.
+    /// Eight `prmt.b32` (PTX ISA §9.7.8.7), one inline-asm block.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn transpose_bytes_4x4(&self, rows: [IntValue<'ctx>; 4]) -> R<[IntValue<'ctx>; 4]> {
+        let i32t = self.cx.i32_type();
+        let out_ty = self.cx.struct_type(&[i32t.into(); 4], false);
+        let fty = out_ty.fn_type(&[i32t.into(); 4], false);
+        let text = "{\n.reg .b32 t0, t1, t2, t3;\nprmt.b32 t0, $4, $5, 0x5140;\nprmt.b32 t1, $4, $5, 0x7362;\nprmt.b32 t2, $6, $7, 0x5140;\nprmt.b32 t3, $6, $7, 0x7362;\nprmt.b32 $0, t0, t2, 0x5410;\nprmt.b32 $1, t0, t2, 0x7632;\nprmt.b32 $2, t1, t3, 0x5410;\nprmt.b32 $3, t1, t3, 0x7632;\n}";
+        let f = self.cx.create_inline_asm(fty, text.to_owned(), "=r,=r,=r,=r,r,r,r,r".to_owned(), false, false, None, false);
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = rows.iter().map(|&v| v.into()).collect();
+        let st = basic(self.b.build_indirect_call(fty, f, &args, "t4x4")?.try_as_basic_value().basic(), "inline asm")?.into_struct_value();
+        let e = |i: u32| -> R<IntValue<'ctx>> { Ok(self.b.build_extract_value(st, i, "")?.into_int_value()) };
+        Ok([e(0)?, e(1)?, e(2)?, e(3)?])
     }
 
     /// `vote.sync.any.pred p, pred, 0xffffffff` (PTX ISA §9.7.13.10; `llvm.nvvm.vote.any.sync`):

@@ -183,27 +183,28 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
 }
 
 /// The text of [`fp8_message`] after the refused part: where `f8e4m3` is supported.
-pub(crate) const FP8_SUPPORT: &str = "f8e4m3 tensor-core operands are read only by the fp8 matmul on sm_90a (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b, on wgmma); the element-wise kernels (pointwise, layout, gather, row reductions) load, store, quantize, dequantize and cast f8e4m3 on every target, so the unfused lowering (`dequantize_fp8` as its own kernel) runs anywhere; the interpreter runs every fp8 graph";
+pub(crate) const FP8_SUPPORT: &str = "f8e4m3 tensor-core operands are read only on sm_90a with wgmma, by the fp8 matmul (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b) and the fp8 attention (`attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))`, head dims 64 or 128, no mask, a bf16 or f16 output); the element-wise kernels (pointwise, layout, gather, row reductions) load, store, quantize, dequantize and cast f8e4m3 on every target, so the unfused lowering (`dequantize_fp8` as its own kernel) runs anywhere; the interpreter runs every fp8 graph";
 
 /// What the generators say of `f8e4m3` (issue #8) where they do not read it: `what` (the
-/// refused kernel or value), then where fp8 is supported ([`FP8_SUPPORT`]): the fp8 matmul on
-/// sm_90a ([`kernels::matmul`]) and the element-wise kernels on every target
-/// (`kernels::element`, [`fp8`]).
+/// refused kernel or value), then where fp8 is supported ([`FP8_SUPPORT`]): the fp8 matmul and
+/// the fp8 prefill attention on sm_90a ([`kernels::matmul`], [`kernels::attention_tc`]) and
+/// the element-wise kernels on every target (`kernels::element`, [`fp8`]).
 pub(crate) fn fp8_message(what: &str) -> String {
     format!("{what}: {FP8_SUPPORT}")
 }
 
-/// Refuses a kernel of a family that does not read `f8e4m3` — attention, paged attention, the
-/// attention merge and the KV append — when it holds an `f8e4m3` value (a buffer it reads or
+/// Refuses a kernel of a family that does not read `f8e4m3` — paged attention, the attention
+/// merge and the KV append — when it holds an `f8e4m3` value (a buffer it reads or
 /// writes, or a value its body computes), with [`CodegenError::Unsupported`] naming the dtype,
 /// the value and the kernel, before any generator sees it. The element-wise families
 /// (pointwise, layout, gather, row reductions) pass: the element evaluator reads, writes and
-/// converts fp8 ([`fp8`]). A matmul kernel is refused when its epilogue holds fp8
+/// converts fp8 ([`fp8`]); so does prefill attention, whose generator reads the fp8
+/// attention's operands and refuses any other fp8 value ([`kernels::attention_tc`], "fp8"). A matmul kernel is refused when its epilogue holds fp8
 /// ([`refuse_fp8_epilogue`]); its operands are its generator's to judge ([`kernels::matmul`],
 /// `Spec::fp8`: the fp8 matmul on sm_90a, any other fp8 operand refused).
 fn refuse_fp8(graph: &KernelGraph, kernel: Kernel) -> Result<(), CodegenError> {
     let Some(data) = graph.kernels.get(kernel) else { return Ok(()) };
-    if matches!(data.family, Family::Pointwise | Family::Layout | Family::Gather | Family::RowReduction) {
+    if matches!(data.family, Family::Pointwise | Family::Layout | Family::Gather | Family::RowReduction | Family::Attention) {
         return Ok(());
     }
     if data.family == Family::Matmul {
@@ -605,15 +606,15 @@ mod tests {
             assert!(e.starts_with("kernel k0 (Matmul): unsupported: f8e4m3 in a matmul epilogue: result buffer b3 (f8e4m3[16, 32])"), "{e}");
             assert!(matches!(schedule_variants(&g, k, &t), Err(CodegenError::Unsupported { .. })));
         }
-        // A family that does not read fp8 (here an attention kernel holding one) is refused,
-        // naming the dtype, the value and the family.
-        let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_in_attention");
+        // A family that does not read fp8 (here a paged-attention kernel holding one) is
+        // refused, naming the dtype, the value and the family.
+        let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_in_decode");
         let (x, s) = (fb.param("x", ty(DType::F32, &[d(64)])), fb.param("s", scale()));
         let q = fb.op1(OpKind::QuantizeFp8, &[x, s], vec![]).unwrap();
-        let (g, k) = single_kernel(Family::Attention, fb.finish(&[q]).unwrap());
+        let (g, k) = single_kernel(Family::PagedAttention, fb.finish(&[q]).unwrap());
         let e = compile_kernel(&g, k, &Target::SM_90A).unwrap_err().to_string();
-        assert!(e.starts_with("kernel k0 (Attention): unsupported: f8e4m3 buffer"), "{e}");
-        assert!(e.contains("the Attention generator does not read f8e4m3") && e.ends_with(FP8_SUPPORT), "{e}");
+        assert!(e.starts_with("kernel k0 (PagedAttention): unsupported: f8e4m3 buffer"), "{e}");
+        assert!(e.contains("the PagedAttention generator does not read f8e4m3") && e.ends_with(FP8_SUPPORT), "{e}");
     }
 
     #[test]

@@ -522,6 +522,24 @@ fn attention_at(dt: DType, b: i64, h: i64, hkv: i64, seq: i64, hd: i64, causal: 
     single(Family::Attention, fb.finish(&[o]).unwrap())
 }
 
+/// The fp8 attention (issue #8): `attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk),
+/// dequantize_fp8(v8, sv))` of `f8e4m3` `[B, H, S, D]` inputs and `f32[]` scales, bf16 out.
+fn fp8_attention_at(b: i64, h: i64, hkv: i64, seq: i64, hd: i64, causal: bool) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "attn8");
+    let f8 = DType::F8E4M3;
+    let deq = |fb: &mut FunctionBuilder, name: &str, s: &str, heads: i64| {
+        let x = fb.param(name, ty(f8, &[d(b), d(heads), d(seq), d(hd)]));
+        let sc = fb.param(s, ty(DType::F32, &[]));
+        op_a(fb, OpKind::DequantizeFp8, &[x, sc], vec![("dtype", Attr::DType(DType::BF16))])
+    };
+    let q = deq(&mut fb, "q8", "sq", h);
+    let k = deq(&mut fb, "k8", "sk", hkv);
+    let v = deq(&mut fb, "w8", "sv", hkv);
+    let attrs = vec![("scale", Attr::Float(1.0 / (hd as f64).sqrt())), ("causal", Attr::Bool(causal)), ("heads", Attr::Int(h)), ("kv_heads", Attr::Int(hkv))];
+    let o = op_a(&mut fb, OpKind::Attention, &[q, k, v], attrs);
+    single(Family::Attention, fb.finish(&[o]).unwrap())
+}
+
 /// Paged decode attention: `q [B, H, 1, D]` over pages `[P, page, Hkv, D]`, block table
 /// `[B, M]`, sequence lengths `[B]`.
 #[allow(clippy::too_many_arguments)]
@@ -1050,6 +1068,52 @@ fn ptx_snapshot_fp8_wgmma() {
     let what = "matmul (fp8 wgmma): dequantize_fp8(f8e4m3[512,4096], sa) · dequantize_fp8(f8e4m3[4096,4096], sb)ᵀ → bf16";
     let text = format!("# {what}\n# {}\n{}{}", plan_line(&plan), report.to_string().lines().map(|l| format!("# ptxas {l}\n")).collect::<String>(), plan.ptx);
     insta::assert_snapshot!("ptx_matmul_fp8_wgmma_512x4096x4096_sm_90a", text);
+}
+
+/// The fp8 attention (`f8e4m3` q, k, v, issue #8) on sm_90a: the `wgmma` attention kernel
+/// with e4m3 products — `QGMMA` in the SASS for Q·Kᵀ (both operands from shared memory) and
+/// P·V (A from registers), no `HGMMA`/`HMMA` —, `F2FP` packing P to e4m3, `PRMT` transposing
+/// V, `LDGSTS` (cp.async) for the tiles, `FENCE.VIEW.ASYNC.S` (the async-proxy fence), no
+/// spills, at head dims 128 and 64, causal or not, for each schedule candidate (128- and
+/// 64-key tiles, and the intra-warpgroup overlap). sm_80 and sm_90 refuse it, naming f8e4m3.
+#[test]
+fn sass_fp8_attention_has_qgmma() {
+    let Some(tool) = cuobjdump() else { return };
+    for (what, gk) in [("fp8 attention D128 causal", fp8_attention_at(2, 32, 8, 512, 128, true)), ("fp8 attention D64", fp8_attention_at(1, 8, 8, 300, 64, false))] {
+        let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &Target::SM_90A).unwrap();
+        assert_eq!(variants.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["wgmma kv128 g2 e4m3", "wgmma kv64 g2 e4m3", "wgmma kv128 g2 ov e4m3"], "{what}");
+        for v in &variants {
+            let plan = &v.plan;
+            assert!(plan.entry.ends_with("_attention_wgmma_e4m3"), "{what}: {}", plan.entry);
+            let Some(r) = assemble(plan) else { return };
+            assert!(!r.spills(), "{what} {}: spills: {r:?}", v.name);
+            let code = sass(&tool, &r.cubin, "fp8attn");
+            for want in ["QGMMA.64x", "F2FP.SATFINITE.E4M3.F32.PACK_AB", "PRMT", "LDGSTS.E.BYPASS", "FENCE.VIEW.ASYNC.S", "MUFU.EX2", "BAR.SYNC"] {
+                assert!(code.contains(want), "{what} {}: no {want}:\n{code}", v.name);
+            }
+            assert!(!code.contains("HGMMA") && !code.contains("HMMA"), "{what} {}: 16-bit tensor-core products in the fp8 kernel", v.name);
+        }
+        for t in [Target::SM_80, Target::SM_90] {
+            let err = compile_kernel(&gk.0, gk.1, &t).unwrap_err().to_string();
+            assert!(err.contains("f8e4m3") && err.contains("sm_90a"), "{what} {t}: {err}");
+        }
+    }
+}
+
+/// The PTX of the fp8 attention (sm_90a only) at head dims 128 (causal GQA 32/8) and 64 with
+/// its launch plan and ptxas's resource lines (no spills), as [`ptx_snapshots`].
+#[test]
+fn ptx_snapshot_fp8_attention() {
+    for (name, what, (g, k)) in [
+        ("ptx_attention_fp8_causal_gqa_32_8_s512_d128_sm_90a", "attention (fp8 wgmma), causal GQA 32/8: f8e4m3 B2 S512 D128 → bf16", fp8_attention_at(2, 32, 8, 512, 128, true)),
+        ("ptx_attention_fp8_s300_d64_sm_90a", "attention (fp8 wgmma): f8e4m3 B1 H8 S300 D64 → bf16", fp8_attention_at(1, 8, 8, 300, 64, false)),
+    ] {
+        let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
+        let Some(report) = assemble(&plan) else { return };
+        assert!(!report.spills(), "spills\n{report}");
+        let text = format!("# {what}\n# {}\n{}{}", plan_line(&plan), report.to_string().lines().map(|l| format!("# ptxas {l}\n")).collect::<String>(), plan.ptx);
+        insta::assert_snapshot!(name, text);
+    }
 }
 
 /// Prefill attention on tensor cores, in the SASS: `HMMA` for Q·Kᵀ and P·V, `LDSM` for Q

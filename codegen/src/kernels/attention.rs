@@ -2,6 +2,10 @@
 //! and decode attention over a paged KV cache ([`Family::PagedAttention`],
 //! [`generate_paged`]): FlashAttention-2 on CUDA cores, correct for every shape.
 //!
+//! An fp8 attention (q, k, v all `dequantize_fp8` of `f8e4m3` kernel inputs, issue #8) has
+//! one kernel, the `wgmma` one on sm_90a ([`super::attention_tc`], "fp8"); elsewhere it is
+//! refused naming f8e4m3.
+//!
 //! [`generate_prefill`] hands bf16/f16 prefill attention whose head dims are multiples of 16
 //! and whose q/k/v rows are contiguous and 16-byte aligned to the tensor-core kernel of
 //! [`super::attention_tc`] (the same algorithm on `mma.sync`, `cp.async` double buffered);
@@ -76,6 +80,7 @@ use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
 use super::attention_tc::{self, TcSchedule, WgSchedule};
+use super::matmul::Fp8Scale;
 use super::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
 use super::KernelCtx;
 use crate::target::Target;
@@ -243,7 +248,10 @@ fn single_node<'a>(kd: &'a KernelData, bufs: &[BufInfo], kernel: &str, family: F
     if kd.family != family {
         return Err(bad(kernel, family, format!("the kernel's family is {:?}", kd.family)));
     }
-    let mut main = body.nodes.values().filter(|nd| !matches!(nd.op.kind, OpKind::Reshape | OpKind::Slice));
+    // An fp8 attention's `dequantize_fp8`s (and constant scales) stand aside as views do: the
+    // kernel reads their fp8 operands and scales ([`fp8_operands`]).
+    let aside = |k: OpKind| matches!(k, OpKind::Reshape | OpKind::Slice) || (op == OpKind::Attention && matches!(k, OpKind::DequantizeFp8 | OpKind::Constant));
+    let mut main = body.nodes.values().filter(|nd| !aside(nd.op.kind));
     let nd = match (main.next(), main.next()) {
         (Some(nd), None) if nd.op.kind == op => nd,
         _ => {
@@ -264,8 +272,41 @@ fn single_node<'a>(kd: &'a KernelData, bufs: &[BufInfo], kernel: &str, family: F
     if mapped.iter().any(Option::is_none) || output_of(body, nd.results[0]).is_none() || body.outputs.len() > results {
         return Err(unsupported(kernel, family, format!("the kernel's outputs must be the `{}` results (through reshapes)", op.name())));
     }
-    let views = nd.inputs.iter().map(|&v| input_view(body, v, bufs)).collect::<Result<Vec<_>, _>>().map_err(|e| unsupported(kernel, family, e))?;
+    // The view of an fp8 operand is its fp8 tensor's (`dequantize_fp8(x8, scale)`: x8's).
+    let read = |v: sinter_ir::Value| match super::matmul::fp8_operand(body, v, bufs) {
+        Some(Ok((x8, _))) if op == OpKind::Attention => x8,
+        _ => v,
+    };
+    let views = nd.inputs.iter().map(|&v| input_view(body, read(v), bufs)).collect::<Result<Vec<_>, _>>().map_err(|e| unsupported(kernel, family, e))?;
     Ok((body, nd, views))
+}
+
+/// The scales of an fp8 attention (q, k, v all `dequantize_fp8(x8, scale)` of `f8e4m3`
+/// kernel inputs, scales f32 kernel inputs or constants; `sinter_passes::contract::fp8_attention`
+/// forms such kernels): `Ok(Some(..))`; `Ok(None)` when no operand is `dequantize_fp8` and the
+/// body holds no f8e4m3 value; `Err` (the reason, naming f8e4m3) for any other fp8 body.
+fn fp8_operands(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], views: &[View]) -> Result<Option<[Fp8Scale; 3]>, String> {
+    let ops: Vec<_> = nd.inputs.iter().take(3).map(|&v| super::matmul::fp8_operand(body, v, bufs)).collect();
+    if ops.iter().all(Option::is_none) {
+        return match body.values.iter().find(|(_, v)| v.ty.dtype.is_fp8()) {
+            Some((v, d)) => Err(crate::fp8_message(&format!("f8e4m3 value {} ({}) in an attention kernel", body.label(v), d.ty))),
+            None => Ok(None),
+        };
+    }
+    let mut scales = Vec::new();
+    for (i, o) in ops.into_iter().enumerate() {
+        let name = ["q", "k", "v"][i];
+        match o {
+            Some(Ok((_, sc))) if bufs.get(views[i].param).is_some_and(|b| b.dtype == DType::F8E4M3) => scales.push(sc),
+            Some(Ok(_)) => return Err(crate::fp8_message(&format!("f8e4m3 attention: `dequantize_fp8` of {name} does not read an f8e4m3 kernel input"))),
+            Some(Err(e)) => return Err(crate::fp8_message(&format!("f8e4m3 attention: {e}"))),
+            None => return Err(crate::fp8_message(&format!("an attention whose {name} is not `dequantize_fp8` of f8e4m3 while another operand is"))),
+        }
+    }
+    if nd.inputs.len() > 3 {
+        return Err(crate::fp8_message("f8e4m3 attention with an additive mask"));
+    }
+    Ok(Some([scales[0], scales[1], scales[2]]))
 }
 
 /// Whether body output `out` is `result` through `reshape`s.
@@ -624,6 +665,11 @@ pub(super) struct Prefill {
     /// The rows' log-sum-exp output (`lse=true` and the kernel writes it).
     pub(super) lse: Option<T4>,
     pub(super) mask: Option<Mask>,
+    /// An fp8 attention (issue #8): q, k and v are `dequantize_fp8` of `f8e4m3` kernel inputs
+    /// (the [`T4`]s `q`, `k`, `v` describe the fp8 buffers, one byte an element), with these
+    /// per-tensor scales (sq, sk, sv); `dtype` is the dequantised (and output) dtype. Only
+    /// the `wgmma` kernel takes it ([`super::attention_tc`], "fp8").
+    pub(super) fp8: Option<[Fp8Scale; 3]>,
 }
 
 /// An additive mask: buffer, dtype, offset and strides over [B, H, Sq, Skv] (0 where it
@@ -682,16 +728,19 @@ impl Prefill {
                 return Err(unsupported(&name, fam, "q, k and v must be rank-4 tensors of one dtype"));
             }
         }
-        let q = T4::from_view(&views[0], dtype, axes);
-        let k = T4::from_view(&views[1], dtype, axes);
-        let v = T4::from_view(&views[2], dtype, axes);
+        let fp8 = fp8_operands(body, nd, &bufs, &views).map_err(|e| unsupported(&name, fam, e))?;
+        // The dtype q, k and v are read in: their fp8 bytes for an fp8 attention.
+        let din = if fp8.is_some() { DType::F8E4M3 } else { dtype };
+        let q = T4::from_view(&views[0], din, axes);
+        let k = T4::from_view(&views[1], din, axes);
+        let v = T4::from_view(&views[2], din, axes);
         let out = output_t4(body, nd, &bufs, kd.inputs.len(), axes, &name, fam)?;
         let lse = lse_t4(body, nd, &bufs, kd.inputs.len(), axes, &name, fam)?;
         let shape = |v: sinter_ir::Value, axis: usize| body.ty(v).shape[axes[axis]].clone();
         let d = const_dim(&shape(nd.inputs[0], 3), "the head dim of q and k", &name, fam)?;
         let dv = const_dim(&shape(nd.inputs[2], 3), "the head dim of v", &name, fam)?;
-        for t in [&k, &v, &out] {
-            if t.dtype != dtype {
+        for (t, want) in [(&k, din), (&v, din), (&out, dtype)] {
+            if t.dtype != want {
                 return Err(unsupported(&name, fam, "q, k, v and the output must share a dtype"));
             }
         }
@@ -725,6 +774,7 @@ impl Prefill {
             out,
             lse,
             mask,
+            fp8,
         })
     }
 
@@ -755,6 +805,10 @@ impl Prefill {
 /// LLVM and target errors otherwise.
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Prefill::analyse(graph, kernel)?;
+    if p.fp8.is_some() {
+        // The fp8 attention has one kernel: wgmma on sm_90a (it says why not elsewhere).
+        return attention_tc::plan_wg(&p, target, &attention_tc::choose_fp8_schedule());
+    }
     if attention_tc::wg_eligible(&p, target).is_ok() {
         match attention_tc::plan_wg(&p, target, &attention_tc::choose_wg_schedule(p.d, p.dv)) {
             Err(CodegenError::Unsupported { .. }) => {}
@@ -793,6 +847,19 @@ fn tc_default(p: &Prefill, target: &Target) -> TcSchedule {
 /// As [`generate_prefill`], when the kernel cannot be analysed.
 pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
     let p = std::rc::Rc::new(Prefill::analyse(graph, kernel)?);
+    if p.fp8.is_some() {
+        // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles and the
+        // intra-warpgroup overlap; names end `e4m3`.
+        let wd = attention_tc::choose_fp8_schedule();
+        let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
+        let mut out: Vec<crate::Candidate<'a>> = vec![(format!("{} e4m3", wd.name()), first)];
+        for alt in [WgSchedule { block_kv: 64, ..wd }, WgSchedule { overlap: true, ..wd }] {
+            let p = p.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || attention_tc::plan_wg(&p, target, &alt));
+            out.push((format!("{} e4m3", alt.name()), build));
+        }
+        return Ok(out);
+    }
     if attention_tc::eligible(&p).is_err() {
         let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
         return Ok(vec![("cuda-core".into(), build)]);
@@ -878,6 +945,9 @@ pub fn generate_prefill_with(graph: &KernelGraph, kernel: Kernel, target: &Targe
 
 fn prefill_plan(p: &Prefill, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan> {
     let fam = Family::Attention;
+    if p.fp8.is_some() {
+        return Err(unsupported(&p.name, fam, crate::fp8_message("f8e4m3 attention: the CUDA-core kernel does not read f8e4m3")));
+    }
     s.check().map_err(|e| unsupported(&p.name, fam, e))?;
     let smem = Smem::new(s, p.d, p.dv, p.dtype);
     let shared = shared_kind(smem.total, target, &p.name, fam)?;
@@ -1243,6 +1313,32 @@ pub(crate) mod tests {
 
     /// `attention(q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], mask [Sq, Skv]?)`.
     #[allow(clippy::too_many_arguments)]
+    /// An fp8 attention kernel (issue #8): `attention(dequantize_fp8(q8, sq),
+    /// dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))` of `f8e4m3` `[B, H, S, D]` inputs and
+    /// `f32[]` scales, dequantised to (and output in) `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn prefill_fp8(out: DType, h: i64, hkv: i64, sq: Dim, skv: Dim, hd: i64, dv: i64, causal: bool) -> (KernelGraph, Kernel) {
+        let b = sym("B");
+        let mut fb = FunctionBuilder::new(&Graph::new(), "attn8");
+        let f8 = DType::F8E4M3;
+        let q8 = fb.param("q8", ty(f8, &[b.clone(), d(h), sq.clone(), d(hd)]));
+        let s_q = fb.param("sq", ty(DType::F32, &[]));
+        let k8 = fb.param("k8", ty(f8, &[b.clone(), d(hkv), skv.clone(), d(hd)]));
+        let s_k = fb.param("sk", ty(DType::F32, &[]));
+        let v8 = fb.param("v8", ty(f8, &[b, d(hkv), skv, d(dv)]));
+        let s_v = fb.param("sv", ty(DType::F32, &[]));
+        let deq = |fb: &mut FunctionBuilder, x, s| fb.op1(OpKind::DequantizeFp8, &[x, s], vec![("dtype", Attr::DType(out))]).unwrap();
+        let (q, k, v) = (deq(&mut fb, q8, s_q), deq(&mut fb, k8, s_k), deq(&mut fb, v8, s_v));
+        let attrs = vec![
+            ("scale", Attr::Float(1.0 / (hd as f64).sqrt())),
+            ("causal", Attr::Bool(causal)),
+            ("heads", Attr::Int(h)),
+            ("kv_heads", Attr::Int(hkv)),
+        ];
+        let o = fb.op1(OpKind::Attention, &[q, k, v], attrs).unwrap();
+        single_kernel(Family::Attention, fb.finish(&[o]).unwrap())
+    }
+
     pub(crate) fn prefill(dt: DType, h: i64, hkv: i64, sq: Dim, skv: Dim, hd: i64, dv: i64, causal: bool, mask: bool) -> (KernelGraph, Kernel) {
         let b = sym("B");
         let mut fb = FunctionBuilder::new(&Graph::new(), "attn");

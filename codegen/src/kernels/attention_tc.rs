@@ -178,6 +178,66 @@
 //! emulator cannot run `wgmma`, the TMA or mbarriers: the kernel's correctness rests on the
 //! GPU tests.
 //!
+//! # fp8 (`f8e4m3`, issue #8; sm_90a)
+//! `attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))` —
+//! q8, k8, v8 `f8e4m3` (OCP E4M3) kernel inputs in any layout [`super::attention`] takes with
+//! rows contiguous and 16-byte aligned, sq, sk, sv f32 scalars (`f32[]` inputs or constants),
+//! head dims 64 or 128, no mask, a bf16/f16 output (the `dequantize_fp8` dtype) — runs on the
+//! Hopper kernel above with e4m3 products (FlashAttention-3, arXiv 2407.08608, §3.3; entry
+//! `…_attention_wgmma_e4m3`, schedule names ending ` e4m3`). What changes:
+//! - **Tiles** hold the stored bytes: a row of Q or K (≤ 128 bytes) is one 128-byte-swizzled
+//!   row (half used at D = 64); 16 elements a `cp.async`.
+//! - **S = Q·Kᵀ**: `wgmma.mma_async.sync.aligned.m64n{block_kv}k32.f32.e4m3.e4m3` (PTX ISA
+//!   §9.7.15.5.2), both operands K-major from shared memory, 32 bytes of K a step as for
+//!   bf16. The products of e4m3 values are exact; sq·sk is folded into the scores' scale
+//!   (`scale·sq·sk·log2 e`, a run-time f32: the scores are scaled, then the maximum taken, so
+//!   any sign of the scales is right).
+//! - **P** = 2⁸·2^(x − m) ∈ [0, 256] (`FP8_P_LOG2`) in f32, rounded with
+//!   `cvt.rn.satfinite.e4m3x2.f32` (§9.7.9.21) into the e4m3 A fragment of P·V. The power of
+//!   two is exact and moves e4m3's range (normals ≥ 2⁻⁶, max 448) over p ≥ 2⁻¹⁴ of the row
+//!   maximum (subnormals down to 2⁻¹⁷) instead of 2⁻⁶ (2⁻⁹); l is summed from the unrounded
+//!   2⁸·p, so the factor cancels in acc / l and the rounding's error in O is
+//!   Σ p_j·δ_j·v_j / Σ p_j with |δ_j| ≤ 2⁻⁴ (3 mantissa bits): at most 2⁻⁴·max|v| (plus, for
+//!   subnormal P, Skv·2⁻¹⁸·max|v|). The lse subtracts the 8 again.
+//! - **O += P·V**: 8-bit `wgmma` has no transposed B (§9.7.15.5.1: `imm-trans-b` only for
+//!   .f16/.bf16), and V `[kv, Dv]` is MN-major for it. So V lands as stored and the threads
+//!   transpose it into Vᵀ `[Dv, kv]` (K-major, 128-byte swizzled, `Smem::vt`): a thread reads
+//!   four 16-byte V row pieces, transposes 4×4 byte blocks with `prmt`, writes 32-bit words,
+//!   fences the async proxy (`fence.proxy.async.shared::cta`), then the CTA barrier. The e4m3
+//!   A fragment (lane `(g, t)`: row g or g + 8, k positions 4t..4t+3 and 16+4t..) differs
+//!   from the f32 S accumulator layout (keys 2t, 2t+1, 8+2t, 9+2t of each 32): rather than
+//!   shuffling P, the transposition writes key `32c + 16h + 2t + (i mod 2) + 8·(i / 2)` at k
+//!   position `32c + 16h + 4t + i` — the sum over keys does not care about their order — so
+//!   each lane packs its own four scores into one register (no shuffles, as FA3's byte
+//!   permutes achieve). `m64n{Dv}k32.f32.e4m3.e4m3` per 32 keys, A from registers.
+//!   The plain loop loads V two tiles ahead (three stages) and keeps two Vᵀ buffers: tile t
+//!   issues S = Q·K_tᵀ (every warpgroup, every tile of the CTA: the issue and its wait under
+//!   no branch), transposes V_{t+1} into the other buffer while it runs, waits, fences; the
+//!   barrier at the top of tile t + 1 publishes it, so the transposition costs no barrier of
+//!   its own (H200, B2 H32 S4096 D128: a second barrier per tile cost 10%, the transposition
+//!   itself 9%). The overlapped loop (` ov e4m3`) transposes V_{t−1} after its barrier, then
+//!   a second barrier, before the products.
+//! - **Output**: O = sv·acc / l (sv once, in f32), rounded once.
+//! - **Non-finite V**: e4m3 has NaN (`S.1111.111`) and no infinities; the scan for products
+//!   the interpreter does not make looks for NaN bytes, and the CUDA-core P·V reads V's bytes
+//!   and P's e4m3 values (widened exactly to f16), so the products are the ones the `wgmma`
+//!   would make, minus the hidden ones.
+//!
+//! Numerics against the interpreter, which rounds each dequantised operand to the
+//! `dequantize_fp8` dtype (bf16: 2⁻⁹) and computes in f64: the P rounding dominates (H200,
+//! random inputs: max |O − O_ref| / max|v·sv| 0.014 to 0.026; `tests/gpu.rs`
+//! `gpu_fp8_attention_matches_the_interpreter` documents the tolerance). ptxas 12.9 crashes
+//! (SIGSEGV) on a `fence.proxy.async` between a `wgmma` and its wait: the fence follows the
+//! wait. Speed (H200, B2 H32 S4096 D128, the kernel alone, CUDA events): 0.99 ms against
+//! the bf16 kernel's 1.16 (1.17×), causal 0.63 against 0.70 (1.10×); ` ov e4m3` 1.10 and
+//! 0.68 ms. The e4m3 products take half the bf16 ones' time, but both warpgroups meet at a
+//! CTA barrier every tile and run their softmax (one `MUFU.EX2` a score: about as long as
+//! the fp8 products of a tile) at the same time, so the tile time is MMA + softmax rather
+//! than their maximum. Not done: FA3's producer warpgroup (TMA, `mbarrier`s) and the
+//! inter-warpgroup ping-pong that overlaps one warpgroup's softmax with the other's
+//! products, and a transposition with `ldmatrix`/`stmatrix .trans` — the remaining way to
+//! the issue's ≥ 1.5×; see the bench row `attn fp8`.
+//!
 //! # What it takes
 //! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
 //! contiguous and 16-byte aligned (unit stride along d, every other stride and the offset
@@ -281,6 +341,9 @@ pub fn choose_tc_schedule(d: u32, dv: u32, masked: bool, causal: bool, target: &
 
 /// Why prefill attention `p` cannot take the tensor-core kernel (`Ok` when it can).
 pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
+    if p.fp8.is_some() {
+        return Err(crate::fp8_message("f8e4m3 attention: the mma.sync kernel does not read f8e4m3"));
+    }
     if !matches!(p.dtype, DType::BF16 | DType::F16) {
         return Err(format!("no tensor-core attention for {} (bf16 and f16 only)", p.dtype));
     }
@@ -352,7 +415,7 @@ impl WgSchedule {
     /// Shared memory per CTA, in bytes, for head dims `d` (Q/K) and `dv` (V) (the
     /// mbarriers of `producer`, 8 bytes each, are static and not counted).
     pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
-        Smem::wg(self, d, dv).total
+        Smem::wg(self, d, dv, false).total
     }
 
     /// A short, stable name (`wgmma kv128 g2`, `+split` for `pv_split`, `ov` for
@@ -405,9 +468,18 @@ pub fn choose_wg_schedule(d: u32, dv: u32) -> WgSchedule {
     WgSchedule { warpgroups: 2, block_kv, pv_split: false, overlap: false, producer: false, pingpong: false }
 }
 
+/// The fp8 attention's schedule: two warpgroups, 128-key tiles at both head dims (measured
+/// at D 128 only; `wgmma kv64 g2 e4m3` is its autotuning alternative), no producer.
+pub fn choose_fp8_schedule() -> WgSchedule {
+    WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false, overlap: false, producer: false, pingpong: false }
+}
+
 /// Why prefill attention `p` cannot take the `wgmma` kernel on `target` (`Ok` when it can):
 /// what [`eligible`] asks, and sm_90a, head dims 64 or 128, no additive mask.
 pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
+    if p.fp8.is_some() {
+        return fp8_eligible(p, target).map_err(|e| crate::fp8_message(&format!("f8e4m3 attention: {e}")));
+    }
     eligible(p)?;
     if !target.has_wgmma() {
         return Err(format!("wgmma needs sm_90a, not {target}"));
@@ -421,6 +493,30 @@ pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
     Ok(())
 }
 
+/// Why fp8 attention `p` cannot take the `wgmma` kernel's fp8 form on `target`: sm_90a,
+/// head dims 64 or 128, no additive mask, a bf16/f16 output, q/k/v rows contiguous and
+/// 16-byte aligned (16 e4m3 elements a `cp.async`).
+fn fp8_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
+    if !target.has_wgmma() {
+        return Err(format!("wgmma needs sm_90a, not {target}"));
+    }
+    if !matches!(p.dtype, DType::BF16 | DType::F16) {
+        return Err(format!("a {} output (bf16 and f16 only)", p.dtype));
+    }
+    if !matches!(p.d, 64 | 128) || !matches!(p.dv, 64 | 128) {
+        return Err(format!("head dims {} and {} (64 and 128 only)", p.d, p.dv));
+    }
+    if p.mask.is_some() {
+        return Err("an additive mask".into());
+    }
+    for (t, n) in [(&p.q, "q"), (&p.k, "k"), (&p.v, "v")] {
+        if !t.vector_ok(16) {
+            return Err(format!("{n}'s rows are not contiguous and 16-byte aligned, as 16-byte cp.async needs"));
+        }
+    }
+    Ok(())
+}
+
 /// The launch plan of the `wgmma` kernel for `p` with schedule `w`.
 ///
 /// # Errors
@@ -430,7 +526,10 @@ pub(super) fn plan_wg(p: &Prefill, target: &Target, w: &WgSchedule) -> R<LaunchP
     let fam = Family::Attention;
     w.check().map_err(|e| unsupported(&p.name, fam, e))?;
     wg_eligible(p, target).map_err(|e| unsupported(&p.name, fam, e))?;
-    let sm = Smem::wg(w, p.d, p.dv);
+    if p.fp8.is_some() && (w.pv_split || w.block_kv > 128 || w.block_kv % 32 != 0 || w.producer) {
+        return Err(unsupported(&p.name, fam, crate::fp8_message(&format!("f8e4m3 attention: schedule `{}` (the fp8 kernel takes 32- to 128-key tiles, multiples of 32, without `+split` or the warp-specialised producer)", w.name()))));
+    }
+    let sm = Smem::wg(w, p.d, p.dv, p.fp8.is_some());
     // Dynamic always: its 1024-byte alignment is what the swizzled slabs need.
     let shared = match shared_kind(sm.total, target, &p.name, fam)? {
         SharedKind::Static => SharedKind::Dynamic(sm.total),
@@ -438,7 +537,7 @@ pub(super) fn plan_wg(p: &Prefill, target: &Target, w: &WgSchedule) -> R<LaunchP
     };
     let s = w.as_tc();
     let ctx = Context::create();
-    let entry = format!("{}_attention_wgmma", p.name);
+    let entry = format!("{}_attention_wgmma{}", p.name, if p.fp8.is_some() { "_e4m3" } else { "" });
     let maps = if w.producer { tma_maps(p, w) } else { Vec::new() };
     let io = (p.n_inputs, p.n_buffers - p.n_inputs);
     let (ptx, params) = Kit::build_with_maps(&ctx, &entry, *target, io, &maps, &p.dims(), w.threads(), |kit| {
@@ -519,6 +618,11 @@ struct Smem {
     /// aligned — the 128-byte-swizzle canonical layout of PTX ISA §9.7.15.5.1, as the
     /// `wgmma` GEMM's slabs (`matmul::Slab`). Padded rows otherwise.
     swz: bool,
+    /// fp8 (`f8e4m3` q, k, v): the byte offsets of the two Vᵀ buffers (`dv` rows of a tile's
+    /// keys, 128-byte swizzled, K-major: the B operand of the e4m3 P·V), else 0; and of V's
+    /// third stage (the plain loop loads V two tiles ahead), else 0.
+    vt: [u32; 2],
+    v2: u32,
     total: u32,
 }
 
@@ -540,22 +644,32 @@ impl Smem {
             total += s.block_q() * (s.block_kv + 8) * 2;
             (p, s.block_kv + 8)
         };
-        Smem { ldq, ldk, ldv, ldp, k, v, p, stage: 0, ldst: ldq, swz: false, total }
+        Smem { ldq, ldk, ldv, ldp, k, v, p, stage: 0, ldst: ldq, swz: false, vt: [0; 2], v2: 0, total }
     }
 
     /// The `wgmma` kernel's: Q (`block_q × d`), two stages of K (`block_kv × d`) and V
     /// (`block_kv × dv`), all swizzled slabs ([`Smem::swz`]), then the padded P scratch of the
     /// CUDA-core P·V (rows of `max(block_kv, dv) + 8`), which also stages the output.
-    fn wg(w: &WgSchedule, d: u32, dv: u32) -> Smem {
+    ///
+    /// With `fp8` the tiles hold e4m3 bytes: a tile of width D ≤ 128 is one slab of 128-byte
+    /// rows (at D = 64 half of each row is used), V's two stages are copied as stored (keys
+    /// outer, three stages) and transposed by the threads into Vᵀ (two buffers of `dv` rows of
+    /// 128 bytes, [`Smem::vt`]), after the stages and before the P scratch.
+    fn wg(w: &WgSchedule, d: u32, dv: u32, fp8: bool) -> Smem {
         let (bq, bkv) = (w.block_q(), w.block_kv);
-        let (kb, vb) = (bkv * d * 2, bkv * dv * 2);
-        let q_bytes = bq * d * 2;
+        // Bytes of a tile of `rows` rows of width `x`: whole 128-byte slabs.
+        let es = if fp8 { 1 } else { 2 };
+        let tile = |rows: u32, x: u32| rows * 128 * (x * es).div_ceil(128);
+        let (kb, vb) = (tile(bkv, d), tile(bkv, dv));
+        let q_bytes = tile(bq, d);
         let k = [q_bytes, q_bytes + kb];
         let v = [q_bytes + 2 * kb, q_bytes + 2 * kb + vb];
-        let p = v[1] + vb;
+        let v2 = if fp8 { v[1] + vb } else { 0 };
+        let vt = if fp8 { [v2 + vb, v2 + vb + dv * 128] } else { [0; 2] };
+        let p = v[1] + vb + if fp8 { vb + 2 * dv * 128 } else { 0 };
         let ldp = bkv.max(dv) + 8;
         let total = p + bq * ldp * 2;
-        Smem { ldq: d, ldk: d, ldv: dv, ldp, k, v, p, stage: p, ldst: ldp, swz: true, total }
+        Smem { ldq: d, ldk: d, ldv: dv, ldp, k, v, p, stage: p, ldst: ldp, swz: true, vt, v2, total }
     }
 }
 
@@ -625,6 +739,26 @@ fn store_i32s<'ctx>(k: &Kit<'ctx>, ptr: PointerValue<'ctx>, vals: &[IntValue<'ct
     })
 }
 
+/// P's power-of-two scale in the fp8 kernel (log2): probabilities are 2⁸·p ∈ [0, 256] before
+/// they are rounded to e4m3 (max 448), so that e4m3's normal range (down to 2⁻⁶) covers
+/// p ≥ 2⁻¹⁴ and its subnormals p ≥ 2⁻¹⁷, rather than 2⁻⁶ and 2⁻⁹ unscaled. The row sum l carries
+/// the same factor, so it cancels exactly in acc / l.
+const FP8_P_LOG2: u32 = 8;
+
+/// Whether any of the `f8e4m3` bytes packed in the i32s `words` is NaN (`S.1111.111`; e4m3 has
+/// no infinities), as an i1: a byte `b` is NaN when `(b & 0x7f) xor 0x7f` is zero, found
+/// with the "has a zero byte" test `(y − 0x01010101) & ~y & 0x80808080` (no false positives:
+/// `y`'s bytes are below 0x80).
+fn any_nan_e4m3<'ctx>(k: &Kit<'ctx>, words: &[IntValue<'ctx>]) -> R<IntValue<'ctx>> {
+    let mut acc = k.i32c(0);
+    for &w in words {
+        let y = k.xor(k.and(w, k.i32c(0x7f7f_7f7f))?, k.i32c(0x7f7f_7f7f))?;
+        let z = k.and(k.and(k.sub(y, k.i32c(0x0101_0101))?, not(k, y)?)?, k.i32c(0x8080_8080u32 as i32))?;
+        acc = or(k, acc, z)?;
+    }
+    k.icmp(IntPredicate::NE, acc, k.i32c(0))
+}
+
 /// Whether any lane of the warp has `flag` (i1) set, in every lane (`vote.sync.any`).
 fn warp_any<'ctx>(k: &Kit<'ctx>, flag: IntValue<'ctx>) -> R<IntValue<'ctx>> {
     k.math(|kb| kb.vote_any(flag))
@@ -683,11 +817,24 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     let ninf = kit.f32c(f64::NEG_INFINITY);
     let zero = kit.f32c(0.0);
     let exp_mask = if dt == DType::BF16 { 0x7f80 } else { 0x7c00 };
+    // fp8 (the `wgmma` kernel only; see "fp8" in the module docs): q, k, v are e4m3 bytes,
+    // 16 to a 16-byte chunk, 32 to a k-step; sq·sk is folded into the scores' scale, sv into
+    // the output's.
+    let fp8 = p.fp8.filter(|_| wg.is_some());
+    let ein = if fp8.is_some() { DType::F8E4M3 } else { dt };
+    let epc = if fp8.is_some() { 16 } else { 8 };
+    let kstep = if fp8.is_some() { 32 } else { 16 };
     // Scores in the log2 domain: x = s·c (+ mask·log2 e). With a positive scale and no mask,
     // the row maximum is taken over the raw scores and `s·c − m` is one fma.
     let c = p.scale * std::f64::consts::LOG2_E;
-    let fused = c > 0.0 && p.mask.is_none();
-    let cf = kit.f32c(c);
+    let fused = c > 0.0 && p.mask.is_none() && fp8.is_none();
+    let (cf, v_scale) = match fp8 {
+        Some(sc) => {
+            let qk = kit.fmul(super::matmul::fp8_scale(kit, sc[0])?, super::matmul::fp8_scale(kit, sc[1])?)?;
+            (kit.fmul(kit.f32c(c), qk)?, Some(super::matmul::fp8_scale(kit, sc[2])?))
+        }
+        None => (kit.f32c(c), None),
+    };
 
     // ---- indices -----------------------------------------------------------------------
     // With the producer warpgroup (warpgroup 0), the consumers' thread index counts from 0
@@ -791,7 +938,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             let step = threads / chunks;
             let r0 = k.udiv(tid, c32(chunks))?;
             let col = k.urem(tid, c32(chunks))?;
-            let g0 = k.add(row0, k.add(k.mul(k.zext64(r0)?, rstride)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
+            let g0 = k.add(row0, k.add(k.mul(k.zext64(r0)?, rstride)?, k.zext64(k.mul(col, c32(epc))?)?)?)?;
             let s0 = k.sh_at(smem, sm_at(k, sm_off, rows, ld, r0, col)?)?;
             // Rows step·i apart: `step` is a multiple of 8 when swizzled (checked below), so
             // their swizzle is the first row's.
@@ -800,10 +947,10 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             // The source walks by `step` rows from one pointer (no per-copy offsets for LLVM
             // to hoist out of the tile loop into registers).
             let jump = k.mul(rstride, k.i64c(i64::from(step)))?;
-            let mut src = k.gep_raw(dt, gptr, g0)?;
+            let mut src = k.gep_raw(ein, gptr, g0)?;
             for i in 0..rows.div_ceil(step) {
                 if i > 0 {
-                    src = k.gep_raw(dt, src, jump)?;
+                    src = k.gep_raw(ein, src, jump)?;
                 }
                 let go = |k: &Kit<'ctx>| -> R<()> {
                     let valid = k.icmp(IntPredicate::SLT, k.i64c(i64::from(i * step)), left)?;
@@ -824,10 +971,10 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 let r = k.udiv(e, c32(chunks))?;
                 let col = k.urem(e, c32(chunks))?;
                 let r64 = k.zext64(r)?;
-                let gi = k.add(row0, k.add(k.mul(r64, rstride)?, k.zext64(k.mul(col, c32(8))?)?)?)?;
+                let gi = k.add(row0, k.add(k.mul(r64, rstride)?, k.zext64(k.mul(col, c32(epc))?)?)?)?;
                 let valid = k.icmp(IntPredicate::SLT, r64, nvalid)?;
                 let dst = k.sh_at(smem, sm_at(k, sm_off, rows, ld, r, col)?)?;
-                k.cp_async_16(dst, k.gep_raw(dt, gptr, gi)?, k.select_int(valid, c32(16), c32(0))?)
+                k.cp_async_16(dst, k.gep_raw(ein, gptr, gi)?, k.select_int(valid, c32(16), c32(0))?)
             };
             if (i + 1) * threads <= total {
                 go(k)?;
@@ -841,12 +988,12 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     let issue_k = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
         let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
         let ks = k.add(c32(sm.k[0]), k.mul(k.and(t, c32(1))?, c32(sm.k[1] - sm.k[0]))?)?;
-        copy_rows(k, bkv, d / 8, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, k.sub(skv, j0)?)
+        copy_rows(k, bkv, d / epc, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, k.sub(skv, j0)?)
     };
     let issue_v = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
         let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
         let vs = k.add(c32(sm.v[0]), k.mul(k.and(t, c32(1))?, c32(sm.v[1] - sm.v[0]))?)?;
-        copy_rows(k, bkv, dv / 8, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, k.sub(skv, j0)?)
+        copy_rows(k, bkv, dv / epc, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, k.sub(skv, j0)?)
     };
     // K and V of tile t into stage t & 1.
     let issue_tile = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
@@ -855,8 +1002,8 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         let nvalid = k.sub(skv, j0)?;
         let ks = k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?;
         let vs = k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?;
-        copy_rows(k, bkv, d / 8, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, nvalid)?;
-        copy_rows(k, bkv, dv / 8, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, nvalid)
+        copy_rows(k, bkv, d / epc, sm.ldk, ks, k_ptr, k.add(k_base, k.mul(j0, k_ss)?)?, k_ss, nvalid)?;
+        copy_rows(k, bkv, dv / epc, sm.ldv, vs, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, nvalid)
     };
     let overlap = wg.is_some_and(|w| w.overlap);
 
@@ -934,7 +1081,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         // Q landed (waited for even without key tiles: no copy is left in flight at exit).
         kit.mbarrier_wait_parity(q_full, c32(0))?;
     } else {
-        copy_rows(kit, bq, d / 8, sm.ldq, c32(0), q_ptr, kit.add(q_base, kit.mul(q0, q_ss)?)?, q_ss, kit.sub(sq, q0)?)?;
+        copy_rows(kit, bq, d / epc, sm.ldq, c32(0), q_ptr, kit.add(q_base, kit.mul(q0, q_ss)?)?, q_ss, kit.sub(sq, q0)?)?;
         // (The overlapped `wgmma` loop takes V one tile after K: V_0 in its first iteration.)
         kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(0))?, |k| if overlap { issue_k(k, c32(0)) } else { issue_tile(k, c32(0)) })?;
         kit.cp_async_commit()?;
@@ -1033,13 +1180,13 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     // this warp's 16 rows come back in the m16n8 C layout of each n8 tile (`bkv / 2` floats).
     let qk_wg = |k: &Kit<'ctx>, k_sm: IntValue<'ctx>, in_flight: u32| -> R<Vec<FloatValue<'ctx>>> {
         let k_addr = k.add(sbase, k_sm)?;
-        let descs = (0..d / 16)
+        let descs = (0..d / kstep)
             .map(|ks| {
                 let (slab, kb) = (ks / 4, (ks % 4) * 32);
                 Ok((desc(k, k.add(q_wg, c32(slab * bq * 128 + kb))?, k_major)?, desc(k, k.add(k_addr, c32(slab * bkv * 128 + kb))?, k_major)?))
             })
             .collect::<R<Vec<_>>>()?;
-        k.wgmma_k_tile(dt, bkv, &vec![zero; (bkv / 2) as usize], &descs, in_flight)
+        k.wgmma_k_tile(ein, bkv, &vec![zero; (bkv / 2) as usize], &descs, in_flight)
     };
     // The scores of the tile at key j0 (`sacc`, raw products) into `sv`, in the log2 domain;
     // masked; and the skipping state (`first`, `lo_var`, `maybe_skipping`) of this tile.
@@ -1142,9 +1289,12 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 let mu = k.select_f(none, zero, mn)?;
                 let alpha = ex2_ftz(k, k.fsub(mo, mu)?)?;
                 let neg = k.fsub(zero, mu)?;
+                // fp8: p·2⁸ (P's e4m3 rounding keeps 2⁻¹⁷ of the row maximum, not 2⁻⁹; l
+                // carries the same factor, so O = acc / l is unchanged).
+                let mu_p = if fp8.is_some() { k.fsub(mu, k.f32c(f64::from(FP8_P_LOG2)))? } else { mu };
                 let mut sum = zero;
                 for (i, &x) in xs.iter().enumerate() {
-                    let arg = if fused { k.fma(x, cf, neg)? } else { k.fsub(x, mu)? };
+                    let arg = if fused { k.fma(x, cf, neg)? } else { k.fsub(x, mu_p)? };
                     let pv = ex2_ftz(k, arg)?;
                     sum = if i == 0 { pv } else { k.fadd(sum, pv)? };
                     pf[mi][i / 2][2 * hh + i % 2] = pv;
@@ -1159,6 +1309,22 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     };
     // P as A fragments (pa[mi][kk]: keys 16kk..16kk+16), rounded to bf16/f16 pairs.
     let pack = |k: &Kit<'ctx>, pf: &[Vec<[FloatValue<'ctx>; 4]>]| -> R<Vec<Vec<[IntValue<'ctx>; 4]>>> {
+        if fp8.is_some() {
+            // The e4m3 A fragment of k-step kk (32 keys): register r holds row g (r even) or
+            // g + 8 (r odd) at k positions 4·t4 + 16·(r / 2) .. +3, which Vᵀ's transposition
+            // assigns the keys this lane's S accumulators hold: 2·t4, 2·t4 + 1 of n8 tiles
+            // 4kk + 2·(r / 2) and 4kk + 2·(r / 2) + 1 (see `vt_key`). No shuffles.
+            return (0..mt)
+                .map(|mi| {
+                    (0..n_nt / 4)
+                        .map(|kk| {
+                            let pk = |n: usize, e: usize| k.pack_e4m3x4([pf[mi][n][e], pf[mi][n][e + 1], pf[mi][n + 1][e], pf[mi][n + 1][e + 1]]);
+                            Ok([pk(4 * kk, 0)?, pk(4 * kk, 2)?, pk(4 * kk + 2, 0)?, pk(4 * kk + 2, 2)?])
+                        })
+                        .collect::<R<Vec<_>>>()
+                })
+                .collect::<R<_>>();
+        }
         (0..mt)
             .map(|mi| {
                 (0..n_nt / 2)
@@ -1193,7 +1359,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         let lo = get_i32(k, lo_var)?;
         k.if_then(k.icmp(IntPredicate::SLT, lo, hi)?, |k| {
             // Lanes scan 16-byte chunks of V rows lo..hi (tile-relative rows lo − j0..).
-            let cv = dv / 8;
+            let cv = dv / epc;
             let r0 = k.sub(lo, j0)?;
             let total = k.mul(k.sub(hi, lo)?, c32(cv))?;
             let found = var_i32(k, c32(0))?;
@@ -1202,7 +1368,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 let col = k.urem(e, c32(cv))?;
                 let at = sm_at(k, v_sm, bkv, sm.ldv, r, col)?;
                 let words = load_i32s(k, k.sh_at(smem, at)?, 4)?;
-                let bad = any_nonfinite(k, &words, exp_mask)?;
+                let bad = if fp8.is_some() { any_nan_e4m3(k, &words)? } else { any_nonfinite(k, &words, exp_mask)? };
                 k.if_then(bad, |k| k.set(found, c32(1).into()))
             })?;
             if wg.is_some() {
@@ -1221,7 +1387,31 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     };
     // CUDA-core P·V of the tile at key j0 (V at `v_sm`, P in `pa`), exactly the
     // interpreter's products: per row, keys below its limit from its first multiplied group on.
+    // fp8: P is the e4m3 fragments (`pack`), read back as f16 pairs in the mma.sync A layout
+    // of 16-key steps (exactly the values the `wgmma` multiplies), and V is e4m3 bytes.
+    let pdt = if fp8.is_some() { DType::F16 } else { dt };
     let pv_slow = |k: &Kit<'ctx>, j0: IntValue<'ctx>, v_sm: IntValue<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>]| -> R<()> {
+        let pa16: Vec<Vec<[IntValue<'ctx>; 4]>>;
+        let pa = if fp8.is_some() {
+            // Register r of 32-key step kk holds the pairs (n8 tile 4kk + 2·(r / 2), rows
+            // g + 8·(r % 2)) in its low half and (tile 4kk + 2·(r / 2) + 1) in its high half.
+            let lo = |k: &Kit<'ctx>, w: IntValue<'ctx>| k.e4m3x2_to_f16x2(w);
+            let hi = |k: &Kit<'ctx>, w: IntValue<'ctx>| k.e4m3x2_to_f16x2(k.lshr(w, 16)?);
+            pa16 = pa
+                .iter()
+                .map(|steps| {
+                    let mut v = Vec::new();
+                    for f in steps {
+                        v.push([lo(k, f[0])?, lo(k, f[1])?, hi(k, f[0])?, hi(k, f[1])?]);
+                        v.push([lo(k, f[2])?, lo(k, f[3])?, hi(k, f[2])?, hi(k, f[3])?]);
+                    }
+                    Ok(v)
+                })
+                .collect::<R<_>>()?;
+            &pa16[..]
+        } else {
+            pa
+        };
         let first: Vec<[IntValue<'ctx>; 2]> = first.iter().map(|f| Ok([get_i32(k, f[0])?, get_i32(k, f[1])?])).collect::<R<_>>()?;
         // P (rounded as the mma would see it) to the warp's scratch rows: row
         // 16mi + 8h + g of the warp, keys as in the A fragments.
@@ -1239,7 +1429,17 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         k.for_range(c32(0), c32(bkv), c32(1), |k, jj| {
             let j = k.add(j0, jj)?;
             // V(j, 8n + 2·t4 ..) at constant offsets from one pointer.
-            let vs: Vec<Vec<FloatValue<'ctx>>> = if sm.swz {
+            let vs: Vec<Vec<FloatValue<'ctx>>> = if fp8.is_some() {
+                // Bytes 8·(n % 2) + 2·t4 of chunk n / 2 of V row jj: columns 8n + 2·t4 + {0, 1}.
+                (0..n_ov)
+                    .map(|n| {
+                        let at = k.add(sm_at(k, v_sm, bkv, sm.ldv, jj, c32(n as u32 / 2))?, k.add(k.mul(t4, c32(2))?, c32(8 * (n as u32 % 2)))?)?;
+                        let ptr = k.sh_at(smem, at)?;
+                        let pair = k.math(|kb| Ok(kb.load(kb.cx.i16_type().into(), ptr, 2)?.into_int_value()))?;
+                        Ok(k.e4m3x2_to_f32(k.math(|kb| Ok(kb.b.build_int_z_extend(pair, kb.cx.i32_type(), "")?))?)?.to_vec())
+                    })
+                    .collect::<R<_>>()?
+            } else if sm.swz {
                 (0..n_ov).map(|n| k.sh_load(dt, k.sh_at(smem, k.add(sm_at(k, v_sm, bkv, sm.ldv, jj, c32(n as u32))?, k.mul(t4, c32(4))?)?)?, 2)).collect::<R<_>>()?
             } else {
                 let vrow = k.sh_at(smem, k.add(k.add(v_sm, k.mul(jj, c32(sm.ldv * 2))?)?, k.mul(t4, c32(4))?)?)?;
@@ -1248,7 +1448,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             let pcol = k.sh_at(smem, k.add(prow0, k.mul(jj, c32(2))?)?)?;
             for mi in 0..mt {
                 for hh in 0..2 {
-                    let pj = k.sh_load(dt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
+                    let pj = k.sh_load(pdt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
                     let made = k.and(k.icmp(IntPredicate::SLT, j, rows.limit[mi][hh])?, k.icmp(IntPredicate::SGE, jj, first[mi][hh])?)?;
                     for (a, v) in acc[mi].iter().zip(&vs) {
                         for e in 0..2 {
@@ -1263,12 +1463,28 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         })?;
         k.warp_sync()
     };
+    // fp8: the Vᵀ buffer the next P·V reads (byte offset).
+    // (Only an fp8 kernel allocates it: the other kernels' PTX stays as it was.)
+    let vt_var = if fp8.is_some() { Some(var_i32(kit, c32(sm.vt[0]))?) } else { None };
     // The `wgmma` P·V's groups: one, or Dv / 64 with `pv_split`.
     let pv_parts = wg.map_or(1, |w| if w.pv_split { dv / 64 } else { 1 });
     // O += P·V on tensor cores (V at `v_sm`, P in `pa`). With `wgmma`, each of the
     // `pv_parts` groups is waited for at once, or with `overlapped` (one Q·Kᵀ group issued
     // before them) none is: part i's wait leaves its `2 + i` groups pending.
     let pv_tc = |k: &Kit<'ctx>, v_sm: IntValue<'ctx>, v_at: PointerValue<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>], overlapped: bool| -> R<()> {
+        if fp8.is_some() {
+            // A = P's e4m3 fragments (k-step kk: the 32 keys 32kk..), B = Vᵀ (K-major, its
+            // k positions permuted as `pack` needs): one m64n{Dv}k32 per 32 keys.
+            let vt_addr = k.add(sbase, get_i32(k, vt_var.ok_or_else(|| k.err("no Vᵀ offset"))?)?)?;
+            let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
+            let steps = (0..n_nt / 4).map(|kk| Ok((pa[0][kk], desc(k, k.add(vt_addr, c32(kk as u32 * 32))?, k_major)?))).collect::<R<Vec<_>>>()?;
+            let cur: Vec<FloatValue<'ctx>> = flat.iter().map(|&a| k.get_f(a)).collect::<R<_>>()?;
+            let out = k.wgmma_rs_k_tile(ein, dv, &cur, &steps, false, if overlapped { 2 } else { 0 })?;
+            for (&a, v) in flat.iter().zip(out) {
+                k.set(a, v.into())?;
+            }
+            return Ok(());
+        }
         if wg.is_some() {
             // A = P from registers (k-step kk: keys 16kk..), B = V rows 16kk.. of
             // each slab (MN-major, see `mn_major`): Dv / n products of m64n{n}k16.
@@ -1307,6 +1523,53 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
     };
 
     // ---- the key tiles -------------------------------------------------------------------------
+    // fp8: V_t (keys outer, as stored) → Vᵀ, the K-major B operand of P·V (8-bit `wgmma`
+    // has no transposed B). Thread u of the CTA takes a 4-key × 16-column block: keys
+    // a, a + 1, a + 8, a + 9 (a = 32·g + 16·hh + 2·t, the keys lane t4 = t holds in n8
+    // tiles 4g + 2hh and 4g + 2hh + 1 of S) and V columns 16·cn ..: four 16-byte row
+    // reads, four 4×4 byte transposes, and column n's four bytes are one 32-bit word of
+    // Vᵀ row n at k positions 32g + 16hh + 4t .. +3 (`pack`'s A fragment order). Vᵀ
+    // rows are 128-byte swizzled (chunk c of row n at c xor (n mod 8)). Every thread's
+    // `wgmma`s of the previous tile were waited for before the barrier that precedes
+    // this, so the one Vᵀ buffer is free.
+    let transpose_v = |k: &Kit<'ctx>, v_sm: IntValue<'ctx>, vt_sm: IntValue<'ctx>| -> R<()> {
+        let ng = bkv / 32;
+        let units = bkv * dv / 64;
+        for i in 0..units.div_ceil(threads) {
+            let u = k.add(tid, c32(i * threads))?;
+            let go = |k: &Kit<'ctx>| -> R<()> {
+                let t = k.and(u, c32(3))?;
+                let cn0 = k.and(k.lshr(u, 2)?, c32(1))?;
+                let hh = k.and(k.lshr(u, 3)?, c32(1))?;
+                let r = k.lshr(u, 4)?;
+                let g = k.urem(r, c32(ng))?;
+                let cn = k.add(k.mul(k.udiv(r, c32(ng))?, c32(2))?, cn0)?;
+                let a = k.add(k.add(k.mul(g, c32(32))?, k.mul(hh, c32(16))?)?, k.mul(t, c32(2))?)?;
+                let rows = [0u32, 1, 8, 9].map(|o| -> R<Vec<IntValue<'ctx>>> {
+                    let at = sm_at(k, v_sm, bkv, sm.ldv, k.add(a, c32(o))?, cn)?;
+                    load_i32s(k, k.sh_at(smem, at)?, 4)
+                });
+                let rows: Vec<Vec<IntValue<'ctx>>> = rows.into_iter().collect::<R<_>>()?;
+                let kc = k.add(k.mul(g, c32(2))?, hh)?; // k-position chunk of the word
+                for w in 0..4u32 {
+                    let cols = k.transpose_bytes_4x4([rows[0][w as usize], rows[1][w as usize], rows[2][w as usize], rows[3][w as usize]])?;
+                    for (b, &word) in cols.iter().enumerate() {
+                        let n = k.add(k.mul(cn, c32(16))?, c32(4 * w + b as u32))?;
+                        let chunk = k.xor(kc, k.and(n, c32(7))?)?;
+                        let at = k.add(vt_sm, k.add(k.mul(n, c32(128))?, k.add(k.shl(chunk, 4)?, k.shl(t, 2)?)?)?)?;
+                        store_i32s(k, k.sh_at(smem, at)?, &[word])?;
+                    }
+                }
+                Ok(())
+            };
+            if (i + 1) * threads <= units {
+                go(k)?;
+            } else {
+                k.if_then(k.icmp(IntPredicate::ULT, u, c32(units))?, go)?;
+            }
+        }
+        Ok(())
+    };
     if overlap {
         // FlashAttention-3's intra-warpgroup pipelining (arXiv 2407.08608 §3.2, Algorithm 2):
         // iteration t issues S_t = Q·K_tᵀ, then O += P_{t−1}·V_{t−1}, waits for S_t alone
@@ -1328,7 +1591,8 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
         //   every warpgroup. One iteration more than there are tiles, for the last P·V.
         let i32t = kit.i32t;
         let f32t = kit.f32t;
-        let pa_prev: Vec<[PointerValue<'ctx>; 4]> = (0..n_nt / 2).map(|_| Ok([kit.var_i(c32(0))?, kit.var_i(c32(0))?, kit.var_i(c32(0))?, kit.var_i(c32(0))?])).collect::<R<_>>()?;
+        // (fp8: 32-key steps, half as many.)
+        let pa_prev: Vec<[PointerValue<'ctx>; 4]> = (0..n_nt / if fp8.is_some() { 4 } else { 2 }).map(|_| Ok([kit.var_i(c32(0))?, kit.var_i(c32(0))?, kit.var_i(c32(0))?, kit.var_i(c32(0))?])).collect::<R<_>>()?;
         let flat: Vec<PointerValue<'ctx>> = acc[0].iter().flatten().copied().collect();
         let keep_pa = |k: &Kit<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>]| -> R<()> {
             for (v, w) in pa_prev.iter().zip(&pa[0]) {
@@ -1346,6 +1610,16 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| issue_k(k, next))?;
             k.if_then(k.icmp(IntPredicate::SLT, t, n_tiles)?, |k| issue_v(k, t))?;
             k.cp_async_commit()?;
+            if fp8.is_some() {
+                // V_{t−1} (landed) → Vᵀ for this iteration's P_{t−1}·V_{t−1}: its previous
+                // readers, P_{t−2}·V_{t−2}, were waited for in iteration t − 1. The writers
+                // fence the async proxy, then the barrier (CTA-uniform condition).
+                k.if_then(k.icmp(IntPredicate::SGT, t, c32(0))?, |k| {
+                    transpose_v(k, stage_of(k, k.sub(t, c32(1))?)?.1, c32(sm.vt[0]))?;
+                    k.fence_proxy_async()?;
+                    k.barrier()
+                })?;
+            }
             let j0 = k.mul(t, c32(bkv))?;
             let jp = k.sub(j0, c32(bkv))?;
             // Uniform in the CTA (the trip count is), which ptxas sees.
@@ -1495,6 +1769,25 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             kit.if_then(first_wg, |k| k.bar_sync(mine, 256))?;
         }
     } else {
+        // fp8: V is loaded two tiles ahead of its use (three stages, t mod 3) and transposed
+        // one tile ahead into Vᵀ buffer t mod 2, so that the barrier at the top of the next
+        // tile publishes it (no second barrier). The prologue took K_0 and V_0: V_1 now, and
+        // V_0's transposition.
+        let v_stage = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let r = k.urem(t, c32(3))?;
+            k.select_int(k.icmp(IntPredicate::EQ, r, c32(0))?, c32(sm.v[0]), k.select_int(k.icmp(IntPredicate::EQ, r, c32(1))?, c32(sm.v[1]), c32(sm.v2))?)
+        };
+        let vt_of = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<IntValue<'ctx>> { k.add(c32(sm.vt[0]), k.mul(k.and(t, c32(1))?, c32(sm.vt[1] - sm.vt[0]))?) };
+        let issue_v3 = |k: &Kit<'ctx>, t: IntValue<'ctx>| -> R<()> {
+            let j0 = k.mul(k.zext64(t)?, k.i64c(i64::from(bkv)))?;
+            copy_rows(k, bkv, dv / epc, sm.ldv, v_stage(k, t)?, v_ptr, k.add(v_base, k.mul(j0, v_ss)?)?, v_ss, k.sub(skv, j0)?)
+        };
+        if fp8.is_some() {
+            kit.if_then(kit.icmp(IntPredicate::SGT, n_tiles, c32(1))?, |k| issue_v3(k, c32(1)))?;
+            kit.cp_async_commit()?;
+            transpose_v(kit, c32(sm.v[0]), c32(sm.vt[0]))?;
+            kit.fence_proxy_async()?;
+        }
         kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
             k.cp_async_wait(0)?;
             if wg.is_some() {
@@ -1502,19 +1795,49 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             }
             k.barrier()?;
             let next = k.add(t, c32(1))?;
-            k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
-                issue_tile(k, next)?;
-                k.cp_async_commit()
-            })?;
+            if fp8.is_some() {
+                k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| issue_k(k, next))?;
+                let after = k.add(t, c32(2))?;
+                k.if_then(k.icmp(IntPredicate::SLT, after, n_tiles)?, |k| issue_v3(k, after))?;
+                k.cp_async_commit()?;
+            } else {
+                k.if_then(k.icmp(IntPredicate::SLT, next, n_tiles)?, |k| {
+                    issue_tile(k, next)?;
+                    k.cp_async_commit()
+                })?;
+            }
             let j0 = k.mul(t, c32(bkv))?;
+            // fp8: every warpgroup issues its S = Q·K_tᵀ (for every tile of the CTA, so that the
+            // issue and its wait are under no condition ptxas cannot prove uniform; a causal
+            // CTA's upper warpgroup computes up to one fully masked tile it then skips), the
+            // threads transpose V_{t+1} into the other Vᵀ buffer while it runs (on the last
+            // tile, a stage no tile reads: harmless), then wait for it and fence the async
+            // proxy for the transposed bytes (PTX ISA §9.7.15.1; the next tile's barrier
+            // publishes them). ptxas 12.9 crashes on a fence between the issue and the wait.
+            let s_fp8 = if fp8.is_some() {
+                let pending = qk_wg(k, stage_of(k, t)?.0, 1)?;
+                transpose_v(k, v_stage(k, next)?, vt_of(k, next)?)?;
+                let out = k.wgmma_wait_group(&pending, 0)?;
+                k.fence_proxy_async()?;
+                if let Some(v) = vt_var {
+                    k.set(v, vt_of(k, t)?.into())?;
+                }
+                Some(out)
+            } else {
+                None
+            };
             k.if_then(k.icmp(IntPredicate::SLT, j0, grp_end)?, |k| {
                 let (k_sm, v_sm) = stage_of(k, t)?;
+                let v_sm = if fp8.is_some() { v_stage(k, t)? } else { v_sm };
                 let (k_at, v_at) = (k.sh_at(smem, k.add(k_sm, k_lane)?)?, k.sh_at(smem, k.add(v_sm, v_lane)?)?);
 
                 // S = Q·Kᵀ.
                 let mut sacc: Vec<Vec<[FloatValue<'ctx>; 4]>> = vec![vec![[zero; 4]; n_nt]; mt];
                 if wg.is_some() {
-                    let out = qk_wg(k, k_sm, 0)?;
+                    let out = match &s_fp8 {
+                        Some(out) => out.clone(),
+                        None => qk_wg(k, k_sm, 0)?,
+                    };
                     for n in 0..n_nt {
                         for e in 0..4 {
                             sacc[0][n][e] = out[4 * n + e];
@@ -1549,7 +1872,8 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
             lt = kit.fadd(lt, kit.shfl_xor(lt, 1)?)?;
             lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
             let empty = kit.fcmp(FloatPredicate::OEQ, kit.get_f(m[mi][hh])?, ninf)?;
-            let inv = kit.fdiv(kit.f32c(1.0), lt)?;
+            // fp8: O = sv · Σ p·v8 / l.
+            let inv = kit.fdiv(v_scale.unwrap_or(kit.f32c(1.0)), lt)?;
             for a in &acc[mi] {
                 for e in [2 * hh, 2 * hh + 1] {
                     o.push(kit.select_f(empty, zero, kit.fmul(kit.get_f(a[e])?, inv)?)?);
@@ -1619,7 +1943,9 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: 
                 lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
                 let mv = kit.get_f(m[mi][hh])?;
                 let empty = kit.fcmp(FloatPredicate::OEQ, mv, ninf)?;
-                let v = kit.select_f(empty, ninf, kit.fma(mv, kit.f32c(std::f64::consts::LN_2), kit.log(lt)?)?)?;
+                // fp8: l carries P's 2⁸ (m − 8 is the log2 of the scale p's are relative to).
+                let mv2 = if fp8.is_some() { kit.fsub(mv, kit.f32c(f64::from(FP8_P_LOG2)))? } else { mv };
+                let v = kit.select_f(empty, ninf, kit.fma(mv2, kit.f32c(std::f64::consts::LN_2), kit.log(lt)?)?)?;
                 // The quad's four lanes hold the row's m and l; the first writes.
                 let first = kit.and(rows.valid[mi][hh], kit.icmp(IntPredicate::EQ, t4, c32(0))?)?;
                 kit.if_then(first, |k| k.store_vec(DType::F32, lptr, k.add(lb, k.mul(rows.index[mi][hh], ls)?)?, &[v]))?;
@@ -1830,6 +2156,74 @@ mod tests {
         let (g, k) = prefill(DType::BF16, 8, 2, sym("T"), sym("S"), 64, 64, false, false);
         let pp = WgSchedule { producer: true, pingpong: true, ..choose_wg_schedule(64, 64) };
         insta::assert_snapshot!("attention_wgmma_ws_pp_d64_ptx", generate_prefill_wg_with(&g, k, &h, &pp).unwrap().ptx);
+    }
+
+    /// The fp8 kernel (sm_90a): head dims 64 and 128 (and 128/64), causal or not, symbolic
+    /// and constant lengths, bf16 and f16 outputs, 128- and 64-key tiles and the overlap
+    /// (without ptxas serializing its `wgmma`s): e4m3 `wgmma`s with
+    /// A from shared memory for Q·Kᵀ and from registers for P·V (K-major Vᵀ, no transpose),
+    /// P converted with `cvt.rn.satfinite.e4m3x2.f32`, V transposed with `prmt`, the async
+    /// proxy fenced after the transposition; it assembles without spills. Other targets, the
+    /// `+split` schedules, tiles over 128 keys and an f32 output are refused naming f8e4m3.
+    #[test]
+    fn fp8_kernel_assembles_without_spills() {
+        use crate::kernels::attention::generate_prefill_wg_with;
+        use crate::kernels::attention::tests::prefill_fp8;
+        let h = Target::SM_90A;
+        let wd = choose_fp8_schedule();
+        for (out, hd, dv) in [(DType::BF16, 128, 128), (DType::BF16, 64, 64), (DType::F16, 128, 128), (DType::BF16, 128, 64)] {
+            for causal in [false, true] {
+                for (sq, skv) in [(sym("T"), sym("S")), (d(4096), d(4096))] {
+                    let (g, k) = prefill_fp8(out, 8, 2, sq.clone(), skv.clone(), hd, dv, causal);
+                    for w in [wd, WgSchedule { block_kv: 64, ..wd }, WgSchedule { overlap: true, ..wd }] {
+                        let plan = generate_prefill_wg_with(&g, k, &h, &w).unwrap_or_else(|e| panic!("{w:?} D{hd}: {e}"));
+                        assert!(plan.entry.ends_with("_attention_wgmma_e4m3"), "{}", plan.entry);
+                        assert!(plan.ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{}k32.f32.e4m3.e4m3", w.block_kv)), "{w:?}");
+                        assert!(plan.ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{dv}k32.f32.e4m3.e4m3")), "{w:?}");
+                        for needle in ["cvt.rn.satfinite.e4m3x2.f32", "prmt.b32", "fence.proxy.async.shared::cta", "bar.red.or.pred", ".align 1024 .b8 smem_dyn[]"] {
+                            assert!(plan.ptx.contains(needle), "{w:?}: no {needle}");
+                        }
+                        assert!(!plan.ptx.contains("mma.sync") && !plan.ptx.contains("k16.f32"), "{w:?}");
+                        assert_eq!(plan.block, [w.threads(), 1, 1]);
+                        let Some(r) = assemble(&plan) else { return };
+                        eprintln!("fp8 {} D{hd}/{dv} causal={causal} {sq}: {r}", w.name());
+                        if w.overlap {
+                            // No "wgmma.mma_async instructions are serialized" (C7510 to C7520).
+                            let ptxas = crate::ptxas::find_ptxas_for_tests().unwrap().unwrap();
+                            let log = crate::ptxas::assemble_with(&ptxas, &plan.ptx, &h).unwrap().log;
+                            assert!(!log.contains("serialized"), "{} D{hd}/{dv} causal={causal}: {log}", w.name());
+                        }
+                        if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
+                            std::fs::write(format!("/tmp/wgattn8_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), &plan.ptx).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+        // Shared memory: Q 128 rows, two K stages, three V stages of 128-byte rows (half used
+        // at D 64), two Vᵀ buffers of Dv rows × 128 keys, the P scratch / output staging
+        // 128 × 136 × 2 bytes.
+        let p_scratch = 128 * 136 * 2;
+        assert_eq!(Smem::wg(&wd, 128, 128, true).total, 16384 * (1 + 2 + 3) + 2 * 128 * 128 + p_scratch);
+        assert_eq!(Smem::wg(&wd, 128, 128, true).total, 165888);
+        assert_eq!(Smem::wg(&wd, 64, 64, true).total, 16384 * (1 + 2 + 3) + 2 * 64 * 128 + p_scratch);
+        let sm = Smem::wg(&wd, 128, 128, true);
+        assert!(sm.vt.iter().chain([&sm.v2]).all(|o| o % 1024 == 0), "swizzled buffers 1024-byte aligned");
+        let (g, k) = prefill_fp8(DType::BF16, 8, 2, sym("T"), sym("S"), 128, 128, true);
+        assert!(generate_prefill(&g, k, &h).unwrap().entry.ends_with("_attention_wgmma_e4m3"));
+        for t in [Target::SM_80, Target::SM_90] {
+            let e = generate_prefill(&g, k, &t).unwrap_err().to_string();
+            assert!(e.contains(&format!("f8e4m3 attention: wgmma needs sm_90a, not {t}: {}", crate::FP8_SUPPORT)), "{e}");
+        }
+        for w in [WgSchedule { pv_split: true, ..wd }, WgSchedule { block_kv: 256, ..wd }] {
+            let e = generate_prefill_wg_with(&g, k, &h, &w).unwrap_err().to_string();
+            assert!(e.contains("f8e4m3 attention: schedule"), "{e}");
+        }
+        for (out, hd) in [(DType::F32, 128), (DType::BF16, 96)] {
+            let (g, k) = prefill_fp8(out, 8, 2, sym("T"), sym("S"), hd, hd, false);
+            let e = generate_prefill(&g, k, &h).unwrap_err().to_string();
+            assert!(e.contains("f8e4m3 attention: ") && e.contains(crate::FP8_SUPPORT), "{e}");
+        }
     }
 
     /// The warp-specialised options' names, threads, and what they refuse: the ping-pong

@@ -862,7 +862,7 @@ impl MatOperand {
 
 /// Where an fp8 operand's scale (an f32 scalar, `f32[]`) comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Fp8Scale {
+pub(super) enum Fp8Scale {
     /// Kernel input `i`.
     Buffer(usize),
     /// A constant of the body (its value rounded to f32, as the interpreter rounds it).
@@ -872,7 +872,7 @@ enum Fp8Scale {
 /// When `v` is `dequantize_fp8(x8, scale)`: `Ok((x8, scale))` for an `x8` and a scale the fp8
 /// kernel reads (`x8` is checked with the operand's views; the scale is an f32 kernel input
 /// or a constant), or why it cannot read them; `None` when `v` is something else.
-fn fp8_operand(body: &Function, v: Value, buffers: &[BufInfo]) -> Option<Result<(Value, Fp8Scale), String>> {
+pub(super) fn fp8_operand(body: &Function, v: Value, buffers: &[BufInfo]) -> Option<Result<(Value, Fp8Scale), String>> {
     let ValueDef::Result(n, _) = body.values.get(v)?.def else { return None };
     let nd = body.nodes.get(n)?;
     if nd.op.kind != OpKind::DequantizeFp8 {
@@ -3113,7 +3113,7 @@ fn build_wgmma_ws<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &
 
 /// An fp8 operand's scale as an f32: loaded from its kernel input (a scalar, `f32[]`) or
 /// the constant.
-fn fp8_scale<'ctx>(kit: &Kit<'ctx>, scale: Fp8Scale) -> R<FloatValue<'ctx>> {
+pub(super) fn fp8_scale<'ctx>(kit: &Kit<'ctx>, scale: Fp8Scale) -> R<FloatValue<'ctx>> {
     match scale {
         Fp8Scale::Buffer(i) => kit.load_vec(DType::F32, kit.buf(i)?, kit.i64c(0), 1)?.pop().ok_or_else(|| kit.err("no scale loaded")),
         Fp8Scale::Const(x) => Ok(kit.f32c(f64::from(x))),
@@ -3632,6 +3632,22 @@ pub(crate) mod kit {
         /// [`KernelBuilder::wgmma_rs_k_tile`].
         pub(crate) fn wgmma_rs_k_tile(&self, dt: DType, n: u32, acc: &[FloatValue<'ctx>], steps: &[([IntValue<'ctx>; 4], IntValue<'ctx>)], trans_b: bool, in_flight: u32) -> R<Vec<FloatValue<'ctx>>> {
             self.bld().wgmma_rs_k_tile(dt, n, acc, steps, trans_b, in_flight)
+        }
+        /// [`KernelBuilder::pack_e4m3x4`].
+        pub(crate) fn pack_e4m3x4(&self, x: [FloatValue<'ctx>; 4]) -> R<IntValue<'ctx>> {
+            self.bld().pack_e4m3x4(x)
+        }
+        /// [`KernelBuilder::e4m3x2_to_f32`].
+        pub(crate) fn e4m3x2_to_f32(&self, x: IntValue<'ctx>) -> R<[FloatValue<'ctx>; 2]> {
+            self.bld().e4m3x2_to_f32(x)
+        }
+        /// [`KernelBuilder::e4m3x2_to_f16x2`].
+        pub(crate) fn e4m3x2_to_f16x2(&self, x: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+            self.bld().e4m3x2_to_f16x2(x)
+        }
+        /// [`KernelBuilder::transpose_bytes_4x4`].
+        pub(crate) fn transpose_bytes_4x4(&self, rows: [IntValue<'ctx>; 4]) -> R<[IntValue<'ctx>; 4]> {
+            self.bld().transpose_bytes_4x4(rows)
         }
         /// [`KernelBuilder::bar_red_or`].
         pub(crate) fn bar_red_or(&self, id: IntValue<'ctx>, count: u32, flag: IntValue<'ctx>) -> R<IntValue<'ctx>> {

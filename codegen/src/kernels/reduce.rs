@@ -87,9 +87,10 @@
 //!   barrier between the passes), and its `(n, mean, M2)` is merged over the CTA's warps
 //!   (one barrier) and then the cluster's CTAs by Chan, Golub & LeVeque's pairwise update,
 //!   in `f64` (see `Emitter::cluster_level`). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
-//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA with four vectors a loop
-//!   iteration for slices up to 32 KiB (LayerNorm 4096 × 32768 on an H200: 146.6-149.6 µs
-//!   against 150.9-152.3 with two; the other row statistics equal or better, bench/RESULTS.md);
+//!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB,
+//!   with four vectors a loop iteration where the slices are whole iterations of them
+//!   (LayerNorm 4096 × 32768 on an H200: 146.6-149.6 µs against 150.9-152.3 with two; the
+//!   other row statistics equal or better, bench/RESULTS.md), else two;
 //!   up to 96 KiB, 512 threads when the output pass also reads an unstaged input (a weight),
 //!   else 256 threads with four vectors a loop iteration (longer rows keep the multi-pass
 //!   schedule); e.g. `bf16` rows of 32768: 2 CTAs × 256 threads, 32 KiB each, six CTAs per
@@ -218,8 +219,12 @@ impl RowSchedule {
                 // four vectors per loop iteration (fewer, longer-running warps; 512 × 262144
                 // bf16 softmax on an H200: 85.3-86.0% of copy against 84.3-84.9% with 512 × 2,
                 // rms_norm the other way round: 86.0% with 256 × 4, 86.5-87.5% with 512 × 2).
+                // Four vectors only where every slice is whole iterations of them: the bounds
+                // checks of a partial one cost the registers (bf16 LayerNorm of 33000 spills).
+                let exact4 = n % (c * 4 * 256 * u64::from(vec)) == 0;
                 let (t, unroll) = match (slice <= CLUSTER_SLICE_BYTES, unstaged) {
-                    (true, _) => (256, 4),
+                    (true, _) if exact4 => (256, 4),
+                    (true, _) => (256, 2),
                     (false, true) => (512, 2),
                     (false, false) => (256, 4),
                 };
