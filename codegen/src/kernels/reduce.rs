@@ -82,10 +82,10 @@
 //!   and waits at its exit, so it leaves when its own outputs are written. Every
 //!   shared array is carved from the dynamic shared memory (the launch passes its size).
 //!   `softmax` is always online here (one exchange), and a `layer_norm` crosses the CTA and
-//!   the cluster once too: each *warp* computes corrected two-pass statistics of the chunks
-//!   it staged (its mean by shuffles, then Σ(x − mean) and Σ(x − mean)² from the stage: no
+//!   the cluster once too: where the slices are whole loop iterations, each *warp* computes
+//!   corrected two-pass statistics of the chunks it staged (its mean by shuffles, then Σ(x − mean) and Σ(x − mean)² from the stage: no
 //!   barrier between the passes), and its `(n, mean, M2)` is merged over the CTA's warps
-//!   (one barrier) and then the cluster's CTAs by Chan, Golub & LeVeque's pairwise update,
+//!   (one barrier; elsewhere the CTA's statistics, two barriers) and then the cluster's CTAs by Chan, Golub & LeVeque's pairwise update,
 //!   in `f64` (see `Emitter::cluster_level`). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
 //!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB,
 //!   with four vectors a loop iteration where the slices are whole iterations of them
@@ -1088,7 +1088,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let len = ev.isub(crow.end, crow.start)?;
         let len = ev.kb.b.build_select(some, len, ev.ic(0), "n_c")?.into_int_value();
         // A layer norm's statistics are the warp's (`warp_only`): its element count.
-        let len = self.warp_count(ev, len, t)?;
+        let len = if self.ln_per_warp() { self.warp_count(ev, len, t)? } else { len };
         let some = ev.ilt(ev.ic(0), len)?;
         let n_c = ev.kb.b.build_unsigned_int_to_float(len, f32t, "n_w")?;
         let zero = ev.kb.f32c(0.0);
@@ -1153,7 +1153,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             // The warps' triples merged over the CTA: each warp's in shared memory, one
             // barrier, a butterfly of Chan merges (every thread ends with the same bits).
             let nw = self.sched.threads_per_row / 32;
-            let cta = if nw > 1 {
+            let cta = if nw > 1 && self.ln_per_warp() {
                 let arr = self.smem_alloc(ev, 3 * 8 * nw, 16)?;
                 let warp = ev.kb.b.build_right_shift(t, ev.ic(5), false, "warp")?;
                 let base = ev.imul(warp, ev.ic(3))?;
@@ -2036,8 +2036,19 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// Whether statistic `st` is combined over the warp only by [`Emitter::combine_group`]:
     /// a `layer_norm`'s in the cluster schedule, whose statistics are corrected two-pass per
     /// warp and merged once as `(n, mean, M2)` triples (see [`Emitter::cluster_level`]).
+    ///
+    /// Only where every slice is whole loop iterations (`Split::exact`): elsewhere (an odd
+    /// row length, a short last slice) the bounds checks leave no registers for the warps'
+    /// `f64` triples (a `bf16` LayerNorm of 262147 spilled 12 bytes at 40 registers), and the
+    /// CTA's statistics are merged as before.
     fn warp_only(&self, st: &Stat) -> bool {
-        self.split.is_some() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
+        self.ln_per_warp() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
+    }
+
+    /// Whether a `layer_norm`'s statistics are the warp's until the exchange (see
+    /// [`Emitter::warp_only`]).
+    fn ln_per_warp(&self) -> bool {
+        self.split.as_ref().is_some_and(|s| s.exact)
     }
 
     /// The fold of the `nw` warp partials at `arr[base..base + nw]` (shared memory, after a
