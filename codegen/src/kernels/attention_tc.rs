@@ -233,10 +233,10 @@
 //! 0.68 ms. The e4m3 products take half the bf16 ones' time, but both warpgroups meet at a
 //! CTA barrier every tile and run their softmax (one `MUFU.EX2` a score: about as long as
 //! the fp8 products of a tile) at the same time, so the tile time is MMA + softmax rather
-//! than their maximum. Not done: FA3's producer warpgroup (TMA, `mbarrier`s) and the
-//! inter-warpgroup ping-pong that overlaps one warpgroup's softmax with the other's
-//! products, and a transposition with `ldmatrix`/`stmatrix .trans` — the remaining way to
-//! the issue's ≥ 1.5×; see the bench row `attn fp8`.
+//! than their maximum. Not done: the fp8 kernel on the warp-specialised form (the bf16
+//! kernel has it, ` ws`, and it made bf16 1.2× faster, so fp8 is now at 0.96× our autotuned
+//! bf16 attention: bench/RESULTS.md), and a transposition with `ldmatrix`/`stmatrix .trans`
+//! — the remaining way to the issue's ≥ 1.5×; see the bench row `attn fp8`.
 //!
 //! # What it takes
 //! bf16 or f16; head dims (D of q/k, Dv of v) multiples of 16 up to 256; q, k and v rows
