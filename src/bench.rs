@@ -658,7 +658,14 @@ fn check_groups(only: &[String]) -> Result<(), Error> {
     }
 }
 
+/// Whether case `c` times an fp8 kernel only sm_90a has (the `fp8` matmul group and the
+/// `attn fp8` rows): on other targets it is skipped, not an error.
+fn needs_sm90a(c: &BenchCase) -> bool {
+    c.group == "fp8" || c.name.starts_with("attn fp8")
+}
+
 /// Compiles every kernel the benchmark groups in `only` (all when empty) need for `target`
+/// (but the fp8 rows on targets other than sm_90a, see [`needs_sm90a`])
 /// into the kernel cache, with no GPU: a build without LLVM then runs them from the cache.
 /// With `autotune`, also every schedule candidate of each tunable kernel
 /// ([`crate::tune::precompile_variants`]), so that the build without LLVM can time them.
@@ -673,7 +680,7 @@ pub fn precompile(only: &[String], target: &str, autotune: bool) -> Result<crate
     let cache = sinter_runtime::KernelCache::open_default()?;
     let mut stats = crate::gpu::CompileStats::default();
     let mut kernels = 0;
-    for c in cases(only)? {
+    for c in cases(only)?.into_iter().filter(|c| target == "sm_90a" || !needs_sm90a(c)) {
         let kg = crate::gpu::lower(&c.graph, c.lowering)?;
         crate::gpu::plans(&kg, target, &cache, &mut stats)?;
         #[cfg(feature = "llvm")]
@@ -726,7 +733,12 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool) -> R
     // `SINTER_BENCH_CASE=text`: only the cases whose "name shape" contains `text` (to profile
     // one kernel, e.g. under Nsight Compute).
     let pick = std::env::var("SINTER_BENCH_CASE").ok();
+    let target = crate::gpu::target_for(&dev);
     for c in cases(only)?.into_iter().filter(|c| pick.as_ref().is_none_or(|p| format!("{} {}", c.name, c.shape).contains(p.as_str()))) {
+        if needs_sm90a(&c) && target != "sm_90a" {
+            println!("{:<11} {:<34} {:<27} skipped: its fp8 kernel needs sm_90a (wgmma), not {target}", c.group, c.name, c.shape);
+            continue;
+        }
         // The previous case's buffers that this one does not share are freed before the
         // uploads; the shared ones are used again.
         previous.retain(|(spec, _)| c.inputs.contains(spec));

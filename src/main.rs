@@ -151,8 +151,8 @@ enum Cmd {
     /// GB/s or TFLOP/s and the ratio to the anchors measured in the same call.
     Bench {
         /// Groups to run, separated by spaces or commas (default: all): swiglu rmsnorm softmax
-        /// bias rope gather cast kv_append layernorm log_softmax reduce rows matmul qmatmul attn
-        /// decode cascade.
+        /// bias rope gather cast kv_append layernorm log_softmax reduce rows matmul fp8 qmatmul
+        /// attn decode cascade (fp8 and the attention group's fp8 rows run on sm_90a only).
         #[arg(long, num_args = 1.., value_delimiter = ',')]
         only: Vec<String>,
         /// anchors.json written by bench/anchors.py in the same device call (and more such

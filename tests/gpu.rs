@@ -1285,26 +1285,35 @@ fn fp8_inputs(g: &sinter::Graph, seed: u64, nan: Option<usize>) -> Vec<(String, 
 #[cfg(feature = "llvm")]
 #[test]
 fn fp8_cases_lower_to_one_wgmma_kernel() {
-    let ptxas = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap();
     for (label, g, _) in fp8_cases() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
-        assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
-        let k = kg.kernels.keys().next().unwrap();
-        assert!(sinter::tune::tunable(&kg, k), "{label}");
-        let variants = sinter_codegen::schedule_variants(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
-        let mut names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+        let mut names = fp8_kernel_lowers_to_one_wgmma_kernel(&label, &g, "_matmul_wgmma_e4m3");
         names.sort_unstable();
         assert_eq!(names, ["wgmma 128x128x128 s4 f1", "wgmma 128x128x128 s4 f1 tma", "wgmma 128x256x128 s4", "wgmma 128x256x128 s4 f1", "wgmma 128x256x128 s4 f1 tma"], "{label}");
-        for v in &variants {
-            assert!(v.plan.entry.ends_with("_matmul_wgmma_e4m3"), "{label}: {}", v.plan.entry);
-            if let Some(p) = &ptxas {
-                let r = sinter_codegen::ptxas::assemble_with(p, &v.plan.ptx, &sinter_codegen::Target::SM_90A).unwrap_or_else(|e| panic!("{label} {}: {e}", v.name));
-                assert!(!r.spills(), "{label} {}: spills {r:?}", v.name);
-            }
-        }
-        let e = sinter_codegen::compile_kernel(&kg, k, &sinter_codegen::Target::SM_80).unwrap_err().to_string();
-        assert!(e.contains("f8e4m3") && e.contains("sm_90a"), "{label}: {e}");
     }
+}
+
+/// What the fp8 lowering tests check of fp8 graph `g`: it lowers (fused) to one tunable
+/// kernel whose every sm_90a candidate is an e4m3 `wgmma` kernel (entry ending `entry`)
+/// that ptxas assembles without spills, and that sm_80 refuses naming f8e4m3 and sm_90a.
+/// Returns the candidates' names.
+#[cfg(feature = "llvm")]
+fn fp8_kernel_lowers_to_one_wgmma_kernel(label: &str, g: &sinter::Graph, entry: &str) -> Vec<String> {
+    let ptxas = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap();
+    let kg = sinter::gpu::lower(g, Lowering::Fused).unwrap();
+    assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
+    let k = kg.kernels.keys().next().unwrap();
+    assert!(sinter::tune::tunable(&kg, k), "{label}");
+    let variants = sinter_codegen::schedule_variants(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
+    for v in &variants {
+        assert!(v.plan.entry.ends_with(entry), "{label}: {}", v.plan.entry);
+        if let Some(p) = &ptxas {
+            let r = sinter_codegen::ptxas::assemble_with(p, &v.plan.ptx, &sinter_codegen::Target::SM_90A).unwrap_or_else(|e| panic!("{label} {}: {e}", v.name));
+            assert!(!r.spills(), "{label} {}: spills {r:?}", v.name);
+        }
+    }
+    let e = sinter_codegen::compile_kernel(&kg, k, &sinter_codegen::Target::SM_80).unwrap_err().to_string();
+    assert!(e.contains("f8e4m3") && e.contains("sm_90a"), "{label}: {e}");
+    variants.into_iter().map(|v| v.name).collect()
 }
 
 /// The fp8 matmul (issue #8) on the device against the interpreter, every schedule candidate
@@ -1465,24 +1474,9 @@ fn check_fp8_attention(name: &str, out: &Tensor, reference: &Tensor, v: &Tensor,
 #[cfg(feature = "llvm")]
 #[test]
 fn fp8_attention_cases_lower_to_one_wgmma_kernel() {
-    let ptxas = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap();
     for (label, g, _) in fp8_attention_cases() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
-        assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
-        let k = kg.kernels.keys().next().unwrap();
-        assert!(sinter::tune::tunable(&kg, k), "{label}");
-        let variants = sinter_codegen::schedule_variants(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
-        let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+        let names = fp8_kernel_lowers_to_one_wgmma_kernel(&label, &g, "_attention_wgmma_e4m3");
         assert_eq!(names, ["wgmma kv128 g2 e4m3", "wgmma kv64 g2 e4m3", "wgmma kv128 g2 ov e4m3"], "{label}");
-        for v in &variants {
-            assert!(v.plan.entry.ends_with("_attention_wgmma_e4m3"), "{label}: {}", v.plan.entry);
-            if let Some(p) = &ptxas {
-                let r = sinter_codegen::ptxas::assemble_with(p, &v.plan.ptx, &sinter_codegen::Target::SM_90A).unwrap_or_else(|e| panic!("{label} {}: {e}", v.name));
-                assert!(!r.spills(), "{label} {}: spills {r:?}", v.name);
-            }
-        }
-        let e = sinter_codegen::compile_kernel(&kg, k, &sinter_codegen::Target::SM_80).unwrap_err().to_string();
-        assert!(e.contains("f8e4m3") && e.contains("sm_90a"), "{label}: {e}");
     }
 }
 

@@ -418,11 +418,16 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
 /// Whether node `n` may join Matmul kernel `g` as epilogue under the contract (what
 /// [`sinter_ir::epilogue::analyse`] accepts; the built kernel is checked again): an
 /// element-wise node or a `rope` (positions not from `g`) whose result is no larger than the
-/// matmul's, reading `g`'s values directly or through `reshape`s and column slices (a merged
+/// matmul's and not `f8e4m3`, reading `g`'s values directly or through `reshape`s and column slices (a merged
 /// QKV or gate/up projection's parts).
 fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> bool {
     let nd = &f.nodes[n];
     if !(is_elementwise(nd.op.kind) || nd.op.kind == OpKind::Rope) {
+        return false;
+    }
+    // An `f8e4m3` result (`quantize_fp8`, a cast to fp8) is computed in its own element-wise
+    // kernel: the matmul generators store no one-byte results (they refuse fp8 epilogues).
+    if nd.results.iter().any(|&r| f.ty(r).dtype.is_fp8()) {
         return false;
     }
     let in_g = |x: Value| uses.producer.get(&x).and_then(|pn| p.group_of.get(pn)) == Some(&g);

@@ -849,7 +849,9 @@ pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a 
     let p = std::rc::Rc::new(Prefill::analyse(graph, kernel)?);
     if p.fp8.is_some() {
         // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles and the
-        // intra-warpgroup overlap; names end `e4m3`.
+        // intra-warpgroup overlap; names end `e4m3`. None where the fp8 kernel does not
+        // apply (it says why).
+        attention_tc::fp8_applies(&p, target)?;
         let wd = attention_tc::choose_fp8_schedule();
         let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
         let mut out: Vec<crate::Candidate<'a>> = vec![(format!("{} e4m3", wd.name()), first)];

@@ -517,6 +517,17 @@ fn fp8_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
     Ok(())
 }
 
+/// [`wg_eligible`] (for fp8, [`fp8_eligible`]) as the code generator's error for fp8 attention `p`
+/// on `target` (what `plan_wg` refuses before any schedule), so that the schedule list of an
+/// fp8 attention the kernel does not take is an error, not a kernel that fails to build.
+///
+/// # Errors
+/// [`crate::CodegenError::Unsupported`] naming f8e4m3, the reason and where fp8 is supported.
+pub(super) fn fp8_applies(p: &Prefill, target: &Target) -> R<()> {
+    let fam = Family::Attention;
+    wg_eligible(p, target).map_err(|e| unsupported(&p.name, fam, e))
+}
+
 /// The launch plan of the `wgmma` kernel for `p` with schedule `w`.
 ///
 /// # Errors
@@ -1996,6 +2007,22 @@ mod tests {
         }
     }
 
+    /// With `check`, that ptxas does not serialize `ptx`'s `wgmma`s (no "wgmma.mma_async
+    /// instructions are serialized", C7510 to C7520: the overlapped and warp-specialised
+    /// kernels rely on groups staying in flight); with `SINTER_DUMP_WGMMA_ATTN` set, `ptx` is
+    /// written to `/tmp/{tag}.ptx`.
+    fn not_serialized_and_dumped(ptx: &str, w: &WgSchedule, tag: &str, check: bool) {
+        if check {
+            if let Some(ptxas) = crate::ptxas::find_ptxas_for_tests().unwrap() {
+                let log = crate::ptxas::assemble_with(&ptxas, ptx, &Target::SM_90A).unwrap().log;
+                assert!(!log.contains("serialized"), "{tag} ({w:?}): {log}");
+            }
+        }
+        if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
+            std::fs::write(format!("/tmp/{}.ptx", tag.replace(' ', "_")), ptx).unwrap();
+        }
+    }
+
     /// The `wgmma` kernel (sm_90a) at head dims 64 and 128 (Dv 64 with D 128 too), bf16 and
     /// f16, causal or not, symbolic and constant lengths, with lse, each schedule candidate
     /// and the intra-warpgroup overlap at 128 and 64 keys (with `pv_split` too, whose S wait
@@ -2031,16 +2058,8 @@ mod tests {
                         assert_eq!(plan.block, [w.threads(), 1, 1]);
                         let Some(r) = assemble(&plan) else { return };
                         eprintln!("{} D{hd}/{dv} causal={causal} {sq}: {r}", w.name());
-                        if w.overlap {
-                            // The overlap holds only if ptxas keeps the groups in flight: no
-                            // "wgmma.mma_async instructions are serialized" (C7510 to C7520).
-                            let ptxas = crate::ptxas::find_ptxas_for_tests().unwrap().unwrap();
-                            let log = crate::ptxas::assemble_with(&ptxas, &plan.ptx, &h).unwrap().log;
-                            assert!(!log.contains("serialized"), "{} D{hd}/{dv} causal={causal}: {log}", w.name());
-                        }
-                        if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
-                            std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), &plan.ptx).unwrap();
-                        }
+                        // The overlap holds only if ptxas keeps the groups in flight.
+                        not_serialized_and_dumped(&plan.ptx, w, &format!("wgattn_{}_{hd}_{causal}", w.name()), w.overlap);
                     }
                 }
             }
@@ -2108,7 +2127,6 @@ mod tests {
                                 assert!(ptx.contains(want), "{} D{hd}: no `{want}`", w.name());
                             }
                             assert!(!ptx.contains("cp.async.cg") && !ptx.contains("mma.sync"), "{}", w.name());
-                            if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() { std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), ptx).unwrap(); }
                             let cta_barriers = ptx.lines().filter(|l| l.split_whitespace().collect::<String>().starts_with("bar.sync0;")).count();
                             assert_eq!(cta_barriers, 1, "{}: CTA barriers", w.name());
                             assert_eq!(ptx.contains("bar.arrive"), w.pingpong, "{}", w.name());
@@ -2116,12 +2134,7 @@ mod tests {
                             assert_eq!(params, 3, "{}", w.name());
                             let Some(r) = assemble(&plan) else { return };
                             eprintln!("{} D{hd}/{dv} {dt} causal={causal} {sq} lse={lse}: {r}", w.name());
-                            let ptxas = crate::ptxas::find_ptxas_for_tests().unwrap().unwrap();
-                            let log = crate::ptxas::assemble_with(&ptxas, ptx, &h).unwrap().log;
-                            assert!(!log.contains("serialized"), "{} D{hd}/{dv} causal={causal}: {log}", w.name());
-                            if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
-                                std::fs::write(format!("/tmp/wgattn_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), ptx).unwrap();
-                            }
+                            not_serialized_and_dumped(ptx, w, &format!("wgattn_{}_{hd}_{causal}", w.name()), true);
                         }
                     }
                 }
@@ -2187,15 +2200,7 @@ mod tests {
                         assert_eq!(plan.block, [w.threads(), 1, 1]);
                         let Some(r) = assemble(&plan) else { return };
                         eprintln!("fp8 {} D{hd}/{dv} causal={causal} {sq}: {r}", w.name());
-                        if w.overlap {
-                            // No "wgmma.mma_async instructions are serialized" (C7510 to C7520).
-                            let ptxas = crate::ptxas::find_ptxas_for_tests().unwrap().unwrap();
-                            let log = crate::ptxas::assemble_with(&ptxas, &plan.ptx, &h).unwrap().log;
-                            assert!(!log.contains("serialized"), "{} D{hd}/{dv} causal={causal}: {log}", w.name());
-                        }
-                        if std::env::var_os("SINTER_DUMP_WGMMA_ATTN").is_some() {
-                            std::fs::write(format!("/tmp/wgattn8_{}_{hd}_{causal}.ptx", w.name().replace(' ', "_")), &plan.ptx).unwrap();
-                        }
+                        not_serialized_and_dumped(&plan.ptx, &w, &format!("wgattn8_{}_{hd}_{causal}", w.name()), w.overlap);
                     }
                 }
             }
@@ -2212,6 +2217,8 @@ mod tests {
         let (g, k) = prefill_fp8(DType::BF16, 8, 2, sym("T"), sym("S"), 128, 128, true);
         assert!(generate_prefill(&g, k, &h).unwrap().entry.ends_with("_attention_wgmma_e4m3"));
         for t in [Target::SM_80, Target::SM_90] {
+            // `sinter explain --schedules` lists no kernel it would refuse.
+            assert!(matches!(crate::schedule_variants(&g, k, &t), Err(crate::CodegenError::Unsupported { .. })), "{t}");
             let e = generate_prefill(&g, k, &t).unwrap_err().to_string();
             assert!(e.contains(&format!("f8e4m3 attention: wgmma needs sm_90a, not {t}: {}", crate::FP8_SUPPORT)), "{e}");
         }
@@ -2221,6 +2228,7 @@ mod tests {
         }
         for (out, hd) in [(DType::F32, 128), (DType::BF16, 96)] {
             let (g, k) = prefill_fp8(out, 8, 2, sym("T"), sym("S"), hd, hd, false);
+            assert!(matches!(crate::schedule_variants(&g, k, &h), Err(crate::CodegenError::Unsupported { .. })), "{out} D{hd}");
             let e = generate_prefill(&g, k, &h).unwrap_err().to_string();
             assert!(e.contains("f8e4m3 attention: ") && e.contains(crate::FP8_SUPPORT), "{e}");
         }
