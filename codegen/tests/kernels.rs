@@ -2033,12 +2033,13 @@ fn cpu_cluster_rows_match_the_interpreter() {
 /// Every row schedule autotuning may pick computes what the interpreter does: the cluster
 /// schedule's thread counts and unrolls (softmax and rms_norm, rows of 33000: three CTAs, a
 /// short last slice), with the row-invariant inputs staged or not and its cluster sizes
-/// (rms_norm; layer_norm of an odd 33001), and the multi-pass CTA schedule's (f32 softmax,
-/// rows of 262144).
+/// (rms_norm; layer_norm of an odd 33001 and of 32768: whole slices), the persistent
+/// clusters (` p`: two clusters over three rows, so one cluster's output pass refills its
+/// stage with its next row), and the multi-pass CTA schedule's (f32 softmax, rows of 262144).
 #[test]
 fn cpu_row_schedule_variants_match_the_interpreter() {
     let mut rng = Rng(11);
-    for (dt, n, what) in [(DType::BF16, 33000usize, "softmax"), (DType::BF16, 33000, "rms_norm"), (DType::BF16, 33001, "layer_norm"), (DType::F32, 262144, "softmax")] {
+    for (dt, n, what) in [(DType::BF16, 33000usize, "softmax"), (DType::BF16, 33000, "rms_norm"), (DType::BF16, 33001, "layer_norm"), (DType::BF16, 32768, "layer_norm"), (DType::F32, 262144, "softmax")] {
         let gk = row_kernel(dt, s("R"), d(n as i64), what);
         let target = Target::SM_90A;
         let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
@@ -2055,6 +2056,10 @@ fn cpu_row_schedule_variants_match_the_interpreter() {
             // not cp.async.
             assert!(variants.iter().filter(|v| v.name.ends_with(" w")).count() >= 2, "{:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
         }
+        // Persistent clusters wherever the slices are 16-byte chunks (not the odd 33001: its
+        // staged chunks are single elements, which the output pass cannot refill by cp.async).
+        let persistent = variants.iter().filter(|v| v.name.contains(" p")).count();
+        assert_eq!(persistent > 0, n % 8 == 0 && n < 100_000, "{what} {n}: {:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
         for v in &variants {
             let tag = format!("variant `{}` {what} {dt} N={n}", v.name);
             check_built_on_cpu(&tag, &gk, &bind(&[("R", rows as i64)]), &ins, 2, || sinter_codegen::compile_variant(&gk.0, gk.1, &target, &v.name));
@@ -2264,3 +2269,40 @@ fn cpu_zoo_bodies_match_the_interpreter() {
     }
 }
 
+
+/// The persistent row schedules (` p16`, ` p14`, …: autotuning candidates) at the long-row
+/// benchmark shapes on sm_90a: grids of `[16, 8, 1]` and `[14, 8, 1]` for the LayerNorm and
+/// the RMSNorm (clusters of 8 CTAs, one CTA an SM: the staged weights fill the shared memory)
+/// and of `[49, 8, 1]`, `[42, 8, 1]` for the softmax's 512 threads (three CTAs an SM) over 512
+/// rows of 262144, the refill of the next row's slice as a `cp.async` whose source size is a
+/// register (16 bytes, or 0 past the last row), no spills (ptxas), and `LDGSTS` in the SASS;
+/// the LayerNorm's weight and bias staged once (` w p`: 192 KiB of the stage).
+#[test]
+fn ptxas_persistent_row_schedules() {
+    for what in ["layer_norm", "rms_norm", "softmax"] {
+        let gk = row_kernel(DType::BF16, d(512), d(262144), what);
+        let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &Target::SM_90A).unwrap();
+        let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+        let persistent: Vec<_> = variants.iter().filter(|v| v.name.contains(" p")).collect();
+        assert_eq!(persistent.len(), 6, "{what}: {names:?}");
+        for v in persistent {
+            let plan = &v.plan;
+            let tag = format!("{what} `{}`", v.name);
+            let g = v.name.rsplit(" p").next().and_then(|g| g.parse::<i64>().ok());
+            let want: &[i64] = if what == "softmax" && !v.name.contains(" t1024 ") { &[49, 42] } else { &[16, 14] };
+            assert!(g.is_some_and(|g| want.contains(&g)), "{tag}");
+            assert_eq!(plan.grid.iter().map(|g| (g.numerator.as_const(), g.denominator)).collect::<Vec<_>>(), vec![(g, 1), (Some(8), 1), (Some(1), 1)], "{tag}");
+            assert_eq!(v.name.contains(" w "), what != "softmax", "{tag}");
+            if what == "layer_norm" {
+                assert!(plan.shared_bytes >= 192 << 10, "{tag}: {} bytes of shared memory", plan.shared_bytes);
+            }
+            assert!(plan.ptx.lines().any(|l| l.contains("cp.async.cg.shared.global") && l.trim_end().trim_end_matches(';').rsplit(',').next().is_some_and(|a| a.trim().starts_with("%r"))), "{tag}: no refill cp.async with a register source size");
+            let Some(r) = assemble(plan) else { return };
+            let regs = r.function(&plan.entry).map(|k| k.registers).unwrap_or(0);
+            eprintln!("{tag}: {regs} registers, {} bytes of shared memory", plan.shared_bytes);
+            let Some(tool) = cuobjdump() else { continue };
+            let code = sass(&tool, &r.cubin, "persistent");
+            assert!(code.contains("LDGSTS"), "{tag}: no LDGSTS:\n{code}");
+        }
+    }
+}

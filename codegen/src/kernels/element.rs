@@ -702,6 +702,32 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         Ok(true)
     }
 
+    /// Copies parameter `i` at `at` (a chunk of another row at the current chunk's column)
+    /// into the current chunk's stage slot by one 16-byte `cp.async` of `src_bytes` (16, or 0:
+    /// the slot is zeroed and nothing is read), whatever the stage holds now: a persistent row
+    /// schedule's refill, after the thread's last read of the slot. Returns `false` (nothing
+    /// issued) where the chunk is not a contiguous, aligned 16-byte vector.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] without a stage array for `i` or a current chunk.
+    pub fn refill_param(&mut self, i: usize, at: &At<'ctx>, src_bytes: IntValue<'ctx>) -> R<bool> {
+        let lanes = self.stage.as_ref().ok_or_else(|| CodegenError::Builder("no stage".into()))?.lanes;
+        if at.lanes != lanes {
+            return Ok(false);
+        }
+        let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
+        let size = buf.dtype.size_bytes() as u32;
+        let (off, steps, aligned) = self.offsets(&buf.strides, at)?;
+        let unit = steps.len() == 1 && steps[0].1.as_const() == Some(1);
+        if !(unit && aligned && at.lanes * size == 16 && buf.align >= 16) {
+            return Ok(false);
+        }
+        let dst = self.stage_slot(i, buf.dtype)?;
+        let src = self.kb.gep(storage_type(self.kb.cx, buf.dtype), buf.ptr, off)?;
+        self.kb.cp_async_16(dst, src, src_bytes)?;
+        Ok(true)
+    }
+
     /// Fills parameter `i`'s stage slot for `at` (the current chunk): by [`Eval::prefetch_param`]'s
     /// `cp.async` where it applies, else by a load and a store (visible to the thread itself
     /// at once). Returns whether a `cp.async` was issued.

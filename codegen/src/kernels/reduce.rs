@@ -157,6 +157,23 @@ pub struct RowSchedule {
     /// shared memory with each row's prefetch and read from there (see the module docs);
     /// `false`: the passes read them from global memory.
     pub stage_invariant: bool,
+    /// The cluster schedule only, when not 0: a *persistent* grid of this many clusters
+    /// that loop over the rows (grid-stride; fewer when a constant row count is smaller), the
+    /// next row's slice copied into the stage by the current row's output pass (each thread
+    /// refills the chunks it has just read: no barrier), so a row's DRAM reads overlap the
+    /// previous row's statistics and stores; with [`RowSchedule::stage_invariant`] the
+    /// row-invariant inputs are staged once, before the first row, rather than once a row.
+    /// The count is what [`persistent_clusters`] says fits an H100/H200 or 7/8 of it (the SMs
+    /// a cluster may use are those of one GPC, so not every SM can take part).
+    pub persistent: u32,
+}
+
+/// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
+/// hold at once when every SM can take part ([`crate::kernels::matmul::WS_PERSISTENT_CTAS`];
+/// the SM count is not known at code generation, and a grid of a constant size keeps the
+/// plan a plain launch). Clusters that do not fit run after the others: correct, slower.
+pub fn persistent_clusters(cluster: u32, per_sm: u32) -> u32 {
+    (super::matmul::WS_PERSISTENT_CTAS * per_sm.max(1) / cluster.max(1)).max(1)
 }
 
 /// Elements a thread may hold in registers in the one-read schedule.
@@ -192,8 +209,8 @@ impl RowSchedule {
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0 };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0 };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -253,6 +270,9 @@ impl RowSchedule {
         }
         if self.stage_invariant && self.cluster == 1 {
             return Err("staged row-invariant inputs need the cluster schedule".into());
+        }
+        if self.persistent > 0 && self.cluster == 1 {
+            return Err("a persistent row schedule needs the cluster schedule".into());
         }
         if self.cluster == 0 || self.cluster > MAX_CLUSTER_EXPLICIT {
             return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER_EXPLICIT})", self.cluster));
@@ -327,6 +347,9 @@ impl RowSchedule {
         if self.stage_invariant {
             n.push_str(" w");
         }
+        if self.persistent > 0 {
+            n.push_str(&format!(" p{}", self.persistent));
+        }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
         }
@@ -368,6 +391,23 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         // non-portable cluster size, for the longest rows).
         for (t, u) in [(256, 2), (256, 4)] {
             scheds.push(RowSchedule { cluster: 2 * default.cluster, threads_per_row: t, unroll: u, ..default });
+        }
+    }
+    if default.cluster > 1 {
+        // Persistent clusters (see `RowSchedule::persistent`): the row-invariant inputs staged
+        // once where there are any (one CTA an SM: the slice and the invariants' slices), else
+        // the slice alone; 512 and 1024 threads (one CTA an SM keeps only its own warps to
+        // cover the latencies).
+        let plan = Analysis::new(&cx, false, true)?;
+        let w = !plan.resident.is_empty();
+        for (t, u) in [(1024, 2), (512, 2), (512, 4)] {
+            let sc = RowSchedule { persistent: 1, stage_invariant: w, threads_per_row: t, unroll: u, ..default };
+            let split = Split::new(&plan, &sc, &cx)?;
+            let per_sm = occupancy(&cx.data.body, sc, Some((split.stage_bytes + CLUSTER_SCRATCH_BYTES, !split.staged.is_empty())), target);
+            let full = persistent_clusters(sc.cluster, per_sm);
+            for g in [full, full * 7 / 8] {
+                scheds.push(RowSchedule { persistent: g.max(1), ..sc });
+            }
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -469,7 +509,15 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
         entry,
         ptx,
         target: target.name().to_owned(),
-        grid: [GridDim { numerator: rows, denominator: sched.rows_per_cta }, GridDim::fixed(sched.cluster), GridDim::fixed(1)],
+        grid: [
+            if sched.persistent > 0 {
+                let g = sched.persistent;
+                // A constant row count smaller than the persistent grid: a cluster a row.
+                GridDim::fixed(rows.as_const().map_or(g, |r| g.min(u32::try_from(r.max(1)).unwrap_or(g))))
+            } else { GridDim { numerator: rows, denominator: sched.rows_per_cta } },
+            GridDim::fixed(sched.cluster),
+            GridDim::fixed(1),
+        ],
         block: [block, 1, 1],
         shared_bytes,
         params,
@@ -926,6 +974,21 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             None => None,
         };
+        if s.persistent > 0 {
+            // The first row's slice (and the row-invariant inputs, once) are in flight before
+            // the row loop; every later row's is issued by the output pass before it.
+            let some = ev.ilt(row0, rows)?;
+            self.guarded(ev, Some(some), |ev| {
+                let lead0 = self.lead_axes(ev, row0)?;
+                if let Some((rank, start, end)) = cluster {
+                    let one = ev.kb.b.build_int_compare(IntPredicate::EQ, ev.ic(0), ev.ic(0), "one")?;
+                    self.crow.set(Some(ClusterRow { rank, start, end, parity: ev.ic(0), last: one }));
+                }
+                self.prefetch_slice(ev, &lead0, t, nv, false)?;
+                self.crow.set(None);
+                Ok(())
+            })?;
+        }
         // Row loop.
         let pre = ev.kb.current_block()?;
         let header = ev.kb.block("row");
@@ -975,6 +1038,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             // outputs are stored rather than when its cluster's slowest CTA's are.
             let none = ev.kb.b.build_int_compare(IntPredicate::UGE, row0, rows, "norow")?;
             self.guarded(ev, Some(none), |ev| ev.kb.cluster_arrive_relaxed())?;
+            if s.persistent > 0 {
+                // The last row's refills (of nothing: zero bytes read) land before the exit.
+                ev.kb.cp_async_wait(0)?;
+            }
             ev.kb.cluster_wait()?;
         }
         ev.kb.ret()
@@ -1346,7 +1413,14 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             None => None,
         };
-        self.prefetch_slice(ev, &lead, t, nv)?;
+        if self.sched.persistent > 0 {
+            // This row's slice was issued before the loop or by the previous row's output pass.
+            if self.split.as_ref().is_some_and(|sp| !sp.staged.is_empty()) {
+                ev.kb.cp_async_wait(0)?;
+            }
+        } else {
+            self.prefetch_slice(ev, &lead, t, nv, true)?;
+        }
         // Pending softmax / layer-norm pieces.
         let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
         for level in 1..=self.plan.levels {
@@ -1411,7 +1485,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     })?;
                 }
             }
-            None if !row_outs.is_empty() => self.loop_outputs(ev, &row_outs, &lead, t, nv)?,
+            None if !row_outs.is_empty() => self.loop_outputs(ev, &row_outs, &lead, (r, t, nv))?,
             None => {}
         }
         // Row scalars, written by the row group's thread 0.
@@ -1778,7 +1852,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// prefetch cannot copy (not a contiguous, aligned 16-byte vector) are loaded and staged
     /// by the first pass as before. The staged row-invariant inputs are copied in the same
     /// loop ([`RowSchedule::stage_invariant`]). Nothing to do outside the cluster schedule.
-    fn prefetch_slice(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
+    fn prefetch_slice(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>, wait: bool) -> R<()> {
         let Some(split) = &self.split else { return Ok(()) };
         if split.staged.is_empty() {
             return Ok(());
@@ -1810,7 +1884,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         })?;
         if issued {
             ev.kb.cp_async_commit()?;
-            ev.kb.cp_async_wait(0)?;
+            if wait {
+                ev.kb.cp_async_wait(0)?;
+            }
         }
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
@@ -1949,11 +2025,29 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     }
 
     /// The multi-pass schedule's output pass.
-    fn loop_outputs(&self, ev: &mut Eval<'_, 'ctx>, row_outs: &[usize], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<()> {
+    ///
+    /// In a persistent schedule ([`RowSchedule::persistent`]) each chunk's staged slots are
+    /// refilled with the next row's chunk (row `r` + the grid's clusters) once the chunk's
+    /// outputs are stored: one `cp.async` a chunk, of 0 bytes past the last row (the source
+    /// address clamped to row `r`), committed as one group that the next row waits for.
+    fn loop_outputs(&self, ev: &mut Eval<'_, 'ctx>, row_outs: &[usize], lead: &[Ax<'ctx>], (r, t, nv): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)) -> R<()> {
         if let Some(st) = ev.stage.as_mut() {
             // Staged inputs are read, not filled, by the outputs.
             st.fill = false;
         }
+        let refill = match &self.split {
+            Some(split) if self.sched.persistent > 0 && !split.staged.is_empty() => {
+                let rows = ev.dim(&Dim::product(&self.plan.lead))?;
+                let nctaid = ev.kb.nctaid_x()?;
+                let stride = ev.kb.b.build_int_z_extend_or_bit_cast(nctaid, ev.ity(), "rs")?;
+                let next = ev.iadd(r, stride)?;
+                let more = ev.ilt(next, rows)?;
+                let rn = ev.kb.b.build_select(more, next, r, "rn")?.into_int_value();
+                let bytes = ev.kb.b.build_select(more, ev.kb.i32c(16), ev.kb.i32c(0), "bytes")?.into_int_value();
+                Some((self.lead_axes(ev, rn)?, bytes, split.staged.clone()))
+            }
+            _ => None,
+        };
         self.chunk_loop(ev, "out", (t, nv), &[], true, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
@@ -1966,8 +2060,23 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 }
                 Ok(())
             })?;
+            if let Some((next_lead, bytes, staged)) = &refill {
+                let mut at = ch.at.clone();
+                at.axes[..next_lead.len()].copy_from_slice(next_lead);
+                for &(i, _) in staged {
+                    if !ev.refill_param(i, &at, *bytes)? {
+                        return Err(CodegenError::Unsupported {
+                            kernel: String::new(),
+                            message: format!("a persistent row schedule needs parameter {i}'s chunks to be aligned 16-byte vectors (one cp.async each)"),
+                        });
+                    }
+                }
+            }
             Ok(acc)
         })?;
+        if refill.is_some() {
+            ev.kb.cp_async_commit()?;
+        }
         if let Some(st) = ev.stage.as_mut() {
             st.end_pass();
             st.fill = true;
