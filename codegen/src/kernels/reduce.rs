@@ -1138,7 +1138,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// A `layer_norm` crosses the cluster once, not once per level, and its statistics are
     /// the warp's until then ([`Emitter::warp_only`]): its first level (`LnSum`) gives the
     /// warp's own mean `m₀ = Σx / n_w` over the chunks it staged (shuffles only, no barrier;
-    /// `n_w` from [`Emitter::warp_count`]), the second its corrected two-pass statistics,
+    /// `n_w = slice / warps`, the same constant in every warp: the slices are whole), the second its corrected two-pass statistics,
     /// `mean_w = m₀ + Σ(x − m₀)/n_w` and `M2_w = Σ(x − m₀)² − (Σ(x − m₀))²/n_w` (Björck's
     /// correction, as the CTA schedules use); the warps' triples are merged over the CTA
     /// through shared memory (one barrier) and the cluster merges the CTAs' `(n_c, mean_c,
@@ -1146,16 +1146,25 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// pairwise update (1979/1983: `n = n_a + n_b`, `mean = (n_a·mean_a + n_b·mean_b)/n`,
     /// `M2 = M2_a + M2_b + δ²·n_a·n_b/n`, `δ = mean_b − mean_a`) — symmetric in `a` and `b`,
     /// so the butterfly leaves every thread of the cluster with the same bits (see
-    /// [`Emitter::fold_lanes`]). An empty slice is `(0, 0, 0)`. Other statistics of the level
-    /// are folded in the same exchange.
+    /// [`Emitter::fold_lanes`]); with equal counts on both sides (a power of two of warps or
+    /// CTAs) without a division (see [`Emitter::chan_merge`]). An empty slice is `(0, 0, 0)`.
+    /// Other statistics of the level are folded in the same exchange.
     fn cluster_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], totals: Vec<Acc<'ctx>>, t: IntValue<'ctx>, nv: IntValue<'ctx>, pending: &mut Pending<'ctx>) -> R<()> {
         let crow = self.crow.get().ok_or_else(|| CodegenError::Builder("no cluster row".into()))?;
         let f32t = ev.kb.cx.f32_type();
-        let some = ev.ilt(crow.start, crow.end)?;
-        let len = ev.isub(crow.end, crow.start)?;
-        let len = ev.kb.b.build_select(some, len, ev.ic(0), "n_c")?.into_int_value();
-        // A layer norm's statistics are the warp's (`warp_only`): its element count.
-        let len = if self.ln_per_warp() { self.warp_count(ev, len, t)? } else { len };
+        // A layer norm's statistics are the warp's (`warp_only`): its element count. Where
+        // every slice is full and whole loop iterations (`Split::exact`, which `ln_per_warp`
+        // requires), every warp of every CTA counts `slice / n_w` elements: a constant, so the
+        // divisions by it below fold (to products by a power of two, exact, where it is one).
+        let nw = self.sched.threads_per_row / 32;
+        let len = match &self.split {
+            Some(sp) if self.ln_per_warp() => ev.ic(sp.slice / i64::from(nw)),
+            _ => {
+                let some = ev.ilt(crow.start, crow.end)?;
+                let len = ev.isub(crow.end, crow.start)?;
+                ev.kb.b.build_select(some, len, ev.ic(0), "n_c")?.into_int_value()
+            }
+        };
         let some = ev.ilt(ev.ic(0), len)?;
         let n_c = ev.kb.b.build_unsigned_int_to_float(len, f32t, "n_w")?;
         let zero = ev.kb.f32c(0.0);
@@ -1219,7 +1228,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             // The warps' triples merged over the CTA: each warp's in shared memory, one
             // barrier, a butterfly of Chan merges (every thread ends with the same bits).
-            let nw = self.sched.threads_per_row / 32;
             let cta = if nw > 1 && self.ln_per_warp() {
                 let arr = self.smem_alloc(ev, 3 * 8 * nw, 16)?;
                 let warp = ev.kb.b.build_right_shift(t, ev.ic(5), false, "warp")?;
@@ -1243,7 +1251,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 };
                 let lane = ev.kb.b.build_and(t, ev.ic(31), "lane")?;
                 let id = vec![Acc::I(ev.kb.i64c(0)); 3];
-                self.fold_lanes(ev, nw, lane, &load, id, &|e, ev, a, b| e.chan_merge(ev, a, b))?
+                let uniform = nw.is_power_of_two();
+                self.fold_lanes(ev, nw, lane, &load, id, &|e, ev, a, b| e.chan_merge(ev, a, b, uniform))?
             } else {
                 tri
             };
@@ -1255,10 +1264,13 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             return Ok(());
         }
         let k = fstats.len();
+        // Equal counts on both sides of every butterfly step: the warps' (or CTAs') triples of
+        // whole slices, a power of two of them (no identity padding, see `fold_lanes`).
+        let uniform = self.ln_per_warp() && self.sched.cluster.is_power_of_two();
         let merged = self.cluster_fold_with(ev, &vals, t, identity, &|e, ev, a, b| {
             let mut out = e.combine_all(ev, &fstats, &a[..k], &b[..k])?;
             for (x, y) in a[k..].chunks(3).zip(b[k..].chunks(3)) {
-                out.extend(e.chan_merge(ev, x, y)?);
+                out.extend(e.chan_merge(ev, x, y, uniform)?);
             }
             Ok(out)
         })?;
@@ -1277,6 +1289,12 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             let hi64 = ev.kb.b.build_float_ext(hi, f64t, "mean")?;
             let lo = ev.kb.fsub(mean, hi64)?;
             let d = ev.kb.b.build_float_trunc(lo, f32t, "d")?;
+            // The row's count: the constant `N` where the slices are whole (a product where it
+            // is a power of two), else the merged one.
+            let n = match (self.ln_per_warp(), self.plan.n.as_const()) {
+                (true, Some(c)) => ev.kb.f64c(c as f64),
+                _ => n,
+            };
             let var = ev.kb.fdiv(m2, n)?;
             let var = ev.kb.b.build_float_trunc(var, f32t, "var")?;
             let eps = ev.f.nodes[node].op.float("eps").unwrap_or(0.0) as f32;
@@ -1293,7 +1311,11 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// their bits (`i64`, so that the exchange and the shuffles move them whole), in a form
     /// symmetric in `a` and `b` (see [`Emitter::cluster_level`]); two empty triples give
     /// `(0, 0, 0)`.
-    fn chan_merge(&self, ev: &mut Eval<'_, 'ctx>, a: &[Acc<'ctx>], b: &[Acc<'ctx>]) -> R<Vec<Acc<'ctx>>> {
+    ///
+    /// `uniform`: the caller guarantees `n_a = n_b` (whole slices, a power of two of them), so
+    /// `mean = (mean_a + mean_b)/2` and `M2 = M2_a + M2_b + δ²·n_a/2` — no division (an `f64`
+    /// division is a long dependent sequence, and a row's statistics wait for six merges).
+    fn chan_merge(&self, ev: &mut Eval<'_, 'ctx>, a: &[Acc<'ctx>], b: &[Acc<'ctx>], uniform: bool) -> R<Vec<Acc<'ctx>>> {
         let f64t = ev.kb.cx.f64_type();
         let i64t = ev.kb.cx.i64_type();
         let mut v = Vec::with_capacity(6);
@@ -1308,6 +1330,22 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         };
         let zero = ev.kb.f64c(0.0);
         let n = ev.kb.fadd(na, nb)?;
+        if uniform {
+            let half = ev.kb.f64c(0.5);
+            let s = ev.kb.fadd(ma, mb)?;
+            let mean = ev.kb.fmul(s, half)?;
+            let delta = ev.kb.fsub(mb, ma)?;
+            let d2 = ev.kb.fmul(delta, delta)?;
+            let w = ev.kb.fmul(na, half)?;
+            let q = ev.kb.fadd(qa, qb)?;
+            let dw = ev.kb.fmul(d2, w)?;
+            let m2 = ev.kb.fadd(q, dw)?;
+            let mut out = Vec::with_capacity(3);
+            for x in [n, mean, m2] {
+                out.push(Acc::I(ev.kb.b.build_bit_cast(x, ev.kb.cx.i64_type(), "bits")?.into_int_value()));
+            }
+            return Ok(out);
+        }
         let empty = ev.kb.feq(n, zero)?;
         let inv = ev.kb.fdiv(ev.kb.f64c(1.0), n)?;
         let inv = ev.kb.fsel(empty, zero, inv)?;
@@ -1327,31 +1365,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             out.push(Acc::I(ev.kb.b.build_bit_cast(x, i64t, "bits")?.into_int_value()));
         }
         Ok(out)
-    }
-
-    /// The elements of a cluster slice of `len` elements that the warp of thread `t` reads in
-    /// the pass loops ([`Emitter::chunk_loop`]: chunk `k` of warp `w` covers
-    /// `[k·T·vec + w·32·vec, +32·vec)` of the slice): with `span = 32·vec`, `stride = T·vec`
-    /// and `L = max(len − w·span, 0)`, `⌊(L + stride − span)/stride⌋` whole spans and what is
-    /// left of `L` after them, clamped to `[0, span]`.
-    fn warp_count(&self, ev: &mut Eval<'_, 'ctx>, len: IntValue<'ctx>, t: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        let s = self.sched;
-        let span = 32 * i64::from(s.vec);
-        let stride = i64::from(s.threads_per_row) * i64::from(s.vec);
-        let warp = ev.kb.b.build_right_shift(t, ev.ic(5), false, "warp")?;
-        let off = ev.imul(warp, ev.ic(span))?;
-        let past = ev.ilt(len, off)?;
-        let l = ev.isub(len, off)?;
-        let l = ev.kb.b.build_select(past, ev.ic(0), l, "l")?.into_int_value();
-        let num = ev.iadd(l, ev.ic(stride - span))?;
-        let full = ev.kb.b.build_int_unsigned_div(num, ev.ic(stride), "full")?;
-        let done = ev.imul(full, ev.ic(stride))?;
-        let over = ev.ilt(l, done)?;
-        let rest = ev.isub(l, done)?;
-        let rest = ev.kb.b.build_select(over, ev.ic(0), rest, "rest")?.into_int_value();
-        let rest = ev.kb.intrinsic_value("llvm.umin", &[ev.ity().into()], &[rest.into(), ev.ic(span).into()])?.into_int_value();
-        let whole = ev.imul(full, ev.ic(span))?;
-        ev.iadd(whole, rest)
     }
 
     /// The lead coordinates of row `r` (innermost first), tagged as the row space's axes.
