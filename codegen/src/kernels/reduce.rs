@@ -1251,7 +1251,11 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 };
                 let lane = ev.kb.b.build_and(t, ev.ic(31), "lane")?;
                 let id = vec![Acc::I(ev.kb.i64c(0)); 3];
-                let uniform = nw.is_power_of_two();
+                // Without divisions ptxas schedules the fold for more registers: at six CTAs an
+                // SM (slices of 32 KiB, 40 registers) a bf16 LayerNorm of 32768 spills 12
+                // bytes, so the division-free warp fold only where fewer CTAs fit.
+                let roomy = self.split.as_ref().is_some_and(|sp| u64::from(sp.stage_bytes) > CLUSTER_SLICE_BYTES);
+                let uniform = roomy && nw.is_power_of_two();
                 self.fold_lanes(ev, nw, lane, &load, id, &|e, ev, a, b| e.chan_merge(ev, a, b, uniform))?
             } else {
                 tri
