@@ -376,6 +376,10 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         let mut alts = vec![(256, 2), (256, 4), (512, 2)];
         if default.cluster == 1 {
             alts.push((1024, 2));
+        } else {
+            // Fewer, longer-running warps with more loads in flight each (a LayerNorm's output
+            // pass waits on two row-invariant inputs from L2 per chunk).
+            alts.extend([(128, 8), (256, 8)]);
         }
         scheds.extend(alts.into_iter().map(|(t, u)| RowSchedule { threads_per_row: t, unroll: u, ..default }));
     }
