@@ -2058,6 +2058,9 @@ fn cpu_row_schedule_variants_match_the_interpreter() {
         }
         // Persistent clusters wherever the slices are 16-byte chunks (not the odd 33001: its
         // staged chunks are single elements, which the output pass cannot refill by cp.async).
+        // The sampled LayerNorm shift (` s`) where the slices are whole (32768, not 33001).
+        let sampled = variants.iter().filter(|v| v.name.ends_with(" s")).count();
+        assert_eq!(sampled > 0, what == "layer_norm" && n == 32768, "{what} {n}: {:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
         let persistent = variants.iter().filter(|v| v.name.contains(" p")).count();
         assert_eq!(persistent > 0, n % 8 == 0 && n < 100_000, "{what} {n}: {:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
         for v in &variants {

@@ -166,6 +166,11 @@ pub struct RowSchedule {
     /// The count is what [`persistent_clusters`] says fits an H100/H200 or 7/8 of it (the SMs
     /// a cluster may use are those of one GPC, so not every SM can take part).
     pub persistent: u32,
+    /// The cluster schedule's LayerNorm over whole slices with 16-bit outputs only: each
+    /// warp's shift `m₀` (the corrected two-pass's first mean) is the mean of its first chunk
+    /// (`32·vec` elements) rather than of its whole share, so the statistics take one pass over
+    /// the stage instead of two (see [`Emitter::cluster_level`]).
+    pub sampled_shift: bool,
 }
 
 /// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
@@ -209,8 +214,8 @@ impl RowSchedule {
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0 };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0 };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -270,6 +275,9 @@ impl RowSchedule {
         }
         if self.stage_invariant && self.cluster == 1 {
             return Err("staged row-invariant inputs need the cluster schedule".into());
+        }
+        if self.sampled_shift && self.cluster == 1 {
+            return Err("a sampled LayerNorm shift needs the cluster schedule".into());
         }
         if self.persistent > 0 && self.cluster == 1 {
             return Err("a persistent row schedule needs the cluster schedule".into());
@@ -350,6 +358,9 @@ impl RowSchedule {
         if self.persistent > 0 {
             n.push_str(&format!(" p{}", self.persistent));
         }
+        if self.sampled_shift {
+            n.push_str(" s");
+        }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
         }
@@ -395,6 +406,12 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         // non-portable cluster size, for the longest rows).
         for (t, u) in [(256, 2), (256, 4)] {
             scheds.push(RowSchedule { cluster: 2 * default.cluster, threads_per_row: t, unroll: u, ..default });
+        }
+    }
+    if default.cluster > 1 && cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm) {
+        // One statistics pass over the stage (a sampled shift, see `RowSchedule::sampled_shift`).
+        for (t, u) in [(default.threads_per_row, default.unroll), (256, 4), (128, 8)] {
+            scheds.push(RowSchedule { sampled_shift: true, threads_per_row: t, unroll: u, ..default });
         }
     }
     if default.cluster > 1 {
@@ -471,6 +488,19 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
     let plan = Analysis::new(&cx, sched.chunks.is_some(), sched.cluster > 1)?;
     let split = if sched.cluster > 1 { Some(Split::new(&plan, &sched, &cx)?) } else { None };
+    if sched.sampled_shift {
+        // A sampled shift bounds the statistics' relative error by about `ε·n_w` (the shift is
+        // a mean of the warp's own values, so `(mean − m₀)² ≤ n_w·var`): far below a 16-bit
+        // output's rounding, not below an f32's.
+        let whole = split.as_ref().is_some_and(|sp| sp.exact);
+        let mut narrow = true;
+        for o in plan.outs.iter().filter(|o| o.kind == OutKind::Row) {
+            narrow &= matches!(cx.buffer(o.buffer)?.ty.dtype, DType::BF16 | DType::F16);
+        }
+        if !whole || !narrow || !plan.stats.iter().any(|st| st.kind == StatKind::LnSum) {
+            return Err(cx.unsupported("a sampled LayerNorm shift needs whole cluster slices and 16-bit outputs"));
+        }
+    }
     let width = cx.index_width();
     let entry = cx.entry();
     let block = sched.threads_per_row * sched.rows_per_cta;
@@ -1178,7 +1208,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         for (st, tot) in stats.iter().zip(totals) {
             match (st.kind, tot) {
                 (StatKind::LnSum, Acc::F(sum)) => {
-                    // The slice's own mean (0 for an empty slice).
+                    // The slice's own mean (0 for an empty slice), or the mean of the warp's
+                    // first chunk (a sampled shift).
+                    let n_c = if self.sampled() { ev.kb.f32c((32 * self.sched.vec) as f32) } else { n_c };
                     let m0 = ev.kb.fdiv(sum, n_c)?;
                     let m0 = ev.kb.fsel(some, m0, zero)?;
                     ev.rows.insert(st.node, RowScalars::LayerNormMean { mean: m0 });
@@ -1471,6 +1503,20 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     let mut acc = self.identities(ev, &stats);
                     for ch in chs {
                         acc = self.accumulate(ev, &stats, ch, acc)?;
+                    }
+                    acc
+                }
+                None if self.sampled() && stats.iter().all(|st| st.kind == StatKind::LnSum) => {
+                    // A sampled shift: the thread's first chunk of the slice only (see
+                    // `RowSchedule::sampled_shift`); its warp's 32 chunks are the sample.
+                    ev.forget();
+                    let j = ev.imul(t, ev.ic(i64::from(s.vec)))?;
+                    let ch = self.slice_chunk(ev, &lead, j, nv)?;
+                    let init = self.identities(ev, &stats);
+                    let acc = self.accumulate(ev, &stats, &ch, init)?;
+                    ev.forget();
+                    if let Some(st) = ev.stage.as_mut() {
+                        st.cursor = None;
                     }
                     acc
                 }
@@ -2173,6 +2219,12 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// CTA's statistics are merged as before.
     fn warp_only(&self, st: &Stat) -> bool {
         self.ln_per_warp() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
+    }
+
+    /// Whether this kernel's LayerNorm shifts are sampled ([`RowSchedule::sampled_shift`]):
+    /// only where the statistics are the warp's ([`Emitter::ln_per_warp`]).
+    fn sampled(&self) -> bool {
+        self.sched.sampled_shift && self.ln_per_warp()
     }
 
     /// Whether a `layer_norm`'s statistics are the warp's until the exchange (see
