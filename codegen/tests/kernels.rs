@@ -1412,6 +1412,13 @@ mod sim {
         }
         out.push_str("declare i16 @sim_f32_to_bf16(float)\ndeclare i16 @sim_f32_to_f16(float)\n");
         out.push_str("declare float @sim_bf16_to_f32(i16)\ndeclare float @sim_f16_to_f32(i16)\n");
+        if ir.contains("bfloat") {
+            // The host's `f32 → bf16` libcall (a `bf16x2` `fma`'s operands: x86 promotes it to
+            // f32), round to nearest even, NaN quieted — absent from this C runtime's libgcc.
+            out.push_str(
+                "define bfloat @__truncsfbf2(float %f) {\n  %u = bitcast float %f to i32\n  %a = and i32 %u, 2147483647\n  %nan = icmp ugt i32 %a, 2139095040\n  %l = lshr i32 %u, 16\n  %lsb = and i32 %l, 1\n  %b = add i32 %u, 32767\n  %r = add i32 %b, %lsb\n  %rs = lshr i32 %r, 16\n  %q = or i32 %l, 64\n  %s = select i1 %nan, i32 %q, i32 %rs\n  %h = trunc i32 %s to i16\n  %v = bitcast i16 %h to bfloat\n  ret bfloat %v\n}\n",
+            );
+        }
         out
     }
 
@@ -2306,6 +2313,20 @@ fn ptxas_persistent_row_schedules() {
             let Some(tool) = cuobjdump() else { continue };
             let code = sass(&tool, &r.cubin, "persistent");
             assert!(code.contains("LDGSTS"), "{tag}: no LDGSTS:\n{code}");
+        }
+    }
+}
+
+#[test]
+fn tmp_dump_ln_ptx() {
+    for what in ["layer_norm"] {
+        let gk = row_kernel(DType::BF16, d(512), d(262144), what);
+        for v in sinter_codegen::schedule_variants(&gk.0, gk.1, &Target::SM_90A).unwrap() {
+            let path = ptxas::find_ptxas_for_tests().unwrap().unwrap();
+            let report = ptxas::assemble_with(&path, &v.plan.ptx, &Target::SM_90A).unwrap();
+            eprintln!("{what} {}: {}", v.name, report.to_string().lines().last().unwrap_or(""));
+            let safe: String = v.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+            std::fs::write(format!("/tmp/{safe}.cubin"), &report.cubin).unwrap();
         }
     }
 }

@@ -216,6 +216,13 @@ pub(crate) struct Eval<'a, 'ctx> {
     pub bf16_words: std::collections::HashSet<usize>,
     /// Round `layer_norm`'s intermediate `bf16` values in pairs (see [`Eval::round_lanes`]).
     pub pair_rounding: bool,
+    /// A `bf16` `layer_norm`'s last step, `round(h·w + b)`, as one `fma.rn.bf16x2` a pair
+    /// (`llvm.fma.v2bf16`; PTX ISA §9.7.4.6, sm_80+) on the rounded `h` and the weight and
+    /// bias as loaded (their parameters then not read as words, see [`words_params`]): the
+    /// product and sum rounded once to `bf16`, where the f32 `fma` rounds to f32 and then to
+    /// `bf16` — equal but for the rare double-rounding ties (one `bf16` ulp), for a quarter of
+    /// the instructions.
+    pub ln_bf16_fma: bool,
     /// Shared-memory staging of row-varying parameters (the cluster schedule of
     /// `reduce.rs`); `None` elsewhere.
     pub stage: Option<Stage<'ctx>>,
@@ -314,6 +321,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             rope_pair: None,
             bf16_words: std::collections::HashSet::new(),
             pair_rounding: false,
+            ln_bf16_fma: false,
             stage: None,
             branch_depth: 0,
         }
@@ -1873,6 +1881,27 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let mut hs = Vec::with_capacity(cs.len());
                 for c in cs {
                     hs.push(self.kb.ffma(c.f()?, r, ndr)?);
+                }
+                if self.ln_bf16_fma && dt == DType::BF16 && hs.len() % 2 == 0 {
+                    let (f32t, bf16t) = (self.kb.cx.f32_type(), self.kb.cx.bf16_type());
+                    let pack = |kb: &KernelBuilder<'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>| -> R<inkwell::values::VectorValue<'ctx>> {
+                        let mut v = f32t.vec_type(2).get_undef();
+                        for (i, x) in [a, b].into_iter().enumerate() {
+                            v = kb.b.build_insert_element(v, x, kb.i32c(i as i64), "p")?;
+                        }
+                        Ok(kb.b.build_float_trunc(v, bf16t.vec_type(2), "h2")?)
+                    };
+                    for i in (0..hs.len()).step_by(2) {
+                        let h2 = pack(self.kb, hs[i], hs[i + 1])?;
+                        let w2 = pack(self.kb, ws[i].f()?, ws[i + 1].f()?)?;
+                        let b2 = pack(self.kb, bs[i].f()?, bs[i + 1].f()?)?;
+                        let o2 = self.kb.intrinsic_value("llvm.fma", &[bf16t.vec_type(2).into()], &[h2.into(), w2.into(), b2.into()])?.into_vector_value();
+                        for j in 0..2 {
+                            let o = self.kb.b.build_extract_element(o2, self.kb.i32c(j), "o")?.into_float_value();
+                            out.push(Scalar::F(self.kb.b.build_float_ext(o, f32t, "o")?));
+                        }
+                    }
+                    return Ok(out);
                 }
                 let hs = self.round_lanes(hs, dt)?;
                 for ((h, w), b) in hs.into_iter().zip(ws).zip(bs) {

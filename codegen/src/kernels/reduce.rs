@@ -169,7 +169,8 @@ pub struct RowSchedule {
     /// The cluster schedule's LayerNorm over whole slices with 16-bit outputs only: each
     /// warp's shift `m₀` (the corrected two-pass's first mean) is the mean of its first chunk
     /// (`32·vec` elements) rather than of its whole share, so the statistics take one pass over
-    /// the stage instead of two (see [`Emitter::cluster_level`]).
+    /// the stage instead of two (see [`Emitter::cluster_level`]); and its last step is a
+    /// `bf16x2` `fma` (`Eval::ln_bf16_fma`).
     pub sampled_shift: bool,
 }
 
@@ -528,6 +529,18 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
         }
         let mut ev = Eval::new(kb, sizes, &cx.data.body, pbufs, width);
         ev.bf16_words = super::element::words_params(&cx.data.body);
+        if sched.sampled_shift {
+            // The bf16x2 `fma` of a LayerNorm's last step reads its weight and bias as loaded.
+            ev.ln_bf16_fma = true;
+            let body = &cx.data.body;
+            for (_, nd) in body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::LayerNorm) {
+                for &v in nd.inputs.iter().skip(1) {
+                    if let ValueDef::Param(i) = body.values[v].def {
+                        ev.bf16_words.remove(&i);
+                    }
+                }
+            }
+        }
         ev.pair_rounding = true;
         let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None) };
         em.emit(&mut ev)?;
