@@ -2317,16 +2317,3 @@ fn ptxas_persistent_row_schedules() {
     }
 }
 
-#[test]
-fn tmp_dump_ln_ptx() {
-    for what in ["layer_norm"] {
-        let gk = row_kernel(DType::BF16, d(512), d(262144), what);
-        for v in sinter_codegen::schedule_variants(&gk.0, gk.1, &Target::SM_90A).unwrap() {
-            let path = ptxas::find_ptxas_for_tests().unwrap().unwrap();
-            let report = ptxas::assemble_with(&path, &v.plan.ptx, &Target::SM_90A).unwrap();
-            eprintln!("{what} {}: {}", v.name, report.to_string().lines().last().unwrap_or(""));
-            let safe: String = v.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-            std::fs::write(format!("/tmp/{safe}.cubin"), &report.cubin).unwrap();
-        }
-    }
-}
