@@ -1369,8 +1369,8 @@ mod sim {
                 out.push_str(&format!("attributes {n} = {{ nounwind }}\n"));
                 continue;
             }
-            if line.contains("asm sideeffect \".pragma") {
-                // A ptxas directive (`.pragma "nounroll"`): nothing to run.
+            if line.contains("asm sideeffect \".pragma") || line.contains("asm sideeffect \"prefetch.global") {
+                // A ptxas directive (`.pragma "nounroll"`) or a cache hint: nothing to run.
                 continue;
             }
             if let Some(conv) = convert_line(line) {

@@ -128,7 +128,7 @@ use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, Laun
 
 use super::element::{divisible, exp_shifted_ftz, At, Ax, Buf, Eval, RowScalars, Scalar, Stage, Tag};
 use super::{build_twice_occupancy, KernelCtx};
-use crate::emit::Combine;
+use crate::emit::{storage_type, Combine};
 use crate::math::{self, Ops, R};
 use crate::target::Target;
 use crate::CodegenError;
@@ -172,6 +172,12 @@ pub struct RowSchedule {
     /// the stage instead of two (see [`Emitter::cluster_level`]); and its last step is a
     /// `bf16x2` `fma` (`Eval::ln_bf16_fma`).
     pub sampled_shift: bool,
+    /// The cluster schedule with whole slices: the output pass's row-invariant inputs read
+    /// from global memory (a LayerNorm's weight and bias) are prefetched into L1
+    /// (`prefetch.global.L1`) one loop iteration ahead, the first iteration's while the CTA
+    /// waits at the cluster barrier, so their L2 latency overlaps the wait and the previous
+    /// iteration.
+    pub prefetch_l1: bool,
 }
 
 /// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
@@ -215,8 +221,8 @@ impl RowSchedule {
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, prefetch_l1: false };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, prefetch_l1: false };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -276,6 +282,9 @@ impl RowSchedule {
         }
         if self.stage_invariant && self.cluster == 1 {
             return Err("staged row-invariant inputs need the cluster schedule".into());
+        }
+        if self.prefetch_l1 && self.cluster == 1 {
+            return Err("an L1 prefetch of the row-invariant inputs needs the cluster schedule".into());
         }
         if self.sampled_shift && self.cluster == 1 {
             return Err("a sampled LayerNorm shift needs the cluster schedule".into());
@@ -362,6 +371,9 @@ impl RowSchedule {
         if self.sampled_shift {
             n.push_str(" s");
         }
+        if self.prefetch_l1 {
+            n.push_str(" l");
+        }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
         }
@@ -413,6 +425,9 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         // One statistics pass over the stage (a sampled shift, see `RowSchedule::sampled_shift`).
         for (t, u) in [(default.threads_per_row, default.unroll), (256, 4), (128, 8)] {
             scheds.push(RowSchedule { sampled_shift: true, threads_per_row: t, unroll: u, ..default });
+        }
+        for (t, u) in [(256, 4), (128, 8), (256, 2)] {
+            scheds.push(RowSchedule { sampled_shift: true, prefetch_l1: true, threads_per_row: t, unroll: u, ..default });
         }
     }
     if default.cluster > 1 {
@@ -489,6 +504,9 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
     let plan = Analysis::new(&cx, sched.chunks.is_some(), sched.cluster > 1)?;
     let split = if sched.cluster > 1 { Some(Split::new(&plan, &sched, &cx)?) } else { None };
+    if sched.prefetch_l1 && !(split.as_ref().is_some_and(|sp| sp.exact) && !plan.resident.is_empty()) {
+        return Err(cx.unsupported("an L1 prefetch of the row-invariant inputs needs whole cluster slices and such an input"));
+    }
     if sched.sampled_shift {
         // A sampled shift bounds the statistics' relative error by about `ε·n_w` (the shift is
         // a mean of the warp's own values, so `(mean − m₀)² ≤ n_w·var`): far below a 16-bit
@@ -1163,6 +1181,11 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let rest = ev.kb.b.build_not(w0, "rest")?;
         self.guarded(ev, Some(w0), |ev| ev.kb.cluster_arrive())?;
         self.guarded(ev, Some(rest), |ev| ev.kb.cluster_arrive_relaxed())?;
+        if self.sched.prefetch_l1 {
+            // The output pass's first iteration of row-invariant inputs, during the wait.
+            let j = ev.imul(t, ev.ic(i64::from(self.sched.vec)))?;
+            self.prefetch_invariants(ev, j)?;
+        }
         ev.kb.cluster_wait()?;
         let kinds: Vec<bool> = vals.iter().map(|v| matches!(v, Acc::I(_))).collect();
         let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
@@ -2128,7 +2151,17 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             _ => None,
         };
+        let calls = Cell::new(0u32);
         self.chunk_loop(ev, "out", (t, nv), &[], true, &mut |ev, j, acc| {
+            if self.sched.prefetch_l1 && calls.get() % self.sched.unroll == 0 {
+                // The next iteration's row-invariant inputs (none past the slice's end).
+                let per_iter = i64::from(self.sched.unroll) * i64::from(self.sched.threads_per_row) * i64::from(self.sched.vec);
+                let next = ev.iadd(j, ev.ic(per_iter))?;
+                let slice = self.split.as_ref().map_or(0, |sp| sp.slice);
+                let inside = ev.ilt(next, ev.ic(slice))?;
+                self.guarded(ev, Some(inside), |ev| self.prefetch_invariants(ev, next))?;
+            }
+            calls.set(calls.get() + 1);
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
             for &i in row_outs {
@@ -2232,6 +2265,29 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// CTA's statistics are merged as before.
     fn warp_only(&self, st: &Stat) -> bool {
         self.ln_per_warp() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
+    }
+
+    /// `prefetch.global.L1` of the row-invariant inputs of the loop iteration whose first
+    /// chunk for this thread is slice element `j` ([`RowSchedule::prefetch_l1`]): `unroll`
+    /// chunks `T·vec` apart, at the slice's columns (those inputs have unit stride along the
+    /// row; the others are left alone).
+    fn prefetch_invariants(&self, ev: &mut Eval<'_, 'ctx>, j: IntValue<'ctx>) -> R<()> {
+        let crow = self.crow.get().ok_or_else(|| CodegenError::Builder("no cluster row".into()))?;
+        let s = self.sched;
+        for &i in &self.plan.resident {
+            let buf = ev.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
+            if buf.strides.last().and_then(Dim::as_const) != Some(1) {
+                continue;
+            }
+            let st = storage_type(ev.kb.cx, buf.dtype);
+            for u in 0..s.unroll {
+                let off = ev.iadd(j, ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec)))?;
+                let col = ev.iadd(crow.start, off)?;
+                let p = ev.kb.gep(st, buf.ptr, col)?;
+                ev.kb.prefetch_global_l1(p)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether this kernel's LayerNorm shifts are sampled ([`RowSchedule::sampled_shift`]):
