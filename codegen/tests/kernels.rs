@@ -2317,3 +2317,36 @@ fn ptxas_persistent_row_schedules() {
     }
 }
 
+
+/// The sampled LayerNorm shift (` s` candidates: each warp's shift is the mean of its first
+/// chunk, one statistics pass) stays within the bf16 tolerance on rows built against it: a
+/// large mean with a small spread, the first chunks of every warp far from the rest (the
+/// shift then far from the mean: the corrected two-pass's error grows with (mean − shift)²,
+/// bounded since the shift is a mean of the warp's own values), one huge element at the
+/// row's end, and an ordinary row.
+#[test]
+fn cpu_sampled_layer_norm_shift_is_accurate() {
+    let mut rng = Rng(23);
+    let n = 32768usize;
+    let gk = row_kernel(DType::BF16, s("R"), d(n as i64), "layer_norm");
+    let target = Target::SM_90A;
+    let x = random(&mut rng, DType::BF16, &[4, n], -1.0, 1.0);
+    let x = with(x, |i, v| {
+        let (r, c) = (i / n, i % n);
+        match r {
+            0 => 256.0 + 2.0 * v,
+            // Every warp's first chunk (8 columns × 32 lanes of each 256-thread × 8 span).
+            1 if c % 2048 < 256 => 3e4 + v,
+            2 if c == n - 1 => 1e5,
+            _ => v,
+        }
+    });
+    let ins = vec![x, random(&mut rng, DType::BF16, &[n], 0.5, 1.5), random(&mut rng, DType::BF16, &[n], -0.5, 0.5)];
+    let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
+    let sampled: Vec<_> = variants.iter().filter(|v| v.name.contains(" s")).collect();
+    assert!(sampled.len() >= 3, "{:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
+    for v in sampled {
+        let tag = format!("variant `{}` sampled shift", v.name);
+        check_built_on_cpu(&tag, &gk, &bind(&[("R", 4)]), &ins, 2, || sinter_codegen::compile_variant(&gk.0, gk.1, &target, &v.name));
+    }
+}

@@ -560,7 +560,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
             }
         }
         ev.pair_rounding = true;
-        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None) };
+        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None), groups: Cell::new(0) };
         em.emit(&mut ev)?;
         dynamic.set(em.dsmem_used.get());
         Ok(())
@@ -944,6 +944,9 @@ struct Emitter<'p, 'ctx> {
     dsmem_used: Cell<u32>,
     /// The cluster schedule's facts about the current row.
     crow: Cell<Option<ClusterRow<'ctx>>>,
+    /// The commit groups the row's prefetch left in flight, one a loop iteration (see
+    /// [`Emitter::prefetch_slice`]); 0 once waited for.
+    groups: Cell<u32>,
 }
 
 /// Where the current row's slice lies, in the cluster schedule.
@@ -1547,6 +1550,11 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     // `RowSchedule::sampled_shift`); its warp's 32 chunks are the sample.
                     ev.forget();
                     let j = ev.imul(t, ev.ic(i64::from(s.vec)))?;
+                    let groups = self.groups.get();
+                    if groups > 0 {
+                        // The first iteration's group; the pass after waits for the others.
+                        self.wait_iteration(ev, j, groups)?;
+                    }
                     let ch = self.slice_chunk(ev, &lead, j, nv)?;
                     let init = self.identities(ev, &stats);
                     let acc = self.accumulate(ev, &stats, &ch, init)?;
@@ -1974,6 +1982,13 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             st.resident_fill = true;
         }
         let mut issued = false;
+        // One commit group a loop iteration, so that the first pass waits for each
+        // iteration's chunks only when it reaches them (`Emitter::wait_iteration`): its
+        // statistics of the first chunks overlap the arrival of the last. Not where a chunk
+        // falls back to a load (its group would be empty but the pass must fill it anyway) or
+        // where the row-invariant inputs are staged too.
+        let per_iteration = wait && split.exact && split.resident.is_empty();
+        let calls = Cell::new(0u32);
         self.chunk_loop(ev, "prefetch", (t, nv), &[], true, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             for &(i, _) in &split.staged {
@@ -1983,9 +1998,15 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 let at = ev.broadcast_at(&ch.at, &row_shape, shape)?;
                 issued |= ev.fill_param(*i, &at)?;
             }
+            calls.set(calls.get() + 1);
+            if per_iteration && calls.get() % self.sched.unroll == 0 {
+                ev.kb.cp_async_commit()?;
+            }
             Ok(acc)
         })?;
-        if issued {
+        if per_iteration && issued {
+            self.groups.set(u32::try_from(split.iters).unwrap_or(u32::MAX));
+        } else if issued {
             ev.kb.cp_async_commit()?;
             if wait {
                 ev.kb.cp_async_wait(0)?;
@@ -2071,7 +2092,13 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// The multi-pass schedule's loop over the row for one level.
     fn loop_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
         let init = self.identities(ev, stats);
+        let groups = self.groups.replace(0);
+        let calls = Cell::new(0u32);
         let out = self.chunk_loop(ev, "pass", (t, nv), &init, false, &mut |ev, j, acc| {
+            if groups > 0 && calls.get() % self.sched.unroll == 0 {
+                self.wait_iteration(ev, j, groups)?;
+            }
+            calls.set(calls.get() + 1);
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             self.accumulate(ev, stats, &ch, acc)
         })?;
@@ -2079,6 +2106,25 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             st.end_pass();
         }
         Ok(out)
+    }
+
+    /// Waits for the prefetch's commit group of the loop iteration whose first chunk for this
+    /// thread is slice element `j` (and every earlier one): with `groups` groups committed in
+    /// iteration order, iteration `k = ⌊j / (unroll·T·vec)⌋` may leave `groups − 1 − k` in
+    /// flight (`cp.async.wait_group` takes a constant: a uniform branch per count, capped at
+    /// 7, which only waits for more).
+    fn wait_iteration(&self, ev: &mut Eval<'_, 'ctx>, j: IntValue<'ctx>, groups: u32) -> R<()> {
+        let s = self.sched;
+        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+        let k = ev.kb.b.build_int_unsigned_div(j, ev.ic(per_iter), "k")?;
+        let left = ev.isub(ev.ic(i64::from(groups) - 1), k)?;
+        let cap = (groups - 1).min(7);
+        let left = ev.kb.intrinsic_value("llvm.umin", &[ev.ity().into()], &[left.into(), ev.ic(i64::from(cap)).into()])?.into_int_value();
+        for n in 0..=cap {
+            let is = ev.kb.b.build_int_compare(IntPredicate::EQ, left, ev.ic(i64::from(n)), "left")?;
+            self.guarded(ev, Some(is), |ev| ev.kb.cp_async_wait(n))?;
+        }
+        Ok(())
     }
 
     /// The multi-pass loops' chunk at element `j` of the pass (`j` counts from the row's
