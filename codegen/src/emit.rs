@@ -485,20 +485,6 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
     }
 
-    /// `prefetch.global.L1 [p]` (PTX ISA §9.7.9.15): brings the line holding global address
-    /// `p` into the SM's L1 cache; no value, no fault on its own.
-    ///
-    /// # Errors
-    /// [`CodegenError::Builder`].
-    pub fn prefetch_global_l1(&self, p: PointerValue<'ctx>) -> R<()> {
-        let i64t = self.cx.i64_type();
-        let a = self.b.build_ptr_to_int(p, i64t, "pa")?;
-        let fty = self.cx.void_type().fn_type(&[i64t.into()], false);
-        let f = self.cx.create_inline_asm(fty, "prefetch.global.L1 [$0];".to_owned(), "l".to_owned(), true, false, None, false);
-        self.b.build_indirect_call(fty, f, &[a.into()], "")?;
-        Ok(())
-    }
-
     /// A CTA-wide barrier: `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`); every
     /// thread of the block must reach it.
     ///

@@ -128,7 +128,7 @@ use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, Laun
 
 use super::element::{divisible, exp_shifted_ftz, At, Ax, Buf, Eval, RowScalars, Scalar, Stage, Tag};
 use super::{build_twice_occupancy, KernelCtx};
-use crate::emit::{storage_type, Combine};
+use crate::emit::Combine;
 use crate::math::{self, Ops, R};
 use crate::target::Target;
 use crate::CodegenError;
@@ -172,12 +172,6 @@ pub struct RowSchedule {
     /// the stage instead of two (see [`Emitter::cluster_level`]); and its last step is a
     /// `bf16x2` `fma` (`Eval::ln_bf16_fma`).
     pub sampled_shift: bool,
-    /// The cluster schedule with whole slices: the output pass's row-invariant inputs read
-    /// from global memory (a LayerNorm's weight and bias) are prefetched into L1
-    /// (`prefetch.global.L1`) one loop iteration ahead, the first iteration's while the CTA
-    /// waits at the cluster barrier, so their L2 latency overlaps the wait and the previous
-    /// iteration.
-    pub prefetch_l1: bool,
 }
 
 /// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
@@ -221,8 +215,8 @@ impl RowSchedule {
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, prefetch_l1: false };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, prefetch_l1: false };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -253,6 +247,9 @@ impl RowSchedule {
                 let exact4 = n % (c * 4 * 256 * u64::from(vec)) == 0;
                 let (t, unroll) = match (slice <= CLUSTER_SLICE_BYTES, unstaged) {
                     (true, _) if exact4 => (256, 4),
+                    // A LayerNorm over slices over 32 KiB: 256 × 4 too (512 × 262144 bf16 on
+                    // an H200: 157.0 µs against 165.7 with 512 × 2; rms_norm equal either way).
+                    (false, _) if exact4 && heavy => (256, 4),
                     (true, _) => (256, 2),
                     (false, true) => (512, 2),
                     (false, false) => (256, 4),
@@ -282,9 +279,6 @@ impl RowSchedule {
         }
         if self.stage_invariant && self.cluster == 1 {
             return Err("staged row-invariant inputs need the cluster schedule".into());
-        }
-        if self.prefetch_l1 && self.cluster == 1 {
-            return Err("an L1 prefetch of the row-invariant inputs needs the cluster schedule".into());
         }
         if self.sampled_shift && self.cluster == 1 {
             return Err("a sampled LayerNorm shift needs the cluster schedule".into());
@@ -371,9 +365,6 @@ impl RowSchedule {
         if self.sampled_shift {
             n.push_str(" s");
         }
-        if self.prefetch_l1 {
-            n.push_str(" l");
-        }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
         }
@@ -405,7 +396,12 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
             // pass waits on two row-invariant inputs from L2 per chunk).
             alts.extend([(128, 8), (256, 8)]);
         }
-        scheds.extend(alts.into_iter().map(|(t, u)| RowSchedule { threads_per_row: t, unroll: u, ..default }));
+        for (t, u) in alts {
+            let mut sc = RowSchedule { threads_per_row: t, unroll: u, sampled_shift: false, ..default };
+            // The default's sampled LayerNorm shift wherever it applies to the alternative too.
+            sc.sampled_shift = default.sampled_shift && sampled_shift_applies(&cx, &Analysis::new(&cx, false, false)?, &sc)?;
+            scheds.push(sc);
+        }
     }
     if default.cluster > 1 && !Analysis::new(&cx, false, true)?.resident.is_empty() {
         // The row-invariant inputs staged too, at the default's cluster size and the powers of
@@ -425,9 +421,6 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         // One statistics pass over the stage (a sampled shift, see `RowSchedule::sampled_shift`).
         for (t, u) in [(default.threads_per_row, default.unroll), (256, 4), (128, 8)] {
             scheds.push(RowSchedule { sampled_shift: true, threads_per_row: t, unroll: u, ..default });
-        }
-        for (t, u) in [(256, 4), (128, 8), (256, 2)] {
-            scheds.push(RowSchedule { sampled_shift: true, prefetch_l1: true, threads_per_row: t, unroll: u, ..default });
         }
     }
     if default.cluster > 1 {
@@ -469,7 +462,32 @@ fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<(RowSchedule, Anal
         staged_bytes += cx.buffer(i)?.ty.dtype.size_bytes() as u64;
     }
     let unstaged = body.params.iter().enumerate().any(|(i, &p)| body.ty(p).shape.last() == Some(&plan.n) && !plan.staged.contains(&i));
-    Ok((RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes, unstaged), plan))
+    let mut sched = RowSchedule::choose(&plan.n, min_size, heavy, target, staged_bytes, unstaged);
+    if heavy && sched.cluster > 1 && sampled_shift_applies(cx, &plan, &sched)? {
+        // A LayerNorm over whole slices with 16-bit outputs: the sampled shift (one
+        // statistics pass) and the bf16x2 `fma` (H200, bench/RESULTS.md 2026-11-30: 4096 ×
+        // 32768 bf16 143.2 µs against 151.3, 512 × 262144 157.0 against 162.5).
+        sched.sampled_shift = true;
+    }
+    Ok((sched, plan))
+}
+
+/// Whether [`RowSchedule::sampled_shift`] applies to `sched`: the cluster schedule over whole
+/// slices (`Split::exact`) of a kernel with a `layer_norm` whose row outputs are all `bf16` or
+/// `f16`.
+fn sampled_shift_applies(cx: &KernelCtx<'_>, plan: &Analysis, sched: &RowSchedule) -> R<bool> {
+    let Some(n) = plan.n.as_const() else { return Ok(false) };
+    let (c, per_iter) = (i64::from(sched.cluster), i64::from(sched.unroll) * i64::from(sched.threads_per_row) * i64::from(sched.vec));
+    let slice = (n.max(0) + c - 1) / c;
+    let slice = (slice + i64::from(sched.vec) - 1) / i64::from(sched.vec) * i64::from(sched.vec);
+    if sched.cluster < 2 || slice * c != n || slice % per_iter != 0 {
+        return Ok(false);
+    }
+    let mut narrow = true;
+    for o in plan.outs.iter().filter(|o| o.kind == OutKind::Row) {
+        narrow &= matches!(cx.buffer(o.buffer)?.ty.dtype, DType::BF16 | DType::F16);
+    }
+    Ok(narrow && cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm))
 }
 
 /// Generates row-reduction kernel `kernel` of `graph` with [`RowSchedule::choose`].
@@ -504,21 +522,11 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).
     let plan = Analysis::new(&cx, sched.chunks.is_some(), sched.cluster > 1)?;
     let split = if sched.cluster > 1 { Some(Split::new(&plan, &sched, &cx)?) } else { None };
-    if sched.prefetch_l1 && !(split.as_ref().is_some_and(|sp| sp.exact) && !plan.resident.is_empty()) {
-        return Err(cx.unsupported("an L1 prefetch of the row-invariant inputs needs whole cluster slices and such an input"));
-    }
-    if sched.sampled_shift {
-        // A sampled shift bounds the statistics' relative error by about `ε·n_w` (the shift is
-        // a mean of the warp's own values, so `(mean − m₀)² ≤ n_w·var`): far below a 16-bit
-        // output's rounding, not below an f32's.
-        let whole = split.as_ref().is_some_and(|sp| sp.exact);
-        let mut narrow = true;
-        for o in plan.outs.iter().filter(|o| o.kind == OutKind::Row) {
-            narrow &= matches!(cx.buffer(o.buffer)?.ty.dtype, DType::BF16 | DType::F16);
-        }
-        if !whole || !narrow || !plan.stats.iter().any(|st| st.kind == StatKind::LnSum) {
-            return Err(cx.unsupported("a sampled LayerNorm shift needs whole cluster slices and 16-bit outputs"));
-        }
+    // A sampled shift bounds the statistics' relative error by about `ε·n_w` (the shift is a
+    // mean of the warp's own values, so `(mean − m₀)² ≤ n_w·var`): far below a 16-bit output's
+    // rounding, not below an f32's.
+    if sched.sampled_shift && !sampled_shift_applies(&cx, &plan, &sched)? {
+        return Err(cx.unsupported("a sampled LayerNorm shift needs whole cluster slices and 16-bit outputs"));
     }
     let width = cx.index_width();
     let entry = cx.entry();
@@ -1184,11 +1192,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let rest = ev.kb.b.build_not(w0, "rest")?;
         self.guarded(ev, Some(w0), |ev| ev.kb.cluster_arrive())?;
         self.guarded(ev, Some(rest), |ev| ev.kb.cluster_arrive_relaxed())?;
-        if self.sched.prefetch_l1 {
-            // The output pass's first iteration of row-invariant inputs, during the wait.
-            let j = ev.imul(t, ev.ic(i64::from(self.sched.vec)))?;
-            self.prefetch_invariants(ev, j)?;
-        }
         ev.kb.cluster_wait()?;
         let kinds: Vec<bool> = vals.iter().map(|v| matches!(v, Acc::I(_))).collect();
         let load = |ev: &mut Eval<'_, 'ctx>, k: IntValue<'ctx>| -> R<Vec<Acc<'ctx>>> {
@@ -2197,17 +2200,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             _ => None,
         };
-        let calls = Cell::new(0u32);
         self.chunk_loop(ev, "out", (t, nv), &[], true, &mut |ev, j, acc| {
-            if self.sched.prefetch_l1 && calls.get() % self.sched.unroll == 0 {
-                // The next iteration's row-invariant inputs (none past the slice's end).
-                let per_iter = i64::from(self.sched.unroll) * i64::from(self.sched.threads_per_row) * i64::from(self.sched.vec);
-                let next = ev.iadd(j, ev.ic(per_iter))?;
-                let slice = self.split.as_ref().map_or(0, |sp| sp.slice);
-                let inside = ev.ilt(next, ev.ic(slice))?;
-                self.guarded(ev, Some(inside), |ev| self.prefetch_invariants(ev, next))?;
-            }
-            calls.set(calls.get() + 1);
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
             for &i in row_outs {
@@ -2311,29 +2304,6 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// CTA's statistics are merged as before.
     fn warp_only(&self, st: &Stat) -> bool {
         self.ln_per_warp() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
-    }
-
-    /// `prefetch.global.L1` of the row-invariant inputs of the loop iteration whose first
-    /// chunk for this thread is slice element `j` ([`RowSchedule::prefetch_l1`]): `unroll`
-    /// chunks `T·vec` apart, at the slice's columns (those inputs have unit stride along the
-    /// row; the others are left alone).
-    fn prefetch_invariants(&self, ev: &mut Eval<'_, 'ctx>, j: IntValue<'ctx>) -> R<()> {
-        let crow = self.crow.get().ok_or_else(|| CodegenError::Builder("no cluster row".into()))?;
-        let s = self.sched;
-        for &i in &self.plan.resident {
-            let buf = ev.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
-            if buf.strides.last().and_then(Dim::as_const) != Some(1) {
-                continue;
-            }
-            let st = storage_type(ev.kb.cx, buf.dtype);
-            for u in 0..s.unroll {
-                let off = ev.iadd(j, ev.ic(i64::from(u) * i64::from(s.threads_per_row) * i64::from(s.vec)))?;
-                let col = ev.iadd(crow.start, off)?;
-                let p = ev.kb.gep(st, buf.ptr, col)?;
-                ev.kb.prefetch_global_l1(p)?;
-            }
-        }
-        Ok(())
     }
 
     /// Whether this kernel's LayerNorm shifts are sampled ([`RowSchedule::sampled_shift`]):
