@@ -64,10 +64,13 @@
 //!   `[r·S, min(N, (r+1)·S))`, `S = ⌈N/c⌉` rounded up to `vec`. Every row input a statistic
 //!   reads is *staged* in the CTA's shared memory (`element::Stage`), as loaded: a prefetch
 //!   loop first issues the whole slice as 16-byte `cp.async` copies (PTX ISA §9.7.9.25.3;
-//!   each thread copies exactly the chunks it later reads, so one `cp.async.wait_group 0`
-//!   and no barrier make them visible), so the slice is in flight at once rather than
-//!   `unroll` vectors per thread per round trip; chunks that are not aligned 16-byte vectors
-//!   (an odd `N`) are loaded and staged by the first pass instead. The first pass folds the
+//!   each thread copies exactly the chunks it later reads, so `cp.async.wait_group` and no
+//!   barrier make them visible), so the slice is in flight at once rather than `unroll`
+//!   vectors per thread per round trip; where the slices are whole loop iterations, each
+//!   iteration's copies are a commit group of their own and the first pass waits for a group
+//!   only when it reaches its iteration (`Emitter::wait_iteration`), so the statistics of the
+//!   first chunks overlap the arrival of the last; chunks that are not aligned 16-byte
+//!   vectors (an odd `N`) are loaded and staged by the first pass instead. The first pass folds the
 //!   stage into the first level's statistics; later levels and the outputs read it too, so
 //!   the row crosses DRAM once each way. The CTA's partial statistics (after its own shuffles and barrier)
 //!   go to its shared memory, a cluster barrier (PTX ISA §9.7.13.4: the warp of thread 0,
@@ -86,14 +89,22 @@
 //!   corrected two-pass statistics of the chunks it staged (its mean by shuffles, then Σ(x − mean) and Σ(x − mean)² from the stage: no
 //!   barrier between the passes), and its `(n, mean, M2)` is merged over the CTA's warps
 //!   (one barrier; elsewhere the CTA's statistics, two barriers) and then the cluster's CTAs by Chan, Golub & LeVeque's pairwise update,
-//!   in `f64` (see `Emitter::cluster_level`). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
+//!   in `f64` (see `Emitter::cluster_level`; equal counts on both sides of every step, so
+//!   without a division). With 16-bit outputs (`RowSchedule::sampled_shift`, the default
+//!   there) the warp's shift is the mean of its first chunk rather than of all its chunks
+//!   (one statistics pass over the stage instead of two; the corrected two-pass stays exact
+//!   enough: the shift is a mean of the warp's own values, so `(mean − shift)² ≤ n_w·var`
+//!   bounds the relative error by about `ε·n_w`, far below a `bf16` ulp) and the last step,
+//!   `round(h·w + b)`, is one `fma.rn.bf16x2` a pair (`Eval::ln_bf16_fma`): LayerNorm
+//!   4096 × 32768 `bf16` on an H200 143.2 µs against 151.3, 512 × 262144 156.1 against 162.2. Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
 //!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB,
 //!   with four vectors a loop iteration where the slices are whole iterations of them
 //!   (LayerNorm 4096 × 32768 on an H200: 146.6-149.6 µs against 150.9-152.3 with two; the
 //!   other row statistics equal or better, bench/RESULTS.md), else two;
-//!   up to 96 KiB, 512 threads when the output pass also reads an unstaged input (a weight),
-//!   else 256 threads with four vectors a loop iteration (longer rows keep the multi-pass
-//!   schedule); e.g. `bf16` rows of 32768: 2 CTAs × 256 threads, 32 KiB each, six CTAs per
+//!   up to 96 KiB, 512 threads when the output pass also reads an unstaged input (a weight)
+//!   unless it is a LayerNorm over whole iterations of four vectors (256 × 4: 157.0 µs
+//!   against 165.7 at 512 × 262144), else 256 threads with four vectors a loop iteration
+//!   (longer rows keep the multi-pass schedule); e.g. `bf16` rows of 32768: 2 CTAs × 256 threads, 32 KiB each, six CTAs per
 //!   SM; rms_norm rows of 262144: 8 CTAs × 512 threads, 64 KiB each, three CTAs per SM (16
 //!   CTAs of 32 KiB, six per SM, measured slower: see
 //!   `MAX_CLUSTER`; an explicit schedule may still ask for up to 16, Hopper's non-portable
@@ -109,9 +120,18 @@
 //!   chunk's own column. Measured on an H200 (bench/RESULTS.md, 2026-11-30): no better than
 //!   reading them from L2 at equal cluster size, and the larger clusters their shared memory
 //!   asks for cost far more than they save (`layer_norm` 4096 × 32768: 150.4 µs with 2 CTAs
-//!   unstaged, 190.6 µs with 4 staged, 269.7 µs with 8); keeping them resident across the
-//!   rows of a persistent cluster was slower still (each row's cluster barriers serialise a
-//!   cluster's rows).
+//!   unstaged, 190.6 µs with 4 staged, 269.7 µs with 8).
+//! - *Persistent clusters* (autotuning variants, `p16`, `p14`, … in the name: the grid's
+//!   clusters; not a default): a fixed grid of clusters loops over the rows, the output pass
+//!   refilling each thread's staged chunks with its next row's (`cp.async` after the chunk's
+//!   stores; 0 bytes past the last row) and the row-invariant inputs staged once. Correct
+//!   (CPU-simulated and on the H200), but measured far slower (bench/RESULTS.md, 2026-11-30:
+//!   `layer_norm` 512 × 262144 253–437 µs against 156; `softmax` 155–198 µs against 143):
+//!   with a single stage a row's loads start only as the previous row's output pass ends,
+//!   and one CTA an SM exposes every barrier and L2 round trip; the H200 holds 45 clusters
+//!   of 8 three-CTA-an-SM kernels at once (Nsight Compute), so `p16` at one CTA an SM does
+//!   not even fit and runs in two waves. A double-buffered stage would need twice the shared
+//!   memory.
 //!
 //! A reduction *level* is a set of statistics that can be computed in the same pass: a
 //! statistic's level is one more than the deepest statistic its input depends on (softmax's
