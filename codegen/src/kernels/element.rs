@@ -694,20 +694,13 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         if self.staged(i, at) != Some(false) {
             return Ok(false);
         }
-        let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
-        let size = buf.dtype.size_bytes() as u32;
-        let (off, steps, aligned) = self.offsets(&buf.strides, at)?;
-        let unit = steps.len() == 1 && steps[0].1.as_const() == Some(1);
-        if !(unit && aligned && at.lanes * size == 16 && buf.align >= 16) {
-            return Ok(false);
+        let issued = self.cp_async_to_slot(i, at, self.kb.i32c(16))?;
+        if issued {
+            if let Some(st) = self.stage.as_mut() {
+                st.filling.insert(i);
+            }
         }
-        let dst = self.stage_slot(i, buf.dtype)?;
-        let src = self.kb.gep(storage_type(self.kb.cx, buf.dtype), buf.ptr, off)?;
-        self.kb.cp_async_16(dst, src, self.kb.i32c(16))?;
-        if let Some(st) = self.stage.as_mut() {
-            st.filling.insert(i);
-        }
-        Ok(true)
+        Ok(issued)
     }
 
     /// Copies parameter `i` at `at` (a chunk of another row at the current chunk's column)
@@ -723,6 +716,13 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         if at.lanes != lanes {
             return Ok(false);
         }
+        self.cp_async_to_slot(i, at, src_bytes)
+    }
+
+    /// The one `cp.async` of [`Eval::prefetch_param`] and [`Eval::refill_param`]: parameter
+    /// `i` at `at` into the current chunk's stage slot, `src_bytes` of 16 read, where `at` is
+    /// a contiguous, aligned 16-byte vector of the buffer (`false`, nothing issued, elsewhere).
+    fn cp_async_to_slot(&mut self, i: usize, at: &At<'ctx>, src_bytes: IntValue<'ctx>) -> R<bool> {
         let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no buffer for parameter {i}")))?;
         let size = buf.dtype.size_bytes() as u32;
         let (off, steps, aligned) = self.offsets(&buf.strides, at)?;

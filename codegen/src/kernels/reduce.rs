@@ -1432,33 +1432,23 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         };
         let zero = ev.kb.f64c(0.0);
         let n = ev.kb.fadd(na, nb)?;
-        if uniform {
+        // The merged mean and the weight `n_a·n_b/n` of δ².
+        let (mean, w) = if uniform {
             let half = ev.kb.f64c(0.5);
             let s = ev.kb.fadd(ma, mb)?;
-            let mean = ev.kb.fmul(s, half)?;
-            let delta = ev.kb.fsub(mb, ma)?;
-            let d2 = ev.kb.fmul(delta, delta)?;
-            let w = ev.kb.fmul(na, half)?;
-            let q = ev.kb.fadd(qa, qb)?;
-            let dw = ev.kb.fmul(d2, w)?;
-            let m2 = ev.kb.fadd(q, dw)?;
-            let mut out = Vec::with_capacity(3);
-            for x in [n, mean, m2] {
-                out.push(Acc::I(ev.kb.b.build_bit_cast(x, ev.kb.cx.i64_type(), "bits")?.into_int_value()));
-            }
-            return Ok(out);
-        }
-        let empty = ev.kb.feq(n, zero)?;
-        let inv = ev.kb.fdiv(ev.kb.f64c(1.0), n)?;
-        let inv = ev.kb.fsel(empty, zero, inv)?;
-        let sa = ev.kb.fmul(na, ma)?;
-        let sb = ev.kb.fmul(nb, mb)?;
-        let s = ev.kb.fadd(sa, sb)?;
-        let mean = ev.kb.fmul(s, inv)?;
+            (ev.kb.fmul(s, half)?, ev.kb.fmul(na, half)?)
+        } else {
+            let empty = ev.kb.feq(n, zero)?;
+            let inv = ev.kb.fdiv(ev.kb.f64c(1.0), n)?;
+            let inv = ev.kb.fsel(empty, zero, inv)?;
+            let sa = ev.kb.fmul(na, ma)?;
+            let sb = ev.kb.fmul(nb, mb)?;
+            let s = ev.kb.fadd(sa, sb)?;
+            let nn = ev.kb.fmul(na, nb)?;
+            (ev.kb.fmul(s, inv)?, ev.kb.fmul(nn, inv)?)
+        };
         let delta = ev.kb.fsub(mb, ma)?;
         let d2 = ev.kb.fmul(delta, delta)?;
-        let nn = ev.kb.fmul(na, nb)?;
-        let w = ev.kb.fmul(nn, inv)?;
         let q = ev.kb.fadd(qa, qb)?;
         let dw = ev.kb.fmul(d2, w)?;
         let m2 = ev.kb.fadd(q, dw)?;
