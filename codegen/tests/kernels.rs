@@ -2320,35 +2320,49 @@ fn ptxas_persistent_row_schedules() {
 }
 
 
-/// The sampled LayerNorm shift (` s` candidates: each warp's shift is the mean of its first
-/// chunk, one statistics pass) stays within the bf16 tolerance on rows built against it: a
-/// large mean with a small spread, the first chunks of every warp far from the rest (the
-/// shift then far from the mean: the corrected two-pass's error grows with (mean − shift)²,
-/// bounded since the shift is a mean of the warp's own values), one huge element at the
-/// row's end, and an ordinary row.
+/// The sampled LayerNorm shifts stay within the bf16 tolerance on rows built against them:
+/// ` s` (each warp's shift the mean of its first chunk) and ` s h` (the whole row's shift the
+/// mean of the row's first 32 × 8 elements, where the slices are over 32 KiB). The corrected
+/// two-pass's error grows with (mean − shift)², bounded by the sample being the shift's own
+/// data: a large mean with a small spread, the first chunk of every warp far from the rest,
+/// one huge element at the row's end, the row's head far from the rest ((mean − shift)² ≈
+/// (N/256)·var, the ` h` bound), and an ordinary row. Every sampled candidate of rows of 32768
+/// (2-CTA clusters) and 262144 (8-CTA clusters) runs, and each ` s h` candidate assembles
+/// without spills.
 #[test]
 fn cpu_sampled_layer_norm_shift_is_accurate() {
     let mut rng = Rng(23);
-    let n = 32768usize;
-    let gk = row_kernel(DType::BF16, s("R"), d(n as i64), "layer_norm");
-    let target = Target::SM_90A;
-    let x = random(&mut rng, DType::BF16, &[4, n], -1.0, 1.0);
-    let x = with(x, |i, v| {
-        let (r, c) = (i / n, i % n);
-        match r {
-            0 => 256.0 + 2.0 * v,
-            // Every warp's first chunk (8 columns × 32 lanes of each 256-thread × 8 span).
-            1 if c % 2048 < 256 => 3e4 + v,
-            2 if c == n - 1 => 1e5,
-            _ => v,
+    for n in [32768usize, 262144] {
+        let gk = row_kernel(DType::BF16, s("R"), d(n as i64), "layer_norm");
+        let target = Target::SM_90A;
+        let x = random(&mut rng, DType::BF16, &[5, n], -1.0, 1.0);
+        let x = with(x, |i, v| {
+            let (r, c) = (i / n, i % n);
+            match r {
+                0 => 256.0 + 2.0 * v,
+                // Every warp's first chunk (8 columns × 32 lanes of each 256-thread × 8 span).
+                1 if c % 2048 < 256 => 3e4 + v,
+                2 if c == n - 1 => 1e5,
+                3 if c < 256 => 3e4 + v,
+                3 => 256.0 + 2.0 * v,
+                _ => v,
+            }
+        });
+        let ins = vec![x, random(&mut rng, DType::BF16, &[n], 0.5, 1.5), random(&mut rng, DType::BF16, &[n], -0.5, 0.5)];
+        let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
+        let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+        let sampled: Vec<_> = variants.iter().filter(|v| v.name.contains(" s") && !v.name.contains(" p")).collect();
+        assert!(sampled.len() >= 3, "{names:?}");
+        let head = sampled.iter().filter(|v| v.name.contains(" s h")).count();
+        // The row head's shift over slices above 32 KiB only, and the default there.
+        assert_eq!(head >= 2, n == 262144, "{names:?}");
+        assert_eq!(names[0].contains(" s h"), n == 262144, "{names:?}");
+        for v in sampled {
+            let tag = format!("variant `{}` sampled shift N={n}", v.name);
+            if v.name.contains(" s h") {
+                assemble(&v.plan);
+            }
+            check_built_on_cpu(&tag, &gk, &bind(&[("R", 5)]), &ins, 2, || sinter_codegen::compile_variant(&gk.0, gk.1, &target, &v.name));
         }
-    });
-    let ins = vec![x, random(&mut rng, DType::BF16, &[n], 0.5, 1.5), random(&mut rng, DType::BF16, &[n], -0.5, 0.5)];
-    let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
-    let sampled: Vec<_> = variants.iter().filter(|v| v.name.contains(" s")).collect();
-    assert!(sampled.len() >= 3, "{:?}", variants.iter().map(|v| &v.name).collect::<Vec<_>>());
-    for v in sampled {
-        let tag = format!("variant `{}` sampled shift", v.name);
-        check_built_on_cpu(&tag, &gk, &bind(&[("R", 4)]), &ins, 2, || sinter_codegen::compile_variant(&gk.0, gk.1, &target, &v.name));
     }
 }

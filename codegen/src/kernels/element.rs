@@ -226,6 +226,11 @@ pub(crate) struct Eval<'a, 'ctx> {
     /// Shared-memory staging of row-varying parameters (the cluster schedule of
     /// `reduce.rs`); `None` elsewhere.
     pub stage: Option<Stage<'ctx>>,
+    /// Parameters' vectors the generator loaded ahead at a chunk whose last axis has the given
+    /// base (an SSA value of that chunk alone, as [`Eval::load_vector`] returned them): a load
+    /// of the parameter there takes the vector instead of reading memory (a LayerNorm's row
+    /// head, loaded before the slice's copies: `reduce.rs`'s `RowSchedule::head_shift`).
+    pub pinned: Vec<(usize, IntValue<'ctx>, inkwell::values::VectorValue<'ctx>)>,
     /// Depth of [`Eval::branch`] arms being emitted (no staging inside a branch).
     branch_depth: u32,
 }
@@ -323,6 +328,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             pair_rounding: false,
             ln_bf16_fma: false,
             stage: None,
+            pinned: Vec::new(),
             branch_depth: 0,
         }
     }
@@ -620,8 +626,28 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         self.kb.gep(storage_type(self.kb.cx, dtype), arr, slot)
     }
 
+    /// Parameter `i` at `at` as one vector load as it comes from memory (of the storage type,
+    /// or of `i32` words for a `bf16` parameter read as words), bypassing the stage, for
+    /// [`Eval::pinned`]: `None` (nothing emitted that is used) where `at` is not a contiguous,
+    /// aligned vector of the buffer.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`] for an unknown parameter.
+    pub fn load_vector(&mut self, i: usize, at: &At<'ctx>) -> R<Option<inkwell::values::VectorValue<'ctx>>> {
+        let buf = self.params.get(i).cloned().ok_or_else(|| CodegenError::Builder(format!("no parameter {i}")))?;
+        let words = self.bf16_words.contains(&i);
+        match self.load_raw(&buf, at, words, true)? {
+            Raw::Vector(v) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
     /// Parameter `i` (buffer `buf`) at `at`, through the stage when it applies.
     fn load_param(&mut self, i: usize, buf: &Buf<'ctx>, at: &At<'ctx>) -> R<Lanes<'ctx>> {
+        let pin = self.pinned.iter().find(|(p, b, _)| *p == i && at.axes.last().is_some_and(|a| a.base.as_value_ref() == b.as_value_ref())).map(|e| e.2);
+        if let Some(v) = pin {
+            return self.decode_raw(buf.dtype, Raw::Vector(v), at.lanes);
+        }
         let words = self.bf16_words.contains(&i);
         let Some(read) = self.staged(i, at) else {
             let raw = self.load_raw(buf, at, words, false)?;

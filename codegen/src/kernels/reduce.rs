@@ -138,7 +138,7 @@
 //! sum depends on its max; LayerNorm's variance on its mean; a reduction of a softmax on the
 //! softmax's sum).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use inkwell::types::BasicTypeEnum;
@@ -192,6 +192,18 @@ pub struct RowSchedule {
     /// the stage instead of two (see [`Emitter::cluster_level`]); and its last step is a
     /// `bf16x2` `fma` (`Eval::ln_bf16_fma`).
     pub sampled_shift: bool,
+    /// With [`RowSchedule::sampled_shift`]: the shift `m₀` is the mean of the *row's* first
+    /// `k = 32·vec` elements — loaded by every warp of every CTA of the cluster from global
+    /// memory before the slice's copies are issued, and summed in the same order (a
+    /// butterfly: the same bits everywhere) — rather than each warp's own first chunk. With
+    /// one `m₀` for the whole row the statistics are plain sums `Σd`, `Σd²` of `d = x − m₀`,
+    /// folded like an RMSNorm's over warps, CTAs and the cluster in `f32` (no Chan merges of
+    /// `(n, mean, M2)` triples in `f64`), and the shift no longer waits for the slice's first
+    /// copies; the corrected two-pass's `var = Σd²/N − (Σd/N)²`. Since the head is `k` of the
+    /// row's `N` values, `(mean − m₀)² ≤ (N − k)/k · var`, so the relative error of `var`
+    /// stays about `ε·N/k` (`ε` the `f32` rounding, times the summation's growth): below a
+    /// 16-bit output's rounding for rows up to `N/k` = 1024 (262144 `bf16`).
+    pub head_shift: bool,
 }
 
 /// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
@@ -235,8 +247,8 @@ impl RowSchedule {
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -305,6 +317,9 @@ impl RowSchedule {
         }
         if self.persistent > 0 && self.cluster == 1 {
             return Err("a persistent row schedule needs the cluster schedule".into());
+        }
+        if self.head_shift && (!self.sampled_shift || self.persistent > 0) {
+            return Err("a LayerNorm shift from the row's head is a sampled shift, not persistent".into());
         }
         if self.cluster == 0 || self.cluster > MAX_CLUSTER_EXPLICIT {
             return Err(format!("{} CTAs per row (1 to {MAX_CLUSTER_EXPLICIT})", self.cluster));
@@ -385,6 +400,9 @@ impl RowSchedule {
         if self.sampled_shift {
             n.push_str(" s");
         }
+        if self.head_shift {
+            n.push_str(" h");
+        }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
         }
@@ -417,9 +435,10 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
             alts.extend([(128, 8), (256, 8)]);
         }
         for (t, u) in alts {
-            let mut sc = RowSchedule { threads_per_row: t, unroll: u, sampled_shift: false, ..default };
+            let mut sc = RowSchedule { threads_per_row: t, unroll: u, sampled_shift: false, head_shift: false, ..default };
             // The default's sampled LayerNorm shift wherever it applies to the alternative too.
             sc.sampled_shift = default.sampled_shift && sampled_shift_applies(&cx, &Analysis::new(&cx, false, false)?, &sc)?;
+            sc.head_shift = default.head_shift && sc.sampled_shift;
             scheds.push(sc);
         }
     }
@@ -440,7 +459,9 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
     if default.cluster > 1 && cx.data.body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm) {
         // One statistics pass over the stage (a sampled shift, see `RowSchedule::sampled_shift`).
         for (t, u) in [(default.threads_per_row, default.unroll), (256, 4), (128, 8)] {
-            scheds.push(RowSchedule { sampled_shift: true, threads_per_row: t, unroll: u, ..default });
+            scheds.push(RowSchedule { sampled_shift: true, head_shift: false, threads_per_row: t, unroll: u, ..default });
+            // The shift from the row's head (plain sums, no Chan merges).
+            scheds.push(RowSchedule { sampled_shift: true, head_shift: true, threads_per_row: t, unroll: u, ..default });
         }
     }
     if default.cluster > 1 {
@@ -458,6 +479,12 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
             for g in [full, full * 7 / 8] {
                 scheds.push(RowSchedule { persistent: g.max(1), ..sc });
             }
+        }
+    }
+    // The shift from the row's head only where it fits (see `head_shift_fits`).
+    for sc in &mut scheds {
+        if sc.head_shift && !head_shift_fits(&cx, sc)? {
+            sc.head_shift = false;
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -488,8 +515,23 @@ fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<(RowSchedule, Anal
         // statistics pass) and the bf16x2 `fma` (H200, bench/RESULTS.md 2026-11-30: 4096 ×
         // 32768 bf16 143.2 µs against 151.3, 512 × 262144 157.0 against 162.5).
         sched.sampled_shift = true;
+        // Over slices above 32 KiB (three CTAs an SM, registers to spare), the shift from the
+        // row's head: 512 × 262144 bf16 on an H200, 150.0–151.4 µs against 153.1–155.4
+        // (bench/RESULTS.md 2026-11-30); at six CTAs an SM (40 registers) it spills.
+        sched.head_shift = head_shift_fits(cx, &sched)?;
     }
     Ok((sched, plan))
+}
+
+/// Whether [`RowSchedule::head_shift`] fits `sched` (a sampled shift, not persistent): over
+/// staged slices above 32 KiB, where three CTAs fit an SM and registers are to spare (at six
+/// CTAs an SM, 40 registers, ptxas 12.9 spills the row head's vectors).
+fn head_shift_fits(cx: &KernelCtx<'_>, sched: &RowSchedule) -> R<bool> {
+    if !sched.sampled_shift || sched.persistent > 0 || sched.cluster < 2 {
+        return Ok(false);
+    }
+    let plan = Analysis::new(cx, false, true)?;
+    Ok(u64::from(Split::new(&plan, sched, cx)?.stage_bytes) > CLUSTER_SLICE_BYTES)
 }
 
 /// Whether [`RowSchedule::sampled_shift`] applies to `sched`: the cluster schedule over whole
@@ -588,7 +630,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
             }
         }
         ev.pair_rounding = true;
-        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None), groups: Cell::new(0) };
+        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None), groups: Cell::new(0), head: RefCell::new(None) };
         em.emit(&mut ev)?;
         dynamic.set(em.dsmem_used.get());
         Ok(())
@@ -975,6 +1017,8 @@ struct Emitter<'p, 'ctx> {
     /// The commit groups the row's prefetch left in flight, one a loop iteration (see
     /// [`Emitter::prefetch_slice`]); 0 once waited for.
     groups: Cell<u32>,
+    /// The row head's chunk ([`RowSchedule::head_shift`]), its loads issued before the slice's.
+    head: RefCell<Option<At<'ctx>>>,
 }
 
 /// Where the current row's slice lies, in the cluster schedule.
@@ -1277,7 +1321,8 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     let m0 = ev.kb.fsel(some, m0, zero)?;
                     ev.rows.insert(st.node, RowScalars::LayerNormMean { mean: m0 });
                 }
-                (StatKind::LnDev | StatKind::LnVar, Acc::F(v)) => {
+                // With a shift from the row's head they are plain sums, folded below.
+                (StatKind::LnDev | StatKind::LnVar, Acc::F(v)) if !self.head_shift() => {
                     let i = match ln.iter().position(|e| e.0 == st.node) {
                         Some(i) => i,
                         None => {
@@ -1524,6 +1569,21 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 ev.kb.cp_async_wait(0)?;
             }
         } else {
+            if self.head_shift() {
+                // The row head's loads first (lane `l` of every warp: the row's chunk at
+                // `l·vec`, from global memory — it may lie in another CTA's slice): the shift
+                // waits for them, not for the slice's copies.
+                let lane_col = ev.imul(lane, ev.ic(i64::from(s.vec)))?;
+                let at = self.chunk(ev, &lead, lane_col, nv, true)?.at;
+                if let Some(sp) = &self.split {
+                    for &(i, _) in &sp.staged {
+                        if let Some(v) = ev.load_vector(i, &at)? {
+                            ev.pinned.push((i, lane_col, v));
+                        }
+                    }
+                }
+                self.head.replace(Some(at));
+            }
             self.prefetch_slice(ev, &lead, t, nv, true)?;
         }
         // Pending softmax / layer-norm pieces.
@@ -1556,6 +1616,20 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     for ch in chs {
                         acc = self.accumulate(ev, &stats, ch, acc)?;
                     }
+                    acc
+                }
+                None if self.head_shift() && stats.iter().all(|st| st.kind == StatKind::LnSum) => {
+                    // The shift from the row's head (`RowSchedule::head_shift`), its vectors
+                    // loaded before the slice's copies ([`Eval::pinned`]).
+                    ev.forget();
+                    if let Some(st) = ev.stage.as_mut() {
+                        st.cursor = None;
+                    }
+                    let at = self.head.take().ok_or_else(|| CodegenError::Builder("no row head".into()))?;
+                    let init = self.identities(ev, &stats);
+                    let acc = self.accumulate(ev, &stats, &Chunk { at, valid: None }, init)?;
+                    ev.pinned.clear();
+                    ev.forget();
                     acc
                 }
                 None if self.sampled() && stats.iter().all(|st| st.kind == StatKind::LnSum) => {
@@ -2313,7 +2387,19 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// `f64` triples (a `bf16` LayerNorm of 262147 spilled 12 bytes at 40 registers), and the
     /// CTA's statistics are merged as before.
     fn warp_only(&self, st: &Stat) -> bool {
-        self.ln_per_warp() && matches!(st.kind, StatKind::LnSum | StatKind::LnDev | StatKind::LnVar)
+        self.ln_per_warp()
+            && match st.kind {
+                // A shift from the row's head is the same in every warp: no fold.
+                StatKind::LnSum => true,
+                StatKind::LnDev | StatKind::LnVar => !self.head_shift(),
+                _ => false,
+            }
+    }
+
+    /// Whether this kernel's LayerNorm shift is the mean of the row's head
+    /// ([`RowSchedule::head_shift`]).
+    fn head_shift(&self) -> bool {
+        self.sched.head_shift && self.sampled()
     }
 
     /// Whether this kernel's LayerNorm shifts are sampled ([`RowSchedule::sampled_shift`]):
