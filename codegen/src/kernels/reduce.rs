@@ -96,7 +96,11 @@
 //!   enough: the shift is a mean of the warp's own values, so `(mean − shift)² ≤ n_w·var`
 //!   bounds the relative error by about `ε·n_w`, far below a `bf16` ulp) and the last step,
 //!   `round(h·w + b)`, is one `fma.rn.bf16x2` a pair (`Eval::ln_bf16_fma`): LayerNorm
-//!   4096 × 32768 `bf16` on an H200 143.2 µs against 151.3, 512 × 262144 156.1 against 162.2. Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
+//!   4096 × 32768 `bf16` on an H200 143.2 µs against 151.3, 512 × 262144 156.1 against 162.2.
+//!   Over slices above 32 KiB (`RowSchedule::head_shift`, the default there) the shift is
+//!   the whole row's, the mean of its first `32·vec` elements, which every warp loads before
+//!   the slice's copies: the statistics are then plain `f32` sums folded like an RMSNorm's,
+//!   without Chan merges (512 × 262144 `bf16`: 150.0–151.4 µs against 153.1–155.4). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
 //!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB,
 //!   with four vectors a loop iteration where the slices are whole iterations of them
 //!   (LayerNorm 4096 × 32768 on an H200: 146.6-149.6 µs against 150.9-152.3 with two; the
