@@ -539,6 +539,7 @@ pub fn rope(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (x, pos) = (c.input(0)?, c.input(1)?);
     want_float(x, "x")?;
     want_int(pos, "positions")?;
+    want_finite_attr(c, "theta", "the rotary base", Some((0.0, true)))?;
     let r = x.rank();
     if r == 0 {
         return err("x must have rank ≥ 1");
@@ -553,6 +554,21 @@ pub fn rope(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
         return err(format!("positions {} do not broadcast to {} (x's shape without its last axis)", shape_text(&pos.shape), shape_text(lead)));
     }
     Ok(vec![x.clone()])
+}
+
+/// Float attribute `name` (if given) as a finite `f32` (its `f32` rounding finite too), and at
+/// least `min` (`min_open`: above it) where a bound is given; else an error naming the
+/// attribute, what it is for, and the value.
+fn want_finite_attr(c: &InferCtx<'_>, name: &str, what: &str, min: Option<(f64, bool)>) -> Result<(), ShapeError> {
+    let Some(v) = c.op.float(name) else { return Ok(()) };
+    if !v.is_finite() || !(v as f32).is_finite() {
+        return err(format!("attribute `{name}` ({what}) must be a finite f32 number, got {v:?}"));
+    }
+    match min {
+        Some((m, true)) if v <= m => err(format!("attribute `{name}` ({what}) must be above {m}, got {v:?}")),
+        Some((m, false)) if v < m => err(format!("attribute `{name}` ({what}) must be at least {m}, got {v:?}")),
+        _ => Ok(()),
+    }
 }
 
 fn norm_weight(x: &TensorType, w: &TensorType, what: &str) -> Result<(), ShapeError> {
@@ -571,6 +587,7 @@ fn norm_weight(x: &TensorType, w: &TensorType, what: &str) -> Result<(), ShapeEr
 pub fn rms_norm(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (x, w) = (c.input(0)?, c.input(1)?);
     norm_weight(x, w, "weight")?;
+    want_finite_attr(c, "eps", "added to the mean square", Some((0.0, false)))?;
     Ok(vec![x.clone()])
 }
 
@@ -579,6 +596,7 @@ pub fn layer_norm(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (x, w, b) = (c.input(0)?, c.input(1)?, c.input(2)?);
     norm_weight(x, w, "weight")?;
     norm_weight(x, b, "bias")?;
+    want_finite_attr(c, "eps", "added to the variance", Some((0.0, false)))?;
     Ok(vec![x.clone()])
 }
 
@@ -611,6 +629,7 @@ pub fn attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     // Axes of B, H, S, D in the layout.
     let (hx, sx) = if c.op.str("layout") == Some("bshd") { (2, 1) } else { (1, 2) };
     let (h, hkv) = heads(c)?;
+    want_finite_attr(c, "scale", "the scores' factor", None)?;
     want_eq(&q.shape[hx], &Dim::constant(h), "q's head axis must equal `heads`")?;
     want_eq(&k.shape[hx], &Dim::constant(hkv), "k's head axis must equal `kv_heads`")?;
     want_eq(&v.shape[hx], &Dim::constant(hkv), "v's head axis must equal `kv_heads`")?;
@@ -708,6 +727,7 @@ pub fn paged_attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> 
     want_eq(&q.shape[1], &Dim::constant(h), "q's head axis must equal `heads`")?;
     want_eq(&q.shape[3], &kp.shape[3], "q's head dim differs from the pages'")?;
     check_tables(bt, lens, &q.shape[0], "seq_lens")?;
+    want_finite_attr(c, "scale", "the scores' factor", None)?;
     if let Some(phi) = c.op.float("unified_max") {
         if !phi.is_finite() || !(phi as f32).is_finite() {
             return err(format!("attribute `unified_max` must be a finite f32 number, got {phi:?}"));
