@@ -557,16 +557,17 @@ pub fn rope(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
 }
 
 /// Float attribute `name` (if given) as a finite `f32` (its `f32` rounding finite too), and at
-/// least `min` (`min_open`: above it) where a bound is given; else an error naming the
-/// attribute, what it is for, and the value.
+/// least `min` (`(m, true)`: above `m`) where a bound is given; else an error naming the
+/// attribute, what it is for (when `what` is not empty), and the value.
 fn want_finite_attr(c: &InferCtx<'_>, name: &str, what: &str, min: Option<(f64, bool)>) -> Result<(), ShapeError> {
     let Some(v) = c.op.float(name) else { return Ok(()) };
+    let attr = if what.is_empty() { format!("attribute `{name}`") } else { format!("attribute `{name}` ({what})") };
     if !v.is_finite() || !(v as f32).is_finite() {
-        return err(format!("attribute `{name}` ({what}) must be a finite f32 number, got {v:?}"));
+        return err(format!("{attr} must be a finite f32 number, got {v:?}"));
     }
     match min {
-        Some((m, true)) if v <= m => err(format!("attribute `{name}` ({what}) must be above {m}, got {v:?}")),
-        Some((m, false)) if v < m => err(format!("attribute `{name}` ({what}) must be at least {m}, got {v:?}")),
+        Some((m, true)) if v <= m => err(format!("{attr} must be above {m}, got {v:?}")),
+        Some((m, false)) if v < m => err(format!("{attr} must be at least {m}, got {v:?}")),
         _ => Ok(()),
     }
 }
@@ -728,11 +729,7 @@ pub fn paged_attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> 
     want_eq(&q.shape[3], &kp.shape[3], "q's head dim differs from the pages'")?;
     check_tables(bt, lens, &q.shape[0], "seq_lens")?;
     want_finite_attr(c, "scale", "the scores' factor", None)?;
-    if let Some(phi) = c.op.float("unified_max") {
-        if !phi.is_finite() || !(phi as f32).is_finite() {
-            return err(format!("attribute `unified_max` must be a finite f32 number, got {phi:?}"));
-        }
-    }
+    want_finite_attr(c, "unified_max", "", None)?;
     Ok(with_lse(c, q.clone()))
 }
 
