@@ -485,6 +485,23 @@ impl<'ctx> KernelBuilder<'ctx> {
         Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
     }
 
+    /// As [`KernelBuilder::opaque`], but the `mov` is marked as having side effects, so that
+    /// LLVM also cannot move it, nor anything computed from it, out of the block it is
+    /// emitted in: values derived from it are computed where they are used rather than
+    /// hoisted out of an enclosing loop (e.g. a row loop that runs once) and kept live
+    /// throughout it.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn opaque_here(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let t = v.get_type();
+        let (asm, cons) = if t.get_bit_width() == 64 { ("mov.b64 $0, $1;", "=l,l") } else { ("mov.b32 $0, $1;", "=r,r") };
+        let fty = t.fn_type(&[t.into()], false);
+        let f = self.cx.create_inline_asm(fty, asm.to_owned(), cons.to_owned(), true, false, None, false);
+        let r = self.b.build_indirect_call(fty, f, &[v.into()], "here")?;
+        Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
+    }
+
     /// A CTA-wide barrier: `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`); every
     /// thread of the block must reach it.
     ///

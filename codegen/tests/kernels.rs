@@ -1398,6 +1398,8 @@ mod sim {
                 ("@llvm.nvvm.ex2.approx.f32", "@sim_ex2"),
                 ("@llvm.nvvm.ex2.approx.ftz.f32", "@sim_ex2"),
                 ("@llvm.nvvm.div.approx.f", "@sim_div"),
+                ("asm sideeffect \"mov.b64 $0, $1;\", \"=l,l\"", "@sim_id64"),
+                ("asm sideeffect \"mov.b32 $0, $1;\", \"=r,r\"", "@sim_id32"),
                 ("asm \"mov.b64 $0, $1;\", \"=l,l\"", "@sim_id64"),
                 ("asm \"mov.b32 $0, $1;\", \"=r,r\"", "@sim_id32"),
             ] {
@@ -2329,6 +2331,53 @@ fn ptxas_persistent_row_schedules() {
 /// (N/256)·var, the ` h` bound), and an ordinary row. Every sampled candidate of rows of 32768
 /// (2-CTA clusters) and 262144 (8-CTA clusters) runs, and each ` s h` candidate assembles
 /// without spills.
+/// Slice iterations held in registers (` k1`, `RowSchedule::held`): at 512 × 262144 `bf16`
+/// (8-CTA clusters, 64 KiB slices) the RMSNorm, the softmax and the LayerNorm (row-head shift)
+/// have candidates whose stage is 48 KiB, so four CTAs fit an H100/H200 SM's 228 KiB, that
+/// assemble without spills in the 64 registers a thread four CTAs of 256 threads leave, and
+/// that compute what the interpreter does (CPU simulation: five rows over two clusters, so a
+/// cluster's second row reloads its held chunks; NaN, ±inf, zero and offset rows where
+/// `special_rows` puts them, and random rows).
+#[test]
+fn cpu_held_slice_iterations_match_the_interpreter() {
+    let mut rng = Rng(29);
+    let n = 262144usize;
+    for what in ["rms_norm", "softmax", "layer_norm"] {
+        let gk = row_kernel(DType::BF16, s("R"), d(n as i64), what);
+        let target = Target::SM_90A;
+        let variants = sinter_codegen::schedule_variants(&gk.0, gk.1, &target).unwrap();
+        let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+        let held: Vec<_> = variants.iter().filter(|v| v.name.contains(" k")).collect();
+        assert!(!held.is_empty(), "{what}: {names:?}");
+        for shape in ["rows t256 u4 c8", "rows t128 u8 c8"] {
+            assert!(held.iter().any(|v| v.name.starts_with(shape)), "{what}: {names:?}");
+        }
+        if what == "layer_norm" {
+            assert!(held.iter().any(|v| v.name.contains(" s h ")), "{what}: {names:?}");
+        }
+        let mut ins = vec![special_rows(&mut rng, DType::BF16, 5, n, what)];
+        if matches!(what, "rms_norm" | "layer_norm") {
+            ins.push(random(&mut rng, DType::BF16, &[n], 0.5, 1.5));
+        }
+        if what == "layer_norm" {
+            ins.push(random(&mut rng, DType::BF16, &[n], -0.5, 0.5));
+        }
+        for v in held {
+            let tag = format!("variant `{}` {what} N={n}", v.name);
+            // CTAs an SM by shared memory (228 KiB, 1 KiB reserved a CTA): more than the three
+            // of the unheld 64 KiB slices, and the registers allow as many.
+            let per_sm = (228u32 << 10) / (v.plan.shared_bytes + 1024);
+            assert!(per_sm >= 4, "{tag}: {} bytes of shared memory, {per_sm} CTAs an SM", v.plan.shared_bytes);
+            if let Some(r) = assemble(&v.plan) {
+                let regs = r.function(&v.plan.entry).map(|k| k.registers).unwrap_or(0);
+                eprintln!("{tag}: {regs} registers, {} bytes of shared memory, {per_sm} CTAs an SM", v.plan.shared_bytes);
+                assert!(regs * v.plan.block[0] * per_sm <= 65536, "{tag}: {regs} registers × {} threads × {per_sm} CTAs", v.plan.block[0]);
+            }
+            check_built_on_cpu(&tag, &gk, &bind(&[("R", 5)]), &ins, 2, || sinter_codegen::compile_variant(&gk.0, gk.1, &target, &v.name));
+        }
+    }
+}
+
 #[test]
 fn cpu_sampled_layer_norm_shift_is_accurate() {
     let mut rng = Rng(23);

@@ -208,6 +208,16 @@ pub struct RowSchedule {
     /// stays about `ε·N/k` (`ε` the `f32` rounding, times the summation's growth): below a
     /// 16-bit output's rounding for rows up to `N/k` = 1024 (262144 `bf16`).
     pub head_shift: bool,
+    /// The cluster schedule only, when not 0: the slice's last `held` loop iterations are not
+    /// staged but *held in registers* — each thread loads its `held·unroll` vectors of them
+    /// with plain 16-byte loads right after issuing the staged iterations' `cp.async` copies
+    /// and keeps them from the first pass through the output pass (`held·unroll·16` bytes, 4
+    /// registers a vector); every pass loops over the staged iterations and then evaluates
+    /// the held ones, unrolled. The stage shrinks by `held` iterations, so that one more CTA
+    /// fits an SM's shared memory (a `bf16` row of 262144 over 8 CTAs: 48 KiB staged and
+    /// 16 KiB held, four CTAs an SM instead of three at 64 registers a thread instead of 80).
+    /// Needs whole slices (`Split::exact`), 16-byte vectors and `held` below the iterations.
+    pub held: u32,
 }
 
 /// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
@@ -251,8 +261,8 @@ impl RowSchedule {
         while vec > 1 && !divisible(n, vec) {
             vec /= 2;
         }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false };
-        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false };
+        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false, held: 0 };
+        let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false, held: 0 };
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
         let groups = n.div_ceil(u64::from(vec));
@@ -322,6 +332,9 @@ impl RowSchedule {
         if self.persistent > 0 && self.cluster == 1 {
             return Err("a persistent row schedule needs the cluster schedule".into());
         }
+        if self.held > 0 && (self.cluster == 1 || self.persistent > 0 || self.stage_invariant) {
+            return Err("slice iterations held in registers need the cluster schedule, neither persistent nor with staged row-invariant inputs".into());
+        }
         if self.head_shift && (!self.sampled_shift || self.persistent > 0) {
             return Err("a LayerNorm shift from the row's head is a sampled shift, not persistent".into());
         }
@@ -348,6 +361,9 @@ struct Split {
     slice: i64,
     /// Loop iterations over a slice (`unroll·T·vec` elements each).
     iters: i64,
+    /// The last iterations of the slice held in registers rather than staged
+    /// ([`RowSchedule::held`]).
+    held: i64,
     /// The staged parameters and their element sizes.
     staged: Vec<(usize, u32)>,
     /// The staged row-invariant parameters and their element sizes
@@ -374,6 +390,17 @@ impl Split {
         let per_iter = u * t * v;
         let iters = slice.div_ceil(per_iter).max(1);
         let (slice, iters, per_iter) = (slice as i64, iters as i64, per_iter as i64);
+        let held = i64::from(sched.held);
+        let exact = slice * i64::from(sched.cluster) == n as i64 && slice % per_iter == 0;
+        if held > 0 {
+            let mut vectors = !plan.staged.is_empty();
+            for &i in &plan.staged {
+                vectors &= u64::from(sched.vec) * cx.buffer(i)?.ty.dtype.size_bytes() as u64 == 16;
+            }
+            if !exact || held >= iters || !vectors {
+                return Err(cx.unsupported(format!("{held} slice iterations held in registers need a staged input, whole slices of more iterations (here {iters}) and 16-byte vectors")));
+            }
+        }
         let mut staged = Vec::new();
         let mut bytes = 0u64;
         let mut resident = Vec::new();
@@ -381,12 +408,11 @@ impl Split {
         for (keep, &i) in plan.staged.iter().map(|i| (false, i)).chain(kept.iter().map(|i| (true, i))) {
             let size = cx.buffer(i)?.ty.dtype.size_bytes() as u32;
             if keep { &mut resident } else { &mut staged }.push((i, size));
-            bytes += (iters * per_iter) as u64 * u64::from(size);
+            bytes += ((iters - held) * per_iter) as u64 * u64::from(size);
             bytes = bytes.div_ceil(16) * 16;
         }
         let stage_bytes = u32::try_from(bytes).map_err(|_| cx.unsupported("a slice too large to stage"))?;
-        let exact = slice * i64::from(sched.cluster) == n as i64 && slice % per_iter == 0;
-        Ok(Split { slice, iters, staged, resident, stage_bytes, exact })
+        Ok(Split { slice, iters, held, staged, resident, stage_bytes, exact })
     }
 }
 
@@ -406,6 +432,9 @@ impl RowSchedule {
         }
         if self.head_shift {
             n.push_str(" h");
+        }
+        if self.held > 0 {
+            n.push_str(&format!(" k{}", self.held));
         }
         if self.rows_per_cta > 1 {
             n.push_str(&format!(" r{}", self.rows_per_cta));
@@ -482,6 +511,20 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
             let full = persistent_clusters(sc.cluster, per_sm);
             for g in [full, full * 7 / 8] {
                 scheds.push(RowSchedule { persistent: g.max(1), ..sc });
+            }
+        }
+    }
+    if default.cluster > 1 && default.persistent == 0 {
+        // The slice's last iterations held in registers (see `RowSchedule::held`) where the
+        // stage is over 32 KiB (three CTAs an SM): 16 KiB of a 64 KiB slice at 256 threads × 4
+        // vectors (four CTAs an SM at 64 registers a thread) or 128 × 8 (four, 128 registers),
+        // 24 KiB at 128 × 4 (five CTAs an SM, 96 registers).
+        let plan = Analysis::new(&cx, false, true)?;
+        for (t, u, k) in [(256, 4, 1), (128, 8, 1)] {
+            let sc = RowSchedule { threads_per_row: t, unroll: u, held: k, stage_invariant: false, ..default };
+            let full = Split::new(&plan, &RowSchedule { held: 0, ..sc }, &cx)?;
+            if u64::from(full.stage_bytes) > CLUSTER_SLICE_BYTES && Split::new(&plan, &sc, &cx).is_ok() {
+                scheds.push(sc);
             }
         }
     }
@@ -634,7 +677,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
             }
         }
         ev.pair_rounding = true;
-        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None), groups: Cell::new(0), head: RefCell::new(None) };
+        let em = Emitter { plan: &plan, sched, obufs, split: split.clone(), dsmem: Cell::new(None), dsmem_used: Cell::new(0), crow: Cell::new(None), groups: Cell::new(0), head: RefCell::new(None), held: RefCell::new(Vec::new()) };
         em.emit(&mut ev)?;
         dynamic.set(em.dsmem_used.get());
         Ok(())
@@ -1023,6 +1066,10 @@ struct Emitter<'p, 'ctx> {
     groups: Cell<u32>,
     /// The row head's chunk ([`RowSchedule::head_shift`]), its loads issued before the slice's.
     head: RefCell<Option<At<'ctx>>>,
+    /// The current row's chunks held in registers ([`RowSchedule::held`]): each chunk's
+    /// slice element `j` and coordinate, made once a row (their vectors are in
+    /// [`Eval::pinned`], keyed by the coordinate's last-axis base).
+    held: RefCell<Vec<(IntValue<'ctx>, At<'ctx>)>>,
 }
 
 /// Where the current row's slice lies, in the cluster schedule.
@@ -1053,6 +1100,18 @@ struct Chunk<'ctx> {
 enum Acc<'ctx> {
     F(FloatValue<'ctx>),
     I(IntValue<'ctx>),
+}
+
+/// Where [`Emitter::chunk_loop`] evaluates the chunks held in registers
+/// ([`RowSchedule::held`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Not at all (the prefetch: nothing to copy).
+    Skip,
+    /// Before the loop (the output pass: their registers are free for the loop's loads).
+    Before,
+    /// After the loop (a statistics pass: they were loaded after the staged copies).
+    After,
 }
 
 /// The body of [`Emitter::chunk_loop`]: `(ev, j, accumulators) -> next accumulators`.
@@ -1091,7 +1150,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
                 let mut arrays = HashMap::new();
                 for &(i, size) in split.staged.iter().chain(&split.resident) {
-                    let len = u32::try_from(split.iters * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
+                    let len = u32::try_from((split.iters - split.held) * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
                     arrays.insert(i, self.smem_alloc(ev, len * size, 16)?);
                 }
                 ev.stage = Some(Stage {
@@ -1549,6 +1608,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
 
     fn row(&self, ev: &mut Eval<'_, 'ctx>, r: IntValue<'ctx>, t: IntValue<'ctx>, nv: IntValue<'ctx>, warp: IntValue<'ctx>, lane: IntValue<'ctx>) -> R<()> {
         let s = self.sched;
+        // With chunks held in registers (`RowSchedule::held`) the thread's addresses are
+        // computed in the row's body, where each pass uses them: hoisted out of the row loop
+        // (which normally runs once) they would all stay live next to the held vectors.
+        let t = if s.held > 0 { ev.kb.opaque_here(t)? } else { t };
         let lead = self.lead_axes(ev, r)?;
         let tv = u64::from(s.threads_per_row) * u64::from(s.vec);
         // The one-read schedule's chunks, made once so that every level reuses the loads.
@@ -1589,6 +1652,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 self.head.replace(Some(at));
             }
             self.prefetch_slice(ev, &lead, t, nv, true)?;
+            self.load_held(ev, &lead, t)?;
         }
         // Pending softmax / layer-norm pieces.
         let mut pending_m = Pending { softmax: HashMap::new(), ln: HashMap::new() };
@@ -1631,8 +1695,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                     }
                     let at = self.head.take().ok_or_else(|| CodegenError::Builder("no row head".into()))?;
                     let init = self.identities(ev, &stats);
+                    let base = at.axes.last().map(|a| a.base);
                     let acc = self.accumulate(ev, &stats, &Chunk { at, valid: None }, init)?;
-                    ev.pinned.clear();
+                    // The head's vectors are done with (the held chunks' stay).
+                    ev.pinned.retain(|(_, b, _)| base.is_none_or(|h| h != *b));
                     ev.forget();
                     acc
                 }
@@ -1718,6 +1784,43 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
                 Ok(())
             })?;
         }
+        // The held vectors belong to this row.
+        ev.pinned.clear();
+        self.held.borrow_mut().clear();
+        Ok(())
+    }
+
+    /// The row's chunks held in registers ([`RowSchedule::held`]): the slice's last `held`
+    /// iterations, each thread's `held·unroll` chunks at the columns every pass maps to it,
+    /// loaded as 16-byte vectors right after the staged iterations' copies were issued (the
+    /// first pass reaches them last) and kept in [`Eval::pinned`] until the row's output pass
+    /// has read them. Nothing to do without held iterations.
+    fn load_held(&self, ev: &mut Eval<'_, 'ctx>, lead: &[Ax<'ctx>], t: IntValue<'ctx>) -> R<()> {
+        let (Some(split), Some(c)) = (&self.split, self.crow.get()) else { return Ok(()) };
+        if split.held == 0 {
+            return Ok(());
+        }
+        let s = self.sched;
+        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+        let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
+        let mut held = Vec::new();
+        for h in split.iters - split.held..split.iters {
+            for u in 0..i64::from(s.unroll) {
+                let j = ev.iadd(ev.ic(h * per_iter + u * i64::from(s.threads_per_row) * i64::from(s.vec)), tj)?;
+                let col = ev.iadd(c.start, j)?;
+                let at = self.chunk(ev, lead, col, c.end, true)?.at;
+                let base = at.axes.last().map(|a| a.base).ok_or_else(|| CodegenError::Builder("a held chunk without a row axis".into()))?;
+                for &(i, _) in &split.staged {
+                    let v = ev.load_vector(i, &at)?.ok_or_else(|| CodegenError::Unsupported {
+                        kernel: String::new(),
+                        message: format!("parameter {i}'s chunks are not aligned 16-byte vectors, which holding slice iterations in registers needs"),
+                    })?;
+                    ev.pinned.push((i, base, v));
+                }
+                held.push((j, at));
+            }
+        }
+        self.held.replace(held);
         Ok(())
     }
 
@@ -2080,7 +2183,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         // where the row-invariant inputs are staged too.
         let per_iteration = wait && split.exact && split.resident.is_empty();
         let calls = Cell::new(0u32);
-        self.chunk_loop(ev, "prefetch", (t, nv), &[], true, &mut |ev, j, acc| {
+        self.chunk_loop(ev, "prefetch", (t, nv), &[], true, Held::Skip, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             for &(i, _) in &split.staged {
                 issued |= ev.prefetch_param(i, &ch.at)?;
@@ -2096,7 +2199,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             Ok(acc)
         })?;
         if per_iteration && issued {
-            self.groups.set(u32::try_from(split.iters).unwrap_or(u32::MAX));
+            self.groups.set(u32::try_from(split.iters - split.held).unwrap_or(u32::MAX));
         } else if issued {
             ev.kb.cp_async_commit()?;
             if wait {
@@ -2116,7 +2219,32 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// (starting at `init`; `body` returns their next values); returns the accumulators at
     /// the exit. Memoised values are forgotten at the top of the body — before every chunk
     /// when `forget_each` — and after the loop.
-    fn chunk_loop(&self, ev: &mut Eval<'_, 'ctx>, name: &str, (t, nv): (IntValue<'ctx>, IntValue<'ctx>), init: &[Acc<'ctx>], forget_each: bool, body_fn: &mut ChunkBody<'_, 'ctx>) -> R<Vec<Acc<'ctx>>> {
+    ///
+    /// In a pass over the stage (`held` not [`Held::Skip`]) the loop covers the staged
+    /// iterations, and the chunks held in registers ([`RowSchedule::held`]) are evaluated
+    /// unrolled before or after it.
+    fn chunk_loop(&self, ev: &mut Eval<'_, 'ctx>, name: &str, (t, nv): (IntValue<'ctx>, IntValue<'ctx>), init: &[Acc<'ctx>], forget_each: bool, held: Held, body_fn: &mut ChunkBody<'_, 'ctx>) -> R<Vec<Acc<'ctx>>> {
+        let init = if held == Held::Before { self.held_chunks(ev, init.to_vec(), body_fn)? } else { init.to_vec() };
+        let acc = self.staged_loop(ev, name, (t, nv), &init, forget_each, body_fn)?;
+        if held == Held::After {
+            return self.held_chunks(ev, acc, body_fn);
+        }
+        Ok(acc)
+    }
+
+    /// [`Emitter::chunk_loop`]'s chunks held in registers, in order.
+    fn held_chunks(&self, ev: &mut Eval<'_, 'ctx>, mut acc: Vec<Acc<'ctx>>, body_fn: &mut ChunkBody<'_, 'ctx>) -> R<Vec<Acc<'ctx>>> {
+        let js: Vec<IntValue<'ctx>> = self.held.borrow().iter().map(|(j, _)| *j).collect();
+        for j in js {
+            ev.forget();
+            acc = body_fn(ev, j, acc)?;
+        }
+        ev.forget();
+        Ok(acc)
+    }
+
+    /// [`Emitter::chunk_loop`]'s loop.
+    fn staged_loop(&self, ev: &mut Eval<'_, 'ctx>, name: &str, (t, nv): (IntValue<'ctx>, IntValue<'ctx>), init: &[Acc<'ctx>], forget_each: bool, body_fn: &mut ChunkBody<'_, 'ctx>) -> R<Vec<Acc<'ctx>>> {
         let s = self.sched;
         let ity = ev.ity();
         let pre = ev.kb.current_block()?;
@@ -2180,13 +2308,18 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         Ok(phis.iter().map(|(_, v)| *v).collect())
     }
 
+    /// Whether slice element `j` (an SSA value) is a chunk held in registers.
+    fn is_held(&self, j: IntValue<'ctx>) -> bool {
+        self.held.borrow().iter().any(|(h, _)| *h == j)
+    }
+
     /// The multi-pass schedule's loop over the row for one level.
     fn loop_level(&self, ev: &mut Eval<'_, 'ctx>, stats: &[Stat], lead: &[Ax<'ctx>], t: IntValue<'ctx>, nv: IntValue<'ctx>) -> R<Vec<Acc<'ctx>>> {
         let init = self.identities(ev, stats);
         let groups = self.groups.replace(0);
         let calls = Cell::new(0u32);
-        let out = self.chunk_loop(ev, "pass", (t, nv), &init, false, &mut |ev, j, acc| {
-            if groups > 0 && calls.get() % self.sched.unroll == 0 {
+        let out = self.chunk_loop(ev, "pass", (t, nv), &init, false, Held::After, &mut |ev, j, acc| {
+            if groups > 0 && calls.get() % self.sched.unroll == 0 && !self.is_held(j) {
                 self.wait_iteration(ev, j, groups)?;
             }
             calls.set(calls.get() + 1);
@@ -2225,6 +2358,14 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let Some(c) = self.crow.get() else {
             return self.chunk(ev, lead, j, nv, false);
         };
+        let held = self.held.borrow().iter().find(|(h, _)| *h == j).map(|(_, at)| at.clone());
+        if let Some(at) = held {
+            // Held in registers: read through `Eval::pinned`, not the stage.
+            if let Some(st) = ev.stage.as_mut() {
+                st.cursor = None;
+            }
+            return Ok(Chunk { at, valid: None });
+        }
         let col = ev.iadd(c.start, j)?;
         let exact = self.split.as_ref().is_some_and(|s| s.exact);
         let ch = self.chunk(ev, lead, col, c.end, exact)?;
@@ -2254,8 +2395,9 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// LLVM keeps the loop a loop (see [`crate::emit::KernelBuilder::opaque`]).
     fn loop_bound(&self, ev: &mut Eval<'_, 'ctx>, nv: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         if let Some(split) = &self.split {
-            // The cluster schedule loops over its CTA's slice.
-            let sv = ev.ic(split.slice);
+            // The cluster schedule loops over its CTA's slice (its staged iterations).
+            let per_iter = i64::from(self.sched.unroll) * i64::from(self.sched.threads_per_row) * i64::from(self.sched.vec);
+            let sv = ev.ic(if split.held > 0 { (split.iters - split.held) * per_iter } else { split.slice });
             ev.kb.in_prologue(|kb| kb.opaque(sv))
         } else if self.plan.n.as_const().is_some() {
             ev.kb.in_prologue(|kb| kb.opaque(nv))
@@ -2288,7 +2430,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             }
             _ => None,
         };
-        self.chunk_loop(ev, "out", (t, nv), &[], true, &mut |ev, j, acc| {
+        self.chunk_loop(ev, "out", (t, nv), &[], true, Held::Before, &mut |ev, j, acc| {
             let ch = self.slice_chunk(ev, lead, j, nv)?;
             let mut vals = Vec::new();
             for &i in row_outs {
