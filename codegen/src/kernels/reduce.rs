@@ -520,10 +520,13 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         // vectors (four CTAs an SM at 64 registers a thread) or 128 × 8 (four, 128 registers),
         // 24 KiB at 128 × 4 (five CTAs an SM, 96 registers).
         let plan = Analysis::new(&cx, false, true)?;
-        for (t, u, k) in [(256, 4, 1), (128, 8, 1)] {
-            let sc = RowSchedule { threads_per_row: t, unroll: u, held: k, stage_invariant: false, ..default };
+        for (c, t, u, k) in [(default.cluster, 256, 4, 1), (default.cluster, 128, 8, 1), (default.cluster / 2, 256, 4, 2), (default.cluster / 2, 512, 2, 2)] {
+            let sc = RowSchedule { cluster: c, threads_per_row: t, unroll: u, held: k, stage_invariant: false, ..default };
+            if c < 2 || (sc.sampled_shift && !sampled_shift_applies(&cx, &plan, &sc)?) {
+                continue;
+            }
             let full = Split::new(&plan, &RowSchedule { held: 0, ..sc }, &cx)?;
-            if u64::from(full.stage_bytes) > CLUSTER_SLICE_BYTES && Split::new(&plan, &sc, &cx).is_ok() {
+            if u64::from(full.stage_bytes) > CLUSTER_SLICE_BYTES && Split::new(&plan, &sc, &cx).is_ok_and(|sp| u64::from(sp.stage_bytes) <= MAX_SLICE_BYTES) {
                 scheds.push(sc);
             }
         }
