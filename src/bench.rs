@@ -2,6 +2,14 @@
 //! CUDA events (median of the kernels' summed times over the iterations), printed beside the
 //! anchor figures measured in the same device call.
 //!
+//! Each timed run is preceded, on the same stream, by a fill of a [`FLUSH_BYTES`] scratch
+//! buffer, as `triton.testing.do_bench` (which times every anchor) clears the L2 cache before
+//! each of its runs: the run starts from the cache state the anchors start from, and the GPU
+//! is still busy with the fill when the run's start event and launches are queued, so the
+//! host's launch latency is not timed. (With `--no-flush` each run starts on an idle GPU, as
+//! before 2026-11-30: the start event is then stamped at once and the kernel begins only when
+//! the host's launch call reaches the GPU, a few µs later, which the time includes.)
+//!
 //! Traffic is counted as `anchors.py` counts it (bytes the op must read and write once), so
 //! the GB/s figures compare one to one. Every memory-bound row moves at least
 //! [`MIN_TRAFFIC_BYTES`] per run and is also reported as a fraction of the copy bandwidth
@@ -110,9 +118,14 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
     Ok(dev.upload_bytes(dtype, shape, &bytes)?)
 }
 
+/// The scratch buffer filled before each timed run (see the module docs): 256 MiB, as
+/// `triton.testing.do_bench`'s cache-clearing buffer, five times an H100/H200's 50 MiB L2.
+pub const FLUSH_BYTES: usize = 256 << 20;
+
 /// Times `g`'s entry on `inputs` (device buffers in parameter order): median of `iters` runs
-/// of the summed kernel times.
-fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize, autotune: bool) -> Result<(f64, usize), Error> {
+/// of the summed kernel times, each run preceded by a fill of `flush` when given (see the
+/// module docs).
+fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize, autotune: bool, flush: Option<&DeviceBuffer>) -> Result<(f64, usize), Error> {
     let p = GpuProgram::compile_with_options(g, dev, lowering, autotune, &mut |_, _| {})?;
     if autotune {
         let cache = sinter_runtime::KernelCache::open_default()?;
@@ -129,6 +142,9 @@ fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], it
     let _ = p.executor().run_profiled(&refs, &b)?;
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
+        if let Some(f) = flush {
+            dev.zero(f)?;
+        }
         let (_, prof) = p.executor().run_profiled(&refs, &b)?;
         times.push(prof.total_micros);
     }
@@ -713,13 +729,17 @@ fn upload_inputs(dev: &Device, specs: &[Input], previous: &[(Input, DeviceBuffer
 
 /// Runs the benchmark groups in `only` (all when empty) and returns the rows; with
 /// `autotune`, each case's tunable kernels are timed first ([`crate::tune`]) and the winners
-/// printed to stderr.
+/// printed to stderr; with `flush`, each timed run is preceded by a fill of a
+/// [`FLUSH_BYTES`] scratch buffer (see the module docs).
 ///
 /// # Errors
-/// An unknown group; device, compile or run errors.
-pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool) -> Result<Vec<Row>, Error> {
+/// An unknown group; device, compile or run errors (out of device memory for the scratch
+/// buffer among them).
+pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool, flush: bool) -> Result<Vec<Row>, Error> {
     check_groups(only)?;
     let dev = Device::open()?;
+    let scratch = if flush { Some(dev.alloc(DType::Bool, &[FLUSH_BYTES])?) } else { None };
+    println!("timing: {}", if flush { "each run after a 256 MiB fill (the L2 cleared, as triton's do_bench does for the anchors)" } else { "each run on an idle GPU (--no-flush)" });
     let copy = copy_anchor(anchors).map(|c| c.1);
     match copy {
         Some(c) => println!("copy bandwidth measured by anchors.py in this call: {c:.0} GB/s"),
@@ -744,7 +764,7 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool) -> R
         previous.retain(|(spec, _)| c.inputs.contains(spec));
         let ins = upload_inputs(&dev, &c.inputs, &previous)?;
         previous.clear();
-        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap), autotune)?;
+        let (ms, kernels) = time(&dev, &c.graph, c.lowering, &ins, iters.min(c.iters_cap), autotune, scratch.as_ref())?;
         let value = if c.unit == "GB/s" { c.work / ms / 1e6 } else { c.work / ms / 1e9 };
         let a = (c.anchor)(&anchors);
         let row = Row {

@@ -173,6 +173,10 @@ enum Cmd {
         /// the kernel cache; later runs use it). With --precompile: compile every candidate.
         #[arg(long)]
         autotune: bool,
+        /// Time each run on an idle GPU instead of after a 256 MiB fill that clears the L2
+        /// cache, as the anchors' `triton.testing.do_bench` does (the default; see `bench.rs`).
+        #[arg(long)]
+        no_flush: bool,
     },
     /// Parse and verify a `.sir` file; print it back in canonical form.
     Check {
@@ -213,9 +217,9 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Demo => demo(),
         Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules.as_deref()),
-        Cmd::Bench { only, anchors, iters, json, precompile, autotune } => match precompile {
+        Cmd::Bench { only, anchors, iters, json, precompile, autotune, no_flush } => match precompile {
             Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled ({} of them over damaged cache entries), {} already cached", s.kernels, s.built, s.rebuilt, s.cached)).map_err(Into::into),
-            None => bench(&only, &anchors, iters, json.as_deref(), autotune),
+            None => bench(&only, &anchors, iters, json.as_deref(), autotune, !no_flush),
         },
         Cmd::Check { file } => check(&file),
         Cmd::Graph { model, mode, dtype } => {
@@ -284,14 +288,14 @@ fn demo() -> AnyResult {
     Ok(())
 }
 
-fn bench(only: &[String], anchor_files: &[PathBuf], iters: usize, json: Option<&std::path::Path>, autotune: bool) -> AnyResult {
+fn bench(only: &[String], anchor_files: &[PathBuf], iters: usize, json: Option<&std::path::Path>, autotune: bool, flush: bool) -> AnyResult {
     let mut anchors: Vec<serde_json::Value> = Vec::new();
     for p in anchor_files {
         let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
         anchors.extend(v.get("rows").and_then(|r| r.as_array()).or_else(|| v.as_array()).cloned().unwrap_or_default());
     }
-    let rows = sinter::bench::run(only, &anchors, iters.max(1), autotune)?;
+    let rows = sinter::bench::run(only, &anchors, iters.max(1), autotune, flush)?;
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }

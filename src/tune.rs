@@ -7,8 +7,9 @@
 //! on ([`GpuProgram::compile_with_options`](crate::gpu::GpuProgram::compile_with_options),
 //! `SINTER_AUTOTUNE=1`, `sinter bench --autotune`), compiling a program times every candidate
 //! of each *tunable* kernel alone on the device — inputs of uniform random values in
-//! `[-1, 1)`, one launch to warm up, then the median of [`TIMED_RUNS`] launches, CUDA events —
-//! and stores a record of the times and the winner in the kernel cache. Every later compile of
+//! `[-1, 1)`, one launch to warm up, then the median of [`TIMED_RUNS`] launches, CUDA events,
+//! each launch after a fill of a 256 MiB scratch buffer as in `sinter bench` (the L2 cleared
+//! and the GPU busy when the start event is queued) — and stores a record of the times and the winner in the kernel cache. Every later compile of
 //! the same kernel for the same target (with or without autotuning) runs the winner's plan
 //! when the record was made on a device of the same name. A kernel keeps one record per
 //! (kernel, shape, target): a card of another name times it again and replaces the record, so
@@ -263,6 +264,11 @@ pub fn autotune(
 ) -> Result<Vec<(Kernel, TuningRecord)>, Error> {
     let name = device.info().name.clone();
     let mut made = Vec::new();
+    // Each timed run follows a fill of this buffer, as in `sinter bench` (see `bench.rs`): the
+    // L2 cleared and the GPU busy when the run's start event is queued. Allocated on the first
+    // kernel to time; where the memory is not there, runs are timed on an idle GPU (the
+    // candidates' order, what the record keeps, does not depend on it).
+    let mut flush: Option<Option<DeviceBuffer>> = None;
     for k in kg.kernels.keys() {
         if !tunable(kg, k) || record(kg, k, target, cache).is_some_and(|r| r.device == name) {
             continue;
@@ -281,6 +287,7 @@ pub fn autotune(
         let (one, inputs) = alone(kg, k, device)?;
         let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
         let mut micros = Vec::new();
+        let flush = flush.get_or_insert_with(|| device.alloc(crate::DType::Bool, &[crate::bench::FLUSH_BYTES]).ok());
         for (n, plan) in plans {
             let Ok(ex) = Executor::new(device, &one, vec![plan]) else {
                 continue;
@@ -288,6 +295,9 @@ pub fn autotune(
             ex.run(&refs, &Bindings::new())?;
             let mut t = Vec::with_capacity(TIMED_RUNS);
             for _ in 0..TIMED_RUNS {
+                if let Some(f) = flush.as_ref() {
+                    device.zero(f)?;
+                }
                 t.push(ex.run_profiled(&refs, &Bindings::new())?.1.total_micros);
             }
             t.sort_by(f64::total_cmp);
