@@ -569,6 +569,14 @@ fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<(RowSchedule, Anal
         // row's head: 512 × 262144 bf16 on an H200, 150.0–151.4 µs against 153.1–155.4
         // (bench/RESULTS.md 2026-11-30); at six CTAs an SM (40 registers) it spills.
         sched.head_shift = head_shift_fits(cx, &sched)?;
+        // With the row head's shift, eight vectors a loop iteration where the slices are whole
+        // iterations of them (two a 64 KiB slice: half the output pass's round trips for the
+        // weight and bias): 512 × 262144 bf16 on an H200, 148.3 / 149.7 / 151.5 µs against
+        // 149.1 / 150.9 / 153.1 with four in three calls (bench/RESULTS.md 2026-11-30).
+        let eight = RowSchedule { unroll: 8, ..sched };
+        if sched.head_shift && sched.threads_per_row == 256 && sampled_shift_applies(cx, &plan, &eight)? {
+            sched = eight;
+        }
     }
     Ok((sched, plan))
 }
