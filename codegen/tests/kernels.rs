@@ -2371,7 +2371,6 @@ fn cpu_held_slice_iterations_match_the_interpreter() {
             let cluster = v.plan.grid[1].numerator.as_const().unwrap() as u32;
             assert!(per_sm * 8 > 3 * cluster, "{tag}: {} bytes of shared memory, {per_sm} CTAs an SM, clusters of {cluster}", v.plan.shared_bytes);
             if let Some(r) = assemble(&v.plan) {
-                std::fs::write(format!("/tmp/held-{what}-{}.ptx", v.plan.block[0]), &v.plan.ptx).unwrap();
                 let regs = r.function(&v.plan.entry).map(|k| k.registers).unwrap_or(0);
                 eprintln!("{tag}: {regs} registers, {} bytes of shared memory, {per_sm} CTAs an SM", v.plan.shared_bytes);
                 assert!(regs * v.plan.block[0] * per_sm <= 65536, "{tag}: {regs} registers × {} threads × {per_sm} CTAs", v.plan.block[0]);
