@@ -1153,6 +1153,7 @@ fn row_candidate_graphs() -> Vec<sinter::Graph> {
         sinter::graph! { fn main(x: bf16[5, 32768], w: bf16[32768], b: bf16[32768]) -> bf16[5, 32768] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
         sinter::graph! { fn main(x: bf16[3, 33001], w: bf16[33001], b: bf16[33001]) -> bf16[3, 33001] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
         sinter::graph! { fn main(x: bf16[3, 262144], w: bf16[262144]) -> bf16[3, 262144] { x.rms_norm(w, eps = 1e-6) } }.unwrap(),
+        sinter::graph! { fn main(x: bf16[3, 262144]) -> bf16[3, 262144] { x.softmax(-1) } }.unwrap(),
     ]
 }
 

@@ -100,7 +100,9 @@
 //!   Over slices above 32 KiB (`RowSchedule::head_shift`, the default there) the shift is
 //!   the whole row's, the mean of its first `32·vec` elements, which every warp loads before
 //!   the slice's copies: the statistics are then plain `f32` sums folded like an RMSNorm's,
-//!   without Chan merges (512 × 262144 `bf16`: 150.0–151.4 µs against 153.1–155.4). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
+//!   without Chan merges (512 × 262144 `bf16`: 150.0–151.4 µs against 153.1–155.4), and the
+//!   loop takes eight vectors a thread an iteration where the slices are whole iterations of
+//!   them (half the output pass's round trips for the weight and bias; 0.5–1% faster). Sizes: `c = ⌈N·b / 32 KiB⌉` clamped to
 //!   2..=8 (`b` the staged bytes per column), 256 threads per CTA for slices up to 32 KiB,
 //!   with four vectors a loop iteration where the slices are whole iterations of them
 //!   (LayerNorm 4096 × 32768 on an H200: 146.6-149.6 µs against 150.9-152.3 with two; the
@@ -125,6 +127,19 @@
 //!   reading them from L2 at equal cluster size, and the larger clusters their shared memory
 //!   asks for cost far more than they save (`layer_norm` 4096 × 32768: 150.4 µs with 2 CTAs
 //!   unstaged, 190.6 µs with 4 staged, 269.7 µs with 8).
+//! - *Held iterations* (autotuning variants, `k1`, `k2` in the name, where the stage is over
+//!   32 KiB; `RowSchedule::held`): the slice's last loop iterations are not staged but loaded
+//!   into registers (16-byte vectors, right after the staged iterations' `cp.async` copies are
+//!   issued, `Emitter::load_held`) and read from there by every pass — after the staged loop in
+//!   a statistics pass (they arrive last), before it in the output pass (their registers are
+//!   then free for the loop's loads) — so the stage shrinks and one more CTA fits an SM: rows
+//!   of 262144 `bf16` in clusters of 8 with 48 KiB staged and 16 KiB held (`t256 u4 c8 k1`, four
+//!   CTAs an SM at 64 registers, or `t128 u8 c8 k1`), or in clusters of 4 with 96 KiB staged and
+//!   32 KiB held (`c4 k2`, two CTAs an SM). The thread's addresses are computed in the row's
+//!   body (`KernelBuilder::opaque_here`), not hoisted out of the row loop, where they would stay
+//!   live beside the held vectors and spill. Measured on an H200 (bench/RESULTS.md,
+//!   2026-11-30): within 1% of the staged schedules for the RMSNorm and the softmax, no faster
+//!   for the LayerNorm (more rows in flight, but fewer registers for its output pass's loads).
 //! - *Persistent clusters* (autotuning variants, `p16`, `p14`, … in the name: the grid's
 //!   clusters; not a default): a fixed grid of clusters loops over the rows, the output pass
 //!   refilling each thread's staged chunks with its next row's (`cp.async` after the chunk's
