@@ -134,8 +134,9 @@
 //!   a statistics pass (they arrive last), before it in the output pass (their registers are
 //!   then free for the loop's loads) — so the stage shrinks and one more CTA fits an SM: rows
 //!   of 262144 `bf16` in clusters of 8 with 48 KiB staged and 16 KiB held (`t256 u4 c8 k1`, four
-//!   CTAs an SM at 64 registers, or `t128 u8 c8 k1`), or in clusters of 4 with 96 KiB staged and
-//!   32 KiB held (`c4 k2`, two CTAs an SM). The thread's addresses are computed in the row's
+//!   CTAs an SM at 64 registers), or in clusters of 4 with 96 KiB staged and 32 KiB held
+//!   (`t256 u4 c4 k2`, two CTAs an SM); offered only where they put more rows on an SM than
+//!   the default, with the held vectors counted in the register budget (`occupancy`). The thread's addresses are computed in the row's
 //!   body (`KernelBuilder::opaque_here`), not hoisted out of the row loop, where they would stay
 //!   live beside the held vectors and spill. Measured on an H200 (bench/RESULTS.md,
 //!   2026-11-30): within 1% of the staged schedules for the RMSNorm and the softmax, no faster
@@ -522,7 +523,7 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         for (t, u) in [(1024, 2), (512, 2), (512, 4)] {
             let sc = RowSchedule { persistent: 1, stage_invariant: w, threads_per_row: t, unroll: u, ..default };
             let split = Split::new(&plan, &sc, &cx)?;
-            let per_sm = occupancy(&cx.data.body, sc, Some((split.stage_bytes + CLUSTER_SCRATCH_BYTES, !split.staged.is_empty())), target);
+            let per_sm = occupancy(&cx.data.body, sc, Some((split.stage_bytes + CLUSTER_SCRATCH_BYTES, split.staged.len() as u32)), target);
             let full = persistent_clusters(sc.cluster, per_sm);
             for g in [full, full * 7 / 8] {
                 scheds.push(RowSchedule { persistent: g.max(1), ..sc });
@@ -530,18 +531,30 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
         }
     }
     if default.cluster > 1 && default.persistent == 0 {
-        // The slice's last iterations held in registers (see `RowSchedule::held`) where the
-        // stage is over 32 KiB (three CTAs an SM): 16 KiB of a 64 KiB slice at 256 threads × 4
-        // vectors (four CTAs an SM at 64 registers a thread) or 128 × 8 (four, 128 registers),
-        // 24 KiB at 128 × 4 (five CTAs an SM, 96 registers).
+        // The slice's last iterations held in registers (see `RowSchedule::held`) where that
+        // puts more rows on an SM than the default's stage does (rows of 262144 `bf16`: three
+        // CTAs of 8-CTA clusters an SM), at 256 threads × 4 vectors: 16 KiB of a 64 KiB slice
+        // (four CTAs an SM at 64 registers a thread), or with half the cluster two iterations
+        // of a 128 KiB slice (two CTAs an SM, 96 KiB staged). (128 × 8 and 512 × 2 measured no
+        // better, bench/RESULTS.md 2026-11-30, and their registers are harder to foresee.)
         let plan = Analysis::new(&cx, false, true)?;
-        for (c, t, u, k) in [(default.cluster, 256, 4, 1), (default.cluster, 128, 8, 1), (default.cluster / 2, 256, 4, 2), (default.cluster / 2, 512, 2, 2)] {
+        let rows_per_sm = |sc: &RowSchedule| -> R<(u32, u32)> {
+            let sp = Split::new(&plan, sc, &cx)?;
+            Ok((occupancy(&cx.data.body, *sc, Some((sp.stage_bytes + CLUSTER_SCRATCH_BYTES, sp.staged.len() as u32)), target), sc.cluster))
+        };
+        let (base_ctas, base_cluster) = rows_per_sm(&default)?;
+        for (c, t, u, k) in [(default.cluster, 256, 4, 1), (default.cluster / 2, 256, 4, 2)] {
             let sc = RowSchedule { cluster: c, threads_per_row: t, unroll: u, held: k, stage_invariant: false, ..default };
             if c < 2 || (sc.sampled_shift && !sampled_shift_applies(&cx, &plan, &sc)?) {
                 continue;
             }
-            let full = Split::new(&plan, &RowSchedule { held: 0, ..sc }, &cx)?;
-            if u64::from(full.stage_bytes) > CLUSTER_SLICE_BYTES && Split::new(&plan, &sc, &cx).is_ok_and(|sp| u64::from(sp.stage_bytes) <= MAX_SLICE_BYTES) {
+            let Ok(sp) = Split::new(&plan, &sc, &cx) else { continue };
+            if u64::from(sp.stage_bytes) > MAX_SLICE_BYTES {
+                continue;
+            }
+            // More rows an SM (CTAs an SM over the cluster size) than the default.
+            let (ctas, cluster) = rows_per_sm(&sc)?;
+            if ctas * base_cluster > base_ctas * cluster {
                 scheds.push(sc);
             }
         }
@@ -666,7 +679,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     let width = cx.index_width();
     let entry = cx.entry();
     let block = sched.threads_per_row * sched.rows_per_cta;
-    let min_ctas = occupancy(&cx.data.body, sched, split.as_ref().map(|s| (s.stage_bytes + CLUSTER_SCRATCH_BYTES, !s.staged.is_empty())), target);
+    let min_ctas = occupancy(&cx.data.body, sched, split.as_ref().map(|s| (s.stage_bytes + CLUSTER_SCRATCH_BYTES, s.staged.len() as u32)), target);
     let dynamic = std::cell::Cell::new(0u32);
     let (ptx, params) = build_twice_occupancy(&cx, target, &entry, block, min_ctas, width, |kb, sizes| {
         let n_in = cx.data.inputs.len();
@@ -738,15 +751,18 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// its bandwidth depends on (at 256 threads: 60 registers allow 4 CTAs, 48 five, 40 six).
 /// With at most 16 elements per thread, ask for a register budget of 40 a thread (48 with a
 /// `layer_norm`, whose centred values and two extra statistics need more); with 32 (a
-/// `layer_norm`), 64. The cluster schedule (`smem`: its shared memory per CTA, and whether it
-/// stages anything) asks for as many CTAs as the SM's shared memory and threads allow, with
+/// `layer_norm`), 64. The cluster schedule (`smem`: its shared memory per CTA, and how many
+/// parameters it stages) asks for as many CTAs as the SM's shared memory and threads allow, with
 /// 40 registers a thread (56 with an `f32` `layer_norm`, 64 without staging; a `bf16`
 /// `layer_norm` fits 40 since its statistics cross the cluster once, see
-/// [`Emitter::cluster_level`]). Otherwise 1, ptxas's own choice.
-fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target: &Target) -> u32 {
+/// [`Emitter::cluster_level`]) plus, with [`RowSchedule::held`] iterations, the held vectors'
+/// (4 registers each, a staged parameter, 8 from two held iterations on) and the loop's beyond
+/// four an iteration (4 each). Otherwise 1, ptxas's own choice.
+fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, u32)>, target: &Target) -> u32 {
     let block = s.threads_per_row * s.rows_per_cta;
     let heavy = body.nodes.iter().any(|(_, nd)| nd.op.kind == OpKind::LayerNorm);
-    if let Some((smem, staged)) = smem {
+    if let Some((smem, staged_params)) = smem {
+        let staged = staged_params > 0;
         // 1 KiB of every CTA's shared memory is reserved on sm_80/sm_90.
         let by_smem = target.max_shared_memory_per_sm() / (smem + 1024);
         // f32 LayerNorm stages 4-byte elements: at 48 registers ptxas 12.9 spills 4 bytes
@@ -757,6 +773,16 @@ fn occupancy(body: &Function, s: RowSchedule, smem: Option<(u32, bool)>, target:
             (true, true) if wide => 56,
             (true, true) => 40,
             (true, false) => 40,
+        } + if s.held > 0 {
+            // The held vectors (4 registers each, a staged parameter; 8 from two held
+            // iterations on, whose chunks' addresses stay live too) and the loop's vectors
+            // beyond four an iteration (4 each). ptxas 12.9 at sm_90a: `t256 u4 c8 k1` of rows
+            // of 262144 fits 64, `t128 u8 c4 k1` of 65536 spills at 72, `t256 u4 c4 k2` of
+            // 196608 at 80 (it takes 118–128 at 262144).
+            let per_vector = if s.held >= 2 { 8 } else { 4 };
+            staged_params * (per_vector * s.held * s.unroll + 4 * s.unroll.saturating_sub(4))
+        } else {
+            0
         };
         return by_smem.min(65536 / (block * regs)).min(2048 / block).max(1);
     }
