@@ -477,10 +477,15 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`].
     pub fn opaque(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        self.opaque_mov(v, false)
+    }
+
+    /// `v` through an inline-asm `mov`, marked as having side effects or not.
+    fn opaque_mov(&self, v: IntValue<'ctx>, side_effects: bool) -> R<IntValue<'ctx>> {
         let t = v.get_type();
         let (asm, cons) = if t.get_bit_width() == 64 { ("mov.b64 $0, $1;", "=l,l") } else { ("mov.b32 $0, $1;", "=r,r") };
         let fty = t.fn_type(&[t.into()], false);
-        let f = self.cx.create_inline_asm(fty, asm.to_owned(), cons.to_owned(), false, false, None, false);
+        let f = self.cx.create_inline_asm(fty, asm.to_owned(), cons.to_owned(), side_effects, false, None, false);
         let r = self.b.build_indirect_call(fty, f, &[v.into()], "opaque")?;
         Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
     }
@@ -494,12 +499,7 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// # Errors
     /// [`CodegenError::Builder`].
     pub fn opaque_here(&self, v: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        let t = v.get_type();
-        let (asm, cons) = if t.get_bit_width() == 64 { ("mov.b64 $0, $1;", "=l,l") } else { ("mov.b32 $0, $1;", "=r,r") };
-        let fty = t.fn_type(&[t.into()], false);
-        let f = self.cx.create_inline_asm(fty, asm.to_owned(), cons.to_owned(), true, false, None, false);
-        let r = self.b.build_indirect_call(fty, f, &[v.into()], "here")?;
-        Ok(basic(r.try_as_basic_value().basic(), "inline asm")?.into_int_value())
+        self.opaque_mov(v, true)
     }
 
     /// A CTA-wide barrier: `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`); every
