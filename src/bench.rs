@@ -1,6 +1,6 @@
 //! `sinter bench`: each kernel family on the GPU at the shapes of `bench/anchors.py`, timed with
-//! CUDA events (median of the kernels' summed times over the iterations), printed beside the
-//! anchor figures measured in the same device call.
+//! CUDA events (the median over the iterations of the time from a run's first kernel's start to
+//! its last kernel's end), printed beside the anchor figures measured in the same device call.
 //!
 //! Each timed run is preceded, on the same stream, by a fill of a [`FLUSH_BYTES`] scratch
 //! buffer, as `triton.testing.do_bench` (which times every anchor) clears the L2 cache before
@@ -8,7 +8,8 @@
 //! is still busy with the fill when the run's start event and launches are queued, so the
 //! host's launch latency is not timed. (With `--no-flush` each run starts on an idle GPU, as
 //! before 2026-11-30: the start event is then stamped at once and the kernel begins only when
-//! the host's launch call reaches the GPU, a few µs later, which the time includes.)
+//! the host's launch call reaches the GPU, a few µs later, which the time includes.) Each
+//! [`Row`] records which ([`Row::flushed`]).
 //!
 //! Traffic is counted as `anchors.py` counts it (bytes the op must read and write once), so
 //! the GB/s figures compare one to one. Every memory-bound row moves at least
@@ -48,6 +49,9 @@ pub struct Row {
     /// For GB/s rows: value / the copy bandwidth measured in the same call, where the anchors
     /// hold it.
     pub of_copy: Option<f64>,
+    /// Whether each timed run followed the L2-clearing fill (the default) rather than starting
+    /// on an idle GPU (`--no-flush`); see the module docs.
+    pub flushed: bool,
 }
 
 /// The benchmark groups, in the order they run (`--only` takes these names).
@@ -122,9 +126,9 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
 /// `triton.testing.do_bench`'s cache-clearing buffer, five times an H100/H200's 50 MiB L2.
 pub const FLUSH_BYTES: usize = 256 << 20;
 
-/// Times `g`'s entry on `inputs` (device buffers in parameter order): median of `iters` runs
-/// of the summed kernel times, each run preceded by a fill of `flush` when given (see the
-/// module docs).
+/// Times `g`'s entry on `inputs` (device buffers in parameter order): the median over `iters`
+/// runs of the time from a run's first kernel's start to its last kernel's end (milliseconds),
+/// each run preceded by a fill of `flush` when given (see the module docs).
 fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize, autotune: bool, flush: Option<&DeviceBuffer>) -> Result<(f64, usize), Error> {
     let p = GpuProgram::compile_with_options(g, dev, lowering, autotune, &mut |_, _| {})?;
     if autotune {
@@ -778,6 +782,7 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool, flus
             ratio: a.as_ref().map(|a| value / a.1),
             anchor: a.map(|a| format!("{} = {:.1}", a.0, a.1)),
             of_copy: copy.filter(|_| c.unit == "GB/s").map(|cp| value / cp),
+            flushed: flush,
         };
         println!(
             "{:11} {:34} {:24} {:9.4} ms {:9.1} {:7} {:2} kernel(s) {:>14}  {}",

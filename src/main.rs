@@ -173,8 +173,11 @@ enum Cmd {
         /// the kernel cache; later runs use it). With --precompile: compile every candidate.
         #[arg(long)]
         autotune: bool,
-        /// Time each run on an idle GPU instead of after a 256 MiB fill that clears the L2
-        /// cache, as the anchors' `triton.testing.do_bench` does (the default; see `bench.rs`).
+        /// Time each run on an idle GPU, the host's launch latency included (the timing before
+        /// 2026-11-30). By default each timed run follows a 256 MiB fill that clears the L2, as
+        /// `triton.testing.do_bench` does before each anchor run, and the launch is queued while
+        /// the GPU is still busy with it. --autotune times its candidates after the fill either
+        /// way.
         #[arg(long)]
         no_flush: bool,
     },

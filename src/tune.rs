@@ -9,7 +9,8 @@
 //! of each *tunable* kernel alone on the device — inputs of uniform random values in
 //! `[-1, 1)`, one launch to warm up, then the median of [`TIMED_RUNS`] launches, CUDA events,
 //! each launch after a fill of a 256 MiB scratch buffer as in `sinter bench` (the L2 cleared
-//! and the GPU busy when the start event is queued) — and stores a record of the times and the winner in the kernel cache. Every later compile of
+//! and the GPU busy when the start event is queued; on an idle GPU where the buffer cannot be
+//! allocated) — and stores a record of the times and the winner in the kernel cache. Every later compile of
 //! the same kernel for the same target (with or without autotuning) runs the winner's plan
 //! when the record was made on a device of the same name. A kernel keeps one record per
 //! (kernel, shape, target): a card of another name times it again and replaces the record, so
