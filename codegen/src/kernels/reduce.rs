@@ -433,6 +433,12 @@ impl Split {
 }
 
 impl RowSchedule {
+    /// Elements of a row (or cluster slice) one multi-pass loop iteration covers:
+    /// `unroll · threads_per_row · vec`.
+    fn per_iter(&self) -> i64 {
+        i64::from(self.unroll) * i64::from(self.threads_per_row) * i64::from(self.vec)
+    }
+
     /// A short, stable name (`rows t512 u2 c8`, `rows t32 r4 one-read`): part of an autotuned
     /// variant's cache key, and what `sinter explain` shows.
     pub fn name(&self) -> String {
@@ -625,7 +631,7 @@ fn head_shift_fits(cx: &KernelCtx<'_>, sched: &RowSchedule) -> R<bool> {
 /// `f16`.
 fn sampled_shift_applies(cx: &KernelCtx<'_>, plan: &Analysis, sched: &RowSchedule) -> R<bool> {
     let Some(n) = plan.n.as_const() else { return Ok(false) };
-    let (c, per_iter) = (i64::from(sched.cluster), i64::from(sched.unroll) * i64::from(sched.threads_per_row) * i64::from(sched.vec));
+    let (c, per_iter) = (i64::from(sched.cluster), sched.per_iter());
     let slice = (n.max(0) + c - 1) / c;
     let slice = (slice + i64::from(sched.vec) - 1) / i64::from(sched.vec) * i64::from(sched.vec);
     if sched.cluster < 2 || slice * c != n || slice % per_iter != 0 {
@@ -1199,7 +1205,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             Some(split) => {
                 let base = ev.kb.dynamic_shared_base()?;
                 self.dsmem.set(Some(base));
-                let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+                let per_iter = s.per_iter();
                 let mut arrays = HashMap::new();
                 for &(i, size) in split.staged.iter().chain(&split.resident) {
                     let len = u32::try_from((split.iters - split.held) * per_iter).map_err(|_| CodegenError::Builder("a slice too large".into()))?;
@@ -1853,7 +1859,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             return Ok(());
         }
         let s = self.sched;
-        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+        let per_iter = s.per_iter();
         let tj = ev.imul(t, ev.ic(i64::from(s.vec)))?;
         let mut held = Vec::new();
         for h in split.iters - split.held..split.iters {
@@ -2324,7 +2330,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
             phis.push((phi, v));
         }
         let itv = it.as_basic_value().into_int_value();
-        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+        let per_iter = s.per_iter();
         let start = ev.imul(itv, ev.ic(per_iter))?;
         let bound = self.loop_bound(ev, nv)?;
         let more = ev.ilt(start, bound)?;
@@ -2360,9 +2366,10 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         Ok(phis.iter().map(|(_, v)| *v).collect())
     }
 
-    /// Whether slice element `j` (an SSA value) is a chunk held in registers.
-    fn is_held(&self, j: IntValue<'ctx>) -> bool {
-        self.held.borrow().iter().any(|(h, _)| *h == j)
+    /// The coordinate of the chunk held in registers at slice element `j` (an SSA value of
+    /// [`Emitter::held`]), if it is one.
+    fn held_at(&self, j: IntValue<'ctx>) -> Option<At<'ctx>> {
+        self.held.borrow().iter().find(|(h, _)| *h == j).map(|(_, at)| at.clone())
     }
 
     /// The multi-pass schedule's loop over the row for one level.
@@ -2371,7 +2378,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let groups = self.groups.replace(0);
         let calls = Cell::new(0u32);
         let out = self.chunk_loop(ev, "pass", (t, nv), &init, false, Held::After, &mut |ev, j, acc| {
-            if groups > 0 && calls.get() % self.sched.unroll == 0 && !self.is_held(j) {
+            if groups > 0 && calls.get() % self.sched.unroll == 0 && self.held_at(j).is_none() {
                 self.wait_iteration(ev, j, groups)?;
             }
             calls.set(calls.get() + 1);
@@ -2391,7 +2398,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// 7, which only waits for more).
     fn wait_iteration(&self, ev: &mut Eval<'_, 'ctx>, j: IntValue<'ctx>, groups: u32) -> R<()> {
         let s = self.sched;
-        let per_iter = i64::from(s.unroll) * i64::from(s.threads_per_row) * i64::from(s.vec);
+        let per_iter = s.per_iter();
         let k = ev.kb.b.build_int_unsigned_div(j, ev.ic(per_iter), "k")?;
         let left = ev.isub(ev.ic(i64::from(groups) - 1), k)?;
         let cap = (groups - 1).min(7);
@@ -2410,8 +2417,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
         let Some(c) = self.crow.get() else {
             return self.chunk(ev, lead, j, nv, false);
         };
-        let held = self.held.borrow().iter().find(|(h, _)| *h == j).map(|(_, at)| at.clone());
-        if let Some(at) = held {
+        if let Some(at) = self.held_at(j) {
             // Held in registers: read through `Eval::pinned`, not the stage.
             if let Some(st) = ev.stage.as_mut() {
                 st.cursor = None;
@@ -2448,7 +2454,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     fn loop_bound(&self, ev: &mut Eval<'_, 'ctx>, nv: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         if let Some(split) = &self.split {
             // The cluster schedule loops over its CTA's slice (its staged iterations).
-            let per_iter = i64::from(self.sched.unroll) * i64::from(self.sched.threads_per_row) * i64::from(self.sched.vec);
+            let per_iter = self.sched.per_iter();
             let sv = ev.ic(if split.held > 0 { (split.iters - split.held) * per_iter } else { split.slice });
             ev.kb.in_prologue(|kb| kb.opaque(sv))
         } else if self.plan.n.as_const().is_some() {
