@@ -24,13 +24,18 @@
 
 #![warn(missing_docs)]
 
+#[cfg(any(test, feature = "emu"))]
+pub mod emu;
 pub mod emit;
 pub(crate) mod fp8;
+pub(crate) mod isa;
 pub mod kernels;
 pub mod math;
 pub mod ptxas;
 pub(crate) mod quant;
 pub mod target;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::sync::OnceLock;
 

@@ -28,6 +28,7 @@ pub mod attention;
 pub mod attention_tc;
 pub mod decode;
 pub(crate) mod element;
+pub(crate) mod fp8_operand;
 pub mod gather;
 pub mod kv_append;
 pub mod layout;
@@ -35,14 +36,15 @@ pub mod matmul;
 pub mod merge;
 pub mod pointwise;
 pub mod reduce;
+pub(crate) mod view;
 
-use inkwell::context::Context;
 use sinter_ir::{BufferData, Dim, Family, Kernel, KernelData, KernelGraph, KernelParam};
 #[cfg(doc)]
 use sinter_ir::LaunchPlan;
 
 use self::element::{Buf, IndexWidth};
 use crate::emit::{KernelBuilder, ParamKind, SizeTable};
+use crate::isa::kit;
 use crate::math::R;
 use crate::target::Target;
 use crate::CodegenError;
@@ -196,9 +198,8 @@ impl<'g> KernelCtx<'g> {
     }
 }
 
-/// Builds a kernel twice (see [`SizeTable`]): once to learn the symbolic sizes `emit` asks
-/// for, once with exactly those as `i64` parameters after the buffers. Returns the PTX and
-/// the parameter list (buffers `0..n`, then the sizes).
+/// [`crate::isa::kit::build_twice`] with this kernel's buffer parameters and index width.
+// shim: old path, removed at integration (a re-export would make `isa` know `KernelCtx`)
 pub(crate) fn build_twice(
     cx: &KernelCtx<'_>,
     target: &Target,
@@ -207,11 +208,12 @@ pub(crate) fn build_twice(
     width: IndexWidth,
     emit: impl for<'c> Fn(&mut KernelBuilder<'c>, &mut SizeTable<'c>) -> R<()>,
 ) -> R<(String, Vec<KernelParam>)> {
-    build_twice_occupancy(cx, target, entry, max_threads, 1, width, emit)
+    kit::build_twice(&cx.param_kinds(), target, entry, max_threads, width == IndexWidth::I64, emit)
 }
 
-/// As [`build_twice`], asking ptxas to fit at least `min_ctas` CTAs on an SM (see
-/// [`KernelBuilder::set_min_ctas_per_sm`]); `min_ctas` 1 is [`build_twice`].
+/// [`crate::isa::kit::build_twice_occupancy`] with this kernel's buffer parameters and index
+/// width.
+// shim: old path, removed at integration (a re-export would make `isa` know `KernelCtx`)
 pub(crate) fn build_twice_occupancy(
     cx: &KernelCtx<'_>,
     target: &Target,
@@ -221,32 +223,5 @@ pub(crate) fn build_twice_occupancy(
     width: IndexWidth,
     emit: impl for<'c> Fn(&mut KernelBuilder<'c>, &mut SizeTable<'c>) -> R<()>,
 ) -> R<(String, Vec<KernelParam>)> {
-    let context = Context::create();
-    let wide = width == IndexWidth::I64;
-    let kinds = cx.param_kinds();
-    let dims = {
-        let mut kb = KernelBuilder::new(&context, entry, &kinds, *target)?;
-        let mut sizes = SizeTable::collecting(wide);
-        emit(&mut kb, &mut sizes)?;
-        sizes.dims().to_vec()
-    };
-    let mut kinds2 = kinds.clone();
-    kinds2.extend(std::iter::repeat_n(ParamKind::Size, dims.len()));
-    let mut kb = KernelBuilder::new(&context, entry, &kinds2, *target)?;
-    kb.set_max_threads(max_threads);
-    if max_threads < 1024 {
-        // See `set_min_ctas_per_sm`: keeps ptxas from spilling to reach full occupancy. (At
-        // 1024 threads the register cap is 64 either way, and the hint makes ptxas schedule
-        // more aggressively into it.)
-        kb.set_min_ctas_per_sm(min_ctas.max(1));
-    }
-    let mut sizes = SizeTable::fixed(dims.clone(), kinds.len(), wide);
-    emit(&mut kb, &mut sizes)?;
-    if sizes.dims().len() != dims.len() {
-        return Err(CodegenError::Builder("the second pass asked for other sizes than the first".into()));
-    }
-    let ptx = kb.finish()?;
-    let mut params: Vec<KernelParam> = (0..kinds.len()).map(KernelParam::Buffer).collect();
-    params.extend(dims.into_iter().map(KernelParam::Size));
-    Ok((ptx, params))
+    kit::build_twice_occupancy(&cx.param_kinds(), target, entry, max_threads, min_ctas, width == IndexWidth::I64, emit)
 }
