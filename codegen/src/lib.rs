@@ -7,9 +7,9 @@
 //!   the entry point the root crate and the runtime use; it dispatches on the kernel's
 //!   [`Family`] to the generators of [`kernels`] (one file per family: pointwise, row
 //!   reductions, layout, gather, kv_append, matmul, attention);
-//! - [`emit`]: the IR-building kit every generator shares ([`emit::KernelBuilder`]: kernel
+//! - [`isa`]: the instruction layer every generator builds on ([`isa::KernelBuilder`]: kernel
 //!   functions, special registers, global/shared memory, dtype conversions, warp shuffles,
-//!   barriers, symbolic sizes as kernel parameters);
+//!   barriers, tensor cores, clusters, symbolic sizes as kernel parameters);
 //! - [`math`]: the device math library (`exp`, `log`, `tanh`, `erf`, `sin`/`cos`, `pow`, …),
 //!   written once over [`math::Ops`] and tested on the CPU against f64 references;
 //! - [`target`]: the GPU targets (`sm_80`, `sm_90`, `sm_90a`) and their facts;
@@ -26,9 +26,13 @@
 
 #[cfg(any(test, feature = "emu"))]
 pub mod emu;
-pub mod emit;
+// shim: old path, removed at integration
+/// The old path of [`isa`].
+pub mod emit {
+    pub use crate::isa::*;
+}
 pub(crate) mod fp8;
-pub(crate) mod isa;
+pub mod isa;
 pub mod kernels;
 pub mod math;
 pub mod ptxas;
