@@ -8,10 +8,7 @@
 //! | [`Family::Gather`] | [`gather`] | embedding rows |
 //! | [`Family::KvAppend`] | [`kv_append`] | new K/V rows scattered into the paged cache |
 //! | [`Family::Matmul`] | [`matmul`] | tiled matmul with epilogue |
-//! | [`Family::Attention`], [`Family::PagedAttention`] | [`attention`] | prefill and paged decode attention (CUDA-core FlashAttention-2 core) |
-//! | [`Family::Attention`] | [`attention_tc`] | prefill attention on tensor cores (FlashAttention-2, `mma.sync`), the default for bf16/f16 |
-//! | [`Family::PagedAttention`] | [`decode`] | split-KV paged decode (FlashDecoding; clusters on sm_90), the default |
-//! | [`Family::AttentionMerge`] | [`merge`] | log-sum-exp merge of two partial attention states (cascade / split-KV combine) |
+//! | [`Family::Attention`], [`Family::PagedAttention`], [`Family::AttentionMerge`] | [`attention`] | prefill attention (FlashAttention-2 on `mma.sync`, `wgmma` or CUDA cores), split-KV paged decode, the log-sum-exp merge |
 //!
 //! Every generator returns a [`LaunchPlan`]: the PTX, its entry point, the grid as
 //! `ceil(dim / per_cta)` expressions of the kernel's symbols, the block, and the parameter
@@ -25,18 +22,20 @@
 //! its input pages).
 
 pub mod attention;
-pub mod attention_tc;
-pub mod decode;
 pub(crate) mod element;
 pub(crate) mod fp8_operand;
 pub mod gather;
 pub mod kv_append;
 pub mod layout;
 pub mod matmul;
-pub mod merge;
 pub mod pointwise;
 pub mod reduce;
 pub(crate) mod view;
+
+// shim: old path, removed at integration
+pub use attention::schedule as attention_tc;
+// shim: old path, removed at integration
+pub use attention::{decode, merge};
 
 use sinter_ir::{BufferData, Dim, Family, Kernel, KernelData, KernelGraph, KernelParam};
 #[cfg(doc)]

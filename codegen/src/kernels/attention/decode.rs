@@ -1,0 +1,649 @@
+//! Split-KV paged decode attention ([`Family::PagedAttention`]): FlashDecoding over a paged
+//! KV cache — the keys of a sequence split across the warps of a CTA and, on sm_90, across the
+//! CTAs of a thread-block cluster, the partial results merged by their log-sum-exp.
+//!
+//! # Algorithm
+//! A CTA serves `rows` query rows that share one KV head (the `H/Hkv · T` rows of a GQA group,
+//! so each K/V byte is read once per CTA) of one sequence; a cluster of `cluster` CTAs serves
+//! the same rows. The keys are cut into tiles of 32; the `U = cluster · warps` warps of the
+//! cluster are *workers* (warp `w` of CTA rank `c` is worker `w·cluster + c`) and worker `u`
+//! takes tiles `u, u + U, …` (FlashDecoding: split the keys, not only the queries). Per tile,
+//! with no CTA barrier, lane `j` looks key `j`'s page up and computes the scores of the CTA's
+//! rows against its K row; per row the warp runs the online softmax (the interpreter's 16-key
+//! rule) and accumulates `P·V`, lane `l` owning output dims `l·dv/32 …`.
+//!
+//! Each worker leaves `(m, l, acc)` per row in shared memory; the CTA (with a cluster, every
+//! CTA of it, reading the others' partials through distributed shared memory) merges them by
+//! log-sum-exp, each CTA of a cluster writing `1/cluster` of the outputs. A cluster whose
+//! sequence has at most `SOLO_TILES` tiles runs in *solo mode*: its first CTA does all the
+//! work and no cluster barrier is crossed. With `lse=true` the thread that writes a row's
+//! output dim 0 also writes its log-sum-exp.
+//!
+//! # Unified maximum (FlashDecoding++, arXiv 2311.01282 §3)
+//! With the node's `unified_max = φ` the workers take `p = exp(s − φ)` against φ instead of
+//! the running maximum: no tile-maximum butterfly, no rescaling, each lane summing its own p.
+//! After its last tile a worker checks each row's largest score against `[φ − UMAX_LO,
+//! φ + UMAX_HI]`; inside it reports `(φ, Σp, Σp·v)`, outside it recomputes its own tiles with
+//! the online softmax. φ cancels in the merge: the same softmax, rounded slightly differently.
+//!
+//! # Launch
+//! Grid `(⌈rows_total / rows⌉ · cluster, Hkv, B)`, block `32 · warps`, cluster dims declared in
+//! the PTX (`.reqnctapercluster`), so a plain `cuLaunchKernel` launches it. sm_80 has no
+//! clusters; a symbolic row count also uses `cluster = 1`.
+//!
+//! Design notes: book/src/design/attention.md
+
+use inkwell::attributes::AttributeLoc;
+use inkwell::context::Context;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
+
+use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged};
+use crate::kernels::matmul::kit::{Kit, SharedKind, R};
+use crate::target::Target;
+use crate::CodegenError;
+
+/// Keys per tile (one per lane).
+pub(super) const TILE: u32 = 32;
+
+/// A cluster whose sequence has at most this many tiles runs in solo mode (its first CTA
+/// does all the work, see the module docs).
+const SOLO_TILES: u32 = 8;
+
+/// Work split of a split-KV decode kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeSchedule {
+    /// Warps per CTA (workers per CTA), 1 to 16.
+    pub warps: u32,
+    /// Query rows per CTA (1 to 16), all of one KV head.
+    pub rows: u32,
+    /// CTAs per thread-block cluster splitting one row tile's keys (1, 2, 4 or 8; > 1 only
+    /// on sm_90 and with a constant row count).
+    pub cluster: u32,
+}
+
+impl DecodeSchedule {
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+
+    fn check(&self, target: &Target) -> Result<(), String> {
+        if !(1..=16).contains(&self.warps) || !(1..=16).contains(&self.rows) || !matches!(self.cluster, 1 | 2 | 4 | 8) {
+            return Err(format!("invalid decode schedule {self:?}: warps and rows in 1..=16, cluster 1, 2, 4 or 8"));
+        }
+        if self.cluster > 1 && target.sm_version() < 90 {
+            return Err(format!("thread-block clusters need sm_90 or later, not {target}"));
+        }
+        Ok(())
+    }
+}
+
+/// The schedule [`generate`] uses: 4 warps; the whole GQA group of a KV head per CTA when
+/// it has at most 8 rows (else tiles of 8); clusters of 8 CTAs on sm_90 when the row count is
+/// a constant (so 8 × 4 = 32 workers share each sequence's keys), none on sm_80.
+pub fn choose_schedule(rows: Option<i64>, target: &Target) -> DecodeSchedule {
+    let r = rows.map_or(8, |r| r.clamp(1, 8) as u32);
+    let cluster = if rows.is_some() && target.sm_version() >= 90 { 8 } else { 1 };
+    DecodeSchedule { warps: 4, rows: r, cluster }
+}
+
+/// Shared-memory layout (bytes): Q in f32, per warp P and the keys' V offsets, the workers'
+/// partial results.
+struct Smem {
+    q: u32,
+    p: u32,
+    voff: u32,
+    part: u32,
+    acc: u32,
+    total: u32,
+}
+
+impl Smem {
+    fn new(s: &DecodeSchedule, d: u32, dv: u32) -> Smem {
+        let q = 0;
+        let p = q + 4 * s.rows * d;
+        let voff = p + 4 * s.warps * s.rows * TILE;
+        let part = voff + 8 * s.warps * TILE;
+        let acc = part + 8 * s.warps * s.rows;
+        let total = acc + 4 * s.warps * s.rows * dv;
+        Smem { q, p, voff, part, acc, total }
+    }
+}
+
+/// Generates split-KV paged decode attention for kernel `kernel` of `graph` with
+/// [`choose_schedule`]'s schedule. See the module docs.
+///
+/// # Errors
+/// [`CodegenError::Unsupported`] for a body [`super::generate_paged`] refuses, or
+/// a head dim whose per-CTA shared memory exceeds the target's limit; LLVM errors otherwise.
+pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let p = Paged::analyse(graph, kernel)?;
+    let s = choose_schedule(p.rows().as_const(), target);
+    plan(&p, target, &s)
+}
+
+/// As [`generate`], with the schedule given.
+///
+/// # Errors
+/// As [`generate`], and [`CodegenError::Unsupported`] for an invalid schedule (a cluster on
+/// sm_80, or with a symbolic row count).
+pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &DecodeSchedule) -> Result<LaunchPlan, CodegenError> {
+    let p = Paged::analyse(graph, kernel)?;
+    plan(&p, target, schedule)
+}
+
+fn plan(p: &Paged, target: &Target, s: &DecodeSchedule) -> R<LaunchPlan> {
+    let fam = Family::PagedAttention;
+    s.check(target).map_err(|e| unsupported(&p.name, fam, e))?;
+    let rows_total = p.rows();
+    if s.cluster > 1 && rows_total.as_const().is_none() {
+        return Err(unsupported(&p.name, fam, "a cluster needs a constant number of query rows per KV head"));
+    }
+    let smem = Smem::new(s, p.d, p.d);
+    let shared = shared_kind(smem.total, target, &p.name, fam)?;
+    let ctx = Context::create();
+    let entry = format!("{}_paged_attention", p.name);
+    let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build(kit, p, s, &smem, shared))?;
+    let gx = match rows_total.as_const() {
+        Some(r) => GridDim::fixed((r.max(1) as u32).div_ceil(s.rows) * s.cluster),
+        None => GridDim { numerator: rows_total, denominator: s.rows },
+    };
+    Ok(LaunchPlan {
+        entry,
+        ptx,
+        target: target.name().to_owned(),
+        grid: [gx, GridDim::fixed(p.kv_heads as u32), GridDim { numerator: p.batch.clone(), denominator: 1 }],
+        block: [s.threads(), 1, 1],
+        shared_bytes: dynamic_bytes(shared),
+        params,
+    })
+}
+
+/// A worker whose largest score of a row exceeds φ + `UMAX_HI` recomputes its tiles with the
+/// online softmax: each of its at most 2³¹ keys then has p = e^(s − φ) ≤ e^20, so its sum l
+/// stays below 2³¹·e^20 < e^42 and its accumulator below e^42·max|V| — no overflow of f32
+/// (max ≈ e^88.7) for any |V| < e^46 ≈ 10^20 (the bound e^HI·max_kv_len < f32 max alone would
+/// allow HI ≈ 67, with no room left for V).
+pub(super) const UMAX_HI: f64 = 20.0;
+
+/// A worker whose largest (finite) score of a row is below φ − `UMAX_LO` recomputes its tiles
+/// with the online softmax: on the fast path its largest p is at least e^−30, so every key
+/// whose weight is within e^−57 of the largest (far below f32's resolution, 2^−24 ≈ e^−16.6)
+/// still has a normal f32 p ≥ e^−87, and the largest key's p·v stays normal for |v| ≥ e^−57.
+/// (LO ≈ 87 would only keep the largest p from underflowing to 0, with the other keys' weights
+/// already subnormal or lost.)
+const UMAX_LO: f64 = 30.0;
+
+/// Per-row state of the unified-max path (see the module docs).
+struct Unified<'ctx> {
+    /// Each lane's running maximum of its raw scores (NaN propagated).
+    lmax: Vec<PointerValue<'ctx>>,
+    /// Each lane's sum of its p = e^(s − φ).
+    lsum: Vec<PointerValue<'ctx>>,
+    /// `i1`: whether the worker has seen a score other than −inf (the 16-key rule).
+    seen: Vec<PointerValue<'ctx>>,
+}
+
+/// Test hooks of the unified-max path: `PoisonFallback` makes a worker that recomputed report
+/// l = NaN (so the rows it served come out NaN), `NeverFallback` drops the recomputation, so
+/// that the tests can see which path each worker took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(super) enum Probe {
+    Off,
+    PoisonFallback,
+    NeverFallback,
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(super) static PROBE: std::cell::Cell<Probe> = const { std::cell::Cell::new(Probe::Off) };
+}
+
+fn probe() -> Probe {
+    #[cfg(test)]
+    return PROBE.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    Probe::Off
+}
+
+/// One query row of the CTA: whether it exists, its q and o offsets, how many keys it sees.
+struct Row<'ctx> {
+    valid: IntValue<'ctx>,
+    q_off: IntValue<'ctx>,
+    o_off: IntValue<'ctx>,
+    /// Keys it sees (i32): the causal limit, ≤ the sequence length; 0 for a missing row.
+    limit: IntValue<'ctx>,
+    /// Element offset of its log-sum-exp, when the kernel writes it (`lse=true`).
+    lse_off: Option<IntValue<'ctx>>,
+}
+
+#[allow(clippy::too_many_lines)]
+fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared: SharedKind) -> R<()> {
+    let dt = p.dtype;
+    let (d, dv) = (p.d, p.d);
+    let (rt, nw, nc) = (s.rows, s.warps, s.cluster);
+    if nc > 1 {
+        let attr = kit.ctx.create_string_attribute("nvvm.cluster_dim", &format!("{nc},1,1"));
+        kit.math(|kb| {
+            kb.func.add_attribute(AttributeLoc::Function, attr);
+            Ok(())
+        })?;
+    }
+    let smem = kit.shared(shared, sm.total)?;
+    let at = |k: &Kit<'ctx>, base: u32, e: IntValue<'ctx>, size: i32| -> R<PointerValue<'ctx>> { k.sh_at(smem, k.add(k.i32c(base as i32), k.mul(e, k.i32c(size))?)?) };
+    let i32c = |v: u32| kit.i32c(v as i32);
+    let zero = kit.f32c(0.0);
+    let ninf = kit.f32c(f64::NEG_INFINITY);
+    let tid = kit.sreg("tid.x")?;
+    let warp = kit.udiv(tid, i32c(32))?;
+    let lane = kit.urem(tid, i32c(32))?;
+    let cx = kit.sreg("ctaid.x")?;
+    let rank = kit.urem(cx, i32c(nc))?;
+    let tile_row = kit.zext64(kit.udiv(cx, i32c(nc))?)?;
+    let g = kit.zext64(kit.sreg("ctaid.y")?)?;
+    let b = kit.zext64(kit.sreg("ctaid.z")?)?;
+
+    // The sequence's length (clamped to what the table can hold) and the paged addressing.
+    let a = p.addressing(kit, g, b)?;
+    let row = |k: &Kit<'ctx>, r: u32| -> R<Row<'ctx>> {
+        let rg = k.add(k.mul(tile_row, k.i64c(i64::from(rt)))?, k.i64c(i64::from(r)))?;
+        let (valid, q_off, o_off, limit) = a.row(k, rg)?;
+        let limit = k.select_int(valid, limit, k.i64c(0))?;
+        Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)?, lse_off: a.lse_off(k, rg)? })
+    };
+    let rows: Vec<Row> = (0..rt).map(|r| row(kit, r)).collect::<R<_>>()?;
+
+    // 1. Q → shared memory (f32), zeros for missing rows.
+    let ck = [8u32, 4, 2, 1].into_iter().find(|c| d % c == 0).unwrap_or(1);
+    let q_vec = p.q.vector_ok(ck);
+    let q_sd = kit.dim(&p.q.st[3])?;
+    for (r, info) in rows.iter().enumerate() {
+        kit.for_range(tid, i32c(d / ck), i32c(s.threads()), |k, c| {
+            let dc = k.mul(c, i32c(ck))?;
+            let idx = k.add(info.q_off, k.mul(k.zext64(dc)?, q_sd)?)?;
+            let vals = k.guarded_load(info.valid, dt, k.buf(p.q.buffer)?, idx, ck, q_vec, q_sd)?;
+            k.sh_store(DType::F32, at(k, sm.q, k.add(i32c(r as u32 * d), dc)?, 4)?, &vals)
+        })?;
+    }
+    kit.barrier()?;
+
+    // 2. The worker's tiles.
+    let kv_end = rows.iter().try_fold(kit.i32c(0), |acc, r| kit.smax(acc, r.limit))?;
+    let ntiles = kit.udiv(kit.add(kv_end, i32c(TILE - 1))?, i32c(TILE))?;
+    // Solo mode (a cluster whose sequence has at most SOLO_TILES tiles): rank 0 takes every
+    // tile, the other CTAs leave at once, and no cluster barrier is crossed. Otherwise
+    // consecutive tiles go to different CTAs (SMs) first, then to the warps of each.
+    let solo = if nc > 1 { kit.icmp(IntPredicate::ULE, ntiles, i32c(SOLO_TILES))? } else { kit.bool_c(true) };
+    if nc > 1 {
+        let idle = kit.and(solo, kit.icmp(IntPredicate::NE, rank, i32c(0))?)?;
+        let (leave, stay) = kit.math(|kb| Ok((kb.block("idle"), kb.block("work"))))?;
+        kit.math(|kb| kb.cond_br(idle, leave, stay))?;
+        kit.math(|kb| {
+            kb.position(leave);
+            kb.ret()?;
+            kb.position(stay);
+            Ok(())
+        })?;
+    }
+    let worker = kit.select_int(solo, warp, kit.add(kit.mul(warp, i32c(nc))?, rank)?)?;
+    let n_workers = kit.select_int(solo, i32c(nw), i32c(nc * nw))?;
+    let m: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?;
+    let l: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
+    // Lane dims: `cv` consecutive dims per lane when dv is a multiple of 32, else dims
+    // lane + 32·i (i < nd), guarded by dv.
+    let per_lane = dv % 32 == 0 && matches!(dv / 32, 1 | 2 | 4 | 8);
+    let nd = if per_lane { dv / 32 } else { dv.div_ceil(32) };
+    let v_vec = per_lane && p.vp.vector_ok(nd);
+    let dim_of = |k: &Kit<'ctx>, i: u32| -> R<IntValue<'ctx>> {
+        if per_lane {
+            k.add(k.mul(lane, i32c(nd))?, i32c(i))
+        } else {
+            k.add(lane, i32c(32 * i))
+        }
+    };
+    let acc: Vec<Vec<PointerValue>> = (0..rt).map(|_| (0..nd).map(|_| kit.var_f(zero)).collect::<R<_>>()).collect::<R<_>>()?;
+    let (k_sd, v_sd) = (kit.dim(&p.kp.st[3])?, kit.dim(&p.vp.st[3])?);
+    let k_vec = p.kp.vector_ok(ck);
+    let (k_ptr, v_ptr) = (kit.buf(p.kp.buffer)?, kit.buf(p.vp.buffer)?);
+    let scale = kit.f32c(p.scale);
+    let i64t = kit.i64t;
+    let p_row = |k: &Kit<'ctx>, r: u32, jj: IntValue<'ctx>| -> R<PointerValue<'ctx>> {
+        let e = k.add(k.mul(k.add(k.mul(warp, i32c(rt))?, i32c(r))?, i32c(TILE))?, jj)?;
+        at(k, sm.p, e, 4)
+    };
+    let voff_at = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<PointerValue<'ctx>> { at(k, sm.voff, k.add(k.mul(warp, i32c(TILE))?, jj)?, 8) };
+
+    let v_row = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<Vec<FloatValue<'ctx>>> {
+        let slot = voff_at(k, jj)?;
+        let vo = k.math(|kb| Ok(kb.load(i64t.into(), slot, 8)?.into_int_value()))?;
+        if per_lane {
+            let idx = k.add(vo, k.mul(k.zext64(dim_of(k, 0)?)?, v_sd)?)?;
+            if v_vec {
+                k.load_vec(dt, v_ptr, idx, nd)
+            } else {
+                k.load_strided(dt, v_ptr, idx, v_sd, nd)
+            }
+        } else {
+            (0..nd)
+                .map(|i| {
+                    let dcol = k.smin(dim_of(k, i)?, i32c(dv - 1))?;
+                    Ok(k.load_vec(dt, v_ptr, k.add(vo, k.mul(k.zext64(dcol)?, v_sd)?)?, 1)?[0])
+                })
+                .collect()
+        }
+    };
+    // V rows prefetched with K: as many keys as fit about 64 registers of V values (16-bit
+    // values two to a register), fewer when the accumulators are many.
+    let per_reg = if dt.size_bytes() == 2 { 2 } else { 1 };
+    let mut prefetch = (64 * per_reg / nd).clamp(8, TILE) / 8 * 8;
+    if rt * nd > 16 {
+        prefetch = (prefetch / 2).max(8);
+    }
+    // The unified-max path's per-row state: each lane's running maximum of its raw scores
+    // and sum of its p, and whether the worker has seen a score other than −inf.
+    let um = match p.unified_max {
+        Some(_) => Some(Unified {
+            lmax: (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?,
+            lsum: (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?,
+            seen: (0..rt).map(|_| kit.var_i(kit.bool_c(false))).collect::<R<_>>()?,
+        }),
+        None => None,
+    };
+    // The worker's tiles: with the online softmax (`unified` None), or with the unified
+    // maximum φ (the fast path, whose per-row state is `um`).
+    let tiles = |kit: &Kit<'ctx>, unified: Option<f32>| -> R<()> {
+        kit.for_range(worker, ntiles, n_workers, |k, tile| {
+            let j0 = k.mul(tile, i32c(TILE))?;
+            let j = k.add(j0, lane)?;
+            let in_seq = k.icmp(IntPredicate::SLT, j, kv_end)?;
+            // Key j's page and offsets (V's through the warp's shared memory to every lane).
+            let sv: Vec<PointerValue> = (0..rt).map(|_| k.var_f(zero)).collect::<R<_>>()?;
+            let voff_slot = voff_at(k, lane)?;
+            let kvar = k.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(i64t, "")?)))?;
+            k.math(|kb| {
+                kb.store(voff_slot, kb.i64c(0).into(), 8)?;
+                kb.store(kvar, kb.i64c(0).into(), 8)
+            })?;
+            k.if_then(in_seq, |k| {
+                let (ko, vo) = a.key(k, k.zext64(j)?)?;
+                k.math(|kb| {
+                    kb.store(voff_slot, vo.into(), 8)?;
+                    kb.store(kvar, ko.into(), 8)
+                })
+            })?;
+            k.warp_sync()?;
+            // Every key's V slice of this lane, loaded now (a key past the sequence reads offset 0,
+            // inside the buffer, and is never multiplied), so that its latency overlaps K's.
+            let vrows: Vec<Vec<FloatValue>> = (0..prefetch).map(|jj| v_row(k, i32c(jj))).collect::<R<_>>()?;
+            let ko = k.math(|kb| Ok(kb.load(i64t.into(), kvar, 8)?.into_int_value()))?;
+            k.if_then(in_seq, |k| {
+                // The whole K row first (independent loads in flight), then the dot products.
+                let mut kv = Vec::with_capacity(d as usize);
+                for c in 0..d / ck {
+                    let idx = k.add(ko, k.mul(k.i64c(i64::from(c * ck)), k_sd)?)?;
+                    kv.extend(if k_vec { k.load_vec(dt, k_ptr, idx, ck)? } else { k.load_strided(dt, k_ptr, idx, k_sd, ck)? });
+                }
+                for (r, sp) in sv.iter().enumerate() {
+                    let mut sum = zero;
+                    for c in 0..d / ck {
+                        let qv = k.sh_load(DType::F32, at(k, sm.q, i32c(r as u32 * d + c * ck), 4)?, ck)?;
+                        for (i, q) in qv.iter().enumerate() {
+                            sum = k.fma(*q, kv[(c * ck) as usize + i], sum)?;
+                        }
+                    }
+                    k.set(*sp, sum.into())?;
+                }
+                Ok(())
+            })?;
+
+            // Per row: the online softmax (the interpreter's 16-key rule, see the module docs), or
+            // p = exp(s − φ) against the unified maximum with the same rule from a ballot.
+            let lo_half = k.icmp(IntPredicate::ULT, lane, i32c(16))?;
+            let mut bounds = Vec::with_capacity(rt as usize);
+            for (r, info) in rows.iter().enumerate() {
+                let visible = k.icmp(IntPredicate::SLT, j, info.limit)?;
+                let sc = k.select_f(visible, k.fmul(k.get_f(sv[r])?, scale)?, ninf)?;
+                let n_vis = |k: &Kit<'ctx>| k.smin(k.smax(k.sub(info.limit, j0)?, i32c(0))?, i32c(TILE));
+                if let (Some(phi), Some(u)) = (unified, &um) {
+                    k.set(u.lmax[r], k.max_nan(k.get_f(u.lmax[r])?, sc)?.into())?;
+                    let pj = k.exp(k.fsub(sc, kit.f32c(f64::from(phi)))?)?;
+                    k.set(u.lsum[r], k.fadd(k.get_f(u.lsum[r])?, pj)?.into())?;
+                    k.sh_store(DType::F32, p_row(k, r as u32, lane)?, &[pj])?;
+                    // Lanes whose score is not −inf (NaN counts, as it does for the running max).
+                    let some = k.fcmp(FloatPredicate::UNE, sc, ninf)?;
+                    let bal = k.math(|kb| kb.vote_ballot(some))?;
+                    let first_some = k.icmp(IntPredicate::NE, k.and(bal, i32c(0xffff))?, i32c(0))?;
+                    let seen_old = k.get_i(u.seen[r], kit.i1t)?;
+                    let seen_new = k.select_int(seen_old, seen_old, k.icmp(IntPredicate::NE, bal, i32c(0))?)?;
+                    k.set(u.seen[r], seen_new.into())?;
+                    let lo = k.select_int(k.select_int(seen_old, seen_old, first_some)?, i32c(0), i32c(16))?;
+                    let hi = k.select_int(seen_new, n_vis(k)?, i32c(0))?;
+                    bounds.push((lo, hi));
+                    continue;
+                }
+                let half = k.warp_reduce(sc, &[8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
+                let other = k.shfl_xor(half, 16)?;
+                let tile_max = k.max_nan(half, other)?;
+                let first_half = k.select_f(lo_half, half, other)?;
+                let m_old = k.get_f(m[r])?;
+                let m_new = k.max_nan(m_old, tile_max)?;
+                let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
+                let m_use = k.select_f(none_yet, zero, m_new)?;
+                let alpha = k.exp(k.fsub(m_old, m_use)?)?;
+                let pj = k.exp(k.fsub(sc, m_use)?)?;
+                let psum = k.warp_reduce(pj, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
+                k.set(l[r], k.fma(k.get_f(l[r])?, alpha, psum)?.into())?;
+                for a in &acc[r] {
+                    k.set(*a, k.fmul(k.get_f(*a)?, alpha)?.into())?;
+                }
+                k.set(m[r], m_new.into())?;
+                k.sh_store(DType::F32, p_row(k, r as u32, lane)?, &[pj])?;
+                let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
+                let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
+                let lo = k.select_int(k.and(old_none, first_none)?, i32c(16), i32c(0))?;
+                let hi = k.select_int(none_yet, i32c(0), n_vis(k)?)?;
+                bounds.push((lo, hi));
+            }
+            k.warp_sync()?;
+
+            // acc += P·V over the keys some row multiplies; unguarded and 8 keys at a time when
+            // every row takes the whole tile.
+            let mut full = k.bool_c(true);
+            let (mut jlo, mut jhi) = (i32c(TILE), i32c(0));
+            for (lo, hi) in &bounds {
+                full = k.and(full, k.and(k.icmp(IntPredicate::EQ, *lo, i32c(0))?, k.icmp(IntPredicate::EQ, *hi, i32c(TILE))?)?)?;
+                jlo = k.smin(jlo, *lo)?;
+                jhi = k.smax(jhi, *hi)?;
+            }
+            let accumulate = |k: &Kit<'ctx>, jj: IntValue<'ctx>, vs: &[FloatValue<'ctx>], guarded: bool| -> R<()> {
+                for (r, (lo, hi)) in bounds.iter().enumerate() {
+                    let pj = k.sh_load(DType::F32, p_row(k, r as u32, jj)?, 1)?[0];
+                    let ok = if guarded { Some(k.and(k.icmp(IntPredicate::SGE, jj, *lo)?, k.icmp(IntPredicate::SLT, jj, *hi)?)?) } else { None };
+                    for (a, v) in acc[r].iter().zip(vs) {
+                        let old = k.get_f(*a)?;
+                        let new = k.fma(pj, *v, old)?;
+                        let new = match ok {
+                            Some(ok) => k.select_f(ok, new, old)?,
+                            None => new,
+                        };
+                        k.set(*a, new.into())?;
+                    }
+                }
+                Ok(())
+            };
+            // The prefetched keys, then the rest eight V loads at a time.
+            let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
+                let step = |k: &Kit<'ctx>, jj: u32, v: &[FloatValue<'ctx>]| -> R<()> {
+                    let jv = i32c(jj);
+                    if guarded {
+                        let used = k.and(k.icmp(IntPredicate::SGE, jv, jlo)?, k.icmp(IntPredicate::SLT, jv, jhi)?)?;
+                        k.if_then(used, |k| accumulate(k, jv, v, true))
+                    } else {
+                        accumulate(k, jv, v, false)
+                    }
+                };
+                for (jj, v) in vrows.iter().enumerate() {
+                    step(k, jj as u32, v)?;
+                }
+                for j8 in (prefetch..TILE).step_by(8) {
+                    let batch: Vec<Vec<FloatValue>> = (j8..j8 + 8).map(|jj| v_row(k, i32c(jj))).collect::<R<_>>()?;
+                    for (u, v) in batch.iter().enumerate() {
+                        step(k, j8 + u as u32, v)?;
+                    }
+                }
+                Ok(())
+            };
+            k.if_else(full, |k| pv(k, false), |k| pv(k, true))?;
+            k.warp_sync()
+        })
+    };
+    match (p.unified_max, &um) {
+        (Some(phi), Some(u)) => {
+            tiles(kit, Some(phi))?;
+            // The worker's largest score and its sum per row (one warp reduction each), and
+            // whether some row's largest score lies outside [φ − UMAX_LO, φ + UMAX_HI]: then
+            // the worker recomputes its tiles with the online softmax.
+            let (top, bottom) = (kit.f32c(f64::from(phi) + UMAX_HI), kit.f32c(f64::from(phi) - UMAX_LO));
+            let mut redo = kit.bool_c(false);
+            for r in 0..rt as usize {
+                let wmax = kit.warp_reduce(kit.get_f(u.lmax[r])?, &[16, 8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
+                let wsum = kit.warp_reduce(kit.get_f(u.lsum[r])?, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
+                let over = kit.fcmp(FloatPredicate::OGT, wmax, top)?;
+                let under = kit.and(kit.fcmp(FloatPredicate::OLT, wmax, bottom)?, kit.fcmp(FloatPredicate::ONE, wmax, ninf)?)?;
+                redo = kit.select_int(redo, redo, kit.select_int(over, over, under)?)?;
+                // A row without a score other than −inf is empty (m = −inf, l = 0), as the
+                // online softmax leaves it; the others report m = φ.
+                let empty = kit.fcmp(FloatPredicate::OEQ, wmax, ninf)?;
+                kit.set(m[r], kit.select_f(empty, ninf, kit.f32c(f64::from(phi)))?.into())?;
+                kit.set(l[r], wsum.into())?;
+            }
+            if probe() != Probe::NeverFallback {
+                kit.if_then(redo, |k| {
+                    for r in 0..rt as usize {
+                        k.set(m[r], ninf.into())?;
+                        k.set(l[r], zero.into())?;
+                        for a in &acc[r] {
+                            k.set(*a, zero.into())?;
+                        }
+                    }
+                    tiles(k, None)?;
+                    if probe() == Probe::PoisonFallback {
+                        for lr in &l {
+                            k.set(*lr, k.f32c(f64::NAN).into())?;
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        _ => tiles(kit, None)?,
+    }
+
+    // 3. The worker's partial result → shared memory.
+    for r in 0..rt {
+        let slot = kit.add(kit.mul(warp, i32c(rt))?, i32c(r))?;
+        let ml = at(kit, sm.part, slot, 8)?;
+        kit.sh_store(DType::F32, ml, &[kit.get_f(m[r as usize])?, kit.get_f(l[r as usize])?])?;
+        for (i, a) in acc[r as usize].iter().enumerate() {
+            let dcol = dim_of(kit, i as u32)?;
+            let inside = kit.icmp(IntPredicate::SLT, dcol, i32c(dv))?;
+            let val = kit.get_f(*a)?;
+            kit.if_then(inside, |k| k.sh_store(DType::F32, at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, &[val]))?;
+        }
+    }
+    kit.barrier()?;
+    let clustered = kit.and(kit.bool_c(nc > 1), kit.icmp(IntPredicate::EQ, solo, kit.bool_c(false))?)?;
+    if nc > 1 {
+        kit.if_then(clustered, cluster_barrier)?;
+    }
+
+    // 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
+    // from every CTA's partials; in solo mode (and without a cluster) the CTA writes them all
+    // from its own.
+    let outs = rt * dv;
+    let o_sd = kit.dim(&p.out.st[3])?;
+    let merge = |kit: &Kit<'ctx>, ctas: u32, o_lo: IntValue<'ctx>, o_hi: IntValue<'ctx>| -> R<()> {
+        let peer = |k: &Kit<'ctx>, ptr: PointerValue<'ctx>, cta: u32| -> R<PointerValue<'ctx>> {
+            if ctas == 1 {
+                return Ok(ptr);
+            }
+            k.math(|kb| Ok(kb.intrinsic_value("llvm.nvvm.mapa.shared.cluster", &[], &[ptr.into(), kb.i32c(i64::from(cta)).into()])?.into_pointer_value()))
+        };
+        kit.for_range(kit.add(o_lo, tid)?, o_hi, i32c(s.threads()), |k, o| {
+            let r = k.udiv(o, i32c(dv))?;
+            let dcol = k.urem(o, i32c(dv))?;
+            // Row r's facts (r is not a constant here: select among the CTA's rows).
+            let mut valid = k.bool_c(false);
+            let mut o_off = k.i64c(0);
+            let mut lse_off = k.i64c(0);
+            for (ri, info) in rows.iter().enumerate() {
+                let is = k.icmp(IntPredicate::EQ, r, i32c(ri as u32))?;
+                valid = k.select_int(is, info.valid, valid)?;
+                o_off = k.select_int(is, info.o_off, o_off)?;
+                if let Some(lo) = info.lse_off {
+                    lse_off = k.select_int(is, lo, lse_off)?;
+                }
+            }
+            k.if_then(valid, |k| {
+                let mut parts = Vec::with_capacity((ctas * nw) as usize);
+                let mut mx = ninf;
+                let f32t = k.f32t;
+                for cta in 0..ctas {
+                    for w in 0..nw {
+                        let slot = k.add(i32c(w * rt), r)?;
+                        let mp = peer(k, at(k, sm.part, slot, 8)?, cta)?;
+                        let ap = peer(k, at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, cta)?;
+                        let lp = k.gep(f32t.into(), mp, i32c(1))?;
+                        let (mv, lv, av) = k.math(|kb| {
+                            let ld = |p: PointerValue<'ctx>, a: u32| -> R<FloatValue<'ctx>> { Ok(kb.load(f32t.into(), p, a)?.into_float_value()) };
+                            Ok((ld(mp, 8)?, ld(lp, 4)?, ld(ap, 4)?))
+                        })?;
+                        mx = k.max_nan(mx, mv)?;
+                        parts.push((mv, lv, av));
+                    }
+                }
+                let empty = k.fcmp(FloatPredicate::OEQ, mx, ninf)?;
+                let m_use = k.select_f(empty, zero, mx)?;
+                let (mut num, mut den) = (zero, zero);
+                for (mv, lv, av) in parts {
+                    let w = k.exp(k.fsub(mv, m_use)?)?;
+                    num = k.fma(av, w, num)?;
+                    den = k.fma(lv, w, den)?;
+                }
+                let out = k.select_f(empty, zero, k.fdiv(num, den)?)?;
+                let idx = k.add(o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
+                k.store_vec(dt, k.buf(p.out.buffer)?, idx, &[out])?;
+                if let Some(lse) = &p.lse {
+                    // The row's log-sum-exp M + ln Σ l_u·e^{m_u − M}, by its dim-0 thread.
+                    let v = k.select_f(empty, ninf, k.fadd(m_use, k.log(den)?)?)?;
+                    k.if_then(k.icmp(IntPredicate::EQ, dcol, i32c(0))?, |k| k.store_vec(DType::F32, k.buf(lse.buffer)?, lse_off, &[v]))?;
+                }
+                Ok(())
+            })
+        })
+    };
+    if nc == 1 {
+        merge(kit, 1, i32c(0), i32c(outs))?;
+    } else {
+        let per = outs.div_ceil(nc);
+        let o_lo = kit.mul(rank, i32c(per))?;
+        let o_hi = kit.smin(kit.add(o_lo, i32c(per))?, i32c(outs))?;
+        kit.if_else(clustered, |k| merge(k, nc, o_lo, o_hi), |k| merge(k, 1, k.i32c(0), k.i32c(outs as i32)))?;
+        // Every CTA's shared memory stays until the others have read it.
+        kit.if_then(clustered, cluster_barrier)?;
+    }
+    Ok(())
+}
+
+/// `barrier.cluster.arrive` (release) + `barrier.cluster.wait` (acquire), aligned: every
+/// thread of every CTA of the cluster (PTX ISA §9.7.13.4).
+fn cluster_barrier(kit: &Kit<'_>) -> R<()> {
+    kit.math(|kb| {
+        kb.intrinsic("llvm.nvvm.barrier.cluster.arrive.aligned", &[], &[])?;
+        kb.intrinsic("llvm.nvvm.barrier.cluster.wait.aligned", &[], &[])?;
+        Ok(())
+    })
+}
