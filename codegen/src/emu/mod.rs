@@ -135,15 +135,22 @@ extern "C" fn emu_warp_sync(_: i32) {
     let (cta, w) = with(|c| (c.cta.clone(), c.tid / 32));
     cta.warps[w as usize].barrier.wait();
 }
-extern "C" fn emu_shfl(_: i32, v: f32, lane_mask: i32, _: i32) -> f32 {
+/// `shfl.sync.bfly.b32`: the 32 bits of lane `lane ^ lane_mask`.
+fn shfl_bits(v: u32, lane_mask: i32) -> u32 {
     let (cta, tid) = with(|c| (c.cta.clone(), c.tid));
     let warp = &cta.warps[(tid / 32) as usize];
     let lane = (tid % 32) as usize;
-    warp.slots[lane].store(v.to_bits(), Ordering::SeqCst);
+    warp.slots[lane].store(v, Ordering::SeqCst);
     warp.barrier.wait();
-    let r = f32::from_bits(warp.slots[lane ^ (lane_mask as usize & 31)].load(Ordering::SeqCst));
+    let r = warp.slots[lane ^ (lane_mask as usize & 31)].load(Ordering::SeqCst);
     warp.barrier.wait();
     r
+}
+extern "C" fn emu_shfl(_: i32, v: f32, lane_mask: i32, _: i32) -> f32 {
+    f32::from_bits(shfl_bits(v.to_bits(), lane_mask))
+}
+extern "C" fn emu_shfl_i32(_: i32, v: i32, lane_mask: i32, _: i32) -> i32 {
+    shfl_bits(v as u32, lane_mask) as i32
 }
 /// `vote.sync.any.pred`: the `i1` arrives in bit 0 of a byte (the rest undefined).
 extern "C" fn emu_vote_any(_: i32, p: u8) -> u8 {
@@ -159,6 +166,7 @@ extern "C" fn emu_cluster_ctarank() -> i32 {
     with(|c| c.rank as i32)
 }
 extern "C" fn emu_cluster_arrive() {}
+extern "C" fn emu_cluster_arrive_relaxed() {}
 extern "C" fn emu_cluster_wait() {
     let cluster = with(|c| c.cluster.clone());
     cluster.barrier.wait();
@@ -180,6 +188,27 @@ extern "C" fn emu_vote_ballot(_: i32, p: u8) -> i32 {
     let bits = warp.slots.iter().enumerate().fold(0u32, |m, (l, s)| m | (s.load(Ordering::SeqCst) << l));
     warp.barrier.wait();
     bits as i32
+}
+/// `llvm.maximum.f32` (`max.NaN.f32`): NaN if either is NaN, and −0 < +0 (the host JIT
+/// would call the C library's `fmaximumf`, which it does not resolve).
+extern "C" fn emu_maximum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a == b {
+        if a.is_sign_negative() { b } else { a }
+    } else {
+        a.max(b)
+    }
+}
+/// `llvm.minimum.f32`: NaN if either is NaN, and −0 < +0.
+extern "C" fn emu_minimum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a == b {
+        if a.is_sign_negative() { a } else { b }
+    } else {
+        a.min(b)
+    }
 }
 extern "C" fn emu_ex2(x: f32) -> f32 {
     x.exp2()
@@ -402,6 +431,9 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
         ("llvm.nvvm.barrier.cta.sync.aligned.all", "emu_barrier"),
         ("llvm.nvvm.bar.warp.sync", "emu_warp_sync"),
         ("llvm.nvvm.shfl.sync.bfly.f32", "emu_shfl"),
+        ("llvm.nvvm.shfl.sync.bfly.i32", "emu_shfl_i32"),
+        ("llvm.maximum.f32", "emu_maximum"),
+        ("llvm.minimum.f32", "emu_minimum"),
         ("llvm.nvvm.ex2.approx.f32", "emu_ex2"),
         ("llvm.nvvm.ex2.approx.ftz.f", "emu_ex2"),
         ("llvm.nvvm.div.approx.f", "emu_div_approx"),
@@ -413,7 +445,7 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
         ("llvm.nvvm.vote.ballot.sync", "emu_vote_ballot"),
         ("llvm.nvvm.read.ptx.sreg.cluster.ctarank", "emu_cluster_ctarank"),
         ("llvm.nvvm.barrier.cluster.arrive.aligned", "emu_cluster_arrive"),
-        ("llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", "emu_cluster_arrive"),
+        ("llvm.nvvm.barrier.cluster.arrive.relaxed.aligned", "emu_cluster_arrive_relaxed"),
         ("llvm.nvvm.barrier.cluster.wait.aligned", "emu_cluster_wait"),
         ("llvm.nvvm.mapa.shared.cluster", "emu_mapa"),
     ];
@@ -421,14 +453,19 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
     for (from, to) in renames {
         text = text.replace(&format!("@{from}("), &format!("@{to}("));
     }
-    // `KernelBuilder::opaque`: an inline-asm `mov`, the identity.
-    text = text.replace("asm \"mov.b32 $0, $1;\", \"=r,r\"", "@emu_id32").replace("asm \"mov.b64 $0, $1;\", \"=l,l\"", "@emu_id64");
+    // `KernelBuilder::opaque` and `opaque_here`: an inline-asm `mov`, the identity; the
+    // opaque zero of `dynamic_shared_base` (each CTA has its own module, so its own copy).
+    for asm in ["asm ", "asm sideeffect "] {
+        text = text.replace(&format!("{asm}\"mov.b32 $0, $1;\", \"=r,r\""), "@emu_id32").replace(&format!("{asm}\"mov.b64 $0, $1;\", \"=l,l\""), "@emu_id64");
+    }
+    text = text.replace("asm \"mov.u32 $0, 0;\", \"=r\"", "@emu_zero32");
     let mut out = String::new();
     let mut tmp = 0;
     for line in text.lines() {
         let t = line.trim_start();
         let indent = &line[..line.len() - t.len()];
-        if t.starts_with("target triple") || t.starts_with("target datalayout") {
+        // A ptxas directive (`.pragma "nounroll"`) has nothing to run.
+        if t.starts_with("target triple") || t.starts_with("target datalayout") || t.contains("asm sideeffect \".pragma") {
             continue;
         }
         if t.starts_with("declare") && t.contains("@emu_") {
@@ -452,6 +489,10 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
                 out.push_str(&format!("{indent}%emu.t{tmp} = call i16 @emu_f2bf(float {op})\n{indent}{lhs} = bitcast i16 %emu.t{tmp} to bfloat\n"));
                 continue;
             }
+        }
+        if let Some(lines) = t.split_once(" = fptrunc <").and_then(|(lhs, rhs)| vector_trunc(lhs, rhs, indent, &mut tmp)) {
+            out.push_str(&lines);
+            continue;
         }
         if let Some((lhs, rhs)) = t.split_once(" = fpext bfloat ") {
             if let Some(op) = rhs.strip_suffix(" to float") {
@@ -480,7 +521,14 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
     out.push_str("declare i16 @emu_f2bf(float)\ndeclare float @emu_bf2f(i16)\ndeclare i16 @emu_f2h(float)\ndeclare float @emu_h2f(i16)\n");
     out.push_str("declare void @emu_ldmatrix(ptr, i32, i32)\ndeclare void @emu_mma(i32, i32, i32, i32, i32, i32, i32, float, float, float, float)\n");
     out.push_str("declare i32 @emu_frag_i(i32)\ndeclare float @emu_frag_f(i32)\n");
-    out.push_str("define i32 @emu_id32(i32 %x) {\n  ret i32 %x\n}\ndefine i64 @emu_id64(i64 %x) {\n  ret i64 %x\n}\n");
+    out.push_str("define i32 @emu_id32(i32 %x) {\n  ret i32 %x\n}\ndefine i64 @emu_id64(i64 %x) {\n  ret i64 %x\n}\ndefine i32 @emu_zero32() {\n  ret i32 0\n}\n");
+    if ir.contains("bfloat") {
+        // The host's `f32 → bf16` libcall (a `bf16x2` `fma` is computed in f32 and rounded
+        // by it), round to nearest even, NaN quieted: not among the JIT's symbols.
+        out.push_str(
+            "define bfloat @__truncsfbf2(float %f) {\n  %u = bitcast float %f to i32\n  %a = and i32 %u, 2147483647\n  %nan = icmp ugt i32 %a, 2139095040\n  %l = lshr i32 %u, 16\n  %lsb = and i32 %l, 1\n  %b = add i32 %u, 32767\n  %r = add i32 %b, %lsb\n  %rs = lshr i32 %r, 16\n  %q = or i32 %l, 64\n  %s = select i1 %nan, i32 %q, i32 %rs\n  %h = trunc i32 %s to i16\n  %v = bitcast i16 %h to bfloat\n  ret bfloat %v\n}\n",
+        );
+    }
     // `emu_shared_<i>()`: the address of the kernel's i-th shared-memory global.
     for (i, (name, _)) in shared_globals(ir).iter().enumerate() {
         out.push_str(&format!("define ptr @emu_shared_{i}() {{\n  ret ptr @{name}\n}}\n"));
@@ -500,8 +548,35 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
     out
 }
 
+/// The names of the dynamic shared-memory array: the kit's and `dynamic_shared_base`'s.
+const DYNAMIC_SHARED: [&str; 2] = ["smem_dyn", "dsmem"];
+
+/// `lhs = fptrunc <n x float> x to <n x bfloat>` (or `half`; `rhs` is what follows
+/// `fptrunc <`) lane by lane through `emu_f2bf` (`emu_f2h`), as the scalar ones.
+fn vector_trunc(lhs: &str, rhs: &str, indent: &str, tmp: &mut usize) -> Option<String> {
+    let (n, rest) = rhs.split_once(" x float> ")?;
+    let (x, to) = rest.split_once(" to <")?;
+    let (ty, f) = match to.strip_prefix(&format!("{n} x "))? {
+        "bfloat>" => ("bfloat", "emu_f2bf"),
+        "half>" => ("half", "emu_f2h"),
+        _ => return None,
+    };
+    let n: usize = n.parse().ok()?;
+    *tmp += 1;
+    let v = format!("%emu.v{tmp}");
+    let mut out = String::new();
+    let mut acc = "poison".to_owned();
+    for i in 0..n {
+        out.push_str(&format!("{indent}{v}.e{i} = extractelement <{n} x float> {x}, i32 {i}\n{indent}{v}.b{i} = call i16 @{f}(float {v}.e{i})\n"));
+        out.push_str(&format!("{indent}{v}.i{i} = insertelement <{n} x i16> {acc}, i16 {v}.b{i}, i32 {i}\n"));
+        acc = format!("{v}.i{i}");
+    }
+    out.push_str(&format!("{indent}{lhs} = bitcast <{n} x i16> {acc} to <{n} x {ty}>\n"));
+    Some(out)
+}
+
 /// The kernel IR's shared-memory globals (`addrspace(3)`), with their sizes in bytes (0
-/// for the dynamic `smem_dyn`), in order of definition.
+/// for the dynamic `smem_dyn` or `dsmem`), in order of definition.
 fn shared_globals(ir: &str) -> Vec<(String, usize)> {
     ir.lines()
         .filter_map(|l| {
@@ -545,14 +620,16 @@ pub fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
         map_functions(&module, &ee);
         let mut dyn_bytes = vec![0u8; plan.shared_bytes as usize + 16];
         let dyn_addr = (dyn_bytes.as_mut_ptr() as usize).div_ceil(16) * 16;
-        if let Some(g) = module.get_global("smem_dyn") {
-            ee.add_global_mapping(&g, dyn_addr);
+        for name in DYNAMIC_SHARED {
+            if let Some(g) = module.get_global(name) {
+                ee.add_global_mapping(&g, dyn_addr);
+            }
         }
         let ranges: Vec<(usize, usize)> = globals
             .iter()
             .enumerate()
             .map(|(i, (name, bytes))| {
-                if name == "smem_dyn" {
+                if DYNAMIC_SHARED.contains(&name.as_str()) {
                     return (dyn_addr, plan.shared_bytes as usize);
                 }
                 // SAFETY: `emu_shared_<i>` has this signature (built by `host_ir`).
@@ -633,7 +710,7 @@ pub fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
 
 /// Maps the `emu_*` functions the host IR calls to their Rust definitions.
 fn map_functions(module: &inkwell::module::Module<'_>, ee: &inkwell::execution_engine::ExecutionEngine<'_>) {
-    let fns: [(&str, usize); 31] = [
+    let fns: [(&str, usize); 35] = [
         ("emu_tid_x", emu_tid_x as *const () as usize),
         ("emu_ntid_x", emu_ntid_x as *const () as usize),
         ("emu_ctaid_x", emu_ctaid_x as *const () as usize),
@@ -645,6 +722,9 @@ fn map_functions(module: &inkwell::module::Module<'_>, ee: &inkwell::execution_e
         ("emu_barrier", emu_barrier as *const () as usize),
         ("emu_warp_sync", emu_warp_sync as *const () as usize),
         ("emu_shfl", emu_shfl as *const () as usize),
+        ("emu_shfl_i32", emu_shfl_i32 as *const () as usize),
+        ("emu_maximum", emu_maximum as *const () as usize),
+        ("emu_minimum", emu_minimum as *const () as usize),
         ("emu_ex2", emu_ex2 as *const () as usize),
         ("emu_div_approx", emu_div_approx as *const () as usize),
         ("emu_f2bf", emu_f2bf as *const () as usize),
@@ -663,6 +743,7 @@ fn map_functions(module: &inkwell::module::Module<'_>, ee: &inkwell::execution_e
         ("emu_vote_ballot", emu_vote_ballot as *const () as usize),
         ("emu_cluster_ctarank", emu_cluster_ctarank as *const () as usize),
         ("emu_cluster_arrive", emu_cluster_arrive as *const () as usize),
+        ("emu_cluster_arrive_relaxed", emu_cluster_arrive_relaxed as *const () as usize),
         ("emu_cluster_wait", emu_cluster_wait as *const () as usize),
         ("emu_mapa", emu_mapa as *const () as usize),
     ];
