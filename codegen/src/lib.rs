@@ -31,6 +31,8 @@ pub mod emu;
 pub mod emit {
     pub use crate::isa::*;
 }
+#[cfg(test)]
+mod cpu_tests;
 pub(crate) mod fp8;
 pub mod isa;
 pub mod kernels;
