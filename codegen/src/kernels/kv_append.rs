@@ -27,6 +27,8 @@
 //! One thread per 16-byte group of a `[Hkv·D]` row (`vec` = 8 `bf16`), grid-stride over
 //! `B·T·Hkv·D/vec` groups, 256 threads per CTA; the group is copied with one vector load and
 //! one vector store per cache where `D` is a multiple of `vec` and the rows are contiguous.
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::IntPredicate;
 use sinter_ir::{Dim, Family, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, ValueDef};

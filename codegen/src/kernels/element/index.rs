@@ -1,5 +1,7 @@
 //! Index arithmetic of the evaluator (in the kernel's [`IndexWidth`]) and the coordinate
 //! operations every op's mapping uses: splitting into lanes, NumPy broadcasting.
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::types::IntType;
 use inkwell::values::{AsValueRef, IntValue};

@@ -12,6 +12,8 @@
 //! instruction an element where `cvt.f32.bf16` of a high half costs two. An input that is
 //! added, multiplied or copied keeps the `fpext` through which LLVM narrows `round(a·b)` to a
 //! `bf16x2` multiply.
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use std::collections::HashMap;
 

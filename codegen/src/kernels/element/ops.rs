@@ -7,6 +7,8 @@
 //! to f32, `mul.rn.f32` and the rounding to its dtype, `cast` goes through the exact f32 value
 //! (and rounds once on the way in), an fp8 `constant` is its byte — all bit-exact with the
 //! interpreter, with `cvt … e4m3x2` on sm_89+ and integer arithmetic on sm_80 ([`crate::fp8`]).
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::types::IntType;
 use inkwell::values::{BasicValueEnum, IntValue};

@@ -1,6 +1,8 @@
 //! Rotary position embeddings (`rope`, interleaved and rotate-half). RoPE's sines and cosines
 //! are memoised per (pair, position), so the heads of one position that a thread rotates
 //! share them.
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{AsValueRef, FloatValue, IntValue, PointerValue};

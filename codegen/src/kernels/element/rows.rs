@@ -2,6 +2,8 @@
 //! `layer_norm` node's value at a coordinate, from the row statistics the row-reduction
 //! generator computed ([`RowScalars`]). A `layer_norm`'s intermediate `bf16` rounding is done
 //! in pairs (`cvt.rn.bf16x2.f32`, [`Eval::round_lanes`]).
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::values::{AsValueRef, FloatValue};
 use sinter_ir::{DType, Dim, Node, OpKind, Value};

@@ -2,6 +2,8 @@
 //! row once from global memory and keeps it in shared memory for the later passes. A load of
 //! a staged row input at the current chunk's own coordinate is stored there by the first pass
 //! (or copied there ahead by `cp.async`) and read from there by the others ([`Stage`]).
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::values::{AsValueRef, BasicValue, IntValue, PointerValue};
 use sinter_ir::DType;

@@ -1,6 +1,8 @@
 //! The view ops that remap a coordinate with arithmetic or branches: `reshape` (through the
 //! row-major linear index), `concat` (a branch per input) and `gather` (the index is loaded,
 //! the table row follows), with [`Eval::branch`], the `if/else` they emit.
+//!
+//! Design notes: book/src/design/element-wise.md
 
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue};
 use inkwell::IntPredicate;

@@ -28,7 +28,7 @@ use crate::kernels::KernelCtx;
 use crate::math::{Ops, R};
 use crate::CodegenError;
 
-/// The cluster schedule's split of a row (see the module docs).
+/// The cluster schedule's split of a row (see this module's docs).
 #[derive(Clone, Debug)]
 pub(super) struct Split {
     /// Elements per CTA slice (a multiple of `vec`); CTA `r` of the cluster takes `[r·slice,

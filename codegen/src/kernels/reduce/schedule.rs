@@ -43,11 +43,11 @@ pub struct RowSchedule {
     pub unroll: u32,
     /// CTAs per row: 1, or 2 to 16 (8 by default) for the cluster schedule (sm_90+, multi-pass, a constant
     /// `N`): the row is split into `cluster` slices, one per CTA of a thread-block cluster,
-    /// each staged in its CTA's shared memory (see the module docs).
+    /// each staged in its CTA's shared memory (see the `reduce` module docs).
     pub cluster: u32,
     /// The cluster schedule only: the *row-invariant* inputs of the row's length (a
     /// `layer_norm`'s weight and bias, an `rms_norm`'s weight) are copied into the CTA's
-    /// shared memory with each row's prefetch and read from there (see the module docs);
+    /// shared memory with each row's prefetch and read from there (see this module's docs);
     /// `false`: the passes read them from global memory.
     pub stage_invariant: bool,
     /// The cluster schedule only, when not 0: a *persistent* grid of this many clusters
@@ -149,7 +149,8 @@ impl RowSchedule {
             let c = bytes.div_ceil(CLUSTER_SLICE_BYTES).clamp(2, MAX_CLUSTER);
             let slice = n.div_ceil(c).div_ceil(u64::from(vec)) * u64::from(vec) * staged_bytes;
             if slice <= MAX_SLICE_BYTES {
-                // Slices up to 32 KiB: 256 threads × 4 vectors (see the module docs).
+                // Slices up to 32 KiB: 256 threads, four vectors a loop iteration where the slices
+                // are whole iterations of them, else two.
                 // Slices over 32 KiB: 512 threads when the output pass also reads a global
                 // input (its L2 latency wants more warps to hide it), else 256 threads with
                 // four vectors per loop iteration (fewer, longer-running warps).
