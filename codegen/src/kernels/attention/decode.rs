@@ -39,7 +39,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
 
-use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged};
+use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, PagedAddr};
 use crate::kernels::matmul::kit::{Kit, SharedKind, R};
 use crate::target::Target;
 use crate::CodegenError;
@@ -220,366 +220,212 @@ struct Row<'ctx> {
     lse_off: Option<IntValue<'ctx>>,
 }
 
-#[allow(clippy::too_many_lines)]
+/// Emits the split-KV decode kernel (see the module docs): the CTA's indices and rows
+/// ([`Decode::new`]), Q staged, the worker's tiles ([`Worker`]), its partial result, and the
+/// log-sum-exp merge.
 fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared: SharedKind) -> R<()> {
-    let dt = p.dtype;
-    let (d, dv) = (p.d, p.d);
-    let (rt, nw, nc) = (s.rows, s.warps, s.cluster);
-    if nc > 1 {
-        let attr = kit.ctx.create_string_attribute("nvvm.cluster_dim", &format!("{nc},1,1"));
-        kit.math(|kb| {
-            kb.func.add_attribute(AttributeLoc::Function, attr);
-            Ok(())
-        })?;
+    let cta = Decode::new(kit, p, s, sm, shared)?;
+    cta.load_q()?;
+    let w = cta.worker()?;
+    match (p.unified_max, &w.um) {
+        (Some(phi), Some(u)) => w.unified(phi, u)?,
+        _ => w.tiles(kit, None)?,
     }
-    let smem = kit.shared(shared, sm.total)?;
-    let at = |k: &Kit<'ctx>, base: u32, e: IntValue<'ctx>, size: i32| -> R<PointerValue<'ctx>> { k.sh_at(smem, k.add(k.i32c(base as i32), k.mul(e, k.i32c(size))?)?) };
-    let i32c = |v: u32| kit.i32c(v as i32);
-    let zero = kit.f32c(0.0);
-    let ninf = kit.f32c(f64::NEG_INFINITY);
-    let tid = kit.sreg("tid.x")?;
-    let warp = kit.udiv(tid, i32c(32))?;
-    let lane = kit.urem(tid, i32c(32))?;
-    let cx = kit.sreg("ctaid.x")?;
-    let rank = kit.urem(cx, i32c(nc))?;
-    let tile_row = kit.zext64(kit.udiv(cx, i32c(nc))?)?;
-    let g = kit.zext64(kit.sreg("ctaid.y")?)?;
-    let b = kit.zext64(kit.sreg("ctaid.z")?)?;
+    let clustered = w.store_partial()?;
+    cta.merge_all(clustered)
+}
 
-    // The sequence's length (clamped to what the table can hold) and the paged addressing.
-    let a = p.addressing(kit, g, b)?;
-    let row = |k: &Kit<'ctx>, r: u32| -> R<Row<'ctx>> {
-        let rg = k.add(k.mul(tile_row, k.i64c(i64::from(rt)))?, k.i64c(i64::from(r)))?;
-        let (valid, q_off, o_off, limit) = a.row(k, rg)?;
-        let limit = k.select_int(valid, limit, k.i64c(0))?;
-        Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)?, lse_off: a.lse_off(k, rg)? })
-    };
-    let rows: Vec<Row> = (0..rt).map(|r| row(kit, r)).collect::<R<_>>()?;
+/// The CTA of a split-KV decode kernel: its indices, the paged addressing of its sequence and
+/// KV head, and its query rows.
+struct Decode<'a, 'ctx> {
+    kit: &'a Kit<'ctx>,
+    p: &'a Paged,
+    s: &'a DecodeSchedule,
+    sm: &'a Smem,
+    dt: DType,
+    d: u32,
+    dv: u32,
+    /// Rows, warps (workers) and cluster CTAs.
+    rt: u32,
+    nw: u32,
+    nc: u32,
+    /// Elements of a Q or K row per load.
+    ck: u32,
+    smem: PointerValue<'ctx>,
+    zero: FloatValue<'ctx>,
+    ninf: FloatValue<'ctx>,
+    tid: IntValue<'ctx>,
+    warp: IntValue<'ctx>,
+    lane: IntValue<'ctx>,
+    /// The CTA's rank in its cluster.
+    rank: IntValue<'ctx>,
+    a: PagedAddr<'ctx>,
+    rows: Vec<Row<'ctx>>,
+}
 
-    // 1. Q → shared memory (f32), zeros for missing rows.
-    let ck = [8u32, 4, 2, 1].into_iter().find(|c| d % c == 0).unwrap_or(1);
-    let q_vec = p.q.vector_ok(ck);
-    let q_sd = kit.dim(&p.q.st[3])?;
-    for (r, info) in rows.iter().enumerate() {
-        kit.for_range(tid, i32c(d / ck), i32c(s.threads()), |k, c| {
-            let dc = k.mul(c, i32c(ck))?;
-            let idx = k.add(info.q_off, k.mul(k.zext64(dc)?, q_sd)?)?;
-            let vals = k.guarded_load(info.valid, dt, k.buf(p.q.buffer)?, idx, ck, q_vec, q_sd)?;
-            k.sh_store(DType::F32, at(k, sm.q, k.add(i32c(r as u32 * d), dc)?, 4)?, &vals)
-        })?;
+impl<'a, 'ctx> Decode<'a, 'ctx> {
+    /// The cluster attribute, the shared memory, the CTA's indices, the sequence's length
+    /// (clamped to what the table can hold) with the paged addressing, and the rows.
+    fn new(kit: &'a Kit<'ctx>, p: &'a Paged, s: &'a DecodeSchedule, sm: &'a Smem, shared: SharedKind) -> R<Self> {
+        let dt = p.dtype;
+        let (d, dv) = (p.d, p.d);
+        let (rt, nw, nc) = (s.rows, s.warps, s.cluster);
+        if nc > 1 {
+            let attr = kit.ctx.create_string_attribute("nvvm.cluster_dim", &format!("{nc},1,1"));
+            kit.math(|kb| {
+                kb.func.add_attribute(AttributeLoc::Function, attr);
+                Ok(())
+            })?;
+        }
+        let smem = kit.shared(shared, sm.total)?;
+        let i32c = |v: u32| kit.i32c(v as i32);
+        let zero = kit.f32c(0.0);
+        let ninf = kit.f32c(f64::NEG_INFINITY);
+        let tid = kit.sreg("tid.x")?;
+        let warp = kit.udiv(tid, i32c(32))?;
+        let lane = kit.urem(tid, i32c(32))?;
+        let cx = kit.sreg("ctaid.x")?;
+        let rank = kit.urem(cx, i32c(nc))?;
+        let tile_row = kit.zext64(kit.udiv(cx, i32c(nc))?)?;
+        let g = kit.zext64(kit.sreg("ctaid.y")?)?;
+        let b = kit.zext64(kit.sreg("ctaid.z")?)?;
+
+        let a = p.addressing(kit, g, b)?;
+        let row = |k: &Kit<'ctx>, r: u32| -> R<Row<'ctx>> {
+            let rg = k.add(k.mul(tile_row, k.i64c(i64::from(rt)))?, k.i64c(i64::from(r)))?;
+            let (valid, q_off, o_off, limit) = a.row(k, rg)?;
+            let limit = k.select_int(valid, limit, k.i64c(0))?;
+            Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)?, lse_off: a.lse_off(k, rg)? })
+        };
+        let rows: Vec<Row> = (0..rt).map(|r| row(kit, r)).collect::<R<_>>()?;
+        let ck = [8u32, 4, 2, 1].into_iter().find(|c| d % c == 0).unwrap_or(1);
+        Ok(Decode { kit, p, s, sm, dt, d, dv, rt, nw, nc, ck, smem, zero, ninf, tid, warp, lane, rank, a, rows })
     }
-    kit.barrier()?;
 
-    // 2. The worker's tiles.
-    let kv_end = rows.iter().try_fold(kit.i32c(0), |acc, r| kit.smax(acc, r.limit))?;
-    let ntiles = kit.udiv(kit.add(kv_end, i32c(TILE - 1))?, i32c(TILE))?;
-    // Solo mode (a cluster whose sequence has at most SOLO_TILES tiles): rank 0 takes every
-    // tile, the other CTAs leave at once, and no cluster barrier is crossed. Otherwise
-    // consecutive tiles go to different CTAs (SMs) first, then to the warps of each.
-    let solo = if nc > 1 { kit.icmp(IntPredicate::ULE, ntiles, i32c(SOLO_TILES))? } else { kit.bool_c(true) };
-    if nc > 1 {
-        let idle = kit.and(solo, kit.icmp(IntPredicate::NE, rank, i32c(0))?)?;
-        let (leave, stay) = kit.math(|kb| Ok((kb.block("idle"), kb.block("work"))))?;
-        kit.math(|kb| kb.cond_br(idle, leave, stay))?;
-        kit.math(|kb| {
-            kb.position(leave);
-            kb.ret()?;
-            kb.position(stay);
-            Ok(())
-        })?;
+    fn i32c(&self, v: u32) -> IntValue<'ctx> {
+        self.kit.i32c(v as i32)
     }
-    let worker = kit.select_int(solo, warp, kit.add(kit.mul(warp, i32c(nc))?, rank)?)?;
-    let n_workers = kit.select_int(solo, i32c(nw), i32c(nc * nw))?;
-    let m: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?;
-    let l: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
-    // Lane dims: `cv` consecutive dims per lane when dv is a multiple of 32, else dims
-    // lane + 32·i (i < nd), guarded by dv.
-    let per_lane = dv % 32 == 0 && matches!(dv / 32, 1 | 2 | 4 | 8);
-    let nd = if per_lane { dv / 32 } else { dv.div_ceil(32) };
-    let v_vec = per_lane && p.vp.vector_ok(nd);
-    let dim_of = |k: &Kit<'ctx>, i: u32| -> R<IntValue<'ctx>> {
-        if per_lane {
-            k.add(k.mul(lane, i32c(nd))?, i32c(i))
+
+    /// Pointer to element `e` (i32) of `size` bytes of the shared part at byte `base`.
+    fn at(&self, k: &Kit<'ctx>, base: u32, e: IntValue<'ctx>, size: i32) -> R<PointerValue<'ctx>> {
+        k.sh_at(self.smem, k.add(k.i32c(base as i32), k.mul(e, k.i32c(size))?)?)
+    }
+
+    /// 1. Q → shared memory (f32), zeros for missing rows.
+    fn load_q(&self) -> R<()> {
+        let (kit, p, d, ck) = (self.kit, self.p, self.d, self.ck);
+        let i32c = |v: u32| self.i32c(v);
+        let q_vec = p.q.vector_ok(ck);
+        let q_sd = kit.dim(&p.q.st[3])?;
+        for (r, info) in self.rows.iter().enumerate() {
+            kit.for_range(self.tid, i32c(d / ck), i32c(self.s.threads()), |k, c| {
+                let dc = k.mul(c, i32c(ck))?;
+                let idx = k.add(info.q_off, k.mul(k.zext64(dc)?, q_sd)?)?;
+                let vals = k.guarded_load(info.valid, self.dt, k.buf(p.q.buffer)?, idx, ck, q_vec, q_sd)?;
+                k.sh_store(DType::F32, self.at(k, self.sm.q, k.add(i32c(r as u32 * d), dc)?, 4)?, &vals)
+            })?;
+        }
+        kit.barrier()
+    }
+
+    /// 2. The worker's tiles: how many the sequence has, solo mode, this warp's place among the
+    /// workers and its running state.
+    fn worker(&self) -> R<Worker<'_, 'ctx>> {
+        let (kit, p, rt, nw, nc, dv) = (self.kit, self.p, self.rt, self.nw, self.nc, self.dv);
+        let i32c = |v: u32| self.i32c(v);
+        let (zero, ninf) = (self.zero, self.ninf);
+        let kv_end = self.rows.iter().try_fold(kit.i32c(0), |acc, r| kit.smax(acc, r.limit))?;
+        let ntiles = kit.udiv(kit.add(kv_end, i32c(TILE - 1))?, i32c(TILE))?;
+        // Solo mode (a cluster whose sequence has at most SOLO_TILES tiles): rank 0 takes every
+        // tile, the other CTAs leave at once, and no cluster barrier is crossed. Otherwise
+        // consecutive tiles go to different CTAs (SMs) first, then to the warps of each.
+        let solo = if nc > 1 { kit.icmp(IntPredicate::ULE, ntiles, i32c(SOLO_TILES))? } else { kit.bool_c(true) };
+        if nc > 1 {
+            let idle = kit.and(solo, kit.icmp(IntPredicate::NE, self.rank, i32c(0))?)?;
+            let (leave, stay) = kit.math(|kb| Ok((kb.block("idle"), kb.block("work"))))?;
+            kit.math(|kb| kb.cond_br(idle, leave, stay))?;
+            kit.math(|kb| {
+                kb.position(leave);
+                kb.ret()?;
+                kb.position(stay);
+                Ok(())
+            })?;
+        }
+        let worker = kit.select_int(solo, self.warp, kit.add(kit.mul(self.warp, i32c(nc))?, self.rank)?)?;
+        let n_workers = kit.select_int(solo, i32c(nw), i32c(nc * nw))?;
+        let m: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?;
+        let l: Vec<PointerValue> = (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
+        // Lane dims: `cv` consecutive dims per lane when dv is a multiple of 32, else dims
+        // lane + 32·i (i < nd), guarded by dv.
+        let per_lane = dv % 32 == 0 && matches!(dv / 32, 1 | 2 | 4 | 8);
+        let nd = if per_lane { dv / 32 } else { dv.div_ceil(32) };
+        let v_vec = per_lane && p.vp.vector_ok(nd);
+        let acc: Vec<Vec<PointerValue>> = (0..rt).map(|_| (0..nd).map(|_| kit.var_f(zero)).collect::<R<_>>()).collect::<R<_>>()?;
+        let (k_sd, v_sd) = (kit.dim(&p.kp.st[3])?, kit.dim(&p.vp.st[3])?);
+        let k_vec = p.kp.vector_ok(self.ck);
+        let (k_ptr, v_ptr) = (kit.buf(p.kp.buffer)?, kit.buf(p.vp.buffer)?);
+        let scale = kit.f32c(p.scale);
+        // V rows prefetched with K: as many keys as fit about 64 registers of V values (16-bit
+        // values two to a register), fewer when the accumulators are many.
+        let per_reg = if self.dt.size_bytes() == 2 { 2 } else { 1 };
+        let mut prefetch = (64 * per_reg / nd).clamp(8, TILE) / 8 * 8;
+        if rt * nd > 16 {
+            prefetch = (prefetch / 2).max(8);
+        }
+        // The unified-max path's per-row state: each lane's running maximum of its raw scores
+        // and sum of its p, and whether the worker has seen a score other than −inf.
+        let um = match p.unified_max {
+            Some(_) => Some(Unified {
+                lmax: (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?,
+                lsum: (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?,
+                seen: (0..rt).map(|_| kit.var_i(kit.bool_c(false))).collect::<R<_>>()?,
+            }),
+            None => None,
+        };
+        Ok(Worker { c: self, kv_end, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, um })
+    }
+
+    /// 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
+    /// from every CTA's partials; in solo mode (and without a cluster) the CTA writes them all
+    /// from its own.
+    fn merge_all(&self, clustered: IntValue<'ctx>) -> R<()> {
+        let (kit, nc) = (self.kit, self.nc);
+        let i32c = |v: u32| self.i32c(v);
+        let outs = self.rt * self.dv;
+        let o_sd = kit.dim(&self.p.out.st[3])?;
+        if nc == 1 {
+            self.merge(kit, 1, i32c(0), i32c(outs), o_sd)?;
         } else {
-            k.add(lane, i32c(32 * i))
+            let per = outs.div_ceil(nc);
+            let o_lo = kit.mul(self.rank, i32c(per))?;
+            let o_hi = kit.smin(kit.add(o_lo, i32c(per))?, i32c(outs))?;
+            kit.if_else(clustered, |k| self.merge(k, nc, o_lo, o_hi, o_sd), |k| self.merge(k, 1, k.i32c(0), k.i32c(outs as i32), o_sd))?;
+            // Every CTA's shared memory stays until the others have read it.
+            kit.if_then(clustered, cluster_barrier)?;
         }
-    };
-    let acc: Vec<Vec<PointerValue>> = (0..rt).map(|_| (0..nd).map(|_| kit.var_f(zero)).collect::<R<_>>()).collect::<R<_>>()?;
-    let (k_sd, v_sd) = (kit.dim(&p.kp.st[3])?, kit.dim(&p.vp.st[3])?);
-    let k_vec = p.kp.vector_ok(ck);
-    let (k_ptr, v_ptr) = (kit.buf(p.kp.buffer)?, kit.buf(p.vp.buffer)?);
-    let scale = kit.f32c(p.scale);
-    let i64t = kit.i64t;
-    let p_row = |k: &Kit<'ctx>, r: u32, jj: IntValue<'ctx>| -> R<PointerValue<'ctx>> {
-        let e = k.add(k.mul(k.add(k.mul(warp, i32c(rt))?, i32c(r))?, i32c(TILE))?, jj)?;
-        at(k, sm.p, e, 4)
-    };
-    let voff_at = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<PointerValue<'ctx>> { at(k, sm.voff, k.add(k.mul(warp, i32c(TILE))?, jj)?, 8) };
-
-    let v_row = |k: &Kit<'ctx>, jj: IntValue<'ctx>| -> R<Vec<FloatValue<'ctx>>> {
-        let slot = voff_at(k, jj)?;
-        let vo = k.math(|kb| Ok(kb.load(i64t.into(), slot, 8)?.into_int_value()))?;
-        if per_lane {
-            let idx = k.add(vo, k.mul(k.zext64(dim_of(k, 0)?)?, v_sd)?)?;
-            if v_vec {
-                k.load_vec(dt, v_ptr, idx, nd)
-            } else {
-                k.load_strided(dt, v_ptr, idx, v_sd, nd)
-            }
-        } else {
-            (0..nd)
-                .map(|i| {
-                    let dcol = k.smin(dim_of(k, i)?, i32c(dv - 1))?;
-                    Ok(k.load_vec(dt, v_ptr, k.add(vo, k.mul(k.zext64(dcol)?, v_sd)?)?, 1)?[0])
-                })
-                .collect()
-        }
-    };
-    // V rows prefetched with K: as many keys as fit about 64 registers of V values (16-bit
-    // values two to a register), fewer when the accumulators are many.
-    let per_reg = if dt.size_bytes() == 2 { 2 } else { 1 };
-    let mut prefetch = (64 * per_reg / nd).clamp(8, TILE) / 8 * 8;
-    if rt * nd > 16 {
-        prefetch = (prefetch / 2).max(8);
-    }
-    // The unified-max path's per-row state: each lane's running maximum of its raw scores
-    // and sum of its p, and whether the worker has seen a score other than −inf.
-    let um = match p.unified_max {
-        Some(_) => Some(Unified {
-            lmax: (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?,
-            lsum: (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?,
-            seen: (0..rt).map(|_| kit.var_i(kit.bool_c(false))).collect::<R<_>>()?,
-        }),
-        None => None,
-    };
-    // The worker's tiles: with the online softmax (`unified` None), or with the unified
-    // maximum φ (the fast path, whose per-row state is `um`).
-    let tiles = |kit: &Kit<'ctx>, unified: Option<f32>| -> R<()> {
-        kit.for_range(worker, ntiles, n_workers, |k, tile| {
-            let j0 = k.mul(tile, i32c(TILE))?;
-            let j = k.add(j0, lane)?;
-            let in_seq = k.icmp(IntPredicate::SLT, j, kv_end)?;
-            // Key j's page and offsets (V's through the warp's shared memory to every lane).
-            let sv: Vec<PointerValue> = (0..rt).map(|_| k.var_f(zero)).collect::<R<_>>()?;
-            let voff_slot = voff_at(k, lane)?;
-            let kvar = k.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(i64t, "")?)))?;
-            k.math(|kb| {
-                kb.store(voff_slot, kb.i64c(0).into(), 8)?;
-                kb.store(kvar, kb.i64c(0).into(), 8)
-            })?;
-            k.if_then(in_seq, |k| {
-                let (ko, vo) = a.key(k, k.zext64(j)?)?;
-                k.math(|kb| {
-                    kb.store(voff_slot, vo.into(), 8)?;
-                    kb.store(kvar, ko.into(), 8)
-                })
-            })?;
-            k.warp_sync()?;
-            // Every key's V slice of this lane, loaded now (a key past the sequence reads offset 0,
-            // inside the buffer, and is never multiplied), so that its latency overlaps K's.
-            let vrows: Vec<Vec<FloatValue>> = (0..prefetch).map(|jj| v_row(k, i32c(jj))).collect::<R<_>>()?;
-            let ko = k.math(|kb| Ok(kb.load(i64t.into(), kvar, 8)?.into_int_value()))?;
-            k.if_then(in_seq, |k| {
-                // The whole K row first (independent loads in flight), then the dot products.
-                let mut kv = Vec::with_capacity(d as usize);
-                for c in 0..d / ck {
-                    let idx = k.add(ko, k.mul(k.i64c(i64::from(c * ck)), k_sd)?)?;
-                    kv.extend(if k_vec { k.load_vec(dt, k_ptr, idx, ck)? } else { k.load_strided(dt, k_ptr, idx, k_sd, ck)? });
-                }
-                for (r, sp) in sv.iter().enumerate() {
-                    let mut sum = zero;
-                    for c in 0..d / ck {
-                        let qv = k.sh_load(DType::F32, at(k, sm.q, i32c(r as u32 * d + c * ck), 4)?, ck)?;
-                        for (i, q) in qv.iter().enumerate() {
-                            sum = k.fma(*q, kv[(c * ck) as usize + i], sum)?;
-                        }
-                    }
-                    k.set(*sp, sum.into())?;
-                }
-                Ok(())
-            })?;
-
-            // Per row: the online softmax (the interpreter's 16-key rule, see the module docs), or
-            // p = exp(s − φ) against the unified maximum with the same rule from a ballot.
-            let lo_half = k.icmp(IntPredicate::ULT, lane, i32c(16))?;
-            let mut bounds = Vec::with_capacity(rt as usize);
-            for (r, info) in rows.iter().enumerate() {
-                let visible = k.icmp(IntPredicate::SLT, j, info.limit)?;
-                let sc = k.select_f(visible, k.fmul(k.get_f(sv[r])?, scale)?, ninf)?;
-                let n_vis = |k: &Kit<'ctx>| k.smin(k.smax(k.sub(info.limit, j0)?, i32c(0))?, i32c(TILE));
-                if let (Some(phi), Some(u)) = (unified, &um) {
-                    k.set(u.lmax[r], k.max_nan(k.get_f(u.lmax[r])?, sc)?.into())?;
-                    let pj = k.exp(k.fsub(sc, kit.f32c(f64::from(phi)))?)?;
-                    k.set(u.lsum[r], k.fadd(k.get_f(u.lsum[r])?, pj)?.into())?;
-                    k.sh_store(DType::F32, p_row(k, r as u32, lane)?, &[pj])?;
-                    // Lanes whose score is not −inf (NaN counts, as it does for the running max).
-                    let some = k.fcmp(FloatPredicate::UNE, sc, ninf)?;
-                    let bal = k.math(|kb| kb.vote_ballot(some))?;
-                    let first_some = k.icmp(IntPredicate::NE, k.and(bal, i32c(0xffff))?, i32c(0))?;
-                    let seen_old = k.get_i(u.seen[r], kit.i1t)?;
-                    let seen_new = k.select_int(seen_old, seen_old, k.icmp(IntPredicate::NE, bal, i32c(0))?)?;
-                    k.set(u.seen[r], seen_new.into())?;
-                    let lo = k.select_int(k.select_int(seen_old, seen_old, first_some)?, i32c(0), i32c(16))?;
-                    let hi = k.select_int(seen_new, n_vis(k)?, i32c(0))?;
-                    bounds.push((lo, hi));
-                    continue;
-                }
-                let half = k.warp_reduce(sc, &[8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
-                let other = k.shfl_xor(half, 16)?;
-                let tile_max = k.max_nan(half, other)?;
-                let first_half = k.select_f(lo_half, half, other)?;
-                let m_old = k.get_f(m[r])?;
-                let m_new = k.max_nan(m_old, tile_max)?;
-                let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
-                let m_use = k.select_f(none_yet, zero, m_new)?;
-                let alpha = k.exp(k.fsub(m_old, m_use)?)?;
-                let pj = k.exp(k.fsub(sc, m_use)?)?;
-                let psum = k.warp_reduce(pj, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
-                k.set(l[r], k.fma(k.get_f(l[r])?, alpha, psum)?.into())?;
-                for a in &acc[r] {
-                    k.set(*a, k.fmul(k.get_f(*a)?, alpha)?.into())?;
-                }
-                k.set(m[r], m_new.into())?;
-                k.sh_store(DType::F32, p_row(k, r as u32, lane)?, &[pj])?;
-                let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
-                let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
-                let lo = k.select_int(k.and(old_none, first_none)?, i32c(16), i32c(0))?;
-                let hi = k.select_int(none_yet, i32c(0), n_vis(k)?)?;
-                bounds.push((lo, hi));
-            }
-            k.warp_sync()?;
-
-            // acc += P·V over the keys some row multiplies; unguarded and 8 keys at a time when
-            // every row takes the whole tile.
-            let mut full = k.bool_c(true);
-            let (mut jlo, mut jhi) = (i32c(TILE), i32c(0));
-            for (lo, hi) in &bounds {
-                full = k.and(full, k.and(k.icmp(IntPredicate::EQ, *lo, i32c(0))?, k.icmp(IntPredicate::EQ, *hi, i32c(TILE))?)?)?;
-                jlo = k.smin(jlo, *lo)?;
-                jhi = k.smax(jhi, *hi)?;
-            }
-            let accumulate = |k: &Kit<'ctx>, jj: IntValue<'ctx>, vs: &[FloatValue<'ctx>], guarded: bool| -> R<()> {
-                for (r, (lo, hi)) in bounds.iter().enumerate() {
-                    let pj = k.sh_load(DType::F32, p_row(k, r as u32, jj)?, 1)?[0];
-                    let ok = if guarded { Some(k.and(k.icmp(IntPredicate::SGE, jj, *lo)?, k.icmp(IntPredicate::SLT, jj, *hi)?)?) } else { None };
-                    for (a, v) in acc[r].iter().zip(vs) {
-                        let old = k.get_f(*a)?;
-                        let new = k.fma(pj, *v, old)?;
-                        let new = match ok {
-                            Some(ok) => k.select_f(ok, new, old)?,
-                            None => new,
-                        };
-                        k.set(*a, new.into())?;
-                    }
-                }
-                Ok(())
-            };
-            // The prefetched keys, then the rest eight V loads at a time.
-            let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
-                let step = |k: &Kit<'ctx>, jj: u32, v: &[FloatValue<'ctx>]| -> R<()> {
-                    let jv = i32c(jj);
-                    if guarded {
-                        let used = k.and(k.icmp(IntPredicate::SGE, jv, jlo)?, k.icmp(IntPredicate::SLT, jv, jhi)?)?;
-                        k.if_then(used, |k| accumulate(k, jv, v, true))
-                    } else {
-                        accumulate(k, jv, v, false)
-                    }
-                };
-                for (jj, v) in vrows.iter().enumerate() {
-                    step(k, jj as u32, v)?;
-                }
-                for j8 in (prefetch..TILE).step_by(8) {
-                    let batch: Vec<Vec<FloatValue>> = (j8..j8 + 8).map(|jj| v_row(k, i32c(jj))).collect::<R<_>>()?;
-                    for (u, v) in batch.iter().enumerate() {
-                        step(k, j8 + u as u32, v)?;
-                    }
-                }
-                Ok(())
-            };
-            k.if_else(full, |k| pv(k, false), |k| pv(k, true))?;
-            k.warp_sync()
-        })
-    };
-    match (p.unified_max, &um) {
-        (Some(phi), Some(u)) => {
-            tiles(kit, Some(phi))?;
-            // The worker's largest score and its sum per row (one warp reduction each), and
-            // whether some row's largest score lies outside [φ − UMAX_LO, φ + UMAX_HI]: then
-            // the worker recomputes its tiles with the online softmax.
-            let (top, bottom) = (kit.f32c(f64::from(phi) + UMAX_HI), kit.f32c(f64::from(phi) - UMAX_LO));
-            let mut redo = kit.bool_c(false);
-            for r in 0..rt as usize {
-                let wmax = kit.warp_reduce(kit.get_f(u.lmax[r])?, &[16, 8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
-                let wsum = kit.warp_reduce(kit.get_f(u.lsum[r])?, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
-                let over = kit.fcmp(FloatPredicate::OGT, wmax, top)?;
-                let under = kit.and(kit.fcmp(FloatPredicate::OLT, wmax, bottom)?, kit.fcmp(FloatPredicate::ONE, wmax, ninf)?)?;
-                redo = kit.select_int(redo, redo, kit.select_int(over, over, under)?)?;
-                // A row without a score other than −inf is empty (m = −inf, l = 0), as the
-                // online softmax leaves it; the others report m = φ.
-                let empty = kit.fcmp(FloatPredicate::OEQ, wmax, ninf)?;
-                kit.set(m[r], kit.select_f(empty, ninf, kit.f32c(f64::from(phi)))?.into())?;
-                kit.set(l[r], wsum.into())?;
-            }
-            if probe() != Probe::NeverFallback {
-                kit.if_then(redo, |k| {
-                    for r in 0..rt as usize {
-                        k.set(m[r], ninf.into())?;
-                        k.set(l[r], zero.into())?;
-                        for a in &acc[r] {
-                            k.set(*a, zero.into())?;
-                        }
-                    }
-                    tiles(k, None)?;
-                    if probe() == Probe::PoisonFallback {
-                        for lr in &l {
-                            k.set(*lr, k.f32c(f64::NAN).into())?;
-                        }
-                    }
-                    Ok(())
-                })?;
-            }
-        }
-        _ => tiles(kit, None)?,
+        Ok(())
     }
 
-    // 3. The worker's partial result → shared memory.
-    for r in 0..rt {
-        let slot = kit.add(kit.mul(warp, i32c(rt))?, i32c(r))?;
-        let ml = at(kit, sm.part, slot, 8)?;
-        kit.sh_store(DType::F32, ml, &[kit.get_f(m[r as usize])?, kit.get_f(l[r as usize])?])?;
-        for (i, a) in acc[r as usize].iter().enumerate() {
-            let dcol = dim_of(kit, i as u32)?;
-            let inside = kit.icmp(IntPredicate::SLT, dcol, i32c(dv))?;
-            let val = kit.get_f(*a)?;
-            kit.if_then(inside, |k| k.sh_store(DType::F32, at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, &[val]))?;
-        }
-    }
-    kit.barrier()?;
-    let clustered = kit.and(kit.bool_c(nc > 1), kit.icmp(IntPredicate::EQ, solo, kit.bool_c(false))?)?;
-    if nc > 1 {
-        kit.if_then(clustered, cluster_barrier)?;
-    }
-
-    // 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
-    // from every CTA's partials; in solo mode (and without a cluster) the CTA writes them all
-    // from its own.
-    let outs = rt * dv;
-    let o_sd = kit.dim(&p.out.st[3])?;
-    let merge = |kit: &Kit<'ctx>, ctas: u32, o_lo: IntValue<'ctx>, o_hi: IntValue<'ctx>| -> R<()> {
+    /// Outputs `o_lo..o_hi` (row-major over the CTA's rows and dims) merged from the partials
+    /// of `ctas` CTAs (1: this CTA's own).
+    fn merge(&self, kit: &Kit<'ctx>, ctas: u32, o_lo: IntValue<'ctx>, o_hi: IntValue<'ctx>, o_sd: IntValue<'ctx>) -> R<()> {
+        let (p, dv, rt, nw, sm) = (self.p, self.dv, self.rt, self.nw, self.sm);
+        let (zero, ninf) = (self.zero, self.ninf);
+        let i32c = |v: u32| self.i32c(v);
         let peer = |k: &Kit<'ctx>, ptr: PointerValue<'ctx>, cta: u32| -> R<PointerValue<'ctx>> {
             if ctas == 1 {
                 return Ok(ptr);
             }
             k.math(|kb| Ok(kb.intrinsic_value("llvm.nvvm.mapa.shared.cluster", &[], &[ptr.into(), kb.i32c(i64::from(cta)).into()])?.into_pointer_value()))
         };
-        kit.for_range(kit.add(o_lo, tid)?, o_hi, i32c(s.threads()), |k, o| {
+        kit.for_range(kit.add(o_lo, self.tid)?, o_hi, i32c(self.s.threads()), |k, o| {
             let r = k.udiv(o, i32c(dv))?;
             let dcol = k.urem(o, i32c(dv))?;
             // Row r's facts (r is not a constant here: select among the CTA's rows).
             let mut valid = k.bool_c(false);
             let mut o_off = k.i64c(0);
             let mut lse_off = k.i64c(0);
-            for (ri, info) in rows.iter().enumerate() {
+            for (ri, info) in self.rows.iter().enumerate() {
                 let is = k.icmp(IntPredicate::EQ, r, i32c(ri as u32))?;
                 valid = k.select_int(is, info.valid, valid)?;
                 o_off = k.select_int(is, info.o_off, o_off)?;
@@ -594,8 +440,8 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
                 for cta in 0..ctas {
                     for w in 0..nw {
                         let slot = k.add(i32c(w * rt), r)?;
-                        let mp = peer(k, at(k, sm.part, slot, 8)?, cta)?;
-                        let ap = peer(k, at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, cta)?;
+                        let mp = peer(k, self.at(k, sm.part, slot, 8)?, cta)?;
+                        let ap = peer(k, self.at(k, sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, cta)?;
                         let lp = k.gep(f32t.into(), mp, i32c(1))?;
                         let (mv, lv, av) = k.math(|kb| {
                             let ld = |p: PointerValue<'ctx>, a: u32| -> R<FloatValue<'ctx>> { Ok(kb.load(f32t.into(), p, a)?.into_float_value()) };
@@ -615,7 +461,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
                 }
                 let out = k.select_f(empty, zero, k.fdiv(num, den)?)?;
                 let idx = k.add(o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
-                k.store_vec(dt, k.buf(p.out.buffer)?, idx, &[out])?;
+                k.store_vec(self.dt, k.buf(p.out.buffer)?, idx, &[out])?;
                 if let Some(lse) = &p.lse {
                     // The row's log-sum-exp M + ln Σ l_u·e^{m_u − M}, by its dim-0 thread.
                     let v = k.select_f(empty, ninf, k.fadd(m_use, k.log(den)?)?)?;
@@ -624,18 +470,324 @@ fn build<'ctx>(kit: &Kit<'ctx>, p: &Paged, s: &DecodeSchedule, sm: &Smem, shared
                 Ok(())
             })
         })
-    };
-    if nc == 1 {
-        merge(kit, 1, i32c(0), i32c(outs))?;
-    } else {
-        let per = outs.div_ceil(nc);
-        let o_lo = kit.mul(rank, i32c(per))?;
-        let o_hi = kit.smin(kit.add(o_lo, i32c(per))?, i32c(outs))?;
-        kit.if_else(clustered, |k| merge(k, nc, o_lo, o_hi), |k| merge(k, 1, k.i32c(0), k.i32c(outs as i32)))?;
-        // Every CTA's shared memory stays until the others have read it.
-        kit.if_then(clustered, cluster_barrier)?;
     }
-    Ok(())
+}
+
+/// A warp of a split-KV decode CTA as a worker: its tiles, its running state (m, l, acc per
+/// row), and how it reads V.
+struct Worker<'w, 'ctx> {
+    c: &'w Decode<'w, 'ctx>,
+    /// The CTA's key range (the largest of its rows' limits) in tiles.
+    kv_end: IntValue<'ctx>,
+    ntiles: IntValue<'ctx>,
+    /// Solo mode (see the module docs), `i1`.
+    solo: IntValue<'ctx>,
+    worker: IntValue<'ctx>,
+    n_workers: IntValue<'ctx>,
+    m: Vec<PointerValue<'ctx>>,
+    l: Vec<PointerValue<'ctx>>,
+    /// Whether each lane owns `nd` consecutive dims (else dims `lane + 32·i`).
+    per_lane: bool,
+    nd: u32,
+    v_vec: bool,
+    acc: Vec<Vec<PointerValue<'ctx>>>,
+    k_sd: IntValue<'ctx>,
+    v_sd: IntValue<'ctx>,
+    k_vec: bool,
+    k_ptr: PointerValue<'ctx>,
+    v_ptr: PointerValue<'ctx>,
+    scale: FloatValue<'ctx>,
+    /// Keys whose V slices are loaded with K.
+    prefetch: u32,
+    um: Option<Unified<'ctx>>,
+}
+
+impl<'w, 'ctx> Worker<'w, 'ctx> {
+    fn i32c(&self, v: u32) -> IntValue<'ctx> {
+        self.c.i32c(v)
+    }
+
+    /// Output dim `i` of this lane.
+    fn dim_of(&self, k: &Kit<'ctx>, i: u32) -> R<IntValue<'ctx>> {
+        if self.per_lane {
+            k.add(k.mul(self.c.lane, self.i32c(self.nd))?, self.i32c(i))
+        } else {
+            k.add(self.c.lane, self.i32c(32 * i))
+        }
+    }
+
+    /// Row `r`'s p of tile key `jj` in the warp's shared memory.
+    fn p_row(&self, k: &Kit<'ctx>, r: u32, jj: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        let i32c = |v: u32| self.i32c(v);
+        let e = k.add(k.mul(k.add(k.mul(self.c.warp, i32c(self.c.rt))?, i32c(r))?, i32c(TILE))?, jj)?;
+        self.c.at(k, self.c.sm.p, e, 4)
+    }
+
+    /// Tile key `jj`'s V-row offset in the warp's shared memory.
+    fn voff_at(&self, k: &Kit<'ctx>, jj: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        self.c.at(k, self.c.sm.voff, k.add(k.mul(self.c.warp, self.i32c(TILE))?, jj)?, 8)
+    }
+
+    /// This lane's slice of tile key `jj`'s V row.
+    fn v_row(&self, k: &Kit<'ctx>, jj: IntValue<'ctx>) -> R<Vec<FloatValue<'ctx>>> {
+        let (dt, nd, v_ptr, v_sd) = (self.c.dt, self.nd, self.v_ptr, self.v_sd);
+        let slot = self.voff_at(k, jj)?;
+        let i64t = k.i64t;
+        let vo = k.math(|kb| Ok(kb.load(i64t.into(), slot, 8)?.into_int_value()))?;
+        if self.per_lane {
+            let idx = k.add(vo, k.mul(k.zext64(self.dim_of(k, 0)?)?, v_sd)?)?;
+            if self.v_vec {
+                k.load_vec(dt, v_ptr, idx, nd)
+            } else {
+                k.load_strided(dt, v_ptr, idx, v_sd, nd)
+            }
+        } else {
+            (0..nd)
+                .map(|i| {
+                    let dcol = k.smin(self.dim_of(k, i)?, self.i32c(self.c.dv - 1))?;
+                    Ok(k.load_vec(dt, v_ptr, k.add(vo, k.mul(k.zext64(dcol)?, v_sd)?)?, 1)?[0])
+                })
+                .collect()
+        }
+    }
+
+    /// The worker's tiles: with the online softmax (`unified` None), or with the unified
+    /// maximum φ (the fast path, whose per-row state is `um`).
+    fn tiles(&self, kit: &Kit<'ctx>, unified: Option<f32>) -> R<()> {
+        kit.for_range(self.worker, self.ntiles, self.n_workers, |k, tile| {
+            let j0 = k.mul(tile, self.i32c(TILE))?;
+            let j = k.add(j0, self.c.lane)?;
+            let (sv, vrows) = self.scores(k, j)?;
+            let bounds = self.softmax(k, j0, j, &sv, unified)?;
+            k.warp_sync()?;
+            self.pv(k, &bounds, &vrows)?;
+            k.warp_sync()
+        })
+    }
+
+    /// Key `j`'s page and offsets (V's through the warp's shared memory to every lane), the
+    /// prefetched V slices, and the scores of the CTA's rows against key `j`.
+    #[allow(clippy::type_complexity)]
+    fn scores(&self, k: &Kit<'ctx>, j: IntValue<'ctx>) -> R<(Vec<PointerValue<'ctx>>, Vec<Vec<FloatValue<'ctx>>>)> {
+        let (c, i64t, zero, ck, d) = (self.c, k.i64t, self.c.zero, self.c.ck, self.c.d);
+        let i32c = |v: u32| self.i32c(v);
+        let in_seq = k.icmp(IntPredicate::SLT, j, self.kv_end)?;
+        let sv: Vec<PointerValue> = (0..c.rt).map(|_| k.var_f(zero)).collect::<R<_>>()?;
+        let voff_slot = self.voff_at(k, c.lane)?;
+        let kvar = k.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(i64t, "")?)))?;
+        k.math(|kb| {
+            kb.store(voff_slot, kb.i64c(0).into(), 8)?;
+            kb.store(kvar, kb.i64c(0).into(), 8)
+        })?;
+        k.if_then(in_seq, |k| {
+            let (ko, vo) = c.a.key(k, k.zext64(j)?)?;
+            k.math(|kb| {
+                kb.store(voff_slot, vo.into(), 8)?;
+                kb.store(kvar, ko.into(), 8)
+            })
+        })?;
+        k.warp_sync()?;
+        // Every key's V slice of this lane, loaded now (a key past the sequence reads offset 0,
+        // inside the buffer, and is never multiplied), so that its latency overlaps K's.
+        let vrows: Vec<Vec<FloatValue>> = (0..self.prefetch).map(|jj| self.v_row(k, i32c(jj))).collect::<R<_>>()?;
+        let ko = k.math(|kb| Ok(kb.load(i64t.into(), kvar, 8)?.into_int_value()))?;
+        k.if_then(in_seq, |k| {
+            // The whole K row first (independent loads in flight), then the dot products.
+            let mut kv = Vec::with_capacity(d as usize);
+            for cc in 0..d / ck {
+                let idx = k.add(ko, k.mul(k.i64c(i64::from(cc * ck)), self.k_sd)?)?;
+                kv.extend(if self.k_vec { k.load_vec(c.dt, self.k_ptr, idx, ck)? } else { k.load_strided(c.dt, self.k_ptr, idx, self.k_sd, ck)? });
+            }
+            for (r, sp) in sv.iter().enumerate() {
+                let mut sum = zero;
+                for cc in 0..d / ck {
+                    let qv = k.sh_load(DType::F32, c.at(k, c.sm.q, i32c(r as u32 * d + cc * ck), 4)?, ck)?;
+                    for (i, q) in qv.iter().enumerate() {
+                        sum = k.fma(*q, kv[(cc * ck) as usize + i], sum)?;
+                    }
+                }
+                k.set(*sp, sum.into())?;
+            }
+            Ok(())
+        })?;
+        Ok((sv, vrows))
+    }
+
+    /// Per row: the online softmax (the interpreter's 16-key rule, see the module docs), or
+    /// p = exp(s − φ) against the unified maximum with the same rule from a ballot. Returns the
+    /// keys `[lo, hi)` of the tile each row multiplies.
+    fn softmax(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>, j: IntValue<'ctx>, sv: &[PointerValue<'ctx>], unified: Option<f32>) -> R<Vec<(IntValue<'ctx>, IntValue<'ctx>)>> {
+        let (c, zero, ninf) = (self.c, self.c.zero, self.c.ninf);
+        let (m, l) = (&self.m, &self.l);
+        let i32c = |v: u32| self.i32c(v);
+        let lane = c.lane;
+        let lo_half = k.icmp(IntPredicate::ULT, lane, i32c(16))?;
+        let mut bounds = Vec::with_capacity(c.rt as usize);
+        for (r, info) in c.rows.iter().enumerate() {
+            let visible = k.icmp(IntPredicate::SLT, j, info.limit)?;
+            let sc = k.select_f(visible, k.fmul(k.get_f(sv[r])?, self.scale)?, ninf)?;
+            let n_vis = |k: &Kit<'ctx>| k.smin(k.smax(k.sub(info.limit, j0)?, i32c(0))?, i32c(TILE));
+            if let (Some(phi), Some(u)) = (unified, &self.um) {
+                k.set(u.lmax[r], k.max_nan(k.get_f(u.lmax[r])?, sc)?.into())?;
+                let pj = k.exp(k.fsub(sc, k.f32c(f64::from(phi)))?)?;
+                k.set(u.lsum[r], k.fadd(k.get_f(u.lsum[r])?, pj)?.into())?;
+                k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
+                // Lanes whose score is not −inf (NaN counts, as it does for the running max).
+                let some = k.fcmp(FloatPredicate::UNE, sc, ninf)?;
+                let bal = k.math(|kb| kb.vote_ballot(some))?;
+                let first_some = k.icmp(IntPredicate::NE, k.and(bal, i32c(0xffff))?, i32c(0))?;
+                let seen_old = k.get_i(u.seen[r], k.i1t)?;
+                let seen_new = k.select_int(seen_old, seen_old, k.icmp(IntPredicate::NE, bal, i32c(0))?)?;
+                k.set(u.seen[r], seen_new.into())?;
+                let lo = k.select_int(k.select_int(seen_old, seen_old, first_some)?, i32c(0), i32c(16))?;
+                let hi = k.select_int(seen_new, n_vis(k)?, i32c(0))?;
+                bounds.push((lo, hi));
+                continue;
+            }
+            let half = k.warp_reduce(sc, &[8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
+            let other = k.shfl_xor(half, 16)?;
+            let tile_max = k.max_nan(half, other)?;
+            let first_half = k.select_f(lo_half, half, other)?;
+            let m_old = k.get_f(m[r])?;
+            let m_new = k.max_nan(m_old, tile_max)?;
+            let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
+            let m_use = k.select_f(none_yet, zero, m_new)?;
+            let alpha = k.exp(k.fsub(m_old, m_use)?)?;
+            let pj = k.exp(k.fsub(sc, m_use)?)?;
+            let psum = k.warp_reduce(pj, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
+            k.set(l[r], k.fma(k.get_f(l[r])?, alpha, psum)?.into())?;
+            for a in &self.acc[r] {
+                k.set(*a, k.fmul(k.get_f(*a)?, alpha)?.into())?;
+            }
+            k.set(m[r], m_new.into())?;
+            k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
+            let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
+            let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
+            let lo = k.select_int(k.and(old_none, first_none)?, i32c(16), i32c(0))?;
+            let hi = k.select_int(none_yet, i32c(0), n_vis(k)?)?;
+            bounds.push((lo, hi));
+        }
+        Ok(bounds)
+    }
+
+    /// acc += P·V over the keys some row multiplies; unguarded and 8 keys at a time when
+    /// every row takes the whole tile.
+    fn pv(&self, k: &Kit<'ctx>, bounds: &[(IntValue<'ctx>, IntValue<'ctx>)], vrows: &[Vec<FloatValue<'ctx>>]) -> R<()> {
+        let i32c = |v: u32| self.i32c(v);
+        let mut full = k.bool_c(true);
+        let (mut jlo, mut jhi) = (i32c(TILE), i32c(0));
+        for (lo, hi) in bounds {
+            full = k.and(full, k.and(k.icmp(IntPredicate::EQ, *lo, i32c(0))?, k.icmp(IntPredicate::EQ, *hi, i32c(TILE))?)?)?;
+            jlo = k.smin(jlo, *lo)?;
+            jhi = k.smax(jhi, *hi)?;
+        }
+        let accumulate = |k: &Kit<'ctx>, jj: IntValue<'ctx>, vs: &[FloatValue<'ctx>], guarded: bool| -> R<()> {
+            for (r, (lo, hi)) in bounds.iter().enumerate() {
+                let pj = k.sh_load(DType::F32, self.p_row(k, r as u32, jj)?, 1)?[0];
+                let ok = if guarded { Some(k.and(k.icmp(IntPredicate::SGE, jj, *lo)?, k.icmp(IntPredicate::SLT, jj, *hi)?)?) } else { None };
+                for (a, v) in self.acc[r].iter().zip(vs) {
+                    let old = k.get_f(*a)?;
+                    let new = k.fma(pj, *v, old)?;
+                    let new = match ok {
+                        Some(ok) => k.select_f(ok, new, old)?,
+                        None => new,
+                    };
+                    k.set(*a, new.into())?;
+                }
+            }
+            Ok(())
+        };
+        // The prefetched keys, then the rest eight V loads at a time.
+        let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
+            let step = |k: &Kit<'ctx>, jj: u32, v: &[FloatValue<'ctx>]| -> R<()> {
+                let jv = i32c(jj);
+                if guarded {
+                    let used = k.and(k.icmp(IntPredicate::SGE, jv, jlo)?, k.icmp(IntPredicate::SLT, jv, jhi)?)?;
+                    k.if_then(used, |k| accumulate(k, jv, v, true))
+                } else {
+                    accumulate(k, jv, v, false)
+                }
+            };
+            for (jj, v) in vrows.iter().enumerate() {
+                step(k, jj as u32, v)?;
+            }
+            for j8 in (self.prefetch..TILE).step_by(8) {
+                let batch: Vec<Vec<FloatValue>> = (j8..j8 + 8).map(|jj| self.v_row(k, i32c(jj))).collect::<R<_>>()?;
+                for (u, v) in batch.iter().enumerate() {
+                    step(k, j8 + u as u32, v)?;
+                }
+            }
+            Ok(())
+        };
+        k.if_else(full, |k| pv(k, false), |k| pv(k, true))
+    }
+
+    /// The unified-max path: the tiles against φ, then the worker's largest score and its sum
+    /// per row (one warp reduction each), and whether some row's largest score lies outside
+    /// [φ − UMAX_LO, φ + UMAX_HI]: then the worker recomputes its tiles with the online softmax.
+    fn unified(&self, phi: f32, u: &Unified<'ctx>) -> R<()> {
+        let (kit, rt, zero, ninf) = (self.c.kit, self.c.rt, self.c.zero, self.c.ninf);
+        let (m, l) = (&self.m, &self.l);
+        self.tiles(kit, Some(phi))?;
+        let (top, bottom) = (kit.f32c(f64::from(phi) + UMAX_HI), kit.f32c(f64::from(phi) - UMAX_LO));
+        let mut redo = kit.bool_c(false);
+        for r in 0..rt as usize {
+            let wmax = kit.warp_reduce(kit.get_f(u.lmax[r])?, &[16, 8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
+            let wsum = kit.warp_reduce(kit.get_f(u.lsum[r])?, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
+            let over = kit.fcmp(FloatPredicate::OGT, wmax, top)?;
+            let under = kit.and(kit.fcmp(FloatPredicate::OLT, wmax, bottom)?, kit.fcmp(FloatPredicate::ONE, wmax, ninf)?)?;
+            redo = kit.select_int(redo, redo, kit.select_int(over, over, under)?)?;
+            // A row without a score other than −inf is empty (m = −inf, l = 0), as the
+            // online softmax leaves it; the others report m = φ.
+            let empty = kit.fcmp(FloatPredicate::OEQ, wmax, ninf)?;
+            kit.set(m[r], kit.select_f(empty, ninf, kit.f32c(f64::from(phi)))?.into())?;
+            kit.set(l[r], wsum.into())?;
+        }
+        if probe() != Probe::NeverFallback {
+            kit.if_then(redo, |k| {
+                for r in 0..rt as usize {
+                    k.set(m[r], ninf.into())?;
+                    k.set(l[r], zero.into())?;
+                    for a in &self.acc[r] {
+                        k.set(*a, zero.into())?;
+                    }
+                }
+                self.tiles(k, None)?;
+                if probe() == Probe::PoisonFallback {
+                    for lr in l {
+                        k.set(*lr, k.f32c(f64::NAN).into())?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// 3. The worker's partial result → shared memory; then, in cluster mode (`i1`, returned),
+    /// the cluster barrier that makes every CTA's partials visible.
+    fn store_partial(&self) -> R<IntValue<'ctx>> {
+        let (c, kit) = (self.c, self.c.kit);
+        let (rt, dv, nc) = (c.rt, c.dv, c.nc);
+        let i32c = |v: u32| self.i32c(v);
+        for r in 0..rt {
+            let slot = kit.add(kit.mul(c.warp, i32c(rt))?, i32c(r))?;
+            let ml = c.at(kit, c.sm.part, slot, 8)?;
+            kit.sh_store(DType::F32, ml, &[kit.get_f(self.m[r as usize])?, kit.get_f(self.l[r as usize])?])?;
+            for (i, a) in self.acc[r as usize].iter().enumerate() {
+                let dcol = self.dim_of(kit, i as u32)?;
+                let inside = kit.icmp(IntPredicate::SLT, dcol, i32c(dv))?;
+                let val = kit.get_f(*a)?;
+                kit.if_then(inside, |k| k.sh_store(DType::F32, c.at(k, c.sm.acc, k.add(k.mul(slot, i32c(dv))?, dcol)?, 4)?, &[val]))?;
+            }
+        }
+        kit.barrier()?;
+        let clustered = kit.and(kit.bool_c(nc > 1), kit.icmp(IntPredicate::EQ, self.solo, kit.bool_c(false))?)?;
+        if nc > 1 {
+            kit.if_then(clustered, cluster_barrier)?;
+        }
+        Ok(clustered)
+    }
 }
 
 /// `barrier.cluster.arrive` (release) + `barrier.cluster.wait` (acquire), aligned: every
