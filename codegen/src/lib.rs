@@ -43,6 +43,7 @@ pub mod target;
 #[cfg(test)]
 pub(crate) mod testing;
 
+use std::rc::Rc;
 use std::sync::OnceLock;
 
 use inkwell::module::Module;
@@ -152,6 +153,9 @@ impl From<inkwell::builder::BuilderError> for CodegenError {
 /// (`shared_bytes` 0). Outputs must not alias other buffers of the kernel, except for
 /// `KvAppend`, whose output pages *are* its input pages (see [`kernels::kv_append`]).
 ///
+/// Each family's generator implements one trait (`kernels::family::Generator`: analyse,
+/// default schedule, candidates, build), dispatched on by `kernels::compile_family`:
+///
 /// | family | generator |
 /// |---|---|
 /// | `Pointwise` | [`kernels::pointwise::generate`] |
@@ -162,6 +166,7 @@ impl From<inkwell::builder::BuilderError> for CodegenError {
 /// | `Matmul` | [`kernels::matmul::generate`] |
 /// | `Attention` | [`kernels::attention::generate_prefill`] |
 /// | `PagedAttention` | [`kernels::decode::generate`] (split-KV; [`kernels::attention::generate_paged`] is the single-CTA alternative) |
+/// | `AttentionMerge` | [`kernels::merge::generate`] |
 ///
 /// # Errors
 /// [`CodegenError::Unsupported`] (a body outside what the family's generator handles) and
@@ -173,17 +178,7 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
         message: format!("the kernel graph has {} kernels", graph.kernels.len()),
     })?;
     refuse_fp8(graph, kernel)?;
-    let r = match data.family {
-        Family::Pointwise => kernels::pointwise::generate(graph, kernel, target),
-        Family::RowReduction => kernels::reduce::generate(graph, kernel, target),
-        Family::Layout => kernels::layout::generate(graph, kernel, target),
-        Family::Gather => kernels::gather::generate(graph, kernel, target),
-        Family::KvAppend => kernels::kv_append::generate(graph, kernel, target),
-        Family::Matmul => kernels::matmul::generate(graph, kernel, target),
-        Family::Attention => kernels::attention::generate_prefill(graph, kernel, target),
-        Family::PagedAttention => kernels::decode::generate(graph, kernel, target),
-        Family::AttentionMerge => kernels::merge::generate(graph, kernel, target),
-    };
+    let r = kernels::compile_family(data.family, graph, kernel, target);
     // Errors raised deep in a generator leave the kernel's name empty: fill it in.
     let name = format!("{kernel} ({:?})", data.family);
     r.map_err(|e| match e {
@@ -270,9 +265,9 @@ pub struct Variant {
 pub type Candidate<'a> = (String, Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a>);
 
 /// The schedule candidates of `kernel`, uncompiled: the schedule [`compile_kernel`] uses first,
-/// then the alternatives its family offers — matmul CTA tiles ([`kernels::matmul::variants`]),
-/// row-reduction thread counts and unrolls ([`kernels::reduce::variants`]), prefill-attention
-/// key tiles ([`kernels::attention::prefill_variants`]); other families have only the first.
+/// then the alternatives its family's generator offers (`Generator::candidates`) — matmul CTA
+/// tiles, row-reduction thread counts and unrolls, prefill-attention key tiles; other
+/// families have only the first, named `default`.
 fn candidates<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<Candidate<'a>>, CodegenError> {
     let data = graph.kernels.get(kernel).ok_or_else(|| CodegenError::BadKernel {
         kernel: kernel.to_string(),
@@ -280,20 +275,23 @@ fn candidates<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) ->
     })?;
     refuse_fp8(graph, kernel)?;
     let name = format!("{kernel} ({:?})", data.family);
-    let named = |e: CodegenError| match e {
+    let named = move |e: CodegenError| match e {
         CodegenError::Unsupported { kernel: k, message } if k.is_empty() => CodegenError::Unsupported { kernel: name.clone(), message },
         CodegenError::BadKernel { kernel: k, message } if k.is_empty() => CodegenError::BadKernel { kernel: name.clone(), message },
         other => other,
     };
-    Ok(match data.family {
-        Family::Matmul => kernels::matmul::variants(graph, kernel, target).map_err(named)?,
-        Family::RowReduction => kernels::reduce::variants(graph, kernel, target).map_err(named)?,
-        Family::Attention => kernels::attention::prefill_variants(graph, kernel, target).map_err(named)?,
-        _ => {
-            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || compile_kernel(graph, kernel, target));
-            vec![("default".into(), build)]
-        }
-    })
+    // Every family's candidates go through its `Generator`; the closures fill in the
+    // kernel's name as `compile_kernel` does.
+    let all = kernels::family_candidates(data.family, graph, kernel, target).map_err(&named)?;
+    let named = Rc::new(named);
+    Ok(all
+        .into_iter()
+        .map(|(n, build)| {
+            let named = named.clone();
+            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || build().map_err(&*named));
+            (n, build)
+        })
+        .collect())
 }
 
 /// Every schedule candidate of `kernel` that compiles, the default ([`compile_kernel`]'s

@@ -34,7 +34,9 @@ use inkwell::IntPredicate;
 use sinter_ir::{Dim, Family, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, ValueDef};
 
 use super::element::{divisible, At, Ax, Eval, Tag};
+use super::family::{Fixed, Generator};
 use super::{build_twice, KernelCtx};
+use crate::math::R;
 use crate::target::Target;
 use crate::CodegenError;
 
@@ -52,10 +54,32 @@ const BLOCK: u32 = 256;
 /// kernel inputs and whose results are the kernel's outputs; [`CodegenError::BadKernel`] for
 /// a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    let cx = KernelCtx::new(graph, kernel)?;
-    if cx.data.family != Family::KvAppend {
-        return Err(cx.bad(format!("a {:?} kernel given to the kv_append generator", cx.data.family)));
+    super::compile::<KvAppend>(graph, kernel, target)
+}
+
+/// The kv-append family's generator (one schedule).
+pub(crate) struct KvAppend;
+
+impl Generator for KvAppend {
+    type Analysis<'g> = KernelCtx<'g>;
+    type Schedule = Fixed;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<KernelCtx<'g>> {
+        let cx = KernelCtx::new(graph, kernel)?;
+        if cx.data.family != Family::KvAppend {
+            return Err(cx.bad(format!("a {:?} kernel given to the kv_append generator", cx.data.family)));
+        }
+        Ok(cx)
     }
+    fn default_schedule(_: &KernelCtx<'_>, _: &Target) -> R<Fixed> {
+        Ok(Fixed)
+    }
+    fn build(cx: &KernelCtx<'_>, _: &Fixed, target: &Target) -> R<LaunchPlan> {
+        build(cx, target)
+    }
+}
+
+/// [`generate`] past the analysis.
+fn build(cx: &KernelCtx<'_>, target: &Target) -> R<LaunchPlan> {
     let body = &cx.data.body;
     let mut found = None;
     for (n, nd) in body.nodes.iter() {

@@ -19,7 +19,9 @@
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
 use super::element::kernel::{generate_elementwise, PointwiseSchedule};
+use super::family::Generator;
 use super::KernelCtx;
+use crate::math::R;
 use crate::target::Target;
 use crate::CodegenError;
 
@@ -32,17 +34,27 @@ use crate::CodegenError;
 /// [`CodegenError::Unsupported`] for ops that are not views, sources or element-wise;
 /// [`CodegenError::BadKernel`] for a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    generate_with(graph, kernel, target, None)
+    super::compile::<Layout>(graph, kernel, target)
 }
 
-/// As [`generate`] with a chosen schedule.
-///
-/// # Errors
-/// As [`generate`].
-pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: Option<PointwiseSchedule>) -> Result<LaunchPlan, CodegenError> {
-    let cx = KernelCtx::new(graph, kernel)?;
-    if cx.data.family != Family::Layout {
-        return Err(cx.bad(format!("a {:?} kernel given to the layout generator", cx.data.family)));
+/// The layout family's generator: the element-wise kernel driver, default schedule.
+pub(crate) struct Layout;
+
+impl Generator for Layout {
+    type Analysis<'g> = KernelCtx<'g>;
+    /// `None`: the driver's choice (named `default`).
+    type Schedule = Option<PointwiseSchedule>;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<KernelCtx<'g>> {
+        let cx = KernelCtx::new(graph, kernel)?;
+        if cx.data.family != Family::Layout {
+            return Err(cx.bad(format!("a {:?} kernel given to the layout generator", cx.data.family)));
+        }
+        Ok(cx)
     }
-    generate_elementwise(&cx, target, schedule)
+    fn default_schedule(_: &KernelCtx<'_>, _: &Target) -> R<Option<PointwiseSchedule>> {
+        Ok(None)
+    }
+    fn build(cx: &KernelCtx<'_>, s: &Option<PointwiseSchedule>, target: &Target) -> R<LaunchPlan> {
+        generate_elementwise(cx, target, *s)
+    }
 }

@@ -23,6 +23,7 @@
 
 pub mod attention;
 pub(crate) mod element;
+pub(crate) mod family;
 pub(crate) mod fp8_operand;
 pub mod gather;
 pub mod kv_append;
@@ -37,16 +38,77 @@ pub use attention::schedule as attention_tc;
 // shim: old path, removed at integration
 pub use attention::{decode, merge};
 
-use sinter_ir::{BufferData, Dim, Family, Kernel, KernelData, KernelGraph, KernelParam};
-#[cfg(doc)]
-use sinter_ir::LaunchPlan;
+use std::rc::Rc;
+
+use sinter_ir::{BufferData, Dim, Family, Kernel, KernelData, KernelGraph, KernelParam, LaunchPlan};
 
 use self::element::{Buf, IndexWidth};
 use crate::emit::{KernelBuilder, ParamKind, SizeTable};
 use crate::isa::kit;
 use crate::math::R;
+use self::family::{Generator, Schedule};
 use crate::target::Target;
-use crate::CodegenError;
+use crate::{Candidate, CodegenError};
+
+/// Generates kernel `kernel` of `graph` with family `G`'s default schedule.
+pub(crate) fn compile<G: Generator>(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R<LaunchPlan> {
+    let a = G::analyse(graph, kernel, target)?;
+    let s = G::default_schedule(&a, target)?;
+    G::build(&a, &s, target)
+}
+
+/// Family `G`'s schedule candidates of kernel `kernel`, named, each with a closure that
+/// compiles it (the analysis is shared).
+pub(crate) fn candidates<'a, G>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> R<Vec<Candidate<'a>>>
+where
+    G: Generator + 'a,
+    G::Analysis<'a>: 'a,
+    G::Schedule: 'a,
+{
+    let a: Rc<G::Analysis<'a>> = Rc::new(G::analyse(graph, kernel, target)?);
+    Ok(G::candidates(&a, target)?
+        .into_iter()
+        .map(|s| {
+            let a = a.clone();
+            let name = s.name();
+            let build: Box<dyn FnOnce() -> R<LaunchPlan> + 'a> = Box::new(move || {
+                let a: &G::Analysis<'a> = &a;
+                G::build(a, &s, target)
+            });
+            (name, build)
+        })
+        .collect())
+}
+
+/// [`compile`] with the generator of `family`.
+pub(crate) fn compile_family(family: Family, graph: &KernelGraph, kernel: Kernel, target: &Target) -> R<LaunchPlan> {
+    match family {
+        Family::Pointwise => compile::<pointwise::Pointwise>(graph, kernel, target),
+        Family::RowReduction => compile::<reduce::RowReduction>(graph, kernel, target),
+        Family::Layout => compile::<layout::Layout>(graph, kernel, target),
+        Family::Gather => compile::<gather::Gather>(graph, kernel, target),
+        Family::KvAppend => compile::<kv_append::KvAppend>(graph, kernel, target),
+        Family::Matmul => compile::<matmul::Matmul>(graph, kernel, target),
+        Family::Attention => compile::<attention::Attention>(graph, kernel, target),
+        Family::PagedAttention => compile::<attention::decode::PagedAttention>(graph, kernel, target),
+        Family::AttentionMerge => compile::<attention::merge::AttentionMerge>(graph, kernel, target),
+    }
+}
+
+/// [`candidates`] with the generator of `family`.
+pub(crate) fn family_candidates<'a>(family: Family, graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> R<Vec<Candidate<'a>>> {
+    match family {
+        Family::Pointwise => candidates::<pointwise::Pointwise>(graph, kernel, target),
+        Family::RowReduction => candidates::<reduce::RowReduction>(graph, kernel, target),
+        Family::Layout => candidates::<layout::Layout>(graph, kernel, target),
+        Family::Gather => candidates::<gather::Gather>(graph, kernel, target),
+        Family::KvAppend => candidates::<kv_append::KvAppend>(graph, kernel, target),
+        Family::Matmul => candidates::<matmul::Matmul>(graph, kernel, target),
+        Family::Attention => candidates::<attention::Attention>(graph, kernel, target),
+        Family::PagedAttention => candidates::<attention::decode::PagedAttention>(graph, kernel, target),
+        Family::AttentionMerge => candidates::<attention::merge::AttentionMerge>(graph, kernel, target),
+    }
+}
 
 /// The lower-case name of a family, as used in entry-point names (`k3_pointwise`).
 pub fn family_name(f: Family) -> &'static str {

@@ -217,7 +217,7 @@ pub(super) fn dynamic_bytes(k: SharedKind) -> u32 {
 }
 
 /// Facts of a prefill attention kernel.
-pub(super) struct Prefill {
+pub(crate) struct Prefill {
     pub(super) name: String,
     pub(super) n_inputs: usize,
     pub(super) n_buffers: usize,
@@ -365,7 +365,7 @@ impl Prefill {
 }
 
 /// Facts of a paged attention kernel.
-pub(super) struct Paged {
+pub(crate) struct Paged {
     pub(super) name: String,
     pub(super) n_inputs: usize,
     pub(super) n_buffers: usize,

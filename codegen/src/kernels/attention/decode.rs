@@ -41,6 +41,8 @@ use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
 
 use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, PagedAddr};
 use crate::kernels::matmul::kit::{Kit, SharedKind, R};
+use super::AttentionSchedule;
+use crate::kernels::family::{Generator, Schedule};
 use crate::target::Target;
 use crate::CodegenError;
 
@@ -119,9 +121,50 @@ impl Smem {
 /// [`CodegenError::Unsupported`] for a body [`super::generate_paged`] refuses, or
 /// a head dim whose per-CTA shared memory exceeds the target's limit; LLVM errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    let p = Paged::analyse(graph, kernel)?;
-    let s = choose_schedule(p.rows().as_const(), target);
-    plan(&p, target, &s)
+    crate::kernels::compile::<PagedAttention>(graph, kernel, target)
+}
+
+/// One schedule of paged attention: the split-KV kernel (this file's) or the single-CTA one
+/// ([`super::generate_paged`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum PagedSchedule {
+    /// The split-KV kernel with [`choose_schedule`]'s schedule: the one candidate, `default`.
+    Default,
+    /// The split-KV kernel.
+    SplitKv(DecodeSchedule),
+    /// The single-CTA CUDA-core kernel.
+    SingleCta(AttentionSchedule),
+}
+
+impl Schedule for PagedSchedule {
+    fn name(&self) -> String {
+        match self {
+            PagedSchedule::Default => "default".into(),
+            PagedSchedule::SplitKv(s) => format!("split-kv w{} r{} c{}", s.warps, s.rows, s.cluster),
+            PagedSchedule::SingleCta(s) => format!("single-cta {s:?}"),
+        }
+    }
+}
+
+/// The paged attention family's generator.
+pub(crate) struct PagedAttention;
+
+impl Generator for PagedAttention {
+    type Analysis<'g> = Paged;
+    type Schedule = PagedSchedule;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<Paged> {
+        Paged::analyse(graph, kernel)
+    }
+    fn default_schedule(_: &Paged, _: &Target) -> R<PagedSchedule> {
+        Ok(PagedSchedule::Default)
+    }
+    fn build(p: &Paged, s: &PagedSchedule, target: &Target) -> R<LaunchPlan> {
+        match s {
+            PagedSchedule::Default => plan(p, target, &choose_schedule(p.rows().as_const(), target)),
+            PagedSchedule::SplitKv(s) => plan(p, target, s),
+            PagedSchedule::SingleCta(s) => super::simt::paged_plan(p, target, s),
+        }
+    }
 }
 
 /// As [`generate`], with the schedule given.
@@ -131,7 +174,7 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
 /// sm_80, or with a symbolic row count).
 pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &DecodeSchedule) -> Result<LaunchPlan, CodegenError> {
     let p = Paged::analyse(graph, kernel)?;
-    plan(&p, target, schedule)
+    PagedAttention::build(&p, &PagedSchedule::SplitKv(*schedule), target)
 }
 
 fn plan(p: &Paged, target: &Target, s: &DecodeSchedule) -> R<LaunchPlan> {

@@ -33,6 +33,7 @@ use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, Laun
 
 use super::analysis::{bad, unsupported};
 use crate::kernels::matmul::kit::{buffer_infos, dims_of, input_view, output_strides, Kit, View, R};
+use crate::kernels::family::{Fixed, Generator};
 use crate::kernels::KernelCtx;
 use crate::target::Target;
 use crate::CodegenError;
@@ -67,7 +68,7 @@ impl Operand {
 }
 
 /// Facts of a merge kernel.
-struct Merge {
+pub(crate) struct Merge {
     name: String,
     n_inputs: usize,
     n_buffers: usize,
@@ -193,7 +194,28 @@ impl Merge {
 /// [`CodegenError::Unsupported`] for another body; [`CodegenError::BadKernel`] for a body
 /// that does not match its buffers; LLVM errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    let m = Merge::analyse(graph, kernel)?;
+    crate::kernels::compile::<AttentionMerge>(graph, kernel, target)
+}
+
+/// The attention-merge family's generator (one schedule).
+pub(crate) struct AttentionMerge;
+
+impl Generator for AttentionMerge {
+    type Analysis<'g> = Merge;
+    type Schedule = Fixed;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<Merge> {
+        Merge::analyse(graph, kernel)
+    }
+    fn default_schedule(_: &Merge, _: &Target) -> R<Fixed> {
+        Ok(Fixed)
+    }
+    fn build(m: &Merge, _: &Fixed, target: &Target) -> R<LaunchPlan> {
+        plan(m, target)
+    }
+}
+
+/// [`generate`] past the analysis.
+fn plan(m: &Merge, target: &Target) -> R<LaunchPlan> {
     let ctx = Context::create();
     let entry = format!("{}_attention_merge", m.name);
     let (ptx, params) = Kit::build(&ctx, &entry, *target, m.n_inputs, m.n_buffers - m.n_inputs, &m.dims(), THREADS, |kit| build(kit, &m))?;

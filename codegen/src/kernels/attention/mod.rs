@@ -9,7 +9,7 @@
 //! `mma.sync` kernel (`prefill_mma.rs`) for bf16/f16 with head dims multiples of 16 and q/k/v
 //! rows contiguous and 16-byte aligned; else the CUDA-core kernel (`simt.rs`), correct for
 //! every shape. `schedule::eligible` and `schedule::wg_eligible` say why a kernel does not
-//! apply; [`prefill_variants`] lists the autotuning candidates.
+//! apply; `Attention` is the family's `Generator` (its candidates: the autotuning variants).
 //!
 //! # Semantics (the interpreter's, `sinter_ir::interp`)
 //! - Causal masks are aligned bottom-right: query `i` sees keys `j ≤ i + Skv − Sq`; key tiles
@@ -52,6 +52,8 @@ use sinter_ir::{Kernel, KernelGraph, LaunchPlan};
 use self::analysis::{Paged, Prefill};
 pub use self::analysis::MAX_HEAD_DIM;
 pub use self::schedule::{choose_paged_schedule, choose_prefill_schedule, AttentionSchedule, TcSchedule, WgSchedule, BLOCK_KV};
+use super::family::{Generator, Schedule};
+use crate::math::R;
 use crate::target::Target;
 use crate::CodegenError;
 
@@ -68,26 +70,30 @@ use crate::CodegenError;
 /// [`CodegenError::Unsupported`] / [`CodegenError::BadKernel`] for other bodies or shapes;
 /// LLVM and target errors otherwise.
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    let p = Prefill::analyse(graph, kernel)?;
+    super::compile::<Attention>(graph, kernel, target)
+}
+
+/// [`generate_prefill`]'s choice for analysed `p`: the first kernel that takes it.
+fn prefill_default(p: &Prefill, target: &Target) -> Result<LaunchPlan, CodegenError> {
     if p.fp8.is_some() {
         // The fp8 attention has one kernel: wgmma on sm_90a (it says why not elsewhere).
-        return prefill_wgmma::plan_wg(&p, target, &schedule::choose_fp8_schedule());
+        return prefill_wgmma::plan_wg(p, target, &schedule::choose_fp8_schedule());
     }
-    if schedule::wg_eligible(&p, target).is_ok() {
-        match prefill_wgmma::plan_wg(&p, target, &schedule::choose_wg_schedule(p.d, p.dv)) {
+    if schedule::wg_eligible(p, target).is_ok() {
+        match prefill_wgmma::plan_wg(p, target, &schedule::choose_wg_schedule(p.d, p.dv)) {
             Err(CodegenError::Unsupported { .. }) => {}
             done => return done,
         }
     }
-    if schedule::eligible(&p).is_ok() {
-        match prefill_mma::plan(&p, target, &tc_default(&p, target)) {
+    if schedule::eligible(p).is_ok() {
+        match prefill_mma::plan(p, target, &tc_default(p, target)) {
             // Only a shared-memory budget the target cannot give sends it back to CUDA cores.
             Err(CodegenError::Unsupported { .. }) => {}
             done => return done,
         }
     }
     let s = choose_prefill_schedule(p.d, p.dv, p.dtype);
-    simt::prefill_plan(&p, target, &s)
+    simt::prefill_plan(p, target, &s)
 }
 
 /// The tensor-core schedule [`generate_prefill`] tries first for `p`.
@@ -101,80 +107,113 @@ fn tc_default(p: &Prefill, target: &Target) -> TcSchedule {
     sched
 }
 
-/// The schedule candidates of prefill attention `kernel` for autotuning
-/// ([`crate::schedule_variants`]): [`generate_prefill`]'s first, then for a tensor-core kernel
-/// the same CTA shape with 32-, 48- and 64-key tiles, each with its [`TcSchedule::name`] and a
-/// closure that compiles it (a tile that makes ptxas spill loses on time). CUDA-core kernels
-/// have no alternatives.
-///
-/// # Errors
-/// As [`generate_prefill`], when the kernel cannot be analysed.
-pub fn prefill_variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
-    let p = std::rc::Rc::new(Prefill::analyse(graph, kernel)?);
-    if p.fp8.is_some() {
-        // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles and the
-        // intra-warpgroup overlap; names end `e4m3`. None where the fp8 kernel does not
-        // apply (it says why).
-        schedule::fp8_applies(&p, target)?;
-        let wd = schedule::choose_fp8_schedule();
-        let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
-        let mut out: Vec<crate::Candidate<'a>> = vec![(format!("{} e4m3", wd.name()), first)];
-        for alt in [WgSchedule { block_kv: 64, ..wd }, WgSchedule { overlap: true, ..wd }] {
-            let p = p.clone();
-            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || prefill_wgmma::plan_wg(&p, target, &alt));
-            out.push((format!("{} e4m3", alt.name()), build));
+/// One schedule of prefill attention: one of its three kernels, or [`generate_prefill`]'s
+/// choice among them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum PrefillSchedule {
+    /// [`generate_prefill`]'s: the first kernel that takes the kernel (wgmma, `mma.sync`, CUDA
+    /// cores), named after the one it tries first.
+    Default(Box<PrefillSchedule>),
+    /// The `wgmma` kernel (sm_90a).
+    Wgmma(WgSchedule),
+    /// The fp8 `wgmma` kernel (sm_90a; named `… e4m3`).
+    Fp8(WgSchedule),
+    /// The `mma.sync` kernel.
+    Mma(TcSchedule),
+    /// The CUDA-core kernel (named `cuda-core`).
+    Simt(AttentionSchedule),
+}
+
+impl Schedule for PrefillSchedule {
+    fn name(&self) -> String {
+        match self {
+            PrefillSchedule::Default(first) => first.name(),
+            PrefillSchedule::Wgmma(w) => w.name(),
+            PrefillSchedule::Fp8(w) => format!("{} e4m3", w.name()),
+            PrefillSchedule::Mma(t) => t.name(),
+            PrefillSchedule::Simt(_) => "cuda-core".into(),
         }
-        return Ok(out);
     }
-    if schedule::eligible(&p).is_err() {
-        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
-        return Ok(vec![("cuda-core".into(), build)]);
+}
+
+/// The prefill attention family's generator.
+pub(crate) struct Attention;
+
+impl Generator for Attention {
+    type Analysis<'g> = Prefill;
+    type Schedule = PrefillSchedule;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<Prefill> {
+        Prefill::analyse(graph, kernel)
     }
-    // The default is exactly `generate_prefill` (which falls back to CUDA cores where the
-    // target's shared memory does not fit the tile); the alternatives other key tiles.
-    let default = tc_default(&p, target);
-    let first: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_prefill(graph, kernel, target));
-    let mut out: Vec<crate::Candidate<'a>> = Vec::new();
-    if schedule::wg_eligible(&p, target).is_ok() {
-        // sm_90a: the wgmma kernel first (the default), then the others: 128- and 64-key
-        // tiles, the `+split` P·V, the intra-warpgroup overlap (`ov`), the warp-specialised
-        // kernel (`ws`, TMA producer) and its ping-pong (`ws pp`), then the mma.sync kernel's.
-        let wd = schedule::choose_wg_schedule(p.d, p.dv);
-        out.push((wd.name(), first));
-        let plain = WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false, overlap: false, producer: false, pingpong: false };
-        let ws = WgSchedule { producer: true, ..plain };
-        let pp = WgSchedule { pingpong: true, ..ws };
-        let alts = [
-            plain,
-            WgSchedule { pv_split: true, ..plain },
-            WgSchedule { block_kv: 64, ..plain },
-            WgSchedule { overlap: true, ..plain },
-            WgSchedule { block_kv: 64, overlap: true, ..plain },
-            ws,
-            WgSchedule { block_kv: 64, ..ws },
-            pp,
-            WgSchedule { block_kv: 64, ..pp },
-        ]
-        .into_iter()
-        .filter(|a| *a != wd);
-        for sc in alts {
-            let p = p.clone();
-            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || prefill_wgmma::plan_wg(&p, target, &sc));
-            out.push((sc.name(), build));
+    fn default_schedule(p: &Prefill, target: &Target) -> R<PrefillSchedule> {
+        let first = if p.fp8.is_some() {
+            PrefillSchedule::Fp8(schedule::choose_fp8_schedule())
+        } else if schedule::eligible(p).is_err() {
+            PrefillSchedule::Simt(choose_prefill_schedule(p.d, p.dv, p.dtype))
+        } else if schedule::wg_eligible(p, target).is_ok() {
+            PrefillSchedule::Wgmma(schedule::choose_wg_schedule(p.d, p.dv))
+        } else {
+            PrefillSchedule::Mma(tc_default(p, target))
+        };
+        Ok(PrefillSchedule::Default(Box::new(first)))
+    }
+    /// [`generate_prefill`]'s first, then for a tensor-core kernel the same CTA shape with
+    /// 32-, 48- and 64-key tiles (a tile that makes ptxas spill loses on time); on sm_90a the
+    /// other `wgmma` schedules before them. CUDA-core kernels have no alternatives.
+    fn candidates(p: &Prefill, target: &Target) -> R<Vec<PrefillSchedule>> {
+        if p.fp8.is_some() {
+            // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles and the
+            // intra-warpgroup overlap; names end `e4m3`. None where the fp8 kernel does not
+            // apply (it says why).
+            schedule::fp8_applies(p, target)?;
+            let wd = schedule::choose_fp8_schedule();
+            let mut out = vec![Self::default_schedule(p, target)?];
+            out.extend([WgSchedule { block_kv: 64, ..wd }, WgSchedule { overlap: true, ..wd }].map(PrefillSchedule::Fp8));
+            return Ok(out);
         }
-        let p2 = p.clone();
-        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || prefill_mma::plan(&p2, target, &default));
-        out.push((default.name(), build));
-    } else {
-        out.push((default.name(), first));
+        let mut out = vec![Self::default_schedule(p, target)?];
+        if schedule::eligible(p).is_err() {
+            return Ok(out);
+        }
+        // The default is exactly `generate_prefill` (which falls back to CUDA cores where the
+        // target's shared memory does not fit the tile); the alternatives other key tiles.
+        let default = tc_default(p, target);
+        if schedule::wg_eligible(p, target).is_ok() {
+            // sm_90a: the wgmma kernel first (the default), then the others: 128- and 64-key
+            // tiles, the `+split` P·V, the intra-warpgroup overlap (`ov`), the warp-specialised
+            // kernel (`ws`, TMA producer) and its ping-pong (`ws pp`), then the mma.sync kernel's.
+            let wd = schedule::choose_wg_schedule(p.d, p.dv);
+            let plain = WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false, overlap: false, producer: false, pingpong: false };
+            let ws = WgSchedule { producer: true, ..plain };
+            let pp = WgSchedule { pingpong: true, ..ws };
+            let alts = [
+                plain,
+                WgSchedule { pv_split: true, ..plain },
+                WgSchedule { block_kv: 64, ..plain },
+                WgSchedule { overlap: true, ..plain },
+                WgSchedule { block_kv: 64, overlap: true, ..plain },
+                ws,
+                WgSchedule { block_kv: 64, ..ws },
+                pp,
+                WgSchedule { block_kv: 64, ..pp },
+            ]
+            .into_iter()
+            .filter(|a| *a != wd);
+            out.extend(alts.map(PrefillSchedule::Wgmma));
+            out.push(PrefillSchedule::Mma(default));
+        }
+        let alts = [32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default);
+        out.extend(alts.map(PrefillSchedule::Mma));
+        Ok(out)
     }
-    let alts = [32, 48, 64].into_iter().map(|kv| TcSchedule { block_kv: kv, ..default }).filter(|a| *a != default);
-    for sc in alts {
-        let p = p.clone();
-        let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || prefill_mma::plan(&p, target, &sc));
-        out.push((sc.name(), build));
+    fn build(p: &Prefill, s: &PrefillSchedule, target: &Target) -> R<LaunchPlan> {
+        match s {
+            PrefillSchedule::Default(_) => prefill_default(p, target),
+            PrefillSchedule::Wgmma(w) | PrefillSchedule::Fp8(w) => prefill_wgmma::plan_wg(p, target, w),
+            PrefillSchedule::Mma(t) => prefill_mma::plan(p, target, t),
+            PrefillSchedule::Simt(a) => simt::prefill_plan(p, target, a),
+        }
     }
-    Ok(out)
 }
 
 /// As [`generate_prefill`], on tensor cores with the schedule given
@@ -222,7 +261,7 @@ pub fn generate_prefill_with(graph: &KernelGraph, kernel: Kernel, target: &Targe
 pub fn generate_paged(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
     let p = Paged::analyse(graph, kernel)?;
     let s = choose_paged_schedule(p.rows().as_const(), p.d, p.d, p.dtype);
-    simt::paged_plan(&p, target, &s)
+    decode::PagedAttention::build(&p, &decode::PagedSchedule::SingleCta(s), target)
 }
 
 /// As [`generate_paged`], with the schedule given.
@@ -231,5 +270,5 @@ pub fn generate_paged(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
 /// As [`generate_paged`], and [`CodegenError::Unsupported`] for an invalid schedule.
 pub fn generate_paged_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: &AttentionSchedule) -> Result<LaunchPlan, CodegenError> {
     let p = Paged::analyse(graph, kernel)?;
-    simt::paged_plan(&p, target, schedule)
+    decode::PagedAttention::build(&p, &decode::PagedSchedule::SingleCta(*schedule), target)
 }

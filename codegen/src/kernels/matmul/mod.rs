@@ -34,7 +34,8 @@
 //! `schedule.rs` holds the schedules and [`choose_schedule`]; `spec.rs` the kernel analysis
 //! (`Spec`), the operand views and the tensor-core shared-memory plan; `epilogue.rs` the
 //! epilogue from registers or from a staged tile. [`generate`] takes the default schedule,
-//! [`generate_with`] a given one, [`variants`] the autotuning candidates.
+//! [`generate_with`] a given one; `Matmul` is the family's `Generator` (its candidates are
+//! the autotuning variants).
 //!
 //! # Tests
 //! Every kernel is assembled by ptxas for sm_80 and sm_90a (no spills; the resource lines are
@@ -66,7 +67,9 @@ use self::small_m::build_small_m;
 use self::spec::{unsupported, Spec};
 use self::tiled::build_tiled;
 use self::wgmma::build_wgmma;
+use super::family::{Generator, Schedule};
 use crate::isa::kit::Kit;
+use crate::math::R;
 use crate::target::Target;
 use crate::CodegenError;
 #[cfg(doc)]
@@ -101,9 +104,34 @@ pub(crate) mod kit {
 /// followed by an epilogue the element evaluator supports, or when an output does not have
 /// the matmul's shape; LLVM and target errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    let spec = Spec::analyse(graph, kernel)?;
-    let schedule = spec.default_schedule(target);
-    generate_spec(&spec, target, &schedule)
+    super::compile::<Matmul>(graph, kernel, target)
+}
+
+/// The matmul family's generator: one schedule enum over its five kernels.
+pub(crate) struct Matmul;
+
+impl Generator for Matmul {
+    type Analysis<'g> = Spec;
+    type Schedule = MatmulSchedule;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<Spec> {
+        Spec::analyse(graph, kernel)
+    }
+    /// [`choose_schedule`]'s.
+    fn default_schedule(spec: &Spec, target: &Target) -> R<MatmulSchedule> {
+        Ok(spec.default_schedule(target))
+    }
+    fn candidates(spec: &Spec, target: &Target) -> R<Vec<MatmulSchedule>> {
+        variants(spec, target)
+    }
+    fn build(spec: &Spec, s: &MatmulSchedule, target: &Target) -> R<LaunchPlan> {
+        generate_spec(spec, target, s)
+    }
+}
+
+impl Schedule for MatmulSchedule {
+    fn name(&self) -> String {
+        MatmulSchedule::name(self)
+    }
 }
 
 /// As [`generate`], with the schedule given (for autotuning and tests). Every schedule is
@@ -124,15 +152,14 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// [`MmaSchedule::DEFAULT`] and [`MmaSchedule::NARROW`], or for a flat GEMM (M ≤ 16) the flat
 /// tiles of 32, 64 and 128 columns ([`MmaSchedule::flat`]); for a quantized B read on tensor
 /// cores, other [`QuantMmaSchedule`]s and the quantized small-M kernel — each with its
-/// [`MatmulSchedule::name`] and a closure that compiles it (an alternative the kernel's layouts
-/// or epilogue do not accept fails there with [`CodegenError::Unsupported`]). An fp8 matmul
+/// [`MatmulSchedule::name`] (an alternative the kernel's layouts or epilogue do not accept
+/// fails to build with [`CodegenError::Unsupported`]). An fp8 matmul
 /// has the wgmma tiles only.
 ///
 /// # Errors
 /// As [`generate`], when the kernel cannot be analysed or is an fp8 matmul the target's wgmma
 /// kernel does not take.
-pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
-    let spec = std::rc::Rc::new(Spec::analyse(graph, kernel)?);
+fn variants(spec: &Spec, target: &Target) -> R<Vec<MatmulSchedule>> {
     let default = spec.default_schedule(target);
     if let (Some(_), MatmulSchedule::Wgmma(w)) = (spec.fp8, default) {
         // The fp8 matmul has no schedule where wgmma does not take it (sm_80, sm_90): no
@@ -186,14 +213,7 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
             scheds.push(gemv);
         }
     }
-    Ok(scheds
-        .into_iter()
-        .map(|sc| {
-            let spec = spec.clone();
-            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_spec(&spec, target, &sc));
-            (sc.name(), build)
-        })
-        .collect())
+    Ok(scheds)
 }
 
 fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Result<LaunchPlan, CodegenError> {

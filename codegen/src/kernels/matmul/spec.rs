@@ -95,7 +95,7 @@ impl MatOperand {
 }
 
 /// What the generators need to know about a matmul kernel.
-pub(super) struct Spec {
+pub(crate) struct Spec {
     pub(super) kernel_name: String,
     pub(super) n_inputs: usize,
     pub(super) n_buffers: usize,

@@ -43,8 +43,8 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | [`generate`], [`generate_with`] |
-//! | `schedule.rs` | [`RowSchedule`], its default, the autotuning [`variants`], occupancy |
+//! | `mod.rs` | [`generate`], the family's `Generator` (analyse, schedule, build) |
+//! | `schedule.rs` | [`RowSchedule`], its default, the autotuning candidates, occupancy |
 //! | `analysis.rs` | the row space, the statistics by level, the outputs, the staged inputs |
 //! | `emit.rs` | the kernel: the row loop, chunks, the passes over a row, the outputs |
 //! | `stats.rs` | statistic arithmetic: identities, accumulation, folds, the row scalars |
@@ -69,11 +69,14 @@ use self::cluster::{Split, CLUSTER_SCRATCH_BYTES};
 use self::emit::Emitter;
 use self::schedule::{default_schedule, occupancy, sampled_shift_applies};
 use super::element::Eval;
+use super::family::{Generator, Schedule};
 use super::{build_twice_occupancy, KernelCtx};
+use crate::math::R;
 use crate::target::Target;
 use crate::CodegenError;
 
-pub use self::schedule::{persistent_clusters, variants, RowSchedule};
+use self::schedule::variants;
+pub use self::schedule::{persistent_clusters, RowSchedule};
 
 /// Generates row-reduction kernel `kernel` of `graph` with [`RowSchedule::choose`].
 ///
@@ -87,21 +90,47 @@ pub use self::schedule::{persistent_clusters, variants, RowSchedule};
 /// have different row shapes, or an output is neither a row value nor a row scalar;
 /// [`CodegenError::BadKernel`] for a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    generate_with(graph, kernel, target, None)
+    super::compile::<RowReduction>(graph, kernel, target)
 }
 
-/// As [`generate`] with a chosen schedule (`None`: [`RowSchedule::choose`]).
+/// The row-reduction family's generator.
+pub(crate) struct RowReduction;
+
+impl Generator for RowReduction {
+    type Analysis<'g> = KernelCtx<'g>;
+    type Schedule = RowSchedule;
+    fn analyse<'g>(graph: &'g KernelGraph, kernel: Kernel, _: &Target) -> R<KernelCtx<'g>> {
+        let cx = KernelCtx::new(graph, kernel)?;
+        if cx.data.family != Family::RowReduction {
+            return Err(cx.bad(format!("a {:?} kernel given to the row-reduction generator", cx.data.family)));
+        }
+        Ok(cx)
+    }
+    /// [`RowSchedule::choose`]'s.
+    fn default_schedule(cx: &KernelCtx<'_>, target: &Target) -> R<RowSchedule> {
+        Ok(default_schedule(cx, target)?.0)
+    }
+    fn candidates(cx: &KernelCtx<'_>, target: &Target) -> R<Vec<RowSchedule>> {
+        variants(cx, target)
+    }
+    fn build(cx: &KernelCtx<'_>, s: &RowSchedule, target: &Target) -> R<LaunchPlan> {
+        build(cx, target, *s)
+    }
+}
+
+impl Schedule for RowSchedule {
+    fn name(&self) -> String {
+        RowSchedule::name(self)
+    }
+}
+
+/// Generates the kernel of `cx` with schedule `sched`.
 ///
 /// # Errors
 /// As [`generate`]; [`CodegenError::Unsupported`] for a schedule that does not fit the rows
 /// or the target.
-pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, schedule: Option<RowSchedule>) -> Result<LaunchPlan, CodegenError> {
-    let cx = KernelCtx::new(graph, kernel)?;
-    if cx.data.family != Family::RowReduction {
-        return Err(cx.bad(format!("a {:?} kernel given to the row-reduction generator", cx.data.family)));
-    }
-    let (chosen, plan) = default_schedule(&cx, target)?;
-    let sched = schedule.unwrap_or(chosen);
+fn build(cx: &KernelCtx<'_>, target: &Target, sched: RowSchedule) -> Result<LaunchPlan, CodegenError> {
+    let (_, plan) = default_schedule(&cx, target)?;
     sched.check(&plan.n, target).map_err(|e| cx.unsupported(format!("schedule: {e}")))?;
     // The one-read schedule computes a LayerNorm's statistics in one level (see `LnFused`);
     // the multi-pass one a softmax's max and sum in one pass (see `SoftmaxOnline`).

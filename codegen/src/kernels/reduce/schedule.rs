@@ -15,16 +15,14 @@
 //!
 //! Design notes: book/src/design/reductions.md
 
-use sinter_ir::{DType, Dim, Function, Kernel, KernelGraph, LaunchPlan, OpKind};
+use sinter_ir::{DType, Dim, Function, OpKind};
 
 use super::analysis::{Analysis, OutKind};
 use super::cluster::{Split, CLUSTER_SCRATCH_BYTES};
-use super::generate_with;
 use crate::kernels::element::divisible;
 use crate::kernels::KernelCtx;
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
 
 /// How rows are mapped to threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,7 +105,7 @@ pub(super) const CLUSTER_SLICE_BYTES: u64 = 32 << 10;
 /// statistics fold over twice as many partials and every CTA waits for the slowest of 16,
 /// which costs more than twice the CTAs an SM gains) ...
 const MAX_CLUSTER: u64 = 8;
-/// The largest cluster an explicit schedule may ask for ([`generate_with`]): Hopper's
+/// The largest cluster an explicit schedule may ask for: Hopper's
 /// non-portable size, which the runtime allows per kernel at load
 /// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`).
 const MAX_CLUSTER_EXPLICIT: u32 = 16;
@@ -257,13 +255,12 @@ impl RowSchedule {
 /// The schedule candidates of row-reduction `kernel` for autotuning
 /// ([`crate::schedule_variants`]): [`RowSchedule::choose`]'s first, then for a CTA-per-row
 /// multi-pass or cluster schedule the other thread counts and unrolls (256 × 2, 256 × 4,
-/// 512 × 2, and 1024 × 2 without a cluster), each with its [`RowSchedule::name`] and a closure
-/// that compiles it; the one-read and warp schedules have no alternatives.
+/// 512 × 2, and 1024 × 2 without a cluster), each named by [`RowSchedule::name`]; the
+/// one-read and warp schedules have no alternatives.
 ///
 /// # Errors
-/// As [`generate`], when the kernel cannot be analysed.
-pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> Result<Vec<crate::Candidate<'a>>, CodegenError> {
-    let cx = KernelCtx::new(graph, kernel)?;
+/// As [`super::generate`], when the kernel cannot be analysed.
+pub(super) fn variants(cx: &KernelCtx<'_>, target: &Target) -> R<Vec<RowSchedule>> {
     let (default, _) = default_schedule(&cx, target)?;
     let mut scheds = vec![default];
     if default.chunks.is_none() && default.threads_per_row > 32 {
@@ -358,13 +355,7 @@ pub fn variants<'a>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) 
     }
     let mut seen = std::collections::HashSet::new();
     scheds.retain(|sc| sc.cluster >= 1 && sc.cluster <= MAX_CLUSTER_EXPLICIT && seen.insert(*sc));
-    Ok(scheds
-        .into_iter()
-        .map(|sc| {
-            let build: Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a> = Box::new(move || generate_with(graph, kernel, target, Some(sc)));
-            (sc.name(), build)
-        })
-        .collect())
+    Ok(scheds)
 }
 
 /// [`RowSchedule::choose`]'s schedule for the kernel of `cx`, with its analysis.
