@@ -28,8 +28,8 @@
 
 use inkwell::values::{FloatValue, IntValue};
 
-use crate::emit::KernelBuilder;
-use crate::CodegenError;
+use crate::isa::KernelBuilder;
+use crate::error::CodegenError;
 
 type R<T> = Result<T, CodegenError>;
 
@@ -230,8 +230,8 @@ mod tests {
     /// the fake-quant round trip; scales 0.37, 1.9 and 0.5; odd lengths.
     #[test]
     fn emulated_sm80_kernels_match_the_interpreter_bit_for_bit() {
-        use crate::kernels::matmul::emu::{from_bytes, run, to_bytes};
-        use crate::kernels::matmul::tests::{d, single_kernel, ty};
+        use crate::emu::{from_bytes, run, to_bytes};
+        use crate::testing::{d, single_kernel, ty};
         use crate::target::Target;
         use sinter_ir::interp::{self, Tensor};
         use sinter_ir::{Attr, Bindings, DType, Family, FunctionBuilder, Graph, OpKind};
@@ -242,7 +242,7 @@ mod tests {
             let refs: Vec<&Tensor> = ins.iter().collect();
             let want = interp::run(&graph, &body.name, &refs, &Bindings::new()).unwrap();
             // The kernel's IR before the optimisation pipeline, run in place of its PTX.
-            let (plan, irs) = crate::emit::capture_ir(|| crate::compile_kernel(g, k, &Target::SM_80));
+            let (plan, irs) = crate::isa::capture_ir(|| crate::compile_kernel(g, k, &Target::SM_80));
             let mut plan = plan.unwrap_or_else(|e| panic!("{what}: {e}"));
             plan.ptx = irs.last().cloned().unwrap_or_else(|| panic!("{what}: no IR captured"));
             let mut bufs: Vec<Vec<u8>> = ins.iter().map(to_bytes).collect();

@@ -26,16 +26,13 @@
 
 #[cfg(any(test, feature = "emu"))]
 pub mod emu;
-// shim: old path, removed at integration
-/// The old path of [`isa`].
-pub mod emit {
-    pub use crate::isa::*;
-}
 #[cfg(test)]
 mod cpu_tests;
+pub(crate) mod error;
 pub(crate) mod fp8;
 pub mod isa;
 pub mod kernels;
+pub(crate) mod llvm;
 pub mod math;
 pub mod ptxas;
 pub(crate) mod quant;
@@ -44,101 +41,18 @@ pub mod target;
 pub(crate) mod testing;
 
 use std::rc::Rc;
-use std::sync::OnceLock;
 
-use inkwell::module::Module;
-use inkwell::targets::{
-    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
-    TargetTriple,
-};
-use inkwell::OptimizationLevel;
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
+pub use error::CodegenError;
+pub(crate) use error::fp8_message;
+#[cfg(test)]
+pub(crate) use error::FP8_SUPPORT;
+pub use llvm::{compile_module_to_ptx, target_machine, ADDRESS_SPACE_CONSTANT, ADDRESS_SPACE_GLOBAL, ADDRESS_SPACE_LOCAL, ADDRESS_SPACE_SHARED, PTX_KERNEL_CALL_CONV};
 pub use ptxas::{PtxasError, PtxasReport};
 pub use target::{Target, UnknownTarget};
 
-/// LLVM's `PTX_Kernel` calling convention (`ptx_kernel` in textual IR): marks a function as a
-/// kernel (`.entry`) rather than a device function (`.func`).
-pub const PTX_KERNEL_CALL_CONV: u32 = 71;
-/// NVPTX address space of global memory.
-pub const ADDRESS_SPACE_GLOBAL: u16 = 1;
-/// NVPTX address space of shared memory.
-pub const ADDRESS_SPACE_SHARED: u16 = 3;
-/// NVPTX address space of constant memory.
-pub const ADDRESS_SPACE_CONSTANT: u16 = 4;
-/// NVPTX address space of local (per-thread) memory.
-pub const ADDRESS_SPACE_LOCAL: u16 = 5;
 
-/// What can go wrong in code generation.
-#[derive(Debug, thiserror::Error)]
-pub enum CodegenError {
-    /// A target name sinter does not know.
-    #[error(transparent)]
-    UnknownTarget(#[from] UnknownTarget),
-    /// LLVM's NVPTX back end could not be initialised or found.
-    #[error("LLVM has no NVPTX back end: {0}")]
-    NoNvptxBackEnd(String),
-    /// LLVM refused to create a target machine for the target.
-    #[error("LLVM cannot create a target machine for {triple} cpu {cpu} features {features}")]
-    TargetMachine {
-        /// The triple asked for.
-        triple: String,
-        /// The CPU asked for.
-        cpu: String,
-        /// The feature string asked for.
-        features: String,
-    },
-    /// The module is not valid LLVM IR (the verifier's message).
-    #[error("invalid LLVM module `{module}`: {message}")]
-    InvalidModule {
-        /// The module's name.
-        module: String,
-        /// What the verifier said.
-        message: String,
-    },
-    /// The NVPTX back end failed to emit PTX.
-    #[error("LLVM failed to emit PTX for {target}: {message}")]
-    Emit {
-        /// The target.
-        target: Target,
-        /// LLVM's message.
-        message: String,
-    },
-    /// The emitted PTX is not UTF-8 (it never should be).
-    #[error("LLVM emitted PTX that is not UTF-8")]
-    PtxNotUtf8,
-    /// ptxas could not be found or run, or rejected the PTX.
-    #[error(transparent)]
-    Ptxas(#[from] PtxasError),
-    /// The kernel asks for something this code generator does not do: an op, a shape or a
-    /// layout outside what its family's generator handles. `message` says what and why.
-    #[error("kernel {kernel}: unsupported: {message}")]
-    Unsupported {
-        /// The kernel (`k3`) and its family, e.g. `k3 (Pointwise)`.
-        kernel: String,
-        /// What is not supported.
-        message: String,
-    },
-    /// The kernel is ill-formed: its body's parameters or outputs do not match its buffers,
-    /// a dtype does not fit an op, an attribute is missing.
-    #[error("kernel {kernel}: {message}")]
-    BadKernel {
-        /// The kernel (`k3`) and its family.
-        kernel: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// An LLVM IR builder call failed: an internal error of the generator (it built
-    /// inconsistent IR), never the user's.
-    #[error("LLVM IR builder: {0}")]
-    Builder(String),
-}
-
-impl From<inkwell::builder::BuilderError> for CodegenError {
-    fn from(e: inkwell::builder::BuilderError) -> CodegenError {
-        CodegenError::Builder(e.to_string())
-    }
-}
 
 /// Generates kernel `kernel` of `graph` for `target`: LLVM IR built by the generator of the
 /// kernel's [`Family`], optimised (`default<O3>`) and compiled by the NVPTX back end to PTX,
@@ -188,16 +102,6 @@ pub fn compile_kernel(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R
     })
 }
 
-/// The text of [`fp8_message`] after the refused part: where `f8e4m3` is supported.
-pub(crate) const FP8_SUPPORT: &str = "f8e4m3 tensor-core operands are read only on sm_90a with wgmma, by the fp8 matmul (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b) and the fp8 attention (`attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))`, head dims 64 or 128, no mask, a bf16 or f16 output); the element-wise kernels (pointwise, layout, gather, row reductions) load, store, quantize, dequantize and cast f8e4m3 on every target, so the unfused lowering (`dequantize_fp8` as its own kernel) runs anywhere; the interpreter runs every fp8 graph";
-
-/// What the generators say of `f8e4m3` (issue #8) where they do not read it: `what` (the
-/// refused kernel or value), then where fp8 is supported ([`FP8_SUPPORT`]): the fp8 matmul and
-/// the fp8 prefill attention on sm_90a ([`kernels::matmul`], [`kernels::attention_tc`]) and
-/// the element-wise kernels on every target (`kernels::element`, [`fp8`]).
-pub(crate) fn fp8_message(what: &str) -> String {
-    format!("{what}: {FP8_SUPPORT}")
-}
 
 /// Refuses a kernel of a family that does not read `f8e4m3` — paged attention, the attention
 /// merge and the KV append — when it holds an `f8e4m3` value (a buffer it reads or
@@ -260,9 +164,7 @@ pub struct Variant {
     pub plan: LaunchPlan,
 }
 
-/// A named schedule candidate of a kernel and a closure that compiles it
-/// ([`schedule_variants`]).
-pub type Candidate<'a> = (String, Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a>);
+pub use kernels::family::Candidate;
 
 /// The schedule candidates of `kernel`, uncompiled: the schedule [`compile_kernel`] uses first,
 /// then the alternatives its family's generator offers (`Generator::candidates`) — matmul CTA
@@ -337,79 +239,13 @@ pub fn compile_variant(graph: &KernelGraph, kernel: Kernel, target: &Target, nam
     }
 }
 
-/// Initialises LLVM's NVPTX back end, once per process.
-fn nvptx_backend() -> Result<(), CodegenError> {
-    static INIT: OnceLock<Result<(), String>> = OnceLock::new();
-    INIT.get_or_init(|| {
-        LlvmTarget::initialize_nvptx(&InitializationConfig::default());
-        LlvmTarget::from_triple(&TargetTriple::create(target::NVPTX_TRIPLE))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(CodegenError::NoNvptxBackEnd)
-}
-
-/// Creates an LLVM target machine for `target` (optimisation level aggressive).
-///
-/// # Errors
-/// [`CodegenError::NoNvptxBackEnd`] or [`CodegenError::TargetMachine`].
-pub fn target_machine(target: &Target) -> Result<TargetMachine, CodegenError> {
-    nvptx_backend()?;
-    let triple = TargetTriple::create(target.llvm_triple());
-    let llvm_target = LlvmTarget::from_triple(&triple)
-        .map_err(|e| CodegenError::NoNvptxBackEnd(e.to_string()))?;
-    llvm_target
-        .create_target_machine(
-            &triple,
-            target.llvm_cpu(),
-            target.llvm_features(),
-            OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::Default,
-        )
-        .ok_or_else(|| CodegenError::TargetMachine {
-            triple: target.llvm_triple().to_owned(),
-            cpu: target.llvm_cpu().to_owned(),
-            features: target.llvm_features().to_owned(),
-        })
-}
-
-/// Compiles an LLVM module to PTX text for `target` with LLVM's NVPTX back end.
-///
-/// The module's triple and data layout are set to NVPTX's (`nvptx64-nvidia-cuda`) before
-/// the module is verified and compiled; nothing else in it changes. Only the back end runs
-/// (instruction selection, register allocation at optimisation level aggressive); the
-/// IR-level optimisation pipeline is the caller's choice.
-///
-/// # Errors
-/// [`CodegenError::InvalidModule`] when the LLVM verifier rejects the module (checked first,
-/// since the back end may abort on invalid IR), [`CodegenError::Emit`] when the back end
-/// fails, and the errors of [`target_machine`].
-pub fn compile_module_to_ptx(module: &Module<'_>, target: &Target) -> Result<String, CodegenError> {
-    let machine = target_machine(target)?;
-    module.set_triple(&machine.get_triple());
-    module.set_data_layout(&machine.get_target_data().get_data_layout());
-    module.verify().map_err(|e| CodegenError::InvalidModule {
-        module: module.get_name().to_string_lossy().into_owned(),
-        message: e.to_string(),
-    })?;
-    let buffer = machine
-        .write_to_memory_buffer(module, FileType::Assembly)
-        .map_err(|e| CodegenError::Emit {
-            target: *target,
-            message: e.to_string(),
-        })?;
-    let text = std::str::from_utf8(buffer.as_slice()).map_err(|_| CodegenError::PtxNotUtf8)?;
-    // The buffer may end in a NUL terminator.
-    Ok(text.trim_end_matches('\0').to_owned())
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use inkwell::context::Context;
     use inkwell::intrinsics::Intrinsic;
+    use inkwell::module::Module;
     use inkwell::AddressSpace;
     use inkwell::IntPredicate;
 
@@ -562,7 +398,7 @@ mod tests {
 
     #[test]
     fn kernels_holding_fp8_are_refused_naming_the_dtype() {
-        use crate::kernels::matmul::tests::{d, single_kernel, ty};
+        use crate::testing::{d, single_kernel, ty};
         use sinter_ir::{Attr, DType, FunctionBuilder, Graph, OpKind};
         let scale = || ty(DType::F32, &[]);
         // An fp8 matmul: f8e4m3 input buffers.

@@ -34,7 +34,7 @@
 //! `fast` variants (used where the result is rounded to `bf16`/`f16`, whose ulp is 2¹⁵ or
 //! 2¹³ times f32's) use `ex2.approx` and `rcp`/`div` approximations directly.
 
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Results of the generic math code: the LLVM implementation can fail (a builder error), the
 /// CPU one never does.
@@ -43,7 +43,7 @@ pub type R<T> = Result<T, CodegenError>;
 /// The operations the math library is written in. `F` is an `f32`, `D` an `f64`, `I` an
 /// `i32`, `L` an `i64`, `B` a boolean; all IEEE operations round to nearest even.
 ///
-/// Implemented by [`crate::emit::KernelBuilder`] (LLVM IR) and [`CpuOps`] (Rust arithmetic).
+/// Implemented by [`crate::isa::KernelBuilder`] (LLVM IR) and [`CpuOps`] (Rust arithmetic).
 pub trait Ops {
     /// An `f32` value.
     type F: Copy;

@@ -13,8 +13,8 @@
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use sinter_ir::DType;
 
-use crate::emit::KernelBuilder;
-use crate::CodegenError;
+use crate::isa::KernelBuilder;
+use crate::error::CodegenError;
 
 type R<T> = Result<T, CodegenError>;
 

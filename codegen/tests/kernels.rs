@@ -573,7 +573,7 @@ fn sass_attention_has_tensor_core_instructions() {
 #[test]
 fn sass_attention_wgmma_has_hgmma() {
     use sinter_codegen::kernels::attention::generate_prefill_wg_with;
-    use sinter_codegen::kernels::attention_tc::{choose_wg_schedule, WgSchedule};
+    use sinter_codegen::kernels::attention::schedule::{choose_wg_schedule, WgSchedule};
     let Some(tool) = cuobjdump() else { return };
     for (hd, causal) in [(64, true), (128, true), (128, false)] {
         let (g, k) = attention_at(DType::BF16, 2, 32, 8, 512, hd, causal);
@@ -619,7 +619,7 @@ fn sass_attention_wgmma_has_hgmma() {
 #[test]
 fn sass_attention_wgmma_ws_has_tma_and_setmaxnreg() {
     use sinter_codegen::kernels::attention::generate_prefill_wg_with;
-    use sinter_codegen::kernels::attention_tc::{choose_wg_schedule, WgSchedule};
+    use sinter_codegen::kernels::attention::schedule::{choose_wg_schedule, WgSchedule};
     for (hd, causal) in [(64, true), (128, true), (128, false)] {
         let (g, k) = attention_at(DType::BF16, 2, 32, 8, 512, hd, causal);
         let names: Vec<String> = sinter_codegen::schedule_variants(&g, k, &Target::SM_90A).unwrap().into_iter().map(|v| v.name).collect();

@@ -20,7 +20,7 @@ use sinter_ir::interp::{run_kernel_graph, Tensor};
 use sinter_ir::{Bindings, DType, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind};
 
 use crate::isa::capture_ir;
-use crate::kernels::matmul::emu;
+use crate::emu;
 use crate::target::Target;
 use crate::{compile_kernel, ptxas, CodegenError};
 

@@ -32,7 +32,7 @@ use sinter_ir::interp::{self, Tensor};
 use sinter_ir::{Bindings, DType, Graph, Kernel, KernelGraph, KernelParam, LaunchPlan};
 
 use crate::isa::kit::EMIT_IR;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 struct Warp {
     barrier: Barrier,

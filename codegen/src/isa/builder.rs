@@ -19,7 +19,8 @@ use sinter_ir::Dim;
 
 use crate::math::R;
 use crate::target::Target;
-use crate::{CodegenError, ADDRESS_SPACE_GLOBAL, PTX_KERNEL_CALL_CONV};
+use crate::error::CodegenError;
+use crate::llvm::{ADDRESS_SPACE_GLOBAL, PTX_KERNEL_CALL_CONV};
 
 /// The kind of one kernel parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -391,7 +392,7 @@ impl<'ctx> KernelBuilder<'ctx> {
         // Close the prologue: fall through into the body.
         self.b.position_at_end(self.prologue);
         self.b.build_unconditional_branch(self.body)?;
-        let machine = crate::target_machine(&self.target)?;
+        let machine = crate::llvm::target_machine(&self.target)?;
         self.module.set_triple(&machine.get_triple());
         self.module.set_data_layout(&machine.get_target_data().get_data_layout());
         self.module.verify().map_err(|e| CodegenError::InvalidModule {
@@ -406,7 +407,7 @@ impl<'ctx> KernelBuilder<'ctx> {
         self.module
             .run_passes("default<O3>", &machine, PassBuilderOptions::create())
             .map_err(|e| CodegenError::Emit { target: self.target, message: e.to_string() })?;
-        crate::compile_module_to_ptx(&self.module, &self.target)
+        crate::llvm::compile_module_to_ptx(&self.module, &self.target)
     }
 
     /// The textual LLVM IR of the module (for debugging and error messages).

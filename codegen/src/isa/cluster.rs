@@ -8,7 +8,7 @@ use inkwell::values::{IntValue, PointerValue};
 
 use super::KernelBuilder;
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'ctx> KernelBuilder<'ctx> {
     /// Declares the kernel's cluster shape `dims` (CTAs along x, y, z): the function attribute

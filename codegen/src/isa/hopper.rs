@@ -11,7 +11,7 @@ use sinter_ir::DType;
 use super::builder::basic;
 use super::KernelBuilder;
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// The K extent of one `wgmma.mma_async` over operands of `dt` (PTX ISA §9.7.15.5, "Matrix
 /// shape"): 16 for bf16/f16, 32 for `f8e4m3` — 32 bytes of a K-major row either way, so a

@@ -1,5 +1,5 @@
 //! The kernel-building toolkit every family builds with: [`Kit`], a thin layer over
-//! [`crate::emit::KernelBuilder`], and the one build-twice mechanism ([`build_twice`],
+//! [`crate::isa::KernelBuilder`], and the one build-twice mechanism ([`build_twice`],
 //! [`Kit::build`]) that gives a kernel exactly the size parameters its code reads.
 //!
 //! A [`Kit`] owns one [`KernelBuilder`] whose kernel takes one global pointer per kernel buffer
@@ -25,10 +25,11 @@ use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatV
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, KernelParam, TensorMap};
 
-use crate::emit::{KernelBuilder, ParamKind, SizeTable};
+use crate::isa::{KernelBuilder, ParamKind, SizeTable};
 use crate::math;
 use crate::target::Target;
-use crate::{CodegenError, ADDRESS_SPACE_SHARED};
+use crate::error::CodegenError;
+use crate::llvm::ADDRESS_SPACE_SHARED;
 
 /// Results of this module.
 pub(crate) type R<T> = Result<T, CodegenError>;
@@ -174,7 +175,7 @@ impl<'ctx> Kit<'ctx> {
         kb.position(first);
         kb.br(body)?;
         if EMIT_IR.with(|f| f.get()) && std::env::var_os("SINTER_EMU_O3").is_some() {
-            let machine = crate::target_machine(&kb.target)?;
+            let machine = crate::llvm::target_machine(&kb.target)?;
             kb.module.set_triple(&machine.get_triple());
             kb.module.set_data_layout(&machine.get_target_data().get_data_layout());
             kb.module

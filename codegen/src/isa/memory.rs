@@ -11,7 +11,8 @@ use inkwell::AddressSpace;
 use super::builder::basic;
 use super::KernelBuilder;
 use crate::math::R;
-use crate::{CodegenError, ADDRESS_SPACE_GLOBAL, ADDRESS_SPACE_SHARED};
+use crate::error::CodegenError;
+use crate::llvm::{ADDRESS_SPACE_GLOBAL, ADDRESS_SPACE_SHARED};
 
 impl<'ctx> KernelBuilder<'ctx> {
     /// `&ptr[idx]` for elements of type `elem` (an in-bounds GEP).

@@ -9,7 +9,7 @@ use sinter_ir::DType;
 use super::builder::basic;
 use super::KernelBuilder;
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'ctx> KernelBuilder<'ctx> {
     /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` (PTX ISA §9.7.14.5.15;

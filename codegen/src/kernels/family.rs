@@ -11,8 +11,13 @@
 
 use sinter_ir::{Kernel, KernelGraph, LaunchPlan};
 
+use crate::error::CodegenError;
 use crate::math::R;
 use crate::target::Target;
+
+/// A named schedule candidate of a kernel and a closure that compiles it
+/// ([`crate::schedule_variants`]).
+pub type Candidate<'a> = (String, Box<dyn FnOnce() -> Result<LaunchPlan, CodegenError> + 'a>);
 
 /// A kernel family's generator as the dispatcher sees it.
 pub(crate) trait Generator {
@@ -52,7 +57,7 @@ impl Schedule for Fixed {
 }
 
 /// The element-wise families' schedule: `None` is the driver's choice, the one candidate.
-impl Schedule for Option<super::pointwise::PointwiseSchedule> {
+impl Schedule for Option<super::element::kernel::PointwiseSchedule> {
     fn name(&self) -> String {
         match self {
             None => "default".into(),

@@ -19,10 +19,10 @@ use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
 use super::element::kernel::{generate_elementwise, PointwiseSchedule};
 use super::family::Generator;
-use super::KernelCtx;
+use super::ctx::KernelCtx;
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Generates gather kernel `kernel` of `graph` (see the module docs).
 ///

@@ -35,10 +35,10 @@ use sinter_ir::{Dim, Family, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, V
 
 use super::element::{divisible, At, Ax, Eval, Tag};
 use super::family::{Fixed, Generator};
-use super::{build_twice, KernelCtx};
+use super::ctx::{build_twice, KernelCtx};
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Threads per CTA.
 const BLOCK: u32 = 256;

@@ -16,11 +16,13 @@ use inkwell::values::{IntValue, PointerValue};
 use inkwell::IntPredicate;
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
-use crate::kernels::matmul::kit::{broadcast_strides, buffer_infos, dims_of, input_view, output_strides, BufInfo, Kit, SharedKind, View, R};
-use crate::kernels::matmul::Fp8Scale;
-use crate::kernels::KernelCtx;
+use crate::isa::kit::{dims_of, Kit, SharedKind, R};
+
+use crate::kernels::view::{broadcast_strides, buffer_infos, input_view, output_strides, BufInfo, View};
+use crate::kernels::fp8_operand::Fp8Scale;
+use crate::kernels::ctx::KernelCtx;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// The largest head dimension (of Q/K and of V) the CUDA-core kernels accept.
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -101,7 +103,7 @@ fn single_node<'a>(kd: &'a KernelData, bufs: &[BufInfo], kernel: &str, family: F
         return Err(unsupported(kernel, family, format!("the kernel's outputs must be the `{}` results (through reshapes)", op.name())));
     }
     // The view of an fp8 operand is its fp8 tensor's (`dequantize_fp8(x8, scale)`: x8's).
-    let read = |v: sinter_ir::Value| match crate::kernels::matmul::fp8_operand(body, v, bufs) {
+    let read = |v: sinter_ir::Value| match crate::kernels::fp8_operand::fp8_operand(body, v, bufs) {
         Some(Ok((x8, _))) if op == OpKind::Attention => x8,
         _ => v,
     };
@@ -114,10 +116,10 @@ fn single_node<'a>(kd: &'a KernelData, bufs: &[BufInfo], kernel: &str, family: F
 /// forms such kernels): `Ok(Some(..))`; `Ok(None)` when no operand is `dequantize_fp8` and the
 /// body holds no f8e4m3 value; `Err` (the reason, naming f8e4m3) for any other fp8 body.
 fn fp8_operands(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], views: &[View]) -> Result<Option<[Fp8Scale; 3]>, String> {
-    let ops: Vec<_> = nd.inputs.iter().take(3).map(|&v| crate::kernels::matmul::fp8_operand(body, v, bufs)).collect();
+    let ops: Vec<_> = nd.inputs.iter().take(3).map(|&v| crate::kernels::fp8_operand::fp8_operand(body, v, bufs)).collect();
     if ops.iter().all(Option::is_none) {
         return match body.values.iter().find(|(_, v)| v.ty.dtype.is_fp8()) {
-            Some((v, d)) => Err(crate::fp8_message(&format!("f8e4m3 value {} ({}) in an attention kernel", body.label(v), d.ty))),
+            Some((v, d)) => Err(crate::error::fp8_message(&format!("f8e4m3 value {} ({}) in an attention kernel", body.label(v), d.ty))),
             None => Ok(None),
         };
     }
@@ -126,13 +128,13 @@ fn fp8_operands(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], vie
         let name = ["q", "k", "v"][i];
         match o {
             Some(Ok((_, sc))) if bufs.get(views[i].param).is_some_and(|b| b.dtype == DType::F8E4M3) => scales.push(sc),
-            Some(Ok(_)) => return Err(crate::fp8_message(&format!("f8e4m3 attention: `dequantize_fp8` of {name} does not read an f8e4m3 kernel input"))),
-            Some(Err(e)) => return Err(crate::fp8_message(&format!("f8e4m3 attention: {e}"))),
-            None => return Err(crate::fp8_message(&format!("an attention whose {name} is not `dequantize_fp8` of f8e4m3 while another operand is"))),
+            Some(Ok(_)) => return Err(crate::error::fp8_message(&format!("f8e4m3 attention: `dequantize_fp8` of {name} does not read an f8e4m3 kernel input"))),
+            Some(Err(e)) => return Err(crate::error::fp8_message(&format!("f8e4m3 attention: {e}"))),
+            None => return Err(crate::error::fp8_message(&format!("an attention whose {name} is not `dequantize_fp8` of f8e4m3 while another operand is"))),
         }
     }
     if nd.inputs.len() > 3 {
-        return Err(crate::fp8_message("f8e4m3 attention with an additive mask"));
+        return Err(crate::error::fp8_message("f8e4m3 attention with an additive mask"));
     }
     Ok(Some([scales[0], scales[1], scales[2]]))
 }

@@ -40,11 +40,11 @@ use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
 
 use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, PagedAddr};
-use crate::kernels::matmul::kit::{Kit, SharedKind, R};
+use crate::isa::kit::{Kit, SharedKind, R};
 use super::AttentionSchedule;
 use crate::kernels::family::{Generator, Schedule};
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Keys per tile (one per lane).
 pub(super) const TILE: u32 = 32;

@@ -32,11 +32,12 @@ use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, Value, ValueDef};
 
 use super::analysis::{bad, unsupported};
-use crate::kernels::matmul::kit::{buffer_infos, dims_of, input_view, output_strides, Kit, View, R};
+use crate::isa::kit::{dims_of, Kit, R};
+use crate::kernels::view::{buffer_infos, input_view, output_strides, View};
 use crate::kernels::family::{Fixed, Generator};
-use crate::kernels::KernelCtx;
+use crate::kernels::ctx::KernelCtx;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Threads per CTA.
 const THREADS: u32 = 256;

@@ -55,7 +55,7 @@ pub use self::schedule::{choose_paged_schedule, choose_prefill_schedule, Attenti
 use super::family::{Generator, Schedule};
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Generates prefill attention kernel `kernel` of `graph` ([`Family::Attention`], one
 /// `attention` node of kernel inputs q, k, v and an optional additive mask, through views;

@@ -40,13 +40,13 @@ use sinter_ir::{DType, Family, LaunchPlan};
 
 use super::analysis::{shared_kind, unsupported, Mask, Prefill, T4};
 use super::schedule::{eligible, TcSchedule, TcSmem as Smem, WgSchedule, WS_STAGES};
-use crate::kernels::matmul::kit::{Kit, SharedKind, R};
+use crate::isa::kit::{Kit, SharedKind, R};
 use crate::target::Target;
 
 /// The launch plan of the tensor-core kernel for `p` with schedule `s`.
 ///
 /// # Errors
-/// [`crate::CodegenError::Unsupported`] when `p` is not [`eligible`], the schedule is invalid or
+/// [`crate::error::CodegenError::Unsupported`] when `p` is not [`eligible`], the schedule is invalid or
 /// its shared memory exceeds the target's; LLVM errors otherwise.
 pub(super) fn plan(p: &Prefill, target: &Target, s: &TcSchedule) -> R<LaunchPlan> {
     let fam = Family::Attention;
@@ -235,7 +235,7 @@ pub(super) struct PrefillTc<'a, 'ctx> {
     /// fp8 (the `wgmma` kernel only; see "fp8" in the module docs): q, k, v are e4m3 bytes,
     /// 16 to a 16-byte chunk, 32 to a k-step; sq·sk is folded into the scores' scale, sv into
     /// the output's.
-    pub(super) fp8: Option<[crate::kernels::matmul::Fp8Scale; 3]>,
+    pub(super) fp8: Option<[crate::kernels::fp8_operand::Fp8Scale; 3]>,
     pub(super) ein: DType,
     /// Elements a 16-byte chunk, and a k-step of the `wgmma` S = Q·Kᵀ.
     pub(super) epc: u32,
@@ -310,8 +310,8 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
         let fused = c > 0.0 && p.mask.is_none() && fp8.is_none();
         let (cf, v_scale) = match fp8 {
             Some(sc) => {
-                let qk = kit.fmul(crate::kernels::matmul::fp8_scale(kit, sc[0])?, crate::kernels::matmul::fp8_scale(kit, sc[1])?)?;
-                (kit.fmul(kit.f32c(c), qk)?, Some(crate::kernels::matmul::fp8_scale(kit, sc[2])?))
+                let qk = kit.fmul(crate::kernels::fp8_operand::fp8_scale(kit, sc[0])?, crate::kernels::fp8_operand::fp8_scale(kit, sc[1])?)?;
+                (kit.fmul(kit.f32c(c), qk)?, Some(crate::kernels::fp8_operand::fp8_scale(kit, sc[2])?))
             }
             None => (kit.f32c(c), None),
         };

@@ -37,20 +37,20 @@ use sinter_ir::{Dim, Family, LaunchPlan, TensorMap};
 use super::analysis::{shared_kind, unsupported, Prefill, T4};
 use super::prefill_mma::{build, get_i32, load_i32s, not, or, store_i32s, var_i32, AFrag, CFrag, PrefillTc, Tiles};
 use super::schedule::{wg_eligible, TcSmem as Smem, WgSchedule, WS_CONSUMER_REGS, WS_PRODUCER_REGS, WS_STAGES};
-use crate::kernels::matmul::kit::{Kit, SharedKind, R};
+use crate::isa::kit::{Kit, SharedKind, R};
 use crate::target::Target;
 
 /// The launch plan of the `wgmma` kernel for `p` with schedule `w`.
 ///
 /// # Errors
-/// [`crate::CodegenError::Unsupported`] when `p` is not [`wg_eligible`], the schedule is
+/// [`crate::error::CodegenError::Unsupported`] when `p` is not [`wg_eligible`], the schedule is
 /// invalid or its shared memory exceeds the target's; LLVM errors otherwise.
 pub(super) fn plan_wg(p: &Prefill, target: &Target, w: &WgSchedule) -> R<LaunchPlan> {
     let fam = Family::Attention;
     w.check().map_err(|e| unsupported(&p.name, fam, e))?;
     wg_eligible(p, target).map_err(|e| unsupported(&p.name, fam, e))?;
     if p.fp8.is_some() && (w.pv_split || w.block_kv > 128 || w.block_kv % 32 != 0 || w.producer) {
-        return Err(unsupported(&p.name, fam, crate::fp8_message(&format!("f8e4m3 attention: schedule `{}` (the fp8 kernel takes 32- to 128-key tiles, multiples of 32, without `+split` or the warp-specialised producer)", w.name()))));
+        return Err(unsupported(&p.name, fam, crate::error::fp8_message(&format!("f8e4m3 attention: schedule `{}` (the fp8 kernel takes 32- to 128-key tiles, multiples of 32, without `+split` or the warp-specialised producer)", w.name()))));
     }
     let sm = Smem::wg(w, p.d, p.dv, p.fp8.is_some());
     // Dynamic always: its 1024-byte alignment is what the swizzled slabs need.

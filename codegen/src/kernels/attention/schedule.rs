@@ -12,7 +12,7 @@
 use sinter_ir::{DType, Family};
 
 use super::analysis::{unsupported, Prefill};
-use crate::kernels::matmul::kit::R;
+use crate::isa::kit::R;
 use crate::target::Target;
 
 /// Keys per tile: one per lane of a warp.
@@ -208,7 +208,7 @@ pub fn choose_tc_schedule(d: u32, dv: u32, masked: bool, causal: bool, target: &
 /// Why prefill attention `p` cannot take the tensor-core kernel (`Ok` when it can).
 pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
     if p.fp8.is_some() {
-        return Err(crate::fp8_message("f8e4m3 attention: the mma.sync kernel does not read f8e4m3"));
+        return Err(crate::error::fp8_message("f8e4m3 attention: the mma.sync kernel does not read f8e4m3"));
     }
     if !matches!(p.dtype, DType::BF16 | DType::F16) {
         return Err(format!("no tensor-core attention for {} (bf16 and f16 only)", p.dtype));
@@ -343,7 +343,7 @@ pub fn choose_fp8_schedule() -> WgSchedule {
 /// what [`eligible`] asks, and sm_90a, head dims 64 or 128, no additive mask.
 pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
     if p.fp8.is_some() {
-        return fp8_eligible(p, target).map_err(|e| crate::fp8_message(&format!("f8e4m3 attention: {e}")));
+        return fp8_eligible(p, target).map_err(|e| crate::error::fp8_message(&format!("f8e4m3 attention: {e}")));
     }
     eligible(p)?;
     if !target.has_wgmma() {
@@ -387,7 +387,7 @@ fn fp8_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
 /// fp8 attention the kernel does not take is an error, not a kernel that fails to build.
 ///
 /// # Errors
-/// [`crate::CodegenError::Unsupported`] naming f8e4m3, the reason and where fp8 is supported.
+/// [`crate::error::CodegenError::Unsupported`] naming f8e4m3, the reason and where fp8 is supported.
 pub(super) fn fp8_applies(p: &Prefill, target: &Target) -> R<()> {
     let fam = Family::Attention;
     wg_eligible(p, target).map_err(|e| unsupported(&p.name, fam, e))

@@ -23,7 +23,7 @@ use sinter_ir::{DType, Dim, Family, GridDim, LaunchPlan};
 
 use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, Prefill, T4};
 use super::schedule::{AttentionSchedule, SimtSmem as Smem, BLOCK_KV};
-use crate::kernels::matmul::kit::{Kit, SharedKind, R};
+use crate::isa::kit::{Kit, SharedKind, R};
 use crate::target::Target;
 
 /// What the core needs to know, whichever family.
@@ -282,7 +282,7 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
 pub(super) fn prefill_plan(p: &Prefill, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan> {
     let fam = Family::Attention;
     if p.fp8.is_some() {
-        return Err(unsupported(&p.name, fam, crate::fp8_message("f8e4m3 attention: the CUDA-core kernel does not read f8e4m3")));
+        return Err(unsupported(&p.name, fam, crate::error::fp8_message("f8e4m3 attention: the CUDA-core kernel does not read f8e4m3")));
     }
     s.check().map_err(|e| unsupported(&p.name, fam, e))?;
     let smem = Smem::new(s, p.d, p.dv, p.dtype);

@@ -10,7 +10,7 @@ use sinter_ir::{DType, Dim, Value};
 
 use super::{bad, At, Ax, Eval, IndexWidth, Key, Lanes, Tag};
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// The index type.

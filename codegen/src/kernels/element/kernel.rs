@@ -39,10 +39,10 @@
 use sinter_ir::{Dim, GridDim, LaunchPlan, Layout, OpClass, OpKind, Value, ValueDef};
 
 use super::{divisible, At, Ax, Buf, Eval, RopePair, Tag};
-use crate::kernels::{build_twice_occupancy, KernelCtx};
+use crate::kernels::ctx::{build_twice_occupancy, KernelCtx};
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Threads per CTA and elements per thread-step of a pointwise kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

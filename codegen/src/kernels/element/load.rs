@@ -23,9 +23,9 @@ use inkwell::IntPredicate;
 use sinter_ir::{DType, Dim, Function, Node, OpKind, Value};
 
 use super::{bad, divisible, unsupported, At, Buf, Eval, Lanes, Offsets, Scalar};
-use crate::emit::storage_type;
+use crate::isa::storage_type;
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// A load as it came from memory: one vector (of the storage type, or of `i32` words for
 /// `bf16` read as words), or one storage value per lane (a single value: every lane reads

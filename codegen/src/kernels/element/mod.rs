@@ -55,9 +55,9 @@ use std::collections::HashMap;
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, PointerValue};
 use sinter_ir::{DType, Dim, Function, Node, Value};
 
-use crate::emit::{KernelBuilder, SizeTable};
+use crate::isa::{KernelBuilder, SizeTable};
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 pub(crate) use self::load::words_params;
 pub(crate) use self::rows::exp_shifted_ftz;

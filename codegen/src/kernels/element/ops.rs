@@ -17,7 +17,7 @@ use sinter_ir::{Attr, DType, Node, OpKind, Value, ValueDef};
 
 use super::{bad, divisible, unsupported, At, Ax, Eval, IndexWidth, Lanes, Scalar, Tag};
 use crate::math::{self, Ops, R};
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// Emits the computation of `v` at `at` (memoised).
@@ -410,8 +410,8 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             Sub => kb.fsub(a, c)?,
             Mul => kb.fmul(a, c)?,
             Div => kb.fdiv(a, c)?,
-            Maximum => kb.combine_f32(crate::emit::Combine::Max, a, c)?,
-            Minimum => kb.combine_f32(crate::emit::Combine::Min, a, c)?,
+            Maximum => kb.combine_f32(crate::isa::Combine::Max, a, c)?,
+            Minimum => kb.combine_f32(crate::isa::Combine::Min, a, c)?,
             Pow => match exponent {
                 Some(1.0) => a,
                 Some(2.0) => kb.fmul(a, a)?,

@@ -11,7 +11,7 @@ use sinter_ir::{Dim, Node, Value};
 
 use super::{bad, unsupported, At, Ax, Eval, Lanes, Scalar, Tag};
 use crate::math::{self, Ops, R};
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// `rope(x, positions)` at `at`: pair `p` of the last axis (length D) rotated by

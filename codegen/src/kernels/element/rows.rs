@@ -9,7 +9,7 @@ use inkwell::values::{AsValueRef, FloatValue};
 use sinter_ir::{DType, Dim, Node, OpKind, Value};
 
 use super::{unsupported, At, Eval, Lanes, RowScalars, Scalar, Tag};
-use crate::emit::KernelBuilder;
+use crate::isa::KernelBuilder;
 use crate::math::{Ops, R};
 
 impl<'a, 'ctx> Eval<'a, 'ctx> {

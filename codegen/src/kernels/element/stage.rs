@@ -10,9 +10,9 @@ use sinter_ir::DType;
 
 use super::load::Raw;
 use super::{At, Buf, Eval, Lanes, Tag};
-use crate::emit::storage_type;
+use crate::isa::storage_type;
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 use std::collections::HashMap;
 
 /// Shared-memory staging of a row reduction's row-varying parameters (the cluster schedule of

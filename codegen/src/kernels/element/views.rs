@@ -10,7 +10,7 @@ use sinter_ir::{Dim, Node, Value};
 
 use super::{divisible, Arm, At, Ax, Eval, IndexWidth, Lanes, Scalar, Tag};
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'a, 'ctx> Eval<'a, 'ctx> {
     pub(super) fn reshape(&mut self, node: Node, result: Value, at: &At<'ctx>) -> R<Lanes<'ctx>> {

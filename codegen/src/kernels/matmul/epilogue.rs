@@ -14,7 +14,7 @@ use super::schedule::TiledSchedule;
 use super::spec::{Spec, MmaPlan, Bases};
 use crate::isa::kit::{Kit, R};
 use crate::kernels::element::{At, Ax, Buf, Eval, Scalar, Tag};
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Evaluates the epilogue at output element (m, n) from the f32 accumulator — the matmul
 /// result rounded once to its dtype, then the body's element-wise nodes through the shared

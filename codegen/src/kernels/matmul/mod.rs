@@ -71,25 +71,14 @@ use super::family::{Generator, Schedule};
 use crate::isa::kit::Kit;
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 #[cfg(doc)]
 use sinter_ir::Family;
 
 pub use self::schedule::{choose_schedule, MatmulSchedule, MmaSchedule, QuantMmaSchedule, SmallMSchedule, TiledSchedule, WgmmaSchedule, WS_CONSUMER_REGS, WS_PERSISTENT_CTAS, WS_PRODUCER_REGS};
 use self::schedule::small_m_schedule;
 
-// shim: old path, removed at integration
-pub(crate) use super::fp8_operand::{fp8_operand, fp8_scale, Fp8Scale};
-// shim: old path, removed at integration
-#[cfg(test)]
-pub(crate) use crate::emu;
 
-/// The kernel-building toolkit and the buffer views, at their old path.
-// shim: old path, removed at integration
-pub(crate) mod kit {
-    pub(crate) use crate::isa::kit::*;
-    pub(crate) use crate::kernels::view::*;
-}
 
 /// Generates the PTX and launch plan of matmul kernel `kernel` of `graph` with the schedule
 /// [`choose_schedule`] picks.
@@ -235,7 +224,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
     if spec.fp8.is_some() && !matches!(schedule, MatmulSchedule::Wgmma(_)) {
-        return Err(unsupported(&spec.kernel_name, crate::fp8_message(&format!("f8e4m3 matmul: schedule `{}`", schedule.name()))));
+        return Err(unsupported(&spec.kernel_name, crate::error::fp8_message(&format!("f8e4m3 matmul: schedule `{}`", schedule.name()))));
     }
     let quant_ok = match schedule {
         MatmulSchedule::SmallM(s) => s.lanes == 32,

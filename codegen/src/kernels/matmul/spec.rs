@@ -13,10 +13,10 @@ use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 use super::schedule::{TiledSchedule, MmaSchedule, WgmmaSchedule, QuantMmaSchedule, MatmulSchedule, choose_schedule, small_m_schedule};
 use crate::isa::kit::{dims_of, Kit, R};
 use crate::kernels::view::{broadcast_strides, buffer_infos, input_view, BufInfo};
-use crate::kernels::KernelCtx;
+use crate::kernels::ctx::KernelCtx;
 use crate::kernels::fp8_operand::{fp8_operand, Fp8Scale};
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// When `v` is `dequantize` of a block-quantized kernel input: `Ok((parameter, dtype))`, or
 /// why the kernel cannot read it as blocks; `None` when `v` is something else.
@@ -220,7 +220,7 @@ impl Spec {
                 }
                 Some((a, b, [sa, sb]))
             }
-            _ => return Err(no(crate::fp8_message("a matmul with one `dequantize_fp8` operand"))),
+            _ => return Err(no(crate::error::fp8_message("a matmul with one `dequantize_fp8` operand"))),
         };
         let a = match &fp8 {
             Some((a, _, _)) => a.clone(),
@@ -426,7 +426,7 @@ impl Spec {
     /// shared memory within the target's limit.
     pub(super) fn mma_plan(&self, s: &MmaSchedule, target: &Target) -> Result<MmaPlan, String> {
         if self.fp8.is_some() {
-            return Err(crate::fp8_message("the `mma.sync` kernel does not take f8e4m3 operands"));
+            return Err(crate::error::fp8_message("the `mma.sync` kernel does not take f8e4m3 operands"));
         }
         if !matches!(self.dtype, DType::BF16 | DType::F16) {
             return Err(format!("tensor-core matmul of {} operands", self.dtype));
@@ -501,7 +501,7 @@ impl Spec {
             }
             let dt = self.a.dtype;
             let es = dt.size_bytes() as u32;
-            if crate::emit::wgmma_k(dt).is_none() || self.b.dtype != dt || (self.fp8.is_none() && !matches!(self.dtype, DType::BF16 | DType::F16)) {
+            if crate::isa::wgmma_k(dt).is_none() || self.b.dtype != dt || (self.fp8.is_none() && !matches!(self.dtype, DType::BF16 | DType::F16)) {
                 return Err(format!("wgmma of {dt} · {} operands", self.b.dtype));
             }
             if s.bk * es != 128 || s.bm % 64 != 0 || s.warps_n != 1 || s.warps_m * 16 != s.bm || s.bn % 8 != 0 || s.bn > 256 {
@@ -514,7 +514,7 @@ impl Spec {
             Ok(plan)
         };
         match (plan(), self.fp8) {
-            (Err(e), Some(_)) => Err(crate::fp8_message(&format!("f8e4m3 matmul: {e}"))),
+            (Err(e), Some(_)) => Err(crate::error::fp8_message(&format!("f8e4m3 matmul: {e}"))),
             (r, _) => r,
         }
     }

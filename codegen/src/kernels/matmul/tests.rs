@@ -9,9 +9,8 @@ use super::*;
 use super::schedule::small_m_schedule;
 use super::spec::Spec;
 use crate::isa::kit::{SharedKind, R};
+use crate::testing::{assemble, d, plan_line, single_kernel, sym, ty};
 
-// shim: old path, removed at integration
-pub(crate) use crate::testing::{assemble, d, plan_line, single_kernel, sym, ty};
 
 /// The tensor-core primitives on one warp, emulated (and assembled for sm_80 and sm_90a):
 /// `cp.async` of a 16×16 A and a 16×16 B into shared memory (one chunk of A zero-filled

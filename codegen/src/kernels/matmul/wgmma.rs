@@ -35,14 +35,14 @@ impl<'ctx> WgmmaProducts<'ctx> {
     /// The products of warpgroup `wg` (i32) over the slabs at shared address `sbase` (i32).
     pub(super) fn new(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedule, plan: &MmaPlan, sbase: IntValue<'ctx>, wg: IntValue<'ctx>) -> R<Self> {
         let dt = spec.a.dtype;
-        let ik = crate::emit::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
+        let ik = crate::isa::wgmma_k(dt).ok_or_else(|| kit.err(format!("wgmma of {dt} operands")))?;
         let a_wg = kit.add(sbase, kit.add(kit.mul(wg, kit.i32c((64 * plan.a.row_bytes()) as i32))?, kit.i32c(plan.a.base as i32))?)?;
         let b_cta = kit.add(sbase, kit.i32c(plan.b.base as i32))?;
         Ok(WgmmaProducts { a_wg, b_cta, dt, ik, k_step_bytes: ik * dt.size_bytes() as u32, bk: w.tile.bk, bn: w.tile.bn, in_flight: w.in_flight })
     }
 
     /// Issues the K tile in the stage at byte offset `stage` (i32) onto the accumulators `acc`
-    /// (their variables, updated in place; [`KernelBuilder::wgmma_k_tile`](crate::emit::KernelBuilder::wgmma_k_tile)).
+    /// (their variables, updated in place; [`KernelBuilder::wgmma_k_tile`](crate::isa::KernelBuilder::wgmma_k_tile)).
     pub(super) fn k_tile(&self, k: &Kit<'ctx>, stage: IntValue<'ctx>, acc: &[PointerValue<'ctx>]) -> R<()> {
         let desc_fixed = k.i64c((1i64 << 16) | (64i64 << 32) | (1i64 << 62));
         let desc = |addr: IntValue<'ctx>| -> R<IntValue<'ctx>> {
@@ -185,7 +185,7 @@ pub(super) enum WgmmaLoads<'a, 'ctx> {
 /// thread. Per K tile: wait for its copies, `fence.proxy.async.shared::cta` (the copies are
 /// generic-proxy writes, `wgmma` reads through the async proxy), a CTA barrier, `bk/16`
 /// (`bk/32` for e4m3: four either way)
-/// `wgmma`s committed as one group and waited for ([`KernelBuilder::wgmma_k_tile`](crate::emit::KernelBuilder::wgmma_k_tile)), then
+/// `wgmma`s committed as one group and waited for ([`KernelBuilder::wgmma_k_tile`](crate::isa::KernelBuilder::wgmma_k_tile)), then
 /// the copies of K tile `kt + stages − 1` into the stage K tile `kt − 1` used (every
 /// warpgroup has finished with it: it waited for its products before this tile's barrier).
 ///
@@ -337,7 +337,7 @@ pub(super) fn for_each_tile<'ctx>(kit: &Kit<'ctx>, spec: &Spec, w: &WgmmaSchedul
 /// - **warpgroups 1 and 2, the consumers**: `setmaxnreg.inc` to [`WS_CONSUMER_REGS`];
 ///   consumer warpgroup `j` (threads `128 + 128j …`) owns rows `64j … 64j + 63` of the CTA
 ///   tile, as in [`build_wgmma`]. Per K tile: wait on the stage's *full* mbarrier, one group
-///   of `bk/16` `wgmma`s ([`KernelBuilder::wgmma_k_tile`](crate::emit::KernelBuilder::wgmma_k_tile), `wgmma.wait_group in_flight`),
+///   of `bk/16` `wgmma`s ([`KernelBuilder::wgmma_k_tile`](crate::isa::KernelBuilder::wgmma_k_tile), `wgmma.wait_group in_flight`),
 ///   then free the stage whose products are known complete — this tile's with `in_flight`
 ///   0, the previous tile's with 1 (the last one after the final `wgmma.wait_group 0`) —
 ///   by an arrival on its *empty* mbarrier from lane 0 of every consumer warp (the wait is

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use sinter_ir::{Dim, Function, Layout, Node, OpKind, Value, ValueDef};
 
-use crate::emit::Combine;
+use crate::isa::Combine;
 use crate::kernels::element::shape_text;
-use crate::kernels::KernelCtx;
+use crate::kernels::ctx::KernelCtx;
 use crate::math::R;
 
 /// A per-row statistic: one reduction over the row of an element expression.

@@ -22,11 +22,11 @@ use sinter_ir::Node;
 use super::analysis::{Analysis, Stat, StatKind};
 use super::emit::{Acc, Emitter, Held, Pending};
 use super::schedule::{RowSchedule, CLUSTER_SLICE_BYTES};
-use crate::emit::Combine;
+use crate::isa::Combine;
 use crate::kernels::element::{Ax, Eval, RowScalars};
-use crate::kernels::KernelCtx;
+use crate::kernels::ctx::KernelCtx;
 use crate::math::{Ops, R};
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// The cluster schedule's split of a row (see this module's docs).
 #[derive(Clone, Debug)]

@@ -22,7 +22,7 @@ use super::cluster::Split;
 use super::schedule::RowSchedule;
 use crate::kernels::element::{At, Ax, Buf, Eval, Stage, Tag};
 use crate::math::R;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 /// Row statistics of a node waiting for the rest of its statistics: softmax's `(m, m is −inf,
 /// m_safe)`, layer_norm's mean correction `d`.
@@ -652,7 +652,7 @@ impl<'p, 'ctx> Emitter<'p, 'ctx> {
     }
 
     /// The row length as the multi-pass loops' bound: a constant is made opaque so that
-    /// LLVM keeps the loop a loop (see [`crate::emit::KernelBuilder::opaque`]).
+    /// LLVM keeps the loop a loop (see [`crate::isa::KernelBuilder::opaque`]).
     fn loop_bound(&self, ev: &mut Eval<'_, 'ctx>, nv: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         if let Some(split) = &self.split {
             // The cluster schedule loops over its CTA's slice (its staged iterations).

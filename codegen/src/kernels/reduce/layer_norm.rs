@@ -11,10 +11,10 @@ use inkwell::IntPredicate;
 
 use super::analysis::{Stat, StatKind};
 use super::emit::{Acc, Chunk, Emitter};
-use crate::emit::Combine;
+use crate::isa::Combine;
 use crate::kernels::element::{Eval, RowScalars};
 use crate::math::{Ops, R};
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'p, 'ctx> Emitter<'p, 'ctx> {
     /// A `layer_norm`'s statistics in the one-read schedule ([`StatKind::LnFused`]).

@@ -70,10 +70,10 @@ use self::emit::Emitter;
 use self::schedule::{default_schedule, occupancy, sampled_shift_applies};
 use super::element::Eval;
 use super::family::{Generator, Schedule};
-use super::{build_twice_occupancy, KernelCtx};
+use super::ctx::{build_twice_occupancy, KernelCtx};
 use crate::math::R;
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 use self::schedule::variants;
 pub use self::schedule::{persistent_clusters, RowSchedule};

@@ -20,7 +20,7 @@ use sinter_ir::{DType, Dim, Function, OpKind};
 use super::analysis::{Analysis, OutKind};
 use super::cluster::{Split, CLUSTER_SCRATCH_BYTES};
 use crate::kernels::element::divisible;
-use crate::kernels::KernelCtx;
+use crate::kernels::ctx::KernelCtx;
 use crate::math::R;
 use crate::target::Target;
 

@@ -14,10 +14,10 @@ use sinter_ir::{DType, OpKind};
 
 use super::analysis::{Stat, StatKind};
 use super::emit::{Acc, Chunk, Emitter, Pending};
-use crate::emit::Combine;
+use crate::isa::Combine;
 use crate::kernels::element::{exp_shifted_ftz, At, Eval, RowScalars, Scalar};
 use crate::math::{self, Ops, R};
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 impl<'p, 'ctx> Emitter<'p, 'ctx> {
     fn identity(&self, ev: &Eval<'_, 'ctx>, st: &Stat) -> Acc<'ctx> {

@@ -7,8 +7,8 @@ use sinter_ir::{Attr, Bindings, DType, Dim, Family, FunctionBuilder, Graph, Kern
 
 use crate::kernels::attention::merge::*;
 use crate::kernels::attention::{generate_paged, generate_prefill, generate_prefill_with, AttentionSchedule};
-use crate::kernels::matmul::emu::{check, random};
-use crate::kernels::matmul::tests::{assemble, d, plan_line, single_kernel, sym, ty};
+use crate::emu::{check, random};
+use crate::testing::{assemble, d, plan_line, single_kernel, sym, ty};
 use crate::target::Target;
 
 fn bind(pairs: &[(&str, i64)]) -> Bindings {

@@ -10,7 +10,7 @@ mod tensor_core;
 
 use sinter_ir::{Attr, DType, Dim, Family, FunctionBuilder, Graph, Kernel, KernelGraph, OpKind};
 
-use crate::kernels::matmul::tests::{d, single_kernel, sym, ty};
+use crate::testing::{d, single_kernel, sym, ty};
 
 /// `attention(q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], mask [Sq, Skv]?)`.
 #[allow(clippy::too_many_arguments)]

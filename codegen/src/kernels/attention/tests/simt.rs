@@ -6,9 +6,9 @@ use sinter_ir::{Attr, DType, Family, FunctionBuilder, Graph, GridDim, Kernel, Ke
 
 use super::{bind, paged, prefill};
 use crate::kernels::attention::*;
-use crate::kernels::matmul::tests::{assemble, d, plan_line, single_kernel, sym, ty};
+use crate::testing::{assemble, d, plan_line, single_kernel, sym, ty};
 use crate::target::Target;
-use crate::CodegenError;
+use crate::error::CodegenError;
 
 #[test]
 fn prefill_ptxas_reports() {
@@ -248,7 +248,7 @@ fn with_values(t: Tensor, edits: &[(usize, f64)]) -> Tensor {
 /// fully masked rows, NaN where the reference reads it and where it does not.
 #[test]
 fn emulated_prefill_matches_interpreter() {
-    use crate::kernels::matmul::emu::{check, random};
+    use crate::emu::{check, random};
     let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_80);
     // GQA 4/2, D = 64, causal, Sq = T, Skv = S.
     let (g, k) = prefill(DType::BF16, 4, 2, sym("T"), sym("S"), 64, 64, true, false);
@@ -313,7 +313,7 @@ fn emulated_prefill_matches_interpreter() {
 /// 48), 112 and 256, f16, every schedule shape.
 #[test]
 fn emulated_prefill_tc_matches_interpreter() {
-    use crate::kernels::matmul::emu::{check, random};
+    use crate::emu::{check, random};
     let tc = |s: TcSchedule| move |g: &KernelGraph, k: Kernel| generate_prefill_tc_with(g, k, &Target::SM_80, &s);
     // sm_90 (not sm_90a, whose wgmma kernel the emulator cannot run): the same schedules.
     let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_90);
@@ -377,7 +377,7 @@ fn emulated_prefill_tc_matches_interpreter() {
 /// Every key-tile variant autotuning may pick computes what the interpreter does (causal,
 /// GQA 3, D = 64, 129 keys: a partial last tile for each of 32, 48 and 64).
 fn emulated_prefill_variants() {
-    use crate::kernels::matmul::emu::{check, random};
+    use crate::emu::{check, random};
     let (g, k) = prefill(DType::BF16, 6, 2, sym("T"), sym("S"), 64, 64, true, false);
     // sm_90a's candidates: the wgmma kernel's (not emulated: the GPU tests run them), then
     // the mma.sync kernel's, which sm_90 has alone.
@@ -396,7 +396,7 @@ fn emulated_prefill_variants() {
 
 #[test]
 fn emulated_prefill_tc_special_values() {
-    use crate::kernels::matmul::emu::{check, random};
+    use crate::emu::{check, random};
     let gen = |g: &KernelGraph, k: Kernel| generate_prefill(g, k, &Target::SM_80);
     let sizes = |t: usize, s: usize| bind(&[("B", 1), ("T", t as i64), ("S", s as i64)]);
     let d = 64usize;
@@ -464,7 +464,7 @@ fn emulated_prefill_tc_special_values() {
 /// step); GQA 4/2.
 #[test]
 fn emulated_paged_matches_interpreter() {
-    use crate::kernels::matmul::emu::{check, random};
+    use crate::emu::{check, random};
     let gen = |g: &KernelGraph, k: Kernel| generate_paged(g, k, &Target::SM_80);
     let (b, pages, page, m) = (4usize, 12usize, 4usize, 3usize);
     let table: Vec<f64> = (0..b * m).map(|i| ((i * 7 + 3) % pages) as f64).collect();

@@ -7,7 +7,7 @@ use super::prefill;
 use crate::kernels::attention::generate_prefill;
 use crate::kernels::attention::schedule::*;
 use crate::kernels::attention::schedule::TcSmem as Smem;
-use crate::kernels::matmul::tests::{assemble, d, sym};
+use crate::testing::{assemble, d, sym};
 use crate::target::Target;
 
 /// The default schedule of every head dim the kernel takes (multiples of 16; bf16, and f16
@@ -112,7 +112,7 @@ fn wgmma_kernel_assembles_without_spills() {
 /// k `[B, Skv, Hkv, D]`, v `[B, Skv, Hkv, Dv]`): the TMA maps' strides out of order.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prefill_lse(dt: DType, h: i64, hkv: i64, sq: sinter_ir::Dim, skv: sinter_ir::Dim, hd: i64, dv: i64, causal: bool) -> (sinter_ir::KernelGraph, sinter_ir::Kernel) {
-    use crate::kernels::matmul::tests::{single_kernel, ty};
+    use crate::testing::{single_kernel, ty};
     use sinter_ir::{Attr, FunctionBuilder, Graph, OpKind};
     let b = sym("B");
     let mut fb = FunctionBuilder::new(&Graph::new(), "attn");
@@ -182,7 +182,7 @@ fn wgmma_ws_kernel_assembles_without_spills() {
 #[test]
 fn wgmma_ws_snapshots() {
     use crate::kernels::attention::generate_prefill_wg_with;
-    use crate::kernels::matmul::tests::plan_line;
+    use crate::testing::plan_line;
     let h = Target::SM_90A;
     let mut text = String::new();
     for (what, hd, hq, hkv) in [("bf16 D128 GQA 32/8 causal Sq=T Skv=S", 128, 32, 8), ("bf16 D64 GQA 9/3 causal Sq=T Skv=T", 64, 9, 3)] {
@@ -249,7 +249,7 @@ fn fp8_kernel_assembles_without_spills() {
     assert!(generate_prefill(&g, k, &h).unwrap().entry.ends_with("_attention_wgmma_e4m3"));
     for t in [Target::SM_80, Target::SM_90] {
         // `sinter explain --schedules` lists no kernel it would refuse.
-        assert!(matches!(crate::schedule_variants(&g, k, &t), Err(crate::CodegenError::Unsupported { .. })), "{t}");
+        assert!(matches!(crate::schedule_variants(&g, k, &t), Err(crate::error::CodegenError::Unsupported { .. })), "{t}");
         let e = generate_prefill(&g, k, &t).unwrap_err().to_string();
         assert!(e.contains(&format!("f8e4m3 attention: wgmma needs sm_90a, not {t}: {}", crate::FP8_SUPPORT)), "{e}");
     }
@@ -259,7 +259,7 @@ fn fp8_kernel_assembles_without_spills() {
     }
     for (out, hd) in [(DType::F32, 128), (DType::BF16, 96)] {
         let (g, k) = prefill_fp8(out, 8, 2, sym("T"), sym("S"), hd, hd, false);
-        assert!(matches!(crate::schedule_variants(&g, k, &h), Err(crate::CodegenError::Unsupported { .. })), "{out} D{hd}");
+        assert!(matches!(crate::schedule_variants(&g, k, &h), Err(crate::error::CodegenError::Unsupported { .. })), "{out} D{hd}");
         let e = generate_prefill(&g, k, &h).unwrap_err().to_string();
         assert!(e.contains("f8e4m3 attention: ") && e.contains(crate::FP8_SUPPORT), "{e}");
     }
