@@ -10,6 +10,12 @@
 //! | [`Family::Matmul`] | [`matmul`] | tiled matmul with epilogue |
 //! | [`Family::Attention`], [`Family::PagedAttention`], [`Family::AttentionMerge`] | [`attention`] | prefill attention (FlashAttention-2 on `mma.sync`, `wgmma` or CUDA cores), split-KV paged decode, the log-sum-exp merge |
 //!
+//! Each family is reached through one trait, [`family::Generator`] (analyse the kernel, its
+//! default schedule, its autotuning candidates, build one schedule), implemented on a
+//! zero-sized struct in the family's module; [`compile`] and [`candidates`] are written once
+//! over it and [`compile_family`] / [`family_candidates`] are the table from [`Family`] to
+//! them.
+//!
 //! Every generator returns a [`LaunchPlan`]: the PTX, its entry point, the grid as
 //! `ceil(dim / per_cta)` expressions of the kernel's symbols, the block, and the parameter
 //! list — **the kernel's buffers in order (inputs, then outputs: [`KernelParam::Buffer`]),
