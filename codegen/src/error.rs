@@ -78,7 +78,7 @@ impl From<inkwell::builder::BuilderError> for CodegenError {
 /// The text of [`fp8_message`] after the refused part: where `f8e4m3` is supported.
 pub(crate) const FP8_SUPPORT: &str = "f8e4m3 tensor-core operands are read only on sm_90a with wgmma, by the fp8 matmul (`matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))`, B [N, K] with transpose_b) and the fp8 attention (`attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))`, head dims 64 or 128, no mask, a bf16 or f16 output); the element-wise kernels (pointwise, layout, gather, row reductions) load, store, quantize, dequantize and cast f8e4m3 on every target, so the unfused lowering (`dequantize_fp8` as its own kernel) runs anywhere; the interpreter runs every fp8 graph";
 
-/// What the generators say of `f8e4m3` (issue #8) where they do not read it: `what` (the
+/// What the generators say of `f8e4m3` where they do not read it: `what` (the
 /// refused kernel or value), then where fp8 is supported ([`FP8_SUPPORT`]): the fp8 matmul and
 /// the fp8 prefill attention on sm_90a ([`kernels::matmul`], [`kernels::attention_tc`]) and
 /// the element-wise kernels on every target (`kernels::element`, [`fp8`]).

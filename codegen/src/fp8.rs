@@ -1,4 +1,4 @@
-//! `f8e4m3` (OCP OFP8 E4M3, [`sinter_ir::DType::F8E4M3`], issue #8) in registers: the LLVM IR
+//! `f8e4m3` (OCP OFP8 E4M3, [`sinter_ir::DType::F8E4M3`]) in registers: the LLVM IR
 //! that converts `f32` values to e4m3 bytes and back, shared by the element evaluator
 //! (`quantize_fp8`, `dequantize_fp8`, `cast` and fp8 loads/stores in any element-wise
 //! kernel, see `kernels::element`).

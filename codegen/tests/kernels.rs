@@ -53,7 +53,7 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
     }
     add("gather_bf16_i32_49152x576".into(), "gather: table bf16[49152,576], ids i32[4,32]".into(), embedding_at(DType::BF16, DType::I32, 49152, 576, 4, 32));
     add("gather_f32_i64_32000x4096".into(), "gather: table f32[32000,4096], ids i64[1,7]".into(), embedding_at(DType::F32, DType::I64, 32000, 4096, 1, 7));
-    // fp8 activations (issue #8): quantize and dequantize, one shape each.
+    // fp8 activations: quantize and dequantize, one shape each.
     add("quantize_fp8_bf16_64x4096".into(), "quantize_fp8(x bf16[64,4096], s f32[]) → f8e4m3".into(), quantize_fp8_at(DType::BF16, d(64), d(4096)));
     add("dequantize_fp8_bf16_64x4096".into(), "dequantize_fp8(x8 f8e4m3[64,4096], s f32[]) → bf16".into(), dequantize_fp8_at(DType::BF16, d(64), d(4096)));
     for (from, to) in [(DType::BF16, DType::F32), (DType::F32, DType::BF16)] {
@@ -406,7 +406,7 @@ fn sass_wgmma_tma_has_utmaldg() {
     assert!(err.to_string().contains("16-byte"), "{err}");
 }
 
-/// The warp-specialised wgmma matmul (`WgmmaSchedule::specialized`, issue #8), one CTA per
+/// The warp-specialised wgmma matmul (`WgmmaSchedule::specialized`), one CTA per
 /// tile and persistent over 132 CTAs: 384 threads (`.maxntid 384`, so ptxas budgets ≤ 168
 /// registers a thread), `setmaxnreg` 40/232 (`USETMAXREG` in the SASS), the producer's
 /// `UTMALDG`, the mbarriers' `SYNCS`, `HGMMA`, no spills, and one `BAR.SYNC` only (the one
@@ -448,7 +448,7 @@ fn sass_wgmma_ws_has_setmaxnreg() {
     }
 }
 
-/// The fp8 matmul (`f8e4m3` operands, issue #8) on sm_90a: the `wgmma` kernel with e4m3
+/// The fp8 matmul (`f8e4m3` operands) on sm_90a: the `wgmma` kernel with e4m3
 /// products — `QGMMA` in the SASS (`wgmma.mma_async …k32.f32.e4m3.e4m3`), no `HGMMA`/`HMMA`
 /// —, `LDGSTS` (cp.async) for the byte slabs, no spills, for every wgmma schedule candidate
 /// and with M, N and K tails (K a multiple of 16: 16-byte rows); bf16 and f32 results. sm_80
@@ -494,7 +494,7 @@ fn ptx_snapshot_fp8_wgmma() {
     insta::assert_snapshot!("ptx_matmul_fp8_wgmma_512x4096x4096_sm_90a", text);
 }
 
-/// The fp8 attention (`f8e4m3` q, k, v, issue #8) on sm_90a: the `wgmma` attention kernel
+/// The fp8 attention (`f8e4m3` q, k, v) on sm_90a: the `wgmma` attention kernel
 /// with e4m3 products — `QGMMA` in the SASS for Q·Kᵀ (both operands from shared memory) and
 /// P·V (A from registers), no `HGMMA`/`HMMA` —, `F2FP` packing P to e4m3, `PRMT` transposing
 /// V, `LDGSTS` (cp.async) for the tiles, `FENCE.VIEW.ASYNC.S` (the async-proxy fence), no
@@ -610,7 +610,7 @@ fn sass_attention_wgmma_has_hgmma() {
 }
 
 /// The warp-specialised wgmma attention (`WgSchedule::producer`, names ` ws`) and its
-/// ping-pong (` ws pp`), issue #8: schedule candidates of a plain sm_90a prefill at D 64 and
+/// ping-pong (` ws pp`): schedule candidates of a plain sm_90a prefill at D 64 and
 /// 128; 384 threads (`.maxntid 384`: ptxas budgets ≤ 168 registers a thread before
 /// `setmaxnreg`), `USETMAXREG` (24/240), the producer's `UTMALDG.4D` (Q, K, V through 4-d
 /// maps), the mbarriers' `SYNCS`, `HGMMA`, no `LDGSTS` (cp.async) and no local memory, no

@@ -339,7 +339,7 @@ pub fn fused_pointwise(rows: i64, cols: i64) -> (KernelGraph, Kernel) {
     single(Family::Pointwise, fb.finish(&[out]).unwrap())
 }
 
-/// `quantize_fp8(x from[R, C], s f32[])` → `f8e4m3[R, C]` (issue #8).
+/// `quantize_fp8(x from[R, C], s f32[])` → `f8e4m3[R, C]`.
 pub fn quantize_fp8_at(from: DType, rows: Dim, cols: Dim) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "quantize_fp8");
     let x = fb.param("x", ty(from, &[rows, cols]));
@@ -348,7 +348,7 @@ pub fn quantize_fp8_at(from: DType, rows: Dim, cols: Dim) -> (KernelGraph, Kerne
     single(Family::Pointwise, fb.finish(&[y]).unwrap())
 }
 
-/// `dequantize_fp8(x8 f8e4m3[R, C], s f32[]) {dtype=to}` (issue #8).
+/// `dequantize_fp8(x8 f8e4m3[R, C], s f32[]) {dtype=to}`.
 pub fn dequantize_fp8_at(to: DType, rows: Dim, cols: Dim) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "dequantize_fp8");
     let x = fb.param("x8", ty(DType::F8E4M3, &[rows, cols]));
@@ -475,7 +475,7 @@ pub fn matmul_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
     single(Family::Matmul, fb.finish(&[y]).unwrap())
 }
 
-/// The fp8 matmul (issue #8): `dequantize_fp8(a8 [M, K], sa) · dequantize_fp8(b8 [N, K], sb)ᵀ`
+/// The fp8 matmul: `dequantize_fp8(a8 [M, K], sa) · dequantize_fp8(b8 [N, K], sb)ᵀ`
 /// with f8e4m3 operands, f32 scalar scales and a result of `out` (the `dequantize_fp8` dtype).
 pub fn fp8_matmul_at(out: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "fp8_proj");
@@ -509,7 +509,7 @@ pub fn attention_at(dt: DType, b: i64, h: i64, hkv: i64, seq: i64, hd: i64, caus
     single(Family::Attention, fb.finish(&[o]).unwrap())
 }
 
-/// The fp8 attention (issue #8): `attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk),
+/// The fp8 attention: `attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk),
 /// dequantize_fp8(v8, sv))` of `f8e4m3` `[B, H, S, D]` inputs and `f32[]` scales, bf16 out.
 pub fn fp8_attention_at(b: i64, h: i64, hkv: i64, seq: i64, hd: i64, causal: bool) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "attn8");
