@@ -689,7 +689,7 @@ impl Prefill {
         LaunchPlan {
             entry,
             ptx,
-            target: target.name().to_owned(),
+            target: *target,
             grid: [
                 GridDim { numerator: self.sq.clone(), denominator: block_q },
                 GridDim::fixed(self.heads as u32),
@@ -1278,7 +1278,7 @@ fn paged_plan(p: &Paged, target: &Target, s: &AttentionSchedule) -> R<LaunchPlan
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [
             GridDim { numerator: p.rows(), denominator: s.block_q() },
             GridDim::fixed(p.kv_heads as u32),

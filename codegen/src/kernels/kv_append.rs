@@ -194,7 +194,7 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [GridDim { numerator: numel, denominator: vec * BLOCK }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [BLOCK, 1, 1],
         shared_bytes: 0,

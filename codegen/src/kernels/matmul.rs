@@ -778,7 +778,7 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
             ([GridDim { numerator: cols, denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch], 0)
         }
     };
-    Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes, params })
+    Ok(LaunchPlan { entry, ptx, target: *target, grid, block: [threads, 1, 1], shared_bytes, params })
 }
 
 /// When `v` is `dequantize` of a block-quantized kernel input: `Ok((parameter, dtype))`, or
@@ -4247,7 +4247,7 @@ pub(crate) mod tests {
     /// CI (it is an error in CI).
     pub(crate) fn assemble(plan: &LaunchPlan) -> Option<String> {
         let ptxas = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}"))?;
-        let target = Target::parse(&plan.target).unwrap();
+        let target = plan.target;
         let report = ptxas::assemble_with(&ptxas, &plan.ptx, &target).unwrap_or_else(|e| panic!("{}: {e}", plan.entry));
         let k = report.function(&plan.entry).unwrap_or_else(|| panic!("{report:?}"));
         assert!(!report.spills(), "{}: spills\n{report}", plan.entry);
@@ -4315,7 +4315,7 @@ pub(crate) mod tests {
                     let ctx = Context::create();
                     let (ptx, params) = Kit::build(&ctx, "mma_unit", target, 2, 2, &[], 32, build).unwrap();
                     super::kit::EMIT_IR.with(|f| f.set(false));
-                    LaunchPlan { entry: "mma_unit".into(), ptx, target: target.name().into(), grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)], block: [32, 1, 1], shared_bytes: 0, params }
+                    LaunchPlan { entry: "mma_unit".into(), ptx, target, grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)], block: [32, 1, 1], shared_bytes: 0, params }
                 };
                 for t in [Target::SM_80, Target::SM_90A] {
                     let plan = make(false, t);

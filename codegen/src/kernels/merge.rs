@@ -202,7 +202,7 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [GridDim { numerator: m.groups(), denominator: THREADS }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [THREADS, 1, 1],
         shared_bytes: 0,

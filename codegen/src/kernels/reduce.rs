@@ -735,7 +735,7 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [
             if sched.persistent > 0 {
                 let g = sched.persistent;
