@@ -1,6 +1,6 @@
 //! Fingerprints the code generator's sources (and the IR it reads) so that the kernel cache
 //! key changes whenever the code that turns a kernel body into PTX changes: a cache filled by
-//! one version of sinter is never served to another (see `sinter::gpu::kernel_key`). The build
+//! one version of sinter is never served to another (see `sinter::cache_key::kernel_key`). The build
 //! with LLVM that fills the cache and the build without LLVM that reads it, made from the same
 //! tree, get the same fingerprint.
 

@@ -2,14 +2,9 @@
 //! CUDA events (the median over the iterations of the time from a run's first kernel's start to
 //! its last kernel's end), printed beside the anchor figures measured in the same device call.
 //!
-//! Each timed run is preceded, on the same stream, by a fill of a [`FLUSH_BYTES`] scratch
-//! buffer, as `triton.testing.do_bench` (which times every anchor) clears the L2 cache before
-//! each of its runs: the run starts from the cache state the anchors start from, and the GPU
-//! is still busy with the fill when the run's start event and launches are queued, so the
-//! host's launch latency is not timed. (With `--no-flush` each run starts on an idle GPU, as
-//! before 2026-11-30: the start event is then stamped at once and the kernel begins only when
-//! the host's launch call reaches the GPU, a few µs later, which the time includes.) Each
-//! [`Row`] records which ([`Row::flushed`]).
+//! Each timed run follows an L2-clearing fill of a scratch buffer, as the anchors' timer does
+//! ([`crate::timing`]); with `--no-flush` each run starts on an idle GPU, the host's launch
+//! latency included. Each [`Row`] records which ([`Row::flushed`]).
 //!
 //! Traffic is counted as `anchors.py` counts it (bytes the op must read and write once), so
 //! the GB/s figures compare one to one. Every memory-bound row moves at least
@@ -23,7 +18,7 @@ use serde_json::Value as Json;
 use sinter_runtime::{Device, DeviceBuffer};
 
 use crate::gpu::{GpuProgram, Lowering};
-use crate::{Bindings, DType, Error, Graph};
+use crate::{Bindings, DType, Error, Graph, Target};
 
 /// One measured row.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -122,20 +117,16 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
     Ok(dev.upload_bytes(dtype, shape, &bytes)?)
 }
 
-/// The scratch buffer filled before each timed run (see the module docs): 256 MiB, as
-/// `triton.testing.do_bench`'s cache-clearing buffer, five times an H100/H200's 50 MiB L2.
-pub const FLUSH_BYTES: usize = 256 << 20;
-
 /// Times `g`'s entry on `inputs` (device buffers in parameter order): the median over `iters`
 /// runs of the time from a run's first kernel's start to its last kernel's end (milliseconds),
-/// each run preceded by a fill of `flush` when given (see the module docs).
+/// each run preceded by a fill of `flush` when given ([`crate::timing::median_micros`]).
 fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], iters: usize, autotune: bool, flush: Option<&DeviceBuffer>) -> Result<(f64, usize), Error> {
     let p = GpuProgram::compile_with_options(g, dev, lowering, autotune, &mut |_, _| {})?;
     if autotune {
         let cache = sinter_runtime::KernelCache::open_default()?;
         let target = crate::gpu::target_for(dev);
         for k in p.kernel_graph().kernels.keys() {
-            if let Some(r) = crate::tune::record(p.kernel_graph(), k, target, &cache) {
+            if let Some(r) = crate::tune::record(p.kernel_graph(), k, &target, &cache) {
                 let times: Vec<String> = r.micros.iter().map(|(n, us)| format!("{n} {us:.1} us")).collect();
                 eprintln!("  {k} tuned on {}: {} ({})", r.device, r.winner, times.join(", "));
             }
@@ -143,17 +134,8 @@ fn time(dev: &Device, g: &Graph, lowering: Lowering, inputs: &[DeviceBuffer], it
     }
     let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
     let b = Bindings::new();
-    let _ = p.executor().run_profiled(&refs, &b)?;
-    let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        if let Some(f) = flush {
-            dev.zero(f)?;
-        }
-        let (_, prof) = p.executor().run_profiled(&refs, &b)?;
-        times.push(prof.total_micros);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2] / 1000.0, p.kernel_graph().kernels.len()))
+    let micros = crate::timing::median_micros(dev, flush, iters, || Ok(p.executor().run_profiled(&refs, &b)?.1.total_micros))?;
+    Ok((micros / 1000.0, p.kernel_graph().kernels.len()))
 }
 
 /// What one benchmark input holds.
@@ -277,7 +259,7 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
         }
     }
     if want("fp8") {
-        // The fp8 matmul (issue #8): e4m3 operands A [M, K] and B [N, K] with per-tensor f32
+        // The fp8 matmul: e4m3 operands A [M, K] and B [N, K] with per-tensor f32
         // scales, one fused kernel (sm_90a's wgmma e4m3 GEMM), bf16 out — anchors.py's
         // `torch._scaled_mm` row. Inputs uniform in [-1, 1) rounded to e4m3.
         let (m, n, k) = (8192usize, 8192usize, 8192usize);
@@ -308,7 +290,7 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
         qmatmul_cases(&mut out)?;
     }
     if want("attn") {
-        // The anchor's shapes: B2 H32 S4096 D128 (the issue's target), B1 H32 S16384 D128,
+        // The anchor's shapes: B2 H32 S4096 D128 (the main target shape), B1 H32 S16384 D128,
         // B2 H32 S4096 D64. On sm_90a the kernel is the wgmma one (FlashAttention-3 tiles),
         // elsewhere FlashAttention-2 on mma.sync.
         for (b, h, s, d, causal) in [(2usize, 32usize, 4096usize, 128usize, false), (2, 32, 4096, 128, true), (1, 32, 16384, 128, false), (1, 32, 16384, 128, true), (2, 32, 4096, 64, false), (2, 32, 4096, 64, true)] {
@@ -332,10 +314,10 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
                 anchor: Box::new(move |a| exact_anchor(a, "attn", &key, "cudnn")),
             });
         }
-        // The fp8 attention (issue #8): q, k, v e4m3 with per-tensor f32 scales, one fused
+        // The fp8 attention: q, k, v e4m3 with per-tensor f32 scales, one fused
         // kernel (sm_90a: wgmma e4m3, P in e4m3, V transposed in shared memory), bf16 out.
         // anchors.py has no fp8 attention: the ratio is to our bf16 attention row of the same
-        // shape measured just before in this run (the issue's target: ≥ 1.5×).
+        // shape measured just before in this run (the goal: ≥ 1.5×).
         for causal in [false, true] {
             let (b, h, s, d) = (2usize, 32usize, 4096usize, 128usize);
             let g = crate::graph! {
@@ -416,7 +398,7 @@ fn cases(only: &[String]) -> Result<Vec<BenchCase>, Error> {
     Ok(out)
 }
 
-/// The `cascade` group: cascade decode ([`crate::zoo::cascade`]) at issue 6's shape (Hq 32 /
+/// The `cascade` group: cascade decode ([`crate::zoo::cascade`]) at the shape of [`crate::zoo::cascade::CascadeConfig::bench`] (Hq 32 /
 /// Hkv 8 / D 128, batch 64, a 32768-token shared prefix, a 256-token suffix per request,
 /// bf16), and the plain paged decode over the same keys, with each request's prefix a private
 /// copy in the cache (8.7 GB of K/V, as a cache without prefix sharing holds it) and with the
@@ -692,7 +674,7 @@ fn needs_sm90a(c: &BenchCase) -> bool {
 ///
 /// # Errors
 /// An unknown group; lowering or code generation errors; `autotune` in a build without LLVM.
-pub fn precompile(only: &[String], target: &str, autotune: bool) -> Result<crate::gpu::CompileStats, Error> {
+pub fn precompile(only: &[String], target: &Target, autotune: bool) -> Result<crate::gpu::CompileStats, Error> {
     check_groups(only)?;
     if autotune && !cfg!(feature = "llvm") {
         return Err(Error::Unsupported("--autotune with --precompile compiles every schedule candidate: this build has no code generator (the `llvm` feature)".into()));
@@ -700,8 +682,8 @@ pub fn precompile(only: &[String], target: &str, autotune: bool) -> Result<crate
     let cache = sinter_runtime::KernelCache::open_default()?;
     let mut stats = crate::gpu::CompileStats::default();
     let mut kernels = 0;
-    for c in cases(only)?.into_iter().filter(|c| target == "sm_90a" || !needs_sm90a(c)) {
-        let kg = crate::gpu::lower(&c.graph, c.lowering)?;
+    for c in cases(only)?.into_iter().filter(|c| target.has_fp8_matmul() || !needs_sm90a(c)) {
+        let kg = crate::gpu::lower(&c.graph, c.lowering, target)?;
         crate::gpu::plans(&kg, target, &cache, &mut stats)?;
         #[cfg(feature = "llvm")]
         if autotune {
@@ -734,7 +716,7 @@ fn upload_inputs(dev: &Device, specs: &[Input], previous: &[(Input, DeviceBuffer
 /// Runs the benchmark groups in `only` (all when empty) and returns the rows; with
 /// `autotune`, each case's tunable kernels are timed first ([`crate::tune`]) and the winners
 /// printed to stderr; with `flush`, each timed run is preceded by a fill of a
-/// [`FLUSH_BYTES`] scratch buffer (see the module docs).
+/// [`crate::timing::FLUSH_BYTES`] scratch buffer (see the module docs).
 ///
 /// # Errors
 /// An unknown group; device, compile or run errors (out of device memory for the scratch
@@ -742,7 +724,7 @@ fn upload_inputs(dev: &Device, specs: &[Input], previous: &[(Input, DeviceBuffer
 pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool, flush: bool) -> Result<Vec<Row>, Error> {
     check_groups(only)?;
     let dev = Device::open()?;
-    let scratch = if flush { Some(dev.alloc(DType::Bool, &[FLUSH_BYTES])?) } else { None };
+    let scratch = if flush { Some(crate::timing::flush_buffer(&dev)?) } else { None };
     println!("timing: {}", if flush { "each run after a 256 MiB fill (the L2 cleared, as triton's do_bench does for the anchors)" } else { "each run on an idle GPU (--no-flush)" });
     let copy = copy_anchor(anchors).map(|c| c.1);
     match copy {
@@ -759,7 +741,7 @@ pub fn run(only: &[String], anchors: &[Json], iters: usize, autotune: bool, flus
     let pick = std::env::var("SINTER_BENCH_CASE").ok();
     let target = crate::gpu::target_for(&dev);
     for c in cases(only)?.into_iter().filter(|c| pick.as_ref().is_none_or(|p| format!("{} {}", c.name, c.shape).contains(p.as_str()))) {
-        if needs_sm90a(&c) && target != "sm_90a" {
+        if needs_sm90a(&c) && !target.has_fp8_matmul() {
             println!("{:<11} {:<34} {:<27} skipped: its fp8 kernel needs sm_90a (wgmma), not {target}", c.group, c.name, c.shape);
             continue;
         }

@@ -3,25 +3,18 @@
 //! cache), and run by `sinter-runtime`.
 //!
 //! **Kernel cache.** Every compiled kernel is stored under `$SINTER_CACHE/kernels`, keyed by
-//! its family, its body's IR text, its buffers' types and layouts, the target, the PTX
-//! version, the LLVM version, the sinter version and a fingerprint of the code generator's
-//! and IR's sources (computed by `build.rs`, so that a cache filled by one version of the
-//! generator is never served to another). A build without the `llvm` feature
+//! [`crate::cache_key::kernel_key`]. A build without the `llvm` feature
 //! compiles nothing: it runs kernels from the cache (compiled earlier on a machine with LLVM
 //! and carried over) and reports a missing one as [`Error::KernelNotCached`].
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use sinter_ir::{Bindings, Graph, Kernel, KernelGraph, LaunchPlan};
-use sinter_runtime::{CacheKey, CapturedGraph, Device, DeviceBuffer, Executor, KernelCache, Lookup, Profile, RuntimeError};
+use sinter_ir::{Bindings, Graph, Kernel, KernelGraph, LaunchPlan, Target};
+use sinter_runtime::{CapturedGraph, Device, DeviceBuffer, Executor, KernelCache, Lookup, Profile, RuntimeError};
 
+use crate::cache_key::kernel_key;
 use crate::{Error, Tensor};
-
-/// The PTX ISA version the code generator emits.
-pub const PTX_VERSION: &str = "8.5";
-/// The LLVM the code generator is built with (Debian's llvm-22-dev, TOOLCHAIN.md).
-pub const LLVM_VERSION: &str = "22.1";
 
 /// How a graph becomes kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,35 +56,13 @@ pub struct CompileStats {
     pub kernels_per_layer: Option<usize>,
 }
 
-/// The cache key of one kernel (see the module docs).
-pub fn kernel_key(kg: &KernelGraph, k: Kernel, target: &str) -> CacheKey {
-    let kd = &kg.kernels[k];
-    // The body's name carries the kernel's index: identical kernels (the same op in every
-    // layer) must share one cache entry and one loaded module.
-    let mut body = kd.body.clone();
-    body.name = "kernel".into();
-    for v in body.values.values_mut() {
-        v.name = None;
-    }
-    let mut text = format!("family {:?}\n{}", kd.family, sinter_ir::text::print_function(&body));
-    for &b in kd.inputs.iter().chain(&kd.outputs) {
-        let bd = &kg.buffers[b];
-        let strides: Vec<String> = bd.layout.strides.iter().map(|d| d.to_string()).collect();
-        text.push_str(&format!("buffer {} strides [{}] align {}\n", bd.ty, strides.join(", "), bd.layout.align));
-    }
-    // The schedule field carries the code generator's fingerprint (build.rs): a kernel cached
-    // by another version of the generator is a miss, never a stale hit.
-    CacheKey::new(&text, concat!("auto codegen ", env!("SINTER_CODEGEN_FINGERPRINT")), target, PTX_VERSION, LLVM_VERSION)
-}
-
 #[cfg(feature = "llvm")]
-fn build_plan(kg: &KernelGraph, k: Kernel, target: &str) -> Result<LaunchPlan, Error> {
-    let t = sinter_codegen::Target::parse(target).map_err(|e| Error::Codegen(e.to_string()))?;
-    sinter_codegen::compile_kernel(kg, k, &t).map_err(|e| Error::Codegen(format!("kernel {k} ({:?}): {e}", kg.kernels[k].family)))
+fn build_plan(kg: &KernelGraph, k: Kernel, target: &Target) -> Result<LaunchPlan, Error> {
+    sinter_codegen::compile_kernel(kg, k, target).map_err(|e| Error::Codegen(format!("kernel {k} ({:?}): {e}", kg.kernels[k].family)))
 }
 
 #[cfg(not(feature = "llvm"))]
-fn build_plan(kg: &KernelGraph, k: Kernel, target: &str) -> Result<LaunchPlan, Error> {
+fn build_plan(kg: &KernelGraph, k: Kernel, target: &Target) -> Result<LaunchPlan, Error> {
     Err(Error::KernelNotCached { kernel: format!("{k} ({:?})", kg.kernels[k].family), target: target.to_string() })
 }
 
@@ -99,7 +70,7 @@ fn build_plan(kg: &KernelGraph, k: Kernel, target: &str) -> Result<LaunchPlan, E
 ///
 /// # Errors
 /// Code generation errors; [`Error::KernelNotCached`] in a build without LLVM.
-pub fn plans(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats) -> Result<Vec<LaunchPlan>, Error> {
+pub fn plans(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats) -> Result<Vec<LaunchPlan>, Error> {
     plans_with_progress(kg, target, cache, stats, &mut |_, _| {})
 }
 
@@ -107,13 +78,13 @@ pub fn plans(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut Co
 ///
 /// # Errors
 /// As [`plans`].
-pub fn plans_with_progress(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<LaunchPlan>, Error> {
+pub fn plans_with_progress(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<LaunchPlan>, Error> {
     plans_for_device(kg, target, cache, stats, progress, None)
 }
 
 /// [`plans_with_progress`]; with `device` (its name), a kernel that has a timing record made on
 /// a device of that name runs the record's winner ([`crate::tune`]).
-fn plans_for_device(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize), device: Option<&str>) -> Result<Vec<LaunchPlan>, Error> {
+fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize), device: Option<&str>) -> Result<Vec<LaunchPlan>, Error> {
     let mut out = Vec::with_capacity(kg.kernels.len());
     let total = kg.kernels.len();
     for k in kg.kernels.keys() {
@@ -154,38 +125,21 @@ fn plans_for_device(kg: &KernelGraph, target: &str, cache: &KernelCache, stats: 
     Ok(out)
 }
 
-/// Kernel `k` of `kg` alone, as a kernel graph of its own: its distinct inputs are the graph's
-/// inputs (in first-use order), its outputs the graph's outputs; every buffer of `kg` is kept
-/// (same ids). For running or timing one kernel by itself (autotuning, tests).
-pub fn kernel_alone(kg: &KernelGraph, k: Kernel) -> KernelGraph {
-    let kd = &kg.kernels[k];
-    let mut inputs = Vec::new();
-    for b in &kd.inputs {
-        if !inputs.contains(b) {
-            inputs.push(*b);
-        }
-    }
-    let mut kernels = kg.kernels.clone();
-    kernels.clear();
-    kernels.push(kd.clone());
-    KernelGraph { buffers: kg.buffers.clone(), kernels, inputs, outputs: kd.outputs.clone() }
-}
-
-/// Lowers `graph` to a kernel graph.
+/// Lowers `graph` to a kernel graph whose kernels the code generator builds for `target`.
 ///
 /// # Errors
 /// [`Error::Passes`].
-pub fn lower(graph: &Graph, lowering: Lowering) -> Result<KernelGraph, Error> {
-    Ok(lower_counting(graph, lowering)?.0)
+pub fn lower(graph: &Graph, lowering: Lowering, target: &Target) -> Result<KernelGraph, Error> {
+    Ok(lower_counting(graph, lowering, target)?.0)
 }
 
 /// [`lower`], with the kernels per decoder layer (`layer` or `block` calls) the fusion
 /// report counts.
-fn lower_counting(graph: &Graph, lowering: Lowering) -> Result<(KernelGraph, Option<usize>), Error> {
+fn lower_counting(graph: &Graph, lowering: Lowering, target: &Target) -> Result<(KernelGraph, Option<usize>), Error> {
     Ok(match lowering {
         Lowering::Unfused => (sinter_passes::lower_unfused(graph)?, None),
         Lowering::Fused => {
-            let (kg, report) = sinter_passes::compile(graph, &sinter_passes::PassOptions::for_graph(graph))?;
+            let (kg, report) = sinter_passes::compile(graph, target, &sinter_passes::PassOptions::for_graph(graph))?;
             let per_layer = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
             (kg, per_layer)
         }
@@ -194,10 +148,10 @@ fn lower_counting(graph: &Graph, lowering: Lowering) -> Result<(KernelGraph, Opt
 
 /// The target to generate code for on this device: `sm_90a` on Hopper, `sm_80` elsewhere
 /// (sm_80 PTX runs on every later GPU through the driver's JIT).
-pub fn target_for(device: &Device) -> &'static str {
+pub fn target_for(device: &Device) -> Target {
     match device.info().compute_capability {
-        (9, 0) => "sm_90a",
-        _ => "sm_80",
+        (9, 0) => Target::SM_90A,
+        _ => Target::SM_80,
     }
 }
 
@@ -241,14 +195,14 @@ impl GpuProgram {
     pub fn compile_with_options(graph: &Graph, device: &Device, lowering: Lowering, autotune: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
         let t0 = Instant::now();
         progress(0, 0);
-        let (kg, per_layer) = lower_counting(graph, lowering)?;
+        let target = target_for(device);
+        let (kg, per_layer) = lower_counting(graph, lowering, &target)?;
         let cache = KernelCache::open_default()?;
         let mut stats = CompileStats { lower_seconds: t0.elapsed().as_secs_f64(), kernels_per_layer: per_layer, ..CompileStats::default() };
-        let target = target_for(device);
         if autotune {
-            stats.tuned_now = crate::tune::autotune(&kg, target, &cache, device)?.len();
+            stats.tuned_now = crate::tune::autotune(&kg, &target, &cache, device)?.len();
         }
-        let plans = plans_for_device(&kg, target, &cache, &mut stats, progress, Some(&device.info().name))?;
+        let plans = plans_for_device(&kg, &target, &cache, &mut stats, progress, Some(&device.info().name))?;
         let t_load = Instant::now();
         let mut exec = Executor::new(device, &kg, plans)?;
         stats.load_seconds = t_load.elapsed().as_secs_f64();

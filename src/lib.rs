@@ -84,10 +84,12 @@ pub use sinter_dsl::__vocab;
 pub use sinter_dsl::__vocab_fp8;
 pub use sinter_ir as ir;
 pub use sinter_ir::interp::{InterpError, Tensor};
-pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, TensorType, VerifyError};
+pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, Target, TensorType, VerifyError};
 
 pub mod bench;
+pub mod cache_key;
 pub mod gpu;
+pub mod timing;
 pub mod tune;
 pub mod llm;
 pub mod dsl_guide;

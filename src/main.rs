@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use sinter::gpu::Lowering;
 use sinter::llm::{fetch, Engine, LlamaModel, SampleOptions};
-use sinter::{graph, zoo, Backend, DType, Program, Tensor};
+use sinter::{graph, zoo, Backend, DType, Program, Target, Tensor};
 
 #[derive(Parser)]
 #[command(name = "sinter", version, about = "A tensor compiler for transformer models: DSL -> e-graph fusion -> PTX")]
@@ -133,7 +133,7 @@ enum Cmd {
         model: Option<PathBuf>,
         /// sm_80, sm_90 or sm_90a.
         #[arg(long, default_value = "sm_90a")]
-        target: String,
+        target: Target,
         /// Storage dtype.
         #[arg(long, value_enum, default_value_t = Dt::Bf16)]
         dtype: Dt,
@@ -168,13 +168,12 @@ enum Cmd {
         /// Compile the kernels into the cache for this target (sm_80, sm_90, sm_90a) instead of
         /// running; needs no GPU. A build without LLVM then runs them from the cache.
         #[arg(long)]
-        precompile: Option<String>,
+        precompile: Option<Target>,
         /// Time the schedule candidates of each tunable kernel first and keep the fastest (in
         /// the kernel cache; later runs use it). With --precompile: compile every candidate.
         #[arg(long)]
         autotune: bool,
-        /// Time each run on an idle GPU, the host's launch latency included (the timing before
-        /// 2026-11-30). By default each timed run follows a 256 MiB fill that clears the L2, as
+        /// Time each run on an idle GPU, the host's launch latency included. By default each timed run follows a 256 MiB fill that clears the L2, as
         /// `triton.testing.do_bench` does before each anchor run, and the launch is queued while
         /// the GPU is still busy with it. --autotune times its candidates after the fill either
         /// way.
@@ -198,9 +197,10 @@ enum Cmd {
         #[arg(long)]
         dot: Option<PathBuf>,
         /// Also list each kernel's schedule candidates for this target (sm_80, sm_90, sm_90a): the
-        /// default first, and the winner where autotuning has timed them (kernel cache).
+        /// default first, and the winner where autotuning has timed them (kernel cache). The
+        /// passes then fuse for this target (default: sm_90a).
         #[arg(long)]
-        schedules: Option<String>,
+        schedules: Option<Target>,
     },
     /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2).
     Graph {
@@ -219,7 +219,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Demo => demo(),
-        Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules.as_deref()),
+        Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules),
         Cmd::Bench { only, anchors, iters, json, precompile, autotune, no_flush } => match precompile {
             Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled ({} of them over damaged cache entries), {} already cached", s.kernels, s.built, s.rebuilt, s.cached)).map_err(Into::into),
             None => bench(&only, &anchors, iters, json.as_deref(), autotune, !no_flush),
@@ -305,7 +305,7 @@ fn bench(only: &[String], anchor_files: &[PathBuf], iters: usize, json: Option<&
     Ok(())
 }
 
-fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules: Option<&str>) -> AnyResult {
+fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules: Option<Target>) -> AnyResult {
     use std::fmt::Write as _;
     // The Graphviz folder is checked before the passes run.
     if let Some(dir) = dot {
@@ -325,13 +325,14 @@ fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules:
         vec![("prefill".into(), build(zoo::Mode::Prefill)?), ("decode".into(), build(zoo::Mode::Decode)?)]
     };
     for (mode, g) in &graphs {
-        let (kg, report) = sinter_passes::compile(g, &sinter_passes::PassOptions::for_graph(g))?;
+        let arch = schedules.unwrap_or(Target::SM_90A);
+        let (kg, report) = sinter_passes::compile(g, &arch, &sinter_passes::PassOptions::for_graph(g))?;
         let mut text = format!("=== {target} ({mode}) ===\n{report}\n");
         for (k, kd) in kg.kernels.iter() {
             let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
             writeln!(text, "{k} {:?}: {}", kd.family, ops.join(" "))?;
-            if let Some(arch) = schedules {
-                writeln!(text, "    {}", sinter::tune::describe(&kg, k, arch)?)?;
+            if schedules.is_some() {
+                writeln!(text, "    {}", sinter::tune::describe(&kg, k, &arch))?;
             }
         }
         let block = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
@@ -385,7 +386,7 @@ fn synthetic_prompt(base: &[u32], n: usize, offset: usize) -> Vec<u32> {
     (0..n).map(|i| base[(i + offset) % base.len()]).collect()
 }
 
-fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowering, decode_batches: &[usize]) -> AnyResult {
+fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: Lowering, decode_batches: &[usize]) -> AnyResult {
     let path = match model {
         Some(p) => p,
         None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
@@ -395,14 +396,14 @@ fn precompile(model: Option<PathBuf>, target: &str, dtype: DType, lowering: Lowe
     let t0 = Instant::now();
     for mode in [zoo::Mode::Prefill, zoo::Mode::Decode] {
         let g = zoo::llama::build(&m.cfg, mode, dtype)?;
-        let kg = sinter::gpu::lower(&g, lowering)?;
+        let kg = sinter::gpu::lower(&g, lowering, target)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
         eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);
     }
     for &b in decode_batches {
         let g = sinter::llm::decode_graph_for_batch(&m.cfg, dtype, b)?;
-        let kg = sinter::gpu::lower(&g, lowering)?;
+        let kg = sinter::gpu::lower(&g, lowering, target)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
         eprintln!("Decode at batch {b}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);

@@ -7,10 +7,10 @@
 //! on ([`GpuProgram::compile_with_options`](crate::gpu::GpuProgram::compile_with_options),
 //! `SINTER_AUTOTUNE=1`, `sinter bench --autotune`), compiling a program times every candidate
 //! of each *tunable* kernel alone on the device — inputs of uniform random values in
-//! `[-1, 1)`, one launch to warm up, then the median of [`TIMED_RUNS`] launches, CUDA events,
-//! each launch after a fill of a 256 MiB scratch buffer as in `sinter bench` (the L2 cleared
-//! and the GPU busy when the start event is queued; on an idle GPU where the buffer cannot be
-//! allocated) — and stores a record of the times and the winner in the kernel cache. Every later compile of
+//! `[-1, 1)`, timed as `sinter bench` times ([`crate::timing`]: one launch to warm up, then the
+//! median of [`TIMED_RUNS`] launches, each after an L2-clearing fill, on an idle GPU where the
+//! fill's buffer cannot be allocated) — and stores a record of the times and the winner in the
+//! kernel cache. Every later compile of
 //! the same kernel for the same target (with or without autotuning) runs the winner's plan
 //! when the record was made on a device of the same name. A kernel keeps one record per
 //! (kernel, shape, target): a card of another name times it again and replaces the record, so
@@ -25,17 +25,17 @@
 //! well (index-driven kernels would time their random indices, not their work).
 //!
 //! Cache layout, beside the plans (each entry keyed like the kernel's own, see
-//! [`crate::gpu::kernel_key`], with the schedule field changed): `variant <name> …` → the
+//! [`crate::cache_key::kernel_key`], with the schedule field changed): `variant <name> …` → the
 //! plan of candidate `<name>`; `variants …` → a record of the candidates' names, default first,
 //! written when they are compiled (so a build without LLVM, which cannot enumerate them, can
 //! still time candidates compiled elsewhere: `sinter bench --precompile sm_90a --autotune`);
 //! `tuned …` → the timing record (`device <name>`, `winner <variant>`, then `<µs> <variant>`
 //! per candidate).
 
-use sinter_ir::{Bindings, DType, Family, Kernel, KernelGraph, LaunchPlan};
+use sinter_ir::{Bindings, DType, Family, Kernel, KernelGraph, LaunchPlan, Target};
 use sinter_runtime::{CacheKey, Device, DeviceBuffer, Executor, KernelCache, Lookup};
 
-use crate::gpu::kernel_key;
+use crate::cache_key::kernel_key;
 use crate::Error;
 
 /// Launches timed per candidate (after one warm-up launch); the median counts.
@@ -47,21 +47,21 @@ pub fn from_env() -> bool {
 }
 
 /// The key of candidate `name`'s plan.
-pub fn variant_key(kg: &KernelGraph, k: Kernel, target: &str, name: &str) -> CacheKey {
+pub fn variant_key(kg: &KernelGraph, k: Kernel, target: &Target, name: &str) -> CacheKey {
     let mut key = kernel_key(kg, k, target);
     key.schedule = format!("variant {name} {}", key.schedule);
     key
 }
 
 /// The key of the record of `k`'s candidate names.
-fn variants_key(kg: &KernelGraph, k: Kernel, target: &str) -> CacheKey {
+fn variants_key(kg: &KernelGraph, k: Kernel, target: &Target) -> CacheKey {
     let mut key = kernel_key(kg, k, target);
     key.schedule = format!("variants {}", key.schedule);
     key
 }
 
 /// The key of `k`'s timing record.
-fn tuned_key(kg: &KernelGraph, k: Kernel, target: &str) -> CacheKey {
+fn tuned_key(kg: &KernelGraph, k: Kernel, target: &Target) -> CacheKey {
     let mut key = kernel_key(kg, k, target);
     key.schedule = format!("tuned {}", key.schedule);
     key
@@ -112,7 +112,7 @@ impl TuningRecord {
 pub fn record(
     kg: &KernelGraph,
     k: Kernel,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
 ) -> Option<TuningRecord> {
     cache
@@ -126,7 +126,7 @@ pub fn record(
 ///
 /// # Errors
 /// [`Error::Runtime`] when the record exists but cannot be removed.
-pub fn forget(kg: &KernelGraph, k: Kernel, target: &str, cache: &KernelCache) -> Result<(), Error> {
+pub fn forget(kg: &KernelGraph, k: Kernel, target: &Target, cache: &KernelCache) -> Result<(), Error> {
     Ok(cache.remove_record(&tuned_key(kg, k, target))?)
 }
 
@@ -137,7 +137,7 @@ pub fn forget(kg: &KernelGraph, k: Kernel, target: &str, cache: &KernelCache) ->
 ///
 /// # Errors
 /// [`Error::Runtime`] when the record cannot be written.
-pub fn pin(kg: &KernelGraph, k: Kernel, target: &str, cache: &KernelCache, device: &str, name: &str) -> Result<(), Error> {
+pub fn pin(kg: &KernelGraph, k: Kernel, target: &Target, cache: &KernelCache, device: &str, name: &str) -> Result<(), Error> {
     let r = TuningRecord { device: device.to_string(), winner: name.to_string(), micros: vec![(name.to_string(), f64::NAN)] };
     cache.put_record(&tuned_key(kg, k, target), &r.to_text())?;
     Ok(())
@@ -148,7 +148,7 @@ pub fn pin(kg: &KernelGraph, k: Kernel, target: &str, cache: &KernelCache, devic
 pub fn tuned_plan(
     kg: &KernelGraph,
     k: Kernel,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
     device: &str,
 ) -> Option<(String, LaunchPlan)> {
@@ -180,7 +180,7 @@ pub fn tunable(kg: &KernelGraph, k: Kernel) -> bool {
 #[cfg(feature = "llvm")]
 pub fn precompile_variants(
     kg: &KernelGraph,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
 ) -> Result<usize, Error> {
     let mut built = 0;
@@ -198,7 +198,7 @@ pub fn precompile_variants(
 fn ensure_variants(
     kg: &KernelGraph,
     k: Kernel,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
 ) -> Result<(Vec<String>, usize), Error> {
     if let Some(names) = cached_names(kg, k, target, cache) {
@@ -209,8 +209,7 @@ fn ensure_variants(
             return Ok((names, 0));
         }
     }
-    let t = sinter_codegen::Target::parse(target).map_err(|e| Error::Codegen(e.to_string()))?;
-    let variants = sinter_codegen::schedule_variants(kg, k, &t)
+    let variants = sinter_codegen::schedule_variants(kg, k, target)
         .map_err(|e| Error::Codegen(format!("kernel {k}: {e}")))?;
     let mut names = Vec::with_capacity(variants.len());
     for v in &variants {
@@ -225,7 +224,7 @@ fn ensure_variants(
 fn ensure_variants(
     kg: &KernelGraph,
     k: Kernel,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
 ) -> Result<(Vec<String>, usize), Error> {
     Ok((cached_names(kg, k, target, cache).unwrap_or_default(), 0))
@@ -235,7 +234,7 @@ fn ensure_variants(
 pub fn cached_names(
     kg: &KernelGraph,
     k: Kernel,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
 ) -> Option<Vec<String>> {
     let text = cache
@@ -259,14 +258,13 @@ pub fn cached_names(
 /// Code generation, cache and driver errors (a failed launch of a candidate).
 pub fn autotune(
     kg: &KernelGraph,
-    target: &str,
+    target: &Target,
     cache: &KernelCache,
     device: &Device,
 ) -> Result<Vec<(Kernel, TuningRecord)>, Error> {
     let name = device.info().name.clone();
     let mut made = Vec::new();
-    // Each timed run follows a fill of this buffer, as in `sinter bench` (see `bench.rs`): the
-    // L2 cleared and the GPU busy when the run's start event is queued. Allocated on the first
+    // Each timed run follows a fill of this buffer ([`crate::timing`]). Allocated on the first
     // kernel to time; where the memory is not there, runs are timed on an idle GPU (the
     // candidates' order, what the record keeps, does not depend on it).
     let mut flush: Option<Option<DeviceBuffer>> = None;
@@ -288,21 +286,13 @@ pub fn autotune(
         let (one, inputs) = alone(kg, k, device)?;
         let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
         let mut micros = Vec::new();
-        let flush = flush.get_or_insert_with(|| device.alloc(crate::DType::Bool, &[crate::bench::FLUSH_BYTES]).ok());
+        let flush = flush.get_or_insert_with(|| crate::timing::flush_buffer(device).ok());
         for (n, plan) in plans {
             let Ok(ex) = Executor::new(device, &one, vec![plan]) else {
                 continue;
             };
-            ex.run(&refs, &Bindings::new())?;
-            let mut t = Vec::with_capacity(TIMED_RUNS);
-            for _ in 0..TIMED_RUNS {
-                if let Some(f) = flush.as_ref() {
-                    device.zero(f)?;
-                }
-                t.push(ex.run_profiled(&refs, &Bindings::new())?.1.total_micros);
-            }
-            t.sort_by(f64::total_cmp);
-            micros.push((n, t[t.len() / 2]));
+            let us = crate::timing::median_micros(device, flush.as_ref(), TIMED_RUNS, || Ok(ex.run_profiled(&refs, &Bindings::new())?.1.total_micros))?;
+            micros.push((n, us));
         }
         let Some((winner, _)) = micros.iter().min_by(|a, b| a.1.total_cmp(&b.1)).cloned() else {
             continue;
@@ -322,20 +312,13 @@ pub fn autotune(
 /// default first, whether it is tunable, and the winner of its timing record if the kernel
 /// cache holds one; for a kernel the code generator cannot build, `schedule: none, ` and the
 /// code generator's message (which names the kernel and what it refused).
-///
-/// # Errors
-/// An unknown target.
-pub fn describe(kg: &KernelGraph, k: Kernel, target: &str) -> Result<String, Error> {
+pub fn describe(kg: &KernelGraph, k: Kernel, target: &Target) -> String {
     #[cfg(feature = "llvm")]
-    let names = {
-        let t = sinter_codegen::Target::parse(target).map_err(|e| Error::Codegen(e.to_string()))?;
-        match sinter_codegen::schedule_names(kg, k, &t) {
-            Ok(names) => names,
-            // A kernel the code generator cannot build (an fp8 matmul today) is reported in
-            // its line, so that the rest of the report still prints; the message names the
-            // kernel and what it refused.
-            Err(e) => return Ok(format!("schedule: none, {e}")),
-        }
+    let names = match sinter_codegen::schedule_names(kg, k, target) {
+        Ok(names) => names,
+        // A kernel the code generator cannot build is reported in its line, so that the rest
+        // of the report still prints; the message names the kernel and what it refused.
+        Err(e) => return format!("schedule: none, {e}"),
     };
     // The records are optional here: a cache that cannot be opened has none.
     let cache = KernelCache::open_default().ok();
@@ -364,7 +347,7 @@ pub fn describe(kg: &KernelGraph, k: Kernel, target: &str) -> Result<String, Err
             times.join(", ")
         ));
     }
-    Ok(line)
+    line
 }
 
 /// Kernel `k` alone (its inputs graph inputs, its outputs graph outputs) and device buffers of
@@ -374,7 +357,7 @@ fn alone(
     k: Kernel,
     device: &Device,
 ) -> Result<(KernelGraph, Vec<DeviceBuffer>), Error> {
-    let one = crate::gpu::kernel_alone(kg, k);
+    let one = kg.kernel_alone(k);
     let inputs = one.inputs.clone();
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut bufs = Vec::with_capacity(inputs.len());

@@ -311,7 +311,7 @@ fn attention_agrees_with_its_spelling() -> Result<(), Box<dyn std::error::Error>
 // ANCHOR: seven_kernels
 fn seven_kernels_per_decoder_layer() -> Result<(), Box<dyn std::error::Error>> {
     use sinter::zoo::{self, Mode};
-    use sinter_passes::{compile, PassOptions};
+    use sinter_passes::{compile, PassOptions, Target};
 
     let cases = [
         ("smollm2-135m", Mode::Prefill, "layer#1", "attention"),
@@ -320,7 +320,7 @@ fn seven_kernels_per_decoder_layer() -> Result<(), Box<dyn std::error::Error>> {
     ];
     for (model, mode, call, attention) in cases {
         let g = zoo::build(model, mode, DType::BF16)?;
-        let (kernels, report) = compile(&g, &PassOptions::default())?;
+        let (kernels, report) = compile(&g, &Target::SM_90A, &PassOptions::default())?;
         assert_eq!(kernels.kernels.len(), report.kernels.len());
         // The kernels of one decoder layer, in launch order; weight concatenations run once,
         // when the weights are bound, not per step.
@@ -356,7 +356,7 @@ fn ch4_shows_the_rules_and_the_optimised_layer() {
     check_region("fusion.md", "rules", &table);
 
     let g = sinter::zoo::build("smollm2-135m", sinter::zoo::Mode::Prefill, DType::BF16).unwrap();
-    let (_, report) = sinter_passes::compile(&g, &sinter_passes::PassOptions::default()).unwrap();
+    let (_, report) = sinter_passes::compile(&g, &sinter::Target::SM_90A, &sinter_passes::PassOptions::default()).unwrap();
     let layer = report.functions.iter().find(|f| f.name == "layer").unwrap();
     let (phase, text) = layer.snapshots.last().unwrap();
     assert_eq!(phase, "fusion");
@@ -395,7 +395,7 @@ fn ch5_graphs_are_one_kernel_each() {
         (swiglu_graph().unwrap(), sinter::ir::Family::Pointwise, vec!["swiglu"]),
         (softmax_graph().unwrap(), sinter::ir::Family::RowReduction, vec!["cast", "softmax", "cast"]),
     ] {
-        let kg = lower(&g, Lowering::Fused).unwrap();
+        let kg = lower(&g, Lowering::Fused, &sinter::Target::SM_90A).unwrap();
         let kernels: Vec<_> = kg.kernels.values().collect();
         assert_eq!(kernels.len(), 1);
         assert_eq!(kernels[0].family, family);
@@ -407,8 +407,8 @@ fn ch5_graphs_are_one_kernel_each() {
 // ANCHOR: ptx_of
 /// The kernels of `g` after the fusion passes, each with its PTX and launch plan for sm_90a.
 fn ptx_of(g: &Graph) -> Result<Vec<(sinter::ir::Family, sinter::ir::LaunchPlan)>, sinter::Error> {
-    let kg = sinter::gpu::lower(g, sinter::gpu::Lowering::Fused)?;
-    let target = sinter_codegen::Target::SM_90A;
+    let target = sinter::Target::SM_90A;
+    let kg = sinter::gpu::lower(g, sinter::gpu::Lowering::Fused, &target)?;
     let mut plans = Vec::new();
     for (k, kd) in kg.kernels.iter() {
         let plan = sinter_codegen::compile_kernel(&kg, k, &target).map_err(|e| sinter::Error::Unsupported(e.to_string()))?;
@@ -499,7 +499,7 @@ fn assert_ptx_excerpts(chapter: &str, name: &str, ptx: &str) {
 fn layer_kernel_table(mode: sinter::zoo::Mode) -> Option<String> {
     use sinter_passes::{compile, PassOptions};
     let g = sinter::zoo::build("smollm2-135m", mode, DType::BF16).unwrap();
-    let (kg, report) = compile(&g, &PassOptions::default()).unwrap();
+    let (kg, report) = compile(&g, &sinter::Target::SM_90A, &PassOptions::default()).unwrap();
     let mut s = String::from("| kernel | ops | grid (CTAs) | threads | registers | static smem | spills |\n|---|---|---|---|---|---|---|\n");
     for kr in report.kernels.iter().filter(|k| k.origin == "layer#1" && !k.load_time) {
         let plan = sinter_codegen::compile_kernel(&kg, kr.kernel, &sinter_codegen::Target::SM_90A).unwrap();
@@ -1006,14 +1006,14 @@ fn ch10_dsl_words_name_ops_of_the_table() {
 }
 
 /// The DSL refuses `f8e4m3` operands at expansion for exactly the ops the IR refuses them
-/// (`sinter_ir::infer::accepts_fp8`), so a misuse is a compile error where the macro knows the
+/// (`sinter_ir::storage::accepts_fp8`), so a misuse is a compile error where the macro knows the
 /// dtype and a build error, with the same rule, where it does not.
 #[test]
 fn ch10_dsl_fp8_words_agree_with_the_ir() {
     let dsl: &[&str] = sinter::__vocab_fp8!();
     for row in sinter::ir::OP_TABLE {
         let variant = format!("{:?}", row.kind);
-        assert_eq!(dsl.contains(&variant.as_str()), sinter::ir::infer::accepts_fp8(row.kind), "`{}`: the DSL and the IR disagree on f8e4m3 operands", row.name);
+        assert_eq!(dsl.contains(&variant.as_str()), sinter::ir::storage::accepts_fp8(row.kind), "`{}`: the DSL and the IR disagree on f8e4m3 operands", row.name);
     }
 }
 

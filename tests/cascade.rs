@@ -1,7 +1,7 @@
 //! Cascade (shared-prefix) decode attention (`sinter::zoo::cascade`): on the interpreter, the
 //! cascade graph equals plain paged decode over prefix + suffix; through both lowerings every
 //! kernel compiles and assembles without spills; on the GPU the cascade graph matches the
-//! interpreter and the plain decode, on the edge cases of issue 6 — an empty suffix, a suffix
+//! interpreter and the plain decode, on the edge cases of cascade decode — an empty suffix, a suffix
 //! of 1, partly filled pages, GQA ratios 1, 3 and 8 — and the lse/merge kernels give 0 and
 //! −inf, no NaN, for fully masked rows.
 
@@ -105,7 +105,7 @@ fn cascade_kernels_compile_and_assemble_without_spills() {
     graphs.extend(LSE_CASES.iter().map(|(name, src)| (name.to_string(), sinter::ir::parse(src).unwrap(), false)));
     for (name, g, cascade) in &graphs {
         for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let kg = sinter::gpu::lower(g, lowering).unwrap_or_else(|e| panic!("{name} {lowering:?}: {e}"));
+            let kg = sinter::gpu::lower(g, lowering, &sinter::Target::SM_90A).unwrap_or_else(|e| panic!("{name} {lowering:?}: {e}"));
             let families: Vec<Family> = kg.kernels.values().map(|k| k.family).collect();
             for f in [Family::Attention, Family::PagedAttention, Family::AttentionMerge].into_iter().filter(|_| *cascade) {
                 assert!(families.contains(&f), "{name} {lowering:?}: no {f:?} kernel in {families:?}");
@@ -298,7 +298,7 @@ fn bench_shape_kernels() {
     let g = cascade_decode(&CascadeConfig::bench()).unwrap();
     let text = sinter::ir::print(&g);
     assert_eq!(sinter::ir::print(&sinter::ir::parse(&text).unwrap()), text);
-    let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+    let kg = sinter::gpu::lower(&g, Lowering::Fused, &sinter::Target::SM_90A).unwrap();
     let mut out = format!("{text}\n# fused kernels\n");
     for (k, kd) in kg.kernels.iter() {
         let outs: Vec<String> = kd.outputs.iter().map(|&b| kg.buffers[b].ty.to_string()).collect();

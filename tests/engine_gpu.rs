@@ -138,7 +138,7 @@ fn cpu_profile_is_refused_with_an_error() {
 fn profile_report_lists_kernels_and_family_totals() {
     use sinter::zoo::{llama, Mode};
     let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::BF16).unwrap();
-    let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+    let kg = sinter::gpu::lower(&g, Lowering::Fused, &sinter::Target::SM_90A).unwrap();
     let kernels: Vec<sinter_runtime::KernelTime> =
         kg.kernels.keys().enumerate().map(|(i, k)| sinter_runtime::KernelTime { kernel: k, entry: format!("e{i}"), micros: (i + 1) as f64 }).collect();
     let n = kernels.len();

@@ -71,7 +71,7 @@ fn fused_zoo_kernels_all_compile_and_assemble_without_spills() {
     for (name, g, tiny) in zoo_cases() {
         let mut graphs = vec![];
         for (which, opts) in [("default", PassOptions::default()), ("for_graph", PassOptions::for_graph(&g))] {
-            let (kg, report): (KernelGraph, FusionReport) = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: compile: {e}"));
+            let (kg, report): (KernelGraph, FusionReport) = compile(&g, &target, &opts).unwrap_or_else(|e| panic!("{name}: compile: {e}"));
             eprintln!("{} [{which} options]", counts(&name, &report));
             assert!(report.kernels_after() < report.kernels_before, "{name}: fusion removes kernels");
             graphs.push(kg);

@@ -20,7 +20,7 @@
 //! `SINTER_PRECOMPILE=sm_90a` and `SINTER_CACHE` pointing at the folder to carry).
 
 use sinter::gpu::{GpuProgram, Lowering};
-use sinter::{Bindings, DType, Tensor};
+use sinter::{Bindings, DType, Target, Tensor};
 use sinter_runtime::Device;
 
 use crate::zoo::Rng;
@@ -216,7 +216,7 @@ fn every_gpu_case_compiles_and_assembles_without_spills() {
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let kg = match lowering {
                 Lowering::Unfused => sinter_passes::lower_unfused(&g),
-                Lowering::Fused => sinter_passes::compile(&g, &sinter_passes::PassOptions::default()).map(|r| r.0),
+                Lowering::Fused => sinter_passes::compile(&g, &Target::SM_90A, &sinter_passes::PassOptions::default()).map(|r| r.0),
             };
             let kg = match kg {
                 Ok(kg) => kg,
@@ -259,7 +259,7 @@ fn unified_max_reaches_the_decode_kernel() {
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let kg = match lowering {
                 Lowering::Unfused => sinter_passes::lower_unfused(&g).unwrap(),
-                Lowering::Fused => sinter_passes::compile(&g, &sinter_passes::PassOptions::default()).unwrap().0,
+                Lowering::Fused => sinter_passes::compile(&g, &Target::SM_90A, &sinter_passes::PassOptions::default()).unwrap().0,
             };
             let decode: Vec<_> = kg.kernels.iter().filter(|(_, d)| d.family == sinter::ir::Family::PagedAttention).map(|(k, _)| k).collect();
             assert_eq!(decode.len(), 1, "{} [{lowering:?}]", c.name);
@@ -357,15 +357,15 @@ fn gpu_wgmma_attention_matches_the_interpreter() {
     for c in wgmma_attention_cases() {
         let g = sinter::ir::parse(&c.src).unwrap();
         let b: Bindings = c.syms.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         let Some(k) = kg.kernels.keys().find(|&k| sinter::tune::tunable(&kg, k)) else { continue };
         let mut ins = inputs_for(&g, &b, c.seed, 7);
         (c.edit)(&mut ins);
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
         let want = sinter::ir::interp::run_entry(&g, &refs, &b).unwrap();
         let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        for name in sinter::tune::cached_names(&kg, k, target, &cache).unwrap().iter().filter(|n| n.ends_with(" ov") || n.ends_with(" ws") || n.ends_with(" pp")) {
-            sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
+        for name in sinter::tune::cached_names(&kg, k, &target, &cache).unwrap().iter().filter(|n| n.ends_with(" ov") || n.ends_with(" ws") || n.ends_with(" pp")) {
+            sinter::tune::pin(&kg, k, &target, &cache, &dev.info().name, name).unwrap();
             let r = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).and_then(|p| p.run(&named, &b));
             match r {
                 Ok(got) => {
@@ -379,7 +379,7 @@ fn gpu_wgmma_attention_matches_the_interpreter() {
                 Err(e) => fails.push(format!("{} [{name}]: {e}", c.name)),
             }
         }
-        sinter::tune::forget(&kg, k, target, &cache).unwrap();
+        sinter::tune::forget(&kg, k, &target, &cache).unwrap();
     }
     assert!(fails.is_empty(), "{} GPU case failures:\n{}", fails.len(), fails.join("\n"));
 }
@@ -392,7 +392,7 @@ fn wgmma_attention_cases_take_the_wgmma_kernel() {
     for c in wgmma_attention_cases() {
         let g = sinter::ir::parse(&c.src).unwrap();
         for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let kg = sinter::gpu::lower(&g, lowering).unwrap();
+            let kg = sinter::gpu::lower(&g, lowering, &Target::SM_90A).unwrap();
             let attn: Vec<_> = kg.kernels.iter().filter(|(_, d)| d.family == sinter::ir::Family::Attention).map(|(k, _)| k).collect();
             assert_eq!(attn.len(), 1, "{} [{lowering:?}]", c.name);
             let plan = sinter_codegen::compile_kernel(&kg, attn[0], &sinter_codegen::Target::SM_90A).unwrap();
@@ -690,7 +690,7 @@ fn long_rows_take_the_cluster_schedule_on_sm_90a() {
     for c in long_row_cases() {
         let g = sinter::ir::parse(&c.src).unwrap();
         for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let kg = sinter::gpu::lower(&g, lowering).unwrap();
+            let kg = sinter::gpu::lower(&g, lowering, &Target::SM_90A).unwrap();
             let rows: Vec<_> = kg.kernels.keys().filter(|&k| kg.kernels[k].family == sinter::ir::Family::RowReduction).collect();
             assert_eq!(rows.len(), 1, "{} [{lowering:?}]", c.name);
             let plan = sinter_codegen::compile_kernel(&kg, rows[0], &sinter_codegen::Target::SM_90A).unwrap();
@@ -934,6 +934,7 @@ fn precompile_gpu_test_kernels() {
         eprintln!("skipped: SINTER_PRECOMPILE is not set");
         return;
     };
+    let target = Target::parse(&target).unwrap();
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let mut stats = sinter::gpu::CompileStats::default();
     let mut total = 0;
@@ -953,7 +954,7 @@ fn precompile_gpu_test_kernels() {
     #[cfg(feature = "llvm")]
     let wgmma_attention: Vec<sinter::Graph> = wgmma_attention_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
     for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()).chain(row_candidate_graphs()).chain(wgmma_attention) {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache) {
             Ok(n) => total += n,
             Err(e) => fails.push(format!("autotune candidates: {e}")),
@@ -965,17 +966,17 @@ fn precompile_gpu_test_kernels() {
     // targets' kernels).
     #[cfg(feature = "llvm")]
     for (label, g) in fp8_cases().into_iter().map(|(l, g, _)| (l, g)).chain(fp8_attention_cases().into_iter().map(|(l, g, _)| (l, g))) {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache).and_then(|n| sinter::gpu::plans(&kg, &target, &cache, &mut stats).map(|_| n + 1)) {
             Ok(n) => total += n,
             Err(e) => fails.push(format!("{label}: {e}")),
         }
     }
-    let fp8_targets: Vec<&str> = if target == "sm_80" { vec!["sm_80"] } else { vec![target.as_str(), "sm_80"] };
+    let fp8_targets = fp8_test_targets(target);
     let fp8_unfused = fp8_cases().into_iter().map(|(l, g, _)| (l, g, vec![Lowering::Unfused]));
     for (label, g, lowerings) in fp8_unfused.chain(fp8_element_graphs().into_iter().map(|(l, g)| (l, g, vec![Lowering::Unfused, Lowering::Fused]))) {
         for lowering in lowerings {
-            let kg = sinter::gpu::lower(&g, lowering).unwrap();
+            let kg = sinter::gpu::lower(&g, lowering, &target).unwrap();
             for t in &fp8_targets {
                 match sinter::gpu::plans(&kg, t, &cache, &mut stats) {
                     Ok(p) => total += p.len(),
@@ -986,7 +987,7 @@ fn precompile_gpu_test_kernels() {
     }
     for g in &graphs {
         for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let kg = sinter::gpu::lower(g, lowering).unwrap();
+            let kg = sinter::gpu::lower(g, lowering, &target).unwrap();
             // Kernel by kernel, so that one failure leaves the others cached.
             for k in kg.kernels.keys() {
                 let mut one = kg.clone();
@@ -1022,22 +1023,22 @@ fn autotune_candidates_are_compiled_and_recorded() {
     let _ = std::fs::remove_dir_all(&dir);
     let cache = sinter_runtime::KernelCache::new(&dir).unwrap();
     for g in autotune_graphs() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
-        let built = sinter::tune::precompile_variants(&kg, "sm_90a", &cache).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &Target::SM_90A).unwrap();
+        let built = sinter::tune::precompile_variants(&kg, &Target::SM_90A, &cache).unwrap();
         assert!(built >= 2, "{built} candidates");
-        assert_eq!(sinter::tune::precompile_variants(&kg, "sm_90a", &cache).unwrap(), 0, "all cached the second time");
+        assert_eq!(sinter::tune::precompile_variants(&kg, &Target::SM_90A, &cache).unwrap(), 0, "all cached the second time");
         for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
-            let names = sinter::tune::cached_names(&kg, k, "sm_90a", &cache).unwrap();
+            let names = sinter::tune::cached_names(&kg, k, &Target::SM_90A, &cache).unwrap();
             let default = sinter_codegen::compile_kernel(&kg, k, &sinter_codegen::Target::SM_90A).unwrap();
-            match cache.get(&sinter::tune::variant_key(&kg, k, "sm_90a", &names[0])) {
+            match cache.get(&sinter::tune::variant_key(&kg, k, &Target::SM_90A, &names[0])) {
                 sinter_runtime::Lookup::Hit(p) => assert_eq!(p, default, "the first candidate is the default"),
                 other => panic!("{k}: {other:?}"),
             }
-            assert!(sinter::tune::record(&kg, k, "sm_90a", &cache).is_none());
+            assert!(sinter::tune::record(&kg, k, &Target::SM_90A, &cache).is_none());
         }
     }
     let g = sinter::graph! { fn main(x: bf16[T, 33000]) -> bf16[T, 33000] { x.softmax(-1) } }.unwrap();
-    let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+    let kg = sinter::gpu::lower(&g, Lowering::Fused, &Target::SM_90A).unwrap();
     assert!(kg.kernels.keys().all(|k| !sinter::tune::tunable(&kg, k)), "a symbolic row count is not tuned");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -1052,16 +1053,16 @@ fn gpu_autotune_times_candidates_and_runs_the_winner() {
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let target = sinter::gpu::target_for(&dev);
     for (i, g) in autotune_graphs().into_iter().enumerate() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         for k in kg.kernels.keys() {
-            sinter::tune::forget(&kg, k, target, &cache).unwrap();
+            sinter::tune::forget(&kg, k, &target, &cache).unwrap();
         }
         let tunable = kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)).count();
         assert!(tunable >= 1, "graph {i}: no tunable kernel");
         let p = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, true, &mut |_, _| {}).unwrap();
         assert_eq!((p.stats().tuned_now, p.stats().tuned), (tunable, tunable), "graph {i}");
         for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
-            let r = sinter::tune::record(&kg, k, target, &cache).unwrap();
+            let r = sinter::tune::record(&kg, k, &target, &cache).unwrap();
             assert_eq!(r.device, dev.info().name);
             assert!(r.micros.len() >= 2 && r.micros.iter().all(|(_, us)| *us > 0.0), "graph {i} {k}: {r:?}");
             let best = r.micros.iter().map(|m| m.1).fold(f64::INFINITY, f64::min);
@@ -1101,14 +1102,14 @@ fn gpu_attention_candidate_timings() {
     for causal in [false, true] {
         let src = format!("func @main(%q: bf16[2, 32, 4096, 128], %k: bf16[2, 32, 4096, 128], %v: bf16[2, 32, 4096, 128]) {{\n  %o: bf16[2, 32, 4096, 128] = attention(%q, %k, %v) {{scale=0.0883883, causal={causal}, heads=32, kv_heads=32}}\n  return %o\n}}");
         let g = sinter::ir::parse(&src).unwrap();
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         for k in kg.kernels.keys() {
-            sinter::tune::forget(&kg, k, target, &cache).unwrap();
+            sinter::tune::forget(&kg, k, &target, &cache).unwrap();
         }
         GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, true, &mut |_, _| {}).unwrap();
         let flop = 4.0 * 2.0 * 32.0 * 4096.0 * 4096.0 * 128.0 * if causal { 0.5 } else { 1.0 };
         for k in kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)) {
-            let r = sinter::tune::record(&kg, k, target, &cache).unwrap();
+            let r = sinter::tune::record(&kg, k, &target, &cache).unwrap();
             for (name, us) in &r.micros {
                 eprintln!("timing causal={causal} {name}: {us:.1} µs = {:.1} TFLOP/s", flop / (us * 1e-6) / 1e12);
             }
@@ -1199,10 +1200,10 @@ fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) 
     let target = sinter::gpu::target_for(dev);
     let mut fails = Vec::new();
     for (gi, g) in graphs.into_iter().enumerate() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         let tunable: Vec<_> = kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)).collect();
         assert!(!tunable.is_empty(), "graph {gi}: no tunable kernel");
-        let names: Vec<Vec<String>> = tunable.iter().map(|&k| sinter::tune::cached_names(&kg, k, target, &cache).unwrap()).collect();
+        let names: Vec<Vec<String>> = tunable.iter().map(|&k| sinter::tune::cached_names(&kg, k, &target, &cache).unwrap()).collect();
         let rounds = names.iter().map(Vec::len).max().unwrap_or(0);
         assert!(rounds >= 2, "graph {gi}: candidates {names:?}");
         let ins = inputs_for(&g, &Bindings::new(), seed + gi as u64, 7);
@@ -1213,7 +1214,7 @@ fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) 
             let mut chosen = Vec::new();
             for (&k, ns) in tunable.iter().zip(&names) {
                 let name = &ns[round % ns.len()];
-                sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
+                sinter::tune::pin(&kg, k, &target, &cache, &dev.info().name, name).unwrap();
                 chosen.push(name.clone());
             }
             let p = GpuProgram::compile_with_options(&g, dev, Lowering::Fused, false, &mut |_, _| {}).unwrap();
@@ -1227,13 +1228,13 @@ fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) 
             }
         }
         for &k in &tunable {
-            sinter::tune::forget(&kg, k, target, &cache).unwrap();
+            sinter::tune::forget(&kg, k, &target, &cache).unwrap();
         }
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
 
-/// The fp8 matmuls of `gpu_fp8_matmul_matches_the_interpreter` (issue #8): `(label, graph,
+/// The fp8 matmuls of `gpu_fp8_matmul_matches_the_interpreter`: `(label, graph,
 /// NaN position in a8)`. `dequantize_fp8(a8 [M, K], sa) · dequantize_fp8(b8 [N, K], sb)ᵀ` in
 /// bf16 at 128×256×128 (whole tiles), 200×300×256 (M and N tails), 200×300×208 with a bias
 /// `[N]` in the epilogue (a K tail: 208 = 128 + 80, a multiple of 16 as the 16-byte rows
@@ -1303,7 +1304,7 @@ fn fp8_cases_lower_to_one_wgmma_kernel() {
 #[cfg(feature = "llvm")]
 fn fp8_kernel_lowers_to_one_wgmma_kernel(label: &str, g: &sinter::Graph, entry: &str) -> Vec<String> {
     let ptxas = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap();
-    let kg = sinter::gpu::lower(g, Lowering::Fused).unwrap();
+    let kg = sinter::gpu::lower(g, Lowering::Fused, &Target::SM_90A).unwrap();
     assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
     let k = kg.kernels.keys().next().unwrap();
     assert!(sinter::tune::tunable(&kg, k), "{label}");
@@ -1320,7 +1321,7 @@ fn fp8_kernel_lowers_to_one_wgmma_kernel(label: &str, g: &sinter::Graph, entry: 
     variants.into_iter().map(|v| v.name).collect()
 }
 
-/// The fp8 matmul (issue #8) on the device against the interpreter, every schedule candidate
+/// The fp8 matmul on the device against the interpreter, every schedule candidate
 /// of its kernel pinned in turn (on sm_90a: the wgmma e4m3 kernel at 128×256 and 128×128
 /// tiles, one product group in flight or none), at the shapes of [`fp8_cases`] with M, N and
 /// K tails, scales ≠ 1 and NaN in an input. Tolerance: DESIGN.md's element-wise rule for a
@@ -1338,11 +1339,11 @@ fn gpu_fp8_matmul_matches_the_interpreter() {
     let target = sinter::gpu::target_for(&dev);
     let mut fails = Vec::new();
     for (ci, (label, g, nan)) in fp8_cases().into_iter().enumerate() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
         let k = kg.kernels.keys().next().unwrap();
         assert!(sinter::tune::tunable(&kg, k), "{label}: not tunable");
-        let names = sinter::tune::cached_names(&kg, k, target, &cache).unwrap();
+        let names = sinter::tune::cached_names(&kg, k, &target, &cache).unwrap();
         assert!(names.len() >= 3 && names.iter().all(|n| n.starts_with("wgmma ")), "{label}: candidates {names:?}");
         let ins = fp8_inputs(&g, 300 + ci as u64, nan);
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
@@ -1352,7 +1353,7 @@ fn gpu_fp8_matmul_matches_the_interpreter() {
         }
         let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
         for name in &names {
-            sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
+            sinter::tune::pin(&kg, k, &target, &cache, &dev.info().name, name).unwrap();
             let r = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).and_then(|p| p.run(&named, &Bindings::new()));
             match r {
                 Ok(got) => match check(&format!("{label} [{name}]"), &got[0], &want[0], 1.0) {
@@ -1362,12 +1363,12 @@ fn gpu_fp8_matmul_matches_the_interpreter() {
                 Err(e) => fails.push(format!("{label} [{name}]: {e}")),
             }
         }
-        sinter::tune::forget(&kg, k, target, &cache).unwrap();
+        sinter::tune::forget(&kg, k, &target, &cache).unwrap();
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
 
-/// The fp8 attentions of `gpu_fp8_attention_matches_the_interpreter` (issue #8):
+/// The fp8 attentions of `gpu_fp8_attention_matches_the_interpreter`:
 /// `attention(dequantize_fp8(q8, sq), dequantize_fp8(k8, sk), dequantize_fp8(v8, sv))`, bf16
 /// out, `[B, H, S, D]`: `(label, graph, where to plant a NaN: input and element)`. Head dims 64 and
 /// 128, causal and not, GQA (H/Hkv 1, 2, 4), sequence tails (1, 77, 300, 1024 keys; Sq ≠ Skv
@@ -1484,7 +1485,7 @@ fn fp8_attention_cases_lower_to_one_wgmma_kernel() {
     }
 }
 
-/// The fp8 attention (issue #8) on the device against the interpreter, each schedule candidate
+/// The fp8 attention on the device against the interpreter, each schedule candidate
 /// of its kernel pinned in turn (on sm_90a the wgmma e4m3 kernel at 128- and 64-key tiles, and
 /// overlapped), at
 /// the shapes of [`fp8_attention_cases`], under the tolerance of [`check_fp8_attention`]; the
@@ -1497,11 +1498,11 @@ fn gpu_fp8_attention_matches_the_interpreter() {
     let target = sinter::gpu::target_for(&dev);
     let mut fails = Vec::new();
     for (ci, (label, g, nan_at)) in fp8_attention_cases().into_iter().enumerate() {
-        let kg = sinter::gpu::lower(&g, Lowering::Fused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
         let k = kg.kernels.keys().next().unwrap();
         assert!(sinter::tune::tunable(&kg, k), "{label}: not tunable");
-        let names = sinter::tune::cached_names(&kg, k, target, &cache).unwrap();
+        let names = sinter::tune::cached_names(&kg, k, &target, &cache).unwrap();
         assert!(names.len() == 3 && names.iter().all(|n| n.starts_with("wgmma ") && n.ends_with(" e4m3")), "{label}: candidates {names:?}");
         let mut ins = fp8_attention_inputs(&g, 400 + ci as u64);
         if let Some((input, at)) = nan_at {
@@ -1523,7 +1524,7 @@ fn gpu_fp8_attention_matches_the_interpreter() {
         }
         let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
         for name in &names {
-            sinter::tune::pin(&kg, k, target, &cache, &dev.info().name, name).unwrap();
+            sinter::tune::pin(&kg, k, &target, &cache, &dev.info().name, name).unwrap();
             let r = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).and_then(|p| p.run(&named, &Bindings::new()));
             match r {
                 Ok(got) => match check_fp8_attention(&format!("{label} [{name}]"), &got[0], &want[0], v, 0.8, skv, &zero_rows) {
@@ -1533,12 +1534,12 @@ fn gpu_fp8_attention_matches_the_interpreter() {
                 Err(e) => fails.push(format!("{label} [{name}]: {e}")),
             }
         }
-        sinter::tune::forget(&kg, k, target, &cache).unwrap();
+        sinter::tune::forget(&kg, k, &target, &cache).unwrap();
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
 
-/// The fp8 element-wise graphs (issue #8) of [`gpu_fp8_quantize_matches_the_interpreter`]:
+/// The fp8 element-wise graphs of [`gpu_fp8_quantize_matches_the_interpreter`]:
 /// `quantize_fp8(x, s)`, `dequantize_fp8(x8, s)` and the fake-quant round trip
 /// `dequantize_fp8(quantize_fp8(x, s), s)` of bf16 and f32 tensors of odd lengths, as
 /// (label, graph).
@@ -1562,11 +1563,11 @@ fn fp8_element_graphs() -> Vec<(String, sinter::Graph)> {
 /// The targets whose kernels the fp8 GPU tests run on a device whose own target is `own`: the
 /// device's (sm_90a on Hopper: the `cvt … e4m3x2` conversions) and sm_80 (the integer
 /// conversions; sm_80 PTX runs on every later GPU).
-fn fp8_test_targets(own: &'static str) -> Vec<&'static str> {
-    if own == "sm_80" {
-        vec!["sm_80"]
+fn fp8_test_targets(own: Target) -> Vec<Target> {
+    if own == Target::SM_80 {
+        vec![Target::SM_80]
     } else {
-        vec![own, "sm_80"]
+        vec![own, Target::SM_80]
     }
 }
 
@@ -1610,7 +1611,7 @@ fn fp8_element_inputs(g: &sinter::Graph, scale: f64, seed: u64) -> Vec<(String, 
 
 /// Runs kernel graph `kg` on the device with the plans of `target` (from the kernel cache, or
 /// compiled where LLVM is built in), inputs by buffer name; outputs carry a poisoned guard.
-fn run_kernel_graph_on(dev: &Device, kg: &sinter::ir::KernelGraph, target: &str, named: &[(String, Tensor)]) -> Result<Vec<Tensor>, sinter::Error> {
+fn run_kernel_graph_on(dev: &Device, kg: &sinter::ir::KernelGraph, target: &Target, named: &[(String, Tensor)]) -> Result<Vec<Tensor>, sinter::Error> {
     let cache = sinter_runtime::KernelCache::open_default()?;
     let mut stats = sinter::gpu::CompileStats::default();
     let plans = sinter::gpu::plans(kg, target, &cache, &mut stats)?;
@@ -1629,7 +1630,7 @@ fn run_kernel_graph_on(dev: &Device, kg: &sinter::ir::KernelGraph, target: &str,
     Ok(outs.iter().map(|o| dev.download_tensor(o)).collect::<Result<Vec<_>, _>>()?)
 }
 
-/// `quantize_fp8`, `dequantize_fp8` and the fake-quant round trip (issue #8) on the device,
+/// `quantize_fp8`, `dequantize_fp8` and the fake-quant round trip on the device,
 /// bit for bit against the interpreter: bf16 and f32 tensors of lengths 1, 17, 1000 and 4097
 /// ([`fp8_element_graphs`]) holding ±0, e4m3 subnormals, ties, ±448, values past 448
 /// (saturation), ±inf and NaN, every e4m3 code for `dequantize_fp8` ([`fp8_element_inputs`]);
@@ -1650,10 +1651,10 @@ fn gpu_fp8_quantize_matches_the_interpreter() {
             let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
             let want = sinter::ir::interp::run_entry(&g, &refs, &Bindings::new()).unwrap();
             for lowering in [Lowering::Unfused, Lowering::Fused] {
-                let kg = sinter::gpu::lower(&g, lowering).unwrap();
+                let kg = sinter::gpu::lower(&g, lowering, &own).unwrap();
                 for target in fp8_test_targets(own) {
                     let name = format!("{label} s={scale} [{lowering:?} {target}]");
-                    match run_kernel_graph_on(&dev, &kg, target, &ins) {
+                    match run_kernel_graph_on(&dev, &kg, &target, &ins) {
                         Ok(got) => {
                             let (o, w) = (&got[0], &want[0]);
                             let bad = o.data().iter().zip(w.data()).enumerate().find(|(_, (a, b))| !(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())));
@@ -1689,13 +1690,13 @@ fn gpu_fp8_matmul_unfused_matches_the_interpreter() {
     let own = sinter::gpu::target_for(&dev);
     let mut fails = Vec::new();
     for (ci, (label, g, nan)) in fp8_cases().into_iter().enumerate() {
-        let kg = sinter::gpu::lower(&g, Lowering::Unfused).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Unfused, &own).unwrap();
         let ins = fp8_inputs(&g, 700 + ci as u64, nan);
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
         let want = sinter::ir::interp::run_entry(&g, &refs, &Bindings::new()).unwrap();
         for target in fp8_test_targets(own) {
             let name = format!("{label} [Unfused {target}]");
-            match run_kernel_graph_on(&dev, &kg, target, &ins) {
+            match run_kernel_graph_on(&dev, &kg, &target, &ins) {
                 Ok(got) => match check(&name, &got[0], &want[0], 1.0) {
                     Ok(()) => eprintln!("ok: {name}"),
                     Err(e) => fails.push(e),
@@ -1718,7 +1719,7 @@ fn fp8_unfused_and_element_graphs_compile_on_every_target() {
     let mut graphs: Vec<(String, sinter::Graph, Lowering)> = fp8_cases().into_iter().map(|(l, g, _)| (l, g, Lowering::Unfused)).collect();
     graphs.extend(fp8_element_graphs().into_iter().filter(|(l, _)| l.ends_with("[17]") || l.ends_with("[4097]")).flat_map(|(l, g)| [(l.clone(), g.clone(), Lowering::Unfused), (l, g, Lowering::Fused)]));
     for (label, g, lowering) in graphs {
-        let kg = sinter::gpu::lower(&g, lowering).unwrap();
+        let kg = sinter::gpu::lower(&g, lowering, &Target::SM_90A).unwrap();
         if label.starts_with("fp8 ") {
             let dequant = kg.kernels.values().filter(|k| k.body.nodes.values().any(|n| n.op.kind == sinter::ir::OpKind::DequantizeFp8)).count();
             assert_eq!(dequant, 2, "{label}: one dequantize_fp8 kernel per operand");
@@ -1847,7 +1848,7 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
             named.insert("block_tables".into(), Tensor::from_fn(DType::I32, &[cfg.n_layers, nb, m], |i| ((i[0] * nb + i[1]) * m + i[2]) as f64));
             named.insert("k_pages".into(), kp.clone());
             named.insert("v_pages".into(), kp);
-            let kg = sinter::gpu::lower(&g, lowering).unwrap();
+            let kg = sinter::gpu::lower(&g, lowering, &sinter::gpu::target_for(&dev)).unwrap();
             let mut values: std::collections::BTreeMap<sinter_ir::Buffer, Tensor> = std::collections::BTreeMap::new();
             for &b in &kg.inputs {
                 let name = kg.buffers[b].name.clone().unwrap();
@@ -1864,10 +1865,10 @@ fn gpu_every_zoo_kernel_matches_the_interpreter_alone() {
                 body_graph.add_func(kd.body.clone());
                 let want = sinter::ir::interp::run(&body_graph, &kd.body.name, &ins, &bindings).unwrap();
                 // The kernel alone: its inputs are graph inputs, its outputs graph outputs.
-                let one = sinter::gpu::kernel_alone(&kg, k);
+                let one = kg.kernel_alone(k);
                 let inputs = one.inputs.clone();
                 let mut stats = sinter::gpu::CompileStats::default();
-                let r = sinter::gpu::plans(&one, sinter::gpu::target_for(&dev), &cache, &mut stats)
+                let r = sinter::gpu::plans(&one, &sinter::gpu::target_for(&dev), &cache, &mut stats)
                     .and_then(|plans| Ok(sinter_runtime::Executor::new(&dev, &one, plans)?.with_output_guard(256, 0xFF)))
                     .and_then(|ex| {
                         let bufs = inputs.iter().map(|b| dev.upload_tensor(&values[b])).collect::<Result<Vec<_>, _>>()?;

@@ -8,7 +8,7 @@ use sinter::zoo::{gpt2, llama, Mode};
 use sinter::DType;
 use sinter_ir::interp::{self, run_kernel_graph, Tensor};
 use sinter_ir::{Bindings, Family, Graph, KernelGraph};
-use sinter_passes::{compile, lower_unfused, FusionReport, PassOptions};
+use sinter_passes::{compile, lower_unfused, FusionReport, PassOptions, Target};
 
 use super::zoo::Rng;
 
@@ -75,7 +75,7 @@ pub(crate) fn check_against_reference(name: &str, g: &Graph, kg: &KernelGraph, i
 }
 
 fn compile_zoo(g: &Graph) -> (KernelGraph, FusionReport) {
-    compile(g, &PassOptions::for_graph(g)).unwrap_or_else(|e| panic!("compile: {e}"))
+    compile(g, &Target::SM_90A, &PassOptions::for_graph(g)).unwrap_or_else(|e| panic!("compile: {e}"))
 }
 
 fn has_kernel(kg: &KernelGraph, family: Family, op: &str) -> bool {
@@ -147,7 +147,7 @@ fn report_for(report: &FusionReport, origins: &[&str]) -> String {
 /// The functions after each saturation phase, then the fusion report.
 fn passes_text(g: &Graph) -> String {
     let opts = PassOptions { snapshots: true, ..PassOptions::for_graph(g) };
-    let (_, report) = compile(g, &opts).unwrap();
+    let (_, report) = compile(g, &Target::SM_90A, &opts).unwrap();
     let mut s = String::new();
     for f in &report.functions {
         for (phase, text) in &f.snapshots {
@@ -198,7 +198,7 @@ fn smollm2_full_size_kernel_counts() {
             report.functions.iter().find(|f| f.name == "layer").map(|f| f.phases.iter().map(|p| p.egraph_nodes).collect::<Vec<_>>()),
             report.seconds
         );
-        // The seven kernels of issue 4: RMSNorm; the QKV projection with RoPE on Q and K in
+        // The seven kernels of a decoder layer: RMSNorm; the QKV projection with RoPE on Q and K in
         // its epilogue, which also writes K and V into the paged cache (kv_append); attention
         // (paged in decode); O projection + residual; RMSNorm; gate/up with SwiGLU;
         // down + residual. (The Q/K/V and gate/up weight concatenations are load-time.)
@@ -228,9 +228,11 @@ fn explain_prints_kernels_per_layer_and_writes_dot() {
 }
 
 /// `sinter explain --schedules` shows the fp8 matmul's wgmma e4m3 schedule (a K tile of 128)
-/// and its candidates on sm_90a, and still prints the report where the code generator cannot
-/// build a kernel (the same fp8 matmul on sm_80): that kernel's line says why; an unknown
-/// target is an error.
+/// and its candidates on sm_90a; on sm_80 the passes fuse for that target (a kernel
+/// dequantising each operand, then the bf16 GEMM) and every kernel has a schedule; a kernel
+/// the code generator cannot build (an fp8 attention of head dim 16, which the kernel contract
+/// lets through on sm_90a) is reported in its line, the rest still printed; an unknown target
+/// is an error.
 #[cfg(feature = "llvm")]
 #[test]
 fn explain_schedules_reports_a_kernel_it_cannot_build() {
@@ -238,18 +240,68 @@ fn explain_schedules_reports_a_kernel_it_cannot_build() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("fp8.sir");
     std::fs::write(&file, "func @main(%a8: f8e4m3[64, 64], %sa: f32[], %b8: f8e4m3[64, 64], %sb: f32[]) {\n  %a: bf16[64, 64] = dequantize_fp8(%a8, %sa) {dtype=bf16}\n  %b: bf16[64, 64] = dequantize_fp8(%b8, %sb) {dtype=bf16}\n  %y: bf16[64, 64] = matmul(%a, %b) {transpose_b=true}\n  return %y\n}\n").unwrap();
-    let run = |arch: &str| std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["explain"]).arg(&file).args(["--schedules", arch]).output().unwrap();
-    let out = run("sm_90a");
+    let run = |file: &std::path::Path, arch: &str| std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["explain"]).arg(file).args(["--schedules", arch]).output().unwrap();
+    let out = run(&file, "sm_90a");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("k0 Matmul: dequantize_fp8 dequantize_fp8 matmul") && text.contains("wgmma 128x128x128 s4 f1") && text.contains("wgmma 128x256x128 s4"), "{text}");
-    let out = run("sm_80");
+    let out = run(&file, "sm_80");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("k0 Matmul: dequantize_fp8 dequantize_fp8 matmul") && text.contains("schedule: none, kernel k0 (Matmul): unsupported: f8e4m3 matmul: wgmma needs sm_90a, not sm_80"), "{text}");
-    let bad = run("sm_99");
+    assert!(text.contains("Layout: dequantize_fp8") && text.contains("Matmul: matmul\n") && !text.contains("schedule: none"), "{text}");
+    let attention = dir.join("fp8_attention.sir");
+    std::fs::write(&attention, "func @main(%q8: f8e4m3[1, 4, 2, 16], %sq: f32[], %k8: f8e4m3[1, 4, 2, 16], %sk: f32[], %v8: f8e4m3[1, 4, 2, 16], %sv: f32[]) {\n  %q: bf16[1, 4, 2, 16] = dequantize_fp8(%q8, %sq) {dtype=bf16}\n  %k: bf16[1, 4, 2, 16] = dequantize_fp8(%k8, %sk) {dtype=bf16}\n  %v: bf16[1, 4, 2, 16] = dequantize_fp8(%v8, %sv) {dtype=bf16}\n  %o: bf16[1, 4, 2, 16] = attention(%q, %k, %v) {scale=0.25, heads=2, kv_heads=2, layout=\"bshd\"}\n  return %o\n}\n").unwrap();
+    let out = run(&attention, "sm_90a");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("k0 Attention:") && text.contains("schedule: none, kernel k0 (Attention): unsupported:") && text.contains("f8e4m3"), "{text}");
+    let bad = run(&file, "sm_99");
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("unknown GPU target `sm_99`"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An fp8 matmul compiled for sm_80, which has no e4m3 tensor cores: the passes write the
+/// dequantised operands to buffers and form the bf16 GEMM, the code generator builds every
+/// kernel for sm_80, and the kernel graph gives on the interpreter what the unfused graph
+/// gives. For sm_90a the same graph stays one fp8 kernel.
+#[cfg(feature = "llvm")]
+#[test]
+fn an_fp8_matmul_for_sm_80_builds_and_matches_the_unfused_graph() {
+    let g = sinter_ir::parse(
+        "func @main(%a8: f8e4m3[T, 64], %sa: f32[], %b8: f8e4m3[32, 64], %sb: f32[]) {
+  %a: bf16[T, 64] = dequantize_fp8(%a8, %sa) {dtype=bf16}
+  %b: bf16[32, 64] = dequantize_fp8(%b8, %sb) {dtype=bf16}
+  %y: bf16[T, 32] = matmul(%a, %b) {transpose_b=true}
+  return %y
+}",
+    )
+    .unwrap();
+    let (kg, _) = compile(&g, &Target::SM_80, &PassOptions::for_graph(&g)).unwrap();
+    let families: Vec<Family> = kg.kernels.values().map(|k| k.family).collect();
+    assert_eq!(families, [Family::Layout, Family::Layout, Family::Matmul]);
+    for k in kg.kernels.keys() {
+        sinter_codegen::compile_kernel(&kg, k, &Target::SM_80).unwrap_or_else(|e| panic!("{k} ({:?}): {e}", kg.kernels[k].family));
+    }
+    let b: Bindings = [("T".to_string(), 5)].into_iter().collect();
+    let f = g.entry().unwrap();
+    let mut rng = Rng::new(5);
+    let ins: Vec<Tensor> = f
+        .params
+        .iter()
+        .map(|&p| {
+            let ty = f.ty(p);
+            let shape: Vec<usize> = ty.shape.iter().map(|d| d.eval(&b).unwrap() as usize).collect();
+            let scale = ty.shape.is_empty();
+            Tensor::new(ty.dtype, &shape, (0..shape.iter().product()).map(|_| if scale { 0.5 } else { 8.0 * rng.next_f64() }).collect()).unwrap()
+        })
+        .collect();
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want = run_kernel_graph(&lower_unfused(&g).unwrap(), &refs, &b).unwrap();
+    let got = run_kernel_graph(&kg, &refs, &b).unwrap();
+    assert_eq!(got[0].data(), want[0].data());
+    assert_eq!(got[0].data(), interp::run(&g, "main", &refs, &b).unwrap()[0].data());
+    let (kg90a, _) = compile(&g, &Target::SM_90A, &PassOptions::for_graph(&g)).unwrap();
+    assert_eq!(kg90a.kernels.values().map(|k| k.family).collect::<Vec<_>>(), [Family::Matmul]);
 }
 
 /// A decode graph specialised to a batch (`Graph::specialize`, `T = 1` and `T = 16`) verifies
@@ -265,7 +317,7 @@ fn decode_graphs_specialised_to_a_batch_fuse_the_same() {
         let (kg, report) = compile_zoo(&s);
         assert_eq!(report.kernels_per_call("layer"), Some(7), "T = {t}");
         for kd in kg.kernels.values() {
-            sinter_passes::contract::check(kd).unwrap();
+            sinter_ir::contract::check(kd, &Target::SM_90A).unwrap();
         }
     }
     let cfg = llama::LlamaConfig::tiny();

@@ -12,7 +12,8 @@
 //!   barriers, tensor cores, clusters, symbolic sizes as kernel parameters);
 //! - [`math`]: the device math library (`exp`, `log`, `tanh`, `erf`, `sin`/`cos`, `pow`, …),
 //!   written once over [`math::Ops`] and tested on the CPU against f64 references;
-//! - [`target`]: the GPU targets (`sm_80`, `sm_90`, `sm_90a`) and their facts;
+//! - [`target`]: the GPU targets (`sm_80`, `sm_90`, `sm_90a`, defined in
+//!   `sinter_ir::contract::target`) and the names LLVM knows them by;
 //! - [`compile_module_to_ptx`]: an LLVM module in, PTX text out;
 //! - [`ptxas`]: assembling PTX with NVIDIA's `ptxas` and reading its register, shared-memory,
 //!   stack and spill report.

@@ -8,7 +8,7 @@ use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Tar
 use inkwell::OptimizationLevel;
 
 use crate::error::CodegenError;
-use crate::target::Target;
+use crate::target::{NvptxNames, Target};
 
 /// LLVM's `PTX_Kernel` calling convention (`ptx_kernel` in textual IR): marks a function as a
 /// kernel (`.entry`) rather than a device function (`.func`).

@@ -5,7 +5,6 @@
 use sinter_ir::{Buffer, BufferData, BufferRole, DType, Dim, Family, Function, Kernel, KernelData, KernelGraph, KernelParam, LaunchPlan, Layout, TensorType, Value};
 
 use crate::ptxas;
-use crate::target::Target;
 
 /// A kernel graph holding one kernel of `family` with `body`, every buffer contiguous.
 pub(crate) fn single_kernel(family: Family, body: Function) -> (KernelGraph, Kernel) {
@@ -67,7 +66,7 @@ pub(crate) fn plan_line(plan: &LaunchPlan) -> String {
 /// CI (it is an error in CI).
 pub(crate) fn assemble(plan: &LaunchPlan) -> Option<String> {
     let ptxas = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}"))?;
-    let target = Target::parse(&plan.target).unwrap();
+    let target = plan.target;
     let report = ptxas::assemble_with(&ptxas, &plan.ptx, &target).unwrap_or_else(|e| panic!("{}: {e}", plan.entry));
     let k = report.function(&plan.entry).unwrap_or_else(|| panic!("{report:?}"));
     assert!(!report.spills(), "{}: spills\n{report}", plan.entry);

@@ -98,7 +98,7 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
 /// Assembles `plan` for its target; asserts no spills, no stack, no warnings.
 fn assemble(plan: &LaunchPlan) -> Option<ptxas::PtxasReport> {
     let path = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}"))?;
-    let target = Target::parse(&plan.target).unwrap();
+    let target = plan.target;
     let report = ptxas::assemble_with(&path, &plan.ptx, &target).unwrap_or_else(|e| panic!("{}: {e}\n{}", plan.entry, plan.ptx));
     let k = report.function(&plan.entry).unwrap_or_else(|| panic!("{}: not in {report:?}", plan.entry));
     assert!(!report.spills(), "{}: spills\n{report}", plan.entry);
@@ -656,7 +656,7 @@ fn launch_plans() {
     let (g, k) = silu_mul(DType::BF16, s("T"), d(14336));
     let plan = compile_kernel(&g, k, &Target::SM_90A).unwrap();
     assert_eq!(plan.entry, "k0_pointwise");
-    assert_eq!(plan.target, "sm_90a");
+    assert_eq!(plan.target, Target::SM_90A);
     assert_eq!(plan.params, vec![KernelParam::Buffer(0), KernelParam::Buffer(1), KernelParam::Buffer(2), KernelParam::Size(s("T").scale(14336))]);
     assert_eq!(plan.grid[0], GridDim { numerator: s("T").scale(14336), denominator: 8 * 256 });
     assert_eq!(plan.block, [256, 1, 1]);

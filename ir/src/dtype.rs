@@ -36,7 +36,7 @@ pub enum DType {
     /// only NaNs are `S.1111.111` (`0x7F`, `0xFF`); the largest finite magnitude is
     /// `S.1111.110` = 448; subnormals (exponent field 0) are `m·2⁻⁹`, down to 2⁻⁹. A storage
     /// type, like the block-quantized ones but element-wise: only conversions and data
-    /// movement accept it (see [`crate::infer::accepts_fp8`]); arithmetic reads it through
+    /// movement accept it (see [`crate::storage::accepts_fp8`]); arithmetic reads it through
     /// `dequantize_fp8`. Rounding to it saturates ([`DType::round`], [`f8e4m3_from_f64`]).
     F8E4M3,
 }

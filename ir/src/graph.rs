@@ -1,12 +1,10 @@
 //! The data-flow graph: functions of nodes over typed tensor values.
 
-use std::fmt;
-
 use cranelift_entity::{entity_impl, EntityRef, PrimaryMap};
 
 use crate::dim::Dim;
-use crate::dtype::DType;
 use crate::ops::Op;
+pub use crate::types::{Signature, TensorType};
 
 /// A tensor value (a function parameter or a node result). Printed `%v3` unless named.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -23,44 +21,6 @@ entity_impl!(Node, "n");
 pub struct FuncId(u32);
 entity_impl!(FuncId, "f");
 
-/// Dtype and shape of a tensor value; printed `bf16[T, 576]` (a scalar is `f32[]`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TensorType {
-    /// Element type.
-    pub dtype: DType,
-    /// Dimensions, outermost first (row-major).
-    pub shape: Vec<Dim>,
-}
-
-impl TensorType {
-    /// A tensor type from a dtype and dims.
-    pub fn new(dtype: DType, shape: impl IntoIterator<Item = Dim>) -> TensorType {
-        TensorType { dtype, shape: shape.into_iter().collect() }
-    }
-
-    /// Number of axes.
-    pub fn rank(&self) -> usize {
-        self.shape.len()
-    }
-
-    /// Element count as a dim.
-    pub fn numel(&self) -> Dim {
-        Dim::product(&self.shape)
-    }
-}
-
-impl fmt::Display for TensorType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}[", self.dtype)?;
-        for (i, d) in self.shape.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
-    }
-}
 
 /// Where a value comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -193,14 +153,6 @@ impl Function {
     }
 }
 
-/// The types a function takes and returns.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Signature {
-    /// Parameter types.
-    pub params: Vec<TensorType>,
-    /// Output types.
-    pub results: Vec<TensorType>,
-}
 
 /// A whole program: functions, one of which is the entry (`@main` by default, else the last).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -254,8 +206,8 @@ impl Graph {
             for (_, nd) in f.nodes.iter_mut() {
                 for a in nd.op.attrs.iter_mut() {
                     match a {
-                        crate::ops::Attr::Dims(v) => v.iter_mut().for_each(|d| *d = d.substitute(&map)),
-                        crate::ops::Attr::Dim(d) => *d = d.substitute(&map),
+                        crate::attr::Attr::Dims(v) => v.iter_mut().for_each(|d| *d = d.substitute(&map)),
+                        crate::attr::Attr::Dim(d) => *d = d.substitute(&map),
                         _ => {}
                     }
                 }

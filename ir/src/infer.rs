@@ -6,10 +6,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::attr::Attrs;
 use crate::dim::Dim;
 use crate::dtype::DType;
-use crate::graph::{Signature, TensorType};
-use crate::ops::Op;
+use crate::types::{Signature, TensorType};
 
 /// The rule an op's operands or attributes broke, in words.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -22,8 +22,8 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ShapeError> {
 
 /// What a shape rule sees.
 pub struct InferCtx<'a> {
-    /// The op and its attributes (complete: defaults filled in).
-    pub op: &'a Op,
+    /// The op's attributes (complete: defaults filled in), read by name.
+    pub op: &'a dyn Attrs,
     /// Operand types, in order.
     pub inputs: Vec<&'a TensorType>,
     /// For `call`: the callee's signature.
@@ -147,7 +147,7 @@ fn want_eq(a: &Dim, b: &Dim, what: &str) -> Result<(), ShapeError> {
 pub fn unary_any(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let x = c.input(0)?;
     if x.dtype == DType::Bool {
-        return err(format!("`{}` is not defined on bool", c.op.kind.name()));
+        return err(format!("`{}` is not defined on bool", c.op.op_name()));
     }
     Ok(vec![x.clone()])
 }
@@ -177,33 +177,6 @@ pub fn dequantize(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
         return err(format!("`dequantize` gives a float dtype (bf16, f16, f32), not {to}"));
     }
     Ok(vec![TensorType { dtype: to, shape: x.shape.clone() }])
-}
-
-/// Checks where a block-quantized dtype (`q8_0`, `q4_1`) may appear: as the operand of
-/// `dequantize` (which reads it) and as an argument or result of `call` (which passes it on);
-/// anywhere else it is an error that names the operand or result.
-///
-/// # Errors
-/// A message naming the op and the operand or result of quantized dtype.
-pub fn check_quantized(op: &Op, inputs: &[&TensorType], results: &[TensorType]) -> Result<(), ShapeError> {
-    use crate::ops::OpKind;
-    let name = op.kind.name();
-    match op.kind {
-        OpKind::Call => return Ok(()),
-        OpKind::Dequantize => {}
-        _ => {
-            if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
-                let operand = op.kind.info().operands.get(i).map(|s| s.trim_end_matches(['?', '*'])).unwrap_or("operand");
-                return err(format!(
-                    "`{name}` does not read block-quantized tensors: operand {i} (`{operand}`) is {t}; only `dequantize` reads q8_0/q4_1 (write `dequantize(%x) {{dtype=bf16}}` first)"
-                ));
-            }
-        }
-    }
-    if let Some((i, t)) = results.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
-        return err(format!("`{name}` cannot produce a block-quantized tensor: result {i} would be {t}; q8_0/q4_1 tensors come only from parameters"));
-    }
-    Ok(())
 }
 
 /// `quantize_fp8(x, scale)`: a float `x` (bf16, f16, f32) and a per-tensor scale, an `f32`
@@ -242,79 +215,12 @@ fn want_fp8_scale(s: &TensorType, op: &str) -> Result<(), ShapeError> {
     Ok(())
 }
 
-/// Whether op `kind` accepts `f8e4m3` operands. `f8e4m3` is a storage type: it is read by the
-/// conversions (`cast`, `dequantize_fp8`), moved by the layout ops (`transpose`, `permute`,
-/// `reshape`, `broadcast`, `concat`, `slice`, `gather`'s table, `select`'s branches) and passed
-/// through `call`; arithmetic, comparisons, reductions, `matmul`, attention and the norms do
-/// not compute on it (they read `dequantize_fp8`'s result, which a fused kernel recomputes from
-/// the fp8 bytes: `matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))` is the fp8 matmul).
-pub fn accepts_fp8(kind: crate::ops::OpKind) -> bool {
-    use crate::ops::OpKind::*;
-    matches!(kind, Cast | DequantizeFp8 | Transpose | Permute | Reshape | Broadcast | Concat | Slice | Gather | Select | Call)
-}
-
-/// Whether op `kind` may produce an `f8e4m3` result: the ops of [`accepts_fp8`] (whose results
-/// carry their operands' dtype), `quantize_fp8`, and `constant` (a value rounded to it).
-pub fn produces_fp8(kind: crate::ops::OpKind) -> bool {
-    use crate::ops::OpKind::*;
-    (accepts_fp8(kind) && kind != DequantizeFp8) || matches!(kind, QuantizeFp8 | Constant)
-}
-
-/// The message for operand `i` of type `ty` (printed) of op `kind` being `f8e4m3` where
-/// [`accepts_fp8`] says no: it names the operand and says how to read the value.
-pub fn fp8_operand_message(kind: crate::ops::OpKind, i: usize, ty: &str) -> String {
-    use crate::ops::OpKind::*;
-    let name = kind.name();
-    let operand = kind.info().operands.get(i).or(kind.info().operands.last()).map(|s| s.trim_end_matches(['?', '*'])).unwrap_or("operand");
-    let hint = match kind {
-        Matmul => "; an fp8 matmul is `matmul(dequantize_fp8(a8, sa) {dtype=bf16}, dequantize_fp8(b8, sb) {dtype=bf16})`, which the compiler keeps one kernel reading the fp8 bytes",
-        _ => "",
-    };
-    format!("`{name}` does not compute on f8e4m3 (a storage type): operand {i} (`{operand}`) is {ty}; read it with `dequantize_fp8(%x, %scale) {{dtype=bf16}}` (or `cast`) first{hint}")
-}
-
-/// Checks where `f8e4m3` may appear ([`accepts_fp8`], [`produces_fp8`]).
-///
-/// # Errors
-/// A message naming the op and the operand or result of dtype `f8e4m3`.
-pub fn check_fp8(op: &Op, inputs: &[&TensorType], results: &[TensorType]) -> Result<(), ShapeError> {
-    if !accepts_fp8(op.kind) {
-        if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype.is_fp8()) {
-            return err(fp8_operand_message(op.kind, i, &t.to_string()));
-        }
-    }
-    if !produces_fp8(op.kind) {
-        if let Some((i, t)) = results.iter().enumerate().find(|(_, t)| t.dtype.is_fp8()) {
-            return err(format!(
-                "`{}` cannot produce f8e4m3: result {i} would be {t}; f8e4m3 values come from `quantize_fp8`, `cast` and parameters",
-                op.kind.name()
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Checks a block-quantized tensor type: rank ≥ 1 and a last axis that is provably a whole
-/// number of blocks of 32 (a constant multiple of 32, or a symbolic dim with a factor 32).
-///
-/// # Errors
-/// A message naming the type.
-pub fn check_quantized_type(t: &TensorType) -> Result<(), ShapeError> {
-    if !t.dtype.is_quantized() {
-        return Ok(());
-    }
-    match t.shape.last() {
-        Some(d) if d.div_exact(DType::QBLOCK as i64).is_some() => Ok(()),
-        _ => err(format!("{t}: a block-quantized tensor's last axis must be a multiple of the block size {}", DType::QBLOCK)),
-    }
-}
-
 /// Arithmetic with broadcasting; operands share a non-bool dtype.
 pub fn binary(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (a, b) = (c.input(0)?, c.input(1)?);
     same_dtype(a, b, "both operands")?;
     if a.dtype == DType::Bool {
-        return err(format!("`{}` is not defined on bool", c.op.kind.name()));
+        return err(format!("`{}` is not defined on bool", c.op.op_name()));
     }
     Ok(vec![TensorType { dtype: a.dtype, shape: broadcast_shapes(&a.shape, &b.shape)? }])
 }
@@ -347,9 +253,6 @@ pub fn reduce(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     if x.dtype == DType::Bool {
         return err("reductions are not defined on bool");
     }
-    if c.op.kind == crate::OpKind::ReduceMean {
-        want_float(x, "the operand of reduce_mean")?;
-    }
     let axis = norm_axis(c.int("axis")?, x.rank())?;
     let mut shape = x.shape.clone();
     if c.op.bool("keepdim").unwrap_or(true) {
@@ -358,6 +261,15 @@ pub fn reduce(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
         shape.remove(axis);
     }
     Ok(vec![TensorType { dtype: x.dtype, shape }])
+}
+
+/// `reduce_mean`: a reduction over one axis of a float operand.
+pub fn reduce_mean(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let x = c.input(0)?;
+    if x.dtype != DType::Bool {
+        want_float(x, "the operand of reduce_mean")?;
+    }
+    reduce(c)
 }
 
 /// softmax / log_softmax.

@@ -6,159 +6,11 @@
 //! builder, later the e-graph language and the book's op reference are all derived from this
 //! table: an op is added by adding one row (and its interpreter case).
 
+pub use crate::attr::{kind_text, Attr, AttrDefault, AttrKind, AttrSpec, Attrs};
 use crate::dim::Dim;
 use crate::dtype::DType;
 use crate::infer::{self, InferCtx, ShapeError};
-use crate::TensorType;
-
-/// The kind of value an attribute holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttrKind {
-    /// A signed integer (`axis=-1`).
-    Int,
-    /// A 64-bit float (`eps=1e-5`, `theta=100000.0`); prints so that it reads back bit-exactly.
-    Float,
-    /// `true` / `false`.
-    Bool,
-    /// One of a fixed set of words, printed quoted (`form="tanh"`).
-    Enum(&'static [&'static str]),
-    /// Any string, printed quoted (a callee's name).
-    Str,
-    /// A list of integers (`perm=[0, 2, 1, 3]`).
-    Ints,
-    /// A list of symbolic dims (`shape=[T, 9, 64]`).
-    Dims,
-    /// One symbolic dim (`start=past`).
-    Dim,
-    /// A dtype (`dtype=bf16`).
-    DType,
-}
-
-/// An attribute value.
-#[derive(Clone, Debug)]
-pub enum Attr {
-    /// See [`AttrKind::Int`].
-    Int(i64),
-    /// See [`AttrKind::Float`].
-    Float(f64),
-    /// See [`AttrKind::Bool`].
-    Bool(bool),
-    /// See [`AttrKind::Enum`] and [`AttrKind::Str`].
-    Str(String),
-    /// See [`AttrKind::Ints`].
-    Ints(Vec<i64>),
-    /// See [`AttrKind::Dims`].
-    Dims(Vec<Dim>),
-    /// See [`AttrKind::Dim`].
-    Dim(Dim),
-    /// See [`AttrKind::DType`].
-    DType(DType),
-    /// An optional attribute ([`AttrDefault::Absent`]) that is not given: the node carries this
-    /// in its slot, the text format omits it. Of no [`AttrKind`]: only an optional attribute's
-    /// slot accepts it ([`AttrSpec::accepts`]).
-    Absent,
-}
-
-impl PartialEq for Attr {
-    /// Floats compare by bit pattern, so that a NaN attribute equals itself after a round trip.
-    fn eq(&self, other: &Attr) -> bool {
-        use Attr::*;
-        match (self, other) {
-            (Int(a), Int(b)) => a == b,
-            (Float(a), Float(b)) => a.to_bits() == b.to_bits(),
-            (Bool(a), Bool(b)) => a == b,
-            (Str(a), Str(b)) => a == b,
-            (Ints(a), Ints(b)) => a == b,
-            (Dims(a), Dims(b)) => a == b,
-            (Dim(a), Dim(b)) => a == b,
-            (DType(a), DType(b)) => a == b,
-            (Absent, Absent) => true,
-            _ => false,
-        }
-    }
-}
-impl Eq for Attr {}
-
-impl Attr {
-    /// True when the value is of the given kind (an enum also checks the word is allowed).
-    pub fn is_kind(&self, kind: AttrKind) -> bool {
-        match (self, kind) {
-            (Attr::Int(_), AttrKind::Int)
-            | (Attr::Float(_), AttrKind::Float)
-            | (Attr::Bool(_), AttrKind::Bool)
-            | (Attr::Str(_), AttrKind::Str)
-            | (Attr::Ints(_), AttrKind::Ints)
-            | (Attr::Dims(_), AttrKind::Dims)
-            | (Attr::Dim(_), AttrKind::Dim)
-            | (Attr::DType(_), AttrKind::DType) => true,
-            (Attr::Str(s), AttrKind::Enum(words)) => words.contains(&s.as_str()),
-            _ => false,
-        }
-    }
-}
-
-/// A default attribute value, as a `const`-friendly description.
-#[derive(Clone, Copy, Debug)]
-pub enum AttrDefault {
-    /// The attribute is required.
-    Required,
-    /// Integer default.
-    Int(i64),
-    /// Float default.
-    Float(f64),
-    /// Bool default.
-    Bool(bool),
-    /// Word default (for enums).
-    Str(&'static str),
-    /// The empty list (for `Ints` / `Dims`).
-    Empty,
-    /// Optional: absent unless given ([`Attr::Absent`] in the node's slot); when given, a value
-    /// of the attribute's kind.
-    Absent,
-}
-
-impl AttrDefault {
-    /// The default as a value, `None` when required.
-    pub fn value(self) -> Option<Attr> {
-        match self {
-            AttrDefault::Required => None,
-            AttrDefault::Int(v) => Some(Attr::Int(v)),
-            AttrDefault::Float(v) => Some(Attr::Float(v)),
-            AttrDefault::Bool(v) => Some(Attr::Bool(v)),
-            AttrDefault::Str(v) => Some(Attr::Str(v.to_string())),
-            AttrDefault::Empty => None,
-            AttrDefault::Absent => Some(Attr::Absent),
-        }
-    }
-}
-
-/// One attribute of an op.
-#[derive(Clone, Copy, Debug)]
-pub struct AttrSpec {
-    /// Name in the text format.
-    pub name: &'static str,
-    /// Kind of value.
-    pub kind: AttrKind,
-    /// Default, or [`AttrDefault::Required`].
-    pub default: AttrDefault,
-}
-
-impl AttrSpec {
-    /// The default value for this spec (an empty list for `Empty`), `None` if required.
-    pub fn default_value(&self) -> Option<Attr> {
-        match (self.default, self.kind) {
-            (AttrDefault::Empty, AttrKind::Dims) => Some(Attr::Dims(vec![])),
-            (AttrDefault::Empty, AttrKind::Ints) => Some(Attr::Ints(vec![])),
-            (d, _) => d.value(),
-        }
-    }
-
-    /// Whether this attribute's slot may hold `a`: a value of its kind, or [`Attr::Absent`]
-    /// when the attribute is optional.
-    pub fn accepts(&self, a: &Attr) -> bool {
-        a.is_kind(self.kind) || (matches!(a, Attr::Absent) && matches!(self.default, AttrDefault::Absent))
-    }
-}
+use crate::types::TensorType;
 
 /// The family an op belongs to; the passes and the code generator dispatch on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -286,7 +138,7 @@ op_table! {
     ReduceSum => "reduce_sum", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "Σ over `axis` (negative counts from the end), accumulated in f64; an empty axis sums to 0.";
     ReduceMax => "reduce_max", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "max over `axis`; NaN if any element is NaN; an empty axis gives −inf.";
     ReduceMin => "reduce_min", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "min over `axis`; NaN if any element is NaN; an empty axis gives +inf.";
-    ReduceMean => "reduce_mean", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "Mean over `axis`; an empty axis gives NaN (0/0).";
+    ReduceMean => "reduce_mean", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce_mean, "Mean over `axis`; an empty axis gives NaN (0/0).";
     Softmax => "softmax", Composite, ["x"], [AXIS], infer::row_op,
         "Safe softmax over `axis` with f32 statistics: exp(x−max)/Σexp(x−max); a row of all −inf gives 0; NaN in a row gives NaN for the row.";
     LogSoftmax => "log_softmax", Composite, ["x"], [AXIS], infer::row_op,
@@ -437,21 +289,6 @@ pub enum AttrError {
     },
 }
 
-/// Describes an attribute kind in words, for errors.
-pub fn kind_text(kind: AttrKind) -> String {
-    match kind {
-        AttrKind::Int => "an integer".into(),
-        AttrKind::Float => "a number".into(),
-        AttrKind::Bool => "true or false".into(),
-        AttrKind::Enum(w) => format!("one of {}", w.iter().map(|w| format!("\"{w}\"")).collect::<Vec<_>>().join(", ")),
-        AttrKind::Str => "a string".into(),
-        AttrKind::Ints => "a list of integers".into(),
-        AttrKind::Dims => "a list of dims".into(),
-        AttrKind::Dim => "a dim".into(),
-        AttrKind::DType => "a dtype".into(),
-    }
-}
-
 impl Op {
     /// Builds an op from named attributes, filling in defaults and checking names and kinds.
     ///
@@ -514,59 +351,45 @@ impl Op {
 
     /// Integer attribute, `None` if absent or of another kind.
     pub fn int(&self, name: &str) -> Option<i64> {
-        match self.attr(name)? {
-            Attr::Int(v) => Some(*v),
-            _ => None,
-        }
+        self.attr(name)?.as_int()
     }
     /// Float attribute (`None` also for an optional float attribute that is absent).
     pub fn float(&self, name: &str) -> Option<f64> {
-        match self.attr(name)? {
-            Attr::Float(v) => Some(*v),
-            _ => None,
-        }
+        self.attr(name)?.as_float()
     }
     /// Bool attribute.
     pub fn bool(&self, name: &str) -> Option<bool> {
-        match self.attr(name)? {
-            Attr::Bool(v) => Some(*v),
-            _ => None,
-        }
+        self.attr(name)?.as_bool()
     }
     /// String or enum attribute.
     pub fn str(&self, name: &str) -> Option<&str> {
-        match self.attr(name)? {
-            Attr::Str(v) => Some(v),
-            _ => None,
-        }
+        self.attr(name)?.as_str()
     }
     /// Integer-list attribute.
     pub fn ints(&self, name: &str) -> Option<&[i64]> {
-        match self.attr(name)? {
-            Attr::Ints(v) => Some(v),
-            _ => None,
-        }
+        self.attr(name)?.as_ints()
     }
     /// Dim-list attribute.
     pub fn dims(&self, name: &str) -> Option<&[Dim]> {
-        match self.attr(name)? {
-            Attr::Dims(v) => Some(v),
-            _ => None,
-        }
+        self.attr(name)?.as_dims()
     }
     /// Dim attribute.
     pub fn dim(&self, name: &str) -> Option<&Dim> {
-        match self.attr(name)? {
-            Attr::Dim(v) => Some(v),
-            _ => None,
-        }
+        self.attr(name)?.as_dim()
     }
     /// Dtype attribute.
     pub fn dtype(&self, name: &str) -> Option<DType> {
-        match self.attr(name)? {
-            Attr::DType(v) => Some(*v),
-            _ => None,
-        }
+        self.attr(name)?.as_dtype()
+    }
+}
+
+impl Attrs for Op {
+    fn op_name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    fn attr(&self, name: &str) -> Option<&Attr> {
+        Op::attr(self, name)
     }
 }
 

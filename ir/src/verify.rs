@@ -74,11 +74,11 @@ pub(crate) fn check_op_form(op: &Op, n: usize) -> Result<(), String> {
 /// Runs an op's shape rule. Shared with the builder.
 pub(crate) fn infer_op(op: &Op, inputs: Vec<&TensorType>, callee: Option<&Signature>) -> Result<Vec<TensorType>, String> {
     check_op_form(op, inputs.len())?;
-    crate::infer::check_quantized(op, &inputs, &[]).map_err(|e| e.0)?;
-    crate::infer::check_fp8(op, &inputs, &[]).map_err(|e| e.0)?;
+    crate::storage::check_quantized(op, &inputs, &[]).map_err(|e| e.0)?;
+    crate::storage::check_fp8(op, &inputs, &[]).map_err(|e| e.0)?;
     let results = (op.kind.info().infer)(&InferCtx { op, inputs: inputs.clone(), callee }).map_err(|e| e.0)?;
-    crate::infer::check_quantized(op, &[], &results).map_err(|e| e.0)?;
-    crate::infer::check_fp8(op, &[], &results).map_err(|e| e.0)?;
+    crate::storage::check_quantized(op, &[], &results).map_err(|e| e.0)?;
+    crate::storage::check_fp8(op, &[], &results).map_err(|e| e.0)?;
     Ok(results)
 }
 
@@ -148,7 +148,7 @@ pub fn verify_function(f: &Function, callees: &BTreeMap<&str, Signature>) -> Res
                 return Err(fail(None, format!("{} has a negative dimension in {}", f.label(v), d.ty)));
             }
         }
-        if let Err(e) = crate::infer::check_quantized_type(&d.ty) {
+        if let Err(e) = crate::storage::check_quantized_type(&d.ty) {
             return Err(fail(None, format!("{}: {e}", f.label(v))));
         }
         let ok = match d.def {

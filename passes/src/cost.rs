@@ -1,4 +1,4 @@
-//! The cost model: modelled microseconds of a kernel on an H200.
+//! The cost model: modelled microseconds of a kernel on the card a [`Target`] stands for.
 //!
 //! **Units.** Time in microseconds (µs); bytes are HBM bytes read plus written at the graph's
 //! shapes with every symbol bound by a [`CostConfig`]; FLOPs are counted as 2 per
@@ -9,8 +9,9 @@
 //! ```
 //!
 //! with the peak of tensor cores for bf16/f16 matmul and attention and of CUDA cores
-//! otherwise. The ceilings are the ones measured on the project's H200 (TOOLCHAIN.md), in one
-//! place: [`H200`].
+//! otherwise. The bandwidth and the peaks are the target's ([`Target::dram_gbps`],
+//! [`Target::tensor_tflops`], [`Target::cuda_core_tflops`]: for sm_90a those measured on the
+//! project's H200), the launch cost [`LAUNCH_US`].
 //!
 //! **Per-node cost for extraction.** Extraction costs each e-node as if it were its own
 //! kernel ([`node_cost`]); a few nodes are free because no kernel ever runs for them:
@@ -22,28 +23,15 @@
 //! never be cheapest. After extraction the partitioner fuses kernels; the fusion report
 //! re-costs the final kernels with [`kernel_us`].
 
-use sinter_ir::{Bindings, DType, Dim, Op, OpKind, TensorType};
+use sinter_ir::{Bindings, DType, Dim, Op, OpKind, Target, TensorType};
 
-/// The H200 ceilings the cost model uses.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Device {
-    /// HBM bandwidth, GB/s (device-to-device copy, read + write: 4274 GB/s measured).
-    pub hbm_gbps: f64,
-    /// Tensor-core bf16/f16 peak, TFLOP/s (cuBLAS 8192³ bf16: 677–679 measured).
-    pub tensor_tflops: f64,
-    /// CUDA-core f32 peak, TFLOP/s (the data-sheet FP32 rate, about 60; not measured).
-    pub cuda_core_tflops: f64,
-    /// Fixed cost of one kernel launch, µs.
-    pub launch_us: f64,
-}
-
-/// The H200 as measured in TOOLCHAIN.md.
-pub const H200: Device = Device { hbm_gbps: 4270.0, tensor_tflops: 680.0, cuda_core_tflops: 60.0, launch_us: 3.0 };
+/// Fixed cost of one kernel launch, µs.
+pub const LAUNCH_US: f64 = 3.0;
 
 /// The cost every e-node pays on top of its kernel cost, µs.
 pub const EPSILON_US: f64 = 1e-3;
 
-/// Which sizes the symbols take when costing, and on which device.
+/// Which sizes the symbols take when costing, and for which target's card.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostConfig {
     /// A name for the report (`prefill`, `decode`).
@@ -52,19 +40,20 @@ pub struct CostConfig {
     pub bindings: Bindings,
     /// Size of an unlisted symbol.
     pub default_symbol: i64,
-    /// The device.
-    pub device: Device,
+    /// The target whose figures (bandwidth, peaks) the model uses; [`crate::compile`] sets it
+    /// to the target it compiles for.
+    pub target: Target,
 }
 
 impl CostConfig {
-    /// Prefill: `T = 512` tokens, `P = 1024` KV pages, `M = 32` pages per sequence.
+    /// Prefill: `T = 512` tokens, `P = 1024` KV pages, `M = 32` pages per sequence; sm_90a.
     pub fn prefill() -> CostConfig {
-        CostConfig { name: "prefill".into(), bindings: binds(&[("T", 512), ("P", 1024), ("M", 32), ("B", 1), ("S", 512)]), default_symbol: 64, device: H200 }
+        CostConfig { name: "prefill".into(), bindings: binds(&[("T", 512), ("P", 1024), ("M", 32), ("B", 1), ("S", 512)]), default_symbol: 64, target: Target::SM_90A }
     }
 
-    /// Decode: a batch of `T = 16` sequences of one token each, `P = 1024`, `M = 32`.
+    /// Decode: a batch of `T = 16` sequences of one token each, `P = 1024`, `M = 32`; sm_90a.
     pub fn decode() -> CostConfig {
-        CostConfig { name: "decode".into(), bindings: binds(&[("T", 16), ("P", 1024), ("M", 32), ("B", 16), ("S", 512)]), default_symbol: 64, device: H200 }
+        CostConfig { name: "decode".into(), bindings: binds(&[("T", 16), ("P", 1024), ("M", 32), ("B", 16), ("S", 512)]), default_symbol: 64, target: Target::SM_90A }
     }
 
     /// Decode when the graph holds a `paged_attention` (reading the KV cache), else prefill.
@@ -112,12 +101,12 @@ impl Default for CostConfig {
     }
 }
 
-/// Modelled time of one kernel moving `bytes` and doing `flops`, µs.
-pub fn kernel_us(dev: &Device, bytes: f64, flops: f64, tensor_cores: bool) -> f64 {
-    let peak = if tensor_cores { dev.tensor_tflops } else { dev.cuda_core_tflops };
-    let mem = bytes / (dev.hbm_gbps * 1e3); // GB/s = 1e3 bytes/µs
+/// Modelled time of one kernel moving `bytes` and doing `flops` on `target`, µs.
+pub fn kernel_us(target: &Target, bytes: f64, flops: f64, tensor_cores: bool) -> f64 {
+    let peak = if tensor_cores { target.tensor_tflops() } else { target.cuda_core_tflops() };
+    let mem = bytes / (target.dram_gbps() * 1e3); // GB/s = 1e3 bytes/µs
     let math = flops / (peak * 1e6); // TFLOP/s = 1e6 flop/µs
-    dev.launch_us + mem.max(math)
+    LAUNCH_US + mem.max(math)
 }
 
 /// FLOPs of an op, given operand and result types (2 per multiply-add; 1 per element for
@@ -190,7 +179,7 @@ pub fn op_bytes(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorTy
 
 /// Modelled µs of an op as its own kernel.
 pub fn op_us(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> f64 {
-    kernel_us(&cfg.device, op_bytes(cfg, op, ins, outs), flops(cfg, op, ins, outs), uses_tensor_cores(op, ins))
+    kernel_us(&cfg.target, op_bytes(cfg, op, ins, outs), flops(cfg, op, ins, outs), uses_tensor_cores(op, ins))
 }
 
 /// What extraction needs to know about an e-node's operands beyond their types.
@@ -234,9 +223,12 @@ mod tests {
     #[test]
     fn units_are_microseconds_bytes_and_flops() {
         // 4.27 GB at 4270 GB/s is one millisecond, plus the launch.
-        assert!((kernel_us(&H200, 4.27e9, 0.0, false) - 1003.0).abs() < 1e-9);
+        let h200 = Target::SM_90A;
+        assert!((kernel_us(&h200, 4.27e9, 0.0, false) - 1003.0).abs() < 1e-9);
         // 680 TFLOP on tensor cores is one second.
-        assert!((kernel_us(&H200, 0.0, 680e12, true) - (1e6 + 3.0)).abs() < 1e-6);
+        assert!((kernel_us(&h200, 0.0, 680e12, true) - (1e6 + 3.0)).abs() < 1e-6);
+        // An A100 moves the same bytes at 2039 GB/s.
+        assert!((kernel_us(&Target::SM_80, 2.039e9, 0.0, false) - 1003.0).abs() < 1e-9);
         let cfg = CostConfig::prefill();
         let x = TensorType::new(DType::BF16, [Dim::symbol("T"), Dim::constant(576)]);
         let w = TensorType::new(DType::BF16, [Dim::constant(1536), Dim::constant(576)]);
@@ -252,6 +244,6 @@ mod tests {
         let r = Op::new(OpKind::Reshape, vec![("shape".into(), Attr::Dims(vec![Dim::symbol("T"), Dim::constant(576)]))]).unwrap();
         assert_eq!(node_cost(&cfg, &r, &[&x], &[x.clone()], OperandFacts::default()), EPSILON_US);
         let e = Op::plain(OpKind::Exp).unwrap();
-        assert!(node_cost(&cfg, &e, &[&x], &[x.clone()], OperandFacts::default()) > H200.launch_us);
+        assert!(node_cost(&cfg, &e, &[&x], &[x.clone()], OperandFacts::default()) > LAUNCH_US);
     }
 }

@@ -282,9 +282,9 @@ pub fn infer(op: &Op, inputs: &[&TensorType], callees: &BTreeMap<String, Signatu
         None
     };
     // Where f8e4m3 may appear is part of the rule: no rewrite builds arithmetic on it.
-    sinter_ir::infer::check_fp8(op, inputs, &[]).map_err(|e| e.0)?;
+    sinter_ir::storage::check_fp8(op, inputs, &[]).map_err(|e| e.0)?;
     let out = (op.kind.info().infer)(&InferCtx { op, inputs: inputs.to_vec(), callee }).map_err(|e| e.0)?;
-    sinter_ir::infer::check_fp8(op, &[], &out).map_err(|e| e.0)?;
+    sinter_ir::storage::check_fp8(op, &[], &out).map_err(|e| e.0)?;
     Ok(out)
 }
 

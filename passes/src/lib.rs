@@ -14,8 +14,10 @@
 //! 5. [`report`] — the fusion report: rules fired, stop reasons, e-graph sizes, kernels with
 //!    their families, ops and bytes, before and after; Graphviz output.
 //!
-//! [`contract`] restates which kernel bodies each generator of `sinter-codegen` accepts;
-//! under [`PassOptions::codegen_contract`] (the default) every kernel is checked against it.
+//! [`compile`] compiles for a [`Target`]: the cost model takes its figures, and under
+//! [`PassOptions::codegen_contract`] (the default) every kernel is checked against the kernel
+//! contract ([`sinter_ir::contract`]: which bodies each generator of `sinter-codegen` accepts
+//! on that target).
 //!
 //! [`check`] evaluates every e-node of a saturated e-graph on the interpreter: the soundness
 //! check of every rule. [`lower_unfused`] gives the one-kernel-per-node graph that the fused
@@ -23,7 +25,6 @@
 #![warn(missing_docs)]
 
 pub mod check;
-pub mod contract;
 pub mod cost;
 pub mod eval;
 pub mod extract;
@@ -39,7 +40,7 @@ use std::time::Duration;
 pub use cost::CostConfig;
 pub use lower::{compile, lower_unfused};
 pub use report::FusionReport;
-pub use sinter_ir::{Graph, KernelGraph};
+pub use sinter_ir::{Graph, KernelGraph, Target};
 
 /// Limits of one saturation phase (each phase gets them afresh).
 #[derive(Clone, Debug, PartialEq)]
@@ -73,7 +74,7 @@ pub struct PassOptions {
     pub fuse: bool,
     /// Extract after every phase (for the IR-after-each-pass snapshots); off extracts once.
     pub snapshots: bool,
-    /// Fuse only into kernel bodies the code generator accepts ([`contract`]): matmul
+    /// Fuse only into kernel bodies the code generator accepts ([`sinter_ir::contract`]): matmul
     /// epilogues element-wise on the full output, attention and matmul operands written to
     /// buffers by a kernel, every kernel checked. Off gives the unconstrained fusion (whose
     /// kernels the interpreter runs but `sinter-codegen` may refuse).

@@ -33,7 +33,7 @@
 //! Layout copy kernel).
 //!
 //! **Within the code generator's contract** ([`crate::PassOptions::codegen_contract`], the
-//! default; [`crate::contract`]) the bodies are what the generators accept: a Matmul body is
+//! default; [`sinter_ir::contract`]) the bodies are what the generators accept: a Matmul body is
 //! its matmul on kernel inputs (through views) and an epilogue that
 //! [`sinter_ir::epilogue::analyse`] accepts — for a decoder layer, the QKV projection with
 //! RoPE on Q and K that also scatters K and V into the paged cache (`kv_append`), and the
@@ -56,14 +56,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use sinter_ir::{
-    Attr, Buffer, BufferData, BufferRole, Dim, Family, Function, Graph, KernelData, KernelGraph, Layout, Node, Op, OpKind, Signature, TensorType, Value,
+    Attr, Buffer, BufferData, BufferRole, Dim, Family, Function, Graph, KernelData, KernelGraph, Layout, Node, Op, OpKind, Signature, Target, TensorType, Value,
     ValueDef,
 };
 
 use crate::lang::{neg_axis, OpSym};
 use crate::optimise::optimise_function;
 use crate::partition::{self, Partition, Role, Uses};
-use crate::report::{FunctionReport, FusionReport, KernelReport};
+use crate::report::{FunctionReport, FusionReport, KernelMeta, KernelReport};
 use crate::{PassError, PassOptions};
 
 /// A function with every call inlined, and where each node came from.
@@ -340,17 +340,6 @@ struct Spec {
     group: Option<usize>,
 }
 
-/// What [`build_kernel_graph`] says about each kernel beyond the [`KernelGraph`].
-#[derive(Clone, Debug)]
-pub struct KernelMeta {
-    /// Where the kernel's anchor came from (`main`, `layer#3`).
-    pub origin: String,
-    /// A weight concatenation (inputs only): run once at load time.
-    pub load_time: bool,
-    /// The kernel of the partition it was built from (`None`: a graph output's view copy).
-    pub group: Option<usize>,
-}
-
 /// Builds the kernel graph of a flat function under a partition.
 ///
 /// # Errors
@@ -563,7 +552,7 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             buf_of.insert(e, b);
         }
         let idx = kg.kernels.len();
-        let mut bf = Function::new(format!("k{idx}_{}", family_name(spec.family)));
+        let mut bf = Function::new(format!("k{idx}_{}", spec.family.name()));
         let mut vmap: HashMap<Value, Value> = HashMap::new();
         let mut inputs = vec![];
         for &v in &body.params {
@@ -613,11 +602,6 @@ fn chain_nodes(f: &Function, uses: &Uses, part: &Partition, v: Value) -> Vec<Nod
     out
 }
 
-/// The lower-case name of a family (kernel names, reports).
-pub fn family_name(f: Family) -> &'static str {
-    f.name()
-}
-
 /// One kernel per node of the graph (calls inlined, no rewriting, no fusion): the baseline the
 /// fused graph is compared with. Reductions over other axes get a Layout transpose first; a
 /// `reshape` is a Layout copy kernel; sources are Pointwise kernels.
@@ -634,23 +618,23 @@ pub fn lower_unfused(g: &Graph) -> Result<KernelGraph, PassError> {
 /// How many times [`build_within_contract`] splits refused kernels before giving up.
 const CONTRACT_ROUNDS: usize = 8;
 
-/// Fuses `flat` within the code generator's contract ([`crate::contract`]): the contract-aware
+/// Fuses `flat` within the code generator's contract ([`sinter_ir::contract`]): the contract-aware
 /// partition, [`partition::legalise`], then every built kernel is checked; a kernel outside
 /// the contract is split ([`partition::dissolve`]) and the graph rebuilt.
 ///
 /// # Errors
 /// Kernels still outside the contract after `CONTRACT_ROUNDS` (8) rounds (a bug), and
 /// [`build_kernel_graph`]'s errors.
-pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
+pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig, target: &Target) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
     let f = &flat.func;
     let uses = Uses::with(f, true);
     let mut part = partition::fuse_with(f, cost, true);
-    partition::legalise(f, &uses, &mut part);
+    partition::legalise(f, &uses, &mut part, target);
     for round in 0.. {
         let (kg, metas) = build_kernel_graph(flat, &part)?;
         let mut refused = vec![];
         for ((k, kd), meta) in kg.kernels.iter().zip(&metas) {
-            if let Err(e) = crate::contract::check(kd) {
+            if let Err(e) = sinter_ir::contract::check(kd, target) {
                 refused.push((k, kd.family, meta.group, e));
             }
         }
@@ -665,19 +649,22 @@ pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig) -> Result<(K
         for g in splittable {
             partition::dissolve(f, &uses, &mut part, g);
         }
-        partition::legalise(f, &uses, &mut part);
+        partition::legalise(f, &uses, &mut part, target);
     }
     unreachable!("the loop returns")
 }
 
-/// Compiles a graph to a [`KernelGraph`]: optimises every function once (saturation in
-/// phases, DAG-aware extraction), inlines the optimised bodies at their calls, merges
-/// duplicates, fuses kernels, and reports what happened.
+/// Compiles a graph to a [`KernelGraph`] for `target`: optimises every function once
+/// (saturation in phases, DAG-aware extraction), inlines the optimised bodies at their calls,
+/// merges duplicates, fuses kernels, and reports what happened. The cost model takes the
+/// target's figures (`opts.cost.target` is replaced by `target`), and under
+/// [`PassOptions::codegen_contract`] every kernel is one the target's generators take.
 ///
 /// # Errors
 /// [`PassError`]: a graph that does not verify, an unsound rule (by the analysis), an
 /// extraction or lowering failure.
-pub fn compile(g: &Graph, opts: &PassOptions) -> Result<(KernelGraph, FusionReport), PassError> {
+pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(KernelGraph, FusionReport), PassError> {
+    let opts = &PassOptions { cost: crate::CostConfig { target: *target, ..opts.cost.clone() }, ..opts.clone() };
     sinter_ir::verify(g)?;
     let start = Instant::now();
     let mut opt_graph = Graph::new();
@@ -691,7 +678,7 @@ pub fn compile(g: &Graph, opts: &PassOptions) -> Result<(KernelGraph, FusionRepo
     sinter_ir::verify(&opt_graph).map_err(|e| PassError::Lower(format!("internal: the optimised graph does not verify: {e}")))?;
     let flat = reductions_to_last_axis(&cse_dce(&inline(&opt_graph)?))?;
     let (kg, metas) = if opts.fuse && opts.codegen_contract {
-        build_within_contract(&flat, &opts.cost)?
+        build_within_contract(&flat, &opts.cost, target)?
     } else {
         let part = if opts.fuse { partition::fuse(&flat.func, &opts.cost) } else { partition::one_per_node(&flat.func) };
         build_kernel_graph(&flat, &part)?
@@ -720,10 +707,10 @@ mod tests {
         f.outputs = r;
         let mut g = Graph::new();
         g.add_func(f);
-        assert!(matches!(compile(&g, &PassOptions::default()), Err(PassError::Verify(_))));
+        assert!(matches!(compile(&g, &Target::SM_90A, &PassOptions::default()), Err(PassError::Verify(_))));
         assert!(matches!(lower_unfused(&g), Err(PassError::Verify(_))));
         // No function at all.
-        assert!(compile(&Graph::new(), &PassOptions::default()).is_err());
+        assert!(compile(&Graph::new(), &Target::SM_90A, &PassOptions::default()).is_err());
     }
 
     #[test]

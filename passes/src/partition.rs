@@ -28,7 +28,7 @@
 //! node depends on the kernel being joined). Anchored kernels are preferred over pointwise
 //! ones when a node could join either.
 //!
-//! **The code generator's contract** ([`crate::contract`], on by default:
+//! **The code generator's contract** ([`sinter_ir::contract`], on by default:
 //! [`crate::PassOptions::codegen_contract`]) narrows this to the bodies each generator
 //! accepts:
 //!
@@ -57,7 +57,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 
-use crate::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
+use sinter_ir::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
+use sinter_ir::Target;
 use crate::cost::{is_contiguous_slice, CostConfig};
 
 /// What a node is to the partitioner.
@@ -654,7 +655,7 @@ fn root_group(f: &Function, uses: &Uses, p: &mut Partition, v: Value, pinned: bo
 /// output that a view/source chain computes becomes a root of some kernel; roots stay out of
 /// kernels whose outputs would then differ in shape; kernels of roots alone merge into kernels
 /// of the same output shape that read the same kernels, where that closes no cycle.
-pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
+pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
     // 1. Roots.
     let mut need: Vec<Value> = vec![];
     for g in p.live().collect::<Vec<_>>() {
@@ -664,8 +665,9 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition) {
             let buffer = |x: Value| !uses.producer.contains_key(&x) || p.source(uses, x).is_some_and(|h| h != g);
             for (i, &v) in nd.inputs.iter().enumerate() {
                 // A matmul reads a dequantised weight as stored blocks where it can, an fp8
-                // matmul or attention its fp8 operands as stored bytes.
-                let blocks = uses.contract && ((i == 1 && quantized_b(f, m)) || reads_fp8_with(f, m, i, &buffer));
+                // matmul or attention its fp8 operands as stored bytes (on targets that
+                // multiply e4m3).
+                let blocks = uses.contract && ((i == 1 && quantized_b(f, m)) || reads_fp8_with(f, m, i, &buffer, target));
                 if is_strict_operand(nd.op.kind, i) && !blocks && !need.contains(&v) {
                     need.push(v);
                 }

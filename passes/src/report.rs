@@ -14,7 +14,6 @@ use std::fmt::{self, Write};
 use sinter_ir::{BufferRole, Family, Function, Graph, Kernel, KernelData, KernelGraph, OpKind};
 
 use crate::cost::{self, CostConfig};
-use crate::lower::{family_name, KernelMeta};
 use crate::optimise::{OptimisedFunction, PhaseStats};
 use crate::PassOptions;
 
@@ -56,6 +55,17 @@ impl FunctionReport {
             snapshots: o.snapshots.iter().map(|(p, f)| (p.clone(), sinter_ir::text::print_function(f))).collect(),
         }
     }
+}
+
+/// What [`crate::lower::build_kernel_graph`] says about each kernel beyond the [`KernelGraph`].
+#[derive(Clone, Debug)]
+pub struct KernelMeta {
+    /// Where the kernel's anchor came from (`main`, `layer#3`).
+    pub origin: String,
+    /// A weight concatenation (inputs only): run once at load time.
+    pub load_time: bool,
+    /// The kernel of the partition it was built from (`None`: a graph output's view copy).
+    pub group: Option<usize>,
 }
 
 /// One kernel of the result.
@@ -106,7 +116,7 @@ impl KernelReport {
                 written += new - pages;
             }
         }
-        let modelled_us = cost::kernel_us(&cfg.device, read + written, flops, tc);
+        let modelled_us = cost::kernel_us(&cfg.target, read + written, flops, tc);
         KernelReport { kernel: k, family: kd.family, ops, bytes_read: read, bytes_written: written, modelled_us, origin: meta.origin.clone(), load_time: meta.load_time }
     }
 }
@@ -337,7 +347,7 @@ impl fmt::Display for FusionReport {
                 f,
                 "  {:<5} {:<15} {:<10} {:>10} {:>10} {:>9.2}  {}{}",
                 k.kernel.to_string(),
-                family_name(k.family),
+                k.family.name(),
                 k.origin,
                 mb(k.bytes_read),
                 mb(k.bytes_written),
@@ -383,7 +393,7 @@ pub fn kernel_graph_dot(kg: &KernelGraph, report: Option<&FusionReport>) -> Stri
     for (k, kd) in kg.kernels.iter() {
         let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
         let extra = report.and_then(|r| r.kernels.get(k.as_u32() as usize)).map(|kr| format!("\\n{} {:.1} us", kr.origin, kr.modelled_us)).unwrap_or_default();
-        let _ = writeln!(s, "  {k} [shape=box, style=filled, fillcolor=lightyellow, label=\"{k} {}\\n{}{}\"];", family_name(kd.family), esc(&ops.join(" ")), extra);
+        let _ = writeln!(s, "  {k} [shape=box, style=filled, fillcolor=lightyellow, label=\"{k} {}\\n{}{}\"];", kd.family.name(), esc(&ops.join(" ")), extra);
         for b in &kd.inputs {
             let _ = writeln!(s, "  {b} -> {k};");
         }

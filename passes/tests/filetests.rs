@@ -22,7 +22,7 @@ use sinter_ir::interp::{self, run_kernel_graph, Tensor};
 use sinter_ir::{Bindings, Function, Signature};
 use sinter_passes::check::{check_egraph, compare};
 use sinter_passes::optimise::{saturate, Phase};
-use sinter_passes::{compile, PassOptions};
+use sinter_passes::{compile, PassOptions, Target};
 
 fn header<'a>(src: &'a str, key: &str) -> Vec<&'a str> {
     src.lines().filter_map(|l| l.strip_prefix(&format!("// {key}: "))).flat_map(|l| l.split_whitespace()).collect()
@@ -66,7 +66,7 @@ fn run_file(path: &Path, src: &str) -> String {
     }
 
     // The whole pipeline against the reference.
-    let (kg, report) = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let (kg, report) = compile(&g, &Target::SM_90A, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     for n in header(src, "kernels") {
         assert_eq!(report.kernels_after(), n.parse::<usize>().unwrap(), "{name}: kernels\n{report}");
     }

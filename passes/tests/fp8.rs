@@ -1,24 +1,30 @@
-//! FP8 in the passes (issue #8): `matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))` and
+//! FP8 in the passes: on sm_90a, `matmul(dequantize_fp8(a8, sa), dequantize_fp8(b8, sb))` and
 //! `attention` of dequantised q, k, v are one kernel each whose inputs are the fp8 tensors and
 //! the scales — also when the fp8 activations and their scale are computed by earlier kernels
 //! — where the layouts allow it, and the dequantised operands are written to buffers where they
-//! do not; the passes never introduce fp8 where the user did not write it.
+//! do not (and on every other target); the passes never introduce fp8 where the user did not
+//! write it.
 
 mod common;
 
 use sinter_ir::interp::{self, run_kernel_graph, Tensor};
 use sinter_ir::{Bindings, DType, Family, KernelGraph, OpKind};
 use sinter_passes::check::compare;
-use sinter_passes::contract::{self, fp8_attention, fp8_matmul};
-use sinter_passes::{compile, PassOptions};
+use sinter_ir::contract::{self, fp8_attention, fp8_matmul};
+use sinter_passes::{compile, PassOptions, Target};
 
-/// Compiles `src`, checks every kernel against the contract and the kernel graph against the
-/// reference (symbols at 5).
+/// Compiles `src` for sm_90a ([`compile_checked_for`]).
 fn compile_checked(src: &str) -> KernelGraph {
+    compile_checked_for(src, &Target::SM_90A)
+}
+
+/// Compiles `src` for `target`, checks every kernel against the contract and the kernel graph
+/// against the reference (symbols at 5).
+fn compile_checked_for(src: &str, target: &Target) -> KernelGraph {
     let g = sinter_ir::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
-    let (kg, _) = compile(&g, &PassOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let (kg, _) = compile(&g, target, &PassOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     for (k, kd) in kg.kernels.iter() {
-        contract::check(kd).unwrap_or_else(|e| panic!("{k} ({:?}) breaks the contract: {e}", kd.family));
+        contract::check(kd, target).unwrap_or_else(|e| panic!("{target}: {k} ({:?}) breaks the contract: {e}", kd.family));
     }
     let f = g.entry().unwrap();
     let b: Bindings = common::sizes(f, 5);
@@ -55,7 +61,7 @@ fn an_fp8_matmul_reads_the_fp8_bytes_and_the_scales() {
     assert_eq!(inputs_of(&kg, Family::Matmul), ["f32[]", "f32[]", "f8e4m3[32, 64]", "f8e4m3[T, 64]"]);
     let body = &kg.kernels.values().next().unwrap().body;
     let (mm, _) = body.nodes.iter().find(|(_, n)| n.op.kind == OpKind::Matmul).unwrap();
-    assert!(fp8_matmul(body, mm));
+    assert!(fp8_matmul(body, mm, &Target::SM_90A));
 }
 
 #[test]
@@ -143,7 +149,7 @@ fn an_fp8_attention_reads_the_fp8_bytes_and_the_scales() {
     assert_eq!(tys.iter().filter(|t| *t == "f32[]").count(), 3, "{tys:?}");
     let body = &kg.kernels.values().next().unwrap().body;
     let (n, _) = body.nodes.iter().find(|(_, n)| n.op.kind == OpKind::Attention).unwrap();
-    assert!(fp8_attention(body, n));
+    assert!(fp8_attention(body, n, &Target::SM_90A));
 }
 
 #[test]
@@ -156,7 +162,7 @@ fn the_passes_introduce_no_fp8() {
             continue;
         }
         let g = common::load(&path, &src);
-        let (kg, _) = compile(&g, &PassOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (kg, _) = compile(&g, &Target::SM_90A, &PassOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(kg.buffers.values().all(|b| !b.ty.dtype.is_fp8()), "{}: an f8e4m3 buffer", path.display());
         for kd in kg.kernels.values() {
             assert!(kd.body.values.values().all(|v| !v.ty.dtype.is_fp8()), "{}: an f8e4m3 value", path.display());
@@ -164,4 +170,51 @@ fn the_passes_introduce_no_fp8() {
         checked += 1;
     }
     assert!(checked >= 25, "{checked} files");
+}
+
+/// The families of `kg`'s kernels, in launch order.
+fn families(kg: &KernelGraph) -> Vec<Family> {
+    kg.kernels.values().map(|k| k.family).collect()
+}
+
+#[test]
+fn an_fp8_matmul_is_one_kernel_on_sm_90a_and_a_bf16_gemm_elsewhere() {
+    let src = "func @f(%a8: f8e4m3[T, 64], %sa: f32[], %b8: f8e4m3[32, 64], %sb: f32[]) {
+  %a: bf16[T, 64] = dequantize_fp8(%a8, %sa) {dtype=bf16}
+  %b: bf16[32, 64] = dequantize_fp8(%b8, %sb) {dtype=bf16}
+  %y: bf16[T, 32] = matmul(%a, %b) {transpose_b=true}
+  return %y
+}";
+    let kg = compile_checked_for(src, &Target::SM_90A);
+    assert_eq!(families(&kg), [Family::Matmul]);
+    assert_eq!(inputs_of(&kg, Family::Matmul), ["f32[]", "f32[]", "f8e4m3[32, 64]", "f8e4m3[T, 64]"]);
+    // sm_80 and sm_90 have no e4m3 tensor-core kernel: each operand is dequantised by a kernel
+    // of its own (a Layout kernel: `dequantize_fp8` is a view, recomputed by its readers, and
+    // a view written to a buffer is a Layout kernel) into a bf16 buffer, which the ordinary
+    // GEMM reads.
+    for t in [Target::SM_80, Target::SM_90] {
+        let kg = compile_checked_for(src, &t);
+        assert_eq!(families(&kg), [Family::Layout, Family::Layout, Family::Matmul], "{t}");
+        assert_eq!(inputs_of(&kg, Family::Matmul), ["bf16[32, 64]", "bf16[T, 64]"], "{t}");
+        assert!(kg.kernels.values().filter(|k| k.family == Family::Layout).all(|k| k.body.nodes.values().any(|n| n.op.kind == OpKind::DequantizeFp8)));
+    }
+}
+
+#[test]
+fn an_fp8_attention_is_one_kernel_on_sm_90a_only() {
+    let src = "func @f(%q8: f8e4m3[1, S, 4, 64], %sq: f32[], %k8: f8e4m3[1, S, 2, 64], %sk: f32[], %w8: f8e4m3[1, S, 2, 64], %sw: f32[]) {
+  %q: bf16[1, S, 4, 64] = dequantize_fp8(%q8, %sq) {dtype=bf16}
+  %k: bf16[1, S, 2, 64] = dequantize_fp8(%k8, %sk) {dtype=bf16}
+  %v: bf16[1, S, 2, 64] = dequantize_fp8(%w8, %sw) {dtype=bf16}
+  %o: bf16[1, S, 4, 64] = attention(%q, %k, %v) {scale=0.125, causal=true, heads=4, kv_heads=2, layout=\"bshd\"}
+  return %o
+}";
+    assert_eq!(families(&compile_checked_for(src, &Target::SM_90A)), [Family::Attention]);
+    for t in [Target::SM_80, Target::SM_90] {
+        let kg = compile_checked_for(src, &t);
+        let fams = families(&kg);
+        assert_eq!(fams.iter().filter(|&&f| f == Family::Attention).count(), 1, "{t}: {fams:?}");
+        assert!(inputs_of(&kg, Family::Attention).iter().all(|ty| ty.starts_with("bf16")), "{t}");
+        assert!(kg.buffers.values().filter(|b| b.ty.dtype.is_fp8()).all(|b| b.role == sinter_ir::BufferRole::Input), "{t}: fp8 only in the inputs");
+    }
 }

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use sinter_ir::interp::{self, run_kernel_graph, Tensor};
 use sinter_ir::{Attr, DType, Dim, FunctionBuilder, Graph, OpKind, TensorType, Value};
 use sinter_passes::check::compare;
-use sinter_passes::{compile, lower_unfused, PassOptions};
+use sinter_passes::{compile, lower_unfused, PassOptions, Target};
 
 fn build(rows: i64, cols: i64, prog: &[(u8, u8, u8)]) -> Graph {
     let mut g = Graph::new();
@@ -117,7 +117,7 @@ fn run_case(rows: i64, cols: i64, prog: &[(u8, u8, u8)], seed: u64) -> Result<()
     let ins = common::inputs(f, &b, seed, common::Variant::Random);
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = interp::run(&g, "main", &refs, &Default::default()).map_err(|e| e.to_string())?;
-    let (kg, report) = compile(&g, &PassOptions::default()).map_err(|e| e.to_string())?;
+    let (kg, report) = compile(&g, &Target::SM_90A, &PassOptions::default()).map_err(|e| e.to_string())?;
     let got = run_kernel_graph(&kg, &refs, &Default::default()).map_err(|e| format!("{e}\n{report}"))?;
     for (w, o) in want.iter().zip(&got) {
         compare(w, o, false).map_err(|m| format!("fused: {m}\n{}\n{report}", sinter_ir::print(&g)))?;

@@ -12,7 +12,7 @@
 //! key <digest>
 //! sha256 <digest of the body>
 //! bytes <length of the body>
-//! <body: the plan in plan_text's format>
+//! <body: the plan in `sinter_ir::kernel::plan_text`'s format>
 //! ```
 //!
 //! Entries are written to a temporary file in the same folder and renamed into place, so a
@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use sinter_ir::LaunchPlan;
 
 use crate::error::RuntimeError;
-use crate::plan_text::{parse_plan, print_plan};
+use sinter_ir::kernel::plan_text::{parse_plan, print_plan};
 
 const MAGIC: &str = "sinter-kernel-cache v1";
 
@@ -346,7 +346,7 @@ mod tests {
         LaunchPlan {
             entry: entry.into(),
             ptx: format!(".version 8.5\n.target sm_80\n.address_size 64\n.visible .entry {entry}() {{ ret; }}\n"),
-            target: "sm_80".into(),
+            target: sinter_ir::Target::SM_80,
             grid: [GridDim { numerator: Dim::symbol("N"), denominator: 256 }, GridDim::fixed(1), GridDim::fixed(1)],
             block: [256, 1, 1],
             shared_bytes: 0,

@@ -327,17 +327,9 @@ impl Device {
         Ok(kernel)
     }
 
-    /// Refuses a plan whose `target` (`sm_XY` or `sm_XYa`) this device cannot run.
+    /// Refuses a plan whose target this device cannot run ([`sinter_ir::Target::runs_on`]).
     fn check_target(&self, plan: &LaunchPlan) -> Result<(), RuntimeError> {
-        let Some(rest) = plan.target.strip_prefix("sm_") else { return Ok(()) };
-        let (digits, arch_specific) = match rest.strip_suffix('a') {
-            Some(d) => (d, true),
-            None => (rest, false),
-        };
-        let Ok(n) = digits.parse::<u32>() else { return Ok(()) };
-        let (major, minor) = self.inner.info.compute_capability;
-        let have = major * 10 + minor;
-        if n > have || (arch_specific && n != have) {
+        if !plan.target.runs_on(self.inner.info.compute_capability) {
             return Err(RuntimeError::InvalidLaunch {
                 entry: plan.entry.clone(),
                 reason: format!("compiled for {}, the device is {}", plan.target, self.inner.info.sm()),

@@ -183,7 +183,7 @@ mod tests {
         LaunchPlan {
             entry: "k_add".into(),
             ptx: String::new(),
-            target: "sm_80".into(),
+            target: sinter_ir::Target::SM_80,
             grid: [GridDim { numerator: Dim::symbol("N"), denominator: 256 }, GridDim::fixed(3), GridDim::fixed(1)],
             block: [256, 1, 1],
             shared_bytes: 0,

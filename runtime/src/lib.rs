@@ -41,7 +41,6 @@ pub mod device;
 pub mod error;
 pub mod executor;
 pub mod launch;
-pub mod plan_text;
 pub mod pool;
 pub mod probe;
 
@@ -52,6 +51,5 @@ pub use device::{Device, KernelAttributes, LoadedKernel};
 pub use error::RuntimeError;
 pub use executor::{free_symbols, CapturedGraph, Executor, KernelTime, Profile};
 pub use launch::{resolve, ArgValue, ResolvedLaunch, ResolvedTensorMap};
-pub use plan_text::{parse_plan, print_plan};
 pub use pool::{MemoryPool, PoolStats, RawAllocator};
 pub use probe::{driver_available, probe, DeviceInfo};

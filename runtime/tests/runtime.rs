@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
 use sinter_ir::interp::Tensor;
-use sinter_ir::{Bindings, BufferData, BufferRole, DType, Dim, Family, Function, GridDim, KernelData, KernelGraph, KernelParam, LaunchPlan, Layout, TensorType};
+use sinter_ir::{Bindings, BufferData, BufferRole, DType, Dim, Family, Function, GridDim, KernelData, KernelGraph, KernelParam, LaunchPlan, Layout, Target, TensorType};
 use sinter_runtime::{probe, CacheKey, CacheStatus, Device, Executor, KernelCache, Lookup, RuntimeError};
 
 static GPU: Mutex<()> = Mutex::new(());
@@ -104,7 +104,7 @@ fn add_one_plan(entry: &str, overrun: bool) -> LaunchPlan {
     LaunchPlan {
         entry: entry.into(),
         ptx: add_one_ptx(entry, overrun),
-        target: "sm_80".into(),
+        target: Target::SM_80,
         grid: [GridDim { numerator: Dim::symbol("N"), denominator: 256 }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [256, 1, 1],
         shared_bytes: 0,
@@ -182,7 +182,7 @@ fn smem_plan(shared_bytes: u32) -> LaunchPlan {
     LaunchPlan {
         entry: "smem_fill".into(),
         ptx: SMEM_PTX.into(),
-        target: "sm_80".into(),
+        target: Target::SM_80,
         grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)],
         block: [256, 1, 1],
         shared_bytes,
@@ -459,7 +459,7 @@ fn gpu_cluster_of_16_ctas_launches() {
     let plan = LaunchPlan {
         entry: "cluster16".into(),
         ptx: CLUSTER16_PTX.into(),
-        target: "sm_90".into(),
+        target: Target::SM_90,
         grid: [GridDim::fixed(48), GridDim::fixed(1), GridDim::fixed(1)],
         block: [64, 1, 1],
         shared_bytes: 0,
@@ -493,9 +493,13 @@ fn gpu_bad_ptx_and_bad_plans_are_errors() {
     let mut missing = add_one_plan("add_one", false);
     missing.entry = "nope".into();
     assert!(matches!(dev.load(&missing), Err(RuntimeError::Jit { .. })));
-    let mut future = add_one_plan("add_one", false);
-    future.target = "sm_990a".into();
-    assert!(matches!(dev.load(&future), Err(RuntimeError::InvalidLaunch { .. })));
+    // A plan for a target this device cannot run (sm_90 on an A100, sm_90a on anything but
+    // sm_90; none on an H100/H200) is refused before the driver sees it.
+    if let Some(t) = Target::ALL.into_iter().find(|t| !t.runs_on(dev.info().compute_capability)) {
+        let mut other = add_one_plan("add_one", false);
+        other.target = t;
+        assert!(matches!(dev.load(&other), Err(RuntimeError::InvalidLaunch { .. })));
+    }
     let x = dev.alloc(DType::F32, &[4]).unwrap();
     let err = dev.launch(&add_one_plan("add_one", false), &[&x], &bindings(&[("N", 4)])).unwrap_err();
     assert!(matches!(err, RuntimeError::InvalidLaunch { .. }), "{err}");

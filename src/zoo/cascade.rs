@@ -57,7 +57,7 @@ pub struct CascadeConfig {
 }
 
 impl CascadeConfig {
-    /// The bench shape of issue 6: Hq 32 / Hkv 8 / D 128, batch 64, a 32768-token shared
+    /// The shape of the `cascade` benchmark group: Hq 32 / Hkv 8 / D 128, batch 64, a 32768-token shared
     /// prefix, suffixes of 256 tokens (16 pages of 16), bf16, the prefix in 16 chunks (a
     /// chunk of 2048 keys per CTA pair: 8 KV heads × 2 row tiles × 16 chunks = 256 CTAs).
     pub fn bench() -> CascadeConfig {

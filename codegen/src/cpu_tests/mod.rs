@@ -220,7 +220,7 @@ fn special_rows(rng: &mut Rng, dt: DType, rows: usize, n: usize, what: &str) -> 
 /// ptxas is missing (a panic under CI).
 fn assemble(plan: &LaunchPlan) -> Option<ptxas::PtxasReport> {
     let path = ptxas::find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}"))?;
-    let target = Target::parse(&plan.target).unwrap();
+    let target = plan.target;
     let report = ptxas::assemble_with(&path, &plan.ptx, &target).unwrap_or_else(|e| panic!("{}: {e}\n{}", plan.entry, plan.ptx));
     let k = report.function(&plan.entry).unwrap_or_else(|| panic!("{}: not in {report:?}", plan.entry));
     assert!(!report.spills(), "{}: spills\n{report}", plan.entry);

@@ -220,7 +220,7 @@ fn build(cx: &KernelCtx<'_>, target: &Target) -> R<LaunchPlan> {
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [GridDim { numerator: numel, denominator: vec * BLOCK }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [BLOCK, 1, 1],
         shared_bytes: 0,

@@ -640,9 +640,9 @@ fn eval_op(op: &Op, ins: &[&Tensor], b: &Bindings) -> Result<Vec<Tensor>> {
         ins.get(i).copied().ok_or_else(|| InterpError::Arity { site: Site::default(), what: "operands", expected: op.kind.arity_text(), got: ins.len() })
     };
     let one = |t: Tensor| Ok(vec![t]);
-    if !crate::infer::accepts_fp8(op.kind) {
+    if !crate::storage::accepts_fp8(op.kind) {
         if let Some((i, t)) = ins.iter().enumerate().find(|(_, t)| t.dtype.is_fp8()) {
-            return operands_err(crate::infer::fp8_operand_message(op.kind, i, &type_text(t.dtype, &t.shape)));
+            return operands_err(crate::storage::fp8_operand_message(op.kind, i, &type_text(t.dtype, &t.shape)));
         }
     }
     match op.kind {

@@ -264,7 +264,7 @@ impl Prefill {
         LaunchPlan {
             entry,
             ptx,
-            target: target.name().to_owned(),
+            target: *target,
             grid: [
                 GridDim { numerator: self.sq.clone(), denominator: block_q },
                 GridDim::fixed(self.heads as u32),

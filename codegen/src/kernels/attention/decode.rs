@@ -196,7 +196,7 @@ fn plan(p: &Paged, target: &Target, s: &DecodeSchedule) -> R<LaunchPlan> {
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [gx, GridDim::fixed(p.kv_heads as u32), GridDim { numerator: p.batch.clone(), denominator: 1 }],
         block: [s.threads(), 1, 1],
         shared_bytes: dynamic_bytes(shared),

@@ -223,7 +223,7 @@ fn plan(m: &Merge, target: &Target) -> R<LaunchPlan> {
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [GridDim { numerator: m.groups(), denominator: THREADS }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [THREADS, 1, 1],
         shared_bytes: 0,

@@ -371,7 +371,7 @@ pub(super) fn paged_plan(p: &Paged, target: &Target, s: &AttentionSchedule) -> R
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [
             GridDim { numerator: p.rows(), denominator: s.block_q() },
             GridDim::fixed(p.kv_heads as u32),

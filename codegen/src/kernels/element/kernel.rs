@@ -248,7 +248,7 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [GridDim { numerator: loop_n, denominator: vec * block }, GridDim::fixed(1), GridDim::fixed(1)],
         block: [block, 1, 1],
         shared_bytes: 0,

@@ -273,5 +273,5 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
             ([GridDim { numerator: cols, denominator: s.columns }, GridDim { numerator: spec.m.clone(), denominator: s.rows }, batch], 0)
         }
     };
-    Ok(LaunchPlan { entry, ptx, target: target.name().to_owned(), grid, block: [threads, 1, 1], shared_bytes, params })
+    Ok(LaunchPlan { entry, ptx, target: *target, grid, block: [threads, 1, 1], shared_bytes, params })
 }

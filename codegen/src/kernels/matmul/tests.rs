@@ -70,7 +70,7 @@ fn mma_primitives() {
                 let ctx = Context::create();
                 let (ptx, params) = Kit::build(&ctx, "mma_unit", target, 2, 2, &[], 32, build).unwrap();
                 crate::isa::kit::EMIT_IR.with(|f| f.set(false));
-                LaunchPlan { entry: "mma_unit".into(), ptx, target: target.name().into(), grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)], block: [32, 1, 1], shared_bytes: 0, params }
+                LaunchPlan { entry: "mma_unit".into(), ptx, target, grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)], block: [32, 1, 1], shared_bytes: 0, params }
             };
             for t in [Target::SM_80, Target::SM_90A] {
                 let plan = make(false, t);

@@ -195,7 +195,7 @@ fn build(cx: &KernelCtx<'_>, target: &Target, sched: RowSchedule) -> Result<Laun
     Ok(LaunchPlan {
         entry,
         ptx,
-        target: target.name().to_owned(),
+        target: *target,
         grid: [
             if sched.persistent > 0 {
                 let g = sched.persistent;

@@ -9,8 +9,11 @@
 //! [`LaunchPlan`]; the runtime allocates the buffers and launches the plans. `passes` produces
 //! it, `codegen` and `runtime` consume it; none of them needs the others.
 
+pub mod plan_text;
+
 use cranelift_entity::{entity_impl, PrimaryMap};
 
+use crate::contract::target::Target;
 use crate::dtype::DType;
 use crate::dim::{Bindings, Dim, DimError};
 use crate::graph::{Function, TensorType};
@@ -139,6 +142,24 @@ pub struct KernelGraph {
     pub outputs: Vec<Buffer>,
 }
 
+impl KernelGraph {
+    /// Kernel `k` alone, as a kernel graph of its own: its distinct inputs are the graph's
+    /// inputs (in first-use order), its outputs the graph's outputs; every buffer is kept
+    /// (same ids). For running or timing one kernel by itself.
+    pub fn kernel_alone(&self, k: Kernel) -> KernelGraph {
+        let kd = &self.kernels[k];
+        let mut inputs = Vec::new();
+        for b in &kd.inputs {
+            if !inputs.contains(b) {
+                inputs.push(*b);
+            }
+        }
+        let mut kernels = PrimaryMap::new();
+        kernels.push(kd.clone());
+        KernelGraph { buffers: self.buffers.clone(), kernels, inputs, outputs: kd.outputs.clone() }
+    }
+}
+
 /// `ceil(numerator / denominator)`, evaluated at launch: one grid dimension.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GridDim {
@@ -209,15 +230,16 @@ pub struct TensorMap {
 
 /// What the runtime needs to launch a compiled kernel: the PTX, its entry point, the launch
 /// geometry as expressions of the kernel's symbols, and the parameter list. Produced by
-/// `sinter-codegen`, consumed by `sinter-runtime` (which never sees LLVM).
+/// `sinter-codegen`, consumed by `sinter-runtime` (which never sees LLVM); stored on disk in
+/// the text form of [`plan_text`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LaunchPlan {
     /// Entry point (`.entry` name in the PTX).
     pub entry: String,
     /// The PTX module text.
     pub ptx: String,
-    /// Target it was generated for (`sm_80`, `sm_90`, `sm_90a`).
-    pub target: String,
+    /// Target it was generated for.
+    pub target: Target,
     /// Grid, x/y/z.
     pub grid: [GridDim; 3],
     /// Threads per CTA, x/y/z.

@@ -246,39 +246,3 @@ pub fn analyse(body: &Function, r: Value) -> Result<MatmulEpilogue, String> {
     let slices = slices.into_iter().map(|(v, seg)| (v, distinct.iter().position(|d| *d == seg).unwrap_or(0))).collect();
     Ok(MatmulEpilogue::Paired { slices, segs: distinct, width })
 }
-
-/// Follows `v` back through `reshape` and `slice` nodes of `body` to the kernel input
-/// (parameter index) it views, as the generators read their buffer operands (a contiguous
-/// buffer; a `reshape` only of a view that is still contiguous); `None` when `v` is computed
-/// in the body or is a reshape of a strided view.
-pub fn viewed_param(body: &Function, v: Value) -> Option<usize> {
-    let mut chain = Vec::new();
-    let mut cur = v;
-    let param = loop {
-        match body.values.get(cur)?.def {
-            crate::ValueDef::Param(i) => break i,
-            crate::ValueDef::Result(n, _) => {
-                let nd = body.nodes.get(n)?;
-                if !matches!(nd.op.kind, OpKind::Reshape | OpKind::Slice) {
-                    return None;
-                }
-                chain.push(n);
-                cur = *nd.inputs.first()?;
-            }
-        }
-    };
-    let mut contiguous = true;
-    for &n in chain.iter().rev() {
-        let nd = &body.nodes[n];
-        let shape = &body.ty(nd.inputs[0]).shape;
-        if nd.op.kind == OpKind::Reshape {
-            if !contiguous {
-                return None;
-            }
-        } else {
-            let axis = crate::infer::norm_axis(nd.op.int("axis")?, shape.len()).ok()?;
-            contiguous = contiguous && shape[..axis].iter().all(Dim::is_one);
-        }
-    }
-    Some(param)
-}

@@ -1,4 +1,4 @@
-//! A plain-text form of a [`LaunchPlan`], used by the kernel cache on disk.
+//! A plain-text form of a [`LaunchPlan`], used by the runtime's kernel cache on disk.
 //!
 //! ```text
 //! entry k0_pointwise
@@ -18,7 +18,7 @@
 //! parser here (sums and differences of products of integers and `symbol^power`), so
 //! `parse_plan(&print_plan(p)) == p` for every plan.
 
-use sinter_ir::{DType, Dim, GridDim, KernelParam, LaunchPlan, TensorMap};
+use crate::{DType, Dim, GridDim, KernelParam, LaunchPlan, Target, TensorMap};
 
 /// Writes `plan` in the text form above.
 pub fn print_plan(plan: &LaunchPlan) -> String {
@@ -80,7 +80,8 @@ pub fn parse_plan(text: &str) -> Result<LaunchPlan, String> {
             .ok_or_else(|| format!("line {n}: expected `{key} …`, found `{}`", truncate(&line)))
     };
     let entry = field(next_line(&mut rest)?, "entry")?;
-    let target = field(next_line(&mut rest)?, "target")?;
+    let (n, line) = next_line(&mut rest)?;
+    let target = Target::parse(&field((n, line), "target")?).map_err(|e| format!("line {n}: {e}"))?;
     let mut grid = Vec::with_capacity(3);
     for _ in 0..3 {
         let (n, line) = next_line(&mut rest)?;
@@ -259,7 +260,7 @@ mod tests {
         let plan = LaunchPlan {
             entry: "k3_row_reduction".into(),
             ptx: ".version 8.5\n.target sm_90a\n// no trailing newline, odd bytes: é".into(),
-            target: "sm_90a".into(),
+            target: Target::SM_90A,
             grid: [GridDim { numerator: ds[5].clone(), denominator: 128 }, GridDim::fixed(4), GridDim { numerator: ds[6].clone(), denominator: 1 }],
             block: [128, 2, 1],
             shared_bytes: 99 * 1024,
@@ -281,6 +282,10 @@ mod tests {
         };
         let text = print_plan(&plan);
         assert_eq!(parse_plan(&text).unwrap(), plan);
+        // The target is written by name, as the kernel cache has always stored it.
+        assert!(text.starts_with("entry k3_row_reduction\ntarget sm_90a\n"), "{text}");
+        let unknown = parse_plan(&text.replace("target sm_90a", "target sm_75")).unwrap_err();
+        assert!(unknown.starts_with("line 2: unknown GPU target `sm_75`"), "{unknown}");
         // Truncating the text anywhere is an error, never a panic or a wrong plan.
         for cut in 0..text.len() {
             if text.is_char_boundary(cut) {

@@ -1,0 +1,209 @@
+//! The per-family acceptance rules: which kernel bodies each generator takes (the table of
+//! [`super`]'s docs), checked on a built kernel by [`check`].
+
+use std::collections::HashSet;
+
+use super::operands::{fp8_attention, fp8_attention_form, fp8_matmul, fp8_matmul_form, quantized_b};
+use super::target::Target;
+use super::view::{is_param, peel, viewed_param};
+use crate::{Dim, Family, KernelData, OpClass, OpKind, Value, ValueDef};
+
+/// Whether `k` is a row node of the RowReduction family.
+pub fn is_row_node(k: OpKind) -> bool {
+    use OpKind::*;
+    matches!(k, ReduceSum | ReduceMax | ReduceMin | ReduceMean | Softmax | LogSoftmax | RmsNorm | LayerNorm)
+}
+
+/// Whether `k` computes each output element from the same element of its operands
+/// (broadcasting aside): unary, binary, comparison, `select`, `swiglu`.
+pub fn is_elementwise(k: OpKind) -> bool {
+    matches!(k.info().class, OpClass::Unary | OpClass::Binary | OpClass::Compare) || k == OpKind::Swiglu
+}
+
+/// Whether the element evaluator can compute `k` (everything but the ops that need a kernel
+/// of their own, and row nodes outside row reductions).
+pub fn evaluable(k: OpKind) -> bool {
+    !matches!(k, OpKind::Matmul | OpKind::Attention | OpKind::PagedAttention | OpKind::AttentionMerge | OpKind::KvAppend | OpKind::Call) && !is_row_node(k)
+}
+
+/// Whether outputs of shapes `plain` (as written) and `peeled` (trailing reshapes peeled) can
+/// be written by one pointwise kernel: all of one shape either way.
+pub fn one_shape(plain: &[Vec<Dim>], peeled: &[Vec<Dim>]) -> bool {
+    let same = |s: &[Vec<Dim>]| s.iter().all(|x| *x == s[0]);
+    plain.is_empty() || same(plain) || same(peeled)
+}
+
+/// Checks a kernel's body against its family's rules on `target` (see the module docs).
+///
+/// # Errors
+/// What the generator would reject, in words.
+pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
+    let body = &kd.body;
+    if body.outputs.is_empty() {
+        return Err("the kernel has no outputs".into());
+    }
+    fp8_outside_its_kernels(kd)?;
+    match kd.family {
+        Family::Pointwise | Family::Layout | Family::Gather => {
+            if let Some(nd) = body.nodes.values().find(|nd| !evaluable(nd.op.kind)) {
+                return Err(format!("`{}` in a {:?} kernel", nd.op.kind.name(), kd.family));
+            }
+            let plain: Vec<Vec<Dim>> = body.outputs.iter().map(|&o| body.ty(o).shape.clone()).collect();
+            let peeled: Vec<Vec<Dim>> = body.outputs.iter().map(|&o| body.ty(peel(body, o)).shape.clone()).collect();
+            if !one_shape(&plain, &peeled) {
+                return Err("the outputs have different shapes".into());
+            }
+            Ok(())
+        }
+        Family::RowReduction => {
+            let mut sref: Option<Vec<Dim>> = None;
+            for nd in body.nodes.values() {
+                let k = nd.op.kind;
+                if !evaluable(k) && !is_row_node(k) {
+                    return Err(format!("`{}` in a RowReduction kernel", k.name()));
+                }
+                if !is_row_node(k) {
+                    continue;
+                }
+                let xs = body.ty(nd.inputs[0]).shape.clone();
+                if xs.is_empty() {
+                    return Err(format!("`{}` of a scalar", k.name()));
+                }
+                if let Some(a) = nd.op.int("axis") {
+                    if !(a == -1 || a + 1 == xs.len() as i64) {
+                        return Err(format!("`{}` over axis {a}, not the last", k.name()));
+                    }
+                }
+                match &sref {
+                    None => sref = Some(xs),
+                    Some(s) if *s == xs => {}
+                    Some(_) => return Err("row nodes over rows of different shapes".into()),
+                }
+            }
+            let Some(sref) = sref else { return Err("no row node".into()) };
+            let lead = sref[..sref.len() - 1].to_vec();
+            let mut lead1 = lead.clone();
+            lead1.push(Dim::constant(1));
+            for &o in &body.outputs {
+                let mut v = o;
+                loop {
+                    let sh = &body.ty(v).shape;
+                    if *sh == sref || *sh == lead1 || *sh == lead {
+                        break;
+                    }
+                    match body.values[v].def {
+                        ValueDef::Result(n, _) if body.nodes[n].op.kind == OpKind::Reshape => v = body.nodes[n].inputs[0],
+                        _ => return Err(format!("output {} is {}, neither a row nor one value per row", body.label(o), body.ty(o))),
+                    }
+                }
+            }
+            Ok(())
+        }
+        Family::Matmul => {
+            let mut mms = body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::Matmul);
+            let Some((_, mnd)) = mms.next() else { return Err("no matmul".into()) };
+            if mms.next().is_some() {
+                return Err("more than one matmul".into());
+            }
+            let (mm, _) = body.nodes.iter().find(|(_, nd)| nd.op.kind == OpKind::Matmul).ok_or("no matmul")?;
+            if !target.has_fp8_matmul() && fp8_matmul_form(body, mm, &|v| is_param(body, v)) {
+                return Err(format!("an fp8 matmul multiplies e4m3 on sm_90a only, not {target}"));
+            }
+            let operand_ok = |i: usize, v: Value| viewed_param(body, v).is_some() || (i == 1 && quantized_b(body, mm)) || fp8_matmul(body, mm, target);
+            if mnd.inputs.len() != 2 || mnd.results.len() != 1 || !mnd.inputs.iter().enumerate().all(|(i, &v)| operand_ok(i, v)) {
+                return Err("the matmul's operands must be kernel inputs (possibly through reshapes and slices)".into());
+            }
+            let (a, b) = (body.ty(mnd.inputs[0]), body.ty(mnd.inputs[1]));
+            if !a.dtype.is_float() || a.dtype != b.dtype {
+                return Err(format!("matmul of {a} and {b}"));
+            }
+            for nd in body.nodes.values() {
+                match nd.op.kind {
+                    OpKind::Matmul => {}
+                    OpKind::KvAppend if !nd.inputs[..2].iter().all(|&v| is_param(body, v)) => {
+                        return Err("the kv_append's page operands must be kernel inputs".into());
+                    }
+                    OpKind::KvAppend => {}
+                    k if !evaluable(k) => return Err(format!("`{}` in a Matmul kernel", k.name())),
+                    _ => {}
+                }
+            }
+            super::epilogue::analyse(body, mnd.results[0]).map(|_| ())
+        }
+        Family::Attention | Family::PagedAttention | Family::AttentionMerge => {
+            let want = match kd.family {
+                Family::Attention => OpKind::Attention,
+                Family::PagedAttention => OpKind::PagedAttention,
+                _ => OpKind::AttentionMerge,
+            };
+            // Views, and the `dequantize_fp8` (with a constant scale) of an fp8 attention.
+            let node = body.nodes.iter().find(|(_, nd)| nd.op.kind == want).map(|(n, _)| n);
+            if !target.has_fp8_matmul() && node.is_some_and(|n| fp8_attention_form(body, n, &|v| is_param(body, v))) {
+                return Err(format!("an fp8 attention multiplies e4m3 on sm_90a only, not {target}"));
+            }
+            let fp8 = node.is_some_and(|n| fp8_attention(body, n, target));
+            let aside = |k: OpKind| matches!(k, OpKind::Reshape | OpKind::Slice) || (fp8 && matches!(k, OpKind::DequantizeFp8 | OpKind::Constant));
+            let mut main = body.nodes.values().filter(|nd| !aside(nd.op.kind));
+            match (main.next(), main.next()) {
+                (Some(nd), None) if nd.op.kind == want => {
+                    if !nd.inputs.iter().enumerate().all(|(i, &v)| viewed_param(body, v).is_some() || (fp8 && i < 3)) {
+                        return Err("operands must be kernel inputs (possibly through reshapes and slices)".into());
+                    }
+                    // O is an output; every output is a result of the node (the lse may be unused).
+                    let peeled: Vec<Value> = body.outputs.iter().map(|&o| peel(body, o)).collect();
+                    let distinct: HashSet<Value> = peeled.iter().copied().collect();
+                    if peeled.contains(&nd.results[0]) && peeled.iter().all(|v| nd.results.contains(v)) && distinct.len() == peeled.len() {
+                        Ok(())
+                    } else {
+                        Err("the outputs must be the node's results (possibly through reshapes), O among them".into())
+                    }
+                }
+                _ => Err(format!("the body must be exactly one `{}` node (and views)", want.name())),
+            }
+        }
+        Family::KvAppend => {
+            let mut kv = body.nodes.values().filter(|nd| nd.op.kind == OpKind::KvAppend);
+            let Some(nd) = kv.next() else { return Err("no kv_append".into()) };
+            if kv.next().is_some() {
+                return Err("more than one kv_append".into());
+            }
+            if let Some(o) = body.nodes.values().find(|o| o.op.kind != OpKind::KvAppend && !evaluable(o.op.kind)) {
+                return Err(format!("`{}` in a KvAppend kernel", o.op.kind.name()));
+            }
+            if nd.inputs.len() != 6 || !nd.inputs[..2].iter().all(|&v| is_param(body, v)) {
+                return Err("the page operands must be kernel inputs".into());
+            }
+            let outs: HashSet<Value> = body.outputs.iter().copied().collect();
+            let res: HashSet<Value> = nd.results.iter().copied().collect();
+            if body.outputs.len() != nd.results.len() || outs != res {
+                return Err("the outputs must be exactly the kv_append's results".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `f8e4m3` where no generator reads it: any fp8 value (a parameter or a result) in a paged
+/// attention, attention merge or KV append kernel; in a matmul kernel an fp8 result, or a
+/// `dequantize_fp8` the epilogue reads (not one of the matmul's operands).
+fn fp8_outside_its_kernels(kd: &KernelData) -> Result<(), String> {
+    let body = &kd.body;
+    match kd.family {
+        Family::PagedAttention | Family::AttentionMerge | Family::KvAppend => match body.values.iter().find(|(_, d)| d.ty.dtype.is_fp8()) {
+            Some((v, d)) => Err(format!("f8e4m3 value {} ({}) in a {:?} kernel", body.label(v), d.ty, kd.family)),
+            None => Ok(()),
+        },
+        Family::Matmul => {
+            let operands: Vec<Value> = body.nodes.values().filter(|n| n.op.kind == OpKind::Matmul).flat_map(|n| n.inputs.iter().copied()).collect();
+            let bad = body.values.iter().find(|(v, d)| match d.def {
+                ValueDef::Result(n, _) => d.ty.dtype.is_fp8() || (body.nodes[n].op.kind == OpKind::DequantizeFp8 && !operands.contains(v)),
+                ValueDef::Param(_) => false,
+            });
+            match bad {
+                Some((v, d)) => Err(format!("f8e4m3 in a matmul epilogue: value {} ({})", body.label(v), d.ty)),
+                None => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    }
+}
