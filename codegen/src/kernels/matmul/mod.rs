@@ -75,7 +75,7 @@ use crate::error::CodegenError;
 #[cfg(doc)]
 use sinter_ir::Family;
 
-pub use self::schedule::{choose_schedule, MatmulSchedule, MmaSchedule, QuantMmaSchedule, SmallMSchedule, TiledSchedule, WgmmaSchedule, WS_CONSUMER_REGS, WS_PERSISTENT_CTAS, WS_PRODUCER_REGS};
+pub use self::schedule::{choose_schedule, MatmulSchedule, MmaSchedule, QuantMmaSchedule, SmallMSchedule, TiledSchedule, WgmmaSchedule, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 use self::schedule::small_m_schedule;
 
 
@@ -173,7 +173,9 @@ fn variants(spec: &Spec, target: &Target) -> R<Vec<MatmulSchedule>> {
         let chunks = |w: WgmmaSchedule| WgmmaSchedule { tma: false, ..w };
         // Warp-specialised (TMA, direct epilogue only), one CTA per tile and persistent.
         let ws = WgmmaSchedule { specialized: true, ..base };
-        let persistent = WgmmaSchedule { ctas: WS_PERSISTENT_CTAS, ..ws };
+        // Persistent: one CTA an SM of the target (a grid of constant size; a card with fewer SMs
+        // runs the rest in a second wave).
+        let persistent = WgmmaSchedule { ctas: target.sm_count(), ..ws };
         let mut wg = vec![base, chunks(base), chunks(waiting), narrow, chunks(narrow)];
         if spec.ws_ok(&ws).is_ok() {
             wg.extend([ws, persistent]);

@@ -283,11 +283,6 @@ pub const WS_PRODUCER_REGS: u32 = 40;
 /// and the descriptors. 128·40 + 256·232 = 64512 ≤ 65536, the SM's register file; both
 /// multiples of 8 (CUTLASS's sm90 warp-specialised split).
 pub const WS_CONSUMER_REGS: u32 = 232;
-/// Persistent CTAs of the candidate [`variants`](super::variants) adds: the SM count of an H100/H200 SXM
-/// (132) — the SM count is not known at code generation, and a grid of constant size is
-/// what [`GridDim`](sinter_ir::GridDim) can express. On a device with fewer SMs the extra CTAs wait for a
-/// second wave (correct, slower); with more, SMs idle.
-pub const WS_PERSISTENT_CTAS: u32 = 132;
 
 impl WgmmaSchedule {
     /// Threads per CTA: the tile's warpgroups, and the producer warpgroup when specialised.

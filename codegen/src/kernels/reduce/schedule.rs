@@ -87,12 +87,12 @@ pub struct RowSchedule {
     pub held: u32,
 }
 
-/// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that an H100/H200's 132 SMs
-/// hold at once when every SM can take part ([`crate::kernels::matmul::WS_PERSISTENT_CTAS`];
-/// the SM count is not known at code generation, and a grid of a constant size keeps the
-/// plan a plain launch). Clusters that do not fit run after the others: correct, slower.
-pub fn persistent_clusters(cluster: u32, per_sm: u32) -> u32 {
-    (crate::kernels::matmul::WS_PERSISTENT_CTAS * per_sm.max(1) / cluster.max(1)).max(1)
+/// The clusters of `cluster` CTAs, `per_sm` of which fit an SM, that the target's SMs
+/// ([`Target::sm_count`]) hold at once when every SM can take part (a grid of a constant size
+/// keeps the plan a plain launch). Clusters that do not fit run after the others: correct,
+/// slower.
+pub fn persistent_clusters(cluster: u32, per_sm: u32, target: &Target) -> u32 {
+    (target.sm_count() * per_sm.max(1) / cluster.max(1)).max(1)
 }
 
 /// Elements a thread may hold in registers in the one-read schedule.
@@ -313,7 +313,7 @@ pub(super) fn variants(cx: &KernelCtx<'_>, target: &Target) -> R<Vec<RowSchedule
             let sc = RowSchedule { persistent: 1, stage_invariant: w, threads_per_row: t, unroll: u, ..default };
             let split = Split::new(&plan, &sc, &cx)?;
             let per_sm = occupancy(&cx.data.body, sc, Some((split.stage_bytes + CLUSTER_SCRATCH_BYTES, split.staged.len() as u32)), target);
-            let full = persistent_clusters(sc.cluster, per_sm);
+            let full = persistent_clusters(sc.cluster, per_sm, target);
             for g in [full, full * 7 / 8] {
                 scheds.push(RowSchedule { persistent: g.max(1), ..sc });
             }
