@@ -1207,3 +1207,4 @@ fn quoted_results_are_in_bench_results() {
 
 #[path = "book_site.rs"]
 mod site;
+use site::{matches_with_gaps, sinter_cmd};

@@ -5,7 +5,7 @@ use super::*;
 
 // --- the CLI reference -----------------------------------------------------------------------
 
-fn sinter_cmd(args: &[&str]) -> std::process::Output {
+pub(super) fn sinter_cmd(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sinter"))
         .args(args)
         .output()
@@ -87,7 +87,7 @@ fn split_args(line: &str) -> Vec<String> {
 }
 
 /// Whether `want` (lines, `…` for any run of lines) matches `got` as a whole.
-fn matches_with_gaps(want: &[&str], got: &[&str]) -> bool {
+pub(super) fn matches_with_gaps(want: &[&str], got: &[&str]) -> bool {
     let segments: Vec<&[&str]> = want.split(|l| l.trim() == "…").collect();
     let mut at = 0;
     for (i, seg) in segments.iter().enumerate() {
