@@ -3,11 +3,13 @@
 //!
 //! Each family implements [`Generator`] on a zero-sized struct in its own module
 //! ([`super::pointwise::Pointwise`], [`super::reduce::RowReduction`], [`super::matmul::Matmul`],
-//! [`super::attention::Attention`], …); [`super::compile`] and [`super::candidates`] are
+//! [`super::attention::Attention`], …); [`compile`] and [`candidates`] are
 //! written once over the trait, and [`super::compile_family`] / [`super::family_candidates`]
 //! map a [`sinter_ir::Family`] to its generator.
 //!
 //! Design notes: book/src/design/kernel-families.md
+
+use std::rc::Rc;
 
 use sinter_ir::{Kernel, KernelGraph, LaunchPlan};
 
@@ -57,11 +59,41 @@ impl Schedule for Fixed {
 }
 
 /// The element-wise families' schedule: `None` is the driver's choice, the one candidate.
-impl Schedule for Option<super::element::kernel::PointwiseSchedule> {
+impl Schedule for Option<super::elementwise::PointwiseSchedule> {
     fn name(&self) -> String {
         match self {
             None => "default".into(),
             Some(s) => format!("{s:?}"),
         }
     }
+}
+
+/// Generates kernel `kernel` of `graph` with family `G`'s default schedule.
+pub(crate) fn compile<G: Generator>(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R<LaunchPlan> {
+    let a = G::analyse(graph, kernel, target)?;
+    let s = G::default_schedule(&a, target)?;
+    G::build(&a, &s, target)
+}
+
+/// Family `G`'s schedule candidates of kernel `kernel`, named, each with a closure that
+/// compiles it (the analysis is shared).
+pub(crate) fn candidates<'a, G>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> R<Vec<Candidate<'a>>>
+where
+    G: Generator + 'a,
+    G::Analysis<'a>: 'a,
+    G::Schedule: 'a,
+{
+    let a: Rc<G::Analysis<'a>> = Rc::new(G::analyse(graph, kernel, target)?);
+    Ok(G::candidates(&a, target)?
+        .into_iter()
+        .map(|s| {
+            let a = a.clone();
+            let name = s.name();
+            let build: Box<dyn FnOnce() -> R<LaunchPlan> + 'a> = Box::new(move || {
+                let a: &G::Analysis<'a> = &a;
+                G::build(a, &s, target)
+            });
+            (name, build)
+        })
+        .collect())
 }

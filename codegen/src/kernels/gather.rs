@@ -17,7 +17,7 @@
 
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
-use super::element::kernel::{generate_elementwise, PointwiseSchedule};
+use super::elementwise::{generate_elementwise, PointwiseSchedule};
 use super::family::Generator;
 use super::ctx::KernelCtx;
 use crate::math::R;
@@ -33,7 +33,7 @@ use crate::error::CodegenError;
 /// [`CodegenError::Unsupported`] for ops the element evaluator does not handle;
 /// [`CodegenError::BadKernel`] for a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<Gather>(graph, kernel, target)
+    super::family::compile::<Gather>(graph, kernel, target)
 }
 
 /// The gather family's generator: the element-wise kernel driver, default schedule.

@@ -54,7 +54,7 @@ const BLOCK: u32 = 256;
 /// kernel inputs and whose results are the kernel's outputs; [`CodegenError::BadKernel`] for
 /// a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<KvAppend>(graph, kernel, target)
+    super::family::compile::<KvAppend>(graph, kernel, target)
 }
 
 /// The kv-append family's generator (one schedule).

@@ -18,7 +18,7 @@
 
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
-use super::element::kernel::{generate_elementwise, PointwiseSchedule};
+use super::elementwise::{generate_elementwise, PointwiseSchedule};
 use super::family::Generator;
 use super::ctx::KernelCtx;
 use crate::math::R;
@@ -34,7 +34,7 @@ use crate::error::CodegenError;
 /// [`CodegenError::Unsupported`] for ops that are not views, sources or element-wise;
 /// [`CodegenError::BadKernel`] for a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<Layout>(graph, kernel, target)
+    super::family::compile::<Layout>(graph, kernel, target)
 }
 
 /// The layout family's generator: the element-wise kernel driver, default schedule.

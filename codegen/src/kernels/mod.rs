@@ -30,6 +30,7 @@
 pub mod attention;
 pub(crate) mod ctx;
 pub(crate) mod element;
+pub(crate) mod elementwise;
 pub(crate) mod family;
 pub(crate) mod fp8_operand;
 pub mod gather;
@@ -40,45 +41,13 @@ pub mod pointwise;
 pub mod reduce;
 pub(crate) mod view;
 
-use std::rc::Rc;
-
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
-use self::family::{Candidate, Generator, Schedule};
+use self::family::{candidates, compile, Candidate};
 use crate::math::R;
 use crate::target::Target;
 
-/// Generates kernel `kernel` of `graph` with family `G`'s default schedule.
-pub(crate) fn compile<G: Generator>(graph: &KernelGraph, kernel: Kernel, target: &Target) -> R<LaunchPlan> {
-    let a = G::analyse(graph, kernel, target)?;
-    let s = G::default_schedule(&a, target)?;
-    G::build(&a, &s, target)
-}
-
-/// Family `G`'s schedule candidates of kernel `kernel`, named, each with a closure that
-/// compiles it (the analysis is shared).
-pub(crate) fn candidates<'a, G>(graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> R<Vec<Candidate<'a>>>
-where
-    G: Generator + 'a,
-    G::Analysis<'a>: 'a,
-    G::Schedule: 'a,
-{
-    let a: Rc<G::Analysis<'a>> = Rc::new(G::analyse(graph, kernel, target)?);
-    Ok(G::candidates(&a, target)?
-        .into_iter()
-        .map(|s| {
-            let a = a.clone();
-            let name = s.name();
-            let build: Box<dyn FnOnce() -> R<LaunchPlan> + 'a> = Box::new(move || {
-                let a: &G::Analysis<'a> = &a;
-                G::build(a, &s, target)
-            });
-            (name, build)
-        })
-        .collect())
-}
-
-/// [`compile`] with the generator of `family`.
+/// [`family::compile`] with the generator of `family`.
 pub(crate) fn compile_family(family: Family, graph: &KernelGraph, kernel: Kernel, target: &Target) -> R<LaunchPlan> {
     match family {
         Family::Pointwise => compile::<pointwise::Pointwise>(graph, kernel, target),
@@ -93,7 +62,7 @@ pub(crate) fn compile_family(family: Family, graph: &KernelGraph, kernel: Kernel
     }
 }
 
-/// [`candidates`] with the generator of `family`.
+/// [`family::candidates`] with the generator of `family`.
 pub(crate) fn family_candidates<'a>(family: Family, graph: &'a KernelGraph, kernel: Kernel, target: &'a Target) -> R<Vec<Candidate<'a>>> {
     match family {
         Family::Pointwise => candidates::<pointwise::Pointwise>(graph, kernel, target),

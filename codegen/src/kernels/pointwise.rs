@@ -23,14 +23,14 @@
 
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};
 
-use super::element::kernel::generate_elementwise;
+use super::elementwise::generate_elementwise;
 use super::family::Generator;
 use super::ctx::KernelCtx;
 use crate::math::R;
 use crate::target::Target;
 use crate::error::CodegenError;
 
-pub use super::element::kernel::PointwiseSchedule;
+pub use super::elementwise::PointwiseSchedule;
 
 /// Generates pointwise kernel `kernel` of `graph` with the default schedule.
 ///
@@ -42,7 +42,7 @@ pub use super::element::kernel::PointwiseSchedule;
 /// reductions) or outputs of different shapes; [`CodegenError::BadKernel`] for a body that
 /// does not match its buffers; LLVM errors.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<Pointwise>(graph, kernel, target)
+    super::family::compile::<Pointwise>(graph, kernel, target)
 }
 
 /// The pointwise family's generator: the element-wise kernel driver, default schedule.

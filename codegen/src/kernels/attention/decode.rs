@@ -121,7 +121,7 @@ impl Smem {
 /// [`CodegenError::Unsupported`] for a body [`super::generate_paged`] refuses, or
 /// a head dim whose per-CTA shared memory exceeds the target's limit; LLVM errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    crate::kernels::compile::<PagedAttention>(graph, kernel, target)
+    crate::kernels::family::compile::<PagedAttention>(graph, kernel, target)
 }
 
 /// One schedule of paged attention: the split-KV kernel (this file's) or the single-CTA one

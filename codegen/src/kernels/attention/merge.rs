@@ -195,7 +195,7 @@ impl Merge {
 /// [`CodegenError::Unsupported`] for another body; [`CodegenError::BadKernel`] for a body
 /// that does not match its buffers; LLVM errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    crate::kernels::compile::<AttentionMerge>(graph, kernel, target)
+    crate::kernels::family::compile::<AttentionMerge>(graph, kernel, target)
 }
 
 /// The attention-merge family's generator (one schedule).

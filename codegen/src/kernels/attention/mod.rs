@@ -70,7 +70,7 @@ use crate::error::CodegenError;
 /// [`CodegenError::Unsupported`] / [`CodegenError::BadKernel`] for other bodies or shapes;
 /// LLVM and target errors otherwise.
 pub fn generate_prefill(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<Attention>(graph, kernel, target)
+    crate::kernels::family::compile::<Attention>(graph, kernel, target)
 }
 
 /// [`generate_prefill`]'s choice for analysed `p`: the first kernel that takes it.

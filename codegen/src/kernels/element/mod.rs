@@ -37,12 +37,10 @@
 //! | `views.rs` | `reshape`, `concat`, `gather` and the branches they emit |
 //! | `rope.rs` | rotary position embeddings |
 //! | `rows.rs` | a row reduction's results read element by element (softmax, norms, `reduce_*`) |
-//! | `kernel.rs` | the element-wise kernel driver of the pointwise, layout and gather families |
 //!
 //! Design notes: book/src/design/element-wise.md
 
 mod index;
-pub(crate) mod kernel;
 mod load;
 mod ops;
 mod rope;

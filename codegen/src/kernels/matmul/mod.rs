@@ -93,7 +93,7 @@ use self::schedule::small_m_schedule;
 /// followed by an epilogue the element evaluator supports, or when an output does not have
 /// the matmul's shape; LLVM and target errors otherwise.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<Matmul>(graph, kernel, target)
+    crate::kernels::family::compile::<Matmul>(graph, kernel, target)
 }
 
 /// The matmul family's generator: one schedule enum over its five kernels.

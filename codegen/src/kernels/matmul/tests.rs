@@ -406,7 +406,7 @@ fn wgmma_ws_refuses_what_it_cannot_run() {
     let (g, k) = gate_up(d(256), DType::BF16);
     let err = generate_with(&g, k, &Target::SM_90A, &MatmulSchedule::Wgmma(ws)).unwrap_err();
     assert!(err.to_string().contains("staged epilogue"), "{err}");
-    let names: Vec<String> = crate::kernels::candidates::<super::Matmul>(&g, k, &Target::SM_90A).unwrap().into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = crate::kernels::family::candidates::<super::Matmul>(&g, k, &Target::SM_90A).unwrap().into_iter().map(|(n, _)| n).collect();
     assert!(names.iter().all(|n| !n.contains(" ws")), "{names:?}");
     let (g, k) = o_proj_view(d(256));
     for (w, why) in [(WgmmaSchedule { ctas: 132, ..WgmmaSchedule::DEFAULT }, "persistent"), (WgmmaSchedule { tma: false, ..ws }, "TMA")] {

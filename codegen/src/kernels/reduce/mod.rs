@@ -90,7 +90,7 @@ pub use self::schedule::{persistent_clusters, RowSchedule};
 /// have different row shapes, or an output is neither a row value nor a row scalar;
 /// [`CodegenError::BadKernel`] for a body that does not match its buffers.
 pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
-    super::compile::<RowReduction>(graph, kernel, target)
+    crate::kernels::family::compile::<RowReduction>(graph, kernel, target)
 }
 
 /// The row-reduction family's generator.

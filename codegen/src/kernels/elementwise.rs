@@ -38,7 +38,7 @@
 
 use sinter_ir::{Dim, GridDim, LaunchPlan, Layout, OpClass, OpKind, Value, ValueDef};
 
-use super::{divisible, At, Ax, Buf, Eval, RopePair, Tag};
+use super::element::{divisible, At, Ax, Buf, Eval, RopePair, Tag};
 use crate::kernels::ctx::{build_twice_occupancy, KernelCtx};
 use crate::math::R;
 use crate::target::Target;
@@ -238,7 +238,7 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
             obufs.push(b);
         }
         let mut ev = Eval::new(kb, sizes, body, pbufs, width);
-        ev.bf16_words = super::words_params(body);
+        ev.bf16_words = super::element::words_params(body);
         if let Some(fs) = &flat {
             ev.shapes = fs.clone();
         }
