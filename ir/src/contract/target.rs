@@ -61,8 +61,8 @@ pub struct Target {
 impl Target {
     /// Ampere (A100, A800): `mma.sync` tensor cores, `cp.async`, `ldmatrix`.
     /// 164 KiB of shared memory per SM, of which one block may opt in to 163 KiB.
-    /// Card figures of an A100 SXM4 80 GB (data sheet): 108 SMs, 2039 GB/s HBM2e, 312 TFLOP/s
-    /// dense bf16 on tensor cores, 19.5 TFLOP/s f32.
+    /// Card figures of an A100 SXM4 80 GB, from its data sheet (sources in
+    /// book/src/design/contract.md).
     pub const SM_80: Target = Target {
         name: "sm_80",
         sm: 80,
@@ -93,10 +93,9 @@ impl Target {
 
     /// Hopper with its architecture-specific features (`wgmma.mma_async`, `setmaxnreg`):
     /// code for `sm_90a` runs on sm_90 devices only, never on later architectures.
-    /// Card figures of an H200 SXM: 132 SMs (as the H100 SXM5); 4270 GB/s, the
-    /// device-to-device copy rate measured on the project's H200; 680 TFLOP/s bf16, what
-    /// cuBLAS reaches at 8192³ there; 60 TFLOP/s f32, about the data sheet's rate (not
-    /// measured).
+    /// Card figures of an H200 SXM: the SM count of the H100 SXM5, the copy bandwidth and the
+    /// bf16 GEMM rate measured on the project's H200, the data sheet's f32 rate (sources and
+    /// the measurements in book/src/design/contract.md and bench/RESULTS.md).
     pub const SM_90A: Target = Target {
         name: "sm_90a",
         sm: 90,
