@@ -419,10 +419,6 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
     }
     // Bodies: the members, and the view/source chains they and the roots need, up to
     // parameters, grouped nodes' results and other kernels' roots.
-    struct Body {
-        nodes: Vec<Node>,
-        params: Vec<Value>,
-    }
     let mut bodies = Vec::with_capacity(specs.len());
     for spec in &specs {
         let mut set: BTreeSet<Node> = spec.members.iter().copied().collect();
@@ -461,71 +457,7 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             }
         }
     }
-    // Launch order: topological over specs.
-    let mut producer_spec: HashMap<Value, usize> = HashMap::new();
-    for (si, s) in specs.iter().enumerate() {
-        for &e in &s.exports {
-            producer_spec.entry(e).or_insert(si);
-        }
-    }
-    let mut deps: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); specs.len()];
-    for (si, b) in bodies.iter().enumerate() {
-        for v in &b.params {
-            if matches!(f.values[*v].def, ValueDef::Param(_)) {
-                continue;
-            }
-            match producer_spec.get(v) {
-                Some(&ps) if ps != si => {
-                    deps[si].insert(ps);
-                }
-                Some(_) => {}
-                None => return Err(PassError::Lower(format!("internal: {} is read by a kernel but no kernel writes it", f.label(*v)))),
-            }
-        }
-    }
-    // A kernel launches, among those ready, in the order of its first member (a kernel of
-    // roots alone: of its first view; a graph output's view copy: of its last).
-    let key = |si: usize| -> usize {
-        let s = &specs[si];
-        let chain = if s.group.is_some() { bodies[si].nodes.first() } else { bodies[si].nodes.last() };
-        s.members.first().or(chain).map(|n| n.as_u32() as usize).unwrap_or(0)
-    };
-    let mut order = vec![];
-    let mut done = vec![false; specs.len()];
-    let mut ready: BTreeSet<(usize, usize)> = BTreeSet::new();
-    let mut remaining: Vec<usize> = deps.iter().map(|d| d.len()).collect();
-    let mut rdeps: Vec<Vec<usize>> = vec![vec![]; specs.len()];
-    for (si, d) in deps.iter().enumerate() {
-        for &p in d {
-            rdeps[p].push(si);
-        }
-        if d.is_empty() {
-            ready.insert((key(si), si));
-        }
-    }
-    while let Some(&(k, si)) = ready.iter().next() {
-        ready.remove(&(k, si));
-        done[si] = true;
-        order.push(si);
-        for &c in &rdeps[si] {
-            remaining[c] -= 1;
-            if remaining[c] == 0 && !done[c] {
-                ready.insert((key(c), c));
-            }
-        }
-    }
-    if order.len() != specs.len() {
-        let stuck: Vec<String> = (0..specs.len())
-            .filter(|&si| !done[si])
-            .take(6)
-            .map(|si| {
-                let ops: Vec<&str> = specs[si].members.iter().map(|&n| f.nodes[n].op.kind.name()).collect();
-                let waits: Vec<usize> = deps[si].iter().copied().filter(|&d| !done[d]).collect();
-                format!("kernel of [{}] waits for {waits:?}", ops.join(" "))
-            })
-            .collect();
-        return Err(PassError::Lower(format!("internal: the kernel graph is cyclic: {}", stuck.join("; "))));
-    }
+    let order = launch_order(f, &specs, &bodies)?;
     // Buffers.
     let mut kg = KernelGraph::default();
     let mut buf_of: HashMap<Value, Buffer> = HashMap::new();
@@ -585,6 +517,110 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
         kg.outputs.push(*buf_of.get(&o).ok_or_else(|| PassError::Lower(format!("internal: output {} has no buffer", f.label(o))))?);
     }
     Ok((kg, metas))
+}
+
+/// A kernel body: its nodes and the values it reads as buffers.
+struct Body {
+    nodes: Vec<Node>,
+    params: Vec<Value>,
+}
+
+/// The launch order of the kernels: topological over what each reads, with in-place
+/// `kv_append`s after every other reader of the pages they update.
+///
+/// # Errors
+/// A value read but written by no kernel, a cycle (internal errors), and a kernel that reads
+/// pages both before and after one in-place append.
+fn launch_order(f: &Function, specs: &[Spec], bodies: &[Body]) -> Result<Vec<usize>, PassError> {
+    // Launch order: topological over specs.
+    let mut producer_spec: HashMap<Value, usize> = HashMap::new();
+    for (si, s) in specs.iter().enumerate() {
+        for &e in &s.exports {
+            producer_spec.entry(e).or_insert(si);
+        }
+    }
+    let mut deps: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); specs.len()];
+    for (si, b) in bodies.iter().enumerate() {
+        for v in &b.params {
+            if matches!(f.values[*v].def, ValueDef::Param(_)) {
+                continue;
+            }
+            match producer_spec.get(v) {
+                Some(&ps) if ps != si => {
+                    deps[si].insert(ps);
+                }
+                Some(_) => {}
+                None => return Err(PassError::Lower(format!("internal: {} is read by a kernel but no kernel writes it", f.label(*v)))),
+            }
+        }
+    }
+    // In-place updates: a `kv_append` writes its page operands' storage (the executor aliases
+    // its results to them), so every other kernel reading those pages as they were launches
+    // before it (a write-after-read order the values alone do not give).
+    let mut anti: Vec<(usize, usize)> = vec![];
+    for (si, b) in bodies.iter().enumerate() {
+        for nd in b.nodes.iter().map(|&n| &f.nodes[n]).filter(|nd| nd.op.kind == OpKind::KvAppend) {
+            for page in nd.inputs.iter().take(2) {
+                for (sj, bj) in bodies.iter().enumerate() {
+                    if sj != si && bj.params.contains(page) && deps[si].insert(sj) {
+                        anti.push((sj, si));
+                    }
+                }
+            }
+        }
+    }
+    // A kernel launches, among those ready, in the order of its first member (a kernel of
+    // roots alone: of its first view; a graph output's view copy: of its last).
+    let key = |si: usize| -> usize {
+        let s = &specs[si];
+        let chain = if s.group.is_some() { bodies[si].nodes.first() } else { bodies[si].nodes.last() };
+        s.members.first().or(chain).map(|n| n.as_u32() as usize).unwrap_or(0)
+    };
+    let mut order = vec![];
+    let mut done = vec![false; specs.len()];
+    let mut ready: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut remaining: Vec<usize> = deps.iter().map(|d| d.len()).collect();
+    let mut rdeps: Vec<Vec<usize>> = vec![vec![]; specs.len()];
+    for (si, d) in deps.iter().enumerate() {
+        for &p in d {
+            rdeps[p].push(si);
+        }
+        if d.is_empty() {
+            ready.insert((key(si), si));
+        }
+    }
+    while let Some(&(k, si)) = ready.iter().next() {
+        ready.remove(&(k, si));
+        done[si] = true;
+        order.push(si);
+        for &c in &rdeps[si] {
+            remaining[c] -= 1;
+            if remaining[c] == 0 && !done[c] {
+                ready.insert((key(c), c));
+            }
+        }
+    }
+    if order.len() != specs.len() {
+        let stuck: Vec<String> = (0..specs.len())
+            .filter(|&si| !done[si])
+            .take(6)
+            .map(|si| {
+                let ops: Vec<&str> = specs[si].members.iter().map(|&n| f.nodes[n].op.kind.name()).collect();
+                let waits: Vec<usize> = deps[si].iter().copied().filter(|&d| !done[d]).collect();
+                format!("kernel of [{}] waits for {waits:?}", ops.join(" "))
+            })
+            .collect();
+        if let Some(&(r, a)) = anti.iter().find(|(r, a)| !done[*r] && !done[*a]) {
+            let ops = |si: usize| specs[si].members.iter().map(|&n| f.nodes[n].op.kind.name()).collect::<Vec<_>>().join(" ");
+            return Err(PassError::Lower(format!(
+                "a kernel of [{}] reads KV pages as they were before a kv_append (kernel of [{}]) updates them in place, and also needs that append's results: unsupported (read the pages after the append, or copy them first)",
+                ops(r),
+                ops(a)
+            )));
+        }
+        return Err(PassError::Lower(format!("internal: the kernel graph is cyclic: {}", stuck.join("; "))));
+    }
+    Ok(order)
 }
 
 /// The nodes of the view/source chain behind `v` (not crossing grouped nodes).

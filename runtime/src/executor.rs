@@ -68,34 +68,10 @@ pub struct Executor {
     aliases: BTreeMap<Buffer, Buffer>,
 }
 
-/// The in-place updates of a kernel graph: each output of a kernel that is a `kv_append`
-/// result (the updated `k_pages`, `v_pages`, in a KvAppend kernel or a projection's epilogue)
-/// is the same storage as the kernel's page input, so a decode step
-/// writes its new rows into the cache instead of copying the cache. Chains (layer after layer
-/// threading one page pool) resolve to the first buffer. The lowering guarantees that a page
-/// input has no reader after the kernel that updates it.
+/// The in-place updates of a kernel graph (`kv_append` results sharing their page inputs'
+/// storage): [`KernelGraph::in_place_aliases`].
 pub fn in_place_aliases(graph: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
-    let mut aliases: BTreeMap<Buffer, Buffer> = BTreeMap::new();
-    for data in graph.kernels.values() {
-        // Find the kv_append node of the body (a KvAppend kernel's, or one in a projection's
-        // epilogue, as the passes fuse them): its page operands are body parameters
-        // (kernel inputs), its results body outputs (kernel outputs).
-        let body = &data.body;
-        for nd in body.nodes.values() {
-            if nd.op.kind != sinter_ir::OpKind::KvAppend {
-                continue;
-            }
-            for (page_operand, result) in nd.inputs.iter().zip(&nd.results).take(2) {
-                let input = body.params.iter().position(|p| p == page_operand).and_then(|i| data.inputs.get(i));
-                let output = body.outputs.iter().position(|o| o == result).and_then(|i| data.outputs.get(i));
-                if let (Some(inp), Some(out)) = (input, output) {
-                    let root = aliases.get(inp).copied().unwrap_or(*inp);
-                    aliases.insert(*out, root);
-                }
-            }
-        }
-    }
-    aliases
+    graph.in_place_aliases()
 }
 
 /// What one execution set up: the buffer of every graph buffer that has one.
@@ -381,6 +357,25 @@ impl Executor {
         self.device.alloc_extent(data.ty.dtype, &shape, extent, guard)
     }
 
+    /// Whether kernel `i` has anything to compute under `bindings`: some output has elements
+    /// and every grid axis has work items.
+    fn has_work(&self, i: usize, data: &KernelData, bindings: &Bindings) -> Result<bool, RuntimeError> {
+        for g in &self.plans[i].grid {
+            let n = g.numerator.eval(bindings).map_err(|source| RuntimeError::Dim { what: format!("grid `{}` of kernel `{}`", g.numerator, self.plans[i].entry), source })?;
+            if n <= 0 {
+                return Ok(false);
+            }
+        }
+        for b in &data.outputs {
+            let bd = &self.graph.buffers[*b];
+            let shape = eval_shape(&bd.ty.shape, bindings, &buffer_label(*b, bd))?;
+            if shape.iter().all(|&d| d > 0) {
+                return Ok(true);
+            }
+        }
+        Ok(data.outputs.is_empty())
+    }
+
     fn resolve_kernel(&self, i: usize, data: &KernelData, slots: &BTreeMap<Buffer, DeviceBuffer>, bindings: &Bindings) -> Result<ResolvedLaunch, RuntimeError> {
         let ptrs = data
             .inputs
@@ -408,15 +403,20 @@ impl Executor {
                 for b in last_use.keys() {
                     self.slot(*b, &mut slots, &bindings, 0)?;
                 }
-                let resolved = (0..n).map(|i| self.resolve_kernel(i, kernels[i], &slots, &bindings)).collect::<Result<Vec<_>, _>>()?;
+                let mut resolved = Vec::with_capacity(n);
+                for (i, data) in kernels.iter().enumerate() {
+                    if self.has_work(i, data, &bindings)? {
+                        resolved.push((i, self.resolve_kernel(i, data, &slots, &bindings)?));
+                    }
+                }
                 self.device.synchronize()?;
                 let stream = self.device.stream().clone();
                 stream
                     .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                     .map_err(|e| self.device.stream_error("cuStreamBeginCapture", e))?;
                 let mut failed = None;
-                for (i, r) in resolved.iter().enumerate() {
-                    if let Err(e) = self.device.enqueue(&self.loaded[i], r) {
+                for (i, r) in &resolved {
+                    if let Err(e) = self.device.enqueue(&self.loaded[*i], r) {
                         failed = Some(e);
                         break;
                     }
@@ -441,16 +441,22 @@ impl Executor {
                     for b in data.inputs.iter().chain(&data.outputs) {
                         self.slot(*b, &mut slots, &bindings, 0)?;
                     }
-                    let r = self.resolve_kernel(i, data, &slots, &bindings)?;
+                    // A kernel with nothing to compute is not launched (zero-sized outputs or
+                    // an empty grid axis): its plan may not even resolve (a tensor map over an
+                    // empty tensor), and a grid rounded up to one CTA would write past them.
+                    let work = self.has_work(i, data, &bindings)?;
+                    let r = if work { Some(self.resolve_kernel(i, data, &slots, &bindings)?) } else { None };
                     if profiling {
                         let start = self.event()?;
                         start.record(self.device.stream()).map_err(|e| self.device.stream_error("cuEventRecord", e))?;
-                        self.device.enqueue(&self.loaded[i], &r)?;
+                        if let Some(r) = &r {
+                            self.device.enqueue(&self.loaded[i], r)?;
+                        }
                         let end = self.event()?;
                         end.record(self.device.stream()).map_err(|e| self.device.stream_error("cuEventRecord", e))?;
                         events.push((start, end));
-                    } else {
-                        self.device.enqueue(&self.loaded[i], &r)?;
+                    } else if let Some(r) = &r {
+                        self.device.enqueue(&self.loaded[i], r)?;
                     }
                     if self.checked {
                         self.device.synchronize()?;

@@ -55,6 +55,18 @@ pub enum ModelError {
         /// The type expected.
         expected: &'static str,
     },
+    /// A metadata value the reader relies on is out of its valid range.
+    #[error("{path}: metadata key `{key}` = {value}: {reason}")]
+    BadValue {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// The value as stored.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The model's architecture is not one sinter has.
     #[error("{path}: architecture `{arch}` is not supported (supported: llama)")]
     UnsupportedArchitecture {
@@ -140,6 +152,34 @@ pub struct TensorInfo {
     pub offset: u64,
 }
 
+/// The tensor-data alignment of a file: `general.alignment` (32 when absent), which the GGUF
+/// specification requires to be a positive multiple of 8 and which must leave the tensor data
+/// (at `data_offset`) inside the file of `len` bytes.
+///
+/// # Errors
+/// [`ModelError::BadValue`] naming `general.alignment` when either does not hold (the
+/// container reader falls back to 32 for a value it cannot use, which would read every tensor
+/// from the wrong place); [`ModelError::Malformed`] when the data starts past the end of the
+/// file without an alignment key.
+fn check_alignment(path: &Path, metadata: &BTreeMap<String, Json>, data_offset: u64, len: u64) -> Result<u64, ModelError> {
+    const KEY: &str = "general.alignment";
+    let bad = |value: &Json, reason: String| ModelError::BadValue { path: path.to_path_buf(), key: KEY.into(), value: value.to_string(), reason };
+    let alignment = match metadata.get(KEY) {
+        None => 32,
+        Some(v) => match v.as_u64() {
+            Some(a) if a > 0 && a % 8 == 0 => a,
+            _ => return Err(bad(v, "the alignment must be a positive multiple of 8 (GGUF specification)".into())),
+        },
+    };
+    if data_offset > len {
+        return Err(match metadata.get(KEY) {
+            Some(v) => bad(v, format!("it puts the tensor data at byte {data_offset}, past the end of the file ({len} bytes)")),
+            None => ModelError::Malformed { path: path.to_path_buf(), reason: format!("the tensor data starts at byte {data_offset}, past the end of the file ({len} bytes)") },
+        });
+    }
+    Ok(alignment)
+}
+
 /// A GGUF file in memory.
 pub struct GgufFile {
     path: PathBuf,
@@ -192,7 +232,8 @@ impl GgufFile {
         let mut container = gguf_rs::get_gguf_container_array_size(&path.to_string_lossy(), u64::MAX).map_err(|e| malformed(e.to_string()))?;
         let model = container.decode().map_err(|e| malformed(e.to_string()))?;
         let data_offset = model.data_offset();
-        let tensors = model
+        let alignment = check_alignment(path, model.metadata(), data_offset, bytes.len() as u64)?;
+        let tensors: Vec<TensorInfo> = model
             .tensors()
             .iter()
             .map(|t| TensorInfo {
@@ -202,6 +243,14 @@ impl GgufFile {
                 offset: data_offset.saturating_add(t.offset),
             })
             .collect();
+        for (t, raw) in tensors.iter().zip(model.tensors()) {
+            if raw.offset % alignment != 0 {
+                return Err(malformed(format!("tensor `{}` starts at data offset {}, not a multiple of the alignment {alignment}", t.name, raw.offset)));
+            }
+            if t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none() {
+                return Err(malformed(format!("tensor `{}` has shape {:?}, whose element count overflows", t.name, t.shape)));
+            }
+        }
         Ok(GgufFile { path: path.to_path_buf(), metadata: model.metadata().clone(), tensors, bytes })
     }
 
@@ -444,6 +493,62 @@ mod tests {
         // Other types are not kept quantized.
         let f = file_with(0, &[32], vec![0; 128]);
         assert!(f.quantized_tensor("t", &[32]).unwrap().is_none());
+    }
+
+    /// A GGUF v3 file of one F32 tensor `t` of 8 elements, with `general.alignment` stored as
+    /// a u32 when given, its data placed at the alignment it names (32 when absent or unusable).
+    fn gguf_bytes(alignment: Option<u32>, tensor_offset: u64) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(u64::from(alignment.is_some()).to_le_bytes());
+        let string = |b: &mut Vec<u8>, s: &str| {
+            b.extend((s.len() as u64).to_le_bytes());
+            b.extend(s.as_bytes());
+        };
+        if let Some(a) = alignment {
+            string(&mut b, "general.alignment");
+            b.extend(4u32.to_le_bytes());
+            b.extend(a.to_le_bytes());
+        }
+        string(&mut b, "t");
+        b.extend(1u32.to_le_bytes());
+        b.extend(8u64.to_le_bytes());
+        b.extend(0u32.to_le_bytes());
+        b.extend(tensor_offset.to_le_bytes());
+        let align = alignment.filter(|a| *a > 0 && a % 8 == 0 && *a < 4096).unwrap_or(32) as usize;
+        while b.len() % align != 0 {
+            b.push(0);
+        }
+        b.resize(b.len() + tensor_offset as usize, 0);
+        b.extend((0..8).flat_map(|i| (i as f32).to_le_bytes()));
+        b
+    }
+
+    #[test]
+    fn the_alignment_key_is_validated_and_named() {
+        let dir = std::env::temp_dir().join(format!("sinter-gguf-align-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |name: &str, bytes: Vec<u8>| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            GgufFile::open(&p)
+        };
+        // Valid: absent (32) and 64.
+        for a in [None, Some(64)] {
+            let f = open("ok.gguf", gguf_bytes(a, 0)).unwrap_or_else(|e| panic!("{a:?}: {e}"));
+            assert_eq!(f.dequantize("t", &[8]).unwrap(), (0..8).map(|i| i as f32).collect::<Vec<_>>());
+        }
+        // 0, not a multiple of 8, and 2^31 (past the end of the file) name the key.
+        for a in [0u32, 12, 1 << 31] {
+            let e = open("bad.gguf", gguf_bytes(Some(a), 0)).err().unwrap_or_else(|| panic!("alignment {a} accepted"));
+            assert!(matches!(e, ModelError::BadValue { ref key, .. } if key == "general.alignment"), "alignment {a}: {e}");
+            assert!(e.to_string().contains(&a.to_string()), "{e}");
+        }
+        // A tensor offset that is not a multiple of the alignment names the tensor.
+        let e = open("off.gguf", gguf_bytes(None, 8)).err().unwrap();
+        assert!(e.to_string().contains("tensor `t`") && e.to_string().contains("alignment 32"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

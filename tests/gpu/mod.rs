@@ -25,6 +25,7 @@ use sinter_runtime::Device;
 
 use crate::zoo::Rng;
 
+mod adversarial;
 mod fp8;
 use fp8::*;
 
@@ -943,6 +944,7 @@ fn precompile_gpu_test_kernels() {
     let mut total = 0;
     let mut graphs: Vec<sinter::Graph> = family_cases().iter().chain(&big_cases()).chain(&wgmma_attention_cases()).map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
     graphs.extend(zoo_cases().into_iter().map(|z| z.1));
+    graphs.extend(adversarial::adversarial_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()));
     graphs.extend(crate::cascade::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {

@@ -3,7 +3,7 @@
 
 use crate::dim::Bindings;
 use crate::graph::{Function, Graph};
-use crate::kernel::KernelGraph;
+use crate::kernel::{Buffer, KernelGraph};
 
 use super::{Evaluator, InterpError, Result, Site, Tensor};
 
@@ -29,6 +29,10 @@ pub fn run_kernel_graph(kg: &KernelGraph, inputs: &[&Tensor], bindings: &Binding
         sig.add_param(kg.buffers[b].name.clone(), ty);
     }
     let all = ev.bind(&sig, inputs, bindings, None)?;
+    // Storage as on the device: an in-place `kv_append` result shares its page input's slot,
+    // so a kernel launched after the append reads the updated pages whichever value it names.
+    let aliases = kg.in_place_aliases();
+    let slot = |b: Buffer| aliases.get(&b).copied().unwrap_or(b).as_u32() as usize;
     let mut store: Vec<Option<Tensor>> = vec![None; kg.buffers.len()];
     for (&b, t) in kg.inputs.iter().zip(inputs) {
         store[b.as_u32() as usize] = Some((*t).clone());
@@ -37,7 +41,7 @@ pub fn run_kernel_graph(kg: &KernelGraph, inputs: &[&Tensor], bindings: &Binding
         let name = &kd.body.name;
         let mut args = Vec::with_capacity(kd.inputs.len());
         for &b in &kd.inputs {
-            match store.get(b.as_u32() as usize).and_then(|s| s.as_ref()) {
+            match store.get(slot(b)).and_then(|s| s.as_ref()) {
                 Some(t) => args.push(t),
                 None => return Err(malformed(name, format!("kernel {k} reads buffer {b} before any kernel writes it"))),
             }
@@ -47,15 +51,15 @@ pub fn run_kernel_graph(kg: &KernelGraph, inputs: &[&Tensor], bindings: &Binding
             return Err(malformed(name, format!("kernel {k} gives {} results for {} output buffers", outs.len(), kd.outputs.len())));
         }
         for (&b, t) in kd.outputs.iter().zip(outs) {
-            let Some(slot) = store.get_mut(b.as_u32() as usize) else {
+            let Some(place) = store.get_mut(slot(b)) else {
                 return Err(malformed(name, format!("kernel {k} writes buffer {b}, which does not exist")));
             };
-            *slot = Some(t);
+            *place = Some(t);
         }
     }
     let mut result = Vec::with_capacity(kg.outputs.len());
     for &b in &kg.outputs {
-        match store.get(b.as_u32() as usize).and_then(|s| s.clone()) {
+        match store.get(slot(b)).and_then(|s| s.clone()) {
             Some(t) => result.push(t),
             None => return Err(malformed("kernel_graph", format!("output buffer {b} is never written"))),
         }

@@ -11,12 +11,15 @@
 
 pub mod plan_text;
 
+use std::collections::BTreeMap;
+
 use cranelift_entity::{entity_impl, PrimaryMap};
 
 use crate::contract::target::Target;
 use crate::dtype::DType;
 use crate::dim::{Bindings, Dim, DimError};
 use crate::graph::{Function, TensorType};
+use crate::ops::OpKind;
 
 /// A buffer of a kernel graph (`b3`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -157,6 +160,31 @@ impl KernelGraph {
         let mut kernels = PrimaryMap::new();
         kernels.push(kd.clone());
         KernelGraph { buffers: self.buffers.clone(), kernels, inputs, outputs: kd.outputs.clone() }
+    }
+
+    /// The in-place updates: each output of a kernel that is a `kv_append` result (the updated
+    /// `k_pages`, `v_pages`, in a KvAppend kernel or a projection's epilogue) is the same
+    /// storage as the kernel's page input, mapped here to its storage root (chains, layer after
+    /// layer threading one page pool, resolve to the first buffer). The lowering orders every
+    /// other reader of a page input before the kernel that updates it.
+    pub fn in_place_aliases(&self) -> BTreeMap<Buffer, Buffer> {
+        let mut aliases: BTreeMap<Buffer, Buffer> = BTreeMap::new();
+        for data in self.kernels.values() {
+            // The page operands of a kv_append are body parameters (kernel inputs), its
+            // results body outputs (kernel outputs).
+            let body = &data.body;
+            for nd in body.nodes.values().filter(|nd| nd.op.kind == OpKind::KvAppend) {
+                for (page_operand, result) in nd.inputs.iter().zip(&nd.results).take(2) {
+                    let input = body.params.iter().position(|p| p == page_operand).and_then(|i| data.inputs.get(i));
+                    let output = body.outputs.iter().position(|o| o == result).and_then(|i| data.outputs.get(i));
+                    if let (Some(inp), Some(out)) = (input, output) {
+                        let root = aliases.get(inp).copied().unwrap_or(*inp);
+                        aliases.insert(*out, root);
+                    }
+                }
+            }
+        }
+        aliases
     }
 }
 
