@@ -90,3 +90,20 @@ fn a_kernel_reading_pages_before_and_after_an_append_is_a_clear_error() {
         }
     }
 }
+
+#[test]
+fn argmax_lowers_fused_and_unfused_and_matches_the_interpreter() {
+    let src = "func @main(%x: f32[4, 37]) {\n  %y: i64[4] = argmax(%x) {axis=-1, keepdim=false}\n  return %y\n}";
+    let g = sinter::ir::parse(src).unwrap();
+    let mut data: Vec<f64> = (0..4 * 37).map(|i| ((i * 7919) % 37) as f64 - 18.0).collect();
+    data[5] = f64::NAN;
+    data[40] = f64::INFINITY;
+    data[41] = f64::INFINITY;
+    data[37 * 3 + 36] = 1e30;
+    let x = Tensor::new(DType::F32, &[4, 37], data).unwrap();
+    let want = interp::run(&g, "main", &[&x], &Bindings::new()).unwrap();
+    assert_eq!(want[0].data(), &[5.0, 3.0, want[0].data()[2], 36.0]);
+    assert_same("unfused", &lower_unfused(&g).unwrap(), std::slice::from_ref(&x), &want);
+    let (fused, _) = compile(&g, &Target::SM_90A, &PassOptions::for_graph(&g)).unwrap();
+    assert_same("fused", &fused, std::slice::from_ref(&x), &want);
+}

@@ -86,6 +86,7 @@ pub static METHODS: &[MethodSpec] = &[
     m("reduce_min", "ReduceMin", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
     m("mean", "ReduceMean", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
     m("reduce_mean", "ReduceMean", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
+    m("argmax", "Argmax", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
     m("softmax", "Softmax", Kind::Row, (1, 1), &["axis"], &[]),
     m("log_softmax", "LogSoftmax", Kind::Row, (1, 1), &["axis"], &[]),
     m("transpose", "Transpose", Kind::Transpose, (1, 1), &["dim0", "dim1"], &[]),

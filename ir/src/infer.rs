@@ -272,6 +272,13 @@ pub fn reduce_mean(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     reduce(c)
 }
 
+/// `argmax`: a reduction over one axis whose result is an `i64` index.
+pub fn argmax(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let mut t = reduce(c)?;
+    t[0].dtype = DType::I64;
+    Ok(t)
+}
+
 /// softmax / log_softmax.
 pub fn row_op(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let x = c.input(0)?;

@@ -27,6 +27,7 @@
 pub mod check;
 pub mod cost;
 pub mod eval;
+pub mod expand;
 pub mod extract;
 pub mod lang;
 pub mod lower;

@@ -646,6 +646,7 @@ fn chain_nodes(f: &Function, uses: &Uses, part: &Partition, v: Value) -> Vec<Nod
 /// A graph that does not verify; see [`inline`].
 pub fn lower_unfused(g: &Graph) -> Result<KernelGraph, PassError> {
     sinter_ir::verify(g)?;
+    let g = &crate::expand::expand(g)?;
     let flat = reductions_to_last_axis(&inline(g)?)?;
     let part = partition::one_per_node(&flat.func);
     Ok(build_kernel_graph(&flat, &part)?.0)
@@ -702,6 +703,7 @@ pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig, target: &Tar
 pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(KernelGraph, FusionReport), PassError> {
     let opts = &PassOptions { cost: crate::CostConfig { target: *target, ..opts.cost.clone() }, ..opts.clone() };
     sinter_ir::verify(g)?;
+    let g = &crate::expand::expand(g)?;
     let start = Instant::now();
     let mut opt_graph = Graph::new();
     let mut functions = vec![];

@@ -4,7 +4,7 @@
 
 use sinter::Tensor;
 
-use super::{case, device, none, Case};
+use super::{case, device, none, specials, Case};
 
 /// Graphs with an empty axis somewhere, one per family, and the paged read-before-append.
 pub(crate) fn adversarial_cases() -> Vec<Case> {
@@ -63,6 +63,16 @@ pub(crate) fn adversarial_cases() -> Vec<Case> {
         1.0,
         Box::new(none),
     ));
+    // argmax: ties, −inf, +inf before a NaN (the NaN wins), a logits-sized row.
+    cases.push(Case::new(
+        "argmax f32 with ties, ±inf and NaN",
+        "func @main(%x: f32[5, 1000]) {\n  %y: i64[5] = argmax(%x) {axis=-1, keepdim=false}\n  return %y\n}",
+        &[],
+        44,
+        1.0,
+        Box::new(specials("x", &[(3, 7.0), (9, 7.0), (1010, f64::INFINITY), (1500, f64::NAN), (1501, f64::NAN), (2999, f64::NEG_INFINITY), (3000, 9.0), (3999, 9.0)])),
+    ));
+    cases.push(Case::new("argmax bf16 over a 49152 vocabulary", "func @main(%x: bf16[3, 49152]) {\n  %y: i64[3, 1] = argmax(%x) {axis=-1}\n  return %y\n}", &[], 45, 1.0, Box::new(none)));
     // A page read before an in-place append into it (the sum must see the old page).
     cases.push(Case::new(
         "page read before an in-place kv_append",

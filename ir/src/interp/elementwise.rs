@@ -246,7 +246,35 @@ pub(super) fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(Tensor::from_parts(a.dtype, out, data))
 }
 
-/// `reduce_sum`, `reduce_max`, `reduce_min`, `reduce_mean` over one axis.
+/// `argmax` over `axis`: the first index of the largest element, of the first NaN if any; −1
+/// for an empty axis.
+fn argmax(x: &Tensor, axis: usize, keepdim: bool) -> Result<Tensor> {
+    let (outer, n, inner) = split_at_axis(&x.shape, axis);
+    let mut data = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut best: Option<(usize, f64)> = None;
+            for j in 0..n {
+                let v = x.data[(o * n + j) * inner + i];
+                best = match best {
+                    Some((_, b)) if b.is_nan() => best,
+                    Some((_, b)) if !(v.is_nan() || v > b) => best,
+                    _ => Some((j, v)),
+                };
+            }
+            data.push(best.map_or(-1.0, |(j, _)| j as f64));
+        }
+    }
+    let mut shape = x.shape.clone();
+    if keepdim {
+        shape[axis] = 1;
+    } else {
+        shape.remove(axis);
+    }
+    Ok(Tensor::from_parts(DType::I64, shape, data))
+}
+
+/// `reduce_sum`, `reduce_max`, `reduce_min`, `reduce_mean` (and `argmax`) over one axis.
 pub(super) fn reduce(op: &Op, x: &Tensor) -> Result<Tensor> {
     use OpKind::*;
     let kind = op.kind;
@@ -259,6 +287,9 @@ pub(super) fn reduce(op: &Op, x: &Tensor) -> Result<Tensor> {
     let axis = norm_axis(attrs::int(op, "axis")?, x.rank(), "axis")?;
     let keepdim = attrs::bool(op, "keepdim")?;
     let (outer, n, inner) = split_at_axis(&x.shape, axis);
+    if kind == Argmax {
+        return argmax(x, axis, keepdim);
+    }
     let (init, f): (f64, fn(f64, f64) -> f64) = match kind {
         ReduceSum | ReduceMean => (0.0, |a, v| a + v),
         ReduceMax => (f64::NEG_INFINITY, nan_max),

@@ -176,6 +176,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             Gather => self.gather(node, result, at),
             Rope => self.rope(node, result, at),
             Softmax | LogSoftmax | RmsNorm | LayerNorm | ReduceSum | ReduceMax | ReduceMin | ReduceMean => self.row_node(node, result, at),
+            Argmax => unsupported(format!("`argmax` ({node}) reaches the code generator only as its decomposition (max, compare, index, min)")),
             Matmul | Attention | PagedAttention | AttentionMerge | KvAppend | Call => unsupported(format!(
                 "`{}` ({node}) cannot be computed element by element; it needs its own kernel",
                 kind.name()
