@@ -140,7 +140,7 @@ op_table! {
     ReduceMin => "reduce_min", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "min over `axis`; NaN if any element is NaN; an empty axis gives +inf.";
     ReduceMean => "reduce_mean", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce_mean, "Mean over `axis`; an empty axis gives NaN (0/0).";
     Argmax => "argmax", Reduce, ["x"], [AXIS, KEEPDIM], infer::argmax,
-        "Index (i64) of the largest element along `axis`: the first on ties, the first NaN if the row has one; an empty axis gives −1. Lowered as max, compare, index select and min (one row-reduction kernel when fused).";
+        "Index (i64) of the largest element along `axis`: the first on ties, the first NaN if the row has one; an empty axis gives −1. The passes lower it by its decomposition (max, compare, index select, min).";
     Softmax => "softmax", Composite, ["x"], [AXIS], infer::row_op,
         "Safe softmax over `axis` with f32 statistics: exp(x−max)/Σexp(x−max); a row of all −inf gives 0; NaN in a row gives NaN for the row.";
     LogSoftmax => "log_softmax", Composite, ["x"], [AXIS], infer::row_op,
