@@ -118,15 +118,15 @@ pub fn plans_with_progress(kg: &KernelGraph, target: &Target, cache: &KernelCach
     plans_for_device(kg, target, cache, stats, progress, None, jobs())
 }
 
-/// [`plans`] with the kernels that are not cached generated on `jobs` threads (each
+/// [`plans_with_progress`] with the kernels that are not cached generated on `jobs` threads (each
 /// generates whole kernels, one LLVM context per kernel). The plans do not depend on `jobs`:
 /// each distinct kernel is generated once, by the first kernel of the graph that has its
 /// cache key, whichever thread runs it.
 ///
 /// # Errors
 /// As [`plans`]; when several kernels fail, the first one's error in launch order.
-pub fn plans_with_jobs(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats, jobs: usize) -> Result<Vec<LaunchPlan>, Error> {
-    plans_for_device(kg, target, cache, stats, &mut |_, _| {}, None, jobs)
+pub fn plans_with_jobs(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats, jobs: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<LaunchPlan>, Error> {
+    plans_for_device(kg, target, cache, stats, progress, None, jobs)
 }
 
 /// A kernel to generate: its key, the cache's verdict on it and the kernels that share it.
@@ -284,6 +284,18 @@ pub fn lower(graph: &Graph, lowering: Lowering, target: &Target) -> Result<Kerne
     Ok(lower_counting(graph, lowering, target)?.0)
 }
 
+/// [`lower`] through the lowering cache in `cache` (a folder of its own, such as
+/// [`lowering_cache::default_dir`]): the kernel graph stored for this graph, lowering,
+/// options and target when there is one, else the passes' (then stored); with the kernels per
+/// decoder layer of the fusion report (`None` for the unfused lowering) and whether it came
+/// from the cache. Without a cache, the passes run.
+///
+/// # Errors
+/// [`Error::Passes`].
+pub fn lower_with_cache(graph: &Graph, lowering: Lowering, target: &Target, cache: Option<&KernelCache>) -> Result<(KernelGraph, Option<usize>, bool), Error> {
+    lowering_cache::lower_cached(graph, lowering, target, cache, || lower_counting(graph, lowering, target))
+}
+
 /// [`lower`], with the kernels per decoder layer (`layer` or `block` calls) the fusion
 /// report counts.
 fn lower_counting(graph: &Graph, lowering: Lowering, target: &Target) -> Result<(KernelGraph, Option<usize>), Error> {
@@ -350,7 +362,7 @@ impl GpuProgram {
         let cache = KernelCache::open_default()?;
         // The lowering cache is an optimisation: without its folder the passes run.
         let lowerings = lowering_cache::default_dir().ok().and_then(|d| KernelCache::new(d).ok());
-        let (kg, per_layer, lowering_cached) = lowering_cache::lower_cached(graph, lowering, &target, lowerings.as_ref(), || lower_counting(graph, lowering, &target))?;
+        let (kg, per_layer, lowering_cached) = lower_with_cache(graph, lowering, &target, lowerings.as_ref())?;
         let mut stats = CompileStats { lower_seconds: t0.elapsed().as_secs_f64(), kernels_per_layer: per_layer, lowering_cached, ..CompileStats::default() };
         if autotune {
             stats.tuned_now = crate::tune::autotune(&kg, &target, &cache, device)?.len();

@@ -25,6 +25,7 @@ use sinter_runtime::Device;
 
 use crate::zoo::Rng;
 
+mod compile_cache;
 mod fp8;
 use fp8::*;
 
