@@ -393,17 +393,20 @@ fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: L
     };
     let m = LlamaModel::open(&path, dtype, |_, _| {})?;
     let cache = sinter_runtime::KernelCache::open_default()?;
+    // The lowerings too: a build without LLVM then starts without running the passes.
+    let lowerings = sinter_runtime::KernelCache::new(sinter::gpu::lowering_cache::default_dir()?)?;
+    let lower = |g: &sinter::Graph| sinter::gpu::lower_with_cache(g, lowering, target, Some(&lowerings)).map(|r| r.0);
     let t0 = Instant::now();
     for mode in [zoo::Mode::Prefill, zoo::Mode::Decode] {
         let g = zoo::llama::build(&m.cfg, mode, dtype)?;
-        let kg = sinter::gpu::lower(&g, lowering, target)?;
+        let kg = lower(&g)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
         eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s on {} threads, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.jobs, stats.cached);
     }
     for &b in decode_batches {
         let g = sinter::llm::decode_graph_for_batch(&m.cfg, dtype, b)?;
-        let kg = sinter::gpu::lower(&g, lowering, target)?;
+        let kg = lower(&g)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
         eprintln!("Decode at batch {b}: {} kernels ({} compiled in {:.2} s on {} threads, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.jobs, stats.cached);
