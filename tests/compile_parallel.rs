@@ -1,7 +1,7 @@
 //! Compile time without a GPU: kernels generated on several threads give the same plans as on
 //! one, with a true progress count; the lowering cache reads back what the passes made.
 
-use sinter::gpu::{lowering_cache, CompileStats, Lowering};
+use sinter::gpu::{lowering_cache, Lowering};
 use sinter::zoo::{llama, Mode};
 use sinter::{DType, Target};
 use sinter_runtime::KernelCache;
@@ -20,6 +20,7 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 #[cfg(feature = "llvm")]
 #[test]
 fn plans_are_the_same_for_one_and_many_workers() {
+    use sinter::gpu::CompileStats;
     let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Prefill, DType::BF16).unwrap();
     let target = Target::SM_90A;
     let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
