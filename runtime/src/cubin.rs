@@ -11,7 +11,9 @@
 //! assembler's code, is [`CubinLookup::Corrupt`] — reported, assembled again and rewritten,
 //! never loaded. Loading a cached cubin is a plain `cuModuleLoadData`; the PTX stays the
 //! portable form (a card without a cubin JIT-compiles the PTX, as the driver always did).
-//! `book/src/design/compile-time.md` says why the driver's linker rather than `ptxas`.
+//! `book/src/design/compile-time.md` says why the driver's linker rather than `ptxas`;
+//! `SINTER_ASSEMBLER=ptxas` (with `SINTER_PTXAS` or `ptxas` on the `PATH`) assembles with
+//! `ptxas` processes instead, keyed by `ptxas`'s version.
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
@@ -126,6 +128,58 @@ impl KernelCache {
     }
 }
 
+/// `ptxas` to assemble with instead of the driver's linker, where `SINTER_ASSEMBLER=ptxas`
+/// asks for it: `SINTER_PTXAS` or `ptxas` on the `PATH`, with its version (`ptxas
+/// --version`'s last line). `None` (the driver's linker) when not asked for or when the
+/// program does not run.
+pub(crate) fn ptxas_from_env() -> Option<(PathBuf, String)> {
+    if std::env::var("SINTER_ASSEMBLER").ok()?.trim() != "ptxas" {
+        return None;
+    }
+    let path = std::env::var_os("SINTER_PTXAS").filter(|v| !v.is_empty()).map_or_else(|| PathBuf::from("ptxas"), PathBuf::from);
+    let out = std::process::Command::new(&path).arg("--version").output().ok().filter(|o| o.status.success())?;
+    let version = String::from_utf8_lossy(&out.stdout).lines().last()?.trim().to_string();
+    Some((path, format!("ptxas {version}")))
+}
+
+/// The architecture `ptxas` assembles `ptx` for on a device of architecture `arch`
+/// (`sm_89`): the PTX's own `.target` where it is architecture-specific (`sm_90a`), else the
+/// device's (PTX for `sm_80` assembles for any later card).
+fn ptxas_arch(ptx: &str, arch: &str) -> String {
+    let target = ptx.lines().find_map(|l| l.trim().strip_prefix(".target ")).map(|t| t.split([',', ' ']).next().unwrap_or("").trim().to_string());
+    match target {
+        Some(t) if t.ends_with('a') => t,
+        _ => arch.to_string(),
+    }
+}
+
+/// Assembles `ptx` for `arch` with the `ptxas` program at `ptxas` (default optimisation),
+/// through temporary files. Errors are (a short code, ptxas's messages).
+pub(crate) fn ptxas_assemble(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<u8>, (String, String)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let stem = std::env::temp_dir().join(format!("sinter-ptxas-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let (src, dst) = (stem.with_extension("ptx"), stem.with_extension("cubin"));
+    let fail = |what: &str, e: String| ("PTXAS_FAILED".to_string(), format!("{what}: {e}"));
+    let r = (|| {
+        std::fs::write(&src, ptx).map_err(|e| fail("cannot write the PTX", e.to_string()))?;
+        let out = std::process::Command::new(ptxas)
+            .arg(format!("-arch={}", ptxas_arch(ptx, arch)))
+            .arg("-o")
+            .arg(&dst)
+            .arg(&src)
+            .output()
+            .map_err(|e| fail(&format!("cannot run {}", ptxas.display()), e.to_string()))?;
+        if !out.status.success() {
+            return Err(fail("ptxas", String::from_utf8_lossy(&out.stderr).trim().to_string()));
+        }
+        std::fs::read(&dst).map_err(|e| fail("cannot read the cubin", e.to_string()))
+    })();
+    let _ = std::fs::remove_file(&src);
+    let _ = std::fs::remove_file(&dst);
+    r
+}
+
 /// Bytes of the linker's log buffers.
 const LINK_LOG_BYTES: usize = 1 << 16;
 
@@ -196,6 +250,28 @@ mod tests {
     }
 
     const PTX: &str = ".version 8.5\n.target sm_90a\n.address_size 64\n.visible .entry k() { ret; }\n";
+
+    #[test]
+    fn ptxas_assembles_for_the_card_or_the_arch_specific_target() {
+        assert_eq!(ptxas_arch(PTX, "sm_90"), "sm_90a");
+        assert_eq!(ptxas_arch(&PTX.replace("sm_90a", "sm_80"), "sm_89"), "sm_89");
+        assert_eq!(ptxas_arch("no target", "sm_80"), "sm_80");
+    }
+
+    /// With `SINTER_PTXAS` (the toolchain's ptxas) a PTX assembles into an ELF cubin; bad PTX
+    /// is an error with ptxas's message. Skipped without it.
+    #[test]
+    fn ptxas_makes_a_cubin() {
+        let Some(ptxas) = std::env::var_os("SINTER_PTXAS").filter(|v| !v.is_empty()).map(PathBuf::from) else {
+            eprintln!("skipped: SINTER_PTXAS is not set");
+            return;
+        };
+        let cubin = ptxas_assemble(&ptxas, PTX, "sm_90").unwrap();
+        assert!(cubin.starts_with(b"\x7fELF"), "{:?}", &cubin[..cubin.len().min(8)]);
+        let (code, log) = ptxas_assemble(&ptxas, &PTX.replace("ret;", "bogus;"), "sm_90").unwrap_err();
+        assert_eq!(code, "PTXAS_FAILED");
+        assert!(log.contains("bogus") || log.contains("error"), "{log}");
+    }
 
     #[test]
     fn the_kernel_driver_release_is_read() {

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -14,7 +15,7 @@ use sinter_ir::{Bindings, DType, LaunchPlan};
 use crate::buffer::{byte_len, numel, DeviceBuffer, GuardViolation};
 use crate::cache::KernelCache;
 use crate::codec::{self, Element};
-use crate::cubin::{link_ptx, Assembler, CubinLookup};
+use crate::cubin::{link_ptx, ptxas_assemble, ptxas_from_env, Assembler, CubinLookup};
 use crate::error::RuntimeError;
 use crate::launch::{resolve, ArgValue, ResolvedLaunch, DEFAULT_SHARED_LIMIT};
 use crate::pool::{MemoryPool, PoolStats, RawAllocator};
@@ -210,6 +211,8 @@ type KernelKey = (String, [u8; 32]);
 struct Inner {
     info: DeviceInfo,
     assembler: Assembler,
+    /// `ptxas` when `SINTER_ASSEMBLER=ptxas` chose it over the driver's linker.
+    ptxas: Option<PathBuf>,
     pool: Arc<Mutex<MemoryPool>>,
     kernels: Mutex<HashMap<KernelKey, Arc<LoadedKernel>>>,
     modules: Mutex<HashMap<[u8; 32], Arc<Module>>>,
@@ -256,9 +259,15 @@ impl Device {
         let info = device_info(&ctx)?;
         let stream = no_panic("stream creation", || ctx.new_stream().map_err(|e| RuntimeError::cuda("cuStreamCreate", e, None)))?;
         let pool = Arc::new(Mutex::new(MemoryPool::new(Box::new(CudaAllocator { ctx: ctx.clone(), stream: stream.clone() }))));
+        let mut assembler = Assembler::for_device(info.compute_capability, info.driver_version);
+        let ptxas = ptxas_from_env().map(|(path, version)| {
+            assembler.version = version;
+            path
+        });
         Ok(Device {
             inner: Arc::new(Inner {
-                assembler: Assembler::for_device(info.compute_capability, info.driver_version),
+                assembler,
+                ptxas,
                 info,
                 pool,
                 kernels: Mutex::new(HashMap::new()),
@@ -560,7 +569,10 @@ impl Device {
         let t = std::time::Instant::now();
         let assembled = parallel_map(&missing, jobs, |&i| {
             let ptx = &todo[i].0.ptx;
-            let cubin = self.bind().ok().and_then(|()| link_ptx(ptx).ok())?;
+            let cubin = match &self.inner.ptxas {
+                Some(p) => ptxas_assemble(p, ptx, &asm.arch).ok()?,
+                None => self.bind().ok().and_then(|()| link_ptx(ptx).ok())?,
+            };
             if let Some(c) = cache {
                 // A cache that cannot be written only costs the next run its assembly.
                 let _ = c.put_cubin(ptx, asm, &cubin);
@@ -591,15 +603,22 @@ impl Device {
         Ok(stats)
     }
 
-    /// Assembles `ptx` into a cubin for this device with the driver's JIT linker: the code
-    /// [`Device::load`] would JIT-compile, as bytes ([`crate::cubin`]).
+    /// Assembles `ptx` into a cubin for this device with the driver's JIT linker (the code
+    /// [`Device::load`] would JIT-compile), or with `ptxas` where `SINTER_ASSEMBLER=ptxas`
+    /// chose it ([`crate::cubin`]), as bytes.
     ///
     /// # Errors
-    /// [`RuntimeError::Jit`] (entry `""`) with the linker's log when the PTX does not
+    /// [`RuntimeError::Jit`] (entry `""`) with the assembler's log when the PTX does not
     /// assemble.
     pub fn assemble(&self, ptx: &str) -> Result<Vec<u8>, RuntimeError> {
-        self.bind()?;
-        link_ptx(ptx).map_err(|(code, log)| RuntimeError::Jit { entry: String::new(), code, log })
+        let r = match &self.inner.ptxas {
+            Some(p) => ptxas_assemble(p, ptx, &self.inner.assembler.arch),
+            None => {
+                self.bind()?;
+                link_ptx(ptx)
+            }
+        };
+        r.map_err(|(code, log)| RuntimeError::Jit { entry: String::new(), code, log })
     }
 
     /// `cuModuleLoadData` of a cubin (no JIT); errors are (CUDA error name, message).
