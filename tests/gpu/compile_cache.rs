@@ -58,12 +58,13 @@ fn gpu_cubins_are_assembled_once_then_loaded_from_the_cache() {
     eprintln!("warm: {warm:?}");
     assert_eq!((warm.modules, warm.cubin_hits, warm.assembled, warm.ptx_jit), (cold.modules, cold.modules, 0, 0), "{warm:?}");
     // The cubin is the code the driver's JIT makes of the PTX: same registers, spills, shared
-    // memory and architecture, kernel by kernel.
+    // memory, threads, cluster and architecture, kernel by kernel (the PTX version a function
+    // reports is the module's metadata, not its code: not compared).
     let jit_dev = fresh();
     for p in &plans {
         let from_cubin = warm_dev.load(p).unwrap().attributes();
         let from_ptx = jit_dev.load(p).unwrap().attributes();
-        assert_eq!(from_cubin, from_ptx, "{}", p.entry);
+        assert_eq!(sinter_runtime::KernelAttributes { ptx_version: 0, ..from_cubin }, sinter_runtime::KernelAttributes { ptx_version: 0, ..from_ptx }, "{}", p.entry);
     }
     // One thread or several: the same cubins.
     let dir1 = temp_dir("one-thread");
