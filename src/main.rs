@@ -426,12 +426,16 @@ fn print_compile_line(ps: &sinter::gpu::CompileStats, ds: &sinter::gpu::CompileS
         1 => " (one cached)",
         _ => "",
     };
+    let rebuilt = match count(|s| s.rebuilt) {
+        0 => String::new(),
+        n => format!(", {n} over damaged cache entries"),
+    };
     let jit = match count(|s| s.ptx_jit) {
         0 => String::new(),
         n => format!(", {n} JIT-compiled from PTX"),
     };
     eprintln!(
-        "compile: {:.3} s = lowering {:.3} s{lowering} + code generation {:.3} s ({} kernels on {} threads) + assembly {:.3} s ({} cubins) + cache reads {:.3} s ({} plans, {} cubins) + module loading {:.3} s ({} modules{jit})",
+        "compile: {:.3} s = lowering {:.3} s{lowering} + code generation {:.3} s ({} kernels on {} threads{rebuilt}) + assembly {:.3} s ({} cubins) + cache reads {:.3} s ({} plans, {} cubins) + module loading {:.3} s ({} modules{jit})",
         sum(|s| s.seconds),
         sum(|s| s.lower_seconds),
         sum(|s| s.build_seconds),
