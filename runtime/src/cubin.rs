@@ -118,6 +118,12 @@ impl KernelCache {
         }
     }
 
+    /// Deletes the cubin of `ptx` made by `asm`, if there is one (one the driver would not
+    /// load: the next start assembles it again). A file that cannot be removed is left.
+    pub fn remove_cubin(&self, ptx: &str, asm: &Assembler) {
+        let _ = std::fs::remove_file(self.dir().join(format!("{}.cubin", cubin_digest(ptx, asm))));
+    }
+
     /// Stores `cubin`, the code of `ptx` made by `asm`, atomically; returns the entry's path.
     ///
     /// # Errors

@@ -591,6 +591,9 @@ impl Device {
                 failed => {
                     if let Some(Err((code, log))) = failed {
                         stats.damaged.push(format!("the cubin of `{}` did not load ({code}: {log})", plan.entry));
+                        if let Some(c) = cache {
+                            c.remove_cubin(&plan.ptx, asm);
+                        }
                     }
                     stats.ptx_jit += 1;
                     self.load_module(&plan.ptx).map_err(|(code, log)| RuntimeError::Jit { entry: plan.entry.clone(), code, log })?
