@@ -8,7 +8,7 @@
 //! and carried over) and reports a missing one as [`Error::KernelNotCached`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -54,7 +54,11 @@ pub struct CompileStats {
     pub modules: usize,
     /// Of which loaded from a cubin of the kernel cache ([`sinter_runtime::cubin`]).
     pub cubins_cached: usize,
-    /// Cubins assembled now by the driver's linker (and stored in the cache).
+    /// Cubins assembled by the code generation's workers, each right after its kernel's PTX
+    /// (and stored in the cache).
+    pub assembled_in_codegen: usize,
+    /// Cubins assembled after code generation, when the modules are loaded (the kernels whose
+    /// plans came from the cache without a cubin for this device), and stored.
     pub assembled: usize,
     /// Modules JIT-compiled from PTX (no cubin could be had or loaded).
     pub ptx_jit: usize,
@@ -66,15 +70,20 @@ pub struct CompileStats {
     /// Of which lowering the graph to kernels (the e-graph passes, or reading the lowering
     /// cache), seconds.
     pub lower_seconds: f64,
-    /// Of which generating the `built` kernels (LLVM, on `jobs` threads): the cold compile,
+    /// Of which generating the `built` kernels (LLVM, on `jobs` threads, each worker also
+    /// assembling the cubins of its kernels when compiling for a device): the cold compile,
     /// seconds.
     pub build_seconds: f64,
     /// Of which reading the `cached` kernels' plans and the cubins from the kernel cache,
     /// seconds.
     pub cache_seconds: f64,
-    /// Of which assembling the `assembled` cubins (the driver's linker, on several threads),
-    /// seconds.
+    /// Of which assembling, after code generation, the cubins of kernels that were not
+    /// generated now (the driver's linker, on several threads), seconds.
     pub assembly_seconds: f64,
+    /// Thread time the code generation's workers spent assembling the cubins of the kernels
+    /// they generated, each right after its PTX (summed over the workers; within
+    /// `build_seconds`), seconds.
+    pub assembly_in_codegen_seconds: f64,
     /// Of which loading the modules on the device (cubins; the PTX JIT for `ptx_jit`), seconds.
     pub load_seconds: f64,
     /// Kernels per decoder layer as the fusion report counts them (`None` for the unfused
@@ -129,6 +138,29 @@ pub fn plans_with_jobs(kg: &KernelGraph, target: &Target, cache: &KernelCache, s
     plans_for_device(kg, target, cache, stats, progress, None, jobs)
 }
 
+/// With a device, each kernel's cubin assembled by the worker that generated its PTX, right
+/// after it, and stored in the kernel cache (`Device::load_modules` then finds it there): the
+/// two phases overlap instead of following each other. A cubin that cannot be made or stored
+/// here is made, or the PTX JIT-compiled, when the modules are loaded.
+struct Assembly<'d> {
+    device: Option<&'d Device>,
+    /// Cubins assembled and stored.
+    cubins: AtomicUsize,
+    /// Thread time spent assembling, nanoseconds (summed over the workers).
+    nanos: AtomicU64,
+}
+
+impl Assembly<'_> {
+    fn run(&self, ptx: &str, cache: &KernelCache) {
+        let Some(dev) = self.device else { return };
+        let t = Instant::now();
+        if dev.assemble(ptx).is_ok_and(|cubin| cache.put_cubin(ptx, dev.assembler(), &cubin).is_ok()) {
+            self.cubins.fetch_add(1, Ordering::Relaxed);
+        }
+        self.nanos.fetch_add(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
 /// A kernel to generate: its key, the cache's verdict on it and the kernels that share it.
 struct ToBuild {
     key: sinter_runtime::CacheKey,
@@ -139,15 +171,16 @@ struct ToBuild {
 /// [`plans_with_progress`] on `jobs` threads; with `device` (its name), a kernel that has a
 /// timing record made on a device of that name runs the record's winner ([`crate::tune`]).
 /// `progress(done, total)` counts the kernels whose plan is known, across the workers.
-fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize), device: Option<&str>, jobs: usize) -> Result<Vec<LaunchPlan>, Error> {
+fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stats: &mut CompileStats, progress: &mut dyn FnMut(usize, usize), device: Option<&Device>, jobs: usize) -> Result<Vec<LaunchPlan>, Error> {
     let total = kg.kernels.len();
+    let name = device.map(|d| d.info().name.clone());
     let mut out: Vec<Option<LaunchPlan>> = vec![None; total];
     let mut todo: Vec<ToBuild> = Vec::new();
     // Digest → the plan found in the cache, or the index in `todo` of the kernel to build.
     let mut seen: HashMap<String, Result<LaunchPlan, usize>> = HashMap::new();
     let mut done = 0;
     for (i, k) in kg.kernels.keys().enumerate() {
-        if let Some(plan) = device.filter(|_| crate::tune::tunable(kg, k)).and_then(|d| crate::tune::tuned_plan(kg, k, target, cache, d)) {
+        if let Some(plan) = name.as_deref().filter(|_| crate::tune::tunable(kg, k)).and_then(|d| crate::tune::tuned_plan(kg, k, target, cache, d)) {
             stats.cached += 1;
             stats.tuned += 1;
             out[i] = Some(plan.1);
@@ -189,10 +222,13 @@ fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stat
     }
     let t1 = Instant::now();
     let keys: Vec<Kernel> = kg.kernels.keys().collect();
-    let built = build_all(kg, target, cache, &todo, &keys, jobs, &mut |n| {
+    let assembly = Assembly { device, cubins: AtomicUsize::new(0), nanos: AtomicU64::new(0) };
+    let built = build_all(kg, target, cache, &todo, &keys, jobs, &assembly, &mut |n| {
         done += n;
         progress(done, total);
     });
+    stats.assembled_in_codegen += assembly.cubins.load(Ordering::Relaxed);
+    stats.assembly_in_codegen_seconds += assembly.nanos.load(Ordering::Relaxed) as f64 * 1e-9;
     // The first failure in launch order (every kernel before it was taken by a worker, and
     // finished, before it): the same error whatever the thread count.
     let first_err = built.iter().position(|r| matches!(r, Some(Err(_))));
@@ -224,10 +260,11 @@ fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stat
 /// results in `todo`'s order; calls `finished(kernels)` on this thread as each is done, with
 /// the number of the graph's kernels it serves. After a failure the workers take no new
 /// kernel: those not generated are `None`.
-fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToBuild], keys: &[Kernel], jobs: usize, finished: &mut dyn FnMut(usize)) -> Vec<Option<Result<LaunchPlan, Error>>> {
+fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToBuild], keys: &[Kernel], jobs: usize, assembly: &Assembly, finished: &mut dyn FnMut(usize)) -> Vec<Option<Result<LaunchPlan, Error>>> {
     let build = |tb: &ToBuild| -> Result<LaunchPlan, Error> {
         let plan = build_plan(kg, keys[tb.kernels[0]], target)?;
         cache.put(&tb.key, &plan)?;
+        assembly.run(&plan.ptx, cache);
         Ok(plan)
     };
     let workers = jobs.clamp(1, todo.len().max(1));
@@ -368,12 +405,13 @@ impl GpuProgram {
             stats.tuned_now = crate::tune::autotune(&kg, &target, &cache, device)?.len();
         }
         let jobs = jobs();
-        let plans = plans_for_device(&kg, &target, &cache, &mut stats, progress, Some(&device.info().name), jobs)?;
+        let plans = plans_for_device(&kg, &target, &cache, &mut stats, progress, Some(device), jobs)?;
         // Every distinct module, from the cubins of the cache or assembled now on `jobs`
         // threads; the executor then finds them loaded.
         let loaded = device.load_modules(&plans, Some(&cache), jobs)?;
         stats.modules = loaded.modules;
-        stats.cubins_cached = loaded.cubin_hits;
+        // The cubins the code generation's workers assembled are hits here: not the cache's.
+        stats.cubins_cached = loaded.cubin_hits.saturating_sub(stats.assembled_in_codegen);
         stats.assembled = loaded.assembled;
         stats.ptx_jit = loaded.ptx_jit;
         stats.cubins_damaged = loaded.damaged;

@@ -430,12 +430,16 @@ fn print_compile_line(ps: &sinter::gpu::CompileStats, ds: &sinter::gpu::CompileS
         0 => String::new(),
         n => format!(", {n} over damaged cache entries"),
     };
+    let alongside = match count(|s| s.assembled_in_codegen) {
+        0 => String::new(),
+        n => format!("; {n} cubins assembled alongside, {:.3} s of thread time", sum(|s| s.assembly_in_codegen_seconds)),
+    };
     let jit = match count(|s| s.ptx_jit) {
         0 => String::new(),
         n => format!(", {n} JIT-compiled from PTX"),
     };
     eprintln!(
-        "compile: {:.3} s = lowering {:.3} s{lowering} + code generation {:.3} s ({} kernels on {} threads{rebuilt}) + assembly {:.3} s ({} cubins) + cache reads {:.3} s ({} plans, {} cubins) + module loading {:.3} s ({} modules{jit})",
+        "compile: {:.3} s = lowering {:.3} s{lowering} + code generation {:.3} s ({} kernels on {} threads{rebuilt}{alongside}) + assembly {:.3} s ({} more cubins) + cache reads {:.3} s ({} plans, {} cubins) + module loading {:.3} s ({} modules{jit})",
         sum(|s| s.seconds),
         sum(|s| s.lower_seconds),
         sum(|s| s.build_seconds),
