@@ -393,23 +393,69 @@ fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: L
     };
     let m = LlamaModel::open(&path, dtype, |_, _| {})?;
     let cache = sinter_runtime::KernelCache::open_default()?;
+    // The lowerings too: a build without LLVM then starts without running the passes.
+    let lowerings = sinter_runtime::KernelCache::new(sinter::gpu::lowering_cache::default_dir()?)?;
+    let lower = |g: &sinter::Graph| sinter::gpu::lower_with_cache(g, lowering, target, Some(&lowerings)).map(|r| r.0);
     let t0 = Instant::now();
     for mode in [zoo::Mode::Prefill, zoo::Mode::Decode] {
         let g = zoo::llama::build(&m.cfg, mode, dtype)?;
-        let kg = sinter::gpu::lower(&g, lowering, target)?;
+        let kg = lower(&g)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
-        eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);
+        eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s on {} threads, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.jobs, stats.cached);
     }
     for &b in decode_batches {
         let g = sinter::llm::decode_graph_for_batch(&m.cfg, dtype, b)?;
-        let kg = sinter::gpu::lower(&g, lowering, target)?;
+        let kg = lower(&g)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
-        eprintln!("Decode at batch {b}: {} kernels ({} compiled in {:.2} s, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.cached);
+        eprintln!("Decode at batch {b}: {} kernels ({} compiled in {:.2} s on {} threads, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.jobs, stats.cached);
     }
     eprintln!("into {} in {:.1} s", cache.dir().display(), t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The phases of compiling the prefill and decode programs, on one line (`sinter run`), then
+/// one line per cache entry that was refused (damaged, or another card's or driver's).
+fn print_compile_line(ps: &sinter::gpu::CompileStats, ds: &sinter::gpu::CompileStats) {
+    let both = [ps, ds];
+    let sum = |f: fn(&sinter::gpu::CompileStats) -> f64| both.iter().map(|s| f(s)).sum::<f64>();
+    let count = |f: fn(&sinter::gpu::CompileStats) -> usize| both.iter().map(|s| f(s)).sum::<usize>();
+    let lowering = match both.iter().filter(|s| s.lowering_cached).count() {
+        2 => " (cached)",
+        1 => " (one cached)",
+        _ => "",
+    };
+    let rebuilt = match count(|s| s.rebuilt) {
+        0 => String::new(),
+        n => format!(", {n} over damaged cache entries"),
+    };
+    let alongside = match count(|s| s.assembled_in_codegen) {
+        0 => String::new(),
+        n => format!("; {n} cubins assembled alongside, {:.3} s of thread time", sum(|s| s.assembly_in_codegen_seconds)),
+    };
+    let jit = match count(|s| s.ptx_jit) {
+        0 => String::new(),
+        n => format!(", {n} JIT-compiled from PTX"),
+    };
+    eprintln!(
+        "compile: {:.3} s = lowering {:.3} s{lowering} + code generation {:.3} s ({} kernels on {} threads{rebuilt}{alongside}) + assembly {:.3} s ({} more cubins) + cache reads {:.3} s ({} plans, {} cubins) + module loading {:.3} s ({} modules{jit})",
+        sum(|s| s.seconds),
+        sum(|s| s.lower_seconds),
+        sum(|s| s.build_seconds),
+        count(|s| s.built),
+        both.iter().map(|s| s.jobs).max().unwrap_or(1),
+        sum(|s| s.assembly_seconds),
+        count(|s| s.assembled),
+        sum(|s| s.cache_seconds),
+        count(|s| s.cached),
+        count(|s| s.cubins_cached),
+        sum(|s| s.load_seconds),
+        count(|s| s.modules),
+    );
+    for d in both.iter().flat_map(|s| &s.cubins_damaged) {
+        eprintln!("  kernel cache: refused and rebuilt: {d}");
+    }
 }
 
 fn run(a: RunArgs) -> AnyResult {
@@ -569,16 +615,7 @@ fn run(a: RunArgs) -> AnyResult {
                 None => format!("~{:.1}", n as f64 / layers as f64),
             };
             eprintln!("kernels per layer: prefill {}, decode {} ({pk} prefill and {dk} decode kernels in all)", per_layer(pk, &ps), per_layer(dk, &ds));
-            eprintln!(
-                "compile: {:.2} s = lowering {:.2} s + cold code generation {:.2} s ({} kernels) + cache reads {:.2} s ({} kernels from the cache) + loading {:.2} s",
-                ps.seconds + ds.seconds,
-                ps.lower_seconds + ds.lower_seconds,
-                ps.build_seconds + ds.build_seconds,
-                ps.built + ds.built,
-                ps.cache_seconds + ds.cache_seconds,
-                ps.cached + ds.cached,
-                ps.load_seconds + ds.load_seconds,
-            );
+            print_compile_line(&ps, &ds);
         }
         None => eprintln!("kernels: none (the CPU reference interpreter runs the graphs); graphs built in {:.3} s", compile_time.as_secs_f64()),
     }

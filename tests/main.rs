@@ -16,3 +16,4 @@ mod fused_zoo;
 mod engine_gpu;
 mod cascade;
 mod adversarial;
+mod compile_parallel;

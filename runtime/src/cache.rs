@@ -215,14 +215,20 @@ impl KernelCache {
 
     /// Writes `body` with the entry header as `<digest>.<ext>`, atomically.
     fn write_entry(&self, digest: &str, ext: &str, body: &str) -> Result<PathBuf, RuntimeError> {
+        self.write_entry_bytes(digest, ext, body.as_bytes())
+    }
+
+    /// Writes a binary `body` (a cubin, [`crate::cubin`]) with the entry header as
+    /// `<digest>.<ext>`, atomically (temporary file + rename).
+    pub(crate) fn write_entry_bytes(&self, digest: &str, ext: &str, body: &[u8]) -> Result<PathBuf, RuntimeError> {
         let path = self.dir.join(format!("{digest}.{ext}"));
-        let entry = format!("{MAGIC}\nkey {digest}\nsha256 {}\nbytes {}\n{body}", sha256_hex(body.as_bytes()), body.len());
+        let entry = [format!("{MAGIC}\nkey {digest}\nsha256 {}\nbytes {}\n", sha256_hex(body), body.len()).as_bytes(), body].concat();
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = self.dir.join(format!(".{digest}.{}.{n}.tmp", std::process::id()));
         let err = |p: &Path, what: &str, e: std::io::Error| RuntimeError::Cache { path: p.to_path_buf(), message: format!("{what}: {e}") };
         let written = (|| -> Result<(), RuntimeError> {
             let mut f = fs::File::create(&tmp).map_err(|e| err(&tmp, "cannot create", e))?;
-            f.write_all(entry.as_bytes()).map_err(|e| err(&tmp, "cannot write", e))?;
+            f.write_all(&entry).map_err(|e| err(&tmp, "cannot write", e))?;
             f.sync_all().map_err(|e| err(&tmp, "cannot sync", e))?;
             fs::rename(&tmp, &path).map_err(|e| err(&path, "cannot rename the temporary file into place", e))
         })();
@@ -304,13 +310,19 @@ fn decode_entry(digest: &str, bytes: &[u8]) -> Result<LaunchPlan, String> {
     parse_plan(verify_entry(digest, bytes)?).map_err(|e| format!("body does not parse: {e}"))
 }
 
-/// The body of an entry, after checking its header, key, length and checksum.
+/// The body of a text entry, after checking its header, key, length and checksum.
 fn verify_entry<'b>(digest: &str, bytes: &'b [u8]) -> Result<&'b str, String> {
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    let mut rest = text;
+    let body = verify_entry_bytes(digest, bytes)?;
+    std::str::from_utf8(body).map_err(|e| format!("not UTF-8: {e}"))
+}
+
+/// The body of an entry (text or binary), after checking its header, key, length and
+/// checksum.
+pub(crate) fn verify_entry_bytes<'b>(digest: &str, bytes: &'b [u8]) -> Result<&'b [u8], String> {
+    let mut rest = bytes;
     let mut line = |what: &str| -> Result<&str, String> {
-        let i = rest.find('\n').ok_or_else(|| format!("truncated before the {what} line"))?;
-        let l = &rest[..i];
+        let i = rest.iter().position(|&b| b == b'\n').ok_or_else(|| format!("truncated before the {what} line"))?;
+        let l = std::str::from_utf8(&rest[..i]).map_err(|_| format!("the {what} line is not UTF-8"))?;
         rest = &rest[i + 1..];
         Ok(l)
     };
@@ -329,7 +341,7 @@ fn verify_entry<'b>(digest: &str, bytes: &'b [u8]) -> Result<&'b str, String> {
     if rest.len() != len {
         return Err(format!("body has {} bytes, header says {len} (truncated or extended)", rest.len()));
     }
-    let actual = sha256_hex(rest.as_bytes());
+    let actual = sha256_hex(rest);
     if actual != sum {
         return Err(format!("checksum mismatch: body hashes to {actual}, header says {sum}"));
     }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -12,7 +13,9 @@ use sinter_ir::interp::Tensor;
 use sinter_ir::{Bindings, DType, LaunchPlan};
 
 use crate::buffer::{byte_len, numel, DeviceBuffer, GuardViolation};
+use crate::cache::KernelCache;
 use crate::codec::{self, Element};
+use crate::cubin::{link_ptx, ptxas_assemble, ptxas_from_env, Assembler, CubinLookup};
 use crate::error::RuntimeError;
 use crate::launch::{resolve, ArgValue, ResolvedLaunch, DEFAULT_SHARED_LIMIT};
 use crate::pool::{MemoryPool, PoolStats, RawAllocator};
@@ -149,10 +152,67 @@ impl std::fmt::Debug for LoadedKernel {
     }
 }
 
+/// What [`Device::load_modules`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadStats {
+    /// Modules loaded now (one per distinct PTX not loaded before).
+    pub modules: usize,
+    /// Of which loaded from a cubin found in the cache.
+    pub cubin_hits: usize,
+    /// Cubins assembled now (and stored, where there is a cache).
+    pub assembled: usize,
+    /// Modules JIT-compiled from their PTX (no cubin could be had or loaded).
+    pub ptx_jit: usize,
+    /// Cache entries refused — damaged, or made for another architecture or assembler — and
+    /// cubins the driver would not load, each with what was wrong; their kernels were
+    /// assembled again (and the entries rewritten) or JIT-compiled.
+    pub damaged: Vec<String>,
+    /// Wall time of reading the cache, seconds.
+    pub cache_seconds: f64,
+    /// Wall time of assembling the cubins that were not cached (on several threads), seconds.
+    pub assembly_seconds: f64,
+    /// Wall time of loading the modules (cubins, or PTX through the JIT), seconds.
+    pub load_seconds: f64,
+}
+
+/// `f` of every item on up to `jobs` threads, results in the items' order.
+fn parallel_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = jobs.clamp(1, items.len().max(1));
+    if workers == 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<R>> = std::iter::repeat_with(|| None).take(items.len()).collect();
+    let done: Vec<(usize, R)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        // A worker that panicked has lost its items: they stay `None` and are recomputed below.
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    });
+    for (i, r) in done {
+        out[i] = Some(r);
+    }
+    out.into_iter().zip(items).map(|(r, item)| r.unwrap_or_else(|| f(item))).collect()
+}
+
 type KernelKey = (String, [u8; 32]);
 
 struct Inner {
     info: DeviceInfo,
+    assembler: Assembler,
+    /// `ptxas` when `SINTER_ASSEMBLER=ptxas` chose it over the driver's linker.
+    ptxas: Option<PathBuf>,
     pool: Arc<Mutex<MemoryPool>>,
     kernels: Mutex<HashMap<KernelKey, Arc<LoadedKernel>>>,
     modules: Mutex<HashMap<[u8; 32], Arc<Module>>>,
@@ -199,8 +259,15 @@ impl Device {
         let info = device_info(&ctx)?;
         let stream = no_panic("stream creation", || ctx.new_stream().map_err(|e| RuntimeError::cuda("cuStreamCreate", e, None)))?;
         let pool = Arc::new(Mutex::new(MemoryPool::new(Box::new(CudaAllocator { ctx: ctx.clone(), stream: stream.clone() }))));
+        let mut assembler = Assembler::for_device(info.compute_capability, info.driver_version);
+        let ptxas = ptxas_from_env().map(|(path, version)| {
+            assembler.version = version;
+            path
+        });
         Ok(Device {
             inner: Arc::new(Inner {
+                assembler,
+                ptxas,
                 info,
                 pool,
                 kernels: Mutex::new(HashMap::new()),
@@ -215,6 +282,12 @@ impl Device {
     /// What the device is.
     pub fn info(&self) -> &DeviceInfo {
         &self.inner.info
+    }
+
+    /// What assembles PTX into machine code for this device (its architecture and the
+    /// driver's version): the cubin cache's key ([`crate::cubin`]).
+    pub fn assembler(&self) -> &Assembler {
+        &self.inner.assembler
     }
 
     pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
@@ -452,6 +525,117 @@ impl Device {
         r2.map_err(|e| RuntimeError::cuda("cuLaunchKernel", e, Some(kernel.entry.clone())))?;
         self.note_pending(&kernel.entry);
         Ok(())
+    }
+
+    /// Loads the modules of `plans` (each distinct PTX once; those loaded already are
+    /// skipped), through the cubin cache where there is one ([`crate::cubin`]): a cached
+    /// cubin for this device's architecture and assembler is loaded as it is; the others are
+    /// assembled by the driver's linker on `jobs` threads at once, stored, and loaded. A PTX
+    /// the linker refuses, or a cubin the driver will not load, is JIT-compiled from its PTX
+    /// as [`Device::load`] does (whose error, with the JIT's log, is the one reported). Later
+    /// [`Device::load`]s of these plans find their modules loaded.
+    ///
+    /// # Errors
+    /// As [`Device::load`].
+    pub fn load_modules(&self, plans: &[LaunchPlan], cache: Option<&KernelCache>, jobs: usize) -> Result<LoadStats, RuntimeError> {
+        let mut stats = LoadStats::default();
+        let mut todo: Vec<(&LaunchPlan, [u8; 32])> = Vec::new();
+        {
+            let loaded = lock(&self.inner.modules);
+            for p in plans {
+                self.check_target(p)?;
+                let hash: [u8; 32] = Sha256::digest(p.ptx.as_bytes()).into();
+                if !loaded.contains_key(&hash) && !todo.iter().any(|(_, h)| *h == hash) {
+                    todo.push((p, hash));
+                }
+            }
+        }
+        let asm = &self.inner.assembler;
+        let t = std::time::Instant::now();
+        let mut code: Vec<Option<Vec<u8>>> = todo
+            .iter()
+            .map(|(p, _)| match cache.map(|c| c.get_cubin(&p.ptx, asm)) {
+                Some(CubinLookup::Hit(bytes)) => Some(bytes),
+                Some(CubinLookup::Corrupt { path, reason }) => {
+                    stats.damaged.push(format!("{}: {reason}", path.display()));
+                    None
+                }
+                Some(CubinLookup::Miss) | None => None,
+            })
+            .collect();
+        stats.cache_seconds = t.elapsed().as_secs_f64();
+        stats.cubin_hits = code.iter().flatten().count();
+        let missing: Vec<usize> = (0..todo.len()).filter(|&i| code[i].is_none()).collect();
+        let t = std::time::Instant::now();
+        let assembled = parallel_map(&missing, jobs, |&i| {
+            let ptx = &todo[i].0.ptx;
+            let cubin = match &self.inner.ptxas {
+                Some(p) => ptxas_assemble(p, ptx, &asm.arch).ok()?,
+                None => self.bind().ok().and_then(|()| link_ptx(ptx).ok())?,
+            };
+            if let Some(c) = cache {
+                // A cache that cannot be written only costs the next run its assembly.
+                let _ = c.put_cubin(ptx, asm, &cubin);
+            }
+            Some(cubin)
+        });
+        stats.assembly_seconds = t.elapsed().as_secs_f64();
+        for (i, cubin) in missing.into_iter().zip(assembled) {
+            stats.assembled += usize::from(cubin.is_some());
+            code[i] = cubin;
+        }
+        let t = std::time::Instant::now();
+        for ((plan, hash), cubin) in todo.into_iter().zip(code) {
+            let module = match cubin.map(|c| self.load_cubin(&c)) {
+                Some(Ok(m)) => m,
+                failed => {
+                    if let Some(Err((code, log))) = failed {
+                        stats.damaged.push(format!("the cubin of `{}` did not load ({code}: {log})", plan.entry));
+                        if let Some(c) = cache {
+                            c.remove_cubin(&plan.ptx, asm);
+                        }
+                    }
+                    stats.ptx_jit += 1;
+                    self.load_module(&plan.ptx).map_err(|(code, log)| RuntimeError::Jit { entry: plan.entry.clone(), code, log })?
+                }
+            };
+            lock(&self.inner.modules).insert(hash, Arc::new(module));
+            stats.modules += 1;
+        }
+        stats.load_seconds = t.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+
+    /// Assembles `ptx` into a cubin for this device with the driver's JIT linker (the code
+    /// [`Device::load`] would JIT-compile), or with `ptxas` where `SINTER_ASSEMBLER=ptxas`
+    /// chose it ([`crate::cubin`]), as bytes.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Jit`] (entry `""`) with the assembler's log when the PTX does not
+    /// assemble.
+    pub fn assemble(&self, ptx: &str) -> Result<Vec<u8>, RuntimeError> {
+        let r = match &self.inner.ptxas {
+            Some(p) => ptxas_assemble(p, ptx, &self.inner.assembler.arch),
+            None => {
+                self.bind()?;
+                link_ptx(ptx)
+            }
+        };
+        r.map_err(|(code, log)| RuntimeError::Jit { entry: String::new(), code, log })
+    }
+
+    /// `cuModuleLoadData` of a cubin (no JIT); errors are (CUDA error name, message).
+    fn load_cubin(&self, cubin: &[u8]) -> Result<Module, (String, String)> {
+        self.bind().map_err(|e| ("CUDA_ERROR_INVALID_CONTEXT".to_string(), e.to_string()))?;
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `cubin` is a whole ELF image (checked by the cache's checksum and made by
+        // the driver's linker), alive for the call; the driver copies what it keeps.
+        let r = no_panic("cubin loading", || Ok(unsafe { sys::cuModuleLoadData(&mut raw, cubin.as_ptr().cast()) }.result()))
+            .map_err(|e| ("CUDA_ERROR_NOT_INITIALIZED".to_string(), e.to_string()))?;
+        match r {
+            Ok(()) => Ok(Module { raw, ctx: self.inner.ctx.clone() }),
+            Err(e) => Err((format!("{:?}", e.0), e.error_string().ok().and_then(|s| s.to_str().ok().map(str::to_owned)).unwrap_or_default())),
+        }
     }
 
     // ---------------------------------------------------------------- memory

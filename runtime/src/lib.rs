@@ -16,7 +16,9 @@
 //!   timing ([`Executor::run_profiled`]) and CUDA graph capture ([`Executor::capture`] →
 //!   [`CapturedGraph::replay`]).
 //! - [`KernelCache`] — compiled plans on disk, keyed by a hash of everything they depend on,
-//!   with corrupt entries detected and rebuilt.
+//!   with corrupt entries detected and rebuilt; beside them each kernel's machine code
+//!   ([`cubin`]: assembled once per architecture and driver, loaded by
+//!   [`Device::load_modules`] without the JIT).
 //!
 //! ```no_run
 //! use sinter_runtime::{probe, Device, RuntimeError};
@@ -37,6 +39,7 @@
 pub mod buffer;
 pub mod cache;
 pub mod codec;
+pub mod cubin;
 pub mod device;
 pub mod error;
 pub mod executor;
@@ -47,7 +50,8 @@ pub mod probe;
 pub use buffer::{DeviceBuffer, GuardViolation};
 pub use cache::{CacheKey, CacheStatus, KernelCache, Lookup};
 pub use codec::Element;
-pub use device::{Device, KernelAttributes, LoadedKernel};
+pub use cubin::{Assembler, CubinLookup};
+pub use device::{Device, KernelAttributes, LoadStats, LoadedKernel};
 pub use error::RuntimeError;
 pub use executor::{free_symbols, CapturedGraph, Executor, KernelTime, Profile};
 pub use launch::{resolve, ArgValue, ResolvedLaunch, ResolvedTensorMap};

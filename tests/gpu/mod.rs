@@ -26,6 +26,7 @@ use sinter_runtime::Device;
 use crate::zoo::Rng;
 
 mod adversarial;
+mod compile_cache;
 mod fp8;
 use fp8::*;
 
