@@ -177,7 +177,7 @@ fn cast_chain(prog: &[(u8, u8, u8)]) -> Graph {
         let a = pool[ia as usize % pool.len()];
         let dt = b.ty(a).dtype;
         let other = pool[ib as usize % pool.len()];
-        let mut second = |b: &mut FunctionBuilder| if b.ty(other).dtype == dt { other } else { cast(b, other, dt) };
+        let second = |b: &mut FunctionBuilder| if b.ty(other).dtype == dt { other } else { cast(b, other, dt) };
         let k = |b: &mut FunctionBuilder, v: f64| b.op1(OpKind::Constant, &[], vec![("value", Attr::Float(v)), ("dtype", Attr::DType(dt))]).unwrap();
         let v = match op % 12 {
             0..=2 => cast(&mut b, a, DTYPES[(op / 12) as usize % 3]),
