@@ -334,3 +334,29 @@ fn every_rule_states_and_keeps_its_rounding() {
         assert!(fired.contains(want), "{want} never fired alone, so its claim was not checked");
     }
 }
+
+/// `x·(1 + 2⁻²³)`, `x/(1 − 2⁻²⁴)` and `x·(−1 − 2⁻²³)` in f32 are not identities: before, the
+/// identity rules matched constants within 1e-6 of 1 and −1 and dropped these products.
+#[test]
+fn near_identities_are_not_identities() {
+    let mut g = Graph::new();
+    let mut b = FunctionBuilder::new(&g, "main");
+    let x = b.param("x", TensorType::new(DType::F32, vec![Dim::symbol("R"), Dim::constant(8)]));
+    let mut outs = vec![];
+    for (k, v) in [(OpKind::Mul, 1.0 + f64::from(f32::EPSILON)), (OpKind::Div, 1.0 - f64::from(f32::EPSILON) / 2.0), (OpKind::Mul, -1.0 - f64::from(f32::EPSILON))] {
+        let c = konst(&mut b, v);
+        outs.push(bin(&mut b, k, x, c));
+    }
+    let f = b.finish(&outs).unwrap();
+    g.add_func(f);
+    let bind: Bindings = [("R".to_string(), 3)].into();
+    let ins = common::inputs(g.entry().unwrap(), &bind, 4, common::Variant::Random);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want = interp::run(&g, "main", &refs, &bind).unwrap();
+    let (kg, report) = compile(&g, &Target::SM_90A, &PassOptions::default()).unwrap();
+    let got = run_kernel_graph(&kg, &refs, &bind).unwrap();
+    for (w, o) in want.iter().zip(&got) {
+        sinter_passes::check::compare_exact(w, o).unwrap_or_else(|m| panic!("{m}\n{report}"));
+    }
+    assert!(!report.to_string().contains("mul-one") && !report.to_string().contains("neg-canonical"), "{report}");
+}

@@ -218,12 +218,18 @@ pub fn konst(eg: &SirEGraph, id: Id) -> Option<f64> {
     eg[id].data.konst
 }
 
-/// Whether a class is a scalar-like constant equal to `v` (relative 1e-6; exact for 0, ±inf).
+/// Whether a class is a scalar-like constant equal to `v`, exactly (as its dtype holds it):
+/// the identity rules (`x·1 → x`) are exact only for the constant itself, not for `1 + 2⁻²³`.
 pub fn is_const(eg: &SirEGraph, id: Id, v: f64) -> bool {
-    let scalarish = eg[id].data.ty().is_some_and(crate::lang::is_scalarlike);
-    match konst(eg, id) {
-        Some(c) if scalarish => c == v || (v != 0.0 && v.is_finite() && ((c - v) / v).abs() <= 1e-6),
-        _ => false,
+    scalar_const(eg, id) == Some(v)
+}
+
+/// Whether a class is a scalar-like constant equal to `v` within a relative 1e-6 (exact for
+/// 0, ±inf): a constant like `1/n` as the graph's f32 holds it.
+pub fn is_const_near(eg: &SirEGraph, id: Id, v: f64) -> bool {
+    match scalar_const(eg, id) {
+        Some(c) => c == v || (v != 0.0 && v.is_finite() && ((c - v) / v).abs() <= 1e-6),
+        None => false,
     }
 }
 

@@ -41,7 +41,7 @@
 use egg::Id;
 use sinter_ir::{Attr, DType, Dim, OpKind, TensorType};
 
-use super::{binary_args, comm_args, constant, is_const, mk, nodes, permute, reshape, scalar_const, ty, unary_args, RuleTable};
+use super::{binary_args, comm_args, constant, is_const, is_const_near, mk, nodes, permute, reshape, scalar_const, ty, unary_args, RuleTable};
 use crate::lang::SirEGraph;
 
 use OpKind::*;
@@ -264,7 +264,7 @@ fn mean_last(eg: &SirEGraph, id: Id) -> Vec<Id> {
     }
     for (s, r) in comm_args(eg, id, Mul) {
         for (q, d) in sums(s) {
-            if d > 0 && is_const(eg, r, 1.0 / d as f64) {
+            if d > 0 && is_const_near(eg, r, 1.0 / d as f64) {
                 out.push(q);
             }
         }
