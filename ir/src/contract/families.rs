@@ -264,6 +264,30 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
     }
 }
 
+/// What the one fp8 attention kernel (sm_90a `wgmma`, e4m3 Q·Kᵀ and P·V) takes beyond
+/// [`super::operands::fp8_attention_form`]: head dims 64 or 128 (of q/k and of v), no additive
+/// mask, a bf16 or f16 result; [`super::operands::fp8_attention_with`] requires it, so an fp8
+/// attention outside these limits has its operands dequantised into buffers. (Its q/k/v rows
+/// must also be contiguous and 16-byte aligned: a buffer layout fact the generator checks.)
+///
+/// # Errors
+/// The limit broken, in words.
+pub fn fp8_attention_kernel(body: &crate::Function, nd: &crate::NodeData) -> Result<(), String> {
+    let dim = |v: Value| body.ty(v).shape.last().and_then(Dim::as_const);
+    let (d, dv) = (dim(nd.inputs[0]), dim(nd.inputs[2]));
+    if !matches!(d, Some(64 | 128)) || !matches!(dv, Some(64 | 128)) {
+        return Err(format!("an fp8 attention takes head dims 64 and 128 only, not {d:?} and {dv:?}"));
+    }
+    if nd.inputs.len() > 3 {
+        return Err("an fp8 attention takes no additive mask".into());
+    }
+    let out = body.ty(nd.results[0]).dtype;
+    if !matches!(out, DType::BF16 | DType::F16) {
+        return Err(format!("an fp8 attention gives bf16 or f16, not {out}"));
+    }
+    Ok(())
+}
+
 /// `f8e4m3` where no generator reads it: any fp8 value (a parameter or a result) in a paged
 /// attention, attention merge or KV append kernel; in a matmul kernel an fp8 result, or a
 /// `dequantize_fp8` the epilogue reads (not one of the matmul's operands).

@@ -183,3 +183,31 @@ fn attention_head_dims_and_operands() {
     assert!(e.contains("paged_attention") && e.contains("head dim"), "{e}");
     assert!(head_dim_ok(&crate::Dim::constant(256)) && !head_dim_ok(&crate::Dim::constant(0)) && !head_dim_ok(&crate::Dim::symbol("D")));
 }
+
+/// The fp8 attention kernel's own limits: head dims 64/128, no mask, a bf16/f16 result.
+#[test]
+fn fp8_attention_kernel_limits() {
+    let attn = |d: i64, mask: bool| {
+        let (mp, ma) = if mask { (", %m: bf16[4, 4]", ", %m") } else { ("", "") };
+        kernel(
+            Family::Attention,
+            &format!(
+                "func @k(%q8: f8e4m3[1, 4, 2, {d}], %sq: f32[], %k8: f8e4m3[1, 4, 2, {d}], %sk: f32[], %v8: f8e4m3[1, 4, 2, {d}], %sv: f32[]{mp}) {{
+  %q: bf16[1, 4, 2, {d}] = dequantize_fp8(%q8, %sq) {{dtype=bf16}}
+  %k: bf16[1, 4, 2, {d}] = dequantize_fp8(%k8, %sk) {{dtype=bf16}}
+  %v: bf16[1, 4, 2, {d}] = dequantize_fp8(%v8, %sv) {{dtype=bf16}}
+  %o: bf16[1, 4, 2, {d}] = attention(%q, %k, %v{ma}) {{scale=0.125, heads=2, kv_heads=2, layout=\"bshd\"}}
+  return %o
+}}"
+            ),
+        )
+    };
+    assert_eq!(check(&attn(128, false), &Target::SM_90A), Ok(()));
+    for kd in [attn(32, false), attn(64, true)] {
+        let (n, _) = kd.body.nodes.iter().find(|(_, n)| n.op.kind == crate::OpKind::Attention).unwrap();
+        assert!(!fp8_attention(&kd.body, n, &Target::SM_90A), "outside the fp8 kernel's limits");
+        assert!(check(&kd, &Target::SM_90A).unwrap_err().contains("exactly one `attention`"));
+        let limits = families::fp8_attention_kernel(&kd.body, &kd.body.nodes[n]).unwrap_err();
+        assert!(limits.contains("64 and 128") || limits.contains("no additive mask"), "{limits}");
+    }
+}
