@@ -86,6 +86,18 @@ pub fn compare(reference: &Tensor, alt: &Tensor, tainted: bool) -> Result<(), St
     Ok(())
 }
 
+/// Compares `alt` with `reference` element for element, exactly (NaN meets NaN; `−0` equals
+/// `+0`, as the numbers they are). `Err` names the first differing element.
+pub fn compare_exact(reference: &Tensor, alt: &Tensor) -> Result<(), String> {
+    if reference.dtype() != alt.dtype() || reference.shape() != alt.shape() {
+        return Err(format!("type {}{:?} vs {}{:?}", reference.dtype(), reference.shape(), alt.dtype(), alt.shape()));
+    }
+    match reference.data().iter().zip(alt.data()).position(|(r, a)| !(r == a || (r.is_nan() && a.is_nan()))) {
+        Some(i) => Err(format!("element {i}: {} where the reference has {}", alt.data()[i], reference.data()[i])),
+        None => Ok(()),
+    }
+}
+
 /// Evaluates every e-node of `eg` on `params` (the function's inputs) and compares each with
 /// its class's value (see the module docs). `original` is the loaded function's e-nodes in
 /// node order; `graph` supplies callees for `call` e-nodes.
@@ -93,6 +105,16 @@ pub fn compare(reference: &Tensor, alt: &Tensor, tainted: bool) -> Result<(), St
 /// # Errors
 /// Every mismatch found, and e-nodes whose evaluation failed where the class has a value.
 pub fn check_egraph(eg: &SirEGraph, original: &[(Id, Sir)], params: &[&Tensor], bindings: &Bindings, graph: Option<&Graph>) -> Result<CheckStats, Vec<Mismatch>> {
+    check_egraph_with(eg, original, params, bindings, graph, false)
+}
+
+/// [`check_egraph`] with every e-node required to equal its class's value **exactly** (NaN
+/// meeting NaN; no tolerance, no unsafe → safe allowance) when `exact`: the check of the
+/// rules whose rounding is claimed identical ([`crate::rules::Rounding::Exact`]).
+///
+/// # Errors
+/// As [`check_egraph`].
+pub fn check_egraph_with(eg: &SirEGraph, original: &[(Id, Sir)], params: &[&Tensor], bindings: &Bindings, graph: Option<&Graph>, exact: bool) -> Result<CheckStats, Vec<Mismatch>> {
     let mut values: HashMap<Id, Vec<Tensor>> = HashMap::new();
     let mut tainted: HashSet<Id> = HashSet::new();
     let mut mismatches = vec![];
@@ -142,7 +164,8 @@ pub fn check_egraph(eg: &SirEGraph, original: &[(Id, Sir)], params: &[&Tensor], 
             (Ok(v), Some(r)) => {
                 let t = tainted.contains(&class);
                 for (a, b) in r.iter().zip(&v) {
-                    if let Err(m) = compare(a, b, t) {
+                    let res = if exact { compare_exact(a, b) } else { compare(a, b, t) };
+                    if let Err(m) = res {
                         mismatches.push(Mismatch { class, node: n.to_string(), message: m });
                         break;
                     }

@@ -192,7 +192,14 @@ pub struct OperandFacts {
 }
 
 /// The extraction cost of an op e-node, µs (see the module docs for the free nodes).
+///
+/// An `attention` / `paged_attention` the kernel contract refuses on `cfg.target`
+/// ([`sinter_ir::contract::attention_node`]) costs `f64::INFINITY`: extraction never picks
+/// one, so a recognised attention the generator cannot build stays in its written form.
 pub fn node_cost(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType], facts: OperandFacts) -> f64 {
+    if matches!(op.kind, OpKind::Attention | OpKind::PagedAttention) && sinter_ir::contract::attention_node(op, ins, &cfg.target).is_err() {
+        return f64::INFINITY;
+    }
     let free = match op.kind {
         OpKind::Reshape | OpKind::Constant | OpKind::Iota => true,
         OpKind::Slice => facts.first_is_matmul || ins.first().is_some_and(|t| is_contiguous_slice(op, t)),

@@ -2,6 +2,8 @@
 //!
 //! The pipeline of [`compile`] (one pass, one file):
 //!
+//! 0. [`decompose`] — an `attention` / `paged_attention` the code generator refuses for the
+//!    target (a head dim over 256, …) is written as its decomposition.
 //! 1. [`lang`] — each function of the graph enters an e-graph whose language is generated
 //!    from the op table, with an analysis carrying every class's type and known constant.
 //! 2. [`rules`] — rule families ([`rules::algebraic`], [`rules::recognition`],
@@ -26,6 +28,7 @@
 
 pub mod check;
 pub mod cost;
+pub mod decompose;
 pub mod eval;
 pub mod expand;
 pub mod extract;

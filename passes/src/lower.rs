@@ -691,7 +691,8 @@ pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig, target: &Tar
     unreachable!("the loop returns")
 }
 
-/// Compiles a graph to a [`KernelGraph`] for `target`: optimises every function once
+/// Compiles a graph to a [`KernelGraph`] for `target`: writes the attentions the target's
+/// generators refuse as their decomposition ([`crate::decompose`]), optimises every function once
 /// (saturation in phases, DAG-aware extraction), inlines the optimised bodies at their calls,
 /// merges duplicates, fuses kernels, and reports what happened. The cost model takes the
 /// target's figures (`opts.cost.target` is replaced by `target`), and under
@@ -705,10 +706,12 @@ pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(Kernel
     sinter_ir::verify(g)?;
     let g = &crate::expand::expand(g)?;
     let start = Instant::now();
+    let decomposed = crate::decompose::refused_attention(g, target)?;
+    let input = decomposed.as_ref().unwrap_or(g);
     let mut opt_graph = Graph::new();
     let mut functions = vec![];
-    let sigs: BTreeMap<String, Signature> = g.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
-    for f in g.funcs.values() {
+    let sigs: BTreeMap<String, Signature> = input.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
+    for f in input.funcs.values() {
         let o = optimise_function(f, &sigs, opts)?;
         functions.push(FunctionReport::from_optimised(&f.name, &o));
         opt_graph.add_func(o.function);

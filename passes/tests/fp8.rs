@@ -135,11 +135,11 @@ fn other_layouts_and_mixed_operands_dequantise_into_buffers() {
 
 #[test]
 fn an_fp8_attention_reads_the_fp8_bytes_and_the_scales() {
-    let src = "func @f(%q8: f8e4m3[1, S, 4, 16], %sq: f32[], %k8: f8e4m3[1, S, 2, 16], %sk: f32[], %w8: f8e4m3[1, S, 2, 16], %sw: f32[]) {
-  %q: f16[1, S, 4, 16] = dequantize_fp8(%q8, %sq) {dtype=f16}
-  %k: f16[1, S, 2, 16] = dequantize_fp8(%k8, %sk) {dtype=f16}
-  %v: f16[1, S, 2, 16] = dequantize_fp8(%w8, %sw) {dtype=f16}
-  %o: f16[1, S, 4, 16] = attention(%q, %k, %v) {scale=0.25, causal=true, heads=4, kv_heads=2, layout=\"bshd\"}
+    let src = "func @f(%q8: f8e4m3[1, S, 4, 64], %sq: f32[], %k8: f8e4m3[1, S, 2, 64], %sk: f32[], %w8: f8e4m3[1, S, 2, 64], %sw: f32[]) {
+  %q: f16[1, S, 4, 64] = dequantize_fp8(%q8, %sq) {dtype=f16}
+  %k: f16[1, S, 2, 64] = dequantize_fp8(%k8, %sk) {dtype=f16}
+  %v: f16[1, S, 2, 64] = dequantize_fp8(%w8, %sw) {dtype=f16}
+  %o: f16[1, S, 4, 64] = attention(%q, %k, %v) {scale=0.25, causal=true, heads=4, kv_heads=2, layout=\"bshd\"}
   return %o
 }";
     let kg = compile_checked(src);
@@ -150,6 +150,27 @@ fn an_fp8_attention_reads_the_fp8_bytes_and_the_scales() {
     let body = &kg.kernels.values().next().unwrap().body;
     let (n, _) = body.nodes.iter().find(|(_, n)| n.op.kind == OpKind::Attention).unwrap();
     assert!(fp8_attention(body, n, &Target::SM_90A));
+}
+
+/// An fp8 attention outside the fp8 kernel's limits (head dim 16; an additive mask) is not
+/// formed as one: its operands are dequantised into buffers and a plain attention reads them.
+#[test]
+fn an_fp8_attention_the_kernel_does_not_take_dequantises_into_buffers() {
+    for (d, mask) in [(16, false), (64, true)] {
+        let (mp, ma) = if mask { (", %m: f16[S, S]", ", %m") } else { ("", "") };
+        let src = format!(
+            "func @f(%q8: f8e4m3[1, S, 4, {d}], %sq: f32[], %k8: f8e4m3[1, S, 2, {d}], %sk: f32[], %w8: f8e4m3[1, S, 2, {d}], %sw: f32[]{mp}) {{
+  %q: f16[1, S, 4, {d}] = dequantize_fp8(%q8, %sq) {{dtype=f16}}
+  %k: f16[1, S, 2, {d}] = dequantize_fp8(%k8, %sk) {{dtype=f16}}
+  %v: f16[1, S, 2, {d}] = dequantize_fp8(%w8, %sw) {{dtype=f16}}
+  %o: f16[1, S, 4, {d}] = attention(%q, %k, %v{ma}) {{scale=0.25, heads=4, kv_heads=2, layout=\"bshd\"}}
+  return %o
+}}"
+        );
+        let kg = compile_checked(&src);
+        let tys = inputs_of(&kg, Family::Attention);
+        assert!(tys.iter().all(|t| !t.starts_with("f8e4m3")), "{d} {mask}: {tys:?}");
+    }
 }
 
 #[test]

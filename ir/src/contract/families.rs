@@ -6,7 +6,84 @@ use std::collections::HashSet;
 use super::operands::{fp8_attention, fp8_attention_form, fp8_matmul, fp8_matmul_form, quantized_b};
 use super::target::Target;
 use super::view::{is_param, peel, viewed_param};
-use crate::{Dim, Family, KernelData, OpClass, OpKind, Value, ValueDef};
+use crate::{DType, Dim, Family, KernelData, Op, OpClass, OpKind, TensorType, Value, ValueDef};
+
+/// The largest head dimension, of Q/K and of V, that the attention generators accept (the
+/// CUDA-core, `mma.sync` and `wgmma` prefill kernels and the paged decode kernels alike): a
+/// head dim must be a constant in `1..=MAX_ATTENTION_HEAD_DIM`. The code generator's own
+/// check (`sinter_codegen`'s attention analysis) uses this one constant; the passes lower an
+/// attention with a larger head dim as its decomposition (matmul, scale, softmax, matmul).
+pub const MAX_ATTENTION_HEAD_DIM: u32 = 256;
+
+/// Whether `d` is a head dim the attention generators take: a constant in
+/// `1..=`[`MAX_ATTENTION_HEAD_DIM`].
+pub fn head_dim_ok(d: &Dim) -> bool {
+    d.as_const().is_some_and(|v| (1..=i64::from(MAX_ATTENTION_HEAD_DIM)).contains(&v))
+}
+
+/// The rules of one `attention` or `paged_attention` node by itself — its op and its operands'
+/// types, as the attention generators analyse them — on `target`; [`check`] applies them to
+/// an Attention or PagedAttention kernel's node, and the passes to an attention they might
+/// form (before extraction picks it) or lower (a user-written one). The rules:
+///
+/// - `heads` and `kv_heads` positive, `heads` a multiple of `kv_heads`;
+/// - `attention`: q, k, v rank 4 of one float dtype; the head dims of q/k and of v (the last
+///   axis in both layouts) constants in `1..=`[`MAX_ATTENTION_HEAD_DIM`]; a mask a float
+///   tensor of rank ≤ 4;
+/// - `paged_attention`: q and the K pages rank 4 of one float dtype, the V pages of the K
+///   pages' type; `block_table` i32 of rank 2 and `seq_lens` i32 of rank 1; the head dim a
+///   constant in `1..=`[`MAX_ATTENTION_HEAD_DIM`]; `unified_max`, when given, a finite f32.
+///
+/// The same on every target today (fp8 operands, sm_90a only, are [`check`]'s). Shared
+/// memory is the generator's schedule's: every schedule at a head dim within the limit fits.
+///
+/// # Errors
+/// The rule broken, in words; an op other than the two attentions is refused.
+pub fn attention_node(op: &Op, ins: &[&TensorType], target: &Target) -> Result<(), String> {
+    let _ = target;
+    let name = op.kind.name();
+    let (heads, kv_heads) = (op.int("heads").unwrap_or(0), op.int("kv_heads").unwrap_or(0));
+    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+        return Err(format!("`{name}`: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})"));
+    }
+    let head_dim = |t: &TensorType, what: &str| -> Result<(), String> {
+        match t.shape.last() {
+            Some(d) if head_dim_ok(d) => Ok(()),
+            d => Err(format!("`{name}`: the head dim of {what} must be a constant in 1..={MAX_ATTENTION_HEAD_DIM}, got {}", d.map_or("none".into(), |d| d.to_string()))),
+        }
+    };
+    match op.kind {
+        OpKind::Attention => {
+            let [q, k, v, rest @ ..] = ins else { return Err(format!("`{name}` with {} operands", ins.len())) };
+            if !q.dtype.is_float() || [q, k, v].iter().any(|t| t.rank() != 4 || t.dtype != q.dtype) {
+                return Err(format!("`{name}`: q, k and v must be rank-4 tensors of one float dtype, got {q}, {k}, {v}"));
+            }
+            head_dim(q, "q and k")?;
+            head_dim(v, "v")?;
+            if let Some(m) = rest.first() {
+                if !m.dtype.is_float() || m.rank() > 4 {
+                    return Err(format!("`{name}`: the mask is {m}: a float tensor broadcasting to [B, H, Sq, Skv] expected"));
+                }
+            }
+            Ok(())
+        }
+        OpKind::PagedAttention => {
+            let [q, kp, vp, table, lens, ..] = ins else { return Err(format!("`{name}` with {} operands", ins.len())) };
+            if !q.dtype.is_float() || q.rank() != 4 || kp.rank() != 4 || kp.dtype != q.dtype || vp != kp {
+                return Err(format!("`{name}`: q and the pages must be rank-4 tensors of one float dtype, got {q}, {kp} and {vp}"));
+            }
+            if table.dtype != DType::I32 || table.rank() != 2 || lens.dtype != DType::I32 || lens.rank() != 1 {
+                return Err(format!("`{name}`: block_table must be i32[B, M] and seq_lens i32[B], got {table} and {lens}"));
+            }
+            head_dim(q, "q")?;
+            match op.float("unified_max") {
+                Some(phi) if !(phi as f32).is_finite() => Err(format!("`{name}`: unified_max must be a finite f32, got {phi}")),
+                _ => Ok(()),
+            }
+        }
+        _ => Err(format!("`{name}` is not an attention")),
+    }
+}
 
 /// Whether `k` is a row node of the RowReduction family.
 pub fn is_row_node(k: OpKind) -> bool {
@@ -146,6 +223,10 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
             let mut main = body.nodes.values().filter(|nd| !aside(nd.op.kind));
             match (main.next(), main.next()) {
                 (Some(nd), None) if nd.op.kind == want => {
+                    if want != OpKind::AttentionMerge {
+                        let tys: Vec<&TensorType> = nd.inputs.iter().map(|&v| body.ty(v)).collect();
+                        attention_node(&nd.op, &tys, target)?;
+                    }
                     if !nd.inputs.iter().enumerate().all(|(i, &v)| viewed_param(body, v).is_some() || (fp8 && i < 3)) {
                         return Err("operands must be kernel inputs (possibly through reshapes and slices)".into());
                     }
@@ -181,6 +262,30 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// What the one fp8 attention kernel (sm_90a `wgmma`, e4m3 Q·Kᵀ and P·V) takes beyond
+/// [`super::operands::fp8_attention_form`]: head dims 64 or 128 (of q/k and of v), no additive
+/// mask, a bf16 or f16 result; [`super::operands::fp8_attention_with`] requires it, so an fp8
+/// attention outside these limits has its operands dequantised into buffers. (Its q/k/v rows
+/// must also be contiguous and 16-byte aligned: a buffer layout fact the generator checks.)
+///
+/// # Errors
+/// The limit broken, in words.
+pub fn fp8_attention_kernel(body: &crate::Function, nd: &crate::NodeData) -> Result<(), String> {
+    let dim = |v: Value| body.ty(v).shape.last().and_then(Dim::as_const);
+    let (d, dv) = (dim(nd.inputs[0]), dim(nd.inputs[2]));
+    if !matches!(d, Some(64 | 128)) || !matches!(dv, Some(64 | 128)) {
+        return Err(format!("an fp8 attention takes head dims 64 and 128 only, not {d:?} and {dv:?}"));
+    }
+    if nd.inputs.len() > 3 {
+        return Err("an fp8 attention takes no additive mask".into());
+    }
+    let out = body.ty(nd.results[0]).dtype;
+    if !matches!(out, DType::BF16 | DType::F16) {
+        return Err(format!("an fp8 attention gives bf16 or f16, not {out}"));
+    }
+    Ok(())
 }
 
 /// `f8e4m3` where no generator reads it: any fp8 value (a parameter or a result) in a paged

@@ -97,9 +97,10 @@ pub fn fp8_attention_form(f: &Function, n: Node, buffer: &dyn Fn(Value) -> bool)
 }
 
 /// Whether attention node `n` of `f` is an FP8 attention on `target`: [`fp8_attention_form`]
-/// where the target multiplies e4m3 ([`Target::has_fp8_matmul`]: sm_90a).
+/// where the target multiplies e4m3 ([`Target::has_fp8_matmul`]: sm_90a), within the fp8
+/// kernel's limits ([`super::families::fp8_attention_kernel`]: head dims 64/128, no mask).
 pub fn fp8_attention_with(f: &Function, n: Node, buffer: &dyn Fn(Value) -> bool, target: &Target) -> bool {
-    target.has_fp8_matmul() && fp8_attention_form(f, n, buffer)
+    target.has_fp8_matmul() && fp8_attention_form(f, n, buffer) && super::families::fp8_attention_kernel(f, &f.nodes[n]).is_ok()
 }
 
 /// [`fp8_matmul_with`] in a kernel body: the fp8 tensors and scales are kernel inputs.

@@ -125,3 +125,89 @@ fn fp8_where_no_generator_reads_it_is_refused() {
         assert!(e.starts_with("f8e4m3 in a matmul epilogue"), "{e}");
     }
 }
+
+/// The attention node's rules: head dims up to [`MAX_ATTENTION_HEAD_DIM`] (of q/k and of v,
+/// in both layouts, constant), rank-4 operands of one float dtype, a float mask; the paged
+/// attention's head dim and index operands.
+#[test]
+fn attention_head_dims_and_operands() {
+    let attn = |d: i64, dv: i64, layout: &str, mask: &str| {
+        let (q, kv) = if layout == "bshd" { (format!("[1, 8, 4, {d}]"), format!("[1, 8, 2, {d}]")) } else { (format!("[1, 4, 8, {d}]"), format!("[1, 2, 8, {d}]")) };
+        let vs = if layout == "bshd" { format!("[1, 8, 2, {dv}]") } else { format!("[1, 2, 8, {dv}]") };
+        let out = if layout == "bshd" { format!("[1, 8, 4, {dv}]") } else { format!("[1, 4, 8, {dv}]") };
+        let (mp, ma) = if mask.is_empty() { (String::new(), String::new()) } else { (format!(", %m: {mask}"), ", %m".to_string()) };
+        kernel(
+            Family::Attention,
+            &format!(
+                "func @k(%q: bf16{q}, %k: bf16{kv}, %v: bf16{vs}{mp}) {{
+  %o: bf16{out} = attention(%q, %k, %v{ma}) {{scale=0.125, heads=4, kv_heads=2, layout=\"{layout}\"}}
+  return %o
+}}"
+            ),
+        )
+    };
+    for t in Target::ALL {
+        for layout in ["bhsd", "bshd"] {
+            assert_eq!(check(&attn(256, 256, layout, ""), &t), Ok(()));
+            assert_eq!(check(&attn(64, 128, layout, "bf16[8, 8]"), &t), Ok(()));
+            for (d, dv) in [(512, 512), (512, 64), (64, 512), (257, 64)] {
+                let e = check(&attn(d, dv, layout, ""), &t).unwrap_err();
+                assert!(e.contains("head dim") && e.contains(&format!("1..={MAX_ATTENTION_HEAD_DIM}")), "{e}");
+            }
+        }
+        let e = check(&attn(64, 64, "bhsd", "i32[8, 8]"), &t).unwrap_err();
+        assert!(e.contains("the mask is i32[8, 8]"), "{e}");
+    }
+    // A symbolic head dim is refused: the kernels are built for a constant one.
+    let sym = kernel(
+        Family::Attention,
+        "func @k(%q: f32[1, 4, 8, D], %k: f32[1, 4, 8, D], %v: f32[1, 4, 8, D]) {
+  %o: f32[1, 4, 8, D] = attention(%q, %k, %v) {scale=0.125, heads=4, kv_heads=4}
+  return %o
+}",
+    );
+    assert!(check(&sym, &Target::SM_90A).unwrap_err().contains("got D"));
+    let paged = |d: i64| {
+        kernel(
+            Family::PagedAttention,
+            &format!(
+                "func @k(%q: bf16[2, 8, 1, {d}], %kp: bf16[16, 16, 2, {d}], %vp: bf16[16, 16, 2, {d}], %bt: i32[2, 4], %sl: i32[2]) {{
+  %o: bf16[2, 8, 1, {d}] = paged_attention(%q, %kp, %vp, %bt, %sl) {{scale=0.1, heads=8, kv_heads=2}}
+  return %o
+}}"
+            ),
+        )
+    };
+    assert_eq!(check(&paged(128), &Target::SM_80), Ok(()));
+    let e = check(&paged(512), &Target::SM_90A).unwrap_err();
+    assert!(e.contains("paged_attention") && e.contains("head dim"), "{e}");
+    assert!(head_dim_ok(&crate::Dim::constant(256)) && !head_dim_ok(&crate::Dim::constant(0)) && !head_dim_ok(&crate::Dim::symbol("D")));
+}
+
+/// The fp8 attention kernel's own limits: head dims 64/128, no mask, a bf16/f16 result.
+#[test]
+fn fp8_attention_kernel_limits() {
+    let attn = |d: i64, mask: bool| {
+        let (mp, ma) = if mask { (", %m: bf16[4, 4]", ", %m") } else { ("", "") };
+        kernel(
+            Family::Attention,
+            &format!(
+                "func @k(%q8: f8e4m3[1, 4, 2, {d}], %sq: f32[], %k8: f8e4m3[1, 4, 2, {d}], %sk: f32[], %v8: f8e4m3[1, 4, 2, {d}], %sv: f32[]{mp}) {{
+  %q: bf16[1, 4, 2, {d}] = dequantize_fp8(%q8, %sq) {{dtype=bf16}}
+  %k: bf16[1, 4, 2, {d}] = dequantize_fp8(%k8, %sk) {{dtype=bf16}}
+  %v: bf16[1, 4, 2, {d}] = dequantize_fp8(%v8, %sv) {{dtype=bf16}}
+  %o: bf16[1, 4, 2, {d}] = attention(%q, %k, %v{ma}) {{scale=0.125, heads=2, kv_heads=2, layout=\"bshd\"}}
+  return %o
+}}"
+            ),
+        )
+    };
+    assert_eq!(check(&attn(128, false), &Target::SM_90A), Ok(()));
+    for kd in [attn(32, false), attn(64, true)] {
+        let (n, _) = kd.body.nodes.iter().find(|(_, n)| n.op.kind == crate::OpKind::Attention).unwrap();
+        assert!(!fp8_attention(&kd.body, n, &Target::SM_90A), "outside the fp8 kernel's limits");
+        assert!(check(&kd, &Target::SM_90A).unwrap_err().contains("exactly one `attention`"));
+        let limits = families::fp8_attention_kernel(&kd.body, &kd.body.nodes[n]).unwrap_err();
+        assert!(limits.contains("64 and 128") || limits.contains("no additive mask"), "{limits}");
+    }
+}

@@ -10,7 +10,7 @@
 //! | `permute-unit-axes` | a permute that moves only size-1 axes → `reshape` | row-major order unchanged |
 //! | `reshape-noop`, `reshape-reshape` | `reshape(x, shape(x))` → `x`; `reshape(reshape(x, a), b)` → `reshape(x, b)` | row-major order |
 //! | `broadcast-noop` | `broadcast(x, shape(x))` → `x` | |
-//! | `mul-one`, `div-one`, `add-zero`, `sub-zero` | `x·1`, `1·x`, `x/1`, `x+0`, `0+x`, `x−0` → `x` when the result has x's type | IEEE identities (−0 + 0 = +0 compares equal) |
+//! | `mul-one`, `div-one`, `add-zero`, `sub-zero` | `x·1`, `1·x`, `x/1`, `x+0`, `0+x`, `x−0` → `x` when the result has x's type and the constant is exactly 1 or 0 | IEEE identities (−0 + 0 = +0 compares equal) |
 //! | `neg-canonical` | `x·(−1)`, `(−1)·x`, `0−x` → `neg(x)` | exact negation |
 //! | `neg-neg` | `neg(neg(x))` → `x` | |
 //! | `fold-constants` | an element-wise op on scalar constants → the constant, computed by the interpreter | the reference computes it |

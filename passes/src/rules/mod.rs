@@ -17,6 +17,14 @@
 //! from the unsafe to the safe form (`exp(x)/Σexp(x)` → `softmax`, which is max-subtracted).
 //! Conditions only test facts that cannot change within a class (types, constants), so they
 //! are monotone.
+//!
+//! **Rounding** (DESIGN.md: explicit casts are rounding points that rewrites keep). Every
+//! rule states in [`ROUNDING`] how its replacement rounds compared with what it replaces, and
+//! why; a rule that drops, moves or merges a cast does so only where the rounding is provably
+//! the same (a widening cast is exact; rounding to the dtype a value has is the identity). The
+//! claims are tested: the [`Rounding::Exact`] rules, each run alone, leave every e-node equal
+//! to its class bit for bit on the file-test corpus and on random cast chains
+//! (`tests/rounding.rs`), and the others within the dtype's tolerance (`tests/soundness.rs`).
 
 pub mod algebraic;
 pub mod fusion;
@@ -128,6 +136,67 @@ pub fn catalogue() -> Vec<RuleInfo> {
     v
 }
 
+/// How a rule's replacement rounds, compared with the e-nodes it is made equal to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rounding {
+    /// Bit for bit the same value on every input: no rounding point is dropped, moved or
+    /// merged, or only one that is exact (a widening cast; a cast to the dtype a value has).
+    Exact,
+    /// A composite op that rounds to the narrow dtype exactly where the decomposition's
+    /// explicit casts do (the casts it replaces widen exactly or are its rounding point);
+    /// inside f32 it computes its statistics once, in f64, where the decomposition rounds each
+    /// f32 step: accumulation order, within DESIGN.md's f32 tolerance.
+    CastsKept,
+    /// A composite op that rounds once to its dtype where the decomposition rounds at every
+    /// step in that same dtype; no explicit cast is involved. Within the dtype's tolerance.
+    OnceInDtype,
+    /// Known difference (FIXME): the replacement also drops an explicit cast of the
+    /// decomposition. Within the dtype's tolerance; the justification says which cast.
+    DropsCast,
+}
+
+/// Every rule's [`Rounding`], whether its matcher reads through `cast` e-nodes, and the
+/// reason. A rule that reads through casts is never [`Rounding::OnceInDtype`].
+pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
+    ("cast-noop", Rounding::Exact, true, "a cast to the dtype the value already has rounds nothing"),
+    ("cast-roundtrip", Rounding::Exact, true, "only cast(cast(x: t, w), t) with t → w exact (lang::widens_exactly: bf16/f16 → f32, f8e4m3 → wider, i32 → i64, bool → any): the narrowing gives x back; f32 → bf16 → f32 is not matched"),
+    ("permute-identity", Rounding::Exact, false, "moves no element"),
+    ("permute-permute", Rounding::Exact, false, "composes index maps; computes nothing"),
+    ("permute-unit-axes", Rounding::Exact, false, "row-major order unchanged; computes nothing"),
+    ("reshape-noop", Rounding::Exact, false, "computes nothing"),
+    ("reshape-reshape", Rounding::Exact, false, "computes nothing"),
+    ("broadcast-noop", Rounding::Exact, false, "computes nothing"),
+    ("mul-one", Rounding::Exact, false, "x·1 = x in IEEE arithmetic, and only where the result has x's type (no dtype change)"),
+    ("div-one", Rounding::Exact, false, "x/1 = x, result of x's type"),
+    ("add-zero", Rounding::Exact, false, "x+0 = x (−0 + 0 = +0 equals −0), result of x's type"),
+    ("sub-zero", Rounding::Exact, false, "x−0 = x, result of x's type"),
+    ("neg-canonical", Rounding::Exact, false, "x·(−1) and 0−x are the exact negation"),
+    ("neg-neg", Rounding::Exact, false, "negation is exact"),
+    ("fold-constants", Rounding::Exact, true, "the interpreter evaluates the node on its constants and rounds to its result dtype, as the node does (a cast of a constant folds to the rounded constant)"),
+    ("hoist-broadcast-unary", Rounding::Exact, true, "an element-wise op, a cast included, rounds each element once before or after a broadcast alike"),
+    ("hoist-broadcast-binary", Rounding::Exact, false, "the same elements computed, each rounded once"),
+    ("absorb-broadcast", Rounding::Exact, false, "the op broadcasts implicitly: same elements, same rounding"),
+    ("matmul-fold-transpose", Rounding::Exact, false, "a transpose is a stride choice of the same product"),
+    ("sigmoid", Rounding::OnceInDtype, false, "sigmoid rounds once where 1/(1+exp(−x)) rounds each step"),
+    ("silu", Rounding::OnceInDtype, false, "silu rounds once where x·sigmoid(x) rounds the sigmoid and the product"),
+    ("swiglu", Rounding::Exact, false, "swiglu rounds silu(a) to the dtype before the product, as silu(a)·b does"),
+    ("softmax", Rounding::OnceInDtype, false, "softmax rounds once where the decomposition rounds exp, sum and quotient"),
+    ("log-softmax", Rounding::OnceInDtype, false, "log_softmax rounds once where the decomposition rounds each step"),
+    ("softmax-from-lse", Rounding::OnceInDtype, false, "softmax rounds once where exp(log_softmax(x)) rounds twice"),
+    ("rms-norm", Rounding::CastsKept, true, "rms_norm in dt rounds the normalised value to dt (the written cast back) and then the product with the weight (the written multiply in dt); x's cast to f32 widens exactly; a weight applied in f32 before the cast is the f32 op under the written cast"),
+    ("layer-norm", Rounding::CastsKept, true, "as rms-norm: h rounded to dt at the written cast back, x's cast widens exactly; h·w + b is rounded once where the graph rounds the product and the sum in dt (no cast)"),
+    ("attention", Rounding::DropsCast, true, "scores, scale, mask and probabilities stay f32 inside the op, one rounding at the end; the Llama spelling cast(softmax(cast(s, f32)), dt)·V rounds the probabilities to dt, which the op does not"),
+    ("rope-rotate-half", Rounding::DropsCast, true, "angles in f64, one rounding; cos/sin tables cast to the dtype (HF) are read through the cast, so the tables are not rounded, and integer positions through their cast to float (exact in f32 below 2²⁴, not in bf16 above 256)"),
+    ("rope-halves", Rounding::DropsCast, true, "as rope-rotate-half"),
+    ("rope-interleaved", Rounding::DropsCast, true, "as rope-rotate-half"),
+    ("merge-parallel-matmuls", Rounding::Exact, false, "each output column is its own weight row's product, computed alike; slices move values"),
+];
+
+/// The [`ROUNDING`] entry of rule `name`: its class, whether it reads through casts, why.
+pub fn rounding(name: &str) -> Option<(Rounding, bool, &'static str)> {
+    ROUNDING.iter().find(|r| r.0 == name).map(|r| (r.1, r.2, r.3))
+}
+
 /// A table of rules: name, doc line, trigger ops, body.
 pub type RuleTable = &'static [(&'static str, &'static str, &'static [OpKind], RuleFn)];
 
@@ -149,12 +218,18 @@ pub fn konst(eg: &SirEGraph, id: Id) -> Option<f64> {
     eg[id].data.konst
 }
 
-/// Whether a class is a scalar-like constant equal to `v` (relative 1e-6; exact for 0, ±inf).
+/// Whether a class is a scalar-like constant equal to `v`, exactly (as its dtype holds it):
+/// the identity rules (`x·1 → x`) are exact only for the constant itself, not for `1 + 2⁻²³`.
 pub fn is_const(eg: &SirEGraph, id: Id, v: f64) -> bool {
-    let scalarish = eg[id].data.ty().is_some_and(crate::lang::is_scalarlike);
-    match konst(eg, id) {
-        Some(c) if scalarish => c == v || (v != 0.0 && v.is_finite() && ((c - v) / v).abs() <= 1e-6),
-        _ => false,
+    scalar_const(eg, id) == Some(v)
+}
+
+/// Whether a class is a scalar-like constant equal to `v` within a relative 1e-6 (exact for
+/// 0, ±inf): a constant like `1/n` as the graph's f32 holds it.
+pub fn is_const_near(eg: &SirEGraph, id: Id, v: f64) -> bool {
+    match scalar_const(eg, id) {
+        Some(c) => c == v || (v != 0.0 && v.is_finite() && ((c - v) / v).abs() <= 1e-6),
+        None => false,
     }
 }
 

@@ -91,12 +91,16 @@ pub fn inputs(f: &Function, b: &Bindings, seed: u64, variant: Variant) -> Vec<Te
 /// The file-test corpus: `(path, source)` of every `tests/filetests/*.sir`, sorted.
 pub fn corpus() -> Vec<(PathBuf, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).expect("filetests dir").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "sir")).collect();
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).expect("filetests dir").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "sir")).collect();
     files.sort();
-    files.into_iter().map(|p| {
-        let s = std::fs::read_to_string(&p).expect("read");
-        (p, s)
-    }).collect()
+    files
+        .into_iter()
+        .map(|p| {
+            let s = std::fs::read_to_string(&p).expect("read");
+            (p, s)
+        })
+        .collect()
 }
 
 /// Parses and verifies a corpus file.
