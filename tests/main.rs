@@ -15,3 +15,4 @@ mod gpu;
 mod fused_zoo;
 mod engine_gpu;
 mod cascade;
+mod fuzz;
