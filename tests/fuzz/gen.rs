@@ -23,8 +23,8 @@ use sinter::DType;
 pub struct Features {
     /// Additive attention masks with the dtype's finite lowest value (not only `-inf`).
     pub finite_mask: bool,
-    /// A batch of 0 in `attention`'s `bshd` layout.
-    pub bshd_empty_batch: bool,
+    /// A batch of 0 in `attention` (either layout).
+    pub attention_empty_batch: bool,
     /// A reader of the KV pages before `kv_append` updates them in place.
     pub read_before_append: bool,
     /// RMSNorm written out with explicit casts (the Gemma form, `1 + w`).
@@ -33,14 +33,17 @@ pub struct Features {
     pub wide_heads: bool,
     /// NaN, ±inf and finite extremes among attention's q, k, v and pages.
     pub attention_specials: bool,
+    /// Attention written out in bf16 (the passes' attention does not round the scores and
+    /// probabilities to bf16 where the graph does).
+    pub decomposed_bf16: bool,
 }
 
 impl Features {
     /// Every part on.
-    pub const ALL: Features = Features { finite_mask: true, bshd_empty_batch: true, read_before_append: true, cast_chain: true, wide_heads: true, attention_specials: true };
+    pub const ALL: Features = Features { finite_mask: true, attention_empty_batch: true, read_before_append: true, cast_chain: true, wide_heads: true, attention_specials: true, decomposed_bf16: true };
 
     /// Every part off.
-    pub const NONE: Features = Features { finite_mask: false, bshd_empty_batch: false, read_before_append: false, cast_chain: false, wide_heads: false, attention_specials: false };
+    pub const NONE: Features = Features { finite_mask: false, attention_empty_batch: false, read_before_append: false, cast_chain: false, wide_heads: false, attention_specials: false, decomposed_bf16: false };
 
     /// The names of the parts on, comma-separated (what [`Features::with`] reads).
     pub fn names(&self) -> String {
@@ -49,16 +52,17 @@ impl Features {
     }
 
     /// The names [`Features::with`] knows, with their switches.
-    pub const NAMES: [&'static str; 6] = ["finite_mask", "bshd_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials"];
+    pub const NAMES: [&'static str; 7] = ["finite_mask", "attention_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials", "decomposed_bf16"];
 
     fn flag(&mut self, name: &str) -> Option<&mut bool> {
         Some(match name {
             "finite_mask" => &mut self.finite_mask,
-            "bshd_empty_batch" => &mut self.bshd_empty_batch,
+            "attention_empty_batch" => &mut self.attention_empty_batch,
             "read_before_append" => &mut self.read_before_append,
             "cast_chain" => &mut self.cast_chain,
             "wide_heads" => &mut self.wide_heads,
             "attention_specials" => &mut self.attention_specials,
+            "decomposed_bf16" => &mut self.decomposed_bf16,
             _ => return None,
         })
     }
@@ -383,7 +387,7 @@ impl Gen {
         let dt = self.pick(&float_dtypes());
         let bshd = self.rng.random_bool(0.5);
         let mut batch = self.pick(&[0, 1, 1, 2, 3]);
-        if batch == 0 && bshd && !self.feats.bshd_empty_batch {
+        if batch == 0 && !self.feats.attention_empty_batch {
             batch = 1;
         }
         let hkv = self.pick(&[1, 1, 2, 3]);
@@ -424,7 +428,7 @@ impl Gen {
 
     /// `softmax(scale·Q·Kᵀ + mask)·V` written out, as models without an attention op do.
     fn attention_decomposed(&mut self) -> Vec<Value> {
-        let dt = self.pick(&[DType::F32, DType::BF16]);
+        let dt = if self.feats.decomposed_bf16 { self.pick(&[DType::F32, DType::BF16]) } else { DType::F32 };
         let batch = self.pick(&[1, 1, 2]);
         let heads = self.pick(&[1, 2]);
         let sq = self.size_nz().min(33);

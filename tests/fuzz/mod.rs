@@ -42,10 +42,11 @@ use gen::{Features, Kind};
 /// regression files may fail. Delete a line when its fix lands.
 pub const KNOWN_OPEN: &[(&str, &str)] = &[
     ("finite_mask", "attention with an additive mask of the dtype's finite lowest value and fully masked rows gives NaN (must give the mean of V)"),
-    ("bshd_empty_batch", "attention in the bshd layout with a batch of 0 writes out of bounds"),
+    ("attention_empty_batch", "attention with a batch of 0 writes out of bounds (bshd, and bhsd too: found by this fuzzer)"),
     ("read_before_append", "a reader of the KV pages before kv_append must see them before the in-place append"),
     ("cast_chain", "explicit cast chains of RMSNorm: the fused kernel rounds elsewhere than the graph"),
     ("wide_heads", "attention with head dim 512 formed by the passes is refused by the generator"),
+    ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
     ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in attention operands: fused attention differs from the reference (V with extremes of both signs gives NaN: the unnormalised f32 accumulator overflows; NaN in K/V under masked positions is dropped where the written-out graph gives NaN)"),
 ];
 
@@ -142,7 +143,7 @@ fn prune(text: &str) -> String {
 }
 
 /// A smaller graph with the same kind of finding: one output at a time, dead nodes pruned.
-fn minimise(graph: &sinter::Graph, vseed: u64, feats: Features, target: &Target, ptx: &[Target]) -> String {
+fn minimise(graph: &sinter::Graph, vseed: u64, feats: Features, strict: bool, target: &Target, ptx: &[Target]) -> String {
     let full = sinter::ir::print(graph);
     let f = graph.entry().expect("an entry");
     for i in 0..f.outputs.len() {
@@ -154,14 +155,14 @@ fn minimise(graph: &sinter::Graph, vseed: u64, feats: Features, target: &Target,
         g.funcs[id].outputs = vec![f.outputs[i]];
         let text = prune(&sinter::ir::print(&g));
         if let Ok(g2) = sinter::ir::parse(&text) {
-            if matches!(check_case(&g2, vseed, feats, target, ptx), Outcome::Finding(_)) {
+            if matches!(check_case(&g2, vseed, feats, strict, target, ptx), Outcome::Finding(_)) {
                 return text;
             }
         }
     }
     let text = prune(&full);
     match sinter::ir::parse(&text) {
-        Ok(g2) if matches!(check_case(&g2, vseed, feats, target, ptx), Outcome::Finding(_)) => text,
+        Ok(g2) if matches!(check_case(&g2, vseed, feats, strict, target, ptx), Outcome::Finding(_)) => text,
         _ => full,
     }
 }
@@ -199,14 +200,15 @@ fn run_seeds(seeds: &[u64], more: bool, secs: f64) -> (Vec<String>, usize) {
         };
         let t0 = Instant::now();
         let case = gen::generate(seed, &kinds, feats, 1);
-        let outcome = check_case(&case.graph, seed, feats, &target, &ptx);
+        let strict = case.kind == Kind::CastChain;
+        let outcome = check_case(&case.graph, seed, feats, strict, &target, &ptx);
         ran += 1;
         let dt = t0.elapsed().as_secs_f64();
         match &outcome {
             Outcome::Pass { unfused, fused } => eprintln!("fuzz seed {seed} {}: ok ({unfused} unfused, {fused} fused kernels) {dt:.1} s", case.kind.name()),
             Outcome::Skip(why) => eprintln!("fuzz seed {seed} {}: skipped: {why} {dt:.1} s", case.kind.name()),
             Outcome::Finding(f) => {
-                let text = minimise(&case.graph, seed, feats, &target, &ptx);
+                let text = minimise(&case.graph, seed, feats, strict, &target, &ptx);
                 let path = save(seed, case.kind, feats, &target, f, &text);
                 eprintln!("fuzz seed {seed} {}: FINDING after {:.1} s: {f}\n  saved {}", case.kind.name(), start.elapsed().as_secs_f64(), path.display());
                 findings.push(format!("seed {seed} ({}): {f}", case.kind.name()));
@@ -250,7 +252,8 @@ fn fuzz_regressions_replay() {
         let t0 = Instant::now();
         // The values are drawn under the features the finding was made with.
         let feats = header(&text, "features").map_or(features(), |f| Features::NONE.with(f));
-        let outcome = check_case(&graph, seed, feats, &target, &ptx_targets());
+        let strict = header(&text, "kind") == Some(Kind::CastChain.name());
+        let outcome = check_case(&graph, seed, feats, strict, &target, &ptx_targets());
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?");
         match (outcome, open) {
             (Outcome::Finding(f), Some(feature)) => eprintln!("{name}: known open bug ({feature}) still found: {f}"),

@@ -31,7 +31,7 @@ use crate::isa::capture_ir;
 use crate::isa::kit::EMIT_IR;
 
 /// Bytes of guard on each side of every storage.
-pub const GUARD_BYTES: usize = 4096;
+pub const GUARD_BYTES: usize = 1 << 20;
 /// The byte the guards are filled with.
 pub const GUARD_PATTERN: u8 = 0xA5;
 /// Alignment of every storage's first byte, as the runtime's pool.
@@ -176,17 +176,24 @@ impl Storage {
     fn guard_violation(&self) -> Option<(&'static str, isize, usize)> {
         let before = &self.bytes[..self.start];
         let after = &self.bytes[self.start + self.len..];
-        if let Some(i) = before.iter().position(|&b| b != GUARD_PATTERN) {
+        // Whole-slice comparisons first (a `memcmp`), the byte scan only on a change.
+        let clean = |s: &[u8]| s.chunks(GUARD_BYTES).all(|c| c == &GUARD_FILL[..c.len()]);
+        if !clean(before) {
+            let i = before.iter().position(|&b| b != GUARD_PATTERN).unwrap_or(0);
             let n = before.iter().filter(|&&b| b != GUARD_PATTERN).count();
             return Some(("before", i as isize - self.start as isize, n));
         }
-        if let Some(i) = after.iter().position(|&b| b != GUARD_PATTERN) {
+        if !clean(after) {
+            let i = after.iter().position(|&b| b != GUARD_PATTERN).unwrap_or(0);
             let n = after.iter().filter(|&&b| b != GUARD_PATTERN).count();
             return Some(("after", (self.len + i) as isize, n));
         }
         None
     }
 }
+
+/// One guard's worth of the pattern, to compare guards with.
+static GUARD_FILL: [u8; GUARD_BYTES] = [GUARD_PATTERN; GUARD_BYTES];
 
 /// Runs `kg` (compiled with [`compile_plans`] for the emulator) on `inputs` (one tensor per
 /// `kg.inputs` buffer, in order) and returns the tensors of `kg.outputs`, in order.
