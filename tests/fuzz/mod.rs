@@ -42,7 +42,7 @@ use gen::{Features, Kind};
 /// regression files may fail. Delete a line when its fix lands.
 pub const KNOWN_OPEN: &[(&str, &str)] = &[
     ("finite_mask", "attention with an additive mask of the dtype's finite lowest value and fully masked rows gives NaN (must give the mean of V)"),
-    ("attention_empty_batch", "attention with a batch of 0 writes out of bounds (bshd, and bhsd too: found by this fuzzer)"),
+    ("attention_empty_batch", "attention in the bshd layout with a batch of 0 writes out of bounds (the feature draws batch 0 in both layouts)"),
     ("read_before_append", "a reader of the KV pages before kv_append must see them before the in-place append"),
     ("cast_chain", "explicit cast chains of RMSNorm: the fused kernel rounds elsewhere than the graph"),
     ("wide_heads", "attention with head dim 512 formed by the passes is refused by the generator"),
