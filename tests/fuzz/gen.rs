@@ -33,6 +33,8 @@ pub struct Features {
     pub wide_heads: bool,
     /// NaN, ±inf and finite extremes among attention's q, k, v and pages.
     pub attention_specials: bool,
+    /// Matmuls whose batch axes hold a 0 (an empty batch).
+    pub empty_batch_matmul: bool,
     /// Attention written out in bf16 (the passes' attention does not round the scores and
     /// probabilities to bf16 where the graph does).
     pub decomposed_bf16: bool,
@@ -40,10 +42,28 @@ pub struct Features {
 
 impl Features {
     /// Every part on.
-    pub const ALL: Features = Features { finite_mask: true, attention_empty_batch: true, read_before_append: true, cast_chain: true, wide_heads: true, attention_specials: true, decomposed_bf16: true };
+    pub const ALL: Features = Features {
+        finite_mask: true,
+        attention_empty_batch: true,
+        read_before_append: true,
+        cast_chain: true,
+        wide_heads: true,
+        attention_specials: true,
+        decomposed_bf16: true,
+        empty_batch_matmul: true,
+    };
 
     /// Every part off.
-    pub const NONE: Features = Features { finite_mask: false, attention_empty_batch: false, read_before_append: false, cast_chain: false, wide_heads: false, attention_specials: false, decomposed_bf16: false };
+    pub const NONE: Features = Features {
+        finite_mask: false,
+        attention_empty_batch: false,
+        read_before_append: false,
+        cast_chain: false,
+        wide_heads: false,
+        attention_specials: false,
+        decomposed_bf16: false,
+        empty_batch_matmul: false,
+    };
 
     /// The names of the parts on, comma-separated (what [`Features::with`] reads).
     pub fn names(&self) -> String {
@@ -52,7 +72,7 @@ impl Features {
     }
 
     /// The names [`Features::with`] knows, with their switches.
-    pub const NAMES: [&'static str; 7] = ["finite_mask", "attention_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials", "decomposed_bf16"];
+    pub const NAMES: [&'static str; 8] = ["finite_mask", "attention_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials", "decomposed_bf16", "empty_batch_matmul"];
 
     fn flag(&mut self, name: &str) -> Option<&mut bool> {
         Some(match name {
@@ -63,6 +83,7 @@ impl Features {
             "wide_heads" => &mut self.wide_heads,
             "attention_specials" => &mut self.attention_specials,
             "decomposed_bf16" => &mut self.decomposed_bf16,
+            "empty_batch_matmul" => &mut self.empty_batch_matmul,
             _ => return None,
         })
     }
@@ -332,7 +353,7 @@ impl Gen {
                     self.try_op(OpKind::LayerNorm, &[x, w, bias], vec![("eps", Attr::Float(eps))])
                 }
             }
-            10 if float && rank >= 2 => {
+            10 if float && rank >= 2 && (self.feats.empty_batch_matmul || !shape[..rank - 2].contains(&0)) => {
                 let k = shape[rank - 1];
                 let n = self.size_nz();
                 let tb = self.rng.random_bool(0.3);
