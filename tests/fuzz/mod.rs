@@ -48,7 +48,7 @@ pub const KNOWN_OPEN: &[(&str, &str)] = &[
     ("wide_heads", "attention with head dim 512 formed by the passes is refused by the generator"),
     ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
     ("empty_batch_matmul", "found by this fuzzer: a batched matmul with a batch of 0 ([0, 31, 1] · [1, 17]) writes out of bounds"),
-    ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in attention operands: fused attention differs from the reference (V with extremes of both signs gives NaN: the unnormalised f32 accumulator overflows; NaN in K/V under masked positions is dropped where the written-out graph gives NaN)"),
+    ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in the operands of attention and paged_attention give NaN where the reference is finite (a paged cache with specials gives NaN at seq 2 of paged-specials.sir; V with extremes of both signs overflows the unnormalised f32 accumulator) or drop a NaN the written-out graph gives"),
 ];
 
 /// Seeds every CI run replays.
