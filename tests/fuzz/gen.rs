@@ -33,6 +33,9 @@ pub struct Features {
     pub wide_heads: bool,
     /// NaN, ±inf and finite extremes among attention's q, k, v and pages.
     pub attention_specials: bool,
+    /// Finite extremes (and magnitudes beyond 1e8) among the inputs of the DAG and the cast
+    /// chains, where f32 accumulation overflows and the f64 reference does not.
+    pub accumulate_extremes: bool,
     /// Matmuls whose batch axes hold a 0 (an empty batch).
     pub empty_batch_matmul: bool,
     /// Attention written out in bf16 (the passes' attention does not round the scores and
@@ -51,6 +54,7 @@ impl Features {
         attention_specials: true,
         decomposed_bf16: true,
         empty_batch_matmul: true,
+        accumulate_extremes: true,
     };
 
     /// Every part off.
@@ -63,6 +67,7 @@ impl Features {
         attention_specials: false,
         decomposed_bf16: false,
         empty_batch_matmul: false,
+        accumulate_extremes: false,
     };
 
     /// The names of the parts on, comma-separated (what [`Features::with`] reads).
@@ -72,7 +77,8 @@ impl Features {
     }
 
     /// The names [`Features::with`] knows, with their switches.
-    pub const NAMES: [&'static str; 8] = ["finite_mask", "attention_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials", "decomposed_bf16", "empty_batch_matmul"];
+    pub const NAMES: [&'static str; 9] =
+        ["finite_mask", "attention_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials", "decomposed_bf16", "empty_batch_matmul", "accumulate_extremes"];
 
     fn flag(&mut self, name: &str) -> Option<&mut bool> {
         Some(match name {
@@ -84,6 +90,7 @@ impl Features {
             "attention_specials" => &mut self.attention_specials,
             "decomposed_bf16" => &mut self.decomposed_bf16,
             "empty_batch_matmul" => &mut self.empty_batch_matmul,
+            "accumulate_extremes" => &mut self.accumulate_extremes,
             _ => return None,
         })
     }

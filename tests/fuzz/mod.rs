@@ -48,6 +48,7 @@ pub const KNOWN_OPEN: &[(&str, &str)] = &[
     ("wide_heads", "attention with head dim 512 formed by the passes is refused by the generator"),
     ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
     ("empty_batch_matmul", "found by this fuzzer: a batched matmul with a batch of 0 ([0, 31, 1] · [1, 17]) writes out of bounds"),
+    ("accumulate_extremes", "found by this fuzzer: finite extremes among a matmul's operands overflow its f32 accumulator (inf − inf = NaN) where the f64 reference stays finite: matmul → tanh → reduce_max gives NaN for 1 (accumulate-extremes.sir); DESIGN.md says f32 accumulation: decide whether kernels or the reference change"),
     ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in the operands of attention and paged_attention give NaN where the reference is finite (a paged cache with specials gives NaN at seq 2 of paged-specials.sir; V with extremes of both signs overflows the unnormalised f32 accumulator) or drop a NaN the written-out graph gives"),
 ];
 

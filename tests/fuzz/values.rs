@@ -3,7 +3,8 @@
 //! Float inputs take one of several modes per input: uniform in [−2, 2); the same with special
 //! values sprinkled (NaN, ±inf, the dtype's finite extremes, denormals, ±0); log-uniform
 //! magnitudes; whole rows of one special value. NaN, ±inf and the finite extremes among
-//! attention's operands only with `Features::attention_specials`. Parameters the generator names get values
+//! attention's operands only with `Features::attention_specials`; the finite extremes (and
+//! magnitudes beyond 1e8) elsewhere only with `Features::accumulate_extremes`. Parameters the generator names get values
 //! that make the graph meaningful: `mask` rows of 0 and −inf (some fully masked),
 //! `mask_finite` the same with the dtype's lowest finite value instead of −inf;
 //! `block_table`, `start_pos`, `seq_lens` a valid paged cache (distinct pages per
@@ -33,27 +34,40 @@ fn denormal(dt: DType) -> f64 {
     }
 }
 
-/// A special value: denormals and signed zeros always; NaN, ±inf and the finite extremes
-/// only when `wild`.
-fn special(rng: &mut StdRng, dt: DType, wild: bool) -> f64 {
+/// A special value: denormals, signed zeros and 1 always; NaN and ±inf with `nonfinite`; the
+/// dtype's finite extremes with `extremes`.
+fn special(rng: &mut StdRng, dt: DType, kinds: Specials) -> f64 {
     let l = lowest(dt);
-    let all = [denormal(dt), -denormal(dt), -0.0, 0.0, 1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, l, -l];
-    all[rng.random_range(0..if wild { all.len() } else { 5 })]
+    let mut all = vec![denormal(dt), -denormal(dt), -0.0, 0.0, 1.0];
+    if kinds.nonfinite {
+        all.extend([f64::NAN, f64::INFINITY, f64::NEG_INFINITY]);
+    }
+    if kinds.extremes {
+        all.extend([l, -l]);
+    }
+    all[rng.random_range(0..all.len())]
+}
+
+/// Which special values an input may hold.
+#[derive(Clone, Copy)]
+struct Specials {
+    nonfinite: bool,
+    extremes: bool,
 }
 
 /// Values of one float input of `shape`: a mode chosen by `rng`.
-fn floats(rng: &mut StdRng, dt: DType, shape: &[usize], extremes: bool) -> Vec<f64> {
+fn floats(rng: &mut StdRng, dt: DType, shape: &[usize], kinds: Specials) -> Vec<f64> {
     let n: usize = shape.iter().product();
     let row = shape.last().copied().unwrap_or(1).max(1);
     let mode = rng.random_range(0..6);
     let uni = |rng: &mut StdRng| rng.random_range(-2.0..2.0);
     match mode {
         // Specials sprinkled.
-        3 => (0..n).map(|_| if rng.random_bool(0.15) { special(rng, dt, extremes) } else { uni(rng) }).collect(),
+        3 => (0..n).map(|_| if rng.random_bool(0.15) { special(rng, dt, kinds) } else { uni(rng) }).collect(),
         // Log-uniform magnitudes, both signs.
         4 => (0..n)
             .map(|_| {
-                let e = rng.random_range(-30.0..if extremes { 30.0 } else { 8.0 });
+                let e = rng.random_range(-30.0..if kinds.extremes { 30.0 } else { 8.0 });
                 let s = if rng.random_bool(0.5) { -1.0 } else { 1.0 };
                 s * 10f64.powf(if dt == DType::F16 { e / 7.0 } else { e })
             })
@@ -63,7 +77,7 @@ fn floats(rng: &mut StdRng, dt: DType, shape: &[usize], extremes: bool) -> Vec<f
             let mut v: Vec<f64> = (0..n).map(|_| uni(rng)).collect();
             for r in v.chunks_mut(row) {
                 if rng.random_bool(0.3) {
-                    let s = special(rng, dt, extremes);
+                    let s = special(rng, dt, kinds);
                     r.fill(s);
                 }
             }
@@ -132,7 +146,14 @@ pub fn inputs(graph: &Graph, seed: u64, feats: Features) -> Vec<(String, Tensor)
                 "seq_lens" => lens.clone().unwrap_or_else(|| vec![0.0; n]),
                 "mask" => mask(&mut rng, &shape, f64::NEG_INFINITY),
                 "mask_finite" => mask(&mut rng, &shape, lowest(dt)),
-                _ if dt.is_float() => floats(&mut rng, dt, &shape, feats.attention_specials || !ATTENTION_OPERANDS.contains(&name.as_str())),
+                _ if dt.is_float() => {
+                    let kinds = if ATTENTION_OPERANDS.contains(&name.as_str()) {
+                        Specials { nonfinite: feats.attention_specials, extremes: feats.attention_specials }
+                    } else {
+                        Specials { nonfinite: true, extremes: feats.accumulate_extremes }
+                    };
+                    floats(&mut rng, dt, &shape, kinds)
+                }
                 _ if dt == DType::Bool => (0..n).map(|_| f64::from(u8::from(rng.random_bool(0.5)))).collect(),
                 _ => (0..n).map(|_| f64::from(rng.random_range(-3i32..4))).collect(),
             };
