@@ -17,3 +17,4 @@ mod engine_gpu;
 mod cascade;
 mod adversarial;
 mod compile_parallel;
+mod fuzz;

@@ -28,6 +28,7 @@ use crate::zoo::Rng;
 mod adversarial;
 mod compile_cache;
 mod fp8;
+mod fuzz;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes

@@ -32,6 +32,8 @@ use sinter_ir::interp::{self, Tensor};
 use sinter_ir::{Bindings, DType, Graph, Kernel, KernelGraph, KernelParam, LaunchPlan};
 
 use crate::isa::kit::EMIT_IR;
+
+pub mod graph;
 use crate::error::CodegenError;
 
 struct Warp {
@@ -598,6 +600,14 @@ fn cluster_dims(ir: &str) -> [u32; 3] {
 /// Runs `plan` (whose `ptx` holds the kernel's IR) on the host over `bufs` (every
 /// kernel buffer's bytes, inputs then outputs) with the symbols of `bindings`.
 pub fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
+    let addrs: Vec<u64> = bufs.iter_mut().map(|b| b.as_mut_ptr() as u64).collect();
+    run_at(plan, bindings, &addrs);
+}
+
+/// [`run`] with the kernel's buffers given by address (`addrs[i]` for buffer parameter `i`):
+/// the caller keeps them alive and large enough ([`graph`] places them between guard bytes,
+/// and passes one address twice for an in-place update).
+fn run_at(plan: &LaunchPlan, bindings: &Bindings, addrs: &[u64]) {
     LlvmTarget::initialize_native(&InitializationConfig::default()).expect("a native LLVM target");
     let ir = host_ir(&plan.ptx, &plan.entry, &plan.params);
     if let Some(dir) = std::env::var_os("SINTER_EMU_DUMP") {
@@ -648,7 +658,7 @@ pub fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
         .params
         .iter()
         .map(|p| match p {
-            KernelParam::Buffer(i) => bufs[*i].as_mut_ptr() as u64,
+            KernelParam::Buffer(i) => addrs[*i],
             KernelParam::Size(d) => d.eval(bindings).expect("a bound size") as u64,
             KernelParam::TensorMap(_) => panic!("the CPU emulator runs no TMA kernel"),
         })

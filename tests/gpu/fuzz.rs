@@ -1,0 +1,127 @@
+//! The differential fuzzer on the GPU: the CPU fuzzer's generator (`tests/fuzz/gen.rs`, with
+//! sizes scaled up) and values, each graph lowered unfused and fused for this device's target
+//! (`sinter::gpu::target_for`), compiled (or taken from the kernel cache), run by the
+//! runtime's executor with a poisoned guard tail on every output, checked after each kernel
+//! (`Executor::checked`), and compared with the interpreter under DESIGN.md's rule.
+//!
+//! Budget: `SINTER_FUZZ_SECONDS` (default 240); `SINTER_FUZZ_SEEDS` runs exactly those seeds;
+//! `SINTER_FUZZ_FEATURES`, `SINTER_FUZZ_KINDS` as on the CPU (`tests/fuzz/mod.rs`). Prints
+//! every seed, every finding (seed and graph text), and a last line `fuzz-gpu summary: …` for
+//! bench/GPU-TESTS.md. A kernel fault ends the run (the CUDA context is lost) as a finding.
+//! Skipped without a GPU (`SINTER_GPU_REQUIRED=1` makes that a failure).
+
+use std::time::Instant;
+
+use sinter::gpu::Lowering;
+use sinter::{Bindings, Graph, Tensor};
+use sinter_runtime::{Device, DeviceBuffer, Executor, KernelCache};
+
+use crate::fuzz::{self, check::compare};
+
+/// Guard bytes past every output, and their pattern.
+const GUARD: (usize, u8) = (256, 0xFF);
+
+/// One lowering of `graph` on the device: its outputs, or what went wrong (`Err((fatal,
+/// message))`, fatal when the device's context is lost).
+fn run_on_device(dev: &Device, cache: &KernelCache, graph: &Graph, lowering: Lowering, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, (bool, String)> {
+    let target = sinter::gpu::target_for(dev);
+    let kg = sinter::gpu::lower(graph, lowering, &target).map_err(|e| (false, format!("lowering: {e}")))?;
+    let mut stats = sinter::gpu::CompileStats::default();
+    let plans = sinter::gpu::plans(&kg, &target, cache, &mut stats).map_err(|e| (false, format!("code generation: {e}")))?;
+    let ex = Executor::new(dev, &kg, plans).map_err(|e| (false, e.to_string()))?.with_output_guard(GUARD.0, GUARD.1).checked(true);
+    let ins = fuzz::check::kernel_inputs(&kg, inputs).map_err(|e| (false, e))?;
+    let bufs = ins.iter().map(|t| dev.upload_tensor(t)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))?;
+    let refs: Vec<&DeviceBuffer> = bufs.iter().collect();
+    let outs = ex.run(&refs, &Bindings::new()).map_err(|e| (true, format!("run: {e}")))?;
+    for (i, o) in outs.iter().enumerate() {
+        if kg.buffers[kg.outputs[i]].role == sinter::ir::BufferRole::Input {
+            continue;
+        }
+        if let Some(v) = dev.guard_violation(o, GUARD.1).map_err(|e| (true, e.to_string()))? {
+            return Err((false, format!("output {i} written past its end: {v}")));
+        }
+    }
+    outs.iter().map(|o| dev.download_tensor(o)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))
+}
+
+#[test]
+fn gpu_fuzz_compiled_paths_match_the_interpreter() {
+    let Some(dev) = super::device() else { return };
+    let cache = KernelCache::open_default().expect("the kernel cache");
+    let secs = fuzz::budget(240.0);
+    let (feats, kinds) = (fuzz::features(), fuzz::kinds());
+    let explicit = fuzz::explicit_seeds();
+    let mut queue: std::collections::VecDeque<u64> = explicit.clone().unwrap_or_else(|| (0..16).collect()).into();
+    let mut fresh = fuzz::clock_seed();
+    let start = Instant::now();
+    let (mut ran, mut passed, mut skipped, mut findings) = (0usize, 0usize, 0usize, Vec::new());
+    eprintln!("fuzz-gpu: target {}, kinds {:?}, features {feats:?}, budget {secs} s", sinter::gpu::target_for(&dev), kinds.iter().map(|k| k.name()).collect::<Vec<_>>());
+    'seeds: loop {
+        let seed = match queue.pop_front() {
+            Some(s) => s,
+            None if explicit.is_none() && start.elapsed().as_secs_f64() < secs => {
+                fresh = fresh.wrapping_add(1);
+                fresh
+            }
+            None => break,
+        };
+        if explicit.is_none() && start.elapsed().as_secs_f64() >= secs {
+            break;
+        }
+        let case = fuzz::gen::generate(seed, &kinds, feats, 4);
+        let inputs = fuzz::values::inputs(&case.graph, seed, feats);
+        let refs: Vec<&Tensor> = inputs.iter().map(|(_, t)| t).collect();
+        ran += 1;
+        let want = match sinter::ir::interp::run_entry(&case.graph, &refs, &Bindings::new()) {
+            Ok(w) => w,
+            Err(e) => {
+                skipped += 1;
+                eprintln!("fuzz-gpu seed {seed} {}: skipped: interpreter: {e}", case.kind.name());
+                continue;
+            }
+        };
+        let mut ok = true;
+        let mut unfused_compiles = true;
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            let r = run_on_device(&dev, &cache, &case.graph, lowering, &inputs);
+            let problem = match r {
+                Ok(got) => got.iter().zip(&want).enumerate().find_map(|(i, (g, w))| compare(&format!("{lowering:?} output {i}"), g, w).err()),
+                Err((false, e)) if e.starts_with("code generation") && lowering == Lowering::Unfused => {
+                    unfused_compiles = false;
+                    None
+                }
+                Err((false, e)) if e.starts_with("code generation") && !unfused_compiles => None,
+                Err((fatal, e)) => {
+                    let msg = format!("{lowering:?}: {e}");
+                    if fatal {
+                        findings.push(format!("seed {seed} ({}): {msg} (device lost; run stopped)\n{}", case.kind.name(), sinter::ir::print(&case.graph)));
+                        eprintln!("fuzz-gpu seed {seed}: FATAL {msg}");
+                        break 'seeds;
+                    }
+                    Some(msg)
+                }
+            };
+            if let Some(p) = problem {
+                ok = false;
+                eprintln!("fuzz-gpu seed {seed} {}: FINDING {p}\n{}", case.kind.name(), sinter::ir::print(&case.graph));
+                findings.push(format!("seed {seed} ({}): {p}", case.kind.name()));
+                break;
+            }
+        }
+        if ok {
+            if unfused_compiles {
+                passed += 1;
+            } else {
+                skipped += 1;
+            }
+            eprintln!("fuzz-gpu seed {seed} {}: ok", case.kind.name());
+        }
+    }
+    eprintln!(
+        "fuzz-gpu summary: {ran} seeds in {:.0} s ({passed} passed, {skipped} skipped, {} findings{}); features {feats:?}",
+        start.elapsed().as_secs_f64(),
+        findings.len(),
+        if findings.is_empty() { String::new() } else { format!(": {}", findings.iter().map(|f| f.lines().next().unwrap_or("")).collect::<Vec<_>>().join("; ")) }
+    );
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
