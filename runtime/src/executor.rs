@@ -357,23 +357,11 @@ impl Executor {
         self.device.alloc_extent(data.ty.dtype, &shape, extent, guard)
     }
 
-    /// Whether kernel `i` has anything to compute under `bindings`: some output has elements
-    /// and every grid axis has work items.
-    fn has_work(&self, i: usize, data: &KernelData, bindings: &Bindings) -> Result<bool, RuntimeError> {
-        for g in &self.plans[i].grid {
-            let n = g.numerator.eval(bindings).map_err(|source| RuntimeError::Dim { what: format!("grid `{}` of kernel `{}`", g.numerator, self.plans[i].entry), source })?;
-            if n <= 0 {
-                return Ok(false);
-            }
-        }
-        for b in &data.outputs {
-            let bd = &self.graph.buffers[*b];
-            let shape = eval_shape(&bd.ty.shape, bindings, &buffer_label(*b, bd))?;
-            if shape.iter().all(|&d| d > 0) {
-                return Ok(true);
-            }
-        }
-        Ok(data.outputs.is_empty())
+    /// Whether kernel `i` has anything to compute under `bindings`
+    /// ([`KernelGraph::has_work`]).
+    fn has_work(&self, i: usize, bindings: &Bindings) -> Result<bool, RuntimeError> {
+        let k = Kernel::from_u32(i as u32);
+        self.graph.has_work(k, &self.plans[i], bindings).map_err(|source| RuntimeError::Dim { what: format!("the grid or outputs of kernel `{}`", self.plans[i].entry), source })
     }
 
     fn resolve_kernel(&self, i: usize, data: &KernelData, slots: &BTreeMap<Buffer, DeviceBuffer>, bindings: &Bindings) -> Result<ResolvedLaunch, RuntimeError> {
@@ -405,7 +393,7 @@ impl Executor {
                 }
                 let mut resolved = Vec::with_capacity(n);
                 for (i, data) in kernels.iter().enumerate() {
-                    if self.has_work(i, data, &bindings)? {
+                    if self.has_work(i, &bindings)? {
                         resolved.push((i, self.resolve_kernel(i, data, &slots, &bindings)?));
                     }
                 }
@@ -444,7 +432,7 @@ impl Executor {
                     // A kernel with nothing to compute is not launched (zero-sized outputs or
                     // an empty grid axis): its plan may not even resolve (a tensor map over an
                     // empty tensor), and a grid rounded up to one CTA would write past them.
-                    let work = self.has_work(i, data, &bindings)?;
+                    let work = self.has_work(i, &bindings)?;
                     let r = if work { Some(self.resolve_kernel(i, data, &slots, &bindings)?) } else { None };
                     if profiling {
                         let start = self.event()?;

@@ -42,12 +42,7 @@ use gen::{Features, Kind};
 /// regression files may fail. Delete a line when its fix lands.
 pub const KNOWN_OPEN: &[(&str, &str)] = &[
     ("finite_mask", "attention with an additive mask of the dtype's finite lowest value and fully masked rows gives NaN (must give the mean of V)"),
-    ("attention_empty_batch", "attention in the bshd layout with a batch of 0 writes out of bounds (the feature draws batch 0 in both layouts)"),
-    ("read_before_append", "a reader of the KV pages before kv_append must see them before the in-place append"),
-    ("cast_chain", "explicit cast chains of RMSNorm: the fused kernel rounds elsewhere than the graph"),
-    ("wide_heads", "attention with head dim 512 formed by the passes is refused by the generator"),
     ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
-    ("empty_batch_matmul", "found by this fuzzer: a batched matmul with a batch of 0 ([0, 31, 1] · [1, 17]) writes out of bounds"),
     ("accumulate_extremes", "found by this fuzzer: finite extremes among a matmul's operands overflow its f32 accumulator (inf − inf = NaN) where the f64 reference stays finite: matmul → tanh → reduce_max gives NaN for 1 (accumulate-extremes.sir); DESIGN.md says f32 accumulation: decide whether kernels or the reference change"),
     ("dag_slice", "found by this fuzzer: the fused lowering fuses a slice into a row-reduction or pointwise kernel and then refuses its own kernel (\"kernels outside the code generator's contract: k0 (RowReduction): output is f32[22], neither a row nor one value per row\"; \"k2 (Pointwise): the outputs have different shapes\"): slice-layer-norm.sir, slice-pointwise.sir"),
     ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in the operands of attention and paged_attention give NaN where the reference is finite (a paged cache with specials gives NaN at seq 2 of paged-specials.sir; V with extremes of both signs overflows the unnormalised f32 accumulator) or drop a NaN the written-out graph gives"),

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use sinter_ir::interp::Tensor;
-use sinter_ir::{Bindings, Buffer, BufferData, DType, Family, Kernel, KernelGraph, LaunchPlan, OpKind, Target};
+use sinter_ir::{Bindings, Buffer, BufferData, DType, Family, Kernel, KernelGraph, LaunchPlan, Target};
 
 use crate::error::CodegenError;
 use crate::isa::capture_ir;
@@ -125,21 +125,7 @@ pub fn compile_plans(kg: &KernelGraph, target: &Target) -> Result<Vec<LaunchPlan
 /// storage root of the page input it updates (the runtime executor's rule; chains resolve to
 /// the first buffer).
 pub fn in_place_aliases(kg: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
-    let mut aliases: BTreeMap<Buffer, Buffer> = BTreeMap::new();
-    for data in kg.kernels.values() {
-        let body = &data.body;
-        for nd in body.nodes.values().filter(|nd| nd.op.kind == OpKind::KvAppend) {
-            for (page, result) in nd.inputs.iter().zip(&nd.results).take(2) {
-                let input = body.params.iter().position(|p| p == page).and_then(|i| data.inputs.get(i));
-                let output = body.outputs.iter().position(|o| o == result).and_then(|i| data.outputs.get(i));
-                if let (Some(inp), Some(out)) = (input, output) {
-                    let root = aliases.get(inp).copied().unwrap_or(*inp);
-                    aliases.insert(*out, root);
-                }
-            }
-        }
-    }
-    aliases
+    kg.in_place_aliases()
 }
 
 /// One storage: guard, (alignment padding), data, guard.
@@ -223,6 +209,10 @@ pub fn run_plans(kg: &KernelGraph, plans: &[LaunchPlan], inputs: &[&Tensor], ext
                 let len = extent(&kg.buffers[r], &bindings, r)?;
                 store.insert(r, Storage::new(&[], len, 0xFF));
             }
+        }
+        // A kernel with nothing to compute is not launched, as in the runtime.
+        if !kg.has_work(k, plan, &bindings).map_err(|e| GraphRunError::Input(format!("kernel {k}: {e}")))? {
+            continue;
         }
         for b in &data.outputs {
             written.insert(root(*b));

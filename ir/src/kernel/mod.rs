@@ -162,6 +162,32 @@ impl KernelGraph {
         KernelGraph { buffers: self.buffers.clone(), kernels, inputs, outputs: kd.outputs.clone() }
     }
 
+    /// Whether kernel `k`, launched by `plan`, has anything to compute under `bindings`: every
+    /// grid axis has work items and some output has elements (a kernel without outputs counts
+    /// as having work). Executors skip a kernel without work: its grid, rounded up to one CTA
+    /// per axis, would otherwise run over empty buffers.
+    ///
+    /// # Errors
+    /// An unbound symbol or an overflow in a grid axis or an output's shape.
+    pub fn has_work(&self, k: Kernel, plan: &LaunchPlan, bindings: &Bindings) -> Result<bool, DimError> {
+        for g in &plan.grid {
+            if g.numerator.eval(bindings)? <= 0 {
+                return Ok(false);
+            }
+        }
+        let outputs = &self.kernels[k].outputs;
+        for b in outputs {
+            let mut empty = false;
+            for d in &self.buffers[*b].ty.shape {
+                empty |= d.eval(bindings)? <= 0;
+            }
+            if !empty {
+                return Ok(true);
+            }
+        }
+        Ok(outputs.is_empty())
+    }
+
     /// The in-place updates: each output of a kernel that is a `kv_append` result (the updated
     /// `k_pages`, `v_pages`, in a KvAppend kernel or a projection's epilogue) is the same
     /// storage as the kernel's page input, mapped here to its storage root (chains, layer after
