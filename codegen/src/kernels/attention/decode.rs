@@ -39,7 +39,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
 
-use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, PagedAddr};
+use super::analysis::{dynamic_bytes, exp0, shared_kind, unsupported, Paged, PagedAddr};
 use crate::isa::kit::{Kit, SharedKind, R};
 use super::AttentionSchedule;
 use crate::kernels::family::{Generator, Schedule};
@@ -498,7 +498,7 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
                 let m_use = k.select_f(empty, zero, mx)?;
                 let (mut num, mut den) = (zero, zero);
                 for (mv, lv, av) in parts {
-                    let w = k.exp(k.fsub(mv, m_use)?)?;
+                    let w = exp0(k, k.fsub(mv, m_use)?)?;
                     num = k.fma(av, w, num)?;
                     den = k.fma(lv, w, den)?;
                 }
@@ -672,7 +672,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             let n_vis = |k: &Kit<'ctx>| k.smin(k.smax(k.sub(info.limit, j0)?, i32c(0))?, i32c(TILE));
             if let (Some(phi), Some(u)) = (unified, &self.um) {
                 k.set(u.lmax[r], k.max_nan(k.get_f(u.lmax[r])?, sc)?.into())?;
-                let pj = k.exp(k.fsub(sc, k.f32c(f64::from(phi)))?)?;
+                let pj = exp0(k, k.fsub(sc, k.f32c(f64::from(phi)))?)?;
                 k.set(u.lsum[r], k.fadd(k.get_f(u.lsum[r])?, pj)?.into())?;
                 k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
                 // Lanes whose score is not −inf (NaN counts, as it does for the running max).
@@ -695,8 +695,8 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             let m_new = k.max_nan(m_old, tile_max)?;
             let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
             let m_use = k.select_f(none_yet, zero, m_new)?;
-            let alpha = k.exp(k.fsub(m_old, m_use)?)?;
-            let pj = k.exp(k.fsub(sc, m_use)?)?;
+            let alpha = exp0(k, k.fsub(m_old, m_use)?)?;
+            let pj = exp0(k, k.fsub(sc, m_use)?)?;
             let psum = k.warp_reduce(pj, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
             k.set(l[r], k.fma(k.get_f(l[r])?, alpha, psum)?.into())?;
             for a in &self.acc[r] {
