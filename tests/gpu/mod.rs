@@ -26,6 +26,7 @@ use sinter_runtime::Device;
 use crate::zoo::Rng;
 
 mod fp8;
+mod attention_extremes;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes

@@ -91,6 +91,16 @@ pub fn choose_schedule(rows: Option<i64>, target: &Target) -> DecodeSchedule {
     DecodeSchedule { warps: 4, rows: r, cluster }
 }
 
+/// [`choose_schedule`] for head dim `dv`: a lane's accumulators (`rows·nd`, nd = ⌈dv/32⌉) at
+/// most 64, and with one batch of 8 V rows (`8·nd`) at most 128 registers — 8 rows up to D
+/// 256, 4 at D 320, 1 at D 512 (6 rows at D 320 spill on sm_90a, 2 at D 512 in f32 on sm_80).
+pub fn choose_schedule_for(rows: Option<i64>, dv: u32, target: &Target) -> DecodeSchedule {
+    let s = choose_schedule(rows, target);
+    let nd = dv.div_ceil(32);
+    let most = (64 / nd).min((128 / nd).saturating_sub(8)).max(1);
+    DecodeSchedule { rows: s.rows.min(most), ..s }
+}
+
 /// Shared-memory layout (bytes): Q in f32, per warp P and the keys' V offsets, the workers'
 /// partial results.
 struct Smem {
@@ -115,7 +125,7 @@ impl Smem {
 }
 
 /// Generates split-KV paged decode attention for kernel `kernel` of `graph` with
-/// [`choose_schedule`]'s schedule. See the module docs.
+/// [`choose_schedule_for`]'s schedule. See the module docs.
 ///
 /// # Errors
 /// [`CodegenError::Unsupported`] for a body [`super::generate_paged`] refuses, or
@@ -128,7 +138,7 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
 /// ([`super::generate_paged`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum PagedSchedule {
-    /// The split-KV kernel with [`choose_schedule`]'s schedule: the one candidate, `default`.
+    /// The split-KV kernel with [`choose_schedule_for`]'s schedule: the one candidate, `default`.
     Default,
     /// The split-KV kernel.
     SplitKv(DecodeSchedule),
@@ -160,7 +170,7 @@ impl Generator for PagedAttention {
     }
     fn build(p: &Paged, s: &PagedSchedule, target: &Target) -> R<LaunchPlan> {
         match s {
-            PagedSchedule::Default => plan(p, target, &choose_schedule(p.rows().as_const(), target)),
+            PagedSchedule::Default => plan(p, target, &choose_schedule_for(p.rows().as_const(), p.d, target)),
             PagedSchedule::SplitKv(s) => plan(p, target, s),
             PagedSchedule::SingleCta(s) => super::simt::paged_plan(p, target, s),
         }
