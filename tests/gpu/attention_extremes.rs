@@ -7,7 +7,7 @@
 //!   counts with tails.
 //!
 //! Without a GPU: the passes keep the HF mask as it is (no rewrite divides it by the scale,
-//! which would overflow −3.4e38 to −inf), and the fused kernels compile for sm_80 and sm_90a.
+//! which would overflow −3.4e38 to −inf), and every kernel assembles for sm_80 and sm_90a.
 
 use super::*;
 
@@ -92,7 +92,8 @@ fn gpu_attention_extremes_match_the_interpreter() {
 
 /// Without a GPU: the passes turn the HF graph into one attention kernel whose mask is the
 /// mask input itself (not rescaled), the interpreter gives the mean of V for the fully masked
-/// rows of the kernel graph, and every kernel of both lowerings compiles for sm_80 and sm_90a.
+/// rows of the kernel graph, and every kernel of both lowerings compiles for sm_80 and sm_90a
+/// and assembles without spills (where ptxas is found).
 #[cfg(feature = "llvm")]
 #[test]
 fn attention_extremes_lower_and_compile() {
@@ -121,13 +122,18 @@ fn attention_extremes_lower_and_compile() {
             }
         }
     }
+    let ptxas = sinter_codegen::ptxas::find_ptxas_for_tests().unwrap();
     for c in hf_cases().into_iter().chain(wide_cases()) {
         let g = sinter::ir::parse(&c.src).unwrap();
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             for target in [Target::SM_80, Target::SM_90A] {
                 let kg = sinter::gpu::lower(&g, lowering, &target).unwrap_or_else(|e| panic!("{} [{lowering:?}]: {e}", c.name));
                 for k in kg.kernels.keys() {
-                    sinter_codegen::compile_kernel(&kg, k, &target).unwrap_or_else(|e| panic!("{} [{lowering:?}] {k} {target}: {e}", c.name));
+                    let plan = sinter_codegen::compile_kernel(&kg, k, &target).unwrap_or_else(|e| panic!("{} [{lowering:?}] {k} {target}: {e}", c.name));
+                    if let Some(ptxas) = &ptxas {
+                        let r = sinter_codegen::ptxas::assemble_with(ptxas, &plan.ptx, &target).unwrap_or_else(|e| panic!("{} [{lowering:?}] {k} {target}: {e}", c.name));
+                        assert!(!r.functions.iter().any(|f| f.spills()), "{} [{lowering:?}] {k} {target}: spills: {r:?}", c.name);
+                    }
                 }
             }
         }

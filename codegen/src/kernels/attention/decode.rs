@@ -92,12 +92,12 @@ pub fn choose_schedule(rows: Option<i64>, target: &Target) -> DecodeSchedule {
 }
 
 /// [`choose_schedule`] for head dim `dv`: a lane's accumulators (`rows·nd`, nd = ⌈dv/32⌉) at
-/// most 64, and with one batch of 8 V rows (`8·nd`) at most 128 registers — 8 rows up to D
-/// 256, 4 at D 320, 1 at D 512 (6 rows at D 320 spill on sm_90a, 2 at D 512 in f32 on sm_80).
+/// most 64 up to D 256 (8 rows), at most 32 above (3 rows at D 320, 2 at D 512: 4 rows at
+/// D 512 take 253 to 255 registers, too close to spilling).
 pub fn choose_schedule_for(rows: Option<i64>, dv: u32, target: &Target) -> DecodeSchedule {
     let s = choose_schedule(rows, target);
     let nd = dv.div_ceil(32);
-    let most = (64 / nd).min((128 / nd).saturating_sub(8)).max(1);
+    let most = (if nd > 8 { 32 } else { 64 } / nd).max(1);
     DecodeSchedule { rows: s.rows.min(most), ..s }
 }
 
@@ -425,6 +425,12 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
         if rt * nd > 16 {
             prefetch = (prefetch / 2).max(8);
         }
+        // Head dims above 256 (16 values a V row at D 512): no V rows live across the scores,
+        // and V loaded four rows at a time.
+        let v_batch = if nd > 8 { 4 } else { 8 };
+        if nd > 8 {
+            prefetch = 0;
+        }
         // The unified-max path's per-row state: each lane's running maximum of its raw scores
         // and sum of its p, and whether the worker has seen a score other than −inf.
         let um = match p.unified_max {
@@ -435,7 +441,7 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
             }),
             None => None,
         };
-        Ok(Worker { c: self, kv_end, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, um })
+        Ok(Worker { c: self, kv_end, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, v_batch, um })
     }
 
     /// 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
@@ -552,6 +558,8 @@ struct Worker<'w, 'ctx> {
     scale: FloatValue<'ctx>,
     /// Keys whose V slices are loaded with K.
     prefetch: u32,
+    /// V rows loaded at a time after those (8; 4 above D 256).
+    v_batch: u32,
     um: Option<Unified<'ctx>>,
 }
 
@@ -750,7 +758,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             }
             Ok(())
         };
-        // The prefetched keys, then the rest eight V loads at a time.
+        // The prefetched keys, then the rest `v_batch` V loads at a time.
         let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
             let step = |k: &Kit<'ctx>, jj: u32, v: &[FloatValue<'ctx>]| -> R<()> {
                 let jv = i32c(jj);
@@ -764,8 +772,8 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             for (jj, v) in vrows.iter().enumerate() {
                 step(k, jj as u32, v)?;
             }
-            for j8 in (self.prefetch..TILE).step_by(8) {
-                let batch: Vec<Vec<FloatValue>> = (j8..j8 + 8).map(|jj| self.v_row(k, i32c(jj))).collect::<R<_>>()?;
+            for j8 in (self.prefetch..TILE).step_by(self.v_batch as usize) {
+                let batch: Vec<Vec<FloatValue>> = (j8..j8 + self.v_batch).map(|jj| self.v_row(k, i32c(jj))).collect::<R<_>>()?;
                 for (u, v) in batch.iter().enumerate() {
                     step(k, j8 + u as u32, v)?;
                 }
