@@ -1,6 +1,6 @@
 //! The passes form only attention kernels the code generator accepts for the target
 //! (`sinter_ir::contract::attention_node`): a decomposed attention the contract refuses (head
-//! dim 512) is left decomposed — extraction never picks the refused `attention` e-node — and a
+//! dim 640) is left decomposed — extraction never picks the refused `attention` e-node — and a
 //! user-written `attention` / `paged_attention` it refuses is compiled as its decomposition.
 //! Each compiled graph, evaluated on the interpreter, equals the graph as written within
 //! DESIGN.md's bf16 tolerance (the decomposition accumulates and normalises in f32 where the
@@ -21,20 +21,20 @@ fn c(v: i64) -> Dim {
     Dim::constant(v)
 }
 
-/// Head dim 512, one K/V head broadcast across 8 query heads (stride 0), bf16, written as
-/// separate ops: `softmax(scale · Q·Kᵀ)·V`. q `[1, 8, T, 512]`, k and v `[1, 1, S, 512]`.
-fn decomposed_512() -> Graph {
+/// Head dim 640 (above the generators' 512), one K/V head broadcast across 8 query heads (stride 0), bf16, written as
+/// separate ops: `softmax(scale · Q·Kᵀ)·V`. q `[1, 8, T, 640]`, k and v `[1, 1, S, 640]`.
+fn decomposed_wide() -> Graph {
     let mut g = Graph::new();
     let mut b = FunctionBuilder::new(&g, "main");
     let (t, s) = (Dim::symbol("T"), Dim::symbol("S"));
-    let q = b.param("q", bf16(vec![c(1), c(8), t.clone(), c(512)]));
-    let k = b.param("k", bf16(vec![c(1), c(1), s.clone(), c(512)]));
-    let v = b.param("v", bf16(vec![c(1), c(1), s.clone(), c(512)]));
-    let full = vec![c(1), c(8), s, c(512)];
+    let q = b.param("q", bf16(vec![c(1), c(8), t.clone(), c(640)]));
+    let k = b.param("k", bf16(vec![c(1), c(1), s.clone(), c(640)]));
+    let v = b.param("v", bf16(vec![c(1), c(1), s.clone(), c(640)]));
+    let full = vec![c(1), c(8), s, c(640)];
     let kb = b.op1(OpKind::Broadcast, &[k], vec![("shape", Attr::Dims(full.clone()))]).unwrap();
     let vb = b.op1(OpKind::Broadcast, &[v], vec![("shape", Attr::Dims(full))]).unwrap();
     let sc = b.op1(OpKind::Matmul, &[q, kb], vec![("transpose_b", Attr::Bool(true))]).unwrap();
-    let scale = b.op1(OpKind::Constant, &[], vec![("value", Attr::Float(1.0 / 512f64.sqrt())), ("dtype", Attr::DType(DType::BF16))]).unwrap();
+    let scale = b.op1(OpKind::Constant, &[], vec![("value", Attr::Float(1.0 / 640f64.sqrt())), ("dtype", Attr::DType(DType::BF16))]).unwrap();
     let ss = b.op1(OpKind::Mul, &[sc, scale], vec![]).unwrap();
     let p = b.op1(OpKind::Softmax, &[ss], vec![]).unwrap();
     let o = b.op1(OpKind::Matmul, &[p, vb], vec![]).unwrap();
@@ -68,12 +68,12 @@ fn compile_and_compare(g: &Graph, target: &Target, b: &Bindings, ins: &[Tensor])
     (kg, report)
 }
 
-/// Before: the passes recognised one attention kernel with head dim 512 and the compile
+/// Before: the passes recognised one attention kernel with head dim 640 (above the generators' 512) and the compile
 /// failed ("head dim … must be in 1..=256"). Now the attention stays decomposed on every
 /// target, and the result equals the reference for kv lengths 32 to 289.
 #[test]
-fn head_dim_512_decomposed_attention_compiles_as_written() {
-    let g = decomposed_512();
+fn head_dim_wide_decomposed_attention_compiles_as_written() {
+    let g = decomposed_wide();
     for target in [Target::SM_90A, Target::SM_80] {
         for (i, skv) in [32i64, 33, 100, 289].into_iter().enumerate() {
             let b: Bindings = [("T".to_string(), 5), ("S".to_string(), skv)].into();
@@ -85,25 +85,25 @@ fn head_dim_512_decomposed_attention_compiles_as_written() {
     }
 }
 
-/// The fusion report of the head-dim-512 case on sm_90a.
+/// The fusion report of the head-dim-640 case on sm_90a.
 #[test]
-fn head_dim_512_fusion_report() {
-    let g = decomposed_512();
+fn head_dim_wide_fusion_report() {
+    let g = decomposed_wide();
     let (_, report) = compile(&g, &Target::SM_90A, &PassOptions::default()).unwrap();
     insta::assert_snapshot!(report.to_string());
 }
 
-/// A user-written `attention` with head dim 512 (GQA 8/2, `bshd`, causal with Sq < Skv, an
+/// A user-written `attention` with head dim 640 (above the generators' 512) (GQA 8/2, `bshd`, causal with Sq < Skv, an
 /// additive mask, and the lse result) compiles to its decomposition and equals the op.
 #[test]
-fn user_written_attention_512_compiles_to_its_decomposition() {
+fn user_written_attention_wide_compiles_to_its_decomposition() {
     for (causal, mask, lse) in [(true, false, true), (false, true, false), (true, true, false)] {
         let mut g = Graph::new();
         let mut b = FunctionBuilder::new(&g, "main");
         let (t, s) = (Dim::symbol("T"), Dim::symbol("S"));
-        let q = b.param("q", bf16(vec![c(2), t.clone(), c(8), c(512)]));
-        let k = b.param("k", bf16(vec![c(2), s.clone(), c(2), c(512)]));
-        let v = b.param("v", bf16(vec![c(2), s.clone(), c(2), c(512)]));
+        let q = b.param("q", bf16(vec![c(2), t.clone(), c(8), c(640)]));
+        let k = b.param("k", bf16(vec![c(2), s.clone(), c(2), c(640)]));
+        let v = b.param("v", bf16(vec![c(2), s.clone(), c(2), c(640)]));
         let mut ins = vec![q, k, v];
         if mask {
             ins.push(b.param("mask", bf16(vec![t.clone(), s.clone()])));
@@ -131,15 +131,15 @@ fn user_written_attention_512_compiles_to_its_decomposition() {
     }
 }
 
-/// A user-written `paged_attention` with head dim 512 compiles to its decomposition (pages
+/// A user-written `paged_attention` with head dim 640 (above the generators' 512) compiles to its decomposition (pages
 /// gathered through the block table, keys past each sequence's length masked).
 #[test]
-fn user_written_paged_attention_512_compiles_to_its_decomposition() {
+fn user_written_paged_attention_wide_compiles_to_its_decomposition() {
     let mut g = Graph::new();
     let mut b = FunctionBuilder::new(&g, "main");
-    let q = b.param("q", bf16(vec![c(2), c(4), c(3), c(512)]));
-    let kp = b.param("k_pages", bf16(vec![c(6), c(4), c(2), c(512)]));
-    let vp = b.param("v_pages", bf16(vec![c(6), c(4), c(2), c(512)]));
+    let q = b.param("q", bf16(vec![c(2), c(4), c(3), c(640)]));
+    let kp = b.param("k_pages", bf16(vec![c(6), c(4), c(2), c(640)]));
+    let vp = b.param("v_pages", bf16(vec![c(6), c(4), c(2), c(640)]));
     let bt = b.param("block_table", TensorType::new(DType::I32, vec![c(2), c(3)]));
     let sl = b.param("seq_lens", TensorType::new(DType::I32, vec![c(2)]));
     let attrs = vec![("scale", Attr::Float(0.05)), ("heads", Attr::Int(4)), ("kv_heads", Attr::Int(2))];

@@ -41,7 +41,6 @@ use gen::{Features, Kind};
 /// Features of the generator that reach a known, not yet fixed bug: off in CI, and their
 /// regression files may fail. Delete a line when its fix lands.
 pub const KNOWN_OPEN: &[(&str, &str)] = &[
-    ("finite_mask", "attention with an additive mask of the dtype's finite lowest value and fully masked rows gives NaN (must give the mean of V)"),
     ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
     ("accumulate_extremes", "found by this fuzzer: finite extremes among a matmul's operands overflow its f32 accumulator (inf − inf = NaN) where the f64 reference stays finite: matmul → tanh → reduce_max gives NaN for 1 (accumulate-extremes.sir); DESIGN.md says f32 accumulation: decide whether kernels or the reference change"),
     ("dag_slice", "found by this fuzzer: the fused lowering fuses a slice into a row-reduction or pointwise kernel and then refuses its own kernel (\"kernels outside the code generator's contract: k0 (RowReduction): output is f32[22], neither a row nor one value per row\"; \"k2 (Pointwise): the outputs have different shapes\"): slice-layer-norm.sir, slice-pointwise.sir"),

@@ -29,6 +29,7 @@ mod adversarial;
 mod compile_cache;
 mod fp8;
 mod fuzz;
+mod attention_extremes;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes

@@ -13,7 +13,7 @@ use crate::{DType, Dim, Family, KernelData, Op, OpClass, OpKind, TensorType, Val
 /// head dim must be a constant in `1..=MAX_ATTENTION_HEAD_DIM`. The code generator's own
 /// check (`sinter_codegen`'s attention analysis) uses this one constant; the passes lower an
 /// attention with a larger head dim as its decomposition (matmul, scale, softmax, matmul).
-pub const MAX_ATTENTION_HEAD_DIM: u32 = 256;
+pub const MAX_ATTENTION_HEAD_DIM: u32 = 512;
 
 /// Whether `d` is a head dim the attention generators take: a constant in
 /// `1..=`[`MAX_ATTENTION_HEAD_DIM`].

@@ -12,7 +12,7 @@
 //!
 //! Design notes: book/src/design/attention.md
 
-use inkwell::values::{IntValue, PointerValue};
+use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelData, KernelGraph, LaunchPlan, OpKind};
 
@@ -24,8 +24,22 @@ use crate::kernels::ctx::KernelCtx;
 use crate::target::Target;
 use crate::error::CodegenError;
 
-/// The largest head dimension (of Q/K and of V) the CUDA-core kernels accept.
-pub const MAX_HEAD_DIM: u32 = 256;
+/// The largest head dimension (of Q/K and of V) the attention families accept: the CUDA-core
+/// kernels take every head dim up to it (above 256 with a smaller query tile in dynamic
+/// shared memory); the tensor-core kernels stop at 256.
+pub const MAX_HEAD_DIM: u32 = sinter_ir::contract::MAX_ATTENTION_HEAD_DIM;
+
+/// Arguments below this give `e^x = 0` in f32 (`e^−104` is already below half the smallest
+/// subnormal): [`exp0`] clamps to it.
+const EXP_FLOOR: f64 = -128.0;
+
+/// `e^x` in f32 for every `x` (NaN stays NaN, `−inf` gives 0): the device's precise `exp`
+/// ([`Kit::exp`]) of `max(x, −128)`. The clamp keeps a finite argument below about −2.4e38
+/// (a score of −3.4e38, the lowest f32, less the row maximum) away from `exp`'s `x·log2 e`,
+/// which overflows there to −inf and made its correction step 0·inf = NaN.
+pub(super) fn exp0<'ctx>(k: &Kit<'ctx>, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+    k.exp(k.max_nan(x, k.f32c(EXP_FLOOR))?)
+}
 
 /// The error for a kernel these families cannot generate.
 pub(super) fn unsupported(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
@@ -196,7 +210,7 @@ fn lse_t4(body: &Function, nd: &sinter_ir::NodeData, bufs: &[BufInfo], n_inputs:
 fn const_dim(d: &Dim, what: &str, kernel: &str, family: Family) -> R<u32> {
     match d.as_const() {
         Some(v) if (1..=i64::from(MAX_HEAD_DIM)).contains(&v) => Ok(v as u32),
-        _ => Err(unsupported(kernel, family, format!("{what} must be a constant in 1..={MAX_HEAD_DIM}, got {d}"))),
+        _ => Err(unsupported(kernel, family, format!("{what} must be a constant in 1..={MAX_HEAD_DIM} (head dims above {MAX_HEAD_DIM} are not supported), got {d}"))),
     }
 }
 

@@ -39,7 +39,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
 
-use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, PagedAddr};
+use super::analysis::{dynamic_bytes, exp0, shared_kind, unsupported, Paged, PagedAddr};
 use crate::isa::kit::{Kit, SharedKind, R};
 use super::AttentionSchedule;
 use crate::kernels::family::{Generator, Schedule};
@@ -91,6 +91,16 @@ pub fn choose_schedule(rows: Option<i64>, target: &Target) -> DecodeSchedule {
     DecodeSchedule { warps: 4, rows: r, cluster }
 }
 
+/// [`choose_schedule`] for head dim `dv`: a lane's accumulators (`rows·nd`, nd = ⌈dv/32⌉) at
+/// most 64 up to D 256 (8 rows), at most 32 above (3 rows at D 320, 2 at D 512: 4 rows at
+/// D 512 take 253 to 255 registers, too close to spilling).
+pub fn choose_schedule_for(rows: Option<i64>, dv: u32, target: &Target) -> DecodeSchedule {
+    let s = choose_schedule(rows, target);
+    let nd = dv.div_ceil(32);
+    let most = (if nd > 8 { 32 } else { 64 } / nd).max(1);
+    DecodeSchedule { rows: s.rows.min(most), ..s }
+}
+
 /// Shared-memory layout (bytes): Q in f32, per warp P and the keys' V offsets, the workers'
 /// partial results.
 struct Smem {
@@ -115,7 +125,7 @@ impl Smem {
 }
 
 /// Generates split-KV paged decode attention for kernel `kernel` of `graph` with
-/// [`choose_schedule`]'s schedule. See the module docs.
+/// [`choose_schedule_for`]'s schedule. See the module docs.
 ///
 /// # Errors
 /// [`CodegenError::Unsupported`] for a body [`super::generate_paged`] refuses, or
@@ -128,7 +138,7 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
 /// ([`super::generate_paged`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum PagedSchedule {
-    /// The split-KV kernel with [`choose_schedule`]'s schedule: the one candidate, `default`.
+    /// The split-KV kernel with [`choose_schedule_for`]'s schedule: the one candidate, `default`.
     Default,
     /// The split-KV kernel.
     SplitKv(DecodeSchedule),
@@ -160,7 +170,7 @@ impl Generator for PagedAttention {
     }
     fn build(p: &Paged, s: &PagedSchedule, target: &Target) -> R<LaunchPlan> {
         match s {
-            PagedSchedule::Default => plan(p, target, &choose_schedule(p.rows().as_const(), target)),
+            PagedSchedule::Default => plan(p, target, &choose_schedule_for(p.rows().as_const(), p.d, target)),
             PagedSchedule::SplitKv(s) => plan(p, target, s),
             PagedSchedule::SingleCta(s) => super::simt::paged_plan(p, target, s),
         }
@@ -415,6 +425,12 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
         if rt * nd > 16 {
             prefetch = (prefetch / 2).max(8);
         }
+        // Head dims above 256 (16 values a V row at D 512): no V rows live across the scores,
+        // and V loaded four rows at a time.
+        let v_batch = if nd > 8 { 4 } else { 8 };
+        if nd > 8 {
+            prefetch = 0;
+        }
         // The unified-max path's per-row state: each lane's running maximum of its raw scores
         // and sum of its p, and whether the worker has seen a score other than −inf.
         let um = match p.unified_max {
@@ -425,7 +441,7 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
             }),
             None => None,
         };
-        Ok(Worker { c: self, kv_end, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, um })
+        Ok(Worker { c: self, kv_end, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, v_batch, um })
     }
 
     /// 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
@@ -498,7 +514,7 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
                 let m_use = k.select_f(empty, zero, mx)?;
                 let (mut num, mut den) = (zero, zero);
                 for (mv, lv, av) in parts {
-                    let w = k.exp(k.fsub(mv, m_use)?)?;
+                    let w = exp0(k, k.fsub(mv, m_use)?)?;
                     num = k.fma(av, w, num)?;
                     den = k.fma(lv, w, den)?;
                 }
@@ -542,6 +558,8 @@ struct Worker<'w, 'ctx> {
     scale: FloatValue<'ctx>,
     /// Keys whose V slices are loaded with K.
     prefetch: u32,
+    /// V rows loaded at a time after those (8; 4 above D 256).
+    v_batch: u32,
     um: Option<Unified<'ctx>>,
 }
 
@@ -672,7 +690,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             let n_vis = |k: &Kit<'ctx>| k.smin(k.smax(k.sub(info.limit, j0)?, i32c(0))?, i32c(TILE));
             if let (Some(phi), Some(u)) = (unified, &self.um) {
                 k.set(u.lmax[r], k.max_nan(k.get_f(u.lmax[r])?, sc)?.into())?;
-                let pj = k.exp(k.fsub(sc, k.f32c(f64::from(phi)))?)?;
+                let pj = exp0(k, k.fsub(sc, k.f32c(f64::from(phi)))?)?;
                 k.set(u.lsum[r], k.fadd(k.get_f(u.lsum[r])?, pj)?.into())?;
                 k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
                 // Lanes whose score is not −inf (NaN counts, as it does for the running max).
@@ -695,8 +713,8 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             let m_new = k.max_nan(m_old, tile_max)?;
             let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
             let m_use = k.select_f(none_yet, zero, m_new)?;
-            let alpha = k.exp(k.fsub(m_old, m_use)?)?;
-            let pj = k.exp(k.fsub(sc, m_use)?)?;
+            let alpha = exp0(k, k.fsub(m_old, m_use)?)?;
+            let pj = exp0(k, k.fsub(sc, m_use)?)?;
             let psum = k.warp_reduce(pj, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
             k.set(l[r], k.fma(k.get_f(l[r])?, alpha, psum)?.into())?;
             for a in &self.acc[r] {
@@ -740,7 +758,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             }
             Ok(())
         };
-        // The prefetched keys, then the rest eight V loads at a time.
+        // The prefetched keys, then the rest `v_batch` V loads at a time.
         let pv = |k: &Kit<'ctx>, guarded: bool| -> R<()> {
             let step = |k: &Kit<'ctx>, jj: u32, v: &[FloatValue<'ctx>]| -> R<()> {
                 let jv = i32c(jj);
@@ -754,8 +772,8 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             for (jj, v) in vrows.iter().enumerate() {
                 step(k, jj as u32, v)?;
             }
-            for j8 in (self.prefetch..TILE).step_by(8) {
-                let batch: Vec<Vec<FloatValue>> = (j8..j8 + 8).map(|jj| self.v_row(k, i32c(jj))).collect::<R<_>>()?;
+            for j8 in (self.prefetch..TILE).step_by(self.v_batch as usize) {
+                let batch: Vec<Vec<FloatValue>> = (j8..j8 + self.v_batch).map(|jj| self.v_row(k, i32c(jj))).collect::<R<_>>()?;
                 for (u, v) in batch.iter().enumerate() {
                     step(k, j8 + u as u32, v)?;
                 }

@@ -31,7 +31,7 @@ use inkwell::values::{FloatValue, IntValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, Function, GridDim, Kernel, KernelGraph, LaunchPlan, OpKind, Value, ValueDef};
 
-use super::analysis::{bad, unsupported};
+use super::analysis::{bad, exp0, unsupported};
 use crate::isa::kit::{dims_of, Kit, R};
 use crate::kernels::view::{buffer_infos, input_view, output_strides, View};
 use crate::kernels::family::{Fixed, Generator};
@@ -281,7 +281,7 @@ fn build<'ctx>(kit: &Kit<'ctx>, m: &Merge) -> R<()> {
         let mx = k.max_nan(la, lb)?;
         let empty = k.fcmp(FloatPredicate::OEQ, mx, ninf)?;
         let mu = k.select_f(empty, zero, mx)?;
-        let (wa, wb) = (k.exp(k.fsub(la, mu)?)?, k.exp(k.fsub(lb, mu)?)?);
+        let (wa, wb) = (exp0(k, k.fsub(la, mu)?)?, exp0(k, k.fsub(lb, mu)?)?);
         let (none_a, none_b) = (k.fcmp(FloatPredicate::OEQ, la, ninf)?, k.fcmp(FloatPredicate::OEQ, lb, ninf)?);
         let sum = k.fadd(wa, wb)?;
         let inv = k.fdiv(k.f32c(1.0), sum)?;

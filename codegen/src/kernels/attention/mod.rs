@@ -21,7 +21,11 @@
 //!   score so far is −inf a 16-key half-tile is skipped rather than multiplied, as in the
 //!   reference; the tensor-core kernels multiply whole tiles and fall back to exactly these
 //!   products for a tile whose concerned V rows hold a non-finite value.
-//! - Statistics, scores and the accumulator are f32; the output is rounded once.
+//! - Statistics, scores and the accumulator are f32; the output is rounded once. Finite
+//!   extremes stay finite: a row masked everywhere with the lowest f32 (Hugging Face masks)
+//!   gives the mean of V and a finite lse, scores near ±3e38 never give NaN (the tensor-core
+//!   softmax subtracts the maximum before scaling to log2 units; the CUDA-core `exp` is
+//!   clamped below, `analysis::exp0`).
 //! - With `lse=true` the node's second result, each row's log-sum-exp (f32, natural log,
 //!   −inf for a row without a finite score), is written where the body outputs it; the merge
 //!   combines such partial states (cascade inference, split-KV).
@@ -62,7 +66,8 @@ use crate::error::CodegenError;
 /// see the module docs) with the schedule [`choose_prefill_schedule`] picks.
 ///
 /// Shapes: q `[B, H, Sq, D]`, k `[B, Hkv, Skv, D]`, v `[B, Hkv, Skv, Dv]` (`bshd`: `[B, S, H,
-/// D]`; any strides), mask broadcasting to `[B, H, Sq, Skv]`; D and Dv constants ≤ 256, B,
+/// D]`; any strides), mask broadcasting to `[B, H, Sq, Skv]`; D and Dv constants ≤ 512 (above
+/// 256 on CUDA cores only; [`MAX_HEAD_DIM`]), B,
 /// Sq, Skv any (symbolic dims are [`sinter_ir::KernelParam::Size`] parameters); bf16, f16 or
 /// f32. Grid `(⌈Sq/block_q⌉, H, B)`, the longest causal tiles first; block `32·warps`.
 ///
@@ -253,7 +258,7 @@ pub fn generate_prefill_with(graph: &KernelGraph, kernel: Kernel, target: &Targe
 /// schedule [`choose_paged_schedule`] picks.
 ///
 /// Shapes: q `[B, H, T, D]`, k_pages / v_pages `[P, S, Hkv, D]`, block_table `[B, M]` i32,
-/// seq_lens `[B]` i32, output like q; D a constant ≤ 256; B, T, P, S, M any. Grid
+/// seq_lens `[B]` i32, output like q; D a constant ≤ 512 ([`MAX_HEAD_DIM`]); B, T, P, S, M any. Grid
 /// `(⌈(H/Hkv)·T / block_q⌉, Hkv, B)`; block `32·warps`.
 ///
 /// # Errors

@@ -11,10 +11,13 @@
 //!   shared rows are padded by 16 bytes, so each `ldmatrix` phase hits distinct banks.
 //! - **S = Q·Kᵀ** with `mma.m16n8k16.row.col`: Q's A fragments from `ldmatrix.x4` (kept in
 //!   registers when `q_in_regs`), K as the "col" B operand.
-//! - **Online softmax** in f32, in the log2 domain: each lane holds rows `g = lane/4` and
-//!   `g + 8` of each slab (the m16n8 C layout); maxima over the quad with `shfl.sync.bfly`,
-//!   `p = 2^(s·c − m)` with `ex2.approx.ftz`; the accumulator's rescaling is skipped when no
-//!   row of the warp has a new maximum.
+//! - **Online softmax** in f32: each lane holds rows `g = lane/4` and `g + 8` of each slab
+//!   (the m16n8 C layout); maxima over the quad with `shfl.sync.bfly`; `p = 2^((s − m)·c)`
+//!   over raw scores with `ex2.approx.ftz` (c = scale·log2 e) when the scale is positive and
+//!   there is no mask, else `p = 2^((x − m)·log2 e)` over natural-unit scores `x = scale·s +
+//!   mask`: the difference always first, so finite extremes (scores of 1e20, a mask of
+//!   −3.4e38) stay exact ([`PrefillTc::fused`]); the accumulator's rescaling is skipped when
+//!   no row of the warp has a new maximum.
 //! - **O += P·V**: the S accumulators of two adjacent n8 tiles, rounded to bf16/f16 pairs, are
 //!   the A fragment; V through `ldmatrix.x4.trans`.
 //! - **Output**: `acc / l` rounded once, staged through shared memory, 16-byte stores; then,
@@ -240,8 +243,13 @@ pub(super) struct PrefillTc<'a, 'ctx> {
     /// Elements a 16-byte chunk, and a k-step of the `wgmma` S = Q·Kᵀ.
     pub(super) epc: u32,
     pub(super) kstep: u32,
-    /// Scores in the log2 domain: x = s·c (+ mask·log2 e). With a positive scale and no mask
-    /// (`fused`), the row maximum is taken over the raw scores and `s·c − m` is one fma.
+    /// `fused` (a positive scale, no mask, not fp8): the scores x are the raw products s and
+    /// the row maximum m is theirs; p = 2^((x − m)·c), c = scale·log2 e. Otherwise scores are
+    /// in natural units, x = s·cf (+ mask), m their maximum, and p = 2^((x − m)·log2 e). In
+    /// both the difference is formed first (exact near the maximum), never `x·c − m·c`: m·c
+    /// rounded is off by up to half its ulp (2⁴⁰ at scores of 1e20, so p of the row's
+    /// largest score was 0 or inf), and a finite mask of −3.4e38 (the lowest f32) times
+    /// log2 e overflowed to −inf. `cf` is c (fused) or the scale (·sq·sk for fp8).
     pub(super) fused: bool,
     pub(super) cf: FloatValue<'ctx>,
     pub(super) v_scale: Option<FloatValue<'ctx>>,
@@ -311,9 +319,9 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
         let (cf, v_scale) = match fp8 {
             Some(sc) => {
                 let qk = kit.fmul(crate::kernels::fp8_operand::fp8_scale(kit, sc[0])?, crate::kernels::fp8_operand::fp8_scale(kit, sc[1])?)?;
-                (kit.fmul(kit.f32c(c), qk)?, Some(crate::kernels::fp8_operand::fp8_scale(kit, sc[2])?))
+                (kit.fmul(kit.f32c(p.scale), qk)?, Some(crate::kernels::fp8_operand::fp8_scale(kit, sc[2])?))
             }
-            None => (kit.f32c(c), None),
+            None => (kit.f32c(if fused { c } else { p.scale }), None),
         };
 
         // ---- indices -----------------------------------------------------------------------
@@ -667,8 +675,8 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         Ok((k.add(c32(sm.k[0]), k.mul(stage, c32(sm.k[1] - sm.k[0]))?)?, k.add(c32(sm.v[0]), k.mul(stage, c32(sm.v[1] - sm.v[0]))?)?))
     }
 
-    /// The scores of the tile at key j0 (`sacc`, raw products) into `sv`, in the log2 domain;
-    /// masked; and the skipping state (`first`, `lo_var`, `maybe_skipping`) of this tile.
+    /// The scores of the tile at key j0 (`sacc`, raw products) into `sv` (raw when `fused`,
+    /// else s·cf + mask in f32, see [`PrefillTc::fused`]); masked; and the skipping state (`first`, `lo_var`, `maybe_skipping`) of this tile.
     pub(super) fn scores(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>, sacc: &[Vec<[FloatValue<'ctx>; 4]>]) -> R<()> {
         let (mt, n_nt, sv, p, ninf, bkv) = (self.mt, self.n_nt, &self.sv, self.p, self.ninf, self.bkv);
         let c32 = |v: u32| self.c32(v);
@@ -699,7 +707,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
                             let j = k.select_int(vis, col, c32(0))?;
                             let idx = k.add(mrow, k.mul(k.zext64(j)?, k.dim(&mk.st[3])?)?)?;
                             let mv = k.load_vec(mk.dtype, k.buf(mk.buffer)?, idx, 1)?[0];
-                            x = k.fma(mv, k.f32c(std::f64::consts::LOG2_E), x)?;
+                            x = k.fadd(x, mv)?;
                         }
                         k.set(sv[mi][n][e], k.select_f(vis, x, ninf)?.into())?;
                     }
@@ -769,19 +777,19 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
                 }
                 mx = k.max_nan(mx, k.shfl_xor(mx, 1)?)?;
                 mx = k.max_nan(mx, k.shfl_xor(mx, 2)?)?;
-                let mx = if fused { k.fmul(mx, cf)? } else { mx };
                 let mo = k.get_f(m[mi][hh])?;
                 let mn = k.max_nan(mo, mx)?;
                 let none = k.fcmp(FloatPredicate::OEQ, mn, ninf)?;
                 let mu = k.select_f(none, zero, mn)?;
-                let alpha = ex2_ftz(k, k.fsub(mo, mu)?)?;
-                let neg = k.fsub(zero, mu)?;
+                // The difference first, then to log2 units (−inf − m = −inf: α = 0).
+                let c2 = if fused { cf } else { k.f32c(std::f64::consts::LOG2_E) };
+                let alpha = ex2_ftz(k, k.fmul(k.fsub(mo, mu)?, c2)?)?;
                 // fp8: p·2⁸ (P's e4m3 rounding keeps 2⁻¹⁷ of the row maximum, not 2⁻⁹; l
                 // carries the same factor, so O = acc / l is unchanged).
-                let mu_p = if self.fp8.is_some() { k.fsub(mu, k.f32c(f64::from(FP8_P_LOG2)))? } else { mu };
+                let p_log2 = k.f32c(if self.fp8.is_some() { f64::from(FP8_P_LOG2) } else { 0.0 });
                 let mut sum = zero;
                 for (i, &x) in xs.iter().enumerate() {
-                    let arg = if fused { k.fma(x, cf, neg)? } else { k.fsub(x, mu_p)? };
+                    let arg = if self.fp8.is_some() { k.fma(k.fsub(x, mu)?, c2, p_log2)? } else { k.fmul(k.fsub(x, mu)?, c2)? };
                     let pv = ex2_ftz(k, arg)?;
                     sum = if i == 0 { pv } else { k.fadd(sum, pv)? };
                     pf[mi][i / 2][2 * hh + i % 2] = pv;
@@ -1154,7 +1162,8 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         Ok(())
     }
 
-    /// lse = m·ln 2 + ln l (m is in log2 units), after O so that O's registers are free.
+    /// lse = m + ln l (`fused`: scale·m, m over raw scores; fp8: l carries P's 2⁸, − 8·ln 2),
+    /// after O so that O's registers are free.
     fn write_lse(&self) -> R<()> {
         let (kit, ninf) = (self.kit, self.ninf);
         let c32 = |v: u32| self.c32(v);
@@ -1167,9 +1176,15 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
                     lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
                     let mv = kit.get_f(self.m[mi][hh])?;
                     let empty = kit.fcmp(FloatPredicate::OEQ, mv, ninf)?;
-                    // fp8: l carries P's 2⁸ (m − 8 is the log2 of the scale p's are relative to).
-                    let mv2 = if self.fp8.is_some() { kit.fsub(mv, kit.f32c(f64::from(FP8_P_LOG2)))? } else { mv };
-                    let v = kit.select_f(empty, ninf, kit.fma(mv2, kit.f32c(std::f64::consts::LN_2), kit.log(lt)?)?)?;
+                    let ln_l = kit.log(lt)?;
+                    let lse = if self.fused {
+                        kit.fma(mv, kit.f32c(self.p.scale), ln_l)?
+                    } else if self.fp8.is_some() {
+                        kit.fadd(mv, kit.fsub(ln_l, kit.f32c(f64::from(FP8_P_LOG2) * std::f64::consts::LN_2))?)?
+                    } else {
+                        kit.fadd(mv, ln_l)?
+                    };
+                    let v = kit.select_f(empty, ninf, lse)?;
                     // The quad's four lanes hold the row's m and l; the first writes.
                     let first = kit.and(self.rows.valid[mi][hh], kit.icmp(IntPredicate::EQ, self.t4, c32(0))?)?;
                     kit.if_then(first, |k| k.store_vec(DType::F32, lptr, k.add(lb, k.mul(self.rows.index[mi][hh], ls)?)?, &[v]))?;

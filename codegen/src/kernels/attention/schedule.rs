@@ -207,6 +207,9 @@ pub fn choose_tc_schedule(d: u32, dv: u32, masked: bool, causal: bool, target: &
 
 /// Why prefill attention `p` cannot take the tensor-core kernel (`Ok` when it can).
 pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
+    if p.d.max(p.dv) > 256 {
+        return Err(format!("head dims {} and {}: the tensor-core kernels take up to 256", p.d, p.dv));
+    }
     if p.fp8.is_some() {
         return Err(crate::error::fp8_message("f8e4m3 attention: the mma.sync kernel does not read f8e4m3"));
     }

@@ -21,7 +21,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, GridDim, LaunchPlan};
 
-use super::analysis::{dynamic_bytes, shared_kind, unsupported, Paged, Prefill, T4};
+use super::analysis::{dynamic_bytes, exp0, shared_kind, unsupported, Paged, Prefill, T4};
 use super::schedule::{AttentionSchedule, SimtSmem as Smem, BLOCK_KV};
 use crate::isa::kit::{Kit, SharedKind, R};
 use crate::target::Target;
@@ -190,8 +190,8 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
             let m_new = k.max_nan(m_old, tile_max)?;
             let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
             let m_use = k.select_f(none_yet, zero, m_new)?;
-            let alpha = k.exp(k.fsub(m_old, m_use)?)?;
-            let p = k.exp(k.fsub(sc, m_use)?)?;
+            let alpha = exp0(k, k.fsub(m_old, m_use)?)?;
+            let p = exp0(k, k.fsub(sc, m_use)?)?;
             let psum = k.warp_reduce(p, &[16, 8, 4, 2, 1], |k, a, b| k.fadd(a, b))?;
             let lv = k.fma(k.get_f(l[rr])?, alpha, psum)?;
             k.set(l[rr], lv.into())?;

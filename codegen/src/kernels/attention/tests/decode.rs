@@ -41,6 +41,10 @@ fn schedules() {
     assert_eq!(choose_schedule(Some(4), &Target::SM_90A), DecodeSchedule { warps: 4, rows: 4, cluster: 8 });
     assert_eq!(choose_schedule(Some(16), &Target::SM_80), DecodeSchedule { warps: 4, rows: 8, cluster: 1 });
     assert_eq!(choose_schedule(None, &Target::SM_90A), DecodeSchedule { warps: 4, rows: 8, cluster: 1 });
+    // Wide heads: fewer rows, so that accumulators and a batch of V rows fit the registers.
+    assert_eq!(choose_schedule_for(Some(8), 256, &Target::SM_80).rows, 8);
+    assert_eq!(choose_schedule_for(Some(8), 320, &Target::SM_80).rows, 3);
+    assert_eq!(choose_schedule_for(Some(8), 512, &Target::SM_90A), DecodeSchedule { warps: 4, rows: 2, cluster: 8 });
     let (g, k) = paged(DType::BF16, 8, 2, d(1), 64, 16);
     let e = generate_with(&g, k, &Target::SM_80, &DecodeSchedule { warps: 4, rows: 4, cluster: 2 }).unwrap_err();
     assert!(e.to_string().contains("sm_90"), "{e}");

@@ -4,6 +4,8 @@
 //! graphs they share.
 
 mod decode;
+mod extremes;
+mod wide;
 mod merge;
 mod simt;
 mod tensor_core;
