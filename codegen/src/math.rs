@@ -194,15 +194,20 @@ pub fn exp<M: Ops>(m: &mut M, x: M::F, precise: bool) -> R<M::F> {
     let e = m.ffma(x, l2e, np)?;
     let lo = m.fc(LOG2E_F_LO);
     let e = m.ffma(x, lo, e)?;
-    // x = ±inf gives e = inf − inf = NaN: the correction is 0 there.
-    let bad = m.fnan(e)?;
+    // x = ±inf gives e = inf − inf = NaN, and a finite x whose x·log2(e) overflows (below
+    // about −2.4e38, a finite "minus infinity" mask) gives e = ±inf with r = 0 (0·inf = NaN):
+    // the correction is 0 wherever e is not finite.
+    let inf = m.fc(f32::INFINITY);
+    let e_abs = m.fabs(e)?;
+    let e_inf = m.feq(e_abs, inf)?;
+    let e_nan = m.fnan(e)?;
+    let bad = m.bor(e_nan, e_inf)?;
     let zero = m.fc(0.0);
     let e = m.fsel(bad, zero, e)?;
     let ln2 = m.fc(LN2_F);
     let d = m.fmul(e, ln2)?;
     // r·2^e ≈ r + r·e·ln2 (one rounding); r = inf must stay inf (fma(inf, −δ, inf) = NaN).
     let res = m.ffma(r, d, r)?;
-    let inf = m.fc(f32::INFINITY);
     let is_inf = m.feq(r, inf)?;
     m.fsel(is_inf, r, res)
 }
@@ -935,6 +940,11 @@ mod tests {
         assert_eq!(f(100.0), f32::INFINITY);
         assert!(f(f32::NAN).is_nan());
         assert_eq!(f(0.0), 1.0);
+        // Finite arguments whose x·log2(e) overflows: 0 and inf, never NaN.
+        for x in [-3.4028235e38f32, -2.4e38, f32::MIN, -1e38] {
+            assert_eq!(f(x), 0.0, "exp({x})");
+        }
+        assert_eq!(f(f32::MAX), f32::INFINITY);
         // Subnormal results are kept.
         assert!(f(-100.0) > 0.0);
         let fast = |x| exp(&mut CpuOps, x, false).unwrap();
