@@ -30,7 +30,7 @@ one() {
     "$SINTER" run --device gpu --model "$MODEL" --max-tokens 1 --prompt "Hi" > "$log.out" 2> "$log"
     local rc=$?
     t1=$(date +%s.%N)
-    printf '== %s: exit %d, %.2f s wall\n' "$label" "$rc" "$(echo "$t1 - $t0" | bc)"
+    printf '== %s: exit %d, %s s wall\n' "$label" "$rc" "$(python3 -c "print(round($t1 - $t0, 2))")"
     grep -E "^(loaded|compile|  |error)" "$log" | sed 's/^/   /'
 }
 for i in $(seq 1 "$RUNS"); do

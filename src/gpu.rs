@@ -152,7 +152,7 @@ struct Assembly<'d> {
 
 impl Assembly<'_> {
     fn run(&self, ptx: &str, cache: &KernelCache) {
-        let Some(dev) = self.device else { return };
+        let Some(dev) = self.device.filter(|_| sinter_runtime::device::cubins_enabled()) else { return };
         let t = Instant::now();
         if dev.assemble(ptx).is_ok_and(|cubin| cache.put_cubin(ptx, dev.assembler(), &cubin).is_ok()) {
             self.cubins.fetch_add(1, Ordering::Relaxed);

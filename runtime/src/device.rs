@@ -176,6 +176,14 @@ pub struct LoadStats {
 }
 
 /// `f` of every item on up to `jobs` threads, results in the items' order.
+/// Whether machine code is cached (`SINTER_CUBIN=1`): off by default, because on the H200
+/// (driver 580) wgmma kernels loaded from the driver linker's cubins fault with a misaligned
+/// address where the same PTX JIT-compiled by `cuModuleLoadDataEx` runs (see
+/// `book/src/design/compile-time.md`); without it modules are JIT-compiled in parallel.
+pub fn cubins_enabled() -> bool {
+    std::env::var("SINTER_CUBIN").is_ok_and(|v| v.trim() == "1")
+}
+
 fn parallel_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let workers = jobs.clamp(1, items.len().max(1));
     if workers == 1 {
@@ -528,7 +536,9 @@ impl Device {
     }
 
     /// Loads the modules of `plans` (each distinct PTX once; those loaded already are
-    /// skipped), through the cubin cache where there is one ([`crate::cubin`]): a cached
+    /// skipped). By default the driver JIT-compiles each PTX, on `jobs` threads at once; with
+    /// `SINTER_CUBIN=1` ([`cubins_enabled`]) through the cubin cache where there is one
+    /// ([`crate::cubin`]): a cached
     /// cubin for this device's architecture and assembler is loaded as it is; the others are
     /// assembled by the driver's linker on `jobs` threads at once, stored, and loaded. A PTX
     /// the linker refuses, or a cubin the driver will not load, is JIT-compiled from its PTX
@@ -549,6 +559,18 @@ impl Device {
                     todo.push((p, hash));
                 }
             }
+        }
+        if !cubins_enabled() {
+            // The driver's PTX JIT, one module per thread (its own JIT cache keeps warm starts).
+            let t = std::time::Instant::now();
+            let modules = parallel_map(&todo, jobs, |(plan, _)| self.load_module(&plan.ptx).map_err(|(code, log)| RuntimeError::Jit { entry: plan.entry.clone(), code, log }));
+            for ((_, hash), module) in todo.into_iter().zip(modules) {
+                lock(&self.inner.modules).insert(hash, Arc::new(module?));
+                stats.modules += 1;
+                stats.ptx_jit += 1;
+            }
+            stats.load_seconds = t.elapsed().as_secs_f64();
+            return Ok(stats);
         }
         let asm = &self.inner.assembler;
         let t = std::time::Instant::now();

@@ -25,6 +25,23 @@ fn fresh() -> Device {
     Device::open().unwrap()
 }
 
+/// `SINTER_CUBIN=1` (the cubin cache, off by default) until dropped; the GPU tests run one
+/// at a time, so no other test sees it.
+struct CubinsOn;
+
+impl CubinsOn {
+    fn new() -> CubinsOn {
+        std::env::set_var("SINTER_CUBIN", "1");
+        CubinsOn
+    }
+}
+
+impl Drop for CubinsOn {
+    fn drop(&mut self) {
+        std::env::remove_var("SINTER_CUBIN");
+    }
+}
+
 /// An empty folder of this process (removed first if a killed run left it).
 fn temp_dir(tag: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("sinter-cubin-test-{}-{tag}", std::process::id()));
@@ -41,6 +58,7 @@ fn cubins(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn gpu_cubins_are_assembled_once_then_loaded_from_the_cache() {
+    let _on = CubinsOn::new();
     let Some(dev) = device() else { return };
     let plans = tiny_llama_plans(&dev);
     let dir = temp_dir("once");
@@ -80,6 +98,7 @@ fn gpu_cubins_are_assembled_once_then_loaded_from_the_cache() {
 
 #[test]
 fn gpu_damaged_or_foreign_cubins_are_refused_and_rebuilt() {
+    let _on = CubinsOn::new();
     let Some(dev) = device() else { return };
     let plans = tiny_llama_plans(&dev);
     let dir = temp_dir("damage");
