@@ -695,10 +695,11 @@ fn an_op_is_a_row_of_the_table() -> Result<(), Box<dyn std::error::Error>> {
 
 // ANCHOR: gelu_rule
 use sinter::ir::OpKind;
-use sinter_passes::rules::{comm_args, is_const, mk, unary_args, RuleFn};
+use sinter_passes::rules::{comm_args, is_const, is_const_near, mk, unary_args, RuleFn};
 
 /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` → `gelu(x, form = "tanh")`: GPT-2's GELU as
-/// Hugging Face writes it, with `x³` as `x·x·x` in either grouping. (egg's `Id` is not
+/// Hugging Face writes it, with `x³` as `x·x·x` in either grouping; √(2/π) and 0.044715 match
+/// as the graph's f32 holds them (`is_const_near`), 0.5 and 1 exactly. (egg's `Id` is not
 /// re-exported, so outside `sinter-passes` the rule is a closure coerced to `RuleFn`; the
 /// rules in `passes/src/rules/` are plain `fn`s of the same type.)
 const GELU_TANH: RuleFn = |eg, id| {
@@ -715,8 +716,8 @@ const GELU_TANH: RuleFn = |eg, id| {
                             for (k, cube) in comm_args(eg, cubic, OpKind::Mul) {
                                 let constants = is_const(eg, half, 0.5)
                                     && is_const(eg, one, 1.0)
-                                    && is_const(eg, c, (2.0 / std::f64::consts::PI).sqrt())
-                                    && is_const(eg, k, 0.044715);
+                                    && is_const_near(eg, c, (2.0 / std::f64::consts::PI).sqrt())
+                                    && is_const_near(eg, k, 0.044715);
                                 if constants && same(x2, x) && cube_of(cube, x) {
                                     xs.push(x);
                                 }
