@@ -148,9 +148,11 @@ fn attention_head_dims_and_operands() {
     };
     for t in Target::ALL {
         for layout in ["bhsd", "bshd"] {
+            let m = i64::from(MAX_ATTENTION_HEAD_DIM);
             assert_eq!(check(&attn(256, 256, layout, ""), &t), Ok(()));
+            assert_eq!(check(&attn(m, m, layout, ""), &t), Ok(()));
             assert_eq!(check(&attn(64, 128, layout, "bf16[8, 8]"), &t), Ok(()));
-            for (d, dv) in [(512, 512), (512, 64), (64, 512), (257, 64)] {
+            for (d, dv) in [(m + 128, m + 128), (m + 128, 64), (64, m + 128), (m + 1, 64)] {
                 let e = check(&attn(d, dv, layout, ""), &t).unwrap_err();
                 assert!(e.contains("head dim") && e.contains(&format!("1..={MAX_ATTENTION_HEAD_DIM}")), "{e}");
             }
@@ -179,7 +181,7 @@ fn attention_head_dims_and_operands() {
         )
     };
     assert_eq!(check(&paged(128), &Target::SM_80), Ok(()));
-    let e = check(&paged(512), &Target::SM_90A).unwrap_err();
+    let e = check(&paged(i64::from(MAX_ATTENTION_HEAD_DIM) + 1), &Target::SM_90A).unwrap_err();
     assert!(e.contains("paged_attention") && e.contains("head dim"), "{e}");
     assert!(head_dim_ok(&crate::Dim::constant(256)) && !head_dim_ok(&crate::Dim::constant(0)) && !head_dim_ok(&crate::Dim::symbol("D")));
 }
