@@ -229,12 +229,12 @@ mod tests {
 
     #[test]
     fn units_are_microseconds_bytes_and_flops() {
-        // 4.27 GB at 4270 GB/s is one millisecond, plus the launch.
+        // The target's DRAM bandwidth's worth of bytes per millisecond is one millisecond, plus the launch.
         let h200 = Target::SM_90A;
         assert!((kernel_us(&h200, 4.27e9, 0.0, false) - 1003.0).abs() < 1e-9);
-        // 680 TFLOP on tensor cores is one second.
+        // The target's tensor-core FLOP/s' worth of work is one second.
         assert!((kernel_us(&h200, 0.0, 680e12, true) - (1e6 + 3.0)).abs() < 1e-6);
-        // An A100 moves the same bytes at 2039 GB/s.
+        // Likewise on sm_80, with its own bandwidth (the figures: book/src/design/contract.md).
         assert!((kernel_us(&Target::SM_80, 2.039e9, 0.0, false) - 1003.0).abs() < 1e-9);
         let cfg = CostConfig::prefill();
         let x = TensorType::new(DType::BF16, [Dim::symbol("T"), Dim::constant(576)]);
