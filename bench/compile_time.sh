@@ -8,9 +8,10 @@
 # - cold (three runs by default): each with a fresh, empty SINTER_CACHE and the driver's own
 #   JIT cache off (CUDA_CACHE_DISABLE=1), so nothing compiled earlier is reused;
 # - warm (as many runs): the same SINTER_CACHE again and again (the last cold run's).
-# SINTER_JOBS sets the worker threads (default: every core); SINTER_ASSEMBLER=ptxas with
-# SINTER_PTXAS=/path/to/ptxas assembles with ptxas processes instead of the driver's linker
-# (the two side by side: run the script twice, OUT set apart). Each run generates one token
+# SINTER_JOBS sets the worker threads (default: every core); SINTER_PTXAS=/path/to/ptxas
+# names the cubin cache's assembler (each cold run has an empty SINTER_CACHE, so the
+# toolchain's $SINTER_CACHE/bin/ptxas is not there); SINTER_CUBIN=0 measures the driver's PTX
+# JIT instead (run the script twice, OUT set apart). Each run generates one token
 # (--max-tokens 1); printed: the run's wall time, the load and compile line, and the phase
 # line `sinter run` prints (lowering, code generation, assembly, cache reads, module loading).
 # Logs go to $OUT (default /tmp/out).
@@ -22,7 +23,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 [ -x "$SINTER" ] || { echo "no sinter binary at $SINTER (set SINTER=)"; exit 1; }
 [ -f "$MODEL" ] || { echo "no model at $MODEL (set MODEL=)"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
-echo "cores: $(nproc); SINTER_JOBS=${SINTER_JOBS:-(all cores)}; assembler: ${SINTER_ASSEMBLER:-driver linker}"
+echo "cores: $(nproc); SINTER_JOBS=${SINTER_JOBS:-(all cores)}; cubin assembler: ${SINTER_PTXAS:-ptxas on the PATH}; SINTER_CUBIN=${SINTER_CUBIN:-(on)}"
 one() {
     local label="$1" log="$OUT/compile-time-$1.log"
     local t0 t1

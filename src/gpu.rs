@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
+use rayon::prelude::*;
 use sinter_ir::{Bindings, Graph, Kernel, KernelGraph, LaunchPlan, Target};
 use sinter_runtime::{CapturedGraph, Device, DeviceBuffer, Executor, KernelCache, Lookup, Profile, RuntimeError};
 
@@ -152,7 +153,7 @@ struct Assembly<'d> {
 
 impl Assembly<'_> {
     fn run(&self, ptx: &str, cache: &KernelCache) {
-        let Some(dev) = self.device.filter(|_| sinter_runtime::device::cubins_enabled()) else { return };
+        let Some(dev) = self.device.filter(|d| *d.cubin_assembler() != sinter_runtime::cubin::CubinAssembler::Off) else { return };
         let t = Instant::now();
         if dev.assemble(ptx).is_ok_and(|cubin| cache.put_cubin(ptx, dev.assembler(), &cubin).is_ok()) {
             self.cubins.fetch_add(1, Ordering::Relaxed);
@@ -179,18 +180,44 @@ fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stat
     // Digest → the plan found in the cache, or the index in `todo` of the kernel to build.
     let mut seen: HashMap<String, Result<LaunchPlan, usize>> = HashMap::new();
     let mut done = 0;
-    for (i, k) in kg.kernels.keys().enumerate() {
-        if let Some(plan) = name.as_deref().filter(|_| crate::tune::tunable(kg, k)).and_then(|d| crate::tune::tuned_plan(kg, k, target, cache, d)) {
-            stats.cached += 1;
-            stats.tuned += 1;
-            out[i] = Some(plan.1);
-            done += 1;
-            progress(done, total);
-            continue;
-        }
-        let key = kernel_key(kg, k, target);
-        let digest = key.digest();
-        match seen.get(&digest) {
+    // Every kernel's timing-record plan (tunable kernels on a named device) or cache key, then
+    // each distinct key's cache entry: on every core, as a warm start spends its time here.
+    let t0 = Instant::now();
+    let ks: Vec<Kernel> = kg.kernels.keys().collect();
+    let found: Vec<Result<LaunchPlan, (sinter_runtime::CacheKey, String)>> = ks
+        .par_iter()
+        .map(|&k| match name.as_deref().filter(|_| crate::tune::tunable(kg, k)).and_then(|d| crate::tune::tuned_plan(kg, k, target, cache, d)) {
+            Some((_, plan)) => Ok(plan),
+            None => {
+                let key = kernel_key(kg, k, target);
+                let digest = key.digest();
+                Err((key, digest))
+            }
+        })
+        .collect();
+    let mut distinct: Vec<&sinter_runtime::CacheKey> = Vec::new();
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    for (key, digest) in found.iter().filter_map(|f| f.as_ref().err()) {
+        first.entry(digest.as_str()).or_insert_with(|| {
+            distinct.push(key);
+            distinct.len() - 1
+        });
+    }
+    let mut lookups: Vec<Option<Lookup>> = distinct.par_iter().map(|key| Some(cache.get(key))).collect();
+    stats.cache_seconds += t0.elapsed().as_secs_f64();
+    for (i, f) in found.iter().enumerate() {
+        let (key, digest) = match f {
+            Ok(plan) => {
+                stats.cached += 1;
+                stats.tuned += 1;
+                out[i] = Some(plan.clone());
+                done += 1;
+                progress(done, total);
+                continue;
+            }
+            Err(kd) => kd,
+        };
+        match seen.get(digest) {
             Some(Ok(plan)) => {
                 stats.cached += 1;
                 out[i] = Some(plan.clone());
@@ -206,22 +233,20 @@ fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stat
             }
             None => {}
         }
-        let t0 = Instant::now();
-        let found = cache.get(&key);
-        stats.cache_seconds += t0.elapsed().as_secs_f64();
-        if let Lookup::Hit(plan) = found {
+        let entry = lookups[first[digest.as_str()]].take().unwrap_or(Lookup::Miss);
+        if let Lookup::Hit(plan) = entry {
             stats.cached += 1;
-            seen.insert(digest, Ok(plan.clone()));
+            seen.insert(digest.clone(), Ok(plan.clone()));
             out[i] = Some(plan);
             done += 1;
             progress(done, total);
         } else {
-            seen.insert(digest, Err(todo.len()));
-            todo.push(ToBuild { key, found, kernels: vec![i] });
+            seen.insert(digest.clone(), Err(todo.len()));
+            todo.push(ToBuild { key: key.clone(), found: entry, kernels: vec![i] });
         }
     }
     let t1 = Instant::now();
-    let keys: Vec<Kernel> = kg.kernels.keys().collect();
+    let keys = ks;
     let assembly = Assembly { device, cubins: AtomicUsize::new(0), nanos: AtomicU64::new(0) };
     let built = build_all(kg, target, cache, &todo, &keys, jobs, &assembly, &mut |n| {
         done += n;

@@ -1,24 +1,21 @@
-//! Machine code in the kernel cache: each kernel's PTX assembled once, by the CUDA driver's
-//! own JIT linker (`cuLinkCreate` / `cuLinkAddData(PTX)` / `cuLinkComplete`), into a cubin for
-//! the device's architecture, and kept beside the plans as `<digest>.cubin`.
+//! Machine code in the kernel cache: each kernel's PTX assembled once, by `ptxas`, into a
+//! cubin for the device's architecture, and kept beside the plans as `<digest>.cubin`.
 //!
 //! An entry is keyed by the SHA-256 of the PTX, the device's architecture (`sm_90`) and the
-//! assembler's version ([`Assembler`]: the CUDA driver API version and the kernel driver's
-//! version, since the linker is the driver's); a cubin made for another card or by another
-//! driver is another entry, never served. The entry repeats both in its body's first line,
-//! checked on reading, and carries the cache's length and checksum header
+//! assembler's version ([`Assembler`]: `ptxas`'s version line); a cubin made for another card
+//! or by another assembler is another entry, never served. The entry repeats both in its
+//! body's first line, checked on reading, and carries the cache's length and checksum header
 //! ([`crate::cache`]): an entry that is damaged, or holds another architecture's or
 //! assembler's code, is [`CubinLookup::Corrupt`] — reported, assembled again and rewritten,
 //! never loaded. Loading a cached cubin is a plain `cuModuleLoadData`; the PTX stays the
 //! portable form (a card without a cubin JIT-compiles the PTX, as the driver always did).
-//! `book/src/design/compile-time.md` says why the driver's linker rather than `ptxas`;
-//! `SINTER_ASSEMBLER=ptxas` (with `SINTER_PTXAS` or `ptxas` on the `PATH`) assembles with
-//! `ptxas` processes instead, keyed by `ptxas`'s version.
+//! The assembler is `ptxas` wherever one is found ([`assembler_from_env`]: `SINTER_PTXAS`,
+//! the toolchain's from `scripts/setup`, or the `PATH`), one process per kernel; without one
+//! the driver JIT-compiles the PTX as before. Not the driver's own linker (`cuLinkCreate`):
+//! its cubins of wgmma kernels faulted on the H200 (`book/src/design/compile-time.md`).
 
-use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 
-use cudarc::driver::sys::{self, CUjit_option, CUjitInputType};
 use sha2::{Digest, Sha256};
 
 use crate::cache::KernelCache;
@@ -31,37 +28,24 @@ pub struct Assembler {
     /// The device's architecture, e.g. `sm_90` (the cubin's `.target` follows the PTX's, so
     /// `sm_90a` PTX gives an `sm_90a` cubin; the PTX is part of the key).
     pub arch: String,
-    /// The assembler's version, e.g. `cuda 12.8 driver 570.86.15`: the driver API version
-    /// and, where the kernel driver says (`/proc/driver/nvidia/version`), its release.
+    /// The assembler's version: `ptxas` and its release and build, e.g. `ptxas Cuda
+    /// compilation tools, release 12.9, V12.9.86; Build cuda_12.9.r12.9/compiler.36037853_0`
+    /// (`none` where there is no assembler).
     pub version: String,
 }
 
 impl Assembler {
-    /// The assembler of a device of compute capability `cc` under a driver of API version
-    /// `driver` (`(12, 8)`), with the kernel driver's release read from
-    /// `/proc/driver/nvidia/version` where there is one.
-    pub fn for_device(cc: (u32, u32), driver: (u32, u32)) -> Assembler {
-        let release = std::fs::read_to_string("/proc/driver/nvidia/version").ok().and_then(|t| kernel_driver_release(&t));
-        let mut version = format!("cuda {}.{}", driver.0, driver.1);
-        if let Some(r) = release {
-            version.push_str(&format!(" driver {r}"));
-        }
-        Assembler { arch: format!("sm_{}{}", cc.0, cc.1), version }
+    /// The assembler of a device of compute capability `cc` (`(9, 0)`), `version` as
+    /// [`assembler_from_env`] gives it.
+    pub fn for_device(cc: (u32, u32), version: &str) -> Assembler {
+        let version = if version.is_empty() { "none" } else { version };
+        Assembler { arch: format!("sm_{}{}", cc.0, cc.1), version: version.to_string() }
     }
 
     /// The first line of a cubin entry's body: what the code is for and what made it.
     fn stamp(&self) -> String {
         format!("cubin {} {}\n", self.arch, self.version)
     }
-}
-
-/// The release in `/proc/driver/nvidia/version`'s first line (`NVRM version: NVIDIA UNIX
-/// x86_64 Kernel Module  570.86.15  Wed …`): the first word after `Kernel Module` that starts
-/// with a digit.
-fn kernel_driver_release(text: &str) -> Option<String> {
-    let line = text.lines().next()?;
-    let rest = &line[line.find("Kernel Module")? + "Kernel Module".len()..];
-    rest.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit())).map(str::to_string)
 }
 
 /// The result of looking a cubin up.
@@ -134,18 +118,48 @@ impl KernelCache {
     }
 }
 
-/// `ptxas` to assemble with instead of the driver's linker, where `SINTER_ASSEMBLER=ptxas`
-/// asks for it: `SINTER_PTXAS` or `ptxas` on the `PATH`, with its version (`ptxas
-/// --version`'s last line). `None` (the driver's linker) when not asked for or when the
-/// program does not run.
-pub(crate) fn ptxas_from_env() -> Option<(PathBuf, String)> {
-    if std::env::var("SINTER_ASSEMBLER").ok()?.trim() != "ptxas" {
-        return None;
+/// What makes the machine code of the cubin cache on this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CubinAssembler {
+    /// A `ptxas` program (whole-program, `-arch` of the PTX's architecture-specific target or
+    /// the card's).
+    Ptxas(PathBuf),
+    /// No cubins (`SINTER_CUBIN=0`, or no `ptxas` found): the driver JIT-compiles each PTX.
+    Off,
+}
+
+/// The assembler the environment chooses, with its version for the cache's key:
+/// `SINTER_CUBIN=0` turns cubins off; otherwise `ptxas` — `SINTER_PTXAS`, else
+/// `$SINTER_CACHE/bin/ptxas` (where `scripts/setup` puts it; `~/.cache/sinter/bin` without
+/// `SINTER_CACHE`), else `ptxas` on the `PATH` — with its version (`ptxas --version`'s
+/// release and build lines). [`CubinAssembler::Off`] (version `""`) when none of these runs.
+pub fn assembler_from_env() -> (CubinAssembler, String) {
+    let off = std::env::var("SINTER_CUBIN").is_ok_and(|v| v.trim() == "0");
+    let explicit = std::env::var_os("SINTER_PTXAS").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let toolchain = KernelCache::default_dir().ok().map(|k| k.with_file_name("bin").join("ptxas"));
+    choose_assembler(off, explicit.into_iter().chain(toolchain).chain(std::iter::once(PathBuf::from("ptxas"))))
+}
+
+/// The first of `candidates` that runs as a `ptxas`, unless cubins are `off`.
+fn choose_assembler(off: bool, candidates: impl IntoIterator<Item = PathBuf>) -> (CubinAssembler, String) {
+    if off {
+        return (CubinAssembler::Off, String::new());
     }
-    let path = std::env::var_os("SINTER_PTXAS").filter(|v| !v.is_empty()).map_or_else(|| PathBuf::from("ptxas"), PathBuf::from);
-    let out = std::process::Command::new(&path).arg("--version").output().ok().filter(|o| o.status.success())?;
-    let version = String::from_utf8_lossy(&out.stdout).lines().last()?.trim().to_string();
-    Some((path, format!("ptxas {version}")))
+    for path in candidates {
+        if let Some(version) = ptxas_version(&path) {
+            return (CubinAssembler::Ptxas(path), format!("ptxas {version}"));
+        }
+    }
+    (CubinAssembler::Off, String::new())
+}
+
+/// `ptxas --version`'s release and build lines (`Cuda compilation tools, release 12.9,
+/// V12.9.86; Build cuda_12.9.r12.9/compiler.36037853_0`), where `path` runs as a `ptxas`.
+fn ptxas_version(path: &std::path::Path) -> Option<String> {
+    let out = std::process::Command::new(path).arg("--version").output().ok().filter(|o| o.status.success())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| l.contains("release") || l.starts_with("Build")).collect();
+    (text.contains("ptxas") && !lines.is_empty()).then(|| lines.join("; "))
 }
 
 /// The architecture `ptxas` assembles `ptx` for on a device of architecture `arch`
@@ -186,67 +200,6 @@ pub(crate) fn ptxas_assemble(ptxas: &std::path::Path, ptx: &str, arch: &str) -> 
     r
 }
 
-/// Bytes of the linker's log buffers.
-const LINK_LOG_BYTES: usize = 1 << 16;
-
-/// Owns a `CUlinkState`: destroyed on every path.
-struct LinkState(sys::CUlinkState);
-
-impl Drop for LinkState {
-    fn drop(&mut self) {
-        // SAFETY: the state was created by cuLinkCreate and is destroyed once.
-        let _ = unsafe { sys::cuLinkDestroy(self.0) };
-    }
-}
-
-/// Assembles `ptx` into a cubin for the device of the context current on this thread, with
-/// the driver's JIT linker at its default optimisation (the code `cuModuleLoadData` of the
-/// PTX would make). Errors are (CUDA error name, the linker's error log).
-pub(crate) fn link_ptx(ptx: &str) -> Result<Vec<u8>, (String, String)> {
-    let src = CString::new(ptx).map_err(|_| ("CUDA_ERROR_INVALID_PTX".to_string(), "the PTX text contains a NUL byte".to_string()))?;
-    let mut err_log = vec![0u8; LINK_LOG_BYTES];
-    let mut options = [CUjit_option::CU_JIT_ERROR_LOG_BUFFER, CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
-    // Sizes are passed as pointer-sized integers, as the driver API specifies.
-    let mut values: [*mut c_void; 2] = [err_log.as_mut_ptr().cast(), LINK_LOG_BYTES as *mut c_void];
-    let text = |buf: &[u8]| String::from_utf8_lossy(&buf[..buf.iter().position(|&b| b == 0).unwrap_or(buf.len())]).trim().to_string();
-    let fail = |what: &str, e: sys::CUresult, log: &[u8]| {
-        let mut l = text(log);
-        if l.is_empty() {
-            l = format!("{what} failed");
-        }
-        (format!("{e:?}"), l)
-    };
-    let mut raw: sys::CUlinkState = std::ptr::null_mut();
-    // SAFETY: two options with their values; the log buffer outlives the link state (it is
-    // dropped after `state` below, declared earlier).
-    let r = unsafe { sys::cuLinkCreate_v2(options.len() as u32, options.as_mut_ptr(), values.as_mut_ptr(), &mut raw) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(fail("cuLinkCreate", r, &err_log));
-    }
-    let state = LinkState(raw);
-    let name = c"kernel.ptx";
-    // SAFETY: `src` is a NUL-terminated PTX image whose size includes the NUL, as the driver
-    // expects for PTX input; no per-input options.
-    let r = unsafe {
-        sys::cuLinkAddData_v2(state.0, CUjitInputType::CU_JIT_INPUT_PTX, src.as_ptr() as *mut c_void, src.as_bytes_with_nul().len(), name.as_ptr(), 0, std::ptr::null_mut(), std::ptr::null_mut())
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(fail("cuLinkAddData", r, &err_log));
-    }
-    let mut cubin: *mut c_void = std::ptr::null_mut();
-    let mut size = 0usize;
-    // SAFETY: the state holds one PTX input; the cubin it returns belongs to the state and is
-    // copied out before the state is destroyed.
-    let r = unsafe { sys::cuLinkComplete(state.0, &mut cubin, &mut size) };
-    if r != sys::CUresult::CUDA_SUCCESS || cubin.is_null() {
-        return Err(fail("cuLinkComplete", r, &err_log));
-    }
-    // SAFETY: the driver returned `size` bytes at `cubin`, alive until cuLinkDestroy.
-    let out = unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec();
-    drop(state);
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,32 +232,39 @@ mod tests {
         assert!(log.contains("bogus") || log.contains("error"), "{log}");
     }
 
+    /// The first candidate that runs as a `ptxas` is the assembler; programs that do not run or
+    /// are not `ptxas` are passed over; `SINTER_CUBIN=0` or no `ptxas` means no cubins.
     #[test]
-    fn the_kernel_driver_release_is_read() {
-        let t = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Wed Jan 22 21:32:08 UTC 2025\nGCC version:  gcc 12\n";
-        assert_eq!(kernel_driver_release(t).as_deref(), Some("570.86.15"));
-        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build\n";
-        assert_eq!(kernel_driver_release(open).as_deref(), Some("575.57.08"));
-        assert_eq!(kernel_driver_release("nothing here"), None);
+    fn the_assembler_is_the_first_ptxas_found() {
+        let missing = PathBuf::from("/nonexistent/ptxas");
+        let not_ptxas = PathBuf::from("true");
+        assert_eq!(choose_assembler(false, [missing.clone(), not_ptxas.clone()]), (CubinAssembler::Off, String::new()));
+        let Some(ptxas) = std::env::var_os("SINTER_PTXAS").filter(|v| !v.is_empty()).map(PathBuf::from) else {
+            eprintln!("skipped the rest: SINTER_PTXAS is not set");
+            return;
+        };
+        let (found, version) = choose_assembler(false, [missing, not_ptxas, ptxas.clone()]);
+        assert_eq!(found, CubinAssembler::Ptxas(ptxas.clone()));
+        assert!(version.starts_with("ptxas Cuda compilation tools"), "{version}");
+        assert_eq!(choose_assembler(true, [ptxas]), (CubinAssembler::Off, String::new()));
     }
 
-    /// A cubin is served only for its PTX, architecture and assembler.
     #[test]
     fn cubins_of_another_arch_or_assembler_are_not_used() {
         let dir = tempfile::tempdir().unwrap();
         let cache = KernelCache::new(dir.path()).unwrap();
-        let a = asm("sm_90", "cuda 12.8 driver 570.86.15");
+        let a = asm("sm_90", "ptxas release 12.8, V12.8.61");
         assert_eq!(cache.get_cubin(PTX, &a), CubinLookup::Miss);
         let path = cache.put_cubin(PTX, &a, b"\x7fELF code").unwrap();
         assert_eq!(cache.get_cubin(PTX, &a), CubinLookup::Hit(b"\x7fELF code".to_vec()));
         // Another architecture, another assembler, another PTX: other entries.
-        for other in [asm("sm_80", &a.version), asm("sm_90", "cuda 12.8 driver 575.57.08"), asm("sm_90", "cuda 13.0 driver 570.86.15")] {
+        for other in [asm("sm_80", &a.version), asm("sm_90", "ptxas release 12.8, V12.8.93"), asm("sm_90", "ptxas release 13.0, V13.0.48")] {
             assert_ne!(cubin_digest(PTX, &other), cubin_digest(PTX, &a));
             assert_eq!(cache.get_cubin(PTX, &other), CubinLookup::Miss, "{other:?}");
         }
         assert_eq!(cache.get_cubin(&PTX.replace("ret", "exit"), &a), CubinLookup::Miss);
         // Another assembler's entry copied under this one's name is refused, never loaded.
-        let b = asm("sm_90", "cuda 13.0 driver 580.65.06");
+        let b = asm("sm_90", "ptxas release 12.9, V12.9.86");
         let b_path = cache.put_cubin(PTX, &b, b"\x7fELF newer").unwrap();
         std::fs::copy(&b_path, &path).unwrap();
         assert!(matches!(cache.get_cubin(PTX, &a), CubinLookup::Corrupt { .. }));
@@ -323,7 +283,7 @@ mod tests {
     fn corrupt_cubins_are_detected() {
         let dir = tempfile::tempdir().unwrap();
         let cache = KernelCache::new(dir.path()).unwrap();
-        let a = asm("sm_90", "cuda 12.8");
+        let a = asm("sm_90", "ptxas release 12.8, V12.8.61");
         let code: Vec<u8> = (0..=255u8).cycle().take(4000).collect();
         let path = cache.put_cubin(PTX, &a, &code).unwrap();
         let good = std::fs::read(&path).unwrap();

@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -15,7 +14,7 @@ use sinter_ir::{Bindings, DType, LaunchPlan};
 use crate::buffer::{byte_len, numel, DeviceBuffer, GuardViolation};
 use crate::cache::KernelCache;
 use crate::codec::{self, Element};
-use crate::cubin::{link_ptx, ptxas_assemble, ptxas_from_env, Assembler, CubinLookup};
+use crate::cubin::{assembler_from_env, ptxas_assemble, Assembler, CubinAssembler, CubinLookup};
 use crate::error::RuntimeError;
 use crate::launch::{resolve, ArgValue, ResolvedLaunch, DEFAULT_SHARED_LIMIT};
 use crate::pool::{MemoryPool, PoolStats, RawAllocator};
@@ -176,14 +175,6 @@ pub struct LoadStats {
 }
 
 /// `f` of every item on up to `jobs` threads, results in the items' order.
-/// Whether machine code is cached (`SINTER_CUBIN=1`): off by default, because on the H200
-/// (driver 580) wgmma kernels loaded from the driver linker's cubins fault with a misaligned
-/// address where the same PTX JIT-compiled by `cuModuleLoadDataEx` runs (see
-/// `book/src/design/compile-time.md`); without it modules are JIT-compiled in parallel.
-pub fn cubins_enabled() -> bool {
-    std::env::var("SINTER_CUBIN").is_ok_and(|v| v.trim() == "1")
-}
-
 fn parallel_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let workers = jobs.clamp(1, items.len().max(1));
     if workers == 1 {
@@ -219,8 +210,8 @@ type KernelKey = (String, [u8; 32]);
 struct Inner {
     info: DeviceInfo,
     assembler: Assembler,
-    /// `ptxas` when `SINTER_ASSEMBLER=ptxas` chose it over the driver's linker.
-    ptxas: Option<PathBuf>,
+    /// What makes the cubin cache's machine code ([`assembler_from_env`]).
+    cubins: CubinAssembler,
     pool: Arc<Mutex<MemoryPool>>,
     kernels: Mutex<HashMap<KernelKey, Arc<LoadedKernel>>>,
     modules: Mutex<HashMap<[u8; 32], Arc<Module>>>,
@@ -267,15 +258,12 @@ impl Device {
         let info = device_info(&ctx)?;
         let stream = no_panic("stream creation", || ctx.new_stream().map_err(|e| RuntimeError::cuda("cuStreamCreate", e, None)))?;
         let pool = Arc::new(Mutex::new(MemoryPool::new(Box::new(CudaAllocator { ctx: ctx.clone(), stream: stream.clone() }))));
-        let mut assembler = Assembler::for_device(info.compute_capability, info.driver_version);
-        let ptxas = ptxas_from_env().map(|(path, version)| {
-            assembler.version = version;
-            path
-        });
+        let (cubins, version) = assembler_from_env();
+        let assembler = Assembler::for_device(info.compute_capability, &version);
         Ok(Device {
             inner: Arc::new(Inner {
                 assembler,
-                ptxas,
+                cubins,
                 info,
                 pool,
                 kernels: Mutex::new(HashMap::new()),
@@ -296,6 +284,12 @@ impl Device {
     /// driver's version): the cubin cache's key ([`crate::cubin`]).
     pub fn assembler(&self) -> &Assembler {
         &self.inner.assembler
+    }
+
+    /// What makes machine code for the cubin cache on this device ([`assembler_from_env`]);
+    /// [`CubinAssembler::Off`] when modules are JIT-compiled from PTX.
+    pub fn cubin_assembler(&self) -> &CubinAssembler {
+        &self.inner.cubins
     }
 
     pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
@@ -536,14 +530,14 @@ impl Device {
     }
 
     /// Loads the modules of `plans` (each distinct PTX once; those loaded already are
-    /// skipped). By default the driver JIT-compiles each PTX, on `jobs` threads at once; with
-    /// `SINTER_CUBIN=1` ([`cubins_enabled`]) through the cubin cache where there is one
-    /// ([`crate::cubin`]): a cached
-    /// cubin for this device's architecture and assembler is loaded as it is; the others are
-    /// assembled by the driver's linker on `jobs` threads at once, stored, and loaded. A PTX
-    /// the linker refuses, or a cubin the driver will not load, is JIT-compiled from its PTX
-    /// as [`Device::load`] does (whose error, with the JIT's log, is the one reported). Later
-    /// [`Device::load`]s of these plans find their modules loaded.
+    /// skipped), through the cubin cache where there is one and an assembler
+    /// ([`Device::cubin_assembler`], [`crate::cubin`]): a cached cubin for this device's
+    /// architecture and assembler is loaded as it is; the others are assembled on `jobs`
+    /// threads at once, stored, and loaded. A PTX the assembler refuses, or a cubin the driver
+    /// will not load, is JIT-compiled from its PTX as [`Device::load`] does (whose error, with
+    /// the JIT's log, is the one reported). Without an assembler the driver JIT-compiles each
+    /// PTX, on `jobs` threads at once. Later [`Device::load`]s of these plans find their
+    /// modules loaded.
     ///
     /// # Errors
     /// As [`Device::load`].
@@ -560,7 +554,7 @@ impl Device {
                 }
             }
         }
-        if !cubins_enabled() {
+        if self.inner.cubins == CubinAssembler::Off {
             // The driver's PTX JIT, one module per thread (its own JIT cache keeps warm starts).
             let t = std::time::Instant::now();
             let modules = parallel_map(&todo, jobs, |(plan, _)| self.load_module(&plan.ptx).map_err(|(code, log)| RuntimeError::Jit { entry: plan.entry.clone(), code, log }));
@@ -574,9 +568,10 @@ impl Device {
         }
         let asm = &self.inner.assembler;
         let t = std::time::Instant::now();
-        let mut code: Vec<Option<Vec<u8>>> = todo
-            .iter()
-            .map(|(p, _)| match cache.map(|c| c.get_cubin(&p.ptx, asm)) {
+        let lookups = parallel_map(&todo, jobs, |(p, _)| cache.map(|c| c.get_cubin(&p.ptx, asm)));
+        let mut code: Vec<Option<Vec<u8>>> = lookups
+            .into_iter()
+            .map(|l| match l {
                 Some(CubinLookup::Hit(bytes)) => Some(bytes),
                 Some(CubinLookup::Corrupt { path, reason }) => {
                     stats.damaged.push(format!("{}: {reason}", path.display()));
@@ -591,10 +586,7 @@ impl Device {
         let t = std::time::Instant::now();
         let assembled = parallel_map(&missing, jobs, |&i| {
             let ptx = &todo[i].0.ptx;
-            let cubin = match &self.inner.ptxas {
-                Some(p) => ptxas_assemble(p, ptx, &asm.arch).ok()?,
-                None => self.bind().ok().and_then(|()| link_ptx(ptx).ok())?,
-            };
+            let cubin = self.assemble(ptx).ok()?;
             if let Some(c) = cache {
                 // A cache that cannot be written only costs the next run its assembly.
                 let _ = c.put_cubin(ptx, asm, &cubin);
@@ -607,41 +599,42 @@ impl Device {
             code[i] = cubin;
         }
         let t = std::time::Instant::now();
-        for ((plan, hash), cubin) in todo.into_iter().zip(code) {
-            let module = match cubin.map(|c| self.load_cubin(&c)) {
-                Some(Ok(m)) => m,
-                failed => {
-                    if let Some(Err((code, log))) = failed {
-                        stats.damaged.push(format!("the cubin of `{}` did not load ({code}: {log})", plan.entry));
-                        if let Some(c) = cache {
-                            c.remove_cubin(&plan.ptx, asm);
-                        }
-                    }
-                    stats.ptx_jit += 1;
-                    self.load_module(&plan.ptx).map_err(|(code, log)| RuntimeError::Jit { entry: plan.entry.clone(), code, log })?
+        let work: Vec<(&LaunchPlan, Option<Vec<u8>>)> = todo.iter().map(|(p, _)| *p).zip(code).collect();
+        let loaded = parallel_map(&work, jobs, |(plan, cubin)| {
+            let mut note = None;
+            if let Some(c) = cubin {
+                match self.load_cubin(c) {
+                    Ok(m) => return (Ok(m), false, None),
+                    Err((code, log)) => note = Some(format!("the cubin of `{}` did not load ({code}: {log})", plan.entry)),
                 }
-            };
-            lock(&self.inner.modules).insert(hash, Arc::new(module));
+            }
+            (self.load_module(&plan.ptx).map_err(|(code, log)| RuntimeError::Jit { entry: plan.entry.clone(), code, log }), true, note)
+        });
+        for (((plan, hash), (module, jit, note)), (_, cubin)) in todo.into_iter().zip(loaded).zip(&work) {
+            if let Some(n) = note {
+                stats.damaged.push(n);
+                if let (Some(c), Some(_)) = (cache, cubin) {
+                    c.remove_cubin(&plan.ptx, asm);
+                }
+            }
+            stats.ptx_jit += usize::from(jit);
+            lock(&self.inner.modules).insert(hash, Arc::new(module?));
             stats.modules += 1;
         }
         stats.load_seconds = t.elapsed().as_secs_f64();
         Ok(stats)
     }
 
-    /// Assembles `ptx` into a cubin for this device with the driver's JIT linker (the code
-    /// [`Device::load`] would JIT-compile), or with `ptxas` where `SINTER_ASSEMBLER=ptxas`
-    /// chose it ([`crate::cubin`]), as bytes.
+    /// Assembles `ptx` into a cubin for this device with its [`Device::cubin_assembler`]
+    /// (`ptxas`), as bytes.
     ///
     /// # Errors
     /// [`RuntimeError::Jit`] (entry `""`) with the assembler's log when the PTX does not
-    /// assemble.
+    /// assemble, or code `NO_ASSEMBLER` when the device has none.
     pub fn assemble(&self, ptx: &str) -> Result<Vec<u8>, RuntimeError> {
-        let r = match &self.inner.ptxas {
-            Some(p) => ptxas_assemble(p, ptx, &self.inner.assembler.arch),
-            None => {
-                self.bind()?;
-                link_ptx(ptx)
-            }
+        let r = match &self.inner.cubins {
+            CubinAssembler::Ptxas(p) => ptxas_assemble(p, ptx, &self.inner.assembler.arch),
+            CubinAssembler::Off => Err(("NO_ASSEMBLER".to_string(), "no ptxas was found (SINTER_PTXAS, $SINTER_CACHE/bin/ptxas, PATH) or SINTER_CUBIN=0".to_string())),
         };
         r.map_err(|(code, log)| RuntimeError::Jit { entry: String::new(), code, log })
     }

@@ -50,7 +50,7 @@ pub mod probe;
 pub use buffer::{DeviceBuffer, GuardViolation};
 pub use cache::{CacheKey, CacheStatus, KernelCache, Lookup};
 pub use codec::Element;
-pub use cubin::{Assembler, CubinLookup};
+pub use cubin::{assembler_from_env, Assembler, CubinAssembler, CubinLookup};
 pub use device::{Device, KernelAttributes, LoadStats, LoadedKernel};
 pub use error::RuntimeError;
 pub use executor::{free_symbols, CapturedGraph, Executor, KernelTime, Profile};

@@ -24,6 +24,7 @@
 
 use std::path::PathBuf;
 
+use rayon::prelude::*;
 use sinter_ir::kernel::plan_text::parse_dim;
 use sinter_ir::{Buffer, BufferData, BufferRole, DType, Family, Graph, KernelData, KernelGraph, Layout, Target, TensorType};
 use sinter_runtime::{CacheKey, KernelCache};
@@ -119,6 +120,9 @@ pub fn parse(text: &str) -> Result<(KernelGraph, Option<usize>), String> {
     let mut kg = KernelGraph::default();
     let mut body = String::new();
     let mut kernel: Option<(Family, Vec<Buffer>, Vec<Buffer>)> = None;
+    // Each kernel's header and body text, with the line its body ends on; the bodies are
+    // parsed afterwards on every core (most of a warm start's lowering time).
+    let mut bodies: Vec<(Family, Vec<Buffer>, Vec<Buffer>, String, usize)> = Vec::new();
     let ids = |s: &str, n: usize| -> Result<Vec<Buffer>, String> {
         s.split_whitespace().map(|t| t.parse::<u32>().map(Buffer::from_u32).map_err(|_| format!("line {n}: buffer id {t}"))).collect()
     };
@@ -139,11 +143,20 @@ pub fn parse(text: &str) -> Result<(KernelGraph, Option<usize>), String> {
             body.push('\n');
             if l == "}" {
                 let (family, inputs, outputs) = kernel.take().ok_or(format!("line {n}: a body without a kernel line"))?;
-                let g = sinter_ir::text::parse(&body).map_err(|e| format!("line {n}: body: {e}"))?;
-                let f = g.funcs.values().next().cloned().ok_or(format!("line {n}: an empty body"))?;
-                kg.kernels.push(KernelData { family, body: f, inputs, outputs });
+                bodies.push((family, inputs, outputs, std::mem::take(&mut body), n));
             }
         }
+    }
+    let parsed: Vec<Result<KernelData, String>> = bodies
+        .into_par_iter()
+        .map(|(family, inputs, outputs, text, n)| {
+            let g = sinter_ir::text::parse(&text).map_err(|e| format!("line {n}: body: {e}"))?;
+            let f = g.funcs.values().next().cloned().ok_or(format!("line {n}: an empty body"))?;
+            Ok(KernelData { family, body: f, inputs, outputs })
+        })
+        .collect();
+    for k in parsed {
+        kg.kernels.push(k?);
     }
     if kernel.is_some() {
         return Err("the last kernel's body is cut short".into());
