@@ -12,7 +12,6 @@ use super::decoder::{check_graph, DecoderModel};
 use super::gguf::ModelError;
 use super::sample::{SampleOptions, Sampler};
 use super::session::{page_index, tokens_tensor, CpuSession, GpuBatch, GpuSession, Session, Step, MIN_GPU_PAGES};
-use super::LlamaModel;
 use crate::gpu::{CompileStats, GpuProgram, Lowering, ProfileReport};
 use crate::zoo::Mode;
 use crate::{Backend, DType, Error, Program, Tensor};
@@ -64,18 +63,6 @@ struct GpuPrograms {
     specialised: Mutex<BTreeMap<usize, Option<Arc<GpuProgram>>>>,
 }
 
-/// The decode graph of a Llama model of config `cfg` specialised to a batch of `b` sequences
-/// ([`DecoderModel::decode_graph_for_batch`] of [`LlamaModel`]).
-///
-/// # Errors
-/// Graph build or verification errors.
-pub fn decode_graph_for_batch(cfg: &crate::zoo::llama::LlamaConfig, dtype: DType, b: usize) -> Result<crate::Graph, Error> {
-    let g = crate::zoo::llama::build(cfg, Mode::Decode, dtype)?;
-    let s = g.specialize(&[("T".to_string(), b as i64)].into_iter().collect());
-    sinter_ir::verify(&s)?;
-    Ok(s)
-}
-
 /// Whether decode graphs are specialised to their batch: yes, unless `SINTER_NO_SPECIALIZE`
 /// is set to something other than empty or `0`.
 pub fn specialise_default() -> bool {
@@ -116,8 +103,7 @@ impl GpuPrograms {
     }
 }
 
-/// Prefill and decode programs of one decoder ([`DecoderModel`]: Llama, GPT-2, ...),
-/// sharing its weights.
+/// Prefill and decode programs of one decoder (any [`DecoderModel`]), sharing its weights.
 ///
 /// Prompts are prefilled one by one into their own pages, then all sequences decode
 /// together, one token each per step ([`Engine::generate`]). On the GPU, decode steps are
@@ -130,7 +116,7 @@ impl GpuPrograms {
 /// instead, on the same buffers. Decode steps run the decode graph specialised to the batch
 /// size ([`DecoderModel::decode_graph_for_batch`]) where its kernels can be had, unless
 /// `SINTER_NO_SPECIALIZE=1` (or [`Engine::set_specialise`]).
-pub struct Engine<M: DecoderModel = LlamaModel> {
+pub struct Engine<M: DecoderModel> {
     model: M,
     programs: Programs,
     cuda_graph: bool,

@@ -192,6 +192,18 @@ impl LlamaModel {
     }
 }
 
+/// The decode graph of a Llama model of config `cfg` specialised to a batch of `b` sequences
+/// (what [`DecoderModel::decode_graph_for_batch`] of a [`LlamaModel`] returns).
+///
+/// # Errors
+/// Graph build or verification errors.
+pub fn decode_graph_for_batch(cfg: &LlamaConfig, dtype: DType, b: usize) -> Result<Graph, Error> {
+    let g = llama::build(cfg, Mode::Decode, dtype)?;
+    let s = g.specialize(&[("T".to_string(), b as i64)].into_iter().collect());
+    sinter_ir::verify(&s)?;
+    Ok(s)
+}
+
 impl DecoderModel for LlamaModel {
     fn architecture(&self) -> &str {
         "llama"

@@ -35,9 +35,9 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use decoder::{DecoderModel, KvGeometry};
-pub use engine::{cuda_graph_default, decode_graph_for_batch, specialise_default, Engine, Generation};
+pub use engine::{cuda_graph_default, specialise_default, Engine, Generation};
 pub use gpt2::Gpt2Model;
-pub use llama::LlamaModel;
+pub use llama::{decode_graph_for_batch, LlamaModel};
 pub use registry::{open, AnyDecoder};
 pub use sample::{argmax, SampleOptions, Sampler};
 

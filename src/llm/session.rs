@@ -109,16 +109,16 @@ pub(crate) fn tokens_tensor(tokens: &[u32]) -> Result<Tensor, Error> {
 
 /// The interpreter's session: page pools on the host, `M` pages per sequence.
 pub(crate) struct CpuSession<'a> {
-    pub(crate) prefill: &'a Program,
-    pub(crate) decode: &'a Program,
-    pub(crate) kp: Arc<Tensor>,
-    pub(crate) vp: Arc<Tensor>,
+    prefill: &'a Program,
+    decode: &'a Program,
+    kp: Arc<Tensor>,
+    vp: Arc<Tensor>,
     /// The decode block tables `[L, B, M]`.
-    pub(crate) bt: Tensor,
-    pub(crate) layers: usize,
-    pub(crate) b: usize,
-    pub(crate) m: usize,
-    pub(crate) vocab: usize,
+    bt: Tensor,
+    layers: usize,
+    b: usize,
+    m: usize,
+    vocab: usize,
 }
 
 impl CpuSession<'_> {
