@@ -312,3 +312,31 @@ fn gpu_gpt2_engine_matches_the_interpreter_and_cuda_graph_matches_eager() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `sinter run` picks GPT-2 from the folder, feeds the prompt as plain text (the model has no
+/// chat template) and prints the engine's greedy continuation; an unsupported architecture
+/// is an error naming the supported ones.
+#[test]
+fn sinter_run_serves_a_gpt2_folder_and_names_the_supported_architectures() {
+    let dir = scratch("cli");
+    write_gpt2_folder(&dir, &cfg(), 8);
+    let model = sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).unwrap();
+    let prompt = model.tokenizer().encode("t5 t17 t42").unwrap();
+    assert_eq!(prompt, vec![5, 17, 42]);
+    let engine = Engine::new(model).unwrap();
+    let o = SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(6) };
+    let tokens: Vec<u32> = engine.generate(&[prompt], &o, &mut |_, _| {}).unwrap().tokens[0].iter().copied().filter(|&t| t != 2).collect();
+    let want = engine.model().tokenizer().decode(&tokens).unwrap();
+    let sinter = || std::process::Command::new(env!("CARGO_BIN_EXE_sinter"));
+    let out = sinter().args(["run", "--device", "cpu", "--dtype", "f32", "--prompt", "t5 t17 t42", "--max-tokens", "6", "--ignore-eos", "--model"]).arg(&dir).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), want.trim(), "{stderr}");
+    let path = dir.join("mamba.gguf");
+    std::fs::write(&path, gguf_with_architecture("mamba")).unwrap();
+    let out = sinter().args(["run", "--device", "cpu", "--model"]).arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("architecture `mamba` is not supported (supported: llama, gpt2)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
