@@ -261,12 +261,27 @@ fn a_graph_without_the_decoder_signature_is_refused() {
     let c = cfg();
     // The zoo's GPT-2 forward has no KV cache: not a decoder graph.
     let g = gpt2::build(&c, DType::F32).unwrap();
-    let e = sinter::llm::decoder::check_graph(&g, &Default::default(), "prefill").unwrap_err();
+    let e = sinter::llm::decoder::check_graph(&g, &Default::default(), None, "prefill").unwrap_err();
     assert!(e.to_string().contains("has no input `block_tables`"), "{e}");
     // The paged graph is, once its weights are known.
     let g = gpt2_paged::build(&c, Mode::Prefill, DType::F32, PAGE).unwrap();
-    let e = sinter::llm::decoder::check_graph(&g, &Default::default(), "prefill").unwrap_err();
+    let e = sinter::llm::decoder::check_graph(&g, &Default::default(), None, "prefill").unwrap_err();
     assert!(e.to_string().contains("neither a decoder input nor one of the model's weights"), "{e}");
+    // A model whose KV geometry disagrees with its graphs is refused by the engine.
+    let dir = scratch("geometry");
+    write_gpt2_folder(&dir, &c, 9);
+    let model = load(&dir);
+    let weights = model.weights.clone();
+    let mut kv = model.kv();
+    sinter::llm::decoder::check_graph(&g, &weights, Some(&kv), "prefill").unwrap();
+    kv.head_dim *= 2;
+    let e = sinter::llm::decoder::check_graph(&g, &weights, Some(&kv), "prefill").unwrap_err();
+    assert!(e.to_string().contains("`k_pages` is f32[P, 4, 4, 8], the model's KV geometry says f32[P, 4, 4, 16]"), "{e}");
+    kv.head_dim /= 2;
+    kv.layers += 1;
+    let e = sinter::llm::decoder::check_graph(&g, &weights, Some(&kv), "prefill").unwrap_err();
+    assert!(e.to_string().contains("the model has 3 layers"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The graphs the GPU test below runs, for `precompile_gpu_test_kernels`: the paged GPT-2's

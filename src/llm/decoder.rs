@@ -178,11 +178,12 @@ pub const GRAPH_INPUTS: [&str; 5] = ["tokens", "positions", "block_tables", "k_p
 
 /// Checks that `g` has the decoder signature (module documentation): an entry function whose
 /// parameters include [`GRAPH_INPUTS`], any others being bound by `weights`, and at least
-/// four outputs.
+/// four outputs; with `kv`, also that the page pools are `kv.dtype[P, page_size, kv_heads,
+/// head_dim]` and the block tables have `kv.layers` rows.
 ///
 /// # Errors
-/// [`Error::Unsupported`] naming what is missing.
-pub fn check_graph(g: &Graph, weights: &BTreeMap<String, Arc<Tensor>>, what: &str) -> Result<(), Error> {
+/// [`Error::Unsupported`] naming what is missing or disagrees.
+pub fn check_graph(g: &Graph, weights: &BTreeMap<String, Arc<Tensor>>, kv: Option<&KvGeometry>, what: &str) -> Result<(), Error> {
     let f = g.entry().ok_or(Error::NoEntry)?;
     let bad = |m: String| Err(Error::Unsupported(format!("the {what} graph does not follow the decoder contract: {m}")));
     for name in GRAPH_INPUTS {
@@ -198,6 +199,21 @@ pub fn check_graph(g: &Graph, weights: &BTreeMap<String, Arc<Tensor>>, what: &st
     }
     if f.outputs.len() < 4 {
         return bad(format!("@{} returns {} values; a decoder graph returns (logits, k_pages, v_pages, next)", f.name, f.outputs.len()));
+    }
+    let Some(kv) = kv else { return Ok(()) };
+    let dims = |name: &str| f.param_named(name).map(|p| f.ty(p).clone());
+    let want = [kv.page_size, kv.kv_heads, kv.head_dim].map(|d| Some(d as i64));
+    for name in ["k_pages", "v_pages"] {
+        let Some(t) = dims(name) else { continue };
+        let got: Vec<Option<i64>> = t.shape.iter().skip(1).map(|d| d.as_const()).collect();
+        if t.dtype != kv.dtype || t.shape.len() != 4 || got != want {
+            return bad(format!("`{name}` is {t}, the model's KV geometry says {}[P, {}, {}, {}]", kv.dtype, kv.page_size, kv.kv_heads, kv.head_dim));
+        }
+    }
+    if let Some(t) = dims("block_tables") {
+        if t.shape.first().and_then(|d| d.as_const()) != Some(kv.layers as i64) {
+            return bad(format!("`block_tables` is {t}, the model has {} layers", kv.layers));
+        }
     }
     Ok(())
 }

@@ -126,8 +126,9 @@ pub struct Engine<M: DecoderModel> {
 /// The model's prefill and decode graphs, checked against the decoder contract.
 fn graphs(model: &dyn DecoderModel) -> Result<(crate::Graph, crate::Graph), Error> {
     let (p, d) = (model.graph(Mode::Prefill)?, model.graph(Mode::Decode)?);
-    check_graph(&p, model.weights(), "prefill")?;
-    check_graph(&d, model.weights(), "decode")?;
+    let kv = model.kv();
+    check_graph(&p, model.weights(), Some(&kv), "prefill")?;
+    check_graph(&d, model.weights(), Some(&kv), "decode")?;
     Ok((p, d))
 }
 
