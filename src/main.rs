@@ -8,7 +8,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use sinter::gpu::Lowering;
-use sinter::llm::{fetch, Engine, LlamaModel, SampleOptions};
+use sinter::llm::{fetch, DecoderModel, Engine, SampleOptions};
 use sinter::{graph, zoo, Backend, DType, Program, Target, Tensor};
 
 #[derive(Parser)]
@@ -68,9 +68,10 @@ impl From<LoweringArg> for Lowering {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Generate text with a Llama-family GGUF model (SmolLM2-135M-Instruct by default).
+    /// Generate text with a GGUF model or Hugging Face folder (SmolLM2-135M-Instruct by
+    /// default); the architecture comes from the file (llama, gpt2).
     Run {
-        /// The user's message (rendered with the model's chat template).
+        /// The user's message (rendered with the model's chat template, unless --raw).
         #[arg(long, default_value = "What is the capital of France?")]
         prompt: String,
         /// A file with one prompt per line, decoded together as one batch.
@@ -124,6 +125,10 @@ enum Cmd {
         /// Generate --max-tokens tokens even past EOS (for throughput measurements).
         #[arg(long)]
         ignore_eos: bool,
+        /// Feed the prompt as plain text, without the chat template (base models; also what
+        /// happens for a model that has no template).
+        #[arg(long)]
+        raw: bool,
     },
     /// Compile a model's prefill and decode kernels into the kernel cache for a target, with
     /// no GPU (a build without LLVM then runs them from the cache).
@@ -229,7 +234,7 @@ fn main() -> ExitCode {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
             zoo::build(&model, mode, dtype.into()).map_err(Into::into).and_then(|g| out(&g.to_string()))
         }
-        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, prompt_tokens, batch, warmup, no_cuda_graph, lowering, ignore_eos } => run(RunArgs {
+        Cmd::Run { prompt, batch_file, max_tokens, device, model, temperature, top_p, seed, dtype, profile, prompt_tokens, batch, warmup, no_cuda_graph, lowering, ignore_eos, raw } => run(RunArgs {
             prompt,
             batch_file,
             max_tokens,
@@ -246,6 +251,7 @@ fn main() -> ExitCode {
             no_cuda_graph,
             lowering: lowering.into(),
             ignore_eos,
+            raw,
         }),
         Cmd::Precompile { model, target, dtype, lowering, decode_batches } => precompile(model, &target, dtype.into(), lowering.into(), &decode_batches),
     };
@@ -376,6 +382,7 @@ struct RunArgs {
     no_cuda_graph: bool,
     lowering: Lowering,
     ignore_eos: bool,
+    raw: bool,
 }
 
 /// `n` tokens of `base` repeated, starting `offset` tokens in.
@@ -391,21 +398,21 @@ fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: L
         Some(p) => p,
         None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
     };
-    let m = LlamaModel::open(&path, dtype, |_, _| {})?;
+    let m = sinter::llm::open(&path, dtype, &mut |_, _| {})?;
     let cache = sinter_runtime::KernelCache::open_default()?;
     // The lowerings too: a build without LLVM then starts without running the passes.
     let lowerings = sinter_runtime::KernelCache::new(sinter::gpu::lowering_cache::default_dir()?)?;
     let lower = |g: &sinter::Graph| sinter::gpu::lower_with_cache(g, lowering, target, Some(&lowerings)).map(|r| r.0);
     let t0 = Instant::now();
     for mode in [zoo::Mode::Prefill, zoo::Mode::Decode] {
-        let g = zoo::llama::build(&m.cfg, mode, dtype)?;
+        let g = m.graph(mode)?;
         let kg = lower(&g)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
         eprintln!("{mode:?}: {} kernels ({} compiled in {:.2} s on {} threads, {} cached) for {target}", stats.kernels, stats.built, stats.build_seconds, stats.jobs, stats.cached);
     }
     for &b in decode_batches {
-        let g = sinter::llm::decode_graph_for_batch(&m.cfg, dtype, b)?;
+        let g = m.decode_graph_for_batch(b)?;
         let kg = lower(&g)?;
         let mut stats = sinter::gpu::CompileStats::default();
         sinter::gpu::plans(&kg, target, &cache, &mut stats)?;
@@ -488,10 +495,12 @@ fn run(a: RunArgs) -> AnyResult {
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors").map_err(|e| e.to_string())?.progress_chars("=> "));
     bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
-    let model = LlamaModel::open(&path, a.dtype, |done, total| {
+    let model = sinter::llm::open(&path, a.dtype, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;
+    let raw = a.raw || model.chat_template().is_none_or(|c| c.source.is_none());
+    let encode = |text: &str| if raw { model.tokenizer().encode(text) } else { model.chat_prompt(text) };
     bar.finish_and_clear();
     let load_time = t_load.elapsed();
     let prompts: Vec<String> = match &a.batch_file {
@@ -507,17 +516,18 @@ fn run(a: RunArgs) -> AnyResult {
             if a.batch == 0 {
                 return Err("--batch must be at least 1".into());
             }
-            let base = model.chat_prompt(&a.prompt)?;
+            let base = encode(&a.prompt)?;
             (0..a.batch).map(|s| synthetic_prompt(&base, n, s)).collect::<Vec<_>>()
         }
-        None => prompts.iter().map(|p| model.chat_prompt(p)).collect::<Result<Vec<_>, _>>()?,
+        None => prompts.iter().map(|p| encode(p)).collect::<Result<Vec<_>, _>>()?,
     };
     if ids.iter().any(Vec::is_empty) {
         return Err("a prompt has no tokens".into());
     }
     let longest = ids.iter().map(Vec::len).max().unwrap_or(0);
-    if longest.checked_add(a.max_tokens).is_none_or(|n| n > model.cfg.context) {
-        return Err(sinter::llm::gguf::ModelError::ContextOverflow { tokens: longest, max_new: a.max_tokens, context: model.cfg.context }.into());
+    let context = model.context();
+    if longest.checked_add(a.max_tokens).is_none_or(|n| n > context) {
+        return Err(sinter::llm::gguf::ModelError::ContextOverflow { tokens: longest, max_new: a.max_tokens, context }.into());
     }
     let t_compile = Instant::now();
     let mut engine = match &gpu {
@@ -552,11 +562,11 @@ fn run(a: RunArgs) -> AnyResult {
     let single = ids.len() == 1;
     let mut streamed: Vec<u32> = Vec::new();
     let mut printed = 0usize;
-    let tok = &engine.model().tokenizer;
-    let eos = tok.eos;
+    let tok = engine.model().tokenizer();
+    let eos = engine.model().eos_tokens();
     let mut stdout = std::io::stdout();
     let gen = engine.generate(&ids, &opts, &mut |_, t| {
-        if !single || t == eos {
+        if !single || eos.contains(&t) {
             return;
         }
         streamed.push(t);
@@ -573,12 +583,12 @@ fn run(a: RunArgs) -> AnyResult {
         println!();
     } else if a.prompt_tokens.is_some() {
         for (s, t) in gen.tokens.iter().enumerate() {
-            let text = tok.decode(&t.iter().copied().filter(|&x| x != eos).collect::<Vec<_>>())?;
+            let text = tok.decode(&t.iter().copied().filter(|x| !eos.contains(x)).collect::<Vec<_>>())?;
             println!("[{s}] {text}");
         }
     } else {
         for (p, t) in prompts.iter().zip(&gen.tokens) {
-            let text = tok.decode(&t.iter().copied().filter(|&x| x != eos).collect::<Vec<_>>())?;
+            let text = tok.decode(&t.iter().copied().filter(|x| !eos.contains(x)).collect::<Vec<_>>())?;
             println!("> {p}\n{text}\n");
         }
     }
@@ -609,7 +619,7 @@ fn run(a: RunArgs) -> AnyResult {
     );
     match engine.gpu_stats() {
         Some((pk, dk, ps, ds)) => {
-            let layers = engine.model().cfg.n_layers.max(1);
+            let layers = engine.model().kv().layers.max(1);
             let per_layer = |n: usize, s: &sinter::gpu::CompileStats| match s.kernels_per_layer {
                 Some(k) => k.to_string(),
                 None => format!("~{:.1}", n as f64 / layers as f64),

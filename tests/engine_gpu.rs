@@ -14,14 +14,14 @@ use sinter::gpu::Lowering;
 use sinter::llm::{Engine, Generation, LlamaModel, SampleOptions};
 use sinter::DType;
 
-fn gpu_engine() -> Option<Engine> {
+fn gpu_engine() -> Option<Engine<LlamaModel>> {
     let (dev, model) = crate::gpu::gpu_and_smollm2()?;
     Some(Engine::new_gpu(model, &dev, Lowering::Fused).unwrap())
 }
 
 /// Greedy generation of exactly `max_new` tokens per sequence, with the logits each token was
 /// chosen from: `logits[seq][i]` for token `i` of sequence `seq`.
-fn generate(engine: &Engine, prompts: &[Vec<u32>], max_new: usize) -> (Generation, Vec<Vec<Vec<f64>>>) {
+fn generate(engine: &Engine<LlamaModel>, prompts: &[Vec<u32>], max_new: usize) -> (Generation, Vec<Vec<Vec<f64>>>) {
     let mut logits: Vec<Vec<Vec<f64>>> = vec![Vec::new(); prompts.len()];
     let o = SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(max_new) };
     let g = engine.generate_observed(prompts, &o, &mut |_, _| {}, &mut |s, row| logits[s].push(row.to_vec())).unwrap();

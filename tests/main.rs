@@ -15,6 +15,7 @@ mod gpu;
 mod fused_zoo;
 mod engine_gpu;
 mod cascade;
+mod decoder;
 mod adversarial;
 mod compile_parallel;
 mod fuzz;

@@ -26,9 +26,9 @@ fn model_path() -> Option<PathBuf> {
     None
 }
 
-fn engine(dtype: DType) -> Option<Arc<Engine>> {
-    static F32: OnceLock<Arc<Engine>> = OnceLock::new();
-    static BF16: OnceLock<Arc<Engine>> = OnceLock::new();
+fn engine(dtype: DType) -> Option<Arc<Engine<LlamaModel>>> {
+    static F32: OnceLock<Arc<Engine<LlamaModel>>> = OnceLock::new();
+    static BF16: OnceLock<Arc<Engine<LlamaModel>>> = OnceLock::new();
     let path = model_path()?;
     let cell = if dtype == DType::F32 { &F32 } else { &BF16 };
     Some(cell.get_or_init(|| Arc::new(Engine::new(LlamaModel::load(&path, dtype, |_, _| {}).unwrap()).unwrap())).clone())

@@ -67,13 +67,15 @@ pub enum ModelError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The model's architecture is not one sinter has.
-    #[error("{path}: architecture `{arch}` is not supported (supported: llama)")]
+    /// The model's architecture is not one the loader has.
+    #[error("{path}: architecture `{arch}` is not supported (supported: {supported})")]
     UnsupportedArchitecture {
         /// The file.
         path: PathBuf,
-        /// `general.architecture`.
+        /// `general.architecture` (GGUF) or `model_type` (`config.json`).
         arch: String,
+        /// The architectures the loader reads, comma-separated.
+        supported: String,
     },
     /// A tensor is stored in a type sinter cannot dequantise.
     #[error("{path}: tensor `{name}` has type {kind}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]

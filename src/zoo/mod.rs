@@ -12,6 +12,7 @@
 
 pub mod cascade;
 pub mod gpt2;
+pub mod gpt2_paged;
 pub mod llama;
 
 use crate::{DType, Error, Graph};

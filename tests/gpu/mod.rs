@@ -949,6 +949,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(zoo_cases().into_iter().map(|z| z.1));
     graphs.extend(adversarial::adversarial_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()));
     graphs.extend(crate::cascade::precompile_graphs());
+    graphs.extend(crate::decoder::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
         for mode in [sinter::zoo::Mode::Prefill, sinter::zoo::Mode::Decode] {
