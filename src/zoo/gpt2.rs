@@ -11,7 +11,8 @@
 //!   choose rows of the position embedding);
 //! - output `logits: dtype[T, vocab]`.
 //!
-//! GPT-2 has no decode graph yet (no KV cache); [`crate::zoo::build`] says so.
+//! This is the full-recompute forward (no KV cache); the engine serves GPT-2 through the paged
+//! prefill and decode graphs of [`crate::zoo::gpt2_paged`].
 //!
 //! **Weights** carry llama.cpp's GGUF names for the `gpt2` architecture, each matrix stored
 //! `[out, in]` (GGUF's converter transposes Hugging Face's `Conv1D` matrices, which are stored

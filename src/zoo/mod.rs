@@ -50,7 +50,7 @@ pub fn build(name: &str, mode: Mode, dtype: DType) -> Result<Graph, Error> {
         "llama3-8b" => llama::build(&llama::LlamaConfig::llama3_8b(), mode, dtype),
         "gpt2" => match mode {
             Mode::Prefill => gpt2::build(&gpt2::Gpt2Config::gpt2_small(), dtype),
-            Mode::Decode => Err(Error::Unsupported("the gpt2 zoo model has a prefill graph only".into())),
+            Mode::Decode => Err(Error::Unsupported("the gpt2 zoo model is the full-recompute forward; its paged decode graph is `sinter::zoo::gpt2_paged::build`".into())),
         },
         other => Err(Error::UnknownModel { name: other.to_string(), known: MODELS.join(", ") }),
     }
