@@ -8,7 +8,7 @@
 //! and carried over) and reports a missing one as [`Error::KernelNotCached`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -283,8 +283,8 @@ fn plans_for_device(kg: &KernelGraph, target: &Target, cache: &KernelCache, stat
 
 /// Generates (and stores in `cache`) the plan of each of `todo` on up to `jobs` threads,
 /// results in `todo`'s order; calls `finished(kernels)` on this thread as each is done, with
-/// the number of the graph's kernels it serves. After a failure the workers take no new
-/// kernel: those not generated are `None`.
+/// the number of the graph's kernels it serves. After a failure the workers start no kernel
+/// after it in `todo`'s order: those not generated are `None`.
 fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToBuild], keys: &[Kernel], jobs: usize, assembly: &Assembly, finished: &mut dyn FnMut(usize)) -> Vec<Option<Result<LaunchPlan, Error>>> {
     let build = |tb: &ToBuild| -> Result<LaunchPlan, Error> {
         let plan = build_plan(kg, keys[tb.kernels[0]], target)?;
@@ -305,21 +305,26 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
             }
         }
     } else {
+        // Workers take the kernels longest first (by family: attention, then matmul, then
+        // reductions), so that no long kernel starts last and runs alone. After a failure no
+        // kernel after it in `todo`'s order starts: every kernel before the first failure is
+        // still generated, so the error reported is the same whatever the thread count.
+        let order = longest_first(kg, keys, todo);
         let next = AtomicUsize::new(0);
-        let failed = AtomicBool::new(false);
+        let failed_at = AtomicUsize::new(usize::MAX);
         let (tx, rx) = mpsc::channel::<(usize, Result<LaunchPlan, Error>)>();
         std::thread::scope(|s| {
             for _ in 0..workers {
                 let tx = tx.clone();
-                let (next, failed, build) = (&next, &failed, &build);
+                let (next, failed_at, build, order) = (&next, &failed_at, &build, &order);
                 s.spawn(move || loop {
-                    let j = next.fetch_add(1, Ordering::Relaxed);
-                    if j >= todo.len() || failed.load(Ordering::Relaxed) {
-                        break;
+                    let Some(&j) = order.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+                    if j > failed_at.load(Ordering::Relaxed) {
+                        continue;
                     }
                     let r = build(&todo[j]);
                     if r.is_err() {
-                        failed.store(true, Ordering::Relaxed);
+                        failed_at.fetch_min(j, Ordering::Relaxed);
                     }
                     if tx.send((j, r)).is_err() {
                         break;
@@ -336,6 +341,21 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
         });
     }
     results
+}
+
+/// The indices of `todo` with the kernels that take longest to generate and assemble first:
+/// attention, then matmul, then row reductions, then the rest, each in `todo`'s order.
+fn longest_first(kg: &KernelGraph, keys: &[Kernel], todo: &[ToBuild]) -> Vec<usize> {
+    use sinter_ir::Family;
+    let rank = |tb: &ToBuild| match kg.kernels[keys[tb.kernels[0]]].family {
+        Family::Attention | Family::PagedAttention => 0,
+        Family::Matmul => 1,
+        Family::RowReduction => 2,
+        _ => 3,
+    };
+    let mut order: Vec<usize> = (0..todo.len()).collect();
+    order.sort_by_key(|&j| (rank(&todo[j]), j));
+    order
 }
 
 /// Lowers `graph` to a kernel graph whose kernels the code generator builds for `target`.
