@@ -381,6 +381,11 @@ fn compile(file: &std::path::Path, target: &Target, out_dir: &std::path::Path, l
     let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let g = sinter::ir::parse(&text).map_err(|e| format!("{}:{e}", file.display()))?;
     sinter::ir::verify(&g).map_err(|e| format!("{}: {e}", file.display()))?;
+    // The folder is made before the kernels are generated, so that a bad one fails at once.
+    if out_dir.exists() && !out_dir.is_dir() {
+        return Err(format!("cannot write {}: it exists and is not a folder", out_dir.display()).into());
+    }
+    std::fs::create_dir_all(out_dir).map_err(|e| sinter::Error::Write { path: out_dir.display().to_string(), source: e })?;
     let compiled = sinter::compile_ptx_with(&g, target, lowering)?;
     let written = compiled.write_to(out_dir)?;
     out(&format!(

@@ -8,7 +8,7 @@ use std::process::Command;
 use sinter::{graph, Backend, DType, Error, Program, Target, Tensor};
 
 /// A graph of two kernels after fusion, small enough for its PTX to be read in a snapshot: an
-/// RMSNorm row reduction and a pointwise SiLU-times-input.
+/// RMSNorm row reduction and a pointwise `silu(x)·x` (one `swiglu`).
 pub(crate) fn two_kernel_graph() -> sinter::Graph {
     graph! {
         fn main(x: f32[T, 64], w: f32[64]) -> (f32[T, 64], f32[T, 64]) {
@@ -72,7 +72,7 @@ fn compile_ptx_snapshots() {
     for target in [Target::SM_90A, Target::SM_80] {
         let c = sinter::compile_ptx(&two_kernel_graph(), &target).unwrap();
         let kinds: Vec<String> = c.kernels.iter().map(|k| format!("{} {}: {}", k.kernel, k.family.name(), k.ops.join(" "))).collect();
-        assert_eq!(kinds, ["k0 row_reduction: rms_norm", "k1 pointwise: silu mul"], "{target}");
+        assert_eq!(kinds, ["k0 row_reduction: rms_norm", "k1 pointwise: swiglu"], "{target}");
         for k in &c.kernels {
             assert_eq!(k.plan.target, target);
             insta::assert_snapshot!(format!("compile_ptx_{}_{}", target.name(), k.plan.entry), k.plan.ptx);
