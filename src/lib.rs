@@ -116,6 +116,10 @@ pub use sinter_ir::{Buffer, BufferRole, Family, GridDim, Kernel, KernelGraph, Ke
 /// The GPU runtime (`sinter-runtime`), for what the re-exports below leave out.
 pub use sinter_runtime as runtime;
 pub use sinter_runtime::{probe, CapturedGraph, Device, DeviceBuffer, DeviceInfo, Executor, KernelCache, Profile, RuntimeError};
+/// Assembling PTX with NVIDIA's `ptxas -v` and reading its resource report (registers,
+/// shared memory, spills), as sinter's own PTX snapshot tests do (the `llvm` feature).
+#[cfg(feature = "llvm")]
+pub use sinter_codegen::ptxas;
 pub use gpu::{compile_ptx, compile_ptx_with, CompiledPtx, CompileStats, GpuProgram, KernelBuffer, Lowering, PtxKernel, WrittenPtx};
 
 pub mod bench;

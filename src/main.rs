@@ -388,11 +388,12 @@ fn compile(file: &std::path::Path, target: &Target, out_dir: &std::path::Path, l
     std::fs::create_dir_all(out_dir).map_err(|e| sinter::Error::Write { path: out_dir.display().to_string(), source: e })?;
     let compiled = sinter::compile_ptx_with(&g, target, lowering)?;
     let written = compiled.write_to(out_dir)?;
+    let n = |count: usize, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
     out(&format!(
-        "{}: {} kernels for {target}, {} PTX files and plan.json in {}\n",
+        "{}: {} for {target}, {} and plan.json in {}\n",
         file.display(),
-        compiled.kernels.len(),
-        written.ptx_files.len(),
+        n(compiled.kernels.len(), "kernel"),
+        n(written.ptx_files.len(), "PTX file"),
         out_dir.display()
     ))
 }
