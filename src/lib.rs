@@ -207,7 +207,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// Two inputs (or an input and the given symbols) give a symbol different values.
-    #[error("symbol {symbol} is {first} from {first_from} but {second} from {second_from}")]
+    #[error("symbol `{symbol}` is {first} from {first_from} but {second} from {second_from}")]
     SymbolConflict {
         /// The symbol.
         symbol: String,

@@ -829,8 +829,8 @@ fn errors_are_values() -> Result<(), Box<dyn std::error::Error>> {
 
     p.bind("w", Tensor::zeros(DType::F32, &[4, 4]))?;
     let e = p.run(&[("a", &a), ("b", &b)], &[]).unwrap_err();
-    assert!(matches!(e, Error::Interp(_)));
-    assert_eq!(e.to_string(), "in @f: symbol `N` is 2 from axis 0 of %a (input 0) but 3 from axis 0 of %b (input 1)");
+    assert!(matches!(e, Error::SymbolConflict { .. }));
+    assert_eq!(e.to_string(), "symbol `N` is 2 from axis 0 of `a` but 3 from axis 0 of `b`");
 
     let missing_paren = "func @g(%x: f32[4]) {\n  %y: f32[4] = exp(%x\n  return %y\n}\n";
     let e = Program::from_text(missing_paren, Backend::Interpreter).err().unwrap();

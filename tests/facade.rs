@@ -51,11 +51,11 @@ fn bad_inputs_are_the_facades_errors() {
     let x3 = Tensor::full(DType::F32, &[3, 4], 1.0);
     let pair4 = Tensor::full(DType::F32, &[4], 1.0);
     let e = p.run(&[("x", &x3), ("pair", &pair4)], &[]).unwrap_err();
-    assert_eq!(e.to_string(), "symbol N is 3 from axis 0 of `x` but 2 from axis 0 of `w`");
+    assert_eq!(e.to_string(), "symbol `N` is 3 from axis 0 of `x` but 2 from axis 0 of `w`");
     let e = p.run(&[("x", &Tensor::full(DType::F32, &[2, 4], 1.0)), ("pair", &Tensor::full(DType::F32, &[5], 1.0))], &[]).unwrap_err();
     assert_eq!(e.to_string(), "`pair` is declared f32[2*N] but the tensor is f32[5]");
     let e = p.run(&[("x", &Tensor::full(DType::F32, &[2, 4], 1.0)), ("pair", &pair4)], &[("N", 3)]).unwrap_err();
-    assert_eq!(e.to_string(), "symbol N is 3 from the given symbols but 2 from axis 0 of `x`");
+    assert_eq!(e.to_string(), "symbol `N` is 3 from the given symbols but 2 from axis 0 of `x`");
     let e = p.run(&[("x", &Tensor::full(DType::F32, &[2, 4], 1.0))], &[]).unwrap_err();
     assert_eq!(e.to_string(), "parameter `pair` of @f was not given: bind it with `Program::bind` or pass it to `run`");
     let out = p.run(&[("x", &Tensor::full(DType::F32, &[2, 4], 3.0)), ("pair", &pair4)], &[]).unwrap();

@@ -6,20 +6,20 @@
 //! runtime loads it).
 //!
 //! **The folder.** [`CompiledPtx::write_to`] writes one `<entry>.ptx` per distinct kernel and
-//! `plan.json`, the launch plan of every kernel in launch order:
+//! `plan.json`, the launch plan of every kernel in launch order (keys in any order):
 //!
 //! ```json
 //! {
 //!   "format": "sinter-ptx-plan 1",
 //!   "target": "sm_90a",
 //!   "inputs":  [{ "buffer": "b0", "name": "x", "type": "bf16[T, 64]" }],
-//!   "outputs": [{ "buffer": "b3", "name": null, "type": "bf16[T, 64]" }],
+//!   "outputs": [{ "buffer": "b3", "name": "out0", "type": "bf16[T, 64]" }],
 //!   "kernels": [{
 //!     "kernel": "k0", "family": "row_reduction", "ops": ["rms_norm"],
 //!     "entry": "k0_row_reduction", "ptx": "k0_row_reduction.ptx",
 //!     "grid": [{ "work": "T", "per_cta": 1 }, { "work": "1", "per_cta": 1 }, { "work": "1", "per_cta": 1 }],
 //!     "block": [256, 1, 1], "shared_bytes": 0,
-//!     "buffers": [{ "buffer": "b0", "role": "input", "type": "bf16[T, 64]", "strides": ["64", "1"] }],
+//!     "buffers": [{ "buffer": "b0", "name": "x", "role": "input", "written": false, "type": "bf16[T, 64]", "strides": ["64", "1"] }],
 //!     "params": [{ "buffer": 0 }, { "size": "T" }]
 //!   }]
 //! }
