@@ -565,14 +565,14 @@ impl GpuProgram {
         Ok(outs.iter().map(|b| self.device.download_tensor(b)).collect::<Result<Vec<_>, _>>()?)
     }
 
-    /// Runs as [`crate::Program::run`] does on the GPU: each input of the kernel graph is
+    /// Runs as [`crate::Program::run`] does on the GPU (`func` its entry, for errors): each input of the kernel graph is
     /// `given(name)` (uploaded for this run) or else the bound buffer of that name; parameters
     /// the kernels do not read are not uploaded. Returns the outputs on the host.
     ///
     /// # Errors
     /// [`Error::MissingInput`] for a kernel-graph input neither given nor bound; as
     /// [`GpuProgram::run`].
-    pub(crate) fn run_checked<'t>(&self, given: &dyn Fn(&str) -> Option<&'t Tensor>, symbols: &Bindings) -> Result<Vec<Tensor>, Error> {
+    pub(crate) fn run_checked<'t>(&self, func: &str, given: &dyn Fn(&str) -> Option<&'t Tensor>, symbols: &Bindings) -> Result<Vec<Tensor>, Error> {
         let mut uploaded: Vec<(&str, DeviceBuffer)> = Vec::new();
         let names: Vec<&str> = self.kg.inputs.iter().filter_map(|b| self.kg.buffers[*b].name.as_deref()).collect();
         for &n in &names {
@@ -583,7 +583,7 @@ impl GpuProgram {
         let mut all: Vec<(&str, &DeviceBuffer)> = uploaded.iter().map(|(n, b)| (*n, b)).collect();
         for &n in &names {
             if !uploaded.iter().any(|(m, _)| *m == n) {
-                let b = self.bound.get(n).ok_or_else(|| Error::MissingInput { func: "main".into(), name: n.to_string() })?;
+                let b = self.bound.get(n).ok_or_else(|| Error::MissingInput { func: func.to_string(), name: n.to_string() })?;
                 all.push((n, b));
             }
         }

@@ -612,7 +612,7 @@ impl Program {
                 let tensors: Vec<&Tensor> = args.iter().map(|(n, _, _)| given(n).or_else(|| bound.get(n).map(|t| &**t))).collect::<Option<_>>().ok_or(Error::NoEntry)?;
                 Ok(sinter_ir::interp::run(&self.graph, &self.entry, &tensors, &bindings)?)
             }
-            Runner::Gpu(p) => p.run_checked(&|n| given(n), &bindings),
+            Runner::Gpu(p) => p.run_checked(&self.entry, &|n| given(n), &bindings),
         }
     }
 }
