@@ -20,6 +20,9 @@ use crate::cache_key::kernel_key;
 use crate::{Error, Tensor};
 
 pub mod lowering_cache;
+pub mod ptx;
+
+pub use ptx::{compile_ptx, compile_ptx_with, CompiledPtx, KernelBuffer, PtxKernel, WrittenPtx};
 
 /// How a graph becomes kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -584,6 +587,12 @@ impl GpuProgram {
         self.bound.insert(name.to_string(), buf);
     }
 
+    /// The device buffer bound to `name` ([`GpuProgram::bind`], [`GpuProgram::bind_buffer`]),
+    /// if any.
+    pub fn bound_buffer(&self, name: &str) -> Option<&DeviceBuffer> {
+        self.bound.get(name)
+    }
+
     /// Runs with host inputs (uploaded for this run) and the bound weights; returns the
     /// outputs on the host.
     ///
@@ -595,6 +604,32 @@ impl GpuProgram {
         for (n, b) in &self.bound {
             if !inputs.iter().any(|(m, _)| m == n) {
                 all.push((n.as_str(), b));
+            }
+        }
+        let outs = self.exec.run_named(&all, symbols)?;
+        Ok(outs.iter().map(|b| self.device.download_tensor(b)).collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Runs as [`crate::Program::run`] does on the GPU (`func` its entry, for errors): each input of the kernel graph is
+    /// `given(name)` (uploaded for this run) or else the bound buffer of that name; parameters
+    /// the kernels do not read are not uploaded. Returns the outputs on the host.
+    ///
+    /// # Errors
+    /// [`Error::MissingInput`] for a kernel-graph input neither given nor bound; as
+    /// [`GpuProgram::run`].
+    pub(crate) fn run_checked<'t>(&self, func: &str, given: &dyn Fn(&str) -> Option<&'t Tensor>, symbols: &Bindings) -> Result<Vec<Tensor>, Error> {
+        let mut uploaded: Vec<(&str, DeviceBuffer)> = Vec::new();
+        let names: Vec<&str> = self.kg.inputs.iter().filter_map(|b| self.kg.buffers[*b].name.as_deref()).collect();
+        for &n in &names {
+            if let Some(t) = given(n) {
+                uploaded.push((n, self.device.upload_tensor(t)?));
+            }
+        }
+        let mut all: Vec<(&str, &DeviceBuffer)> = uploaded.iter().map(|(n, b)| (*n, b)).collect();
+        for &n in &names {
+            if !uploaded.iter().any(|(m, _)| *m == n) {
+                let b = self.bound.get(n).ok_or_else(|| Error::MissingInput { func: func.to_string(), name: n.to_string() })?;
+                all.push((n, b));
             }
         }
         let outs = self.exec.run_named(&all, symbols)?;

@@ -22,6 +22,33 @@
 //! assert!((out[0].data()[0] - 14.0928).abs() < 1e-3);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! The same program runs on the GPU with [`Backend::Gpu`]: the graph is lowered through the
+//! fusion passes, every kernel compiled to PTX (or taken from the kernel cache) and loaded on
+//! the device, and `bind` uploads the weights once. [`Backend::gpu`] opens the first GPU, and
+//! says so clearly where there is none ([`Error::NoGpu`]). Everything a GPU program needs is
+//! re-exported here ([`Device`], [`DeviceBuffer`], [`KernelCache`], ...): a user depends on
+//! `sinter` alone.
+//!
+//! ```no_run
+//! use sinter::{graph, Backend, DType, Program, Tensor};
+//!
+//! let g = graph! {
+//!     fn mlp(x: bf16[T, 64], w_gate: bf16[64, 128], w_up: bf16[64, 128], w_down: bf16[128, 64]) -> bf16[T, 64] {
+//!         ((x @ w_gate).silu() * (x @ w_up)) @ w_down
+//!     }
+//! }?;
+//! let mut p = Program::compile(g, Backend::gpu()?)?; // Err(Error::NoGpu) without a GPU
+//! p.bind("w_gate", Tensor::full(DType::BF16, &[64, 128], 0.5))?;
+//! p.bind("w_up", Tensor::full(DType::BF16, &[64, 128], 1.0))?;
+//! p.bind("w_down", Tensor::full(DType::BF16, &[128, 64], 0.25))?;
+//! let out = p.run(&[("x", &Tensor::full(DType::BF16, &[3, 64], 0.01))], &[])?;
+//! assert_eq!(out[0].shape(), &[3, 64]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`compile_ptx`] gives each kernel's PTX and launch plan for a target without a GPU (what
+//! `sinter compile FILE.sir --target sm_90a --out DIR` writes).
 
 extern crate self as sinter;
 
@@ -85,6 +112,15 @@ pub use sinter_dsl::__vocab_fp8;
 pub use sinter_ir as ir;
 pub use sinter_ir::interp::{InterpError, Tensor};
 pub use sinter_ir::{Bindings, BuildError, DType, Dim, Graph, ParseError, Target, TensorType, VerifyError};
+pub use sinter_ir::{Buffer, BufferRole, Family, GridDim, Kernel, KernelGraph, KernelParam, LaunchPlan, TensorMap};
+/// The GPU runtime (`sinter-runtime`), for what the re-exports below leave out.
+pub use sinter_runtime as runtime;
+pub use sinter_runtime::{probe, CapturedGraph, Device, DeviceBuffer, DeviceInfo, Executor, KernelCache, Profile, RuntimeError};
+/// Assembling PTX with NVIDIA's `ptxas -v` and reading its resource report (registers,
+/// shared memory, spills), as sinter's own PTX snapshot tests do (the `llvm` feature).
+#[cfg(feature = "llvm")]
+pub use sinter_codegen::ptxas;
+pub use gpu::{compile_ptx, compile_ptx_with, CompiledPtx, CompileStats, GpuProgram, KernelBuffer, Lowering, PtxKernel, WrittenPtx};
 
 pub mod bench;
 pub mod cache_key;
@@ -150,6 +186,40 @@ pub enum Error {
         /// The zoo's names.
         known: String,
     },
+    /// [`Backend::gpu`] found no usable GPU (no driver, no device, or it failed to start).
+    #[error("no GPU for `Backend::Gpu`: {reason} (`Backend::Interpreter` runs anywhere)")]
+    NoGpu {
+        /// What was missing or failed, in words.
+        reason: String,
+    },
+    /// This build of sinter has no code generator (it was built without the `llvm` feature).
+    #[error("{what} needs the code generator, and this build of sinter has none (it was built without the `llvm` feature)")]
+    NoCodegen {
+        /// What needed it.
+        what: String,
+    },
+    /// A file or folder could not be created or written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file or folder.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Two inputs (or an input and the given symbols) give a symbol different values.
+    #[error("symbol `{symbol}` is {first} from {first_from} but {second} from {second_from}")]
+    SymbolConflict {
+        /// The symbol.
+        symbol: String,
+        /// Its first value.
+        first: i64,
+        /// Where the first value came from.
+        first_from: String,
+        /// The other value.
+        second: i64,
+        /// Where the other value came from.
+        second_from: String,
+    },
     /// A combination this version does not support, named in the message.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -189,11 +259,69 @@ pub enum Error {
 }
 
 /// Where a [`Program`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Backend {
     /// The CPU reference interpreter (`sinter_ir::interp`): f64 arithmetic rounded per dtype;
     /// available everywhere, and the ground truth for every other backend.
     Interpreter,
+    /// A CUDA GPU ([`GpuProgram`]): the graph lowered through the fusion passes, its kernels
+    /// compiled to PTX for the device's target (`sm_90a` on Hopper, `sm_80` elsewhere) or taken
+    /// from the kernel cache, the weights uploaded once by [`Program::bind`].
+    Gpu(Device),
+}
+
+impl Backend {
+    /// The first GPU (device 0) as a backend.
+    ///
+    /// ```
+    /// use sinter::{Backend, Error};
+    /// match Backend::gpu() {
+    ///     Ok(b) => assert!(b.is_gpu()),
+    ///     Err(Error::NoGpu { reason }) => eprintln!("no GPU here ({reason}): the interpreter it is"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::NoGpu`] where there is no driver or no device (an ordinary condition on CPU-only
+    /// machines, never a panic); [`Error::Runtime`] when the device fails to start.
+    pub fn gpu() -> Result<Backend, Error> {
+        match Device::open() {
+            Ok(d) => Ok(Backend::Gpu(d)),
+            Err(RuntimeError::NoDevice { reason }) => Err(Error::NoGpu { reason }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether it is [`Backend::Gpu`].
+    ///
+    /// ```
+    /// assert!(!sinter::Backend::Interpreter.is_gpu());
+    /// ```
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Backend::Gpu(_))
+    }
+}
+
+/// Two GPU backends are equal when they are the same device (by ordinal).
+impl PartialEq for Backend {
+    fn eq(&self, other: &Backend) -> bool {
+        match (self, other) {
+            (Backend::Interpreter, Backend::Interpreter) => true,
+            (Backend::Gpu(a), Backend::Gpu(b)) => a.info().ordinal == b.info().ordinal,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Backend {}
+
+/// What runs a [`Program`], with the weights bound so far.
+enum Runner {
+    Interpreter(BTreeMap<String, Arc<Tensor>>),
+    /// The weights live on the device, in the program.
+    Gpu(Box<GpuProgram>),
 }
 
 /// A verified graph ready to run, with the weights bound to it so far.
@@ -201,12 +329,13 @@ pub struct Program {
     graph: Graph,
     entry: String,
     backend: Backend,
-    bound: BTreeMap<String, Arc<Tensor>>,
+    runner: Runner,
 }
 
 impl Program {
     /// Verifies `graph` and prepares it for `backend`. The entry is `@main`, else the last
-    /// function defined.
+    /// function defined. For [`Backend::Gpu`] this lowers the entry function through the fusion
+    /// passes and compiles (or loads from the kernel cache) and loads every kernel.
     ///
     /// ```
     /// # use sinter::{graph, Backend, Program};
@@ -217,11 +346,34 @@ impl Program {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Verify`] for an ill-formed graph, [`Error::NoEntry`] for an empty one.
+    /// [`Error::Verify`] for an ill-formed graph, [`Error::NoEntry`] for an empty one; on the GPU
+    /// also lowering ([`Error::Passes`]), code generation ([`Error::Codegen`], or
+    /// [`Error::KernelNotCached`] in a build without LLVM) and driver errors.
     pub fn compile(graph: Graph, backend: Backend) -> Result<Program, Error> {
+        Program::compile_with(graph, backend, Lowering::Fused)
+    }
+
+    /// [`Program::compile`] with the lowering chosen for the GPU ([`Lowering::Unfused`]: one
+    /// kernel per node, the baseline every fusion is checked against); the interpreter ignores it.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Lowering, Program};
+    /// let g = graph! { fn f(x: f32[N]) -> f32[N] { x.exp() } }?;
+    /// let p = Program::compile_with(g, Backend::Interpreter, Lowering::Unfused)?;
+    /// assert!(p.gpu_program().is_none());
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Program::compile`].
+    pub fn compile_with(graph: Graph, backend: Backend, lowering: Lowering) -> Result<Program, Error> {
         sinter_ir::verify(&graph)?;
         let entry = graph.entry().ok_or(Error::NoEntry)?.name.clone();
-        Ok(Program { graph, entry, backend, bound: BTreeMap::new() })
+        let runner = match &backend {
+            Backend::Interpreter => Runner::Interpreter(BTreeMap::new()),
+            Backend::Gpu(device) => Runner::Gpu(Box::new(GpuProgram::compile(&graph, device, lowering)?)),
+        };
+        Ok(Program { graph, entry, backend, runner })
     }
 
     /// Parses and compiles a `.sir` text.
@@ -271,11 +423,27 @@ impl Program {
     /// ```
     /// # use sinter::{graph, Backend, Program};
     /// let p = Program::compile(graph! { fn f(x: f32[N]) -> f32[N] { x.exp() } }?, Backend::Interpreter)?;
-    /// assert_eq!(p.backend(), Backend::Interpreter);
+    /// assert_eq!(p.backend(), &Backend::Interpreter);
     /// # Ok::<(), sinter::Error>(())
     /// ```
-    pub fn backend(&self) -> Backend {
-        self.backend
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The GPU program behind a [`Backend::Gpu`] program (its kernel graph, compile statistics,
+    /// device-resident runs, CUDA-graph capture); `None` on the interpreter.
+    ///
+    /// ```
+    /// # use sinter::{graph, Backend, Program};
+    /// let p = Program::compile(graph! { fn f(x: f32[N]) -> f32[N] { x.exp() } }?, Backend::Interpreter)?;
+    /// assert!(p.gpu_program().is_none());
+    /// # Ok::<(), sinter::Error>(())
+    /// ```
+    pub fn gpu_program(&self) -> Option<&GpuProgram> {
+        match &self.runner {
+            Runner::Gpu(p) => Some(p),
+            Runner::Interpreter(_) => None,
+        }
     }
 
     fn param_type(&self, name: &str) -> Result<&TensorType, Error> {
@@ -301,6 +469,7 @@ impl Program {
 
     /// Binds a weight (or any parameter that stays the same between runs) by name. Pass an
     /// `Arc<Tensor>` to share one tensor between programs (prefill and decode) without a copy.
+    /// On the GPU the tensor is uploaded now and kept on the device.
     ///
     /// ```
     /// # use sinter::{graph, Backend, DType, Program, Tensor};
@@ -313,11 +482,17 @@ impl Program {
     ///
     /// # Errors
     /// [`Error::UnknownInput`] for a name the entry does not have, [`Error::InputMismatch`]
-    /// when the dtype, the rank or a constant dimension disagrees.
+    /// when the dtype, the rank or a constant dimension disagrees; on the GPU, out of device
+    /// memory.
     pub fn bind(&mut self, name: &str, t: impl Into<Arc<Tensor>>) -> Result<(), Error> {
         let t = t.into();
         self.check(name, &t)?;
-        self.bound.insert(name.to_string(), t);
+        match &mut self.runner {
+            Runner::Interpreter(bound) => {
+                bound.insert(name.to_string(), t);
+            }
+            Runner::Gpu(p) => p.bind(name, &t)?,
+        }
         Ok(())
     }
 
@@ -331,7 +506,15 @@ impl Program {
     /// # Ok::<(), sinter::Error>(())
     /// ```
     pub fn is_bound(&self, name: &str) -> bool {
-        self.bound.contains_key(name)
+        self.bound_type(name).is_some()
+    }
+
+    /// The dtype and shape of what is bound to `name`.
+    fn bound_type(&self, name: &str) -> Option<(DType, Vec<usize>)> {
+        match &self.runner {
+            Runner::Interpreter(bound) => bound.get(name).map(|t| (t.dtype(), t.shape().to_vec())),
+            Runner::Gpu(p) => p.bound_buffer(name).map(|b| (b.dtype(), b.shape().to_vec())),
+        }
     }
 
     /// The entry function's parameters that are neither bound nor in `given`, by name.
@@ -344,15 +527,56 @@ impl Program {
     /// ```
     pub fn unbound(&self, given: &[&str]) -> Vec<String> {
         let Some(f) = self.graph.func(&self.entry) else { return vec![] };
-        f.params
-            .iter()
-            .filter_map(|&p| f.values[p].name.clone())
-            .filter(|n| !self.bound.contains_key(n) && !given.contains(&n.as_str()))
-            .collect()
+        f.params.iter().filter_map(|&p| f.values[p].name.clone()).filter(|n| !self.is_bound(n) && !given.contains(&n.as_str())).collect()
+    }
+
+    /// The symbols of the entry's parameter types, from the explicit `symbols` and the
+    /// arguments' shapes (`args`: every parameter's name, dtype and shape, in order), each
+    /// symbol given one value; then every dimension checked against them. Both backends run
+    /// this first, so bad shapes are the same errors on both.
+    fn symbols(&self, args: &[(String, DType, Vec<usize>)], symbols: &[(&str, i64)]) -> Result<Bindings, Error> {
+        let mut b = Bindings::new();
+        let mut from: BTreeMap<String, String> = BTreeMap::new();
+        for (k, v) in symbols {
+            if let Some(&prev) = b.get(*k) {
+                if prev != *v {
+                    return Err(Error::SymbolConflict { symbol: k.to_string(), first: prev, first_from: "the given symbols".into(), second: *v, second_from: "the given symbols".into() });
+                }
+            }
+            b.insert(k.to_string(), *v);
+            from.insert(k.to_string(), "the given symbols".into());
+        }
+        for (name, _, shape) in args {
+            let ty = self.param_type(name)?;
+            for (ax, (d, &n)) in ty.shape.iter().zip(shape).enumerate() {
+                let Some(s) = d.as_symbol() else { continue };
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                let here = format!("axis {ax} of `{name}`");
+                match b.get(s) {
+                    Some(&prev) if prev != n => {
+                        return Err(Error::SymbolConflict { symbol: s.to_string(), first: prev, first_from: from.get(s).cloned().unwrap_or_default(), second: n, second_from: here });
+                    }
+                    Some(_) => {}
+                    None => {
+                        b.insert(s.to_string(), n);
+                        from.insert(s.to_string(), here);
+                    }
+                }
+            }
+        }
+        for (name, dtype, shape) in args {
+            let ty = self.param_type(name)?;
+            // A dim over symbols bound nowhere (only explicit ones could) is left to the backend.
+            if ty.shape.iter().zip(shape).any(|(d, &n)| d.eval(&b).is_ok_and(|want| want != i64::try_from(n).unwrap_or(i64::MAX))) {
+                return Err(Error::InputMismatch { name: name.clone(), declared: ty.clone(), dtype: *dtype, shape: shape.clone() });
+            }
+        }
+        Ok(b)
     }
 
     /// Runs the entry function with `inputs` (by parameter name; they override bound weights)
-    /// and explicit symbol values (symbols are also bound from the inputs' shapes).
+    /// and explicit symbol values (symbols are also bound from the inputs' shapes). On the GPU
+    /// the inputs are uploaded for this run and the outputs downloaded.
     ///
     /// ```
     /// # use sinter::{graph, Backend, DType, Program, Tensor};
@@ -364,26 +588,31 @@ impl Program {
     /// ```
     ///
     /// # Errors
-    /// Unknown, missing or mismatched inputs; anything the interpreter reports.
+    /// Unknown, missing or mismatched inputs ([`Error::UnknownInput`], [`Error::MissingInput`],
+    /// [`Error::InputMismatch`], [`Error::SymbolConflict`]), the same on every backend; then
+    /// anything the interpreter or the device reports.
     pub fn run(&self, inputs: &[(&str, &Tensor)], symbols: &[(&str, i64)]) -> Result<Vec<Tensor>, Error> {
         let f = self.graph.func(&self.entry).ok_or(Error::NoEntry)?;
         for (name, t) in inputs {
             self.check(name, t)?;
         }
-        let mut args: Vec<&Tensor> = Vec::with_capacity(f.params.len());
+        let given = |name: &str| inputs.iter().find(|(n, _)| *n == name).map(|(_, t)| *t);
+        let mut args: Vec<(String, DType, Vec<usize>)> = Vec::with_capacity(f.params.len());
         for &p in &f.params {
             let name = f.values[p].name.clone().unwrap_or_default();
-            let t = inputs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, t)| *t)
-                .or_else(|| self.bound.get(&name).map(|t| &**t))
-                .ok_or_else(|| Error::MissingInput { func: self.entry.clone(), name: name.clone() })?;
-            args.push(t);
+            let (dtype, shape) = match given(&name) {
+                Some(t) => (t.dtype(), t.shape().to_vec()),
+                None => self.bound_type(&name).ok_or_else(|| Error::MissingInput { func: self.entry.clone(), name: name.clone() })?,
+            };
+            args.push((name, dtype, shape));
         }
-        let bindings: Bindings = symbols.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-        match self.backend {
-            Backend::Interpreter => Ok(sinter_ir::interp::run(&self.graph, &self.entry, &args, &bindings)?),
+        let bindings = self.symbols(&args, symbols)?;
+        match &self.runner {
+            Runner::Interpreter(bound) => {
+                let tensors: Vec<&Tensor> = args.iter().map(|(n, _, _)| given(n).or_else(|| bound.get(n).map(|t| &**t))).collect::<Option<_>>().ok_or(Error::NoEntry)?;
+                Ok(sinter_ir::interp::run(&self.graph, &self.entry, &tensors, &bindings)?)
+            }
+            Runner::Gpu(p) => p.run_checked(&self.entry, &|n| given(n), &bindings),
         }
     }
 }

@@ -150,6 +150,21 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16])]
         decode_batches: Vec<usize>,
     },
+    /// Compile a `.sir` file's kernels to PTX for a target, with no GPU: one `<entry>.ptx` per
+    /// distinct kernel and `plan.json` (every kernel's launch plan, in launch order) into a folder.
+    Compile {
+        /// The `.sir` file (its entry function: `@main`, else the last one).
+        file: PathBuf,
+        /// sm_80, sm_90 or sm_90a.
+        #[arg(long, default_value = "sm_90a")]
+        target: Target,
+        /// The folder to write into (created when missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// How the graph becomes kernels.
+        #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
+        lowering: LoweringArg,
+    },
     /// Build a small example graph, print it, and run it on the interpreter.
     Demo,
     /// Run each kernel family on the GPU at the shapes of bench/anchors.py and print time,
@@ -230,6 +245,7 @@ fn main() -> ExitCode {
             None => bench(&only, &anchors, iters, json.as_deref(), autotune, !no_flush),
         },
         Cmd::Check { file } => check(&file),
+        Cmd::Compile { file, target, out, lowering } => compile(&file, &target, &out, lowering.into()),
         Cmd::Graph { model, mode, dtype } => {
             let mode = if mode == ModeArg::Decode { zoo::Mode::Decode } else { zoo::Mode::Prefill };
             zoo::build(&model, mode, dtype.into()).map_err(Into::into).and_then(|g| out(&g.to_string()))
@@ -363,6 +379,29 @@ fn check(file: &PathBuf) -> AnyResult {
     let g = sinter::ir::parse(&text).map_err(|e| format!("{}:{e}", file.display()))?;
     sinter::ir::verify(&g).map_err(|e| format!("{}: {e}", file.display()))?;
     out(&g.to_string())
+}
+
+/// `sinter compile`: the file's kernels as PTX and their launch plans in `out`, then one line
+/// on standard output.
+fn compile(file: &std::path::Path, target: &Target, out_dir: &std::path::Path, lowering: Lowering) -> AnyResult {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let g = sinter::ir::parse(&text).map_err(|e| format!("{}:{e}", file.display()))?;
+    sinter::ir::verify(&g).map_err(|e| format!("{}: {e}", file.display()))?;
+    // The folder is made before the kernels are generated, so that a bad one fails at once.
+    if out_dir.exists() && !out_dir.is_dir() {
+        return Err(format!("cannot write {}: it exists and is not a folder", out_dir.display()).into());
+    }
+    std::fs::create_dir_all(out_dir).map_err(|e| sinter::Error::Write { path: out_dir.display().to_string(), source: e })?;
+    let compiled = sinter::compile_ptx_with(&g, target, lowering)?;
+    let written = compiled.write_to(out_dir)?;
+    let n = |count: usize, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
+    out(&format!(
+        "{}: {} for {target}, {} and plan.json in {}\n",
+        file.display(),
+        n(compiled.kernels.len(), "kernel"),
+        n(written.ptx_files.len(), "PTX file"),
+        out_dir.display()
+    ))
 }
 
 struct RunArgs {

@@ -406,17 +406,47 @@ fn ch5_graphs_are_one_kernel_each() {
 #[cfg(feature = "llvm")]
 // ANCHOR: ptx_of
 /// The kernels of `g` after the fusion passes, each with its PTX and launch plan for sm_90a.
-fn ptx_of(g: &Graph) -> Result<Vec<(sinter::ir::Family, sinter::ir::LaunchPlan)>, sinter::Error> {
-    let target = sinter::Target::SM_90A;
-    let kg = sinter::gpu::lower(g, sinter::gpu::Lowering::Fused, &target)?;
-    let mut plans = Vec::new();
-    for (k, kd) in kg.kernels.iter() {
-        let plan = sinter_codegen::compile_kernel(&kg, k, &target).map_err(|e| sinter::Error::Unsupported(e.to_string()))?;
-        plans.push((kd.family, plan));
-    }
-    Ok(plans)
+fn ptx_of(g: &Graph) -> Result<Vec<(sinter::Family, sinter::LaunchPlan)>, sinter::Error> {
+    let compiled = sinter::compile_ptx(g, &sinter::Target::SM_90A)?;
+    Ok(compiled.kernels.into_iter().map(|k| (k.family, k.plan)).collect())
 }
 // ANCHOR_END: ptx_of
+
+/// Both graphs of chapter 5 as one `.sir` file, for its `sinter compile` example.
+#[cfg(feature = "llvm")]
+fn ch5_file_graph() -> Result<Graph, sinter::BuildError> {
+    graph! {
+        fn main(gate: bf16[4096, 1536], up: bf16[4096, 1536], x: bf16[4096, 4096]) -> (bf16[4096, 1536], bf16[4096, 4096]) {
+            let x32 = x.cast(f32);
+            let e = (x32 - x32.max(-1)).exp();
+            (gate.silu() * up, (e / e.sum(-1)).cast(bf16))
+        }
+    }
+}
+
+/// `book/src/ptx/chapter5.sir` is that graph's text, and `sinter compile` of it writes what
+/// `compile_ptx` returns.
+#[cfg(feature = "llvm")]
+#[test]
+fn ch5_sir_file_is_the_chapters_graphs() {
+    let g = ch5_file_graph().unwrap();
+    check_generated("book/src/ptx/chapter5.sir", &g.to_string(), "tests/book.rs (ch5_file_graph)");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("book-ptx");
+    let out = sinter_cmd(&["compile", root().join("book/src/ptx/chapter5.sir").to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let compiled = sinter::compile_ptx(&g, &sinter::Target::SM_90A).unwrap();
+    assert_eq!(compiled.kernels.len(), 2);
+    for k in &compiled.kernels {
+        assert_eq!(read_abs(&dir.join(format!("{}.ptx", k.plan.entry))), k.plan.ptx);
+    }
+    let plan: serde_json::Value = serde_json::from_str(&read_abs(&dir.join("plan.json"))).unwrap();
+    assert_eq!(plan, compiled.plan_json());
+}
+
+#[cfg(feature = "llvm")]
+fn read_abs(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+}
 
 /// A launch plan's grid, `⌈T/64⌉` for a symbolic count, the number of CTAs for a constant one.
 #[cfg(feature = "llvm")]
@@ -461,6 +491,12 @@ fn ch5_ptx_is_what_the_code_generator_writes() {
             plan.params.len()
         );
         check_region("ptx.md", &format!("{name}-launch"), &launch);
+        if name == "swiglu" {
+            // The kernel's entry of the plan file `sinter compile` writes.
+            let json = sinter::compile_ptx(&g, &sinter::Target::SM_90A).unwrap().plan_json();
+            let kernel = serde_json::to_string_pretty(&json["kernels"][0]).unwrap();
+            check_region("ptx.md", "swiglu-plan", &format!("```json\n{kernel}\n```\n"));
+        }
         if let Some(report) = ptxas_report(&plan.ptx) {
             let log: String = report.log.lines().filter(|l| !l.contains("Compile time")).map(|l| format!("{l}\n")).collect();
             check_region("ptx.md", &format!("{name}-ptxas"), &format!("```console\n$ ptxas -arch=sm_90a -v {name}.ptx -o {name}.cubin\n{log}```\n"));
@@ -793,8 +829,8 @@ fn errors_are_values() -> Result<(), Box<dyn std::error::Error>> {
 
     p.bind("w", Tensor::zeros(DType::F32, &[4, 4]))?;
     let e = p.run(&[("a", &a), ("b", &b)], &[]).unwrap_err();
-    assert!(matches!(e, Error::Interp(_)));
-    assert_eq!(e.to_string(), "in @f: symbol `N` is 2 from axis 0 of %a (input 0) but 3 from axis 0 of %b (input 1)");
+    assert!(matches!(e, Error::SymbolConflict { .. }));
+    assert_eq!(e.to_string(), "symbol `N` is 2 from axis 0 of `a` but 3 from axis 0 of `b`");
 
     let missing_paren = "func @g(%x: f32[4]) {\n  %y: f32[4] = exp(%x\n  return %y\n}\n";
     let e = Program::from_text(missing_paren, Backend::Interpreter).err().unwrap();

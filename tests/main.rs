@@ -19,3 +19,4 @@ mod decoder;
 mod adversarial;
 mod compile_parallel;
 mod fuzz;
+mod facade;

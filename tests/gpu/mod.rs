@@ -27,6 +27,7 @@ use crate::zoo::Rng;
 
 mod adversarial;
 mod compile_cache;
+mod facade;
 mod fp8;
 mod fuzz;
 mod attention_extremes;
@@ -950,6 +951,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(adversarial::adversarial_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()));
     graphs.extend(crate::cascade::precompile_graphs());
     graphs.extend(crate::decoder::precompile_graphs());
+    graphs.extend(facade::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
         for mode in [sinter::zoo::Mode::Prefill, sinter::zoo::Mode::Decode] {
