@@ -90,17 +90,17 @@ fn random_buffer(dev: &Device, dtype: DType, shape: &[usize], seed: u64) -> Resu
     };
     // The float dtypes are encoded here, without a vector of f64 the size of the tensor.
     let bytes: Vec<u8> = match dtype {
-        DType::BF16 => (0..n).flat_map(|_| half::bf16::from_f64(next()).to_bits().to_le_bytes()).collect(),
-        DType::F16 => (0..n).flat_map(|_| half::f16::from_f64(next()).to_bits().to_le_bytes()).collect(),
+        DType::BF16 => (0..n).flat_map(|_| sinter_ir::dtype::bf16_from_f64(next()).to_bits().to_le_bytes()).collect(),
+        DType::F16 => (0..n).flat_map(|_| sinter_ir::dtype::f16_from_f64(next()).to_bits().to_le_bytes()).collect(),
         DType::F32 => (0..n).flat_map(|_| (next() as f32).to_le_bytes()).collect(),
         DType::Q8_0 | DType::Q4_1 => {
             // Random blocks: a small positive f16 scale (and a negative minimum for q4_1),
             // random quant bytes.
             let mut out = Vec::with_capacity(dtype.storage_bytes(n).unwrap_or(0));
             for _ in 0..n / DType::QBLOCK {
-                out.extend(half::f16::from_f64(0.001 + 0.01 * next().abs()).to_le_bytes());
+                out.extend(sinter_ir::dtype::f16_from_f64(0.001 + 0.01 * next().abs()).to_le_bytes());
                 let quants = if dtype == DType::Q4_1 {
-                    out.extend(half::f16::from_f64(-0.08 * next().abs()).to_le_bytes());
+                    out.extend(sinter_ir::dtype::f16_from_f64(-0.08 * next().abs()).to_le_bytes());
                     16
                 } else {
                     32

@@ -149,9 +149,8 @@ impl DType {
             }
             DType::F32 => x as f32 as f64,
             DType::F8E4M3 => f8e4m3_to_f64(f8e4m3_from_f64(x)),
-            // half's from_f64 rounds directly from f64 (no double rounding through f32).
-            DType::BF16 => half::bf16::from_f64(x).to_f64(),
-            DType::F16 => half::f16::from_f64(x).to_f64(),
+            DType::BF16 => bf16_from_f64(x).to_f64(),
+            DType::F16 => f16_from_f64(x).to_f64(),
             DType::I32 => (x as i32) as f64,
             DType::I64 => (x as i64) as f64,
             DType::Bool => {
@@ -169,6 +168,35 @@ impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// `x` rounded to the nearest bf16, ties to even, for every f64 (NaN stays NaN, overflow gives
+/// ±inf). `half::bf16::from_f64` drops the low 32 bits of the f64 mantissa before rounding,
+/// so a value just above a tie rounds as the tie; this rounds through f32 with round-to-odd
+/// instead, which is exact for a second rounding to at most 22 bits (Boldo & Melquiond,
+/// "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
+/// IEEE TC 2008).
+pub fn bf16_from_f64(x: f64) -> half::bf16 {
+    half::bf16::from_f32(f32_round_to_odd(x))
+}
+
+/// `x` rounded to the nearest f16, ties to even, for every f64 (as [`bf16_from_f64`]).
+pub fn f16_from_f64(x: f64) -> half::f16 {
+    half::f16::from_f32(f32_round_to_odd(x))
+}
+
+/// `x` rounded to f32 by round-to-odd: truncated toward zero, then, when that was inexact,
+/// the lowest mantissa bit set (beyond f32's range: ±`f32::MAX`, which is odd).
+fn f32_round_to_odd(x: f64) -> f32 {
+    let t = x as f32;
+    if x.is_nan() || f64::from(t) == x {
+        return t;
+    }
+    let mut bits = if t.is_infinite() { f32::MAX.to_bits() | (t.to_bits() & 0x8000_0000) } else { t.to_bits() };
+    if t.is_finite() && f64::from(t).abs() > x.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
 }
 
 /// The `f8e4m3` bit pattern nearest to `x` (OCP OFP8 E4M3, see [`DType::F8E4M3`]), as
@@ -329,6 +357,43 @@ pub fn qcodes_to_bytes(dtype: DType, codes: &[f64]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_and_f16_round_to_nearest_even_from_every_f64() {
+        // Just above a tie, in the f64 bits half's from_f64 drops: rounds up.
+        let x = f64::from_bits(0x3ff1_1000_8000_0000);
+        assert_eq!(bf16_from_f64(x).to_f64(), 1.0703125);
+        assert_eq!(bf16_from_f64(1.06640625).to_f64(), 1.0625, "an exact tie goes to even");
+        assert_eq!(f16_from_f64(1.0 + 2f64.powi(-11) + 2f64.powi(-40)).to_f64(), 1.0 + 2f64.powi(-10));
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+        assert_eq!(bf16_from_f64(1e39).to_f64(), f64::INFINITY);
+        assert_eq!(bf16_from_f64(-1e39).to_f64(), f64::NEG_INFINITY);
+        assert_eq!(f16_from_f64(65520.0).to_f64(), f64::INFINITY, "the f16 overflow tie");
+        assert_eq!(f16_from_f64(65519.99).to_f64(), 65504.0);
+        assert_eq!(bf16_from_f64(-0.0).to_bits(), 0x8000);
+        assert_eq!(bf16_from_f64(1e-300).to_bits(), 0, "below half the least subnormal");
+        // Many f64s, against the rule decided exactly: the bf16 at or below |x| (from |x|
+        // truncated to f32) and the next one up; their midpoint is exact in f64.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let e = (state % 80) as i32 - 40;
+            let m = f64::from_bits((state >> 12) | 0x3ff0_0000_0000_0000) * 2f64.powi(e);
+            let x = if state & 1 == 0 { m } else { -m };
+            let mut t = m as f32;
+            if f64::from(t) > m {
+                t = f32::from_bits(t.to_bits() - 1);
+            }
+            let lo_bits = (t.to_bits() >> 16) as u16;
+            let (lo, hi) = (half::bf16::from_bits(lo_bits).to_f64(), half::bf16::from_bits(lo_bits + 1).to_f64());
+            let mid = lo + (hi - lo) / 2.0;
+            let near = if m < mid || (m == mid && lo_bits % 2 == 0) { lo } else { hi };
+            let want = if x < 0.0 { -near } else { near };
+            assert_eq!(bf16_from_f64(x).to_f64(), want, "x = {x:e} ({:#018x})", x.to_bits());
+        }
+    }
 
     #[test]
     fn rounding_is_nearest_even_and_saturates() {

@@ -26,8 +26,8 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
     for &x in values {
         let r = dtype.round(x);
         match dtype {
-            DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(r).to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&half::f16::from_f64(r).to_le_bytes()),
+            DType::BF16 => out.extend_from_slice(&sinter_ir::dtype::bf16_from_f64(r).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&sinter_ir::dtype::f16_from_f64(r).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&(r as f32).to_le_bytes()),
             DType::I32 => out.extend_from_slice(&(r as i32).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&(r as i64).to_le_bytes()),

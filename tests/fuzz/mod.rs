@@ -44,6 +44,8 @@ pub const KNOWN_OPEN: &[(&str, &str)] = &[
     ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
     ("accumulate_extremes", "found by this fuzzer: finite extremes among a matmul's operands overflow its f32 accumulator (inf − inf = NaN) where the f64 reference stays finite: matmul → tanh → reduce_max gives NaN for 1 (accumulate-extremes.sir); DESIGN.md says f32 accumulation: decide whether kernels or the reference change"),
     ("dag_slice", "found by this fuzzer: the fused lowering fuses a slice into a row-reduction or pointwise kernel and then refuses its own kernel (\"kernels outside the code generator's contract: k0 (RowReduction): output is f32[22], neither a row nor one value per row\"; \"k2 (Pointwise): the outputs have different shapes\"): slice-layer-norm.sir, slice-pointwise.sir"),
+    ("attention_finite_mask_f32", "found by the GPU fuzzer (also on the CPU emulator for sm_90a): f32 attention with a finite `-3.4e38` mask ([B,1,1,S], [1,1,S,S], [1,1,Sq,Skv]), the unfused kernel, odd head dims or Dv ≠ D, GQA in bshd: up to 0.25 off the reference (seed-151912687277650/7949/8746.sir); not a generator feature: the graphs come from `finite_mask`, which stays on"),
+    ("rms_norm_underflow", "found by the GPU fuzzer: RMSNorm with eps 0 over rows of tiny bf16 values gives -inf where the f64 reference is finite (x² underflows in f32): regressions/gpu/seed-151912687276907.sir; decide whether eps 0 over subnormal rows is in the contract"),
     ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in the operands of attention and paged_attention give NaN where the reference is finite (a paged cache with specials gives NaN at seq 2 of paged-specials.sir; V with extremes of both signs overflows the unnormalised f32 accumulator) or drop a NaN the written-out graph gives"),
 ];
 
@@ -104,6 +106,17 @@ fn ptx_targets() -> Vec<Target> {
 
 fn regressions_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/regressions")
+}
+
+/// Findings of the GPU fuzzer at sizes the CPU emulator takes minutes over: replayed on the
+/// device by `tests/gpu/fuzz.rs`, not here.
+pub fn gpu_regressions_dir() -> PathBuf {
+    regressions_dir().join("gpu")
+}
+
+/// A regression file's header field (`// name: value`).
+pub fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.strip_prefix("// ")?.strip_prefix(name)?.strip_prefix(": ")).map(str::trim)
 }
 
 /// `text` with the nodes no output needs removed (parameters kept, so the values of a seed
@@ -227,11 +240,6 @@ fn fuzz_compiled_paths_match_the_interpreter() {
         return;
     }
     assert!(findings.is_empty(), "{} finding(s):\n{}", findings.len(), findings.join("\n"));
-}
-
-/// A regression file's header field (`// name: value`).
-fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| l.strip_prefix("// ")?.strip_prefix(name)?.strip_prefix(": ")).map(str::trim)
 }
 
 #[test]

@@ -30,15 +30,25 @@ fn run_on_device(dev: &Device, cache: &KernelCache, graph: &Graph, lowering: Low
     let plans = sinter::gpu::plans(&kg, &target, cache, &mut stats).map_err(|e| (false, format!("code generation: {e}")))?;
     let ex = Executor::new(dev, &kg, plans).map_err(|e| (false, e.to_string()))?.with_output_guard(GUARD.0, GUARD.1).checked(true);
     let ins = fuzz::check::kernel_inputs(&kg, inputs).map_err(|e| (false, e))?;
-    let bufs = ins.iter().map(|t| dev.upload_tensor(t)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))?;
+    // Inputs carry a poisoned guard tail too: an in-place output (`kv_append`'s pages) is its
+    // input's storage, and a write past it must show.
+    let upload = |t: &Tensor| -> Result<DeviceBuffer, sinter_runtime::RuntimeError> {
+        let b = dev.alloc_with_guard(t.dtype(), t.shape(), GUARD.0)?;
+        dev.write_f64(&b, t.data())?;
+        dev.poison_guard(&b, GUARD.1)?;
+        Ok(b)
+    };
+    let bufs = ins.iter().map(|t| upload(t)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))?;
     let refs: Vec<&DeviceBuffer> = bufs.iter().collect();
     let outs = ex.run(&refs, &Bindings::new()).map_err(|e| (true, format!("run: {e}")))?;
     for (i, o) in outs.iter().enumerate() {
-        if kg.buffers[kg.outputs[i]].role == sinter::ir::BufferRole::Input {
-            continue;
-        }
         if let Some(v) = dev.guard_violation(o, GUARD.1).map_err(|e| (true, e.to_string()))? {
             return Err((false, format!("output {i} written past its end: {v}")));
+        }
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        if let Some(v) = dev.guard_violation(b, GUARD.1).map_err(|e| (true, e.to_string()))? {
+            return Err((false, format!("input {i} written past its end: {v}")));
         }
     }
     outs.iter().map(|o| dev.download_tensor(o)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))
@@ -124,4 +134,47 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
         if findings.is_empty() { String::new() } else { format!(": {}", findings.iter().map(|f| f.lines().next().unwrap_or("")).collect::<Vec<_>>().join("; ")) }
     );
     assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
+
+/// The GPU fuzzer's findings kept as files (`tests/fuzz/regressions/gpu/*.sir`, sizes the CPU
+/// emulator takes minutes over), each run unfused and fused on the device with the values of
+/// its seed and features; a file marked `// expected: <name>` of `KNOWN_OPEN` may still fail
+/// (reported), every other must pass.
+#[test]
+fn gpu_fuzz_regressions_replay() {
+    let Some(dev) = super::device() else { return };
+    let cache = KernelCache::open_default().expect("the kernel cache");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(fuzz::gpu_regressions_dir()).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "sir")).collect()).unwrap_or_default();
+    files.sort();
+    let mut bad = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("a regression file");
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
+        let seed: u64 = fuzz::header(&text, "seed").and_then(|s| s.parse().ok()).expect("a `// seed:` line");
+        let feats = fuzz::header(&text, "features").map_or(fuzz::features(), |f| fuzz::gen::Features::NONE.with(f));
+        let open = fuzz::header(&text, "expected").filter(|f| fuzz::KNOWN_OPEN.iter().any(|k| k.0 == *f));
+        let graph = sinter::ir::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs = fuzz::values::inputs(&graph, seed, feats);
+        let refs: Vec<&Tensor> = inputs.iter().map(|(_, t)| t).collect();
+        let want = sinter::ir::interp::run_entry(&graph, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
+        let mut problem = None;
+        for lowering in [Lowering::Unfused, Lowering::Fused] {
+            let p = match run_on_device(&dev, &cache, &graph, lowering, &inputs) {
+                Ok(got) => got.iter().zip(&want).enumerate().find_map(|(i, (g, w))| compare(&format!("{lowering:?} output {i}"), g, w).err()),
+                Err((_, e)) => Some(format!("{lowering:?}: {e}")),
+            };
+            if p.is_some() {
+                problem = p;
+                break;
+            }
+        }
+        match (problem, open) {
+            (Some(p), Some(known)) => eprintln!("{name}: known open bug ({known}) still found: {p}"),
+            (Some(p), None) => bad.push(format!("{name}: {p}")),
+            (None, Some(known)) => eprintln!("{name}: passes — the known bug `{known}` no longer shows: delete it from KNOWN_OPEN"),
+            (None, None) => eprintln!("{name}: passes"),
+        }
+    }
+    eprintln!("replayed {} GPU regression files", files.len());
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -65,8 +65,8 @@ fn encode(dt: DType, data: &[f64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() * dt.size_bytes());
     for &v in data {
         match dt {
-            DType::BF16 => out.extend(half::bf16::from_f64(v).to_bits().to_le_bytes()),
-            DType::F16 => out.extend(half::f16::from_f64(v).to_bits().to_le_bytes()),
+            DType::BF16 => out.extend(sinter_ir::dtype::bf16_from_f64(v).to_bits().to_le_bytes()),
+            DType::F16 => out.extend(sinter_ir::dtype::f16_from_f64(v).to_bits().to_le_bytes()),
             DType::F32 => out.extend((v as f32).to_le_bytes()),
             DType::I32 => out.extend((v as i32).to_le_bytes()),
             DType::I64 => out.extend((v as i64).to_le_bytes()),

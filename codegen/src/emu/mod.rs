@@ -772,12 +772,12 @@ pub fn to_bytes(t: &Tensor) -> Vec<u8> {
     let mut v = t.to_blocks().unwrap_or_default();
     for &x in t.data().iter().filter(|_| !t.dtype().is_quantized()) {
         match t.dtype() {
-            DType::BF16 => v.extend(f32_to_bf16(x as f32).to_le_bytes()),
+            DType::BF16 => v.extend(sinter_ir::dtype::bf16_from_f64(x).to_bits().to_le_bytes()),
             DType::F32 => v.extend((x as f32).to_le_bytes()),
             DType::I32 => v.extend((x as i32).to_le_bytes()),
             DType::I64 => v.extend((x as i64).to_le_bytes()),
             DType::Bool => v.push(u8::from(x != 0.0)),
-            DType::F16 => v.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+            DType::F16 => v.extend(sinter_ir::dtype::f16_from_f64(x).to_bits().to_le_bytes()),
             DType::F8E4M3 => v.push(sinter_ir::dtype::f8e4m3_from_f64(x)),
             DType::Q8_0 | DType::Q4_1 => {}
         }
