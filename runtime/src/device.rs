@@ -174,6 +174,11 @@ pub struct LoadStats {
     pub load_seconds: f64,
 }
 
+/// The machine's available parallelism (1 where it cannot be known).
+fn all_cores() -> usize {
+    std::thread::available_parallelism().map(usize::from).unwrap_or(1)
+}
+
 /// `f` of every item on up to `jobs` threads, results in the items' order.
 fn parallel_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let workers = jobs.clamp(1, items.len().max(1));
@@ -343,7 +348,20 @@ impl Device {
     /// one; [`RuntimeError::Jit`] with the JIT's log when the PTX does not compile or has no
     /// such entry.
     pub fn load(&self, plan: &LaunchPlan) -> Result<Arc<LoadedKernel>, RuntimeError> {
-        let hash: [u8; 32] = Sha256::digest(plan.ptx.as_bytes()).into();
+        self.load_hashed(plan, Sha256::digest(plan.ptx.as_bytes()).into())
+    }
+
+    /// [`Device::load`] of every plan, in order: the PTX digests (a model's plans hold
+    /// megabytes of PTX) computed on every core first.
+    ///
+    /// # Errors
+    /// As [`Device::load`], for the first plan that fails.
+    pub fn load_all(&self, plans: &[LaunchPlan]) -> Result<Vec<Arc<LoadedKernel>>, RuntimeError> {
+        let hashes = parallel_map(plans, all_cores(), |p| -> [u8; 32] { Sha256::digest(p.ptx.as_bytes()).into() });
+        plans.iter().zip(hashes).map(|(p, h)| self.load_hashed(p, h)).collect()
+    }
+
+    fn load_hashed(&self, plan: &LaunchPlan, hash: [u8; 32]) -> Result<Arc<LoadedKernel>, RuntimeError> {
         let key = (plan.entry.clone(), hash);
         if let Some(k) = lock(&self.inner.kernels).get(&key) {
             return Ok(k.clone());
@@ -544,11 +562,11 @@ impl Device {
     pub fn load_modules(&self, plans: &[LaunchPlan], cache: Option<&KernelCache>, jobs: usize) -> Result<LoadStats, RuntimeError> {
         let mut stats = LoadStats::default();
         let mut todo: Vec<(&LaunchPlan, [u8; 32])> = Vec::new();
+        let hashes = parallel_map(plans, jobs, |p| -> [u8; 32] { Sha256::digest(p.ptx.as_bytes()).into() });
         {
             let loaded = lock(&self.inner.modules);
-            for p in plans {
+            for (p, hash) in plans.iter().zip(hashes) {
                 self.check_target(p)?;
-                let hash: [u8; 32] = Sha256::digest(p.ptx.as_bytes()).into();
                 if !loaded.contains_key(&hash) && !todo.iter().any(|(_, h)| *h == hash) {
                     todo.push((p, hash));
                 }

@@ -114,7 +114,7 @@ impl Executor {
                 return Err(RuntimeError::Graph(format!("graph input/output {b} is not a buffer of the graph")));
             }
         }
-        let loaded = plans.iter().map(|p| device.load(p)).collect::<Result<Vec<_>, _>>()?;
+        let loaded = device.load_all(&plans)?;
         Ok(Executor { device: device.clone(), graph: graph.clone(), plans, loaded, output_guard: None, checked: false, aliases: in_place_aliases(graph) })
     }
 
