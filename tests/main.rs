@@ -18,3 +18,4 @@ mod cascade;
 mod adversarial;
 mod compile_parallel;
 mod fuzz;
+mod rope_logical;
