@@ -28,12 +28,31 @@ fn the_dsl_builds_logical_ops_and_scaled_partial_ropes() -> Result<(), Box<dyn s
     }
     // The same graph from the text format gives the same results on the interpreter.
     let p = Program::compile(g.clone(), Backend::Interpreter)?;
-    let q = Tensor::new(DType::F32, &[2, 2, 8], (0..32).map(|i| (i as f64 * 0.37).sin()).collect())?;
+    let q = Tensor::new(
+        DType::F32,
+        &[2, 2, 8],
+        (0..32).map(|i| (i as f64 * 0.37).sin()).collect(),
+    )?;
     let pos = Tensor::new(DType::I32, &[2, 1], vec![3.0, 1000.0])?;
-    let a = Tensor::new(DType::Bool, &[2, 8], (0..16).map(|i| f64::from(i % 3 == 0)).collect())?;
-    let b = Tensor::new(DType::Bool, &[8], (0..8).map(|i| f64::from(i % 2 == 0)).collect())?;
-    let out = p.run(&[("q", &q), ("pos", &pos), ("a", &a), ("b", &b)], &[("T", 2)])?;
-    let want = run_entry(&sinter::ir::parse(&text)?, &[&q, &pos, &a, &b], &[("T".to_string(), 2)].into_iter().collect())?;
+    let a = Tensor::new(
+        DType::Bool,
+        &[2, 8],
+        (0..16).map(|i| f64::from(i % 3 == 0)).collect(),
+    )?;
+    let b = Tensor::new(
+        DType::Bool,
+        &[8],
+        (0..8).map(|i| f64::from(i % 2 == 0)).collect(),
+    )?;
+    let out = p.run(
+        &[("q", &q), ("pos", &pos), ("a", &a), ("b", &b)],
+        &[("T", 2)],
+    )?;
+    let want = run_entry(
+        &sinter::ir::parse(&text)?,
+        &[&q, &pos, &a, &b],
+        &[("T".to_string(), 2)].into_iter().collect(),
+    )?;
     for (o, w) in out.iter().zip(&want) {
         assert_eq!(o.data(), w.data());
     }
@@ -45,7 +64,10 @@ fn the_dsl_builds_logical_ops_and_scaled_partial_ropes() -> Result<(), Box<dyn s
     }
     // Features 4.. pass through.
     for row in 0..4 {
-        assert_eq!(out[0].data()[row * 8 + 4..row * 8 + 8], q.data()[row * 8 + 4..row * 8 + 8]);
+        assert_eq!(
+            out[0].data()[row * 8 + 4..row * 8 + 8],
+            q.data()[row * 8 + 4..row * 8 + 8]
+        );
     }
     Ok(())
 }
@@ -68,18 +90,48 @@ fn partial_scaled_rope_fuses_into_the_qkv_epilogue() {
 }";
     let g = sinter::ir::parse(src).unwrap();
     let (kg, _) = compile(&g, &Target::SM_90A, &PassOptions::default()).unwrap();
-    let mm: Vec<_> = kg.kernels.values().filter(|k| k.family == Family::Matmul).collect();
+    let mm: Vec<_> = kg
+        .kernels
+        .values()
+        .filter(|k| k.family == Family::Matmul)
+        .collect();
     assert_eq!(mm.len(), 1);
-    assert_eq!(mm[0].body.nodes.values().filter(|n| n.op.kind == OpKind::Rope).count(), 2, "RoPE in the epilogue");
+    assert_eq!(
+        mm[0]
+            .body
+            .nodes
+            .values()
+            .filter(|n| n.op.kind == OpKind::Rope)
+            .count(),
+        2,
+        "RoPE in the epilogue"
+    );
     let b: Bindings = [("T".to_string(), 5)].into_iter().collect();
-    let x = Tensor::new(DType::F32, &[5, 32], (0..160).map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0).collect()).unwrap();
-    let w = Tensor::new(DType::F32, &[96, 32], (0..3072).map(|i| ((i * 53 % 97) as f64 - 48.0) / 200.0).collect()).unwrap();
+    let x = Tensor::new(
+        DType::F32,
+        &[5, 32],
+        (0..160)
+            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0)
+            .collect(),
+    )
+    .unwrap();
+    let w = Tensor::new(
+        DType::F32,
+        &[96, 32],
+        (0..3072)
+            .map(|i| ((i * 53 % 97) as f64 - 48.0) / 200.0)
+            .collect(),
+    )
+    .unwrap();
     let pos = Tensor::new(DType::I32, &[5], vec![0.0, 7.0, 300.0, 5000.0, 65000.0]).unwrap();
     let want = run_entry(&g, &[&x, &w, &pos], &b).unwrap();
     let got = run_kernel_graph(&kg, &[&x, &w, &pos], &b).unwrap();
     for (o, r) in got.iter().zip(&want) {
         for (i, (a, e)) in o.data().iter().zip(r.data()).enumerate() {
-            assert!((a - e).abs() <= 1e-5 * e.abs() + 1e-6, "element {i}: {a} vs {e}");
+            assert!(
+                (a - e).abs() <= 1e-5 * e.abs() + 1e-6,
+                "element {i}: {a} vs {e}"
+            );
         }
     }
 }

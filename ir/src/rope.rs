@@ -78,16 +78,38 @@ const PARAMS: [&str; 10] = [
 fn params_of(scaling: &str) -> (&'static [&'static str], &'static [&'static str]) {
     match scaling {
         "linear" => (&["factor"], &[]),
-        "llama3" => (&["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"], &[]),
-        "yarn" => (&["factor", "original_max_position_embeddings"], &["beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim", "attention_factor"]),
+        "llama3" => (
+            &[
+                "factor",
+                "low_freq_factor",
+                "high_freq_factor",
+                "original_max_position_embeddings",
+            ],
+            &[],
+        ),
+        "yarn" => (
+            &["factor", "original_max_position_embeddings"],
+            &[
+                "beta_fast",
+                "beta_slow",
+                "truncate",
+                "mscale",
+                "mscale_all_dim",
+                "attention_factor",
+            ],
+        ),
         _ => (&[], &[]),
     }
 }
 
 fn finite(op: &dyn Attrs, name: &str, positive: bool) -> Result<Option<f64>, String> {
-    let Some(v) = op.float(name) else { return Ok(None) };
+    let Some(v) = op.float(name) else {
+        return Ok(None);
+    };
     if !v.is_finite() {
-        return Err(format!("attribute `{name}` must be a finite number, got {v:?}"));
+        return Err(format!(
+            "attribute `{name}` must be a finite number, got {v:?}"
+        ));
     }
     if positive && v <= 0.0 {
         return Err(format!("attribute `{name}` must be above 0, got {v:?}"));
@@ -104,16 +126,30 @@ pub fn scaling(op: &dyn Attrs) -> Result<RopeScaling, String> {
     let name = op.str("scaling").unwrap_or("none");
     let (required, optional) = params_of(name);
     for p in PARAMS {
-        let given = op.attr(p).is_some_and(|a| !matches!(a, crate::attr::Attr::Absent));
+        let given = op
+            .attr(p)
+            .is_some_and(|a| !matches!(a, crate::attr::Attr::Absent));
         if given && !required.contains(&p) && !optional.contains(&p) {
-            let owners: Vec<&str> = ["linear", "llama3", "yarn"].into_iter().filter(|s| params_of(s).0.contains(&p) || params_of(s).1.contains(&p)).collect();
-            return Err(format!("attribute `{p}` belongs to scaling={}, not scaling={name:?}", owners.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(" or ")));
+            let owners: Vec<&str> = ["linear", "llama3", "yarn"]
+                .into_iter()
+                .filter(|s| params_of(s).0.contains(&p) || params_of(s).1.contains(&p))
+                .collect();
+            return Err(format!(
+                "attribute `{p}` belongs to scaling={}, not scaling={name:?}",
+                owners
+                    .iter()
+                    .map(|o| format!("{o:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ));
         }
         if !given && required.contains(&p) {
             return Err(format!("scaling={name:?} needs attribute `{p}`"));
         }
     }
-    let req = |p: &str| -> Result<f64, String> { finite(op, p, true)?.ok_or_else(|| format!("scaling={name:?} needs attribute `{p}`")) };
+    let req = |p: &str| -> Result<f64, String> {
+        finite(op, p, true)?.ok_or_else(|| format!("scaling={name:?} needs attribute `{p}`"))
+    };
     let orig = || -> Result<f64, String> {
         match op.int("original_max_position_embeddings") {
             Some(l) if l > 0 => Ok(l as f64),
@@ -121,18 +157,34 @@ pub fn scaling(op: &dyn Attrs) -> Result<RopeScaling, String> {
         }
     };
     Ok(match name {
-        "linear" => RopeScaling::Linear { factor: req("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: req("factor")?,
+        },
         "llama3" => {
             let (low, high) = (req("low_freq_factor")?, req("high_freq_factor")?);
             if high <= low {
                 return Err(format!("scaling=\"llama3\" needs high_freq_factor above low_freq_factor, got {high:?} and {low:?}"));
             }
-            RopeScaling::Llama3 { factor: req("factor")?, low_freq_factor: low, high_freq_factor: high, original_max_position_embeddings: orig()? }
+            RopeScaling::Llama3 {
+                factor: req("factor")?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: orig()?,
+            }
         }
         "yarn" => {
             let factor = req("factor")?;
-            let m = |s: f64, k: f64| if s <= 1.0 { 1.0 } else { 0.1 * k * s.ln() + 1.0 };
-            let (ms, msa) = (finite(op, "mscale", false)?, finite(op, "mscale_all_dim", false)?);
+            let m = |s: f64, k: f64| {
+                if s <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * k * s.ln() + 1.0
+                }
+            };
+            let (ms, msa) = (
+                finite(op, "mscale", false)?,
+                finite(op, "mscale_all_dim", false)?,
+            );
             // HF: `if mscale and mscale_all_dim` (both given and non-zero).
             let attention_factor = match (finite(op, "attention_factor", true)?, ms, msa) {
                 (Some(a), _, _) => a,
@@ -162,8 +214,12 @@ pub fn scaling(op: &dyn Attrs) -> Result<RopeScaling, String> {
 /// When R is odd, below 2 or above `d`.
 pub fn rotary_dim(op: &dyn Attrs, d: Option<i64>) -> Result<Option<i64>, String> {
     match (op.int("rotary_dim"), d) {
-        (Some(r), _) if r < 2 || r % 2 != 0 => Err(format!("attribute `rotary_dim` must be even and at least 2, got {r}")),
-        (Some(r), Some(d)) if r > d => Err(format!("attribute `rotary_dim` ({r}) exceeds the rotary axis ({d})")),
+        (Some(r), _) if r < 2 || r % 2 != 0 => Err(format!(
+            "attribute `rotary_dim` must be even and at least 2, got {r}"
+        )),
+        (Some(r), Some(d)) if r > d => Err(format!(
+            "attribute `rotary_dim` ({r}) exceeds the rotary axis ({d})"
+        )),
         (Some(r), _) => Ok(Some(r)),
         (None, d) => Ok(d),
     }
@@ -176,16 +232,25 @@ pub fn rotary_dim(op: &dyn Attrs, d: Option<i64>) -> Result<Option<i64>, String>
 pub fn freqs(op: &dyn Attrs, d: usize) -> Result<RopeFreqs, String> {
     let theta = op.float("theta").ok_or("`rope` needs attribute `theta`")?;
     if !(theta.is_finite() && theta > 0.0) {
-        return Err(format!("attribute `theta` must be a finite number above 0, got {theta:?}"));
+        return Err(format!(
+            "attribute `theta` must be a finite number above 0, got {theta:?}"
+        ));
     }
     let r = rotary_dim(op, i64::try_from(d).ok())?.unwrap_or(0) as usize;
     let half = r / 2;
     // θ^(−2i/R), as the unscaled rope has always computed it.
-    let base: Vec<f64> = (0..half).map(|i| theta.powf(-((2 * i) as f64) / r as f64)).collect();
+    let base: Vec<f64> = (0..half)
+        .map(|i| theta.powf(-((2 * i) as f64) / r as f64))
+        .collect();
     let (inv_freq, attention_factor) = match scaling(op)? {
         RopeScaling::None => (base, 1.0),
         RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),
-        RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_max_position_embeddings: l } => {
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: l,
+        } => {
             let (low_wl, high_wl) = (l / low, l / high);
             let f = base
                 .iter()
@@ -203,9 +268,19 @@ pub fn freqs(op: &dyn Attrs, d: usize) -> Result<RopeFreqs, String> {
                 .collect();
             (f, 1.0)
         }
-        RopeScaling::Yarn { factor, original_max_position_embeddings: l, beta_fast, beta_slow, truncate, attention_factor } => {
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: l,
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+        } => {
             if theta == 1.0 {
-                return Err("scaling=\"yarn\" needs theta ≠ 1 (its correction range divides by ln θ)".into());
+                return Err(
+                    "scaling=\"yarn\" needs theta ≠ 1 (its correction range divides by ln θ)"
+                        .into(),
+                );
             }
             let rf = r as f64;
             let corr = |rot: f64| rf * (l / (rot * 2.0 * PI)).ln() / (2.0 * theta.ln());
@@ -229,5 +304,9 @@ pub fn freqs(op: &dyn Attrs, d: usize) -> Result<RopeFreqs, String> {
             (f, attention_factor)
         }
     };
-    Ok(RopeFreqs { rotary_dim: r, inv_freq, attention_factor })
+    Ok(RopeFreqs {
+        rotary_dim: r,
+        inv_freq,
+        attention_factor,
+    })
 }

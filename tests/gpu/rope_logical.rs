@@ -13,8 +13,15 @@ fn far_positions() -> Edit {
     Box::new(|ins: &mut Vec<(String, Tensor)>| {
         for (n, t) in ins.iter_mut() {
             let d: Vec<f64> = match n.as_str() {
-                "pos" => (0..t.data().len()).map(|i| ((i * 7919 + 13) % 100_000) as f64).collect(),
-                "x" => t.data().iter().enumerate().map(|(i, &v)| if i == 5 { f64::INFINITY } else { v }).collect(),
+                "pos" => (0..t.data().len())
+                    .map(|i| ((i * 7919 + 13) % 100_000) as f64)
+                    .collect(),
+                "x" => t
+                    .data()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| if i == 5 { f64::INFINITY } else { v })
+                    .collect(),
                 _ => continue,
             };
             *t = Tensor::new(t.dtype(), t.shape(), d).unwrap();
@@ -31,14 +38,31 @@ pub(super) fn cases() -> Vec<Case> {
         ("bf16", "rotate_half", 64, "rotary_dim=32, ", YARN),
         ("bf16", "interleaved", 64, "rotary_dim=16, ", LLAMA3),
         ("f32", "rotate_half", 128, "", LLAMA3),
-        ("f32", "rotate_half", 40, "rotary_dim=24, ", "scaling=\"linear\", factor=2.0"),
+        (
+            "f32",
+            "rotate_half",
+            40,
+            "rotary_dim=24, ",
+            "scaling=\"linear\", factor=2.0",
+        ),
         ("bf16", "rotate_half", 80, "rotary_dim=20, ", YARN),
     ] {
         let attrs = format!("theta=10000.0, form=\"{form}\", {r}{scaling}");
         let src = format!("func @main(%x: {dt}[2, T, 3, {d}], %pos: i32[T, 1]) {{\n  %y: {dt}[2, T, 3, {d}] = rope(%x, %pos) {{{attrs}}}\n  return %y\n}}");
-        cases.push(Case::new(format!("rope {dt} D={d} {attrs}"), &src, &[("T", 5)], 4, 1.0, far_positions()));
+        cases.push(Case::new(
+            format!("rope {dt} D={d} {attrs}"),
+            &src,
+            &[("T", 5)],
+            4,
+            1.0,
+            far_positions(),
+        ));
     }
-    for (t, form) in [("T", "rotate_half"), ("1", "rotate_half"), ("1", "interleaved")] {
+    for (t, form) in [
+        ("T", "rotate_half"),
+        ("1", "rotate_half"),
+        ("1", "interleaved"),
+    ] {
         let src = format!(
             "func @main(%x: bf16[{t}, 64], %w: bf16[192, 64], %pos: i32[{t}]) {{
   %m: bf16[{t}, 192] = matmul(%x, %w) {{transpose_b=true}}
@@ -52,7 +76,14 @@ pub(super) fn cases() -> Vec<Case> {
   return %qr, %kr
 }}"
         );
-        cases.push(Case::new(format!("qkv + partial yarn rope {form} T={t}"), &src, &[("T", 9)], 5, 1.0, far_positions()));
+        cases.push(Case::new(
+            format!("qkv + partial yarn rope {form} T={t}"),
+            &src,
+            &[("T", 9)],
+            5,
+            1.0,
+            far_positions(),
+        ));
     }
     let mask = "func @main(%i: i32[T, 1], %j: i32[S], %sink: bool[S], %x: f32[T, S]) {
   %w: i32[] = constant() {value=3.0, dtype=i32}
@@ -66,6 +97,13 @@ pub(super) fn cases() -> Vec<Case> {
   %y: f32[T, S] = select(%keep, %x, %ninf)
   return %y, %keep
 }";
-    cases.push(Case::new("logical mask", mask, &[("T", 6), ("S", 33)], 6, 1.0, Box::new(none)));
+    cases.push(Case::new(
+        "logical mask",
+        mask,
+        &[("T", 6), ("S", 33)],
+        6,
+        1.0,
+        Box::new(none),
+    ));
     cases
 }

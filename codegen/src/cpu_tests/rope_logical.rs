@@ -14,7 +14,8 @@ fn body(src: &str) -> sinter_ir::Function {
     g.funcs.values().next().expect("one function").clone()
 }
 
-const YARN: &str = "scaling=\"yarn\", factor=4.0, original_max_position_embeddings=4096, attention_factor=1.25";
+const YARN: &str =
+    "scaling=\"yarn\", factor=4.0, original_max_position_embeddings=4096, attention_factor=1.25";
 const LLAMA3: &str = "scaling=\"llama3\", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64";
 
 #[test]
@@ -43,9 +44,18 @@ fn cpu_partial_and_scaled_rope_match_the_interpreter() {
         }
         let src = format!("func @k(%x: {dt}[T, 5, {dd}], %p: i32[T, 1]) {{\n  %y: {dt}[T, 5, {dd}] = rope(%x, %p) {{{attrs}}}\n  return %y\n}}");
         let gk = single(Family::Pointwise, body(&src));
-        let x = with(random(&mut rng, dt, &[3, 5, dd as usize], -2.0, 2.0), |i, v| if i == 7 { f64::INFINITY } else { v });
+        let x = with(
+            random(&mut rng, dt, &[3, 5, dd as usize], -2.0, 2.0),
+            |i, v| if i == 7 { f64::INFINITY } else { v },
+        );
         let ins = [x, random(&mut rng, DType::I32, &[3, 1], 0.0, 10_000.0)];
-        check_on_cpu(&format!("rope {dt} {attrs}"), &gk, &bind(&[("T", 3)]), &ins, 2);
+        check_on_cpu(
+            &format!("rope {dt} {attrs}"),
+            &gk,
+            &bind(&[("T", 3)]),
+            &ins,
+            2,
+        );
     }
 }
 
@@ -71,9 +81,21 @@ fn cpu_partial_rope_in_the_matmul_epilogue_matches_the_interpreter() {
             );
             let gk = single(Family::Matmul, body(&src));
             let n = if t == "T" { 7 } else { 1 };
-            let ins = [random(&mut rng, DType::BF16, &[n, 32], -1.0, 1.0), random(&mut rng, DType::BF16, &[128, 32], -1.0, 1.0), random(&mut rng, DType::I32, &[n], 0.0, 5000.0)];
-            let plan = compile_kernel(&gk.0, gk.1, &Target::SM_80).unwrap_or_else(|e| panic!("{e}"));
-            check_built_on_cpu(&format!("qkv rope {form} T={t} ({})", plan.entry), &gk, &bind(&[("T", n as i64)]), &ins, 128, || compile_kernel(&gk.0, gk.1, &Target::SM_80));
+            let ins = [
+                random(&mut rng, DType::BF16, &[n, 32], -1.0, 1.0),
+                random(&mut rng, DType::BF16, &[128, 32], -1.0, 1.0),
+                random(&mut rng, DType::I32, &[n], 0.0, 5000.0),
+            ];
+            let plan =
+                compile_kernel(&gk.0, gk.1, &Target::SM_80).unwrap_or_else(|e| panic!("{e}"));
+            check_built_on_cpu(
+                &format!("qkv rope {form} T={t} ({})", plan.entry),
+                &gk,
+                &bind(&[("T", n as i64)]),
+                &ins,
+                128,
+                || compile_kernel(&gk.0, gk.1, &Target::SM_80),
+            );
         }
     }
 }
@@ -112,6 +134,9 @@ fn cpu_logical_ops_match_the_interpreter() {
   return %n, %x
 }";
     let gk = single(Family::Pointwise, body(src));
-    let ins = [random(&mut rng, DType::Bool, &[3, 64], 0.0, 2.0), random(&mut rng, DType::Bool, &[3, 64], 0.0, 2.0)];
+    let ins = [
+        random(&mut rng, DType::Bool, &[3, 64], 0.0, 2.0),
+        random(&mut rng, DType::Bool, &[3, 64], 0.0, 2.0),
+    ];
     check_on_cpu("logical flat", &gk, &bind(&[("T", 3)]), &ins, 1);
 }

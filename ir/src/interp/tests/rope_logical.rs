@@ -26,13 +26,18 @@ fn fl(v: f64) -> Attr {
 fn assert_rel(got: &[f64], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-15 * w.abs(), "{what}[{i}]: {g:e} vs {w:e}");
+        assert!(
+            (g - w).abs() <= 1e-15 * w.abs(),
+            "{what}[{i}]: {g:e} vs {w:e}"
+        );
     }
 }
 
 /// HF's `_compute_default_rope_parameters`: 1/θ^(2i/dim).
 fn hf_default(theta: f64, dim: usize) -> Vec<f64> {
-    (0..dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f64 / dim as f64)).collect()
+    (0..dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f64 / dim as f64))
+        .collect()
 }
 
 /// HF's `_compute_llama3_parameters`, step by step as written there.
@@ -57,8 +62,22 @@ fn hf_llama3(theta: f64, dim: usize, factor: f64, low: f64, high: f64, old: f64)
 
 /// HF's `_compute_yarn_parameters` (inv_freq, attention_factor).
 #[allow(clippy::too_many_arguments)]
-fn hf_yarn(theta: f64, dim: usize, factor: f64, old: f64, beta: (f64, f64), truncate: bool, mscale: (Option<f64>, Option<f64>)) -> (Vec<f64>, f64) {
-    let get_mscale = |s: f64, m: f64| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+fn hf_yarn(
+    theta: f64,
+    dim: usize,
+    factor: f64,
+    old: f64,
+    beta: (f64, f64),
+    truncate: bool,
+    mscale: (Option<f64>, Option<f64>),
+) -> (Vec<f64>, f64) {
+    let get_mscale = |s: f64, m: f64| {
+        if s <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * s.ln() + 1.0
+        }
+    };
     let af = match mscale {
         (Some(a), Some(b)) if a != 0.0 && b != 0.0 => get_mscale(factor, a) / get_mscale(factor, b),
         _ => get_mscale(factor, 1.0),
@@ -91,7 +110,14 @@ fn unscaled_and_linear_frequencies_follow_hf() {
     let f = freqs(&rope_op(10000.0, &[]), 64).unwrap();
     assert_eq!((f.rotary_dim, f.attention_factor), (64, 1.0));
     assert_rel(&f.inv_freq, &hf_default(10000.0, 64), "default");
-    let f = freqs(&rope_op(10000.0, &[("scaling", Attr::Str("linear".into())), ("factor", fl(4.0))]), 64).unwrap();
+    let f = freqs(
+        &rope_op(
+            10000.0,
+            &[("scaling", Attr::Str("linear".into())), ("factor", fl(4.0))],
+        ),
+        64,
+    )
+    .unwrap();
     let want: Vec<f64> = hf_default(10000.0, 64).iter().map(|v| v / 4.0).collect();
     assert_rel(&f.inv_freq, &want, "linear");
 }
@@ -112,10 +138,26 @@ fn llama3_frequencies_of_llama_3_1_8b() {
     );
     let f = freqs(&op, 128).unwrap();
     assert_eq!((f.inv_freq.len(), f.attention_factor), (64, 1.0));
-    assert_rel(&f.inv_freq, &hf_llama3(500000.0, 128, 8.0, 1.0, 4.0, 8192.0), "llama3");
+    assert_rel(
+        &f.inv_freq,
+        &hf_llama3(500000.0, 128, 8.0, 1.0, 4.0, 8192.0),
+        "llama3",
+    );
     // High frequencies unchanged, the band 29..=34 smoothed, 35.. divided by 8.
-    for (i, want) in [(0, 1.0), (28, 0.003211445994752591), (29, 0.002166570763503359), (32, 0.0005248461609929547), (34, 0.0001785078127679964), (35, 9.556212353964683e-05), (63, 3.068925988914511e-07)] {
-        assert!((f.inv_freq[i] - want).abs() <= 1e-14 * want, "inv_freq[{i}] = {:e}, want {want:e}", f.inv_freq[i]);
+    for (i, want) in [
+        (0, 1.0),
+        (28, 0.003211445994752591),
+        (29, 0.002166570763503359),
+        (32, 0.0005248461609929547),
+        (34, 0.0001785078127679964),
+        (35, 9.556212353964683e-05),
+        (63, 3.068925988914511e-07),
+    ] {
+        assert!(
+            (f.inv_freq[i] - want).abs() <= 1e-14 * want,
+            "inv_freq[{i}] = {:e}, want {want:e}",
+            f.inv_freq[i]
+        );
     }
 }
 
@@ -123,14 +165,30 @@ fn llama3_frequencies_of_llama_3_1_8b() {
 fn yarn_frequencies_and_attention_factor() {
     // Qwen2.5 with YaRN: head dim 128, θ = 1e6, factor 4, original 32768 (correction range
     // 23..40, truncated).
-    let qwen = rope_op(1e6, &[("scaling", Attr::Str("yarn".into())), ("factor", fl(4.0)), ("original_max_position_embeddings", Attr::Int(32768))]);
+    let qwen = rope_op(
+        1e6,
+        &[
+            ("scaling", Attr::Str("yarn".into())),
+            ("factor", fl(4.0)),
+            ("original_max_position_embeddings", Attr::Int(32768)),
+        ],
+    );
     let f = freqs(&qwen, 128).unwrap();
     let (want, af) = hf_yarn(1e6, 128, 4.0, 32768.0, (32.0, 1.0), true, (None, None));
     assert_rel(&f.inv_freq, &want, "yarn qwen");
     assert_eq!(f.attention_factor, af);
     assert!((af - 1.138629436111989).abs() < 1e-15);
-    for (i, w) in [(0, 1.0), (20, 0.01333521432163324), (30, 0.0010643609812470017), (63, 3.102344401879299e-07)] {
-        assert!((f.inv_freq[i] - w).abs() <= 1e-14 * w, "qwen inv_freq[{i}] = {:e}, want {w:e}", f.inv_freq[i]);
+    for (i, w) in [
+        (0, 1.0),
+        (20, 0.01333521432163324),
+        (30, 0.0010643609812470017),
+        (63, 3.102344401879299e-07),
+    ] {
+        assert!(
+            (f.inv_freq[i] - w).abs() <= 1e-14 * w,
+            "qwen inv_freq[{i}] = {:e}, want {w:e}",
+            f.inv_freq[i]
+        );
     }
     // gpt-oss: head dim 64, θ = 150000, factor 32, original 4096, truncate false.
     let oss = rope_op(
@@ -148,14 +206,44 @@ fn yarn_frequencies_and_attention_factor() {
     let (want, af) = hf_yarn(150000.0, 64, 32.0, 4096.0, (32.0, 1.0), false, (None, None));
     assert_rel(&f.inv_freq, &want, "yarn gpt-oss");
     assert!((f.attention_factor - 1.3465735902799727).abs() < 1e-15 && f.attention_factor == af);
-    for (i, w) in [(8, 0.050813274815461475), (12, 0.006794959489732219), (20, 1.818833668168956e-05), (31, 3.0235114281192144e-07)] {
-        assert!((f.inv_freq[i] - w).abs() <= 1e-14 * w, "gpt-oss inv_freq[{i}] = {:e}, want {w:e}", f.inv_freq[i]);
+    for (i, w) in [
+        (8, 0.050813274815461475),
+        (12, 0.006794959489732219),
+        (20, 1.818833668168956e-05),
+        (31, 3.0235114281192144e-07),
+    ] {
+        assert!(
+            (f.inv_freq[i] - w).abs() <= 1e-14 * w,
+            "gpt-oss inv_freq[{i}] = {:e}, want {w:e}",
+            f.inv_freq[i]
+        );
     }
     // DeepSeek-V3's mscale/mscale_all_dim ratio, and an explicit attention_factor.
-    let ms = |a: f64, b: f64| rope_op(10000.0, &[("scaling", Attr::Str("yarn".into())), ("factor", fl(40.0)), ("original_max_position_embeddings", Attr::Int(4096)), ("mscale", fl(a)), ("mscale_all_dim", fl(b))]);
+    let ms = |a: f64, b: f64| {
+        rope_op(
+            10000.0,
+            &[
+                ("scaling", Attr::Str("yarn".into())),
+                ("factor", fl(40.0)),
+                ("original_max_position_embeddings", Attr::Int(4096)),
+                ("mscale", fl(a)),
+                ("mscale_all_dim", fl(b)),
+            ],
+        )
+    };
     assert_eq!(freqs(&ms(1.0, 1.0), 64).unwrap().attention_factor, 1.0);
-    assert!((freqs(&ms(0.707, 1.0), 64).unwrap().attention_factor - 0.9210423553163399).abs() < 1e-15);
-    let given = rope_op(10000.0, &[("scaling", Attr::Str("yarn".into())), ("factor", fl(40.0)), ("original_max_position_embeddings", Attr::Int(4096)), ("attention_factor", fl(0.5))]);
+    assert!(
+        (freqs(&ms(0.707, 1.0), 64).unwrap().attention_factor - 0.9210423553163399).abs() < 1e-15
+    );
+    let given = rope_op(
+        10000.0,
+        &[
+            ("scaling", Attr::Str("yarn".into())),
+            ("factor", fl(40.0)),
+            ("original_max_position_embeddings", Attr::Int(4096)),
+            ("attention_factor", fl(0.5)),
+        ],
+    );
     assert_eq!(freqs(&given, 64).unwrap().attention_factor, 0.5);
 }
 
@@ -170,11 +258,22 @@ fn partial_rotary_dims_pass_the_rest_through() {
   return %h, %i, %y
 }";
     let x = [0.5, -0.25, 2.0, 1.0, 3.0, -7.0];
-    let out = eval(src, &[&t(DType::F32, &[1, 6], x.to_vec()), &t(DType::I32, &[1], vec![3.0])]);
+    let out = eval(
+        src,
+        &[
+            &t(DType::F32, &[1, 6], x.to_vec()),
+            &t(DType::I32, &[1], vec![3.0]),
+        ],
+    );
     let f = |v: f64| v as f32 as f64;
     // R = 4: inv_freq = [1, 10000^(−1/2)].
     let (a0, a1) = (3.0f64, 3.0 * 0.01);
-    let rot = |xa: f64, xb: f64, a: f64, k: f64| (f(k * (xa * a.cos() - xb * a.sin())), f(k * (xb * a.cos() + xa * a.sin())));
+    let rot = |xa: f64, xb: f64, a: f64, k: f64| {
+        (
+            f(k * (xa * a.cos() - xb * a.sin())),
+            f(k * (xb * a.cos() + xa * a.sin())),
+        )
+    };
     let (h0, h2) = rot(x[0], x[2], a0, 1.0);
     let (h1, h3) = rot(x[1], x[3], a1, 1.0);
     assert_eq!(out[0].data(), &[h0, h1, h2, h3, x[4], x[5]]);
@@ -182,9 +281,25 @@ fn partial_rotary_dims_pass_the_rest_through() {
     let (i2, i3) = rot(x[2], x[3], a1, 1.0);
     assert_eq!(out[1].data(), &[i0, i1, i2, i3, x[4], x[5]]);
     // R = 2: one pair at inv_freq 1 (YaRN's ramp keeps pair 0 extrapolated), scaled by 1.5.
-    let fy = freqs(&rope_op(10000.0, &[("rotary_dim", Attr::Int(2)), ("scaling", Attr::Str("yarn".into())), ("factor", fl(2.0)), ("original_max_position_embeddings", Attr::Int(16)), ("attention_factor", fl(1.5))]), 6).unwrap();
+    let fy = freqs(
+        &rope_op(
+            10000.0,
+            &[
+                ("rotary_dim", Attr::Int(2)),
+                ("scaling", Attr::Str("yarn".into())),
+                ("factor", fl(2.0)),
+                ("original_max_position_embeddings", Attr::Int(16)),
+                ("attention_factor", fl(1.5)),
+            ],
+        ),
+        6,
+    )
+    .unwrap();
     assert_eq!(fy.inv_freq, vec![1.0]);
-    let (y0, y1) = (f(x[0] * (1.5 * a0.cos()) - x[1] * (1.5 * a0.sin())), f(x[1] * (1.5 * a0.cos()) + x[0] * (1.5 * a0.sin())));
+    let (y0, y1) = (
+        f(x[0] * (1.5 * a0.cos()) - x[1] * (1.5 * a0.sin())),
+        f(x[1] * (1.5 * a0.cos()) + x[0] * (1.5 * a0.sin())),
+    );
     assert_eq!(out[2].data(), &[y0, y1, x[2], x[3], x[4], x[5]]);
 }
 
@@ -244,7 +359,13 @@ fn logical_ops_broadcast_over_bool() {
     let m = eval1(src, &[&t(DType::I32, &[4], vec![0.0, 1.0, 2.0, 3.0])]);
     assert_eq!(m.data(), &[0.0, 1.0, 1.0, 0.0]);
     // Operands other than bool are refused.
-    let bad = "func @main(%a: f32[2], %b: f32[2]) {\n  %x: bool[2] = logical_or(%a, %b)\n  return %x\n}";
-    let e = crate::verify(&crate::parse(bad).unwrap()).unwrap_err().to_string();
-    assert!(e.contains("`logical_or` takes bool operands: operand 0 is f32[2]"), "{e}");
+    let bad =
+        "func @main(%a: f32[2], %b: f32[2]) {\n  %x: bool[2] = logical_or(%a, %b)\n  return %x\n}";
+    let e = crate::verify(&crate::parse(bad).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`logical_or` takes bool operands: operand 0 is f32[2]"),
+        "{e}"
+    );
 }
