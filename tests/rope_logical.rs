@@ -135,3 +135,30 @@ fn partial_scaled_rope_fuses_into_the_qkv_epilogue() {
         }
     }
 }
+
+/// `&&`, `||` and `!` on bool tensors: `||` binds loosest, then `&&`, then the comparisons, as
+/// in Rust; `!` applies to what follows it (a method call included).
+#[test]
+fn the_dsl_spells_logical_ops_with_operators() -> Result<(), Box<dyn std::error::Error>> {
+    let g = graph! {
+        fn main(i: i32[T], m: bool[T], w: bool[T]) -> (bool[T], bool[T]) {
+            (i >= 1 && i < 3 || !m, !w.logical_or(m) && m)
+        }
+    }?;
+    let text = sinter::ir::print(&g);
+    assert_eq!(text.matches("logical_and(").count(), 2, "{text}");
+    assert_eq!(text.matches("logical_or(").count(), 2, "{text}");
+    assert_eq!(text.matches("logical_not(").count(), 2, "{text}");
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let i = Tensor::new(DType::I32, &[6], vec![0.0, 1.0, 2.0, 3.0, 1.0, 5.0])?;
+    let m = Tensor::new(DType::Bool, &[6], vec![1.0, 1.0, 0.0, 1.0, 1.0, 0.0])?;
+    let w = Tensor::new(DType::Bool, &[6], vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0])?;
+    let out = p.run(&[("i", &i), ("m", &m), ("w", &w)], &[])?;
+    let (iv, mv, wv) = (i.data(), m.data(), w.data());
+    for k in 0..6 {
+        let (ik, mk, wk) = (iv[k], mv[k] != 0.0, wv[k] != 0.0);
+        assert_eq!(out[0].data()[k] != 0.0, (ik >= 1.0 && ik < 3.0) || !mk, "first, {k}");
+        assert_eq!(out[1].data()[k] != 0.0, !(wk || mk) && mk, "second, {k}");
+    }
+    Ok(())
+}
