@@ -333,7 +333,9 @@
 //! # Comparisons and `select`
 //!
 //! `== != < <= > >=` (or `.eq(..)`, `.lt(..)`, ..) compare element-wise into a `bool`
-//! tensor; `cond.select(a, b)` takes `a` where `cond` holds, else `b`. A causal mask:
+//! tensor; `&&`, `||` and `!` (or `.logical_and(..)`, `.logical_or(..)`, `.logical_not()`)
+//! combine `bool` tensors, binding looser than the comparisons as in Rust (`i >= lo && i < hi`);
+//! `cond.select(a, b)` takes `a` where `cond` holds, else `b`. A causal mask:
 //!
 //! ```
 //! use sinter::{graph, Backend, DType, Program, Tensor};

@@ -20,3 +20,4 @@ mod adversarial;
 mod compile_parallel;
 mod fuzz;
 mod facade;
+mod rope_logical;

@@ -48,6 +48,13 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
             add(format!("rope_{form}_{t}x{h}x{hd}"), format!("rope {form}: bf16[{t},{h},{hd}], positions i32[{t},1]"), rope_at(DType::BF16, form, t, h, hd));
         }
     }
+    // Partial rotary dims (GPT-NeoX's 25 % of 128) with YaRN, and Llama 3.1's scaling over
+    // the whole head (the paired schedule).
+    let yarn = || vec![("rotary_dim", Attr::Int(32)), ("scaling", Attr::Str("yarn".into())), ("factor", Attr::Float(4.0)), ("original_max_position_embeddings", Attr::Int(4096))];
+    add("rope_partial32_yarn_rotate_half_7x32x128".into(), "rope rotate_half, rotary_dim 32, YaRN factor 4: bf16[7,32,128], positions i32[7,1]".into(), rope_scaled_at(DType::BF16, "rotate_half", (7, 32, 128), yarn()));
+    let llama3 = vec![("scaling", Attr::Str("llama3".into())), ("factor", Attr::Float(8.0)), ("low_freq_factor", Attr::Float(1.0)), ("high_freq_factor", Attr::Float(4.0)), ("original_max_position_embeddings", Attr::Int(8192))];
+    add("rope_llama3_rotate_half_7x32x128".into(), "rope rotate_half, Llama 3.1 scaling: bf16[7,32,128], positions i32[7,1]".into(), rope_scaled_at(DType::BF16, "rotate_half", (7, 32, 128), llama3));
+    add("logical_mask_64x4096".into(), "logical_and/or/not: a windowed causal mask selecting x bf16[64,4096] or −inf".into(), logical_mask_at(64, 4096));
     for (t, n) in [(64, 1536), (5, 14336)] {
         add(format!("swiglu_{t}x{n}"), format!("swiglu(gate, up): bf16[{t},{n}]"), swiglu_at(DType::BF16, t, n));
     }

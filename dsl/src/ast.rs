@@ -91,6 +91,10 @@ pub(crate) enum BinOp {
     Le,
     Gt,
     Ge,
+    /// `&&`: `logical_and` of bool tensors.
+    And,
+    /// `||`: `logical_or` of bool tensors.
+    Or,
 }
 
 impl BinOp {
@@ -107,17 +111,24 @@ impl BinOp {
             BinOp::Le => "Le",
             BinOp::Gt => "Gt",
             BinOp::Ge => "Ge",
+            BinOp::And => "LogicalAnd",
+            BinOp::Or => "LogicalOr",
         }
     }
     pub(crate) fn prec(self) -> u8 {
         match self {
-            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => 1,
-            BinOp::Add | BinOp::Sub => 2,
-            BinOp::Mul | BinOp::Div | BinOp::Matmul => 3,
+            BinOp::Or => 1,
+            BinOp::And => 2,
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => 3,
+            BinOp::Add | BinOp::Sub => 4,
+            BinOp::Mul | BinOp::Div | BinOp::Matmul => 5,
         }
     }
     pub(crate) fn is_compare(self) -> bool {
-        self.prec() == 1
+        self.prec() == 3
+    }
+    pub(crate) fn is_logical(self) -> bool {
+        matches!(self, BinOp::And | BinOp::Or)
     }
 }
 

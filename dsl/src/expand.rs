@@ -288,6 +288,13 @@ pub(crate) fn compile_binary(cx: &mut Cx, op: BinOp, span: Span, lhs: &Expr, rhs
         rty = SType { dtype: lty.dtype.clone(), dims: Some(vec![]) };
     }
     refuse_fp8(op.op_kind(), tokens_of_op(op), span, &[&lty, &rty])?;
+    if op.is_logical() {
+        for t in [&lty, &rty] {
+            if let Some(d) = t.dtype.as_deref().filter(|d| *d != "bool") {
+                return err(span, format!("`{}` takes bool tensors, got {d} ({}); compare first, e.g. `(x > 0.0) {} m`", tokens_of_op(op), t.text(), tokens_of_op(op)));
+            }
+        }
+    }
     let ty = if op == BinOp::Matmul { matmul_type(span, &lty, &rty, false, false)? } else {
         let mut t = check_broadcast(span, &lty, &rty, tokens_of_op(op))?;
         if op.is_compare() {

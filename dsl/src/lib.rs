@@ -49,6 +49,7 @@ use types::FP8_OPS;
 ///           | "if" rust block ("else" (block | if))?     decided while building
 ///           | expr ";"
 /// expr     := expr (@ | * | /) expr | expr (+ | -) expr | expr (== | != | < | <= | > | >=) expr
+///           | expr && expr | expr || expr | "!" expr      logical_and/or/not of bool tensors
 ///           | "-" expr | expr "." OP "(" args ")" | OP "(" expr, args ")"
 ///           | FN "(" expr,* ")"                     a graph function defined above
 ///           | weight "(" rust : name, type ")" | input "(" rust : name, type ")"
@@ -60,8 +61,8 @@ use types::FP8_OPS;
 /// args     := tensor operands, then attributes: positional in the op's order, or NAME "=" value
 /// ```
 ///
-/// `*`, `/` and `@` bind tighter than `+` and `-`, which bind tighter than comparisons; all
-/// are left-associative. A number (a literal, or a Rust number in braces) beside a tensor
+/// `*`, `/` and `@` bind tighter than `+` and `-`, which bind tighter than comparisons, then
+/// `&&`, then `||` (as in Rust); all are left-associative. A number (a literal, or a Rust number in braces) beside a tensor
 /// becomes a scalar constant of the tensor's dtype. An attribute value is a literal, a dtype
 /// name, a list of dims `[T, 4]`, or a Rust expression that converts into `sinter::ir::Attr`.
 /// Rust code (conditions, iterators, names, `{ .. }`) sees the variables around the macro.

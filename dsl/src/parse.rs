@@ -290,7 +290,11 @@ pub(crate) fn parse_if(input: ParseStream) -> syn::Result<Stmt> {
 
 pub(crate) fn peek_binop(input: ParseStream) -> Option<(BinOp, usize)> {
     // Two-character operators first.
-    if input.peek(Token![==]) {
+    if input.peek(Token![&&]) {
+        Some((BinOp::And, 2))
+    } else if input.peek(Token![||]) {
+        Some((BinOp::Or, 2))
+    } else if input.peek(Token![==]) {
         Some((BinOp::Eq, 2))
     } else if input.peek(Token![!=]) {
         Some((BinOp::Ne, 2))
@@ -320,9 +324,10 @@ pub(crate) fn peek_binop(input: ParseStream) -> Option<(BinOp, usize)> {
 pub(crate) fn parse_expr(input: ParseStream, min_prec: u8) -> syn::Result<Expr> {
     let mut lhs = parse_unary(input)?;
     loop {
-        if input.peek(Token![%]) || input.peek(Token![&]) || input.peek(Token![|]) || input.peek(Token![^]) {
+        let logical = input.peek(Token![&&]) || input.peek(Token![||]);
+        if !logical && (input.peek(Token![%]) || input.peek(Token![&]) || input.peek(Token![|]) || input.peek(Token![^])) {
             let t: TokenTree = input.parse()?;
-            return err(t.span(), format!("operator `{t}` is not a tensor op; the DSL has + - * / @ and comparisons, and methods such as .maximum(b)"));
+            return err(t.span(), format!("operator `{t}` is not a tensor op; the DSL has + - * / @, comparisons, && || ! on bool tensors, and methods such as .maximum(b)"));
         }
         let Some((op, _)) = peek_binop(input) else { break };
         if op.prec() <= min_prec {
@@ -334,6 +339,8 @@ pub(crate) fn parse_expr(input: ParseStream, min_prec: u8) -> syn::Result<Expr> 
             BinOp::Ne => drop(input.parse::<Token![!=]>()?),
             BinOp::Le => drop(input.parse::<Token![<=]>()?),
             BinOp::Ge => drop(input.parse::<Token![>=]>()?),
+            BinOp::And => drop(input.parse::<Token![&&]>()?),
+            BinOp::Or => drop(input.parse::<Token![||]>()?),
             _ => drop(input.parse::<TokenTree>()?),
         }
         if input.is_empty() || input.peek(Token![;]) || input.peek(Token![,]) {
@@ -358,6 +365,8 @@ pub(crate) fn tokens_of_op(op: BinOp) -> &'static str {
         BinOp::Le => "<=",
         BinOp::Gt => ">",
         BinOp::Ge => ">=",
+        BinOp::And => "&&",
+        BinOp::Or => "||",
     }
 }
 
@@ -369,6 +378,12 @@ pub(crate) fn parse_unary(input: ParseStream) -> syn::Result<Expr> {
             Expr::Lit(v, s) => Expr::Lit(-v, s),
             e => Expr::Neg { span: m.span, e: Box::new(e) },
         });
+    }
+    // `!m`: `m.logical_not()`.
+    if input.peek(Token![!]) {
+        let bang = input.parse::<Token![!]>()?;
+        let e = parse_unary(input)?;
+        return Ok(Expr::Method { recv: Box::new(e), name: Ident::new("logical_not", bang.span), args: vec![], span: bang.span });
     }
     let mut e = parse_atom(input)?;
     while input.peek(Token![.]) {

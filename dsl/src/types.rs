@@ -248,6 +248,19 @@ pub(crate) fn static_type(spec: &MethodSpec, span: Span, ops: &[Compiled], args:
             }
             t
         }
+        vocab::Kind::Logical => {
+            for o in ops.iter().take(2) {
+                if let Some(d) = o.ty.dtype.as_deref().filter(|d| *d != "bool") {
+                    return err(span, format!("`{}` takes bool tensors, got {d} ({}); compare first, e.g. `(x > 0.0).{}(..)`", spec.name, o.ty.text(), spec.name));
+                }
+            }
+            let mut t = match ops.get(1) {
+                Some(y) => check_broadcast(span, &x, &y.ty, spec.name)?,
+                None => x,
+            };
+            t.dtype = Some("bool".into());
+            t
+        }
         vocab::Kind::Matmul => {
             let y = ops.get(1).map(|c| c.ty.clone()).unwrap_or_default();
             // `Some(flag)` for an absent or literal flag; `None` for a Rust value.

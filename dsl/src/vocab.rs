@@ -9,6 +9,8 @@ pub enum Kind {
     Cast,
     Binary,
     Compare,
+    /// `logical_and`/`logical_or`/`logical_not`: bool operands, broadcast, a bool result.
+    Logical,
     Matmul,
     Reduce,
     Row,
@@ -46,6 +48,25 @@ const fn f(name: &'static str, op: &'static str) -> MethodSpec {
     MethodSpec { name, op, kind: Kind::Unary, receiver: true, tensors: (1, 1), attrs: &[], required: &[], results: 1, float_only: true }
 }
 
+/// `rope`'s attributes: the base and form, the partial rotary dim, the frequency scaling and
+/// its parameters (named as Hugging Face's `rope_scaling` names them).
+const ROPE_ATTRS: [&str; 14] = [
+    "theta",
+    "form",
+    "rotary_dim",
+    "scaling",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+];
+
 pub static METHODS: &[MethodSpec] = &[
     m("neg", "Neg", Kind::Unary, (1, 1), &[], &[]),
     m("abs", "Abs", Kind::Unary, (1, 1), &[], &[]),
@@ -78,6 +99,9 @@ pub static METHODS: &[MethodSpec] = &[
     m("gt", "Gt", Kind::Compare, (2, 2), &[], &[]),
     m("ge", "Ge", Kind::Compare, (2, 2), &[], &[]),
     m("select", "Select", Kind::Other, (3, 3), &[], &[]),
+    m("logical_and", "LogicalAnd", Kind::Logical, (2, 2), &[], &[]),
+    m("logical_or", "LogicalOr", Kind::Logical, (2, 2), &[], &[]),
+    m("logical_not", "LogicalNot", Kind::Logical, (1, 1), &[], &[]),
     m("sum", "ReduceSum", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
     m("reduce_sum", "ReduceSum", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
     m("max", "ReduceMax", Kind::Reduce, (1, 1), &["axis", "keepdim"], &[]),
@@ -97,7 +121,7 @@ pub static METHODS: &[MethodSpec] = &[
     m("slice", "Slice", Kind::Other, (1, 1), &["axis", "start", "end"], &["start", "end"]),
     m("gather", "Gather", Kind::Other, (2, 2), &[], &[]),
     m("matmul", "Matmul", Kind::Matmul, (2, 2), &["transpose_a", "transpose_b"], &[]),
-    m("rope", "Rope", Kind::Same, (2, 2), &["theta", "form"], &["theta"]),
+    m("rope", "Rope", Kind::Same, (2, 2), &ROPE_ATTRS, &["theta"]),
     m("rms_norm", "RmsNorm", Kind::Same, (2, 2), &["eps"], &["eps"]),
     m("layer_norm", "LayerNorm", Kind::Same, (3, 3), &["eps"], &["eps"]),
     m("swiglu", "Swiglu", Kind::Same, (2, 2), &[], &[]),

@@ -238,6 +238,18 @@ pub fn compare(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     Ok(vec![TensorType { dtype: DType::Bool, shape: broadcast_shapes(&a.shape, &b.shape)? }])
 }
 
+/// `logical_and`, `logical_or` (two bool operands, broadcast) and `logical_not` (one) → bool.
+pub fn logical(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let mut shape: Vec<Dim> = vec![];
+    for (i, t) in c.inputs.iter().enumerate() {
+        if t.dtype != DType::Bool {
+            return err(format!("`{}` takes bool operands: operand {i} is {t}", c.op.op_name()));
+        }
+        shape = if i == 0 { t.shape.clone() } else { broadcast_shapes(&shape, &t.shape)? };
+    }
+    Ok(vec![TensorType { dtype: DType::Bool, shape }])
+}
+
 /// `select(cond, a, b)`.
 pub fn select(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (k, a, b) = (c.input(0)?, c.input(1)?, c.input(2)?);
@@ -463,11 +475,14 @@ pub fn rope(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     if r == 0 {
         return err("x must have rank ≥ 1");
     }
-    if let Some(d) = x.shape[r - 1].as_const() {
+    let d = x.shape[r - 1].as_const();
+    if let Some(d) = d {
         if d % 2 != 0 {
             return err(format!("the rotary axis must be even, got {d}"));
         }
     }
+    crate::rope::rotary_dim(c.op, d).map_err(ShapeError)?;
+    crate::rope::scaling(c.op).map_err(ShapeError)?;
     let lead = &x.shape[..r - 1];
     if broadcast_shapes(&pos.shape, lead).ok().as_deref() != Some(lead) {
         return err(format!("positions {} do not broadcast to {} (x's shape without its last axis)", shape_text(&pos.shape), shape_text(lead)));

@@ -25,6 +25,7 @@ pub mod infer;
 pub mod interp;
 pub mod kernel;
 pub mod ops;
+pub mod rope;
 pub mod scope;
 pub mod storage;
 pub mod text;

@@ -69,6 +69,22 @@ const HEADS: AttrSpec = a("heads", K::Int, D::Required);
 const KV_HEADS: AttrSpec = a("kv_heads", K::Int, D::Required);
 /// `attention`/`paged_attention` also return each row's log-sum-exp (f32, natural log).
 const LSE: AttrSpec = a("lse", K::Bool, D::Bool(false));
+/// `rope`'s attributes after `theta` and `form`: the partial rotary dim and the frequency
+/// scaling of Hugging Face's `rope_scaling` (see the op's doc and [`crate::rope`]).
+const ROPE_ATTRS: [AttrSpec; 12] = [
+    a("rotary_dim", K::Int, D::Absent),
+    a("scaling", K::Enum(&["none", "linear", "llama3", "yarn"]), D::Str("none")),
+    a("factor", K::Float, D::Absent),
+    a("low_freq_factor", K::Float, D::Absent),
+    a("high_freq_factor", K::Float, D::Absent),
+    a("original_max_position_embeddings", K::Int, D::Absent),
+    a("beta_fast", K::Float, D::Absent),
+    a("beta_slow", K::Float, D::Absent),
+    a("truncate", K::Bool, D::Absent),
+    a("mscale", K::Float, D::Absent),
+    a("mscale_all_dim", K::Float, D::Absent),
+    a("attention_factor", K::Float, D::Absent),
+];
 /// `paged_attention`'s optional unified maximum φ (FlashDecoding++'s asynchronous softmax).
 const UNIFIED_MAX: AttrSpec = a("unified_max", K::Float, D::Absent);
 
@@ -134,6 +150,10 @@ op_table! {
     Ge => "ge", Compare, ["a", "b"], [], infer::compare, "a ≥ b → bool.";
     Select => "select", Binary, ["cond", "a", "b"], [], infer::select,
         "cond ? a : b element-wise, all three broadcast; `cond` is bool, `a` and `b` share a dtype.";
+    // --- logical (bool) ------------------------------------------------------------------
+    LogicalAnd => "logical_and", Binary, ["a", "b"], [], infer::logical, "a ∧ b element-wise on bool operands with broadcasting → bool (`torch.logical_and`, ONNX `And`).";
+    LogicalOr => "logical_or", Binary, ["a", "b"], [], infer::logical, "a ∨ b element-wise on bool operands with broadcasting → bool (`torch.logical_or`, ONNX `Or`).";
+    LogicalNot => "logical_not", Unary, ["x"], [], infer::logical, "¬x element-wise on a bool operand → bool (`torch.logical_not`, ONNX `Not`).";
     // --- reductions ----------------------------------------------------------------------
     ReduceSum => "reduce_sum", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "Σ over `axis` (negative counts from the end), accumulated in f64; an empty axis sums to 0.";
     ReduceMax => "reduce_max", Reduce, ["x"], [AXIS, KEEPDIM], infer::reduce, "max over `axis`; NaN if any element is NaN; an empty axis gives −inf.";
@@ -168,8 +188,8 @@ op_table! {
     // --- composite -----------------------------------------------------------------------
     Matmul => "matmul", Composite, ["a", "b"], [a("transpose_a", K::Bool, D::Bool(false)), a("transpose_b", K::Bool, D::Bool(false))], infer::matmul,
         "Batched matrix product a[…, M, K] · b[…, K, N] → […, M, N] (after optional transposes of the last two axes), batch axes broadcast, f32+ accumulation, one rounding to the dtype.";
-    Rope => "rope", Composite, ["x", "positions"], [a("theta", K::Float, D::Required), a("form", K::Enum(&["rotate_half", "interleaved"]), D::Str("rotate_half"))], infer::rope,
-        "Rotary position embedding (Su et al. 2021, arXiv 2104.09864) over the last axis D (even): pair i rotated by pos·θ^(−2i/D); `rotate_half` pairs (i, i+D/2) as in Llama/HF, `interleaved` pairs (2i, 2i+1) as in GPT-J/llama.cpp; `positions` (integers) broadcast against x's shape without its last axis; angles in f64, result rounded once; θ a finite number above 0.";
+    Rope => "rope", Composite, ["x", "positions"], [a("theta", K::Float, D::Required), a("form", K::Enum(&["rotate_half", "interleaved"]), D::Str("rotate_half")), ROPE_ATTRS[0], ROPE_ATTRS[1], ROPE_ATTRS[2], ROPE_ATTRS[3], ROPE_ATTRS[4], ROPE_ATTRS[5], ROPE_ATTRS[6], ROPE_ATTRS[7], ROPE_ATTRS[8], ROPE_ATTRS[9], ROPE_ATTRS[10], ROPE_ATTRS[11]], infer::rope,
+        "Rotary position embedding (Su et al. 2021, arXiv 2104.09864) over the last axis D: the first R = `rotary_dim` features (optional, even, 2 ≤ R ≤ D; default D) rotate, the rest pass through unchanged (GPT-NeoX/Phi's `partial_rotary_factor`, R = int(D·factor)); pair i < R/2 is rotated by the angle pos·inv_freq[i]; `rotate_half` pairs (i, i+R/2) as in Llama/HF, `interleaved` pairs (2i, 2i+1) as in GPT-J/llama.cpp; `positions` (integers) broadcast against x's shape without its last axis; angles in f64, result rounded once; θ a finite number above 0. inv_freq follows Hugging Face transformers' `modeling_rope_utils.py` (`rope_type`) over dim = R: `scaling=\"none\"` θ^(−2i/R); `\"linear\"` (`factor`) θ^(−2i/R)/factor; `\"llama3\"` (`factor`, `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings` = L) with wavelength w = 2π/inv: w > L/low → inv/factor, w < L/high → inv, between → (1−s)·inv/factor + s·inv with s = (L/w − low)/(high − low); `\"yarn\"` (Peng et al. 2023, arXiv 2309.00071; `factor`, `original_max_position_embeddings` = L, `beta_fast` 32, `beta_slow` 1, `truncate` true, `mscale`, `mscale_all_dim`, `attention_factor`): c(b) = R·ln(L/(2πb))/(2 ln θ), low = max(⌊c(beta_fast)⌋, 0), high = min(⌈c(beta_slow)⌉, R−1) (no floor/ceil with `truncate=false`), ramp r_i = clamp((i − low)/(high − low), 0, 1) (high += 0.001 if equal), inv = θ^(−2i/R)·(r_i/factor + 1 − r_i), and the rotated features are scaled by the attention factor: `attention_factor` if given, else m(factor, mscale)/m(factor, mscale_all_dim) when both are given and non-zero, else m(factor, 1), with m(s, k) = 1 if s ≤ 1 else 0.1·k·ln s + 1 (HF multiplies cos and sin by it). A scaling's parameters are required (`beta_*`, `truncate`, `mscale*`, `attention_factor` optional), and parameters of another scaling are an error.";
     RmsNorm => "rms_norm", Composite, ["x", "weight"], [EPS], infer::rms_norm,
         "RMSNorm (Zhang & Sennrich 2019) over the last axis: h = cast_x(x·rsqrt(mean(x²)+eps)) computed in f32 with eps added in f32, out = h·weight; a zero row gives 0; eps a finite f32 ≥ 0.";
     LayerNorm => "layer_norm", Composite, ["x", "weight", "bias"], [EPS], infer::layer_norm,

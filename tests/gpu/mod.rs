@@ -31,6 +31,7 @@ mod facade;
 mod fp8;
 mod fuzz;
 mod attention_extremes;
+mod rope_logical;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes
@@ -425,6 +426,8 @@ fn family_cases() -> Vec<Case> {
         let src = format!("func @main(%x: bf16[2, T, 3, 64], %pos: i32[T, 1]) {{\n  %y: bf16[2, T, 3, 64] = rope(%x, %pos) {{theta=10000.0, form=\"{form}\"}}\n  return %y\n}}");
         cases.push(Case::new(format!("rope {form}"), &src, &[("T", 5)], 4, 1.0, Box::new(none)));
     }
+    // Partial rotary dims, frequency scalings, and the logical ops.
+    cases.extend(rope_logical::cases());
     // Weight-only quantized matmul x · dequantize(W)ᵀ (GGUF [N, K]) against the interpreter's
     // dequantise-then-matmul: fused, the blocks are read as stored by the quantized small-M
     // kernel (M 1 to 16); unfused (and at M = 64 > 16), a dequantise kernel writes the bf16

@@ -14,6 +14,7 @@
 #[path = "../../tests/graphs/mod.rs"]
 mod graphs;
 mod pointwise;
+mod rope_logical;
 mod rows;
 
 use sinter_ir::interp::{run_kernel_graph, Tensor};

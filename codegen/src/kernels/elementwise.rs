@@ -257,7 +257,7 @@ pub(crate) fn generate_elementwise(cx: &KernelCtx<'_>, target: &Target, schedule
 }
 
 /// `Some(D/2)` when the body has a rotate-half `rope` over the outputs' last axis (of
-/// constant length `D`, `D/2` a multiple of `vec`): the paired schedule, where a thread
+/// constant length `D`, `D/2` a multiple of `vec`, every feature rotating): the paired schedule, where a thread
 /// computes elements `j` and `j + D/2` of the last axis (see [`RopePair`]).
 ///
 /// An interleaved `rope` (`vec ≥ 2`) takes the same schedule: its pairs are adjacent lanes, so
@@ -275,6 +275,7 @@ fn rope_pair_half(body: &sinter_ir::Function, shape: &[Dim], vec: u32) -> Option
         .any(|(_, nd)| {
             nd.op.kind == OpKind::Rope
                 && (nd.op.str("form") != Some("interleaved") || vec >= 2)
+                && nd.op.int("rotary_dim").is_none_or(|r| r == d)
                 && nd.inputs.first().is_some_and(|&x| body.ty(x).shape.last().and_then(Dim::as_const) == Some(d))
         })
         .then_some(d / 2)

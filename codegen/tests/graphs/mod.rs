@@ -415,6 +415,37 @@ pub fn rope_at(dt: DType, form: &str, t: i64, h: i64, hd: i64) -> (KernelGraph, 
     single(Family::Pointwise, fb.finish(&[y]).unwrap())
 }
 
+/// `rope(q [T, H, D], positions [T, 1])` in `form`, θ = 10⁴, with `extra` attributes (a
+/// partial rotary dim, a frequency scaling).
+pub fn rope_scaled_at(dt: DType, form: &str, (t, h, hd): (i64, i64, i64), extra: Vec<(&str, Attr)>) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "rope");
+    let q = fb.param("q", ty(dt, &[d(t), d(h), d(hd)]));
+    let p = fb.param("positions", ty(DType::I32, &[d(t), d(1)]));
+    let mut attrs = vec![("theta", Attr::Float(10000.0)), ("form", Attr::Str(form.into()))];
+    attrs.extend(extra);
+    let y = op_a(&mut fb, OpKind::Rope, &[q, p], attrs);
+    single(Family::Pointwise, fb.finish(&[y]).unwrap())
+}
+
+/// A sliding-window style mask from logical ops: `keep = (j ≤ i) ∧ ¬(j < i − w)` over
+/// `i [T, 1]`, `j [N]` (i32) selecting `x [T, N]` bf16 or −inf; the mask is a second output.
+pub fn logical_mask_at(t: i64, n: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "mask");
+    let i = fb.param("i", ty(DType::I32, &[d(t), d(1)]));
+    let j = fb.param("j", ty(DType::I32, &[d(n)]));
+    let x = fb.param("x", ty(DType::BF16, &[d(t), d(n)]));
+    let w = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(128.0)), ("dtype", Attr::DType(DType::I32))]);
+    let lo = op(&mut fb, OpKind::Sub, &[i, w]);
+    let causal = op(&mut fb, OpKind::Le, &[j, i]);
+    let old = op(&mut fb, OpKind::Lt, &[j, lo]);
+    let recent = op(&mut fb, OpKind::LogicalNot, &[old]);
+    let keep = op(&mut fb, OpKind::LogicalAnd, &[causal, recent]);
+    let ninf = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(f64::NEG_INFINITY)), ("dtype", Attr::DType(DType::BF16))]);
+    let y = op(&mut fb, OpKind::Select, &[keep, x, ninf]);
+    let either = op(&mut fb, OpKind::LogicalOr, &[keep, old]);
+    single(Family::Pointwise, fb.finish(&[y, either]).unwrap())
+}
+
 /// The `swiglu(gate, up)` op alone over `[T, N]`.
 pub fn swiglu_at(dt: DType, t: i64, n: i64) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "swiglu");

@@ -149,15 +149,16 @@ pub(super) fn matmul(op: &Op, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `rope`: rotary position embedding over the last axis D.
 ///
-/// `inv_freq_i = θ^(−2i/D)`, `angle = pos · inv_freq_i` (f64); `rotate_half` rotates pairs
-/// (i, i+D/2), `interleaved` pairs (2i, 2i+1):
-/// `out_a = x_a cos − x_b sin`, `out_b = x_b cos + x_a sin`. One rounding.
+/// The first R = `rotary_dim` features rotate (the rest are copied); `inv_freq_i` and the
+/// attention factor `a` come from [`crate::rope::freqs`] (θ^(−2i/R), scaled as the op's
+/// `scaling` says); `angle = pos · inv_freq_i` (f64); `rotate_half` rotates pairs (i, i+R/2),
+/// `interleaved` pairs (2i, 2i+1): `out_a = x_a·(a·cos) − x_b·(a·sin)`,
+/// `out_b = x_b·(a·cos) + x_a·(a·sin)`, as HF scales its cos/sin tables. One rounding.
 pub(super) fn rope(op: &Op, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
     want_float(x, "x")?;
     if !pos.dtype.is_int() {
         return operands_err(format!("positions must be i32 or i64, got {}", pos.dtype));
     }
-    let theta = attrs::float(op, "theta")?;
     let interleaved = match attrs::str(op, "form")? {
         "rotate_half" => false,
         "interleaved" => true,
@@ -175,17 +176,19 @@ pub(super) fn rope(op: &Op, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
             type_text(pos.dtype, &pos.shape)
         ));
     }
-    let half = d / 2;
-    let inv_freq: Vec<f64> = (0..half).map(|i| theta.powf(-((2 * i) as f64) / d as f64)).collect();
-    let mut data = vec![0.0; x.data.len()];
+    let freqs = crate::rope::freqs(op, d).or_else(attr_err)?;
+    let half = freqs.rotary_dim / 2;
+    let af = freqs.attention_factor;
+    let mut data = x.data.clone();
     if d > 0 {
         let st = bcast_strides(&pos.shape, lead);
         let mut rows = data.chunks_mut(d).zip(x.data.chunks(d));
         walk(lead, [&st], [0], |[pi]| {
             let p = pos.data[pi];
             let Some((out, src)) = rows.next() else { return };
-            for (i, &f) in inv_freq.iter().enumerate() {
+            for (i, &f) in freqs.inv_freq.iter().enumerate() {
                 let (s, c) = (p * f).sin_cos();
+                let (s, c) = (af * s, af * c);
                 let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
                 let (xa, xb) = (src[ia], src[ib]);
                 out[ia] = xa * c - xb * s;

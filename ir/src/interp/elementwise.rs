@@ -63,6 +63,13 @@ pub(super) fn unary(op: &Op, x: &Tensor) -> Result<Tensor> {
     if dt.is_quantized() {
         return operands_err(format!("`{}` does not read block-quantized tensors ({dt})", kind.name()));
     }
+    if kind == LogicalNot {
+        if dt != DType::Bool {
+            return operands_err(format!("`logical_not` takes a bool operand, got {dt}"));
+        }
+        let data = x.data.iter().map(|&v| if v != 0.0 { 0.0 } else { 1.0 }).collect();
+        return Ok(Tensor::from_parts(DType::Bool, x.shape.clone(), data));
+    }
     let out_dt = if kind == Cast { attrs::dtype(op, "dtype")? } else { dt };
     match kind {
         Cast => {}
@@ -170,6 +177,18 @@ pub(super) fn binary(kind: OpKind, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     use OpKind::*;
     same_dtype(a, b, "both operands")?;
     let dt = a.dtype;
+    if matches!(kind, LogicalAnd | LogicalOr) {
+        if dt != DType::Bool {
+            return operands_err(format!("`{}` takes bool operands, got {dt}", kind.name()));
+        }
+        let out = bcast(a, b)?;
+        let and = kind == LogicalAnd;
+        let data = map2(a, b, &out, |x, y| {
+            let (x, y) = (x != 0.0, y != 0.0);
+            f64::from(u8::from(if and { x && y } else { x || y }))
+        });
+        return Ok(Tensor::from_parts(DType::Bool, out, data));
+    }
     if dt == DType::Bool {
         return operands_err(format!("`{}` is not defined on bool", kind.name()));
     }

@@ -50,8 +50,8 @@ pub static RULES: RuleTable = &[
     ("hoist-broadcast-unary", "u(broadcast(x)) → broadcast(u(x))", &[
         Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast,
     ], hoist_broadcast_unary),
-    ("hoist-broadcast-binary", "b(broadcast(x), y) → broadcast(b(x, y)) when y fits x", &[Add, Sub, Mul, Div, Maximum, Minimum, Pow], hoist_broadcast_binary),
-    ("absorb-broadcast", "b(broadcast(x, S), y: S) → b(x, y)", &[Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge], absorb_broadcast),
+    ("hoist-broadcast-binary", "b(broadcast(x), y) → broadcast(b(x, y)) when y fits x", &[Add, Sub, Mul, Div, Maximum, Minimum, Pow, LogicalAnd, LogicalOr], hoist_broadcast_binary),
+    ("absorb-broadcast", "b(broadcast(x, S), y: S) → b(x, y)", &[Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr], absorb_broadcast),
     ("matmul-fold-transpose", "matmul(permute(a), b) / matmul(a, permute(b)) over the last two axes → transpose flags", &[Matmul], matmul_fold_transpose),
 ];
 

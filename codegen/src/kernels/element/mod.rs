@@ -207,7 +207,7 @@ pub(crate) struct Eval<'a, 'ctx> {
     /// RoPE angles already computed (see [`Eval::rope`]): a thread that rotates several heads
     /// of one position computes each pair's sine and cosine once.
     sincos: HashMap<SincosKey, (FloatValue<'ctx>, FloatValue<'ctx>)>,
-    rope_tables: HashMap<(u64, i64), PointerValue<'ctx>>,
+    rope_tables: HashMap<Vec<u64>, PointerValue<'ctx>>,
     /// Set by a generator that maps a thread to both halves of a rotate-half RoPE's last axis
     /// (see [`RopePair`]).
     pub rope_pair: Option<RopePair<'ctx>>,

@@ -99,6 +99,21 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let ys = if exponent.is_some() { xs.clone() } else { self.operand(node, 1, result, at)? };
                 xs.into_iter().zip(ys).map(|(x, y)| self.binary(kind, in_dt, out_dt, x, y, exponent)).collect()
             }
+            // bool is `i1` in registers (a byte in memory, read as ≠ 0).
+            LogicalAnd | LogicalOr => {
+                let xs = self.operand(node, 0, result, at)?;
+                let ys = self.operand(node, 1, result, at)?;
+                let mut out = Vec::with_capacity(xs.len());
+                for (x, y) in xs.into_iter().zip(ys) {
+                    let (x, y) = (x.i()?, y.i()?);
+                    out.push(Scalar::I(if kind == LogicalAnd { self.kb.b.build_and(x, y, "and")? } else { self.kb.b.build_or(x, y, "or")? }));
+                }
+                Ok(out)
+            }
+            LogicalNot => {
+                let xs = self.operand(node, 0, result, at)?;
+                xs.into_iter().map(|x| Ok(Scalar::I(self.kb.b.build_not(x.i()?, "not")?))).collect()
+            }
             Select => {
                 let c = self.operand(node, 0, result, at)?;
                 let a = self.operand(node, 1, result, at)?;

@@ -14,13 +14,19 @@ use crate::math::{self, Ops, R};
 use crate::error::CodegenError;
 
 impl<'a, 'ctx> Eval<'a, 'ctx> {
-    /// `rope(x, positions)` at `at`: pair `p` of the last axis (length D) rotated by
-    /// `pos·θ^(−2p/D)`. The angle is computed in **f64** (`pos` exactly, `θ^(−2p/D)` from a
-    /// table computed on the host exactly as the interpreter computes it), reduced by `π/2`
-    /// in f64 and its sine and cosine evaluated in f32 ([`math::sincos_d`], absolute error
-    /// ≤ 1.2e-7); `out_a = x_a·cos − x_b·sin`, `out_b = x_b·cos + x_a·sin` with one `fma`
-    /// each, rounded once to the dtype. Error bound: `|Δout| ≤ 2.5e-7·(|x_a| + |x_b|)` before
-    /// the final rounding, for positions below 2⁵⁰.
+    /// `rope(x, positions)` at `at`: pair `p` of the first R = `rotary_dim` features of the
+    /// last axis (length D) rotated by `pos·inv_freq[p]`, the features from R on copied. The
+    /// angle is computed in **f64** (`pos` exactly, `inv_freq` from a table computed on the
+    /// host by [`sinter_ir::rope::freqs`], as the interpreter computes it: θ^(−2p/R), scaled
+    /// as the op's `scaling` says), reduced by `π/2` in f64 and its sine and cosine evaluated
+    /// in f32 ([`math::sincos_d`], absolute error ≤ 1.2e-7), then multiplied by the attention
+    /// factor (YaRN's; skipped when 1); `out_a = x_a·cos − x_b·sin`,
+    /// `out_b = x_b·cos + x_a·sin` with one `fma` each, rounded once to the dtype. Error
+    /// bound: `|Δout| ≤ 2.5e-7·a·(|x_a| + |x_b|)` (a the attention factor, one more f32
+    /// rounding of cos and sin when a ≠ 1) before the final rounding, for positions below 2⁵⁰.
+    /// With R < D a lane group (R/2 a multiple of the lanes) is rotated or copied as a whole,
+    /// chosen by a `select`; the copied lanes' pair index is clamped to 0 so that the table
+    /// read stays inside it.
     ///
     /// One sine/cosine per pair: the interleaved form shares it between the two lanes of a
     /// pair; the rotate-half form, under a generator's [`RopePair`] hint, computes both halves
@@ -31,7 +37,6 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         let x = self.input(node, 0)?;
         let pos = self.input(node, 1)?;
         let op = &self.f.nodes[node].op;
-        let theta = op.float("theta").ok_or_else(|| CodegenError::BadKernel { kernel: String::new(), message: "rope without theta".into() })?;
         let interleaved = op.str("form") == Some("interleaved");
         let xshape = self.shape(x)?;
         let rank = xshape.len();
@@ -41,14 +46,19 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         if d % 2 != 0 || d == 0 {
             return bad(format!("rope over an odd last axis ({d})"));
         }
-        let half = d / 2;
+        let freqs = sinter_ir::rope::freqs(op, d as usize).map_err(|e| CodegenError::BadKernel { kernel: String::new(), message: e })?;
+        let r = freqs.rotary_dim as i64;
+        let partial = r < d;
+        let af = freqs.attention_factor;
+        // Pairs are (i, i + R/2) in the rotate-half form.
+        let half = r / 2;
         let lanes = at.lanes;
         let last = at.axes[rank - 1];
         let vector_ok = lanes == 1
             || (last.step
                 && last.aligned
                 && at.axes[..rank - 1].iter().all(|a| !a.step)
-                && if interleaved { lanes % 2 == 0 } else { half % i64::from(lanes) == 0 });
+                && if interleaved { lanes % 2 == 0 && r % i64::from(lanes) == 0 } else { half % i64::from(lanes) == 0 });
         if !vector_ok {
             return self.per_lane(result, at);
         }
@@ -61,20 +71,21 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         let p = p.first().copied().ok_or_else(|| CodegenError::Builder("no position".into()))?.i()?;
         let pd = self.kb.b.build_signed_int_to_float(p, self.kb.cx.f64_type(), "pos")?;
         // Inverse frequencies, as the interpreter computes them.
-        let key = (theta.to_bits(), d);
+        let key: Vec<u64> = freqs.inv_freq.iter().map(|f| f.to_bits()).collect();
         let table = match self.rope_tables.get(&key) {
             Some(t) => *t,
             None => {
-                let vals: Vec<f64> = (0..half).map(|i| theta.powf(-((2 * i) as f64) / d as f64)).collect();
-                let t = self.kb.global_f64_table(&vals, "rope_inv_freq");
+                let t = self.kb.global_f64_table(&freqs.inv_freq, "rope_inv_freq");
                 self.rope_tables.insert(key, t);
                 t
             }
         };
         let base = last.base;
+        // Whether this lane group rotates (R < D): its first lane is below R.
+        let rotates = if partial { Some(self.ilt(base, self.ic(r))?) } else { None };
         // Rotate-half with both halves in this thread: `base` is in the first half.
         let paired = match self.rope_pair {
-            Some(rp) if !interleaved && rp.d == d && rp.first.as_value_ref() == base.as_value_ref() => Some(rp.second),
+            Some(rp) if !interleaved && !partial && rp.d == d && rp.first.as_value_ref() == base.as_value_ref() => Some(rp.second),
             _ => None,
         };
         if let Some(second) = paired {
@@ -87,6 +98,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             let mut out2 = Vec::with_capacity(lanes as usize);
             for l in 0..lanes as usize {
                 let (s, c) = self.rope_sincos_memo(table, base, l as u32, p, pd, |ev| if l > 0 { ev.iadd(base, ev.ic(l as i64)) } else { Ok(base) })?;
+                let (s, c) = self.rope_scale(s, c, af)?;
                 let xa = xs[l].f()?;
                 let xb = xp[l].f()?;
                 // First half: x_a·c − x_b·s; second: x_b·c + x_a·s.
@@ -131,6 +143,11 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             let pair = self.kb.b.build_select(first, base, down, "pair")?.into_int_value();
             (xp, pair, Some(first))
         };
+        // A copied group reads pair 0's angle (in the table) and discards it.
+        let pair_base = match rotates {
+            Some(rot) => self.kb.b.build_select(rot, pair_base, self.ic(0), "pair")?.into_int_value(),
+            None => pair_base,
+        };
         let mut out = Vec::with_capacity(lanes as usize);
         let mut sc: Option<(FloatValue<'ctx>, FloatValue<'ctx>)> = None;
         for l in 0..lanes as usize {
@@ -141,6 +158,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 sc = Some(self.rope_sincos_memo(table, base, tag, p, pd, |ev| if off > 0 { ev.iadd(pair_base, ev.ic(off)) } else { Ok(pair_base) })?);
             }
             let (s, c) = sc.ok_or_else(|| CodegenError::Builder("no angle".into()))?;
+            let (s, c) = self.rope_scale(s, c, af)?;
             let xa = xs[l].f()?;
             let xb = partner[l].f()?;
             let xbs = self.kb.fmul(xb, s)?;
@@ -156,10 +174,24 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                     }
                 }
             };
-            let r = self.kb.ffma(xa, c, term)?;
-            out.push(Scalar::F(self.kb.round_to(r, dt)?));
+            let v = self.kb.ffma(xa, c, term)?;
+            let v = self.kb.round_to(v, dt)?;
+            out.push(Scalar::F(match rotates {
+                Some(rot) => self.kb.fsel(rot, v, xa)?,
+                None => v,
+            }));
         }
         Ok(out)
+    }
+
+    /// `(a·sin, a·cos)`: the YaRN attention factor `a` on a pair's sine and cosine, as HF
+    /// scales its tables (nothing when `a` is 1).
+    fn rope_scale(&mut self, s: FloatValue<'ctx>, c: FloatValue<'ctx>, a: f64) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        if a == 1.0 {
+            return Ok((s, c));
+        }
+        let k = self.kb.f32c(a as f32);
+        Ok((self.kb.fmul(s, k)?, self.kb.fmul(c, k)?))
     }
 
     /// [`Eval::rope_sincos`] of the pair `pi(self)` computes, memoised by (`table`, `base`,

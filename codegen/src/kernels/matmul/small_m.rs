@@ -33,7 +33,8 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
     let n = kit.add(kit.mul(bx, kit.i64c(i64::from(s.columns)))?, g)?;
     let m0 = kit.mul(by, kit.i64c(i64::from(s.rows)))?;
     // Columns (QKV + RoPE): column n and its RoPE partners in the same head (rotate-half:
-    // n ± d/2; interleaved: n xor 1), so that the epilogue reads R at either.
+    // n ± R/2 for the R rotated features, n itself beyond; interleaved: n xor 1), so that the
+    // epilogue reads R at either.
     let mut rope_head = 1i64;
     let (ncols, cols) = match &spec.epi {
         Epi::Paired { segs, width, .. } => (kit.dim(width)?, segs.iter().map(|sg| kit.add(n, kit.dim(&sg.start)?)).collect::<R<Vec<_>>>()?),
@@ -43,15 +44,27 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
             let d = *rope_d;
             if d > 1 {
                 rope_head = d;
-                let forms: std::collections::BTreeSet<bool> = spec.epilogue.nodes.values().filter(|nd| nd.op.kind == OpKind::Rope).map(|nd| nd.op.str("form") == Some("interleaved")).collect();
+                // (interleaved, rotary dim R) of each rope: the features from R on are copied.
+                let forms: std::collections::BTreeSet<(bool, i64)> = spec
+                    .epilogue
+                    .nodes
+                    .values()
+                    .filter(|nd| nd.op.kind == OpKind::Rope)
+                    .map(|nd| (nd.op.str("form") == Some("interleaved"), nd.op.int("rotary_dim").unwrap_or(d)))
+                    .collect();
                 let within = kit.urem(n, kit.i64c(d))?;
-                if forms.contains(&false) {
-                    let first = kit.icmp(IntPredicate::SLT, within, kit.i64c(d / 2))?;
-                    let up = kit.add(n, kit.i64c(d / 2))?;
-                    let down = kit.sub(n, kit.i64c(d / 2))?;
-                    cols.push(kit.select_i(first, up, down)?);
+                for &(_, r) in forms.iter().filter(|(i, _)| !i) {
+                    let first = kit.icmp(IntPredicate::SLT, within, kit.i64c(r / 2))?;
+                    let up = kit.add(n, kit.i64c(r / 2))?;
+                    let down = kit.sub(n, kit.i64c(r / 2))?;
+                    let mut partner = kit.select_i(first, up, down)?;
+                    if r < d {
+                        let rotated = kit.icmp(IntPredicate::SLT, within, kit.i64c(r))?;
+                        partner = kit.select_i(rotated, partner, n)?;
+                    }
+                    cols.push(partner);
                 }
-                if forms.contains(&true) {
+                if forms.iter().any(|(i, _)| *i) {
                     cols.push(kit.xor(n, kit.i64c(1))?);
                 }
             }

@@ -1,0 +1,9 @@
+use sinter::graph;
+
+fn main() {
+    let _ = graph! {
+        fn f(x: f32[T], m: bool[T]) -> bool[T] {
+            m.logical_and(x)
+        }
+    };
+}
