@@ -7,6 +7,7 @@ mod errors;
 mod fp8;
 mod llama;
 mod ops;
+mod window;
 
 use crate::dtype::DType;
 use crate::graph::Graph;
