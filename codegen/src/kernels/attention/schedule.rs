@@ -213,6 +213,9 @@ pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
     if p.fp8.is_some() {
         return Err(crate::error::fp8_message("f8e4m3 attention: the mma.sync kernel does not read f8e4m3"));
     }
+    if p.window.is_some() || p.softcap.is_some() {
+        return Err("a sliding window or a softcap: the tensor-core kernels have neither yet (the CUDA-core kernel takes them)".into());
+    }
     if !matches!(p.dtype, DType::BF16 | DType::F16) {
         return Err(format!("no tensor-core attention for {} (bf16 and f16 only)", p.dtype));
     }
@@ -365,6 +368,9 @@ pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
 /// head dims 64 or 128, no additive mask, a bf16/f16 output, q/k/v rows contiguous and
 /// 16-byte aligned (16 e4m3 elements a `cp.async`).
 fn fp8_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
+    if p.window.is_some() || p.softcap.is_some() {
+        return Err("a sliding window or a softcap (the fp8 kernel has neither)".into());
+    }
     if !target.has_wgmma() {
         return Err(format!("wgmma needs sm_90a, not {target}"));
     }
