@@ -21,11 +21,9 @@ pub const MAX_ATTENTION_HEAD_DIM: u32 = 512;
 /// contract refuses a node with either attribute and the passes lower it as its
 /// decomposition (the one place a window becomes a dense mask).
 pub fn window_softcap_kernels(kind: OpKind) -> bool {
-    match kind {
-        OpKind::Attention => false,
-        OpKind::PagedAttention => false,
-        _ => false,
-    }
+    // Attention: the CUDA-core kernel (the tensor-core ones leave such a node to it);
+    // PagedAttention: the split-KV and the single-CTA kernels.
+    matches!(kind, OpKind::Attention | OpKind::PagedAttention)
 }
 
 /// The `window` and `softcap` of attention node `op` against [`window_softcap_kernels`]: when
