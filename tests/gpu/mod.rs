@@ -30,6 +30,7 @@ mod compile_cache;
 mod fp8;
 mod fuzz;
 mod attention_extremes;
+mod window;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes

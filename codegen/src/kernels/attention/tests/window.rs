@@ -191,3 +191,18 @@ fn window_softcap_ptxas_reports() {
     }
     insta::assert_snapshot!("window_softcap_ptxas", text);
 }
+
+/// sm_90a clusters of 8 CTAs past solo mode with a window: lengths 0, 1111 and 333, window
+/// 400 (the workers start at tile 22 of sequence 1: 13 tiles split across the cluster),
+/// softcap 30.
+#[test]
+fn emulated_paged_window_clusters() {
+    let (b, pages, page, m) = (3usize, 211usize, 16usize, 70usize);
+    let table = Tensor::new(DType::I32, &[b, m], (0..b * m).map(|i| ((i * 7 + 3) % pages) as f64).collect()).unwrap();
+    let lens = Tensor::new(DType::I32, &[b], vec![0.0, 1111.0, 333.0]).unwrap();
+    let (g, k) = paged_ws(DType::BF16, 4, 2, d(1), 64, page as i64, Some(400), Some(30.0));
+    let ins = [random(DType::BF16, &[b, 4, 1, 64], 70), random(DType::BF16, &[pages, page, 2, 64], 71), random(DType::BF16, &[pages, page, 2, 64], 72), table, lens];
+    let plan = decode::generate(&g, k, &Target::SM_90A).unwrap();
+    assert!(plan.ptx.contains(".reqnctapercluster 8, 1, 1"), "no cluster");
+    check("split-KV sm_90a clusters window=400 softcap=30", &g, k, |g, k| decode::generate(g, k, &Target::SM_90A), &ins, &bind(&[("B", b as i64), ("P", pages as i64), ("M", m as i64)]));
+}
