@@ -44,6 +44,7 @@ fn prefill_ws(dt: DType, h: i64, hkv: i64, sq: Dim, skv: Dim, hd: i64, mask: boo
 }
 
 /// `paged_attention` with a window, a softcap and the lse.
+#[allow(clippy::too_many_arguments)]
 fn paged_ws(dt: DType, h: i64, hkv: i64, t: Dim, hd: i64, page: i64, window: Option<i64>, softcap: Option<f64>) -> (KernelGraph, Kernel) {
     let b = sym("B");
     let mut fb = FunctionBuilder::new(&Graph::new(), "decode");
