@@ -1,5 +1,6 @@
 //! Sliding-window and soft-capped attention on the GPU against the interpreter: prefill
-//! (`attention`, the CUDA-core kernel the tensor-core kernels leave such a node to) and paged
+//! (`attention`: bf16 on the `mma.sync` kernel, which sm_90a's `wgmma` kernel leaves such a
+//! node to; f32 on CUDA cores) and paged
 //! decode (`paged_attention`, the split-KV kernel and its clusters of 8 on sm_90a), under both
 //! lowerings; windows of 1, shorter than the keys and longer than them, rows with no visible
 //! key, soft caps that bite, the lse. Without a GPU: every case compiles, assembles without

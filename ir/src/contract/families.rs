@@ -21,8 +21,8 @@ pub const MAX_ATTENTION_HEAD_DIM: u32 = 512;
 /// contract refuses a node with either attribute and the passes lower it as its
 /// decomposition (the one place a window becomes a dense mask).
 pub fn window_softcap_kernels(kind: OpKind) -> bool {
-    // Attention: the CUDA-core kernel (the tensor-core ones leave such a node to it);
-    // PagedAttention: the split-KV and the single-CTA kernels.
+    // Attention: the `mma.sync` and CUDA-core kernels (not `wgmma`, which leaves such a node
+    // to `mma.sync`); PagedAttention: the split-KV and the single-CTA kernels.
     matches!(kind, OpKind::Attention | OpKind::PagedAttention)
 }
 

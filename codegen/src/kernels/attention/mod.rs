@@ -10,9 +10,10 @@
 //! rows contiguous and 16-byte aligned; else the CUDA-core kernel (`simt.rs`), correct for
 //! every shape. `schedule::eligible` and `schedule::wg_eligible` say why a kernel does not
 //! apply; `Attention` is the family's `Generator` (its candidates: the autotuning variants).
-//! A sliding window or a softcap (`window`, `softcap`) is taken by the CUDA-core prefill
-//! kernel and both paged decode kernels; the tensor-core prefill kernels have neither yet, so
-//! such a node goes to CUDA cores (and an fp8 one is not formed: the contract refuses it).
+//! A sliding window or a softcap (`window`, `softcap`) is taken by the `mma.sync` and the
+//! CUDA-core prefill kernels and both paged decode kernels; the `wgmma` kernel has neither
+//! yet, so on sm_90a such a node goes to `mma.sync` (and an fp8 one is not formed: the
+//! contract refuses it).
 //!
 //! # Semantics (the interpreter's, `sinter_ir::interp`)
 //! - Causal masks are aligned bottom-right: query `i` sees keys `j ≤ i + Skv − Sq`; key tiles

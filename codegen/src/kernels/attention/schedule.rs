@@ -213,9 +213,6 @@ pub(super) fn eligible(p: &Prefill) -> Result<(), String> {
     if p.fp8.is_some() {
         return Err(crate::error::fp8_message("f8e4m3 attention: the mma.sync kernel does not read f8e4m3"));
     }
-    if p.window.is_some() || p.softcap.is_some() {
-        return Err("a sliding window or a softcap: the tensor-core kernels have neither yet (the CUDA-core kernel takes them)".into());
-    }
     if !matches!(p.dtype, DType::BF16 | DType::F16) {
         return Err(format!("no tensor-core attention for {} (bf16 and f16 only)", p.dtype));
     }
@@ -352,6 +349,9 @@ pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
         return fp8_eligible(p, target).map_err(|e| crate::error::fp8_message(&format!("f8e4m3 attention: {e}")));
     }
     eligible(p)?;
+    if p.window.is_some() || p.softcap.is_some() {
+        return Err("a sliding window or a softcap: the wgmma kernel has neither yet (the mma.sync kernel takes them)".into());
+    }
     if !target.has_wgmma() {
         return Err(format!("wgmma needs sm_90a, not {target}"));
     }

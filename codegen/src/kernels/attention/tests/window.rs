@@ -1,5 +1,5 @@
 //! Sliding window and softcap: the split-KV and single-CTA paged decode kernels and the
-//! CUDA-core prefill kernel against the interpreter on the emulator (windows of 1, shorter
+//! `mma.sync` and CUDA-core prefill kernels against the interpreter on the emulator (windows of 1, shorter
 //! than the keys, longer than them; rows with no visible key; GQA; soft caps that bite on
 //! scores far beyond them; a NaN in a V row outside every window, never multiplied), what the
 //! tensor-core kernels refuse (the choice falls to CUDA cores), and ptxas reports.
@@ -125,10 +125,9 @@ fn emulated_paged_window_unified_max() {
     check("split-KV unified_max window=21 softcap=5", &g, k, |g, k| decode::generate(g, k, &Target::SM_80), &ins, &bind(&[("B", 4), ("P", 40), ("M", 10)]));
 }
 
-/// CUDA-core prefill: Sq = Skv = 70, a chunk (Sq 9 after 61 keys), more queries than keys
-/// (rows with no visible key), GQA 4/2, bf16 (which the tensor-core kernels would take
-/// without the window) and f32 with an additive mask; the choice on every target is the
-/// CUDA-core kernel.
+/// Prefill: Sq = Skv = 70, a chunk (Sq 9 after 61 keys), more queries than keys (rows with
+/// no visible key), GQA 4/2; bf16 on the `mma.sync` kernel (the default on sm_80 and sm_90a;
+/// 32- and 64-key tiles) and on CUDA cores, f32 with an additive mask on CUDA cores.
 #[test]
 fn emulated_prefill_window_softcap() {
     for (window, softcap, qs) in CASES {
@@ -142,30 +141,35 @@ fn emulated_prefill_window_softcap() {
                 let what = format!("{dt} window={window:?} softcap={softcap:?} Sq={sq} Skv={skv} mask={mask}");
                 for t in [Target::SM_80, Target::SM_90A] {
                     let plan = generate_prefill(&g, k, &t).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert!(!plan.ptx.contains("mma.sync") && !plan.ptx.contains("wgmma"), "{what}: a tensor-core kernel on {t}");
+                    assert!(!plan.ptx.contains("wgmma"), "{what}: the wgmma kernel on {t}");
+                    assert_eq!(plan.ptx.contains("mma.sync"), dt == DType::BF16, "{what}: mma.sync for bf16 only on {t}");
                 }
-                check(&format!("cuda-core {what}"), &g, k, |g, k| generate_prefill(g, k, &Target::SM_80), &ins, &bind(&[("B", 2), ("T", sq as i64), ("S", skv as i64)]));
+                let binds = bind(&[("B", 2), ("T", sq as i64), ("S", skv as i64)]);
+                check(&format!("default {what}"), &g, k, |g, k| generate_prefill(g, k, &Target::SM_80), &ins, &binds);
+                if dt == DType::BF16 {
+                    check(&format!("cuda-core {what}"), &g, k, |g, k| generate_prefill_with(g, k, &Target::SM_80, &choose_prefill_schedule(64, 64, dt)), &ins, &binds);
+                    for kv in [32, 64] {
+                        let s = TcSchedule { block_kv: kv, ..schedule::choose_tc_schedule(64, 64, false, true, &Target::SM_80) };
+                        check(&format!("mma.sync {kv}-key tiles {what}"), &g, k, |g, k| generate_prefill_tc_with(g, k, &Target::SM_80, &s), &ins, &binds);
+                    }
+                }
             }
         }
     }
 }
 
-/// The tensor-core kernels refuse a window or a softcap (the default falls to CUDA cores);
-/// every schedule candidate is the CUDA-core kernel.
+/// The `wgmma` kernel refuses a window or a softcap (the default on sm_90a is the `mma.sync`
+/// kernel); every schedule candidate is an `mma.sync` one.
 #[test]
-fn tensor_core_kernels_refuse_window_and_softcap() {
+fn wgmma_refuses_window_and_softcap() {
     for (window, softcap) in [(Some(8), None), (None, Some(30.0))] {
         let (g, k) = prefill_ws(DType::BF16, 8, 2, sym("T"), sym("S"), 128, false, window, softcap);
-        let e = generate_prefill_tc_with(&g, k, &Target::SM_80, &choose_tc_schedule_for_test()).unwrap_err();
-        assert!(e.to_string().contains("sliding window or a softcap"), "{e}");
         let e = generate_prefill_wg_with(&g, k, &Target::SM_90A, &WgSchedule { warpgroups: 2, block_kv: 128, pv_split: false, overlap: false, producer: false, pingpong: false }).unwrap_err();
         assert!(e.to_string().contains("sliding window or a softcap"), "{e}");
-        assert_eq!(crate::schedule_names(&g, k, &Target::SM_90A).unwrap(), vec!["cuda-core".to_string()]);
+        let names = crate::schedule_names(&g, k, &Target::SM_90A).unwrap();
+        assert!(!names.is_empty() && names.iter().all(|n| !n.contains("wg")), "{names:?}");
+        assert!(generate_prefill(&g, k, &Target::SM_90A).unwrap().ptx.contains("mma.sync"));
     }
-}
-
-fn choose_tc_schedule_for_test() -> TcSchedule {
-    schedule::choose_tc_schedule(128, 128, false, true, &Target::SM_80)
 }
 
 /// ptxas: the windowed, soft-capped kernels assemble without spills or stack.
@@ -174,8 +178,9 @@ fn window_softcap_ptxas_reports() {
     let cases = vec![
         ("split-KV bf16 D128 GQA 32/8 T=1 window 4096 softcap 50", paged_ws(DType::BF16, 32, 8, d(1), 128, 16, Some(4096), Some(50.0)), 0),
         ("single-CTA bf16 D128 GQA 32/8 T=1 window 4096 softcap 50", paged_ws(DType::BF16, 32, 8, d(1), 128, 16, Some(4096), Some(50.0)), 1),
-        ("cuda-core prefill bf16 D128 GQA 32/8 window 4096 softcap 50", prefill_ws(DType::BF16, 32, 8, sym("T"), sym("S"), 128, false, Some(4096), Some(50.0)), 2),
-        ("cuda-core prefill bf16 D256 GQA 8/4 window 512 (Gemma 3)", prefill_ws(DType::BF16, 8, 4, sym("T"), sym("T"), 256, false, Some(512), None), 2),
+        ("mma.sync prefill bf16 D128 GQA 32/8 window 4096 softcap 50", prefill_ws(DType::BF16, 32, 8, sym("T"), sym("S"), 128, false, Some(4096), Some(50.0)), 2),
+        ("mma.sync prefill bf16 D256 GQA 8/4 window 512 (Gemma 3)", prefill_ws(DType::BF16, 8, 4, sym("T"), sym("T"), 256, false, Some(512), None), 2),
+        ("cuda-core prefill f32 D128 GQA 32/8 window 4096 softcap 50", prefill_ws(DType::F32, 32, 8, sym("T"), sym("S"), 128, false, Some(4096), Some(50.0)), 2),
     ];
     let mut text = String::new();
     for t in [Target::SM_80, Target::SM_90A] {
@@ -206,4 +211,17 @@ fn emulated_paged_window_clusters() {
     let plan = decode::generate(&g, k, &Target::SM_90A).unwrap();
     assert!(plan.ptx.contains(".reqnctapercluster 8, 1, 1"), "no cluster");
     check("split-KV sm_90a clusters window=400 softcap=30", &g, k, |g, k| decode::generate(g, k, &Target::SM_90A), &ins, &bind(&[("B", b as i64), ("P", pages as i64), ("M", m as i64)]));
+}
+
+/// `mma.sync` with an additive mask, a window and a softcap (the mask added after the cap),
+/// and a NaN in a V row below every window (scanned, never multiplied): bf16 D64 GQA 4/2,
+/// 70 queries over 70 keys.
+#[test]
+fn emulated_mma_window_softcap_mask() {
+    let (g, k) = prefill_ws(DType::BF16, 4, 2, sym("T"), sym("S"), 64, true, Some(9), Some(3.0));
+    let mut v = random(DType::BF16, &[2, 2, 70, 64], 82).data().to_vec();
+    v[(2 * 64) + 5] = f64::NAN; // batch 0, KV head 0, key 2: below the window of rows ≥ 11
+    let ins = [scaled(random(DType::BF16, &[2, 4, 70, 64], 80), 4.0), random(DType::BF16, &[2, 2, 70, 64], 81), Tensor::new(DType::BF16, &[2, 2, 70, 64], v).unwrap(), scaled(random(DType::BF16, &[70, 70], 83), 2.0)];
+    assert!(generate_prefill(&g, k, &Target::SM_80).unwrap().ptx.contains("mma.sync"));
+    check("mma.sync mask window=9 softcap=3 NaN in V", &g, k, |g, k| generate_prefill(g, k, &Target::SM_80), &ins, &bind(&[("B", 2), ("T", 70), ("S", 70)]));
 }
