@@ -127,9 +127,9 @@ pub static METHODS: &[MethodSpec] = &[
     m("swiglu", "Swiglu", Kind::Same, (2, 2), &[], &[]),
     // `lse = true` gives a second result, which the DSL's one-result `attention` refuses when
     // the graph is built: the log-sum-exp form is written with the builder or the text format.
-    m("attention", "Attention", Kind::Other, (3, 4), &["scale", "causal", "heads", "kv_heads", "layout", "lse"], &["scale", "heads", "kv_heads"]),
+    m("attention", "Attention", Kind::Other, (3, 4), &["scale", "causal", "heads", "kv_heads", "layout", "lse", "window", "softcap"], &["scale", "heads", "kv_heads"]),
     MethodSpec { results: 2, ..m("kv_append", "KvAppend", Kind::Other, (6, 6), &[], &[]) },
-    m("paged_attention", "PagedAttention", Kind::Other, (5, 5), &["scale", "causal", "heads", "kv_heads", "lse", "unified_max"], &["scale", "heads", "kv_heads"]),
+    m("paged_attention", "PagedAttention", Kind::Other, (5, 5), &["scale", "causal", "heads", "kv_heads", "lse", "unified_max", "window", "softcap"], &["scale", "heads", "kv_heads"]),
     MethodSpec { results: 2, ..m("attention_merge", "AttentionMerge", Kind::Other, (4, 4), &[], &[]) },
 ];
 

@@ -553,6 +553,20 @@ fn heads(c: &InferCtx<'_>) -> Result<(i64, i64), ShapeError> {
     Ok((h, hkv))
 }
 
+/// The sliding window and the softcap of `attention`/`paged_attention`: `window` an integer
+/// in `1..=i32::MAX` that needs `causal=true`, `softcap` a finite f32 above 0.
+fn window_softcap(c: &InferCtx<'_>) -> Result<(), ShapeError> {
+    if let Some(w) = c.op.int("window") {
+        if !(1..=i32::MAX as i64).contains(&w) {
+            return err(format!("attribute `window` (keys each query sees) must be in 1..={}, got {w}", i32::MAX));
+        }
+        if c.op.bool("causal") != Some(true) {
+            return err(format!("attribute `window={w}` is a causal sliding window: it needs `causal=true`"));
+        }
+    }
+    want_finite_attr(c, "softcap", "the scores' soft cap", Some((0.0, true)))
+}
+
 /// `attention`.
 pub fn attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (q, k, v) = (c.input(0)?, c.input(1)?, c.input(2)?);
@@ -565,6 +579,7 @@ pub fn attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let (hx, sx) = if c.op.str("layout") == Some("bshd") { (2, 1) } else { (1, 2) };
     let (h, hkv) = heads(c)?;
     want_finite_attr(c, "scale", "the scores' factor", None)?;
+    window_softcap(c)?;
     want_eq(&q.shape[hx], &Dim::constant(h), "q's head axis must equal `heads`")?;
     want_eq(&k.shape[hx], &Dim::constant(hkv), "k's head axis must equal `kv_heads`")?;
     want_eq(&v.shape[hx], &Dim::constant(hkv), "v's head axis must equal `kv_heads`")?;
@@ -664,6 +679,7 @@ pub fn paged_attention(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> 
     check_tables(bt, lens, &q.shape[0], "seq_lens")?;
     want_finite_attr(c, "scale", "the scores' factor", None)?;
     want_finite_attr(c, "unified_max", "", None)?;
+    window_softcap(c)?;
     Ok(with_lse(c, q.clone()))
 }
 

@@ -9,8 +9,10 @@
 //!
 //! ```text
 //! s = scale · (f32(Q) · f32(K)ᵀ)           [B, H, Sq, Skv], f32 accumulation (DESIGN.md)
+//! s = c · tanh(s / c)                       with `softcap=c`
 //! s = s + f32(mask)                         an additive mask, broadcast
 //! s = select(j ≤ i + Skv − Sq, s, −inf)     causal, aligned bottom-right
+//! s = select(i + Skv − Sq − j < W, s, −inf) with `window=W` (a dense mask: only here)
 //! O = dt(softmax(s) · f32(V))               one rounding to the dtype, as the op
 //! lse = m + log Σ exp(s − m)                with `lse=true` (−inf for a row with no key)
 //! ```
@@ -194,8 +196,9 @@ impl Emit {
     }
 
     /// `select(j ≤ i + lim, s, −inf)` over the last two axes of `s`, `lim` an i32 value that
-    /// broadcasts against `[.., Sq, 1]`.
-    fn causal(&mut self, s: Value, lim: Value) -> R<Value> {
+    /// broadcasts against `[.., Sq, 1]`; with a sliding window W also `select(i + lim − j <
+    /// W, s, −inf)` (the difference, not `j > i + lim − W`, so that no i32 overflows).
+    fn causal(&mut self, s: Value, lim: Value, window: Option<i64>) -> R<Value> {
         let ts = self.ty(s);
         let r = ts.rank();
         let sh = ts.shape[r - 2..].to_vec();
@@ -204,7 +207,21 @@ impl Emit {
         let last = self.bin(OpKind::Add, i, lim)?;
         let keep = self.bin(OpKind::Le, j, last)?;
         let ninf = self.konst(f64::NEG_INFINITY, DType::F32)?;
-        self.op(OpKind::Select, &[keep, s, ninf], vec![])
+        let s = self.op(OpKind::Select, &[keep, s, ninf], vec![])?;
+        let Some(w) = window else { return Ok(s) };
+        let back = self.bin(OpKind::Sub, last, j)?;
+        let wv = self.op(OpKind::Constant, &[], vec![("value", Attr::Float(w as f64)), ("dtype", Attr::DType(DType::I32))])?;
+        let inside = self.bin(OpKind::Lt, back, wv)?;
+        self.op(OpKind::Select, &[inside, s, ninf], vec![])
+    }
+
+    /// `c · tanh(s / c)` (Gemma 2's logit soft-capping) with `softcap=c`, else `s`.
+    fn softcap(&mut self, s: Value, op: &Op) -> R<Value> {
+        let Some(c) = op.float("softcap") else { return Ok(s) };
+        let cv = self.konst(c, DType::F32)?;
+        let x = self.bin(OpKind::Div, s, cv)?;
+        let t = self.op(OpKind::Tanh, &[x], vec![])?;
+        self.bin(OpKind::Mul, t, cv)
     }
 
     fn attention(&mut self, op: &Op, ins: &[Value]) -> R<Vec<Value>> {
@@ -219,6 +236,7 @@ impl Emit {
         let k32 = self.cast(k, DType::F32)?;
         let v32 = self.cast(v, DType::F32)?;
         let mut s = self.scores(q, k32, heads, kv_heads, scale)?;
+        s = self.softcap(s, op)?;
         if let Some(&m) = ins.get(3) {
             let m32 = self.cast(m, DType::F32)?;
             s = self.bin(OpKind::Add, s, m32)?;
@@ -233,7 +251,7 @@ impl Emit {
                     self.bin(OpKind::Sub, a, b)?
                 }
             };
-            s = self.causal(s, lim)?;
+            s = self.causal(s, lim, op.int("window"))?;
         }
         let mut out = self.finish(s, v32, heads, kv_heads, dt, lse)?;
         if bshd {
@@ -264,6 +282,7 @@ impl Emit {
             kv.push(self.cast(r, DType::F32)?);
         }
         let mut s = self.scores(q, kv[0], heads, kv_heads, scale)?;
+        s = self.softcap(s, op)?;
         // Key j of sequence b is visible where j < len[b] (and, causal, j ≤ i + len[b] − T).
         let len = self.reshape(lens, vec![b.clone(), Dim::constant(1), Dim::constant(1), Dim::constant(1)])?;
         let j = self.iota(vec![Dim::constant(1), Dim::constant(1), Dim::constant(1), n.clone()], 3)?;
@@ -274,7 +293,7 @@ impl Emit {
             let tv = self.dim_value(&t)?;
             let tv = self.reshape(tv, vec![Dim::constant(1), Dim::constant(1), Dim::constant(1), Dim::constant(1)])?;
             let lim = self.bin(OpKind::Sub, len, tv)?;
-            s = self.causal(s, lim)?;
+            s = self.causal(s, lim, op.int("window"))?;
         }
         self.finish(s, kv[1], heads, kv_heads, dt, lse)
     }

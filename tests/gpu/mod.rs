@@ -32,6 +32,7 @@ mod fp8;
 mod fuzz;
 mod attention_extremes;
 mod rope_logical;
+mod window;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes

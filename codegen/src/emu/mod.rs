@@ -463,6 +463,7 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
     text = text.replace("asm \"mov.u32 $0, 0;\", \"=r\"", "@emu_zero32");
     let mut out = String::new();
     let mut tmp = 0;
+    let mut declared = std::collections::HashSet::new();
     for line in text.lines() {
         let t = line.trim_start();
         let indent = &line[..line.len() - t.len()];
@@ -472,10 +473,14 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
         }
         if t.starts_with("declare") && t.contains("@emu_") {
             // Drop the intrinsic's attributes (`memory(none)` would allow merging calls;
-            // `immarg` is for intrinsics only).
+            // `immarg` is for intrinsics only). Two intrinsics renamed to one function
+            // (`ex2.approx` with and without `.ftz`) are declared once.
             let cut = t.rfind(')').map_or(t.len(), |i| i + 1);
-            out.push_str(&t[..cut].replace(" immarg", ""));
-            out.push('\n');
+            let decl = t[..cut].replace(" immarg", "");
+            if declared.insert(decl.clone()) {
+                out.push_str(&decl);
+                out.push('\n');
+            }
             continue;
         }
         if t.starts_with("declare") && (t.contains("@llvm.nvvm.ldmatrix") || t.contains("@llvm.nvvm.mma.")) {

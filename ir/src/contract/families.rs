@@ -15,6 +15,43 @@ use crate::{DType, Dim, Family, KernelData, Op, OpClass, OpKind, TensorType, Val
 /// attention with a larger head dim as its decomposition (matmul, scale, softmax, matmul).
 pub const MAX_ATTENTION_HEAD_DIM: u32 = 512;
 
+/// Whether the generators of `kind` (`attention` or `paged_attention`) implement a sliding
+/// `window` and a logit `softcap`: their key loops skip the tiles wholly outside the window
+/// and mask the partial ones, and cap each score before the mask. Where this is false, the
+/// contract refuses a node with either attribute and the passes lower it as its
+/// decomposition (the one place a window becomes a dense mask).
+pub fn window_softcap_kernels(kind: OpKind) -> bool {
+    // Attention: the `mma.sync` and CUDA-core kernels (not `wgmma`, which leaves such a node
+    // to `mma.sync`); PagedAttention: the split-KV and the single-CTA kernels.
+    matches!(kind, OpKind::Attention | OpKind::PagedAttention)
+}
+
+/// The `window` and `softcap` of attention node `op` against [`window_softcap_kernels`]: when
+/// given, a window in `1..=i32::MAX` with `causal=true` and a finite f32 softcap above 0
+/// (as the verifier checks), on an op whose kernels implement them.
+fn window_softcap(op: &Op) -> Result<(), String> {
+    let name = op.kind.name();
+    let window = op.int("window");
+    let softcap = op.float("softcap");
+    if window.is_none() && softcap.is_none() {
+        return Ok(());
+    }
+    if let Some(w) = window {
+        if !(1..=i64::from(i32::MAX)).contains(&w) || op.bool("causal") != Some(true) {
+            return Err(format!("`{name}`: window={w} must be in 1..={} with causal=true", i32::MAX));
+        }
+    }
+    if let Some(c) = softcap {
+        if !(c > 0.0 && (c as f32).is_finite()) {
+            return Err(format!("`{name}`: softcap must be a finite f32 above 0, got {c}"));
+        }
+    }
+    if !window_softcap_kernels(op.kind) {
+        return Err(format!("`{name}`: no kernel implements a sliding window or a softcap (window={window:?}, softcap={softcap:?})"));
+    }
+    Ok(())
+}
+
 /// Whether `d` is a head dim the attention generators take: a constant in
 /// `1..=`[`MAX_ATTENTION_HEAD_DIM`].
 pub fn head_dim_ok(d: &Dim) -> bool {
@@ -32,7 +69,10 @@ pub fn head_dim_ok(d: &Dim) -> bool {
 ///   tensor of rank ≤ 4;
 /// - `paged_attention`: q and the K pages rank 4 of one float dtype, the V pages of the K
 ///   pages' type; `block_table` i32 of rank 2 and `seq_lens` i32 of rank 1; the head dim a
-///   constant in `1..=`[`MAX_ATTENTION_HEAD_DIM`]; `unified_max`, when given, a finite f32.
+///   constant in `1..=`[`MAX_ATTENTION_HEAD_DIM`]; `unified_max`, when given, a finite f32;
+/// - both: a `window` or `softcap` only where [`window_softcap_kernels`] says the op's
+///   kernels implement them (and valid: a window in `1..=i32::MAX` with `causal=true`, a
+///   finite f32 softcap above 0).
 ///
 /// The same on every target today (fp8 operands, sm_90a only, are [`check`]'s). Shared
 /// memory is the generator's schedule's: every schedule at a head dim within the limit fits.
@@ -45,6 +85,9 @@ pub fn attention_node(op: &Op, ins: &[&TensorType], target: &Target) -> Result<(
     let (heads, kv_heads) = (op.int("heads").unwrap_or(0), op.int("kv_heads").unwrap_or(0));
     if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
         return Err(format!("`{name}`: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})"));
+    }
+    if matches!(op.kind, OpKind::Attention | OpKind::PagedAttention) {
+        window_softcap(op)?;
     }
     let head_dim = |t: &TensorType, what: &str| -> Result<(), String> {
         match t.shape.last() {
@@ -280,6 +323,9 @@ pub fn fp8_attention_kernel(body: &crate::Function, nd: &crate::NodeData) -> Res
     }
     if nd.inputs.len() > 3 {
         return Err("an fp8 attention takes no additive mask".into());
+    }
+    if nd.op.int("window").is_some() || nd.op.float("softcap").is_some() {
+        return Err("an fp8 attention takes no sliding window or softcap".into());
     }
     let out = body.ty(nd.results[0]).dtype;
     if !matches!(out, DType::BF16 | DType::F16) {

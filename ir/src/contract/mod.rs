@@ -37,7 +37,7 @@ pub mod view;
 #[cfg(test)]
 mod tests;
 
-pub use families::{attention_node, check, evaluable, head_dim_ok, is_elementwise, is_row_node, one_shape, MAX_ATTENTION_HEAD_DIM};
+pub use families::{attention_node, check, evaluable, head_dim_ok, is_elementwise, is_row_node, one_shape, window_softcap_kernels, MAX_ATTENTION_HEAD_DIM};
 pub use operands::{fp8_attention, fp8_attention_form, fp8_attention_with, fp8_matmul, fp8_matmul_form, fp8_matmul_with, fp8_view_with, is_strict_operand, quantized_b, reads_fp8_with, QUANTIZED_MAX_M};
 pub use target::{Target, UnknownTarget, PTX_ISA_VERSION};
 pub use view::{is_param, peel, viewed_param};

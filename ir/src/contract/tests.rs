@@ -213,3 +213,62 @@ fn fp8_attention_kernel_limits() {
         assert!(limits.contains("64 and 128") || limits.contains("no additive mask"), "{limits}");
     }
 }
+
+/// A window and a softcap: taken by the attention and paged attention kernels (valid values
+/// only: the node as the verifier checks it), refused by the fp8 attention kernel (whose
+/// `dequantize_fp8`s then are not part of it).
+#[test]
+fn window_and_softcap() {
+    let attn = |extra: &str| {
+        kernel(
+            Family::Attention,
+            &format!(
+                "func @k(%q: bf16[1, 4, 9, 64], %kk: bf16[1, 2, 9, 64], %v: bf16[1, 2, 9, 64]) {{
+  %o: bf16[1, 4, 9, 64] = attention(%q, %kk, %v) {{scale=0.125, heads=4, kv_heads=2{extra}}}
+  return %o
+}}"
+            ),
+        )
+    };
+    let paged = |extra: &str| {
+        kernel(
+            Family::PagedAttention,
+            &format!(
+                "func @k(%q: bf16[2, 4, 1, 64], %kp: bf16[6, 16, 2, 64], %vp: bf16[6, 16, 2, 64], %bt: i32[2, 3], %sl: i32[2]) {{
+  %o: bf16[2, 4, 1, 64] = paged_attention(%q, %kp, %vp, %bt, %sl) {{scale=0.125, heads=4, kv_heads=2{extra}}}
+  return %o
+}}"
+            ),
+        )
+    };
+    assert!(window_softcap_kernels(crate::OpKind::Attention) && window_softcap_kernels(crate::OpKind::PagedAttention));
+    for extra in [", causal=true, window=1", ", softcap=50.0", ", causal=true, window=4096, softcap=30.0"] {
+        assert_eq!(check(&attn(extra), &Target::SM_80), Ok(()), "{extra}");
+        assert_eq!(check(&paged(extra), &Target::SM_90A), Ok(()), "{extra}");
+    }
+    // Values the verifier refuses are refused here too (a body built around the verifier).
+    let mut bad = attn(", causal=true, window=4");
+    let n = bad.body.nodes.keys().next().unwrap();
+    let i = crate::OpKind::Attention.attr_index("causal").unwrap();
+    bad.body.nodes[n].op.attrs[i] = crate::Attr::Bool(false);
+    assert!(check(&bad, &Target::SM_80).unwrap_err().contains("causal=true"));
+    let mut bad = paged(", softcap=1.0");
+    let n = bad.body.nodes.keys().next().unwrap();
+    let i = crate::OpKind::PagedAttention.attr_index("softcap").unwrap();
+    bad.body.nodes[n].op.attrs[i] = crate::Attr::Float(0.0);
+    assert!(check(&bad, &Target::SM_80).unwrap_err().contains("softcap"));
+    // fp8: no window or softcap in the fp8 kernel.
+    let fp8 = kernel(
+        Family::Attention,
+        "func @k(%q8: f8e4m3[1, 4, 2, 64], %sq: f32[], %k8: f8e4m3[1, 4, 2, 64], %sk: f32[], %v8: f8e4m3[1, 4, 2, 64], %sv: f32[]) {
+  %q: bf16[1, 4, 2, 64] = dequantize_fp8(%q8, %sq) {dtype=bf16}
+  %k: bf16[1, 4, 2, 64] = dequantize_fp8(%k8, %sk) {dtype=bf16}
+  %v: bf16[1, 4, 2, 64] = dequantize_fp8(%v8, %sv) {dtype=bf16}
+  %o: bf16[1, 4, 2, 64] = attention(%q, %k, %v) {scale=0.125, heads=2, kv_heads=2, layout=\"bshd\", softcap=30.0}
+  return %o
+}",
+    );
+    let (n, _) = fp8.body.nodes.iter().find(|(_, n)| n.op.kind == crate::OpKind::Attention).unwrap();
+    assert!(!fp8_attention(&fp8.body, n, &Target::SM_90A));
+    assert!(families::fp8_attention_kernel(&fp8.body, &fp8.body.nodes[n]).unwrap_err().contains("window or softcap"));
+}

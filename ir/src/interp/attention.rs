@@ -25,11 +25,38 @@ struct Kv<'a> {
     dv: usize,
 }
 
-/// Attention of one query row over keys `0..n` (the visible ones; the caller has applied the
-/// causal limit, so hidden keys are never read), written to `out` (length dv), unrounded.
+/// The score transform of an attention op: `scale`, and the optional `softcap` c.
+#[derive(Clone, Copy)]
+struct Scores {
+    scale: f64,
+    softcap: Option<f64>,
+}
+
+impl Scores {
+    fn of(op: &Op) -> Result<Scores> {
+        let scale = attrs::float(op, "scale")?;
+        let softcap = op.float("softcap");
+        if let Some(c) = softcap {
+            if !(c > 0.0 && (c as f32).is_finite()) {
+                return attr_err(format!("softcap must be a finite f32 above 0, got {c:?}"));
+            }
+        }
+        Ok(Scores { scale, softcap })
+    }
+    /// `scale·dot`, soft-capped to `c·tanh(s/c)` when a cap is given.
+    fn score(self, dot: f64) -> f64 {
+        let s = self.scale * dot;
+        self.softcap.map_or(s, |c| c * (s / c).tanh())
+    }
+}
+
+/// Attention of one query row over keys `keys` (the visible ones; the caller has applied the
+/// causal limit and the sliding window, so hidden keys are never read), written to `out`
+/// (length dv), unrounded.
 ///
-/// Score `s_j = scale·(q·k_j) + mask_j` (mask optional). Per tile of [`TILE`] keys: tile max
-/// `m̃`, `m_new = max(m, m̃)` (NaN-propagating), `α = exp(m − m_new)`, `l = α·l + Σ exp(s_j −
+/// Score `s_j = cap(scale·(q·k_j)) + mask_j` (cap: `c·tanh(s/c)` with a softcap, else the
+/// identity; mask optional). Per tile (the keys of `keys` among `[16t, 16t + 16)`,
+/// [`TILE`]): tile max `m̃`, `m_new = max(m, m̃)` (NaN-propagating), `α = exp(m − m_new)`, `l = α·l + Σ exp(s_j −
 /// m_new)`, `acc = α·acc + Σ exp(s_j − m_new)·v_j`; finally `out = acc / l`. While every score
 /// so far is −inf the tile is skipped; a row that never sees a finite score (no visible key,
 /// or all masked to −inf) gives exactly 0. A NaN score makes `m` NaN and so the whole row NaN;
@@ -37,21 +64,23 @@ struct Kv<'a> {
 ///
 /// Returns the row's log-sum-exp `m + ln l` (natural log; −inf for a row without a finite
 /// score, NaN where the row is NaN).
-fn attend_row(q: &[f64], scale: f64, kv: &Kv<'_>, n: usize, mask: Option<&[f64]>, out: &mut [f64]) -> f64 {
+fn attend_row(q: &[f64], sc: Scores, kv: &Kv<'_>, keys: std::ops::Range<usize>, mask: Option<&[f64]>, out: &mut [f64]) -> f64 {
     let mut s = [0.0f64; TILE];
     let mut m = f64::NEG_INFINITY;
     let mut l = 0.0f64;
     out.iter_mut().for_each(|o| *o = 0.0);
-    let mut j0 = 0;
+    let (mut j0, n) = (keys.start, keys.end);
     while j0 < n {
-        let j1 = (j0 + TILE).min(n);
+        // Tiles are aligned to absolute key indices (as the kernels' are), so a window's
+        // first tile is partial.
+        let j1 = ((j0 / TILE + 1) * TILE).min(n);
         let mut tile_max = f64::NEG_INFINITY;
         for j in j0..j1 {
             let k = &kv.k[kv.k_offs[j]..][..kv.d];
             let dot: f64 = q.iter().zip(k).map(|(a, b)| a * b).sum();
-            let sc = scale * dot + mask.map_or(0.0, |mk| mk[j]);
-            s[j - j0] = sc;
-            tile_max = nan_max(tile_max, sc);
+            let x = sc.score(dot) + mask.map_or(0.0, |mk| mk[j]);
+            s[j - j0] = x;
+            tile_max = nan_max(tile_max, x);
         }
         let m_new = nan_max(m, tile_max);
         if m_new == f64::NEG_INFINITY {
@@ -90,13 +119,26 @@ fn lse_tensor(op: &Op, shape: Vec<usize>, mut data: Vec<f64>) -> Result<Option<T
     Ok(Some(Tensor::from_parts(DType::F32, shape, data)))
 }
 
-/// How many keys query row `i` of `sq` sees among `skv` (causal: bottom-right aligned).
-fn visible(causal: bool, i: usize, sq: usize, skv: usize) -> usize {
+/// The keys query row `i` of `sq` sees among `skv`: all without `causal`; with it `j ≤ pᵢ`
+/// (bottom-right aligned, pᵢ = i + skv − sq), and with a sliding window W also `pᵢ − j < W`.
+fn visible(causal: bool, window: Option<usize>, i: usize, sq: usize, skv: usize) -> std::ops::Range<usize> {
     if !causal {
-        return skv;
+        return 0..skv;
     }
     let lim = i as i128 + skv as i128 - sq as i128 + 1;
-    lim.clamp(0, skv as i128) as usize
+    let hi = lim.clamp(0, skv as i128) as usize;
+    let lo = window.map_or(0, |w| (lim - w as i128).clamp(0, hi as i128) as usize);
+    lo..hi
+}
+
+/// The `window` attribute: absent, or an integer ≥ 1 with `causal=true`.
+fn window_attr(op: &Op, causal: bool) -> Result<Option<usize>> {
+    match op.int("window") {
+        None => Ok(None),
+        Some(w) if w >= 1 && causal => Ok(Some(usize::try_from(w).unwrap_or(usize::MAX))),
+        Some(w) if w >= 1 => attr_err(format!("window={w} is a causal sliding window: it needs causal=true")),
+        Some(w) => attr_err(format!("window must be at least 1, got {w}")),
+    }
 }
 
 fn heads_attrs(op: &Op) -> Result<(usize, usize)> {
@@ -120,7 +162,8 @@ fn tt(t: &Tensor) -> String {
 }
 
 /// `attention(q, k, v, mask?)`: see the op table. Layout `bhsd` (q `[B,H,Sq,D]`) or `bshd`
-/// (q `[B,Sq,H,D]`); GQA head h reads KV head `h / (H/Hkv)`; causal bottom-right; optional
+/// (q `[B,Sq,H,D]`); GQA head h reads KV head `h / (H/Hkv)`; causal bottom-right, with an
+/// optional sliding window; scores optionally soft-capped before the mask; optional
 /// additive mask broadcast to `[B,H,Sq,Skv]`; one rounding to q's dtype. With `lse=true`, also
 /// each row's log-sum-exp (f32 `[B,H,Sq]`, `[B,Sq,H]` in `bshd`).
 pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
@@ -129,8 +172,9 @@ pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Optio
             format!("{n} must be a rank-4 float tensor of q's dtype, got {} (q is {})", tt(t), tt(q))
         })?;
     }
-    let scale = attrs::float(op, "scale")?;
+    let sc = Scores::of(op)?;
     let causal = attrs::bool(op, "causal")?;
+    let window = window_attr(op, causal)?;
     let (heads, kv_heads) = heads_attrs(op)?;
     let bshd = match attrs::str(op, "layout")? {
         "bhsd" => false,
@@ -187,19 +231,19 @@ pub(super) fn attention(op: &Op, q: &Tensor, k: &Tensor, v: &Tensor, mask: Optio
             let kv = Kv { k: &k.data, v: &v.data, k_offs: &k_offs, v_offs: &v_offs, d, dv };
             for h in g * group..(g + 1) * group {
                 for i in 0..sq {
-                    let n = visible(causal, i, sq, skv);
+                    let keys = visible(causal, window, i, sq, skv);
                     let mrow = match (mask, &mask_strides) {
                         (Some(mk), Some(st)) => {
                             let base = b * st[0] + h * st[1] + i * st[2];
-                            for (j, mv) in mrow.iter_mut().enumerate().take(n) {
-                                *mv = mk.data[base + j * st[3]];
+                            for j in keys.clone() {
+                                mrow[j] = mk.data[base + j * st[3]];
                             }
                             Some(&mrow[..])
                         }
                         _ => None,
                     };
                     let qrow = &q.data[off(b, h, i, heads, sq, d)..][..d];
-                    lse[off(b, h, i, heads, sq, 1)] = attend_row(qrow, scale, &kv, n, mrow, &mut acc);
+                    lse[off(b, h, i, heads, sq, 1)] = attend_row(qrow, sc, &kv, keys, mrow, &mut acc);
                     data[off(b, h, i, heads, sq, dv)..][..dv].copy_from_slice(&acc);
                 }
             }
@@ -249,10 +293,7 @@ pub(super) fn kv_append(kp: &Tensor, vp: &Tensor, kn: &Tensor, vn: &Tensor, bt: 
     let (batch, t) = (kn.shape[0], kn.shape[1]);
     let cols = check_table(bt, start, batch, "start_pos")?;
     if page_size == 0 && batch * t > 0 {
-        return Err(InterpError::ZeroSize {
-            site: Site::default(),
-            message: format!("page_size is 0 ({}), so the {t} new tokens per sequence have no slot", tt(kp)),
-        });
+        return Err(InterpError::ZeroSize { site: Site::default(), message: format!("page_size is 0 ({}), so the {t} new tokens per sequence have no slot", tt(kp)) });
     }
     let row = hkv * d;
     let (mut ko, mut vo) = (kp.data.clone(), vp.data.clone());
@@ -264,9 +305,7 @@ pub(super) fn kv_append(kp: &Tensor, vp: &Tensor, kn: &Tensor, vn: &Tensor, bt: 
             let Some(slot) = usize::try_from(slot).ok().filter(|&s| s < capacity) else {
                 return Err(InterpError::IndexOutOfRange {
                     site: Site::default(),
-                    what: format!(
-                        "the slot of token {ti} of sequence {b} (start_pos[{b}] = {s0}; the block table holds {cols} pages of {page_size})"
-                    ),
+                    what: format!("the slot of token {ti} of sequence {b} (start_pos[{b}] = {s0}; the block table holds {cols} pages of {page_size})"),
                     index: slot,
                     len: capacity as i64,
                 });
@@ -283,15 +322,17 @@ pub(super) fn kv_append(kp: &Tensor, vp: &Tensor, kn: &Tensor, vn: &Tensor, bt: 
 
 /// `paged_attention`: q `[B, H, T, D]` over `seq_lens[b]` keys of sequence b, key j at page
 /// `block_table[b][j / page_size]`, row `j % page_size`; causal bottom-right with
-/// Skv = `seq_lens[b]`, Sq = T; GQA as in `attention`; a sequence of length 0 gives 0s.
+/// Skv = `seq_lens[b]`, Sq = T, and the sliding window and softcap of `attention`; GQA as in
+/// `attention`; a sequence of length 0 gives 0s.
 /// Only the block-table entries a sequence reads are checked. With `lse=true`, also each
 /// row's log-sum-exp (f32 `[B, H, T]`).
 pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt: &Tensor, lens: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
     want(q.rank() == 4 && q.dtype.is_float(), || format!("q must be a rank-4 float tensor [batch, heads, T, head_dim], got {}", tt(q)))?;
     let (pages, page_size, hkv, d) = check_pages(kp, vp)?;
     want(kp.dtype == q.dtype, || format!("q and the pages must share a dtype, got {} and {}", tt(q), tt(kp)))?;
-    let scale = attrs::float(op, "scale")?;
+    let sc = Scores::of(op)?;
     let causal = attrs::bool(op, "causal")?;
+    let window = window_attr(op, causal)?;
     let (heads, kv_heads) = heads_attrs(op)?;
     let (batch, h, t, dq) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     want(h == heads, || format!("q has {h} heads, the attribute says {heads}"))?;
@@ -325,9 +366,9 @@ pub(super) fn paged_attention(op: &Op, q: &Tensor, kp: &Tensor, vp: &Tensor, bt:
             let kv = Kv { k: &kp.data, v: &vp.data, k_offs: &k_offs, v_offs: &k_offs, d, dv: d };
             for hh in g * group..(g + 1) * group {
                 for i in 0..t {
-                    let n = visible(causal, i, t, len);
+                    let keys = visible(causal, window, i, t, len);
                     let at = ((b * heads + hh) * t + i) * d;
-                    lse[(b * heads + hh) * t + i] = attend_row(&q.data[at..][..d], scale, &kv, n, None, &mut acc);
+                    lse[(b * heads + hh) * t + i] = attend_row(&q.data[at..][..d], sc, &kv, keys, None, &mut acc);
                     data[at..at + d].copy_from_slice(&acc);
                 }
             }

@@ -41,6 +41,32 @@ pub(super) fn exp0<'ctx>(k: &Kit<'ctx>, x: FloatValue<'ctx>) -> R<FloatValue<'ct
     k.exp(k.max_nan(x, k.f32c(EXP_FLOOR))?)
 }
 
+/// `c·tanh(s/c)` in f32 with the node's `softcap` c (Gemma 2's logit soft-capping), else `s`:
+/// ±inf give ±c, NaN stays NaN.
+pub(super) fn cap_score<'ctx>(k: &Kit<'ctx>, s: FloatValue<'ctx>, softcap: Option<f32>) -> R<FloatValue<'ctx>> {
+    let Some(c) = softcap else { return Ok(s) };
+    let cv = k.f32c(f64::from(c));
+    let x = k.fdiv(s, cv)?;
+    let t = k.math(|kb| crate::math::tanh(kb, x, true))?;
+    k.fmul(t, cv)
+}
+
+/// The node's sliding `window` (keys per query, `1..=i32::MAX`, causal only) and `softcap`
+/// (a finite f32 above 0), checked as the verifier checks them.
+fn window_softcap(op: &sinter_ir::Op, causal: bool, kernel: &str, family: Family) -> R<(Option<i64>, Option<f32>)> {
+    let window = op.int("window");
+    if let Some(w) = window {
+        if !(1..=i64::from(i32::MAX)).contains(&w) || !causal {
+            return Err(bad(kernel, family, format!("window={w} must be in 1..={} with causal=true", i32::MAX)));
+        }
+    }
+    let softcap = match op.float("softcap") {
+        Some(c) if !(c > 0.0 && (c as f32).is_finite()) => return Err(bad(kernel, family, format!("softcap must be a finite f32 above 0, got {c:?}"))),
+        c => c.map(|c| c as f32),
+    };
+    Ok((window, softcap))
+}
+
 /// The error for a kernel these families cannot generate.
 pub(super) fn unsupported(kernel: &str, family: Family, reason: impl Into<String>) -> CodegenError {
     CodegenError::Unsupported { kernel: format!("{kernel} ({family:?})"), message: reason.into() }
@@ -259,6 +285,10 @@ pub(crate) struct Prefill {
     /// per-tensor scales (sq, sk, sv); `dtype` is the dequantised (and output) dtype. Only
     /// the `wgmma` kernel takes it ([`super::prefill_wgmma`], "fp8").
     pub(super) fp8: Option<[Fp8Scale; 3]>,
+    /// The sliding window W (causal only): query i sees keys `i + Skv − Sq − W < j`.
+    pub(super) window: Option<i64>,
+    /// The logit softcap c: scores `c·tanh(s/c)` before the mask ([`cap_score`]).
+    pub(super) softcap: Option<f32>,
 }
 
 /// An additive mask: buffer, dtype, offset and strides over [B, H, Sq, Skv] (0 where it
@@ -304,6 +334,7 @@ impl Prefill {
         if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
             return Err(bad(&name, fam, format!("heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")));
         }
+        let (window, softcap) = window_softcap(op, causal, &name, fam)?;
         let bshd = op.str("layout") == Some("bshd");
         let qt = body.ty(nd.inputs[0]);
         let dtype = qt.dtype;
@@ -364,6 +395,8 @@ impl Prefill {
             lse,
             mask,
             fp8,
+            window,
+            softcap,
         })
     }
 
@@ -412,6 +445,10 @@ pub(crate) struct Paged {
     /// The node's `unified_max` φ as f32 (FlashDecoding++'s unified maximum; `None`: the
     /// online softmax), see [`super::decode`].
     pub(super) unified_max: Option<f32>,
+    /// The sliding window W (causal only): query t sees keys `t + len − T − W < j`.
+    pub(super) window: Option<i64>,
+    /// The logit softcap c ([`cap_score`]).
+    pub(super) softcap: Option<f32>,
 }
 
 impl Paged {
@@ -433,6 +470,7 @@ impl Paged {
             Some(phi) if !(phi as f32).is_finite() => return Err(bad(&name, fam, format!("attribute `unified_max` must be a finite f32 number, got {phi:?}"))),
             phi => phi.map(|phi| phi as f32),
         };
+        let (window, softcap) = window_softcap(op, causal, &name, fam)?;
         let ty = |i: usize| body.ty(nd.inputs[i]);
         let (qt, pt, tbt, lnt) = (ty(0), ty(1), ty(3), ty(4));
         let dtype = qt.dtype;
@@ -476,6 +514,8 @@ impl Paged {
             table: (tv.param, tv.offset.clone(), tv.strides[0].clone(), tv.strides[1].clone()),
             lens: (lv.param, lv.offset.clone(), lv.strides[0].clone()),
             unified_max,
+            window,
+            softcap,
         })
     }
 
@@ -509,6 +549,7 @@ impl Paged {
         let (tbuf, toff, ts0, ts1) = &self.table;
         Ok(PagedAddr {
             causal: self.causal,
+            window: self.window,
             group: self.heads / self.kv_heads,
             g,
             b,
@@ -538,6 +579,7 @@ impl Paged {
 /// value i64.
 pub(super) struct PagedAddr<'ctx> {
     causal: bool,
+    window: Option<i64>,
     group: i64,
     g: IntValue<'ctx>,
     b: IntValue<'ctx>,
@@ -560,17 +602,31 @@ pub(super) struct PagedAddr<'ctx> {
 
 impl<'ctx> PagedAddr<'ctx> {
     /// Query row `rg` (i64) of the KV head's `H/Hkv · T` rows (row = head within the group ·
-    /// T + t): whether it exists, its q and o element offsets, and how many keys it sees
-    /// (i64; the causal limit with bottom-right alignment, ≤ the length; not zeroed for a
-    /// missing row).
-    pub(super) fn row(&self, k: &Kit<'ctx>, rg: IntValue<'ctx>) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+    /// T + t): whether it exists, its q and o element offsets, how many keys it sees (i64;
+    /// the causal limit with bottom-right alignment, ≤ the length; not zeroed for a missing
+    /// row) and its first visible key (i64; with a window W `max(limit − W, 0)`, else 0).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn row(&self, k: &Kit<'ctx>, rg: IntValue<'ctx>) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
         let valid = k.icmp(IntPredicate::SLT, rg, self.n_rows)?;
         let hh = k.udiv(rg, self.t)?;
         let ti = k.urem(rg, self.t)?;
         let head = k.add(k.mul(self.g, k.i64c(self.group))?, hh)?;
         let off = |(base, st): &(IntValue<'ctx>, Vec<IntValue<'ctx>>)| -> R<IntValue<'ctx>> { k.add(*base, k.add(k.add(k.mul(self.b, st[0])?, k.mul(head, st[1])?)?, k.mul(ti, st[2])?)?) };
         let limit = if self.causal { k.smin(k.smax(k.add(k.add(ti, self.shift)?, k.i64c(1))?, k.i64c(0))?, self.len)? } else { self.len };
-        Ok((valid, off(&self.q)?, off(&self.o)?, limit))
+        let start = match self.window {
+            Some(w) => k.smax(k.sub(limit, k.i64c(w))?, k.i64c(0))?,
+            None => k.i64c(0),
+        };
+        Ok((valid, off(&self.q)?, off(&self.o)?, limit, start))
+    }
+
+    /// A first visible key of every row of the sequence (i64): with a window W
+    /// `max(len − T + 1 − W, 0)` (query 0's), else 0.
+    pub(super) fn seq_start(&self, k: &Kit<'ctx>) -> R<IntValue<'ctx>> {
+        match self.window {
+            Some(w) => k.smax(k.sub(k.add(self.shift, k.i64c(1))?, k.i64c(w))?, k.i64c(0)),
+            None => Ok(k.i64c(0)),
+        }
     }
 
     /// The element offset of query row `rg`'s log-sum-exp, when the kernel writes it.

@@ -31,6 +31,12 @@
 //! the PTX (`.reqnctapercluster`), so a plain `cuLaunchKernel` launches it. sm_80 has no
 //! clusters; a symbolic row count also uses `cluster = 1`.
 //!
+//! # Sliding window and softcap
+//! With the node's `window = W` a row sees keys `[max(limit − W, 0), limit)`: the workers start
+//! at the tile holding the CTA's smallest first visible key (the tiles below it are never
+//! loaded), keys below a row's window score −inf and are not multiplied. With `softcap = c`
+//! each score is `c·tanh(s/c)` (f32) before the softmax.
+//!
 //! Design notes: book/src/design/attention.md
 
 use inkwell::attributes::AttributeLoc;
@@ -39,7 +45,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Family, GridDim, Kernel, KernelGraph, LaunchPlan};
 
-use super::analysis::{dynamic_bytes, exp0, shared_kind, unsupported, Paged, PagedAddr};
+use super::analysis::{cap_score, dynamic_bytes, exp0, shared_kind, unsupported, Paged, PagedAddr};
 use crate::isa::kit::{Kit, SharedKind, R};
 use super::AttentionSchedule;
 use crate::kernels::family::{Generator, Schedule};
@@ -269,6 +275,8 @@ struct Row<'ctx> {
     o_off: IntValue<'ctx>,
     /// Keys it sees (i32): the causal limit, ≤ the sequence length; 0 for a missing row.
     limit: IntValue<'ctx>,
+    /// Its first visible key (i32): 0, or with a sliding window `max(limit − W, 0)`.
+    start: IntValue<'ctx>,
     /// Element offset of its log-sum-exp, when the kernel writes it (`lse=true`).
     lse_off: Option<IntValue<'ctx>>,
 }
@@ -346,9 +354,9 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
         let a = p.addressing(kit, g, b)?;
         let row = |k: &Kit<'ctx>, r: u32| -> R<Row<'ctx>> {
             let rg = k.add(k.mul(tile_row, k.i64c(i64::from(rt)))?, k.i64c(i64::from(r)))?;
-            let (valid, q_off, o_off, limit) = a.row(k, rg)?;
+            let (valid, q_off, o_off, limit, start) = a.row(k, rg)?;
             let limit = k.select_int(valid, limit, k.i64c(0))?;
-            Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)?, lse_off: a.lse_off(k, rg)? })
+            Ok(Row { valid, q_off, o_off, limit: k.trunc32(limit)?, start: k.trunc32(start)?, lse_off: a.lse_off(k, rg)? })
         };
         let rows: Vec<Row> = (0..rt).map(|r| row(kit, r)).collect::<R<_>>()?;
         let ck = [8u32, 4, 2, 1].into_iter().find(|c| d % c == 0).unwrap_or(1);
@@ -389,10 +397,21 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
         let (zero, ninf) = (self.zero, self.ninf);
         let kv_end = self.rows.iter().try_fold(kit.i32c(0), |acc, r| kit.smax(acc, r.limit))?;
         let ntiles = kit.udiv(kit.add(kv_end, i32c(TILE - 1))?, i32c(TILE))?;
+        // With a sliding window the tiles below the rows' first visible key are skipped: the
+        // workers start at the tile holding it (past `ntiles` when no row exists).
+        let kv_start = match p.window {
+            Some(_) => self.rows.iter().try_fold(kit.i32c(i32::MAX), |acc, r| kit.smin(acc, kit.select_int(r.valid, r.start, kit.i32c(i32::MAX))?))?,
+            None => kit.i32c(0),
+        };
+        let tile_lo = kit.udiv(kv_start, i32c(TILE))?;
         // Solo mode (a cluster whose sequence has at most SOLO_TILES tiles): rank 0 takes every
         // tile, the other CTAs leave at once, and no cluster barrier is crossed. Otherwise
         // consecutive tiles go to different CTAs (SMs) first, then to the warps of each.
-        let solo = if nc > 1 { kit.icmp(IntPredicate::ULE, ntiles, i32c(SOLO_TILES))? } else { kit.bool_c(true) };
+        let solo = match (nc > 1, p.window.is_some()) {
+            (false, _) => kit.bool_c(true),
+            (true, false) => kit.icmp(IntPredicate::ULE, ntiles, i32c(SOLO_TILES))?,
+            (true, true) => kit.icmp(IntPredicate::SLE, kit.sub(ntiles, tile_lo)?, i32c(SOLO_TILES))?,
+        };
         if nc > 1 {
             let idle = kit.and(solo, kit.icmp(IntPredicate::NE, self.rank, i32c(0))?)?;
             let (leave, stay) = kit.math(|kb| Ok((kb.block("idle"), kb.block("work"))))?;
@@ -441,7 +460,7 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
             }),
             None => None,
         };
-        Ok(Worker { c: self, kv_end, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, v_batch, um })
+        Ok(Worker { c: self, kv_start, kv_end, tile_lo, ntiles, solo, worker, n_workers, m, l, per_lane, nd, v_vec, acc, k_sd, v_sd, k_vec, k_ptr, v_ptr, scale, prefetch, v_batch, um })
     }
 
     /// 4. Merge by log-sum-exp. In cluster mode each CTA writes its share of the rt·dv outputs
@@ -536,8 +555,11 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
 /// row), and how it reads V.
 struct Worker<'w, 'ctx> {
     c: &'w Decode<'w, 'ctx>,
-    /// The CTA's key range (the largest of its rows' limits) in tiles.
+    /// The CTA's key range: from the smallest of its rows' first visible keys (0 without a
+    /// window) to the largest of their limits; in tiles `tile_lo..ntiles`.
+    kv_start: IntValue<'ctx>,
     kv_end: IntValue<'ctx>,
+    tile_lo: IntValue<'ctx>,
     ntiles: IntValue<'ctx>,
     /// Solo mode (see the module docs), `i1`.
     solo: IntValue<'ctx>,
@@ -615,7 +637,8 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
     /// The worker's tiles: with the online softmax (`unified` None), or with the unified
     /// maximum φ (the fast path, whose per-row state is `um`).
     fn tiles(&self, kit: &Kit<'ctx>, unified: Option<f32>) -> R<()> {
-        kit.for_range(self.worker, self.ntiles, self.n_workers, |k, tile| {
+        let first = if self.c.p.window.is_some() { kit.add(self.tile_lo, self.worker)? } else { self.worker };
+        kit.for_range(first, self.ntiles, self.n_workers, |k, tile| {
             let j0 = k.mul(tile, self.i32c(TILE))?;
             let j = k.add(j0, self.c.lane)?;
             let (sv, vrows) = self.scores(k, j)?;
@@ -633,6 +656,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
         let (c, i64t, zero, ck, d) = (self.c, k.i64t, self.c.zero, self.c.ck, self.c.d);
         let i32c = |v: u32| self.i32c(v);
         let in_seq = k.icmp(IntPredicate::SLT, j, self.kv_end)?;
+        let in_seq = if c.p.window.is_some() { k.and(in_seq, k.icmp(IntPredicate::SGE, j, self.kv_start)?)? } else { in_seq };
         let sv: Vec<PointerValue> = (0..c.rt).map(|_| k.var_f(zero)).collect::<R<_>>()?;
         let voff_slot = self.voff_at(k, c.lane)?;
         let kvar = k.math(|kb| kb.in_prologue(|kb| Ok(kb.b.build_alloca(i64t, "")?)))?;
@@ -686,8 +710,16 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
         let mut bounds = Vec::with_capacity(c.rt as usize);
         for (r, info) in c.rows.iter().enumerate() {
             let visible = k.icmp(IntPredicate::SLT, j, info.limit)?;
-            let sc = k.select_f(visible, k.fmul(k.get_f(sv[r])?, self.scale)?, ninf)?;
+            let visible = if c.p.window.is_some() { k.and(visible, k.icmp(IntPredicate::SGE, j, info.start)?)? } else { visible };
+            let sc = k.select_f(visible, cap_score(k, k.fmul(k.get_f(sv[r])?, self.scale)?, c.p.softcap)?, ninf)?;
             let n_vis = |k: &Kit<'ctx>| k.smin(k.smax(k.sub(info.limit, j0)?, i32c(0))?, i32c(TILE));
+            // The tile's keys below the row's window are never multiplied.
+            let w_lo = |k: &Kit<'ctx>, lo: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                if c.p.window.is_none() {
+                    return Ok(lo);
+                }
+                k.smax(lo, k.smin(k.smax(k.sub(info.start, j0)?, i32c(0))?, i32c(TILE))?)
+            };
             if let (Some(phi), Some(u)) = (unified, &self.um) {
                 k.set(u.lmax[r], k.max_nan(k.get_f(u.lmax[r])?, sc)?.into())?;
                 let pj = exp0(k, k.fsub(sc, k.f32c(f64::from(phi)))?)?;
@@ -700,7 +732,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
                 let seen_old = k.get_i(u.seen[r], k.i1t)?;
                 let seen_new = k.select_int(seen_old, seen_old, k.icmp(IntPredicate::NE, bal, i32c(0))?)?;
                 k.set(u.seen[r], seen_new.into())?;
-                let lo = k.select_int(k.select_int(seen_old, seen_old, first_some)?, i32c(0), i32c(16))?;
+                let lo = w_lo(k, k.select_int(k.select_int(seen_old, seen_old, first_some)?, i32c(0), i32c(16))?)?;
                 let hi = k.select_int(seen_new, n_vis(k)?, i32c(0))?;
                 bounds.push((lo, hi));
                 continue;
@@ -724,7 +756,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
             let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
             let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
-            let lo = k.select_int(k.and(old_none, first_none)?, i32c(16), i32c(0))?;
+            let lo = w_lo(k, k.select_int(k.and(old_none, first_none)?, i32c(16), i32c(0))?)?;
             let hi = k.select_int(none_yet, i32c(0), n_vis(k)?)?;
             bounds.push((lo, hi));
         }

@@ -10,10 +10,18 @@
 //! rows contiguous and 16-byte aligned; else the CUDA-core kernel (`simt.rs`), correct for
 //! every shape. `schedule::eligible` and `schedule::wg_eligible` say why a kernel does not
 //! apply; `Attention` is the family's `Generator` (its candidates: the autotuning variants).
+//! A sliding window or a softcap (`window`, `softcap`) is taken by the `mma.sync` and the
+//! CUDA-core prefill kernels and both paged decode kernels; the `wgmma` kernel has neither
+//! yet, so on sm_90a such a node goes to `mma.sync` (and an fp8 one is not formed: the
+//! contract refuses it).
 //!
 //! # Semantics (the interpreter's, `sinter_ir::interp`)
 //! - Causal masks are aligned bottom-right: query `i` sees keys `j ≤ i + Skv − Sq`; key tiles
 //!   wholly above the CTA's last visible key are never loaded.
+//! - A sliding window W (causal only) hides keys `j ≤ pᵢ − W` (pᵢ = i + Skv − Sq); the key
+//!   tiles wholly below a CTA's first visible key are never loaded, and the partial tile's
+//!   hidden keys score −inf and are never multiplied. A softcap c makes each score
+//!   `c·tanh(s/c)` (f32) before the additive mask.
 //! - GQA: query head `h` reads KV head `h / (H/Hkv)`; K/V are never repeated in memory.
 //! - A row with no visible key, or whose visible scores are all −inf, gives exactly 0; a NaN
 //!   score makes its row NaN (NaN-propagating maxima); a +inf score gives NaN (inf − inf).

@@ -30,6 +30,14 @@
 //! one, computes that tile's `P·V` on CUDA cores, multiplying exactly the interpreter's
 //! products ([`Tiles::decide_slow`], [`Tiles::pv_slow`]).
 //!
+//! # Sliding window and softcap
+//! With `window = W` the key loop starts at the tile holding the CTA's first row's first
+//! visible key (the tiles below it are never loaded), a warp skips the tiles wholly below its
+//! first row's window, and a tile below some row's window start is masked (those keys score
+//! −inf) and counts as holding products the reference does not make (its V rows are scanned
+//! for non-finite values, [`Tiles::decide_slow`]). With `softcap = c` the scores are in
+//! natural units (not `fused`) and each is `c·tanh(s/c)` before the mask.
+//!
 //! # What it takes
 //! bf16 or f16; head dims multiples of 16 up to 256; q, k and v rows contiguous and 16-byte
 //! aligned, as 16-byte `cp.async` needs ([`super::schedule::eligible`]).
@@ -41,7 +49,7 @@ use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Family, LaunchPlan};
 
-use super::analysis::{shared_kind, unsupported, Mask, Prefill, T4};
+use super::analysis::{cap_score, shared_kind, unsupported, Mask, Prefill, T4};
 use super::schedule::{eligible, TcSchedule, TcSmem as Smem, WgSchedule, WS_STAGES};
 use crate::isa::kit::{Kit, SharedKind, R};
 use crate::target::Target;
@@ -168,6 +176,8 @@ fn any_nonfinite<'ctx>(k: &Kit<'ctx>, words: &[IntValue<'ctx>], e: u32) -> R<Int
 pub(super) struct Rows<'ctx> {
     /// Key limit of the row (i32): keys `j < limit` are visible.
     pub(super) limit: Vec<[IntValue<'ctx>; 2]>,
+    /// With a sliding window, the row's first visible key (i32): keys `start ≤ j` are visible.
+    pub(super) start: Vec<[IntValue<'ctx>; 2]>,
     /// Whether the row exists (< Sq).
     pub(super) valid: Vec<[IntValue<'ctx>; 2]>,
     /// Query row index (i64).
@@ -252,6 +262,10 @@ pub(super) struct PrefillTc<'a, 'ctx> {
     /// log2 e overflowed to −inf. `cf` is c (fused) or the scale (·sq·sk for fp8).
     pub(super) fused: bool,
     pub(super) cf: FloatValue<'ctx>,
+    /// The sliding window: the CTA's first key tile (i32; 0 without one) and the first
+    /// visible keys of the warp's first and last rows (i32; 0 without one).
+    pub(super) t_lo: IntValue<'ctx>,
+    pub(super) w_start: [IntValue<'ctx>; 2],
     pub(super) v_scale: Option<FloatValue<'ctx>>,
     /// The producer warpgroup, the ping-pong and the intra-warpgroup overlap of `wg`.
     pub(super) ws: bool,
@@ -315,7 +329,7 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
         let epc = if fp8.is_some() { 16 } else { 8 };
         let kstep = if fp8.is_some() { 32 } else { 16 };
         let c = p.scale * std::f64::consts::LOG2_E;
-        let fused = c > 0.0 && p.mask.is_none() && fp8.is_none();
+        let fused = c > 0.0 && p.mask.is_none() && fp8.is_none() && p.softcap.is_none();
         let (cf, v_scale) = match fp8 {
             Some(sc) => {
                 let qk = kit.fmul(crate::kernels::fp8_operand::fp8_scale(kit, sc[0])?, crate::kernels::fp8_operand::fp8_scale(kit, sc[1])?)?;
@@ -358,6 +372,13 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
                 Ok(skv)
             }
         };
+        // With a window W, row i's first visible key: max(limit − W, 0) (i32).
+        let start_of = |k: &Kit<'ctx>, i: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            match p.window {
+                Some(w) => k.trunc32(k.smax(k.sub(limit_of(k, i)?, k.i64c(w))?, k.i64c(0))?),
+                None => Ok(k.i32c(0)),
+            }
+        };
         // Keys the CTA needs: up to its last row's limit.
         let kv_end = {
             let last = kit.sub(kit.smin(kit.add(q0, kit.i64c(i64::from(bq)))?, sq)?, kit.i64c(1))?;
@@ -369,6 +390,9 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
         let w_last = kit.sub(kit.smin(kit.add(w0, kit.i64c(i64::from(rpw)))?, sq)?, kit.i64c(1))?;
         let has_rows = kit.icmp(IntPredicate::SLT, w0, sq)?;
         let min_limit = kit.trunc32(limit_of(kit, w0)?)?;
+        // From the tile holding the CTA's first row's first visible key.
+        let t_lo = if p.window.is_some() { kit.udiv(start_of(kit, q0)?, c32(bkv))? } else { c32(0) };
+        let w_start = [start_of(kit, w0)?, start_of(kit, kit.smax(w_last, w0)?)?];
         let warp_end = kit.select_int(has_rows, kit.trunc32(limit_of(kit, w_last)?)?, c32(0))?;
         // The tiles a warp computes end at its last row's limit; a warpgroup's `wgmma` needs all
         // four warps, so there they end at the warpgroup's (64 rows from 64·(warp / 4)).
@@ -381,18 +405,21 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
             warp_end
         };
         let rows = {
-            let mut r = Rows { limit: Vec::new(), valid: Vec::new(), index: Vec::new() };
+            let mut r = Rows { limit: Vec::new(), start: Vec::new(), valid: Vec::new(), index: Vec::new() };
             for mi in 0..mt {
+                let mut st = Vec::new();
                 let mut lim = Vec::new();
                 let mut val = Vec::new();
                 let mut idx = Vec::new();
                 for hh in 0..2u32 {
                     let i = kit.add(w0, kit.zext64(kit.add(g, c32(16 * mi as u32 + 8 * hh))?)?)?;
                     lim.push(kit.trunc32(limit_of(kit, i)?)?);
+                    st.push(start_of(kit, i)?);
                     val.push(kit.icmp(IntPredicate::SLT, i, sq)?);
                     idx.push(i);
                 }
                 r.limit.push([lim[0], lim[1]]);
+                r.start.push([st[0], st[1]]);
                 r.valid.push([val[0], val[1]]);
                 r.index.push([idx[0], idx[1]]);
             }
@@ -400,7 +427,7 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
         };
         let overlap = wg.is_some_and(|w| w.overlap);
         Ok(PrefillTc {
-            kit, p, s, sm, wg, dt, d, dv, bkv, mt, bq, threads, rpw, n_nt, n_ov, smem, ninf, zero, exp_mask, fp8, ein, epc, kstep, fused, cf, v_scale, ws, pingpong, overlap,
+            kit, p, s, sm, wg, dt, d, dv, bkv, mt, bq, threads, rpw, n_nt, n_ov, smem, ninf, zero, exp_mask, fp8, ein, epc, kstep, fused, cf, t_lo, w_start, v_scale, ws, pingpong, overlap,
             raw_tid, tid, warp, lane, g, t4, h, b, q0, sq, skv, skv32, q_base, o_base, k_base, v_base, q_ss, o_ss, k_ss, v_ss, q_ptr, k_ptr, v_ptr, o_ptr, n_tiles, w0, min_limit, wg_id,
             grp_end, rows,
         })
@@ -534,7 +561,7 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
             let (q0, sq) = (self.q0, self.sq);
             self.copy_rows(kit, self.bq, self.d / self.epc, self.sm.ldq, c32(0), self.q_ptr, kit.add(self.q_base, kit.mul(q0, self.q_ss)?)?, self.q_ss, kit.sub(sq, q0)?)?;
             // (The overlapped `wgmma` loop takes V one tile after K: V_0 in its first iteration.)
-            kit.if_then(kit.icmp(IntPredicate::SGT, self.n_tiles, c32(0))?, |k| if self.overlap { self.issue_k(k, c32(0)) } else { self.issue_tile(k, c32(0)) })?;
+            kit.if_then(kit.icmp(IntPredicate::SGT, self.n_tiles, self.t_lo)?, |k| if self.overlap { self.issue_k(k, self.t_lo) } else { self.issue_tile(k, self.t_lo) })?;
             kit.cp_async_commit()?;
             kit.cp_async_wait(0)?;
             if self.wg.is_some() {
@@ -683,7 +710,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         for mi in 0..mt {
             for n in 0..n_nt {
                 for e in 0..4 {
-                    let v = if self.fused { sacc[mi][n][e] } else { k.fmul(sacc[mi][n][e], self.cf)? };
+                    let v = if self.fused { sacc[mi][n][e] } else { cap_score(k, k.fmul(sacc[mi][n][e], self.cf)?, p.softcap)? };
                     k.set(sv[mi][n][e], v.into())?;
                 }
             }
@@ -693,6 +720,8 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         // crosses a row's limit.
         let col0 = k.add(j0, k.mul(self.t4, c32(2))?)?;
         let crosses = k.icmp(IntPredicate::SGT, k.add(j0, c32(bkv))?, self.min_limit)?;
+        // A tile below some row's window start crosses it.
+        let crosses = if p.window.is_some() { or(k, crosses, k.icmp(IntPredicate::SLT, j0, self.w_start[1])?)? } else { crosses };
         let crosses = if p.mask.is_some() { k.bool_c(true) } else { crosses };
         k.if_then(crosses, |k| {
             for mi in 0..mt {
@@ -701,6 +730,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
                         let hh = e / 2;
                         let col = k.add(col0, c32(8 * n as u32 + (e % 2) as u32))?;
                         let vis = k.icmp(IntPredicate::SLT, col, self.rows.limit[mi][hh])?;
+                        let vis = if p.window.is_some() { k.and(vis, k.icmp(IntPredicate::SGE, col, self.rows.start[mi][hh])?)? } else { vis };
                         let mut x = k.get_f(sv[mi][n][e])?;
                         if let (Some(mk), Some(mrow)) = (&p.mask, self.mask_rows[mi][hh]) {
                             // Row clamped below Sq, key below Skv: always in bounds, no branch.
@@ -725,7 +755,10 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         let (mt, n_nt, sv, ninf, first, m) = (self.mt, self.n_nt, &self.sv, self.ninf, &self.first, &self.m);
         let c32 = |v: u32| self.c32(v);
         let n_grp = n_nt / 2;
-        k.set(self.lo_var, k.smax(self.min_limit, j0)?.into())?;
+        let lo = k.smax(self.min_limit, j0)?;
+        // Keys below some row's window start are not multiplied for it: the whole tile.
+        let lo = if self.p.window.is_some() { k.select_int(k.icmp(IntPredicate::SLT, j0, self.w_start[1])?, j0, lo)? } else { lo };
+        k.set(self.lo_var, lo.into())?;
         for f in first.iter().flatten() {
             k.set(*f, c32(0).into())?;
         }
@@ -953,6 +986,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
                 for hh in 0..2 {
                     let pj = k.sh_load(pdt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
                     let made = k.and(k.icmp(IntPredicate::SLT, j, self.rows.limit[mi][hh])?, k.icmp(IntPredicate::SGE, jj, first[mi][hh])?)?;
+                    let made = if self.p.window.is_some() { k.and(made, k.icmp(IntPredicate::SGE, j, self.rows.start[mi][hh])?)? } else { made };
                     for (a, v) in self.acc[mi].iter().zip(&vs) {
                         for e in 0..2 {
                             let old = k.get_f(a[2 * hh + e])?;
@@ -1025,7 +1059,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
             self.transpose_v(kit, c32(sm.v[0]), c32(sm.vt[0]))?;
             kit.fence_proxy_async()?;
         }
-        kit.for_range(c32(0), n_tiles, c32(1), |k, t| {
+        kit.for_range(self.t_lo, n_tiles, c32(1), |k, t| {
             k.cp_async_wait(0)?;
             if self.wg.is_some() {
                 k.fence_proxy_async()?;
@@ -1045,7 +1079,10 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
             }
             let j0 = k.mul(t, c32(bkv))?;
             let s_fp8 = if fp8.is_some() { Some(self.qk_fp8_ahead(k, t, next)?) } else { None };
-            k.if_then(k.icmp(IntPredicate::SLT, j0, self.grp_end)?, |k| {
+            // (With a window, a warp also skips the tiles wholly below its first row's window.)
+            let computes = k.icmp(IntPredicate::SLT, j0, self.grp_end)?;
+            let computes = if self.p.window.is_some() { k.and(computes, k.icmp(IntPredicate::SGT, k.add(j0, c32(bkv))?, self.w_start[0])?)? } else { computes };
+            k.if_then(computes, |k| {
                 let (k_sm, v_sm) = self.stage_of(k, t)?;
                 let v_sm = if fp8.is_some() { self.v_stage(k, t)? } else { v_sm };
                 let (k_at, v_at) = (k.sh_at(self.smem, k.add(k_sm, self.f.k_lane)?)?, k.sh_at(self.smem, k.add(v_sm, self.f.v_lane)?)?);

@@ -349,6 +349,9 @@ pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
         return fp8_eligible(p, target).map_err(|e| crate::error::fp8_message(&format!("f8e4m3 attention: {e}")));
     }
     eligible(p)?;
+    if p.window.is_some() || p.softcap.is_some() {
+        return Err("a sliding window or a softcap: the wgmma kernel has neither yet (the mma.sync kernel takes them)".into());
+    }
     if !target.has_wgmma() {
         return Err(format!("wgmma needs sm_90a, not {target}"));
     }
@@ -365,6 +368,9 @@ pub(super) fn wg_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
 /// head dims 64 or 128, no additive mask, a bf16/f16 output, q/k/v rows contiguous and
 /// 16-byte aligned (16 e4m3 elements a `cp.async`).
 fn fp8_eligible(p: &Prefill, target: &Target) -> Result<(), String> {
+    if p.window.is_some() || p.softcap.is_some() {
+        return Err("a sliding window or a softcap (the fp8 kernel has neither)".into());
+    }
     if !target.has_wgmma() {
         return Err(format!("wgmma needs sm_90a, not {target}"));
     }

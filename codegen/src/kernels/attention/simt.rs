@@ -14,6 +14,10 @@
 //! query rows sharing that KV head, keys read through the block table
 //! ([`super::analysis::PagedAddr`]). It ignores `unified_max` (the split-KV kernel takes it).
 //!
+//! A sliding window (`window = W`) starts the key loop at the tile holding the CTA's first
+//! visible key (the tiles below are never loaded) and hides each row's keys below its window;
+//! a softcap `c` makes each score `c·tanh(s/c)` before the mask.
+//!
 //! Design notes: book/src/design/attention.md
 
 use inkwell::context::Context;
@@ -21,7 +25,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use sinter_ir::{DType, Dim, Family, GridDim, LaunchPlan};
 
-use super::analysis::{dynamic_bytes, exp0, shared_kind, unsupported, Paged, Prefill, T4};
+use super::analysis::{cap_score, dynamic_bytes, exp0, shared_kind, unsupported, Paged, Prefill, T4};
 use super::schedule::{AttentionSchedule, SimtSmem as Smem, BLOCK_KV};
 use crate::isa::kit::{Kit, SharedKind, R};
 use crate::target::Target;
@@ -32,6 +36,9 @@ struct Core {
     d: u32,
     dv: u32,
     scale: f32,
+    /// The node's sliding window (the rows' `start`s apply) and softcap.
+    window: bool,
+    softcap: Option<f32>,
     sched: AttentionSchedule,
     smem: Smem,
     shared: SharedKind,
@@ -49,6 +56,8 @@ struct RowInfo<'ctx> {
     q_off: IntValue<'ctx>,
     o_off: IntValue<'ctx>,
     limit: IntValue<'ctx>,
+    /// Its first visible key (i32): 0, or with a sliding window `max(limit − W, 0)`.
+    start: IntValue<'ctx>,
     mask_off: Option<IntValue<'ctx>>,
     /// Element offset of its log-sum-exp (when the kernel writes it).
     lse_off: Option<IntValue<'ctx>>,
@@ -65,7 +74,10 @@ struct Keys<'k, 'ctx> {
     offsets: KeyOffsets<'k, 'ctx>,
     /// Keys of this CTA's sequence.
     kv_len: IntValue<'ctx>,
-    /// The key tiles cover `0..kv_end` (≤ kv_len; the causal bound of the CTA's last row).
+    /// The key tiles cover `kv_start..kv_end` (≤ kv_len; the causal bound of the CTA's last
+    /// row), from the tile holding `kv_start` (0, or with a window a first visible key of
+    /// every row of the CTA): the tiles below it are never loaded.
+    kv_start: IntValue<'ctx>,
     kv_end: IntValue<'ctx>,
     /// Mask buffer, its dtype and the stride of its key axis.
     mask: Option<(usize, DType, Dim)>,
@@ -108,7 +120,7 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
     // 2. Per-warp state: each warp's rows' key limits, running max m, sum l, accumulator acc.
     // (Offsets are recomputed where needed rather than kept live in registers.)
     let row_of = |k: &Kit<'ctx>, rr: u32| k.add(k.mul(warp, k.i32c(rpw as i32))?, k.i32c(rr as i32));
-    let limits: Vec<IntValue> = (0..rpw).map(|rr| rows(kit, row_of(kit, rr)?).map(|i| i.limit)).collect::<R<_>>()?;
+    let limits: Vec<(IntValue, IntValue)> = (0..rpw).map(|rr| rows(kit, row_of(kit, rr)?).map(|i| (i.limit, i.start))).collect::<R<_>>()?;
     let m: Vec<PointerValue> = (0..rpw).map(|_| kit.var_f(ninf)).collect::<R<_>>()?;
     let l: Vec<PointerValue> = (0..rpw).map(|_| kit.var_f(zero)).collect::<R<_>>()?;
     let acc: Vec<Vec<PointerValue>> = (0..rpw).map(|_| (0..nd).map(|_| kit.var_f(zero)).collect::<R<_>>()).collect::<R<_>>()?;
@@ -122,7 +134,8 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
     let scale = kit.f32c(f64::from(c.scale));
 
     // 3. The key tiles.
-    kit.for_range(kit.i64c(0), keys.kv_end, kit.i64c(i64::from(BLOCK_KV)), |k, j0| {
+    let first = if c.window { kit.mul(kit.udiv(keys.kv_start, kit.i64c(i64::from(BLOCK_KV)))?, kit.i64c(i64::from(BLOCK_KV)))? } else { kit.i64c(0) };
+    kit.for_range(first, keys.kv_end, kit.i64c(i64::from(BLOCK_KV)), |k, j0| {
         // Stage K and V (zeros past the sequence; rows read only when they exist).
         let stage = |k: &Kit<'ctx>, chunks: i32, cw: u32, ld: u32, base: u32, is_k: bool| -> R<()> {
             k.for_range(tid, k.i32c(BLOCK_KV as i32 * chunks), k.i32c(threads), |k, e| {
@@ -171,9 +184,10 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
         let lo_half = k.icmp(IntPredicate::ULT, lane, k.i32c(16))?;
         let mut bounds = Vec::with_capacity(rpw as usize);
         for rr in 0..rpw as usize {
-            let limit = limits[rr];
+            let (limit, start) = limits[rr];
             let visible = k.icmp(IntPredicate::SLT, j, limit)?;
-            let mut sc = k.fmul(k.get_f(s[rr])?, scale)?;
+            let visible = if c.window { k.and(visible, k.icmp(IntPredicate::SGE, j, start)?)? } else { visible };
+            let mut sc = cap_score(k, k.fmul(k.get_f(s[rr])?, scale)?, c.softcap)?;
             if let Some((mbuf, mdt, msj)) = &keys.mask {
                 let moff = rows(k, row_of(k, rr as u32)?)?.mask_off.ok_or_else(|| k.err("mask without offsets"))?;
                 let idx = k.add(moff, k.mul(k.zext64(j)?, k.dim(msj)?)?)?;
@@ -206,6 +220,8 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
             let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
             let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
             let lo = k.select_int(k.and(old_none, first_none)?, k.i32c(16), k.i32c(0))?;
+            // The tile's keys below the row's window are never multiplied.
+            let lo = if c.window { k.smax(lo, k.smin(k.smax(k.sub(start, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))?)? } else { lo };
             let n_vis = k.smin(k.smax(k.sub(limit, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))?;
             let hi = k.select_int(none_yet, k.i32c(0), n_vis)?;
             bounds.push((lo, hi));
@@ -289,7 +305,7 @@ pub(super) fn prefill_plan(p: &Prefill, target: &Target, s: &AttentionSchedule) 
     let shared = shared_kind(smem.total, target, &p.name, fam)?;
     let ctx = Context::create();
     let entry = format!("{}_attention", p.name);
-    let core = Core { dtype: p.dtype, d: p.d, dv: p.dv, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone(), lse: p.lse.clone() };
+    let core = Core { dtype: p.dtype, d: p.d, dv: p.dv, scale: p.scale as f32, window: p.window.is_some(), softcap: p.softcap, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone(), lse: p.lse.clone() };
     let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_prefill(kit, p, &core))?;
     Ok(p.launch_plan(target, (entry, ptx, params), s.block_q(), s.threads(), shared))
 }
@@ -326,6 +342,10 @@ fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
         let i = k.add(q0, k.zext64(r)?)?;
         let valid = k.icmp(IntPredicate::SLT, i, sq)?;
         let limit = if p.causal { k.smin(k.smax(k.add(k.add(i, shift)?, k.i64c(1))?, k.i64c(0))?, skv)? } else { skv };
+        let start = match p.window {
+            Some(w) => k.trunc32(k.smax(k.sub(limit, k.i64c(w))?, k.i64c(0))?)?,
+            None => k.i32c(0),
+        };
         let limit = k.trunc32(limit)?;
         let mask_off = match (&p.mask, m_base) {
             (Some(m), Some(mb)) => Some(k.add(mb, k.mul(i, k.dim(&m.st[2])?)?)?),
@@ -335,7 +355,7 @@ fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
             Some((lb, ls)) => Some(k.add(lb, k.mul(i, ls)?)?),
             None => None,
         };
-        Ok(RowInfo { valid, q_off: k.add(q_base, k.mul(i, q_ss)?)?, o_off: k.add(o_base, k.mul(i, o_ss)?)?, limit, mask_off, lse_off })
+        Ok(RowInfo { valid, q_off: k.add(q_base, k.mul(i, q_ss)?)?, o_off: k.add(o_base, k.mul(i, o_ss)?)?, limit, start, mask_off, lse_off })
     };
     let (k_ss, v_ss) = (kit.dim(&p.k.st[2])?, kit.dim(&p.v.st[2])?);
     let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
@@ -348,11 +368,17 @@ fn build_prefill<'ctx>(kit: &Kit<'ctx>, p: &Prefill, c: &Core) -> R<()> {
     } else {
         skv
     };
+    // With a window, the CTA's first row's first visible key: max(q0 + Skv − Sq + 1 − W, 0).
+    let kv_start = match p.window {
+        Some(w) => kit.smax(kit.sub(kit.add(kit.add(q0, shift)?, kit.i64c(1))?, kit.i64c(w))?, kit.i64c(0))?,
+        None => kit.i64c(0),
+    };
     let keys = Keys {
         k: &p.k,
         v: &p.v,
         offsets: &offsets,
         kv_len: skv,
+        kv_start,
         kv_end,
         mask: p.mask.as_ref().map(|m| (m.buffer, m.dtype, m.st[3].clone())),
     };
@@ -366,7 +392,7 @@ pub(super) fn paged_plan(p: &Paged, target: &Target, s: &AttentionSchedule) -> R
     let shared = shared_kind(smem.total, target, &p.name, fam)?;
     let ctx = Context::create();
     let entry = format!("{}_paged_attention", p.name);
-    let core = Core { dtype: p.dtype, d: p.d, dv: p.d, scale: p.scale as f32, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone(), lse: p.lse.clone() };
+    let core = Core { dtype: p.dtype, d: p.d, dv: p.d, scale: p.scale as f32, window: p.window.is_some(), softcap: p.softcap, sched: *s, smem, shared, q: p.q.clone(), out: p.out.clone(), lse: p.lse.clone() };
     let (ptx, params) = Kit::build(&ctx, &entry, *target, p.n_inputs, p.n_buffers - p.n_inputs, &p.dims(), s.threads(), |kit| build_paged(kit, p, &core))?;
     Ok(LaunchPlan {
         entry,
@@ -391,10 +417,10 @@ fn build_paged<'ctx>(kit: &Kit<'ctx>, p: &Paged, c: &Core) -> R<()> {
     let a = p.addressing(kit, g, b)?;
     let rows = |k: &Kit<'ctx>, r: IntValue<'ctx>| -> R<RowInfo<'ctx>> {
         let rg = k.add(row0, k.zext64(r)?)?;
-        let (valid, q_off, o_off, limit) = a.row(k, rg)?;
-        Ok(RowInfo { valid, q_off, o_off, limit: k.trunc32(limit)?, mask_off: None, lse_off: a.lse_off(k, rg)? })
+        let (valid, q_off, o_off, limit, start) = a.row(k, rg)?;
+        Ok(RowInfo { valid, q_off, o_off, limit: k.trunc32(limit)?, start: k.trunc32(start)?, mask_off: None, lse_off: a.lse_off(k, rg)? })
     };
     let offsets = |k: &Kit<'ctx>, j: IntValue<'ctx>| a.key(k, j);
-    let keys = Keys { k: &p.kp, v: &p.vp, offsets: &offsets, kv_len: a.len, kv_end: a.len, mask: None };
+    let keys = Keys { k: &p.kp, v: &p.vp, offsets: &offsets, kv_len: a.len, kv_start: a.seq_start(kit)?, kv_end: a.len, mask: None };
     build_core(kit, c, &rows, &keys)
 }

@@ -9,6 +9,7 @@ mod wide;
 mod merge;
 mod simt;
 mod tensor_core;
+mod window;
 
 use sinter_ir::{Attr, DType, Dim, Family, FunctionBuilder, Graph, Kernel, KernelGraph, OpKind};
 
