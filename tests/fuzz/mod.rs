@@ -15,7 +15,8 @@
 //!
 //! Environment: `SINTER_FUZZ_SECONDS` (budget), `SINTER_FUZZ_SEEDS` (`a..b` or a list: run
 //! exactly these), `SINTER_FUZZ_KINDS` (`dag,attention,attention_decomposed,paged,cast_chain`),
-//! `SINTER_FUZZ_FEATURES` (`all`, or names of [`gen::Features`] to switch on beyond the
+//! `SINTER_FUZZ_FILES` (replay only the regression files whose names contain one of these
+//! comma-separated parts), `SINTER_FUZZ_FEATURES` (`all`, or names of [`gen::Features`] to switch on beyond the
 //! default), `SINTER_FUZZ_TARGET` (emulated target, default sm_80), `SINTER_FUZZ_PTX`
 //! (`0` skips compiling the fused lowering for sm_90a to PTX), `SINTER_FUZZ_KEEP_GOING=1`
 //! (report findings, do not fail: for hunting runs), `SINTER_FUZZ_SAVE` (a folder to save
@@ -40,14 +41,7 @@ use gen::{Features, Kind};
 
 /// Features of the generator that reach a known, not yet fixed bug: off in CI, and their
 /// regression files may fail. Delete a line when its fix lands.
-pub const KNOWN_OPEN: &[(&str, &str)] = &[
-    ("decomposed_bf16", "found by this fuzzer: attention written out in bf16, recognised by the passes, differs from the graph beyond tolerance where the output cancels (the fused kernel does not round scores and probabilities to bf16 where the graph does)"),
-    ("accumulate_extremes", "found by this fuzzer: finite extremes among a matmul's operands overflow its f32 accumulator (inf − inf = NaN) where the f64 reference stays finite: matmul → tanh → reduce_max gives NaN for 1 (accumulate-extremes.sir); DESIGN.md says f32 accumulation: decide whether kernels or the reference change"),
-    ("dag_slice", "found by this fuzzer: the fused lowering fuses a slice into a row-reduction or pointwise kernel and then refuses its own kernel (\"kernels outside the code generator's contract: k0 (RowReduction): output is f32[22], neither a row nor one value per row\"; \"k2 (Pointwise): the outputs have different shapes\"): slice-layer-norm.sir, slice-pointwise.sir"),
-    ("attention_finite_mask_f32", "found by the GPU fuzzer (also on the CPU emulator for sm_90a): f32 attention with a finite `-3.4e38` mask ([B,1,1,S], [1,1,S,S], [1,1,Sq,Skv]), the unfused kernel, odd head dims or Dv ≠ D, GQA in bshd: up to 0.25 off the reference (seed-151912687277650/7949/8746.sir); not a generator feature: the graphs come from `finite_mask`, which stays on"),
-    ("rms_norm_underflow", "found by the GPU fuzzer: RMSNorm with eps 0 over rows of tiny bf16 values gives -inf where the f64 reference is finite (x² underflows in f32): regressions/gpu/seed-151912687276907.sir; decide whether eps 0 over subnormal rows is in the contract"),
-    ("attention_specials", "found by this fuzzer: NaN, ±inf or finite extremes in the operands of attention and paged_attention give NaN where the reference is finite (a paged cache with specials gives NaN at seq 2 of paged-specials.sir; V with extremes of both signs overflows the unnormalised f32 accumulator) or drop a NaN the written-out graph gives"),
-];
+pub const KNOWN_OPEN: &[(&str, &str)] = &[];
 
 /// Seeds every CI run replays.
 const FIXED_SEEDS: std::ops::Range<u64> = 0..16;
@@ -66,7 +60,12 @@ pub fn kinds() -> Vec<Kind> {
     match std::env::var("SINTER_FUZZ_KINDS") {
         Ok(s) => s
             .split(',')
-            .map(|n| *Kind::ALL.iter().find(|k| k.name() == n.trim()).unwrap_or_else(|| panic!("unknown fuzz kind `{n}`")))
+            .map(|n| {
+                *Kind::ALL
+                    .iter()
+                    .find(|k| k.name() == n.trim())
+                    .unwrap_or_else(|| panic!("unknown fuzz kind `{n}`"))
+            })
             .collect(),
         Err(_) => Kind::ALL.to_vec(),
     }
@@ -74,26 +73,41 @@ pub fn kinds() -> Vec<Kind> {
 
 /// The budget in seconds (`SINTER_FUZZ_SECONDS`, else `default`).
 pub fn budget(default: f64) -> f64 {
-    std::env::var("SINTER_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    std::env::var("SINTER_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Explicit seeds (`SINTER_FUZZ_SEEDS`: `a..b` or `a,b,c`), if given.
 pub fn explicit_seeds() -> Option<Vec<u64>> {
     let s = std::env::var("SINTER_FUZZ_SEEDS").ok()?;
     if let Some((a, b)) = s.split_once("..") {
-        return Some((a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed")).collect());
+        return Some(
+            (a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed")).collect(),
+        );
     }
-    Some(s.split(',').map(|x| x.trim().parse().expect("a seed")).collect())
+    Some(
+        s.split(',')
+            .map(|x| x.trim().parse().expect("a seed"))
+            .collect(),
+    )
 }
 
 /// A seed from the clock, for the new seeds of a run.
 pub fn clock_seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 16
 }
 
 fn emu_target() -> Target {
-    std::env::var("SINTER_FUZZ_TARGET").ok().map(|t| Target::parse(&t).expect("a target")).unwrap_or(Target::SM_80)
+    std::env::var("SINTER_FUZZ_TARGET")
+        .ok()
+        .map(|t| Target::parse(&t).expect("a target"))
+        .unwrap_or(Target::SM_80)
 }
 
 fn ptx_targets() -> Vec<Target> {
@@ -116,7 +130,13 @@ pub fn gpu_regressions_dir() -> PathBuf {
 
 /// A regression file's header field (`// name: value`).
 pub fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| l.strip_prefix("// ")?.strip_prefix(name)?.strip_prefix(": ")).map(str::trim)
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("// ")?
+                .strip_prefix(name)?
+                .strip_prefix(": ")
+        })
+        .map(str::trim)
 }
 
 /// `text` with the nodes no output needs removed (parameters kept, so the values of a seed
@@ -127,7 +147,10 @@ fn prune(text: &str) -> String {
         let mut v = Vec::new();
         let mut rest = s;
         while let Some(i) = rest.find('%') {
-            let t: String = rest[i + 1..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.').collect();
+            let t: String = rest[i + 1..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.')
+                .collect();
             rest = &rest[i + 1 + t.len()..];
             v.push(t);
         }
@@ -149,11 +172,23 @@ fn prune(text: &str) -> String {
             }
         }
     }
-    lines.iter().zip(keep).filter(|(_, k)| *k).map(|(l, _)| format!("{l}\n")).collect()
+    lines
+        .iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(l, _)| format!("{l}\n"))
+        .collect()
 }
 
 /// A smaller graph with the same kind of finding: one output at a time, dead nodes pruned.
-fn minimise(graph: &sinter::Graph, vseed: u64, feats: Features, strict: bool, target: &Target, ptx: &[Target]) -> String {
+fn minimise(
+    graph: &sinter::Graph,
+    vseed: u64,
+    feats: Features,
+    strict: bool,
+    target: &Target,
+    ptx: &[Target],
+) -> String {
     let full = sinter::ir::print(graph);
     let f = graph.entry().expect("an entry");
     for i in 0..f.outputs.len() {
@@ -165,21 +200,40 @@ fn minimise(graph: &sinter::Graph, vseed: u64, feats: Features, strict: bool, ta
         g.funcs[id].outputs = vec![f.outputs[i]];
         let text = prune(&sinter::ir::print(&g));
         if let Ok(g2) = sinter::ir::parse(&text) {
-            if matches!(check_case(&g2, vseed, feats, strict, target, ptx), Outcome::Finding(_)) {
+            if matches!(
+                check_case(&g2, vseed, feats, strict, target, ptx),
+                Outcome::Finding(_)
+            ) {
                 return text;
             }
         }
     }
     let text = prune(&full);
     match sinter::ir::parse(&text) {
-        Ok(g2) if matches!(check_case(&g2, vseed, feats, strict, target, ptx), Outcome::Finding(_)) => text,
+        Ok(g2)
+            if matches!(
+                check_case(&g2, vseed, feats, strict, target, ptx),
+                Outcome::Finding(_)
+            ) =>
+        {
+            text
+        }
         _ => full,
     }
 }
 
 /// Writes a regression file for a finding; returns its path.
-fn save(seed: u64, kind: Kind, feats: Features, target: &Target, finding: &str, text: &str) -> PathBuf {
-    let dir = std::env::var_os("SINTER_FUZZ_SAVE").map(PathBuf::from).unwrap_or_else(regressions_dir);
+fn save(
+    seed: u64,
+    kind: Kind,
+    feats: Features,
+    target: &Target,
+    finding: &str,
+    text: &str,
+) -> PathBuf {
+    let dir = std::env::var_os("SINTER_FUZZ_SAVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(regressions_dir);
     std::fs::create_dir_all(&dir).expect("the regressions folder");
     let path = dir.join(format!("seed-{seed}.sir"));
     let one_line = finding.replace('\n', " ");
@@ -215,17 +269,32 @@ fn run_seeds(seeds: &[u64], more: bool, secs: f64) -> (Vec<String>, usize) {
         ran += 1;
         let dt = t0.elapsed().as_secs_f64();
         match &outcome {
-            Outcome::Pass { unfused, fused } => eprintln!("fuzz seed {seed} {}: ok ({unfused} unfused, {fused} fused kernels) {dt:.1} s", case.kind.name()),
-            Outcome::Skip(why) => eprintln!("fuzz seed {seed} {}: skipped: {why} {dt:.1} s", case.kind.name()),
+            Outcome::Pass { unfused, fused } => eprintln!(
+                "fuzz seed {seed} {}: ok ({unfused} unfused, {fused} fused kernels) {dt:.1} s",
+                case.kind.name()
+            ),
+            Outcome::Skip(why) => eprintln!(
+                "fuzz seed {seed} {}: skipped: {why} {dt:.1} s",
+                case.kind.name()
+            ),
             Outcome::Finding(f) => {
                 let text = minimise(&case.graph, seed, feats, strict, &target, &ptx);
                 let path = save(seed, case.kind, feats, &target, f, &text);
-                eprintln!("fuzz seed {seed} {}: FINDING after {:.1} s: {f}\n  saved {}", case.kind.name(), start.elapsed().as_secs_f64(), path.display());
+                eprintln!(
+                    "fuzz seed {seed} {}: FINDING after {:.1} s: {f}\n  saved {}",
+                    case.kind.name(),
+                    start.elapsed().as_secs_f64(),
+                    path.display()
+                );
                 findings.push(format!("seed {seed} ({}): {f}", case.kind.name()));
             }
         }
     }
-    eprintln!("fuzz: {ran} seeds in {:.1} s, {} findings", start.elapsed().as_secs_f64(), findings.len());
+    eprintln!(
+        "fuzz: {ran} seeds in {:.1} s, {} findings",
+        start.elapsed().as_secs_f64(),
+        findings.len()
+    );
     (findings, ran)
 }
 
@@ -239,19 +308,41 @@ fn fuzz_compiled_paths_match_the_interpreter() {
     if std::env::var("SINTER_FUZZ_KEEP_GOING").as_deref() == Ok("1") {
         return;
     }
-    assert!(findings.is_empty(), "{} finding(s):\n{}", findings.len(), findings.join("\n"));
+    assert!(
+        findings.is_empty(),
+        "{} finding(s):\n{}",
+        findings.len(),
+        findings.join("\n")
+    );
 }
 
 #[test]
 fn fuzz_regressions_replay() {
     let dir = regressions_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "sir")).collect()).unwrap_or_default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "sir"))
+                .collect()
+        })
+        .unwrap_or_default();
     files.sort();
+    if let Ok(only) = std::env::var("SINTER_FUZZ_FILES") {
+        files.retain(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| only.split(',').any(|o| n.contains(o.trim())))
+        });
+    }
     let mut bad = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).expect("a regression file");
-        let seed: u64 = header(&text, "seed").and_then(|s| s.parse().ok()).expect("a `// seed:` line");
-        let target = header(&text, "target").map(|t| Target::parse(t).expect("a target")).unwrap_or(Target::SM_80);
+        let seed: u64 = header(&text, "seed")
+            .and_then(|s| s.parse().ok())
+            .expect("a `// seed:` line");
+        let target = header(&text, "target")
+            .map(|t| Target::parse(t).expect("a target"))
+            .unwrap_or(Target::SM_80);
         let open = header(&text, "expected").filter(|f| KNOWN_OPEN.iter().any(|k| k.0 == *f));
         let graph = sinter::ir::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let t0 = Instant::now();
@@ -276,5 +367,8 @@ fn fuzz_prune_keeps_what_outputs_need() {
     let text = "func @main(%a: f32[2], %b: f32[2]) {\n  %c: f32[2] = add(%a, %b)\n  %d: f32[2] = mul(%a, %a)\n  %e: f32[2] = neg(%c)\n  return %e\n}\n";
     let p = prune(text);
     assert!(!p.contains("mul"), "{p}");
-    assert!(p.contains("add") && p.contains("neg") && p.contains("%b: f32[2]"), "{p}");
+    assert!(
+        p.contains("add") && p.contains("neg") && p.contains("%b: f32[2]"),
+        "{p}"
+    );
 }

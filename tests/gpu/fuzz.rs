@@ -23,12 +23,23 @@ const GUARD: (usize, u8) = (256, 0xFF);
 
 /// One lowering of `graph` on the device: its outputs, or what went wrong (`Err((fatal,
 /// message))`, fatal when the device's context is lost).
-fn run_on_device(dev: &Device, cache: &KernelCache, graph: &Graph, lowering: Lowering, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, (bool, String)> {
+fn run_on_device(
+    dev: &Device,
+    cache: &KernelCache,
+    graph: &Graph,
+    lowering: Lowering,
+    inputs: &[(String, Tensor)],
+) -> Result<Vec<Tensor>, (bool, String)> {
     let target = sinter::gpu::target_for(dev);
-    let kg = sinter::gpu::lower(graph, lowering, &target).map_err(|e| (false, format!("lowering: {e}")))?;
+    let kg = sinter::gpu::lower(graph, lowering, &target)
+        .map_err(|e| (false, format!("lowering: {e}")))?;
     let mut stats = sinter::gpu::CompileStats::default();
-    let plans = sinter::gpu::plans(&kg, &target, cache, &mut stats).map_err(|e| (false, format!("code generation: {e}")))?;
-    let ex = Executor::new(dev, &kg, plans).map_err(|e| (false, e.to_string()))?.with_output_guard(GUARD.0, GUARD.1).checked(true);
+    let plans = sinter::gpu::plans(&kg, &target, cache, &mut stats)
+        .map_err(|e| (false, format!("code generation: {e}")))?;
+    let ex = Executor::new(dev, &kg, plans)
+        .map_err(|e| (false, e.to_string()))?
+        .with_output_guard(GUARD.0, GUARD.1)
+        .checked(true);
     let ins = fuzz::check::kernel_inputs(&kg, inputs).map_err(|e| (false, e))?;
     // Inputs carry a poisoned guard tail too: an in-place output (`kv_append`'s pages) is its
     // input's storage, and a write past it must show.
@@ -38,20 +49,35 @@ fn run_on_device(dev: &Device, cache: &KernelCache, graph: &Graph, lowering: Low
         dev.poison_guard(&b, GUARD.1)?;
         Ok(b)
     };
-    let bufs = ins.iter().map(|t| upload(t)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))?;
+    let bufs = ins
+        .iter()
+        .map(|t| upload(t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| (true, e.to_string()))?;
     let refs: Vec<&DeviceBuffer> = bufs.iter().collect();
-    let outs = ex.run(&refs, &Bindings::new()).map_err(|e| (true, format!("run: {e}")))?;
+    let outs = ex
+        .run(&refs, &Bindings::new())
+        .map_err(|e| (true, format!("run: {e}")))?;
     for (i, o) in outs.iter().enumerate() {
-        if let Some(v) = dev.guard_violation(o, GUARD.1).map_err(|e| (true, e.to_string()))? {
+        if let Some(v) = dev
+            .guard_violation(o, GUARD.1)
+            .map_err(|e| (true, e.to_string()))?
+        {
             return Err((false, format!("output {i} written past its end: {v}")));
         }
     }
     for (i, b) in bufs.iter().enumerate() {
-        if let Some(v) = dev.guard_violation(b, GUARD.1).map_err(|e| (true, e.to_string()))? {
+        if let Some(v) = dev
+            .guard_violation(b, GUARD.1)
+            .map_err(|e| (true, e.to_string()))?
+        {
             return Err((false, format!("input {i} written past its end: {v}")));
         }
     }
-    outs.iter().map(|o| dev.download_tensor(o)).collect::<Result<Vec<_>, _>>().map_err(|e| (true, e.to_string()))
+    outs.iter()
+        .map(|o| dev.download_tensor(o))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| (true, e.to_string()))
 }
 
 #[test]
@@ -61,11 +87,16 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
     let secs = fuzz::budget(240.0);
     let (feats, kinds) = (fuzz::features(), fuzz::kinds());
     let explicit = fuzz::explicit_seeds();
-    let mut queue: std::collections::VecDeque<u64> = explicit.clone().unwrap_or_else(|| (0..16).collect()).into();
+    let mut queue: std::collections::VecDeque<u64> =
+        explicit.clone().unwrap_or_else(|| (0..16).collect()).into();
     let mut fresh = fuzz::clock_seed();
     let start = Instant::now();
     let (mut ran, mut passed, mut skipped, mut findings) = (0usize, 0usize, 0usize, Vec::new());
-    eprintln!("fuzz-gpu: target {}, kinds {:?}, features {feats:?}, budget {secs} s", sinter::gpu::target_for(&dev), kinds.iter().map(|k| k.name()).collect::<Vec<_>>());
+    eprintln!(
+        "fuzz-gpu: target {}, kinds {:?}, features {feats:?}, budget {secs} s",
+        sinter::gpu::target_for(&dev),
+        kinds.iter().map(|k| k.name()).collect::<Vec<_>>()
+    );
     'seeds: loop {
         let seed = match queue.pop_front() {
             Some(s) => s,
@@ -86,17 +117,38 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
             Ok(w) => w,
             Err(e) => {
                 skipped += 1;
-                eprintln!("fuzz-gpu seed {seed} {}: skipped: interpreter: {e}", case.kind.name());
+                eprintln!(
+                    "fuzz-gpu seed {seed} {}: skipped: interpreter: {e}",
+                    case.kind.name()
+                );
                 continue;
             }
         };
+        let spread = fuzz::check::spread(
+            &case.graph,
+            &inputs,
+            seed,
+            case.kind == fuzz::gen::Kind::CastChain,
+        );
+        let beyond = fuzz::check::beyond_f32(&inputs);
         let mut ok = true;
         let mut unfused_compiles = true;
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let r = run_on_device(&dev, &cache, &case.graph, lowering, &inputs);
             let problem = match r {
-                Ok(got) => got.iter().zip(&want).enumerate().find_map(|(i, (g, w))| compare(&format!("{lowering:?} output {i}"), g, w).err()),
-                Err((false, e)) if e.starts_with("code generation") && lowering == Lowering::Unfused => {
+                Ok(got) => got.iter().zip(&want).enumerate().find_map(|(i, (g, w))| {
+                    compare(
+                        &format!("{lowering:?} output {i}"),
+                        g,
+                        w,
+                        spread.as_ref().and_then(|s| s.get(i)).map(Vec::as_slice),
+                        beyond,
+                    )
+                    .err()
+                }),
+                Err((false, e))
+                    if e.starts_with("code generation") && lowering == Lowering::Unfused =>
+                {
                     unfused_compiles = false;
                     None
                 }
@@ -104,7 +156,11 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
                 Err((fatal, e)) => {
                     let msg = format!("{lowering:?}: {e}");
                     if fatal {
-                        findings.push(format!("seed {seed} ({}): {msg} (device lost; run stopped)\n{}", case.kind.name(), sinter::ir::print(&case.graph)));
+                        findings.push(format!(
+                            "seed {seed} ({}): {msg} (device lost; run stopped)\n{}",
+                            case.kind.name(),
+                            sinter::ir::print(&case.graph)
+                        ));
                         eprintln!("fuzz-gpu seed {seed}: FATAL {msg}");
                         break 'seeds;
                     }
@@ -113,7 +169,11 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
             };
             if let Some(p) = problem {
                 ok = false;
-                eprintln!("fuzz-gpu seed {seed} {}: FINDING {p}\n{}", case.kind.name(), sinter::ir::print(&case.graph));
+                eprintln!(
+                    "fuzz-gpu seed {seed} {}: FINDING {p}\n{}",
+                    case.kind.name(),
+                    sinter::ir::print(&case.graph)
+                );
                 findings.push(format!("seed {seed} ({}): {p}", case.kind.name()));
                 break;
             }
@@ -144,23 +204,54 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
 fn gpu_fuzz_regressions_replay() {
     let Some(dev) = super::device() else { return };
     let cache = KernelCache::open_default().expect("the kernel cache");
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(fuzz::gpu_regressions_dir()).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "sir")).collect()).unwrap_or_default();
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(fuzz::gpu_regressions_dir())
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "sir"))
+                .collect()
+        })
+        .unwrap_or_default();
     files.sort();
     let mut bad = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).expect("a regression file");
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
-        let seed: u64 = fuzz::header(&text, "seed").and_then(|s| s.parse().ok()).expect("a `// seed:` line");
-        let feats = fuzz::header(&text, "features").map_or(fuzz::features(), |f| fuzz::gen::Features::NONE.with(f));
-        let open = fuzz::header(&text, "expected").filter(|f| fuzz::KNOWN_OPEN.iter().any(|k| k.0 == *f));
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("?")
+            .to_string();
+        let seed: u64 = fuzz::header(&text, "seed")
+            .and_then(|s| s.parse().ok())
+            .expect("a `// seed:` line");
+        let feats = fuzz::header(&text, "features")
+            .map_or(fuzz::features(), |f| fuzz::gen::Features::NONE.with(f));
+        let open =
+            fuzz::header(&text, "expected").filter(|f| fuzz::KNOWN_OPEN.iter().any(|k| k.0 == *f));
         let graph = sinter::ir::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
         let inputs = fuzz::values::inputs(&graph, seed, feats);
         let refs: Vec<&Tensor> = inputs.iter().map(|(_, t)| t).collect();
-        let want = sinter::ir::interp::run_entry(&graph, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
+        let want = sinter::ir::interp::run_entry(&graph, &refs, &Bindings::new())
+            .unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
+        let spread = fuzz::check::spread(
+            &graph,
+            &inputs,
+            seed,
+            fuzz::header(&text, "kind") == Some(fuzz::gen::Kind::CastChain.name()),
+        );
+        let beyond = fuzz::check::beyond_f32(&inputs);
         let mut problem = None;
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let p = match run_on_device(&dev, &cache, &graph, lowering, &inputs) {
-                Ok(got) => got.iter().zip(&want).enumerate().find_map(|(i, (g, w))| compare(&format!("{lowering:?} output {i}"), g, w).err()),
+                Ok(got) => got.iter().zip(&want).enumerate().find_map(|(i, (g, w))| {
+                    compare(
+                        &format!("{lowering:?} output {i}"),
+                        g,
+                        w,
+                        spread.as_ref().and_then(|s| s.get(i)).map(Vec::as_slice),
+                        beyond,
+                    )
+                    .err()
+                }),
                 Err((_, e)) => Some(format!("{lowering:?}: {e}")),
             };
             if p.is_some() {
