@@ -60,10 +60,31 @@ const LAYER_NAMES: [(&str, &str); 11] = [
 /// q/k norms only where the config has them, `output.weight`/`lm_head.weight` only when the
 /// embeddings are not tied.
 pub fn weight_names(cfg: &QwenConfig) -> Vec<(String, String, Vec<usize>)> {
-    let (d, hd, qd, kvd, f) = (cfg.hidden, cfg.head_dim, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.ffn);
-    let mut w = vec![("token_embd.weight".into(), "model.embed_tokens.weight".into(), vec![cfg.vocab, d]), ("output_norm.weight".into(), "model.norm.weight".into(), vec![d])];
+    let (d, hd, qd, kvd, f) = (
+        cfg.hidden,
+        cfg.head_dim,
+        cfg.n_heads * cfg.head_dim,
+        cfg.n_kv_heads * cfg.head_dim,
+        cfg.ffn,
+    );
+    let mut w = vec![
+        (
+            "token_embd.weight".into(),
+            "model.embed_tokens.weight".into(),
+            vec![cfg.vocab, d],
+        ),
+        (
+            "output_norm.weight".into(),
+            "model.norm.weight".into(),
+            vec![d],
+        ),
+    ];
     if !cfg.tied_embeddings {
-        w.push(("output.weight".into(), "lm_head.weight".into(), vec![cfg.vocab, d]));
+        w.push((
+            "output.weight".into(),
+            "lm_head.weight".into(),
+            vec![cfg.vocab, d],
+        ));
     }
     for i in 0..cfg.n_layers {
         for (gg, hf) in LAYER_NAMES {
@@ -77,9 +98,17 @@ pub fn weight_names(cfg: &QwenConfig) -> Vec<(String, String, Vec<usize>)> {
                 "ffn_gate" | "ffn_up" => (vec![f, d], None),
                 _ => (vec![d, f], None),
             };
-            w.push((format!("blk.{i}.{gg}.weight"), format!("model.layers.{i}.{hf}.weight"), shape));
+            w.push((
+                format!("blk.{i}.{gg}.weight"),
+                format!("model.layers.{i}.{hf}.weight"),
+                shape,
+            ));
             if let Some(b) = bias {
-                w.push((format!("blk.{i}.{gg}.bias"), format!("model.layers.{i}.{hf}.bias"), vec![b]));
+                w.push((
+                    format!("blk.{i}.{gg}.bias"),
+                    format!("model.layers.{i}.{hf}.bias"),
+                    vec![b],
+                ));
             }
         }
     }
@@ -88,7 +117,12 @@ pub fn weight_names(cfg: &QwenConfig) -> Vec<(String, String, Vec<usize>)> {
 
 /// A `config.json` value that is out of range or of a kind sinter does not run.
 fn bad_value(folder: &HfFolder, key: &str, value: &Json, reason: String) -> ModelError {
-    ModelError::BadValue { path: folder.dir().join("config.json"), key: key.to_string(), value: value.to_string(), reason }
+    ModelError::BadValue {
+        path: folder.dir().join("config.json"),
+        key: key.to_string(),
+        value: value.to_string(),
+        reason,
+    }
 }
 
 /// The `rope_scaling` of a Hugging Face config (`rope_type`, or the older `type`).
@@ -100,20 +134,46 @@ fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, Mod
     let rs = match folder.config.get("rope_scaling") {
         None | Some(Json::Null) => return Ok(RopeScaling::None),
         Some(v @ Json::Object(_)) => v,
-        Some(v) => return Err(bad_value(folder, "rope_scaling", v, "expected an object or null".into())),
+        Some(v) => {
+            return Err(bad_value(
+                folder,
+                "rope_scaling",
+                v,
+                "expected an object or null".into(),
+            ))
+        }
     };
-    let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Json::as_str).unwrap_or("default");
-    let num = |k: &str| -> Result<f64, ModelError> { rs.get(k).and_then(Json::as_f64).ok_or_else(|| folder.missing(&format!("rope_scaling.{k}"), "a number")) };
+    let kind = rs
+        .get("rope_type")
+        .or_else(|| rs.get("type"))
+        .and_then(Json::as_str)
+        .unwrap_or("default");
+    let num = |k: &str| -> Result<f64, ModelError> {
+        rs.get(k)
+            .and_then(Json::as_f64)
+            .ok_or_else(|| folder.missing(&format!("rope_scaling.{k}"), "a number"))
+    };
     let opt = |k: &str| rs.get(k).and_then(Json::as_f64);
-    let orig = || rs.get("original_max_position_embeddings").and_then(Json::as_u64).map(|v| v as usize);
+    let orig = || {
+        rs.get("original_max_position_embeddings")
+            .and_then(Json::as_u64)
+            .map(|v| v as usize)
+    };
     Ok(match kind {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: num("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: num("factor")?,
+        },
         "llama3" => RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
             high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: orig().ok_or_else(|| folder.missing("rope_scaling.original_max_position_embeddings", "an unsigned integer"))?,
+            original_max_position_embeddings: orig().ok_or_else(|| {
+                folder.missing(
+                    "rope_scaling.original_max_position_embeddings",
+                    "an unsigned integer",
+                )
+            })?,
         },
         "yarn" => RopeScaling::Yarn {
             factor: num("factor")?,
@@ -126,7 +186,12 @@ fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, Mod
             attention_factor: opt("attention_factor"),
         },
         other => {
-            return Err(bad_value(folder, "rope_scaling.rope_type", &Json::String(other.into()), "sinter's `rope` op has the scalings default, linear, llama3 and yarn".into()));
+            return Err(bad_value(
+                folder,
+                "rope_scaling.rope_type",
+                &Json::String(other.into()),
+                "sinter's `rope` op has the scalings default, linear, llama3 and yarn".into(),
+            ));
         }
     })
 }
@@ -135,15 +200,26 @@ fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, Mod
 /// then layer `i` slides when `layer_types[i]` is `"sliding_attention"`, or (without
 /// `layer_types`) when `i ≥ max_window_layers`, as `Qwen2Config` decides.
 fn hf_windows(folder: &HfFolder, n_layers: usize) -> Result<Vec<Option<usize>>, ModelError> {
-    let Some(w) = folder.bool("use_sliding_window").filter(|&u| u).and_then(|_| folder.config.get("sliding_window")).and_then(Json::as_u64) else {
+    let Some(w) = folder
+        .bool("use_sliding_window")
+        .filter(|&u| u)
+        .and_then(|_| folder.config.get("sliding_window"))
+        .and_then(Json::as_u64)
+    else {
         return Ok(vec![]);
     };
     let w = w as usize;
     if let Some(types) = folder.config.get("layer_types").and_then(Json::as_array) {
         if types.len() != n_layers {
-            return Err(folder.malformed(format!("`layer_types` has {} entries for {n_layers} layers", types.len())));
+            return Err(folder.malformed(format!(
+                "`layer_types` has {} entries for {n_layers} layers",
+                types.len()
+            )));
         }
-        return Ok(types.iter().map(|t| (t.as_str() == Some("sliding_attention")).then_some(w)).collect());
+        return Ok(types
+            .iter()
+            .map(|t| (t.as_str() == Some("sliding_attention")).then_some(w))
+            .collect());
     }
     let first = folder.usize("max_window_layers").unwrap_or(n_layers);
     Ok((0..n_layers).map(|i| (i >= first).then_some(w)).collect())
@@ -151,9 +227,18 @@ fn hf_windows(folder: &HfFolder, n_layers: usize) -> Result<Vec<Option<usize>>, 
 
 /// The token ids of `key` in `dir/generation_config.json`, if that file exists.
 fn generation_ids(dir: &Path, key: &str) -> Vec<u32> {
-    let Some(j) = std::fs::read_to_string(dir.join("generation_config.json")).ok().and_then(|t| serde_json::from_str::<Json>(&t).ok()) else { return vec![] };
+    let Some(j) = std::fs::read_to_string(dir.join("generation_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Json>(&t).ok())
+    else {
+        return vec![];
+    };
     match j.get(key) {
-        Some(Json::Array(a)) => a.iter().filter_map(Json::as_u64).map(|v| v as u32).collect(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .filter_map(Json::as_u64)
+            .map(|v| v as u32)
+            .collect(),
         Some(v) => v.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
         None => vec![],
     }
@@ -174,15 +259,34 @@ impl QwenModel {
     /// `rope_scaling` type the `rope` op lacks or a `hidden_act` other than `silu`
     /// ([`ModelError::BadValue`]); missing tensors, tensors of an unsupported dtype, shapes
     /// that disagree with the config (each naming the tensor); an unreadable tokenizer.
-    pub fn from_hf(mut folder: HfFolder, dtype: DType, progress: &mut dyn FnMut(usize, usize)) -> Result<QwenModel, ModelError> {
+    pub fn from_hf(
+        mut folder: HfFolder,
+        dtype: DType,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<QwenModel, ModelError> {
         let f = &folder;
         let arch = match f.model_type() {
             Some("qwen2") => QwenArch::Qwen2,
             Some("qwen3") => QwenArch::Qwen3,
-            other => return Err(ModelError::UnsupportedArchitecture { path: f.dir().join("config.json"), arch: other.unwrap_or("").into(), supported: "qwen2, qwen3".into() }),
+            other => {
+                return Err(ModelError::UnsupportedArchitecture {
+                    path: f.dir().join("config.json"),
+                    arch: other.unwrap_or("").into(),
+                    supported: "qwen2, qwen3".into(),
+                })
+            }
         };
-        if let Some(act) = f.config.get("hidden_act").filter(|a| a.as_str() != Some("silu")) {
-            return Err(bad_value(f, "hidden_act", act, "Qwen's MLP is written with silu".into()));
+        if let Some(act) = f
+            .config
+            .get("hidden_act")
+            .filter(|a| a.as_str() != Some("silu"))
+        {
+            return Err(bad_value(
+                f,
+                "hidden_act",
+                act,
+                "Qwen's MLP is written with silu".into(),
+            ));
         }
         let hidden = f.usize("hidden_size")?;
         let n_heads = f.usize("num_attention_heads")?;
@@ -215,7 +319,10 @@ impl QwenModel {
         cfg.validate().map_err(|e| f.malformed(e.to_string()))?;
         check_rope(&cfg).map_err(|e| f.malformed(e.to_string()))?;
         folder.read_tensors()?;
-        let specs: Vec<WeightSpec> = weight_names(&cfg).into_iter().map(|(gg, hf, s)| WeightSpec::plain(gg, hf, &s)).collect();
+        let specs: Vec<WeightSpec> = weight_names(&cfg)
+            .into_iter()
+            .map(|(gg, hf, s)| WeightSpec::plain(gg, hf, &s))
+            .collect();
         let weights = weights::load(&folder, &specs, dtype, progress)?;
         let mut eos = folder.token_ids("eos_token_id");
         for t in generation_ids(folder.dir(), "eos_token_id") {
@@ -223,9 +330,20 @@ impl QwenModel {
                 eos.push(t);
             }
         }
-        let bos = folder.token_id("bos_token_id").or_else(|| eos.first().copied()).unwrap_or(0);
+        let bos = folder
+            .token_id("bos_token_id")
+            .or_else(|| eos.first().copied())
+            .unwrap_or(0);
         let (tokenizer, chat) = folder.tokenizer(bos, eos.first().copied().unwrap_or(bos))?;
-        Ok(QwenModel { cfg, dtype, weights, tokenizer, chat, eos, source: folder.dir().to_path_buf() })
+        Ok(QwenModel {
+            cfg,
+            dtype,
+            weights,
+            tokenizer,
+            chat,
+            eos,
+            source: folder.dir().to_path_buf(),
+        })
     }
 
     /// The Qwen model of an open GGUF file (`general.architecture` `qwen2` or `qwen3`; keys
@@ -240,13 +358,23 @@ impl QwenModel {
     /// # Errors
     /// Missing keys or tensors, unsupported tensor types, shapes that disagree with the
     /// metadata, a RoPE scaling type other than those above, an unreadable tokenizer.
-    pub fn from_gguf(file: &GgufFile, dtype: DType, progress: &mut dyn FnMut(usize, usize)) -> Result<QwenModel, ModelError> {
+    pub fn from_gguf(
+        file: &GgufFile,
+        dtype: DType,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<QwenModel, ModelError> {
         let path = file.path().to_path_buf();
         let arch_name = file.str("general.architecture")?.to_string();
         let arch = match arch_name.as_str() {
             "qwen2" => QwenArch::Qwen2,
             "qwen3" => QwenArch::Qwen3,
-            _ => return Err(ModelError::UnsupportedArchitecture { path, arch: arch_name, supported: "qwen2, qwen3".into() }),
+            _ => {
+                return Err(ModelError::UnsupportedArchitecture {
+                    path,
+                    arch: arch_name,
+                    supported: "qwen2, qwen3".into(),
+                })
+            }
         };
         let k = |s: &str| format!("{arch_name}.{s}");
         let u = |s: &str| file.u64(&k(s)).map(|v| v as usize);
@@ -256,10 +384,13 @@ impl QwenModel {
         let tokenizer = Tokenizer::from_gguf(file)?;
         let rope_scaling = match file.str(&k("rope.scaling.type")).unwrap_or("none") {
             "none" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: file.f64(&k("rope.scaling.factor"))? },
+            "linear" => RopeScaling::Linear {
+                factor: file.f64(&k("rope.scaling.factor"))?,
+            },
             "yarn" => RopeScaling::Yarn {
                 factor: file.f64(&k("rope.scaling.factor"))?,
-                original_max_position_embeddings: u("rope.scaling.original_context_length").unwrap_or(context),
+                original_max_position_embeddings: u("rope.scaling.original_context_length")
+                    .unwrap_or(context),
                 beta_fast: None,
                 beta_slow: None,
                 truncate: None,
@@ -268,7 +399,12 @@ impl QwenModel {
                 attention_factor: None,
             },
             other => {
-                return Err(ModelError::BadValue { path, key: k("rope.scaling.type"), value: other.into(), reason: "sinter's `rope` op has the scalings none, linear and yarn here".into() });
+                return Err(ModelError::BadValue {
+                    path,
+                    key: k("rope.scaling.type"),
+                    value: other.into(),
+                    reason: "sinter's `rope` op has the scalings none, linear and yarn here".into(),
+                });
             }
         };
         let qkv_bias = arch == QwenArch::Qwen2 || file.info("blk.0.attn_q.bias").is_some();
@@ -292,20 +428,39 @@ impl QwenModel {
             qk_norm: arch == QwenArch::Qwen3,
             windows: vec![],
         };
-        let malformed = |e: Error| ModelError::Malformed { path: path.clone(), reason: e.to_string() };
+        let malformed = |e: Error| ModelError::Malformed {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
         cfg.validate().map_err(malformed)?;
         check_rope(&cfg).map_err(malformed)?;
-        let specs: Vec<WeightSpec> = weight_names(&cfg).into_iter().map(|(gg, _, s)| WeightSpec::plain(gg.clone(), gg, &s)).collect();
+        let specs: Vec<WeightSpec> = weight_names(&cfg)
+            .into_iter()
+            .map(|(gg, _, s)| WeightSpec::plain(gg.clone(), gg, &s))
+            .collect();
         let weights = weights::load(file, &specs, dtype, progress)?;
         let tokens = file.strings("tokenizer.ggml.tokens").unwrap_or_default();
-        let name = |k: &str| file.u64(k).ok().and_then(|i| tokens.get(i as usize).map(|t| t.to_string())).unwrap_or_default();
+        let name = |k: &str| {
+            file.u64(k)
+                .ok()
+                .and_then(|i| tokens.get(i as usize).map(|t| t.to_string()))
+                .unwrap_or_default()
+        };
         let chat = ChatTemplate {
             source: file.str("tokenizer.chat_template").ok().map(str::to_string),
             bos_token: name("tokenizer.ggml.bos_token_id"),
             eos_token: name("tokenizer.ggml.eos_token_id"),
         };
         let eos = vec![tokenizer.eos];
-        Ok(QwenModel { cfg, dtype, weights, tokenizer, chat, eos, source: path })
+        Ok(QwenModel {
+            cfg,
+            dtype,
+            weights,
+            tokenizer,
+            chat,
+            eos,
+            source: path,
+        })
     }
 }
 
@@ -316,7 +471,8 @@ fn check_rope(cfg: &QwenConfig) -> Result<(), Error> {
         return Ok(());
     }
     let g = qwen::build(cfg, Mode::Prefill, DType::F32)?;
-    sinter_ir::verify(&g).map_err(|e| Error::Unsupported(format!("rope_scaling {:?}: {e}", cfg.rope_scaling)))
+    sinter_ir::verify(&g)
+        .map_err(|e| Error::Unsupported(format!("rope_scaling {:?}: {e}", cfg.rope_scaling)))
 }
 
 impl DecoderModel for QwenModel {
@@ -329,7 +485,13 @@ impl DecoderModel for QwenModel {
     }
 
     fn kv(&self) -> KvGeometry {
-        KvGeometry { layers: self.cfg.n_layers, kv_heads: self.cfg.n_kv_heads, head_dim: self.cfg.head_dim, page_size: self.cfg.page_size, dtype: self.dtype }
+        KvGeometry {
+            layers: self.cfg.n_layers,
+            kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+            page_size: self.cfg.page_size,
+            dtype: self.dtype,
+        }
     }
 
     fn vocab(&self) -> usize {

@@ -100,9 +100,38 @@ impl RopeScaling {
         let n = |v: usize| Attr::Int(v as i64);
         let s = |v: &str| Attr::Str(v.to_string());
         match *self {
-            RopeScaling::None => [s("none"), Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent],
-            RopeScaling::Linear { factor } => [s("linear"), Attr::Float(factor), Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent, Attr::Absent],
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => [
+            RopeScaling::None => [
+                s("none"),
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+            ],
+            RopeScaling::Linear { factor } => [
+                s("linear"),
+                Attr::Float(factor),
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+                Attr::Absent,
+            ],
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => [
                 s("llama3"),
                 Attr::Float(factor),
                 Attr::Float(low_freq_factor),
@@ -115,7 +144,16 @@ impl RopeScaling {
                 Attr::Absent,
                 Attr::Absent,
             ],
-            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, mscale, mscale_all_dim, attention_factor } => [
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                mscale,
+                mscale_all_dim,
+                attention_factor,
+            } => [
                 s("yarn"),
                 Attr::Float(factor),
                 Attr::Absent,
@@ -266,24 +304,47 @@ impl QwenConfig {
     /// # Errors
     /// [`Error::Unsupported`] naming the rule broken.
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |m: String| Err(Error::Unsupported(format!("{} config: {m}", self.arch.name())));
+        let bad = |m: String| {
+            Err(Error::Unsupported(format!(
+                "{} config: {m}",
+                self.arch.name()
+            )))
+        };
         if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!("n_heads ({}) must be a positive multiple of n_kv_heads ({})", self.n_heads, self.n_kv_heads));
+            return bad(format!(
+                "n_heads ({}) must be a positive multiple of n_kv_heads ({})",
+                self.n_heads, self.n_kv_heads
+            ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return bad(format!("head_dim ({}) must be even and positive", self.head_dim));
+            return bad(format!(
+                "head_dim ({}) must be even and positive",
+                self.head_dim
+            ));
         }
-        if self.page_size == 0 || self.n_layers == 0 || self.vocab == 0 || self.hidden == 0 || self.ffn == 0 {
+        if self.page_size == 0
+            || self.n_layers == 0
+            || self.vocab == 0
+            || self.hidden == 0
+            || self.ffn == 0
+        {
             return bad("page_size, n_layers, vocab, hidden and ffn must be positive".into());
         }
         if !self.windows.is_empty() && self.windows.len() != self.n_layers {
-            return bad(format!("{} sliding windows for {} layers", self.windows.len(), self.n_layers));
+            return bad(format!(
+                "{} sliding windows for {} layers",
+                self.windows.len(),
+                self.n_layers
+            ));
         }
         if self.windows.iter().any(|w| *w == Some(0)) {
             return bad("a sliding window must be at least 1".into());
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return bad(format!("rope_theta ({}) must be a finite number above 0", self.rope_theta));
+            return bad(format!(
+                "rope_theta ({}) must be a finite number above 0",
+                self.rope_theta
+            ));
         }
         Ok(())
     }
@@ -306,7 +367,14 @@ pub fn build(cfg: &QwenConfig, mode: Mode, dtype: DType) -> Result<Graph, Error>
     cfg.validate()?;
     let decode = mode == Mode::Decode;
     let dt = dtype;
-    let (d, hd, h, hkv, ffn, vocab) = (cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn, cfg.vocab);
+    let (d, hd, h, hkv, ffn, vocab) = (
+        cfg.hidden,
+        cfg.head_dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.ffn,
+        cfg.vocab,
+    );
     let (qd, kvd, group, ps, n_layers) = (h * hd, hkv * hd, h / hkv, cfg.page_size, cfg.n_layers);
     // Qwen2Attention.scaling = head_dim ** -0.5.
     let scale = 1.0 / (hd as f64).sqrt();
@@ -314,12 +382,25 @@ pub fn build(cfg: &QwenConfig, mode: Mode, dtype: DType) -> Result<Graph, Error>
     let [sc, fac, lo, hi, orig, bfast, bslow, trunc, ms, msa, attf] = cfg.rope_scaling.attrs();
     let (qkv_bias, o_bias, qk_norm) = (cfg.qkv_bias, cfg.o_bias, cfg.qk_norm);
     // Per layer: the sliding window (0 = none) and the `window` attribute of the decode step.
-    let windows: Vec<i64> = (0..n_layers).map(|i| cfg.window(i).map_or(0, |w| w as i64)).collect();
+    let windows: Vec<i64> = (0..n_layers)
+        .map(|i| cfg.window(i).map_or(0, |w| w as i64))
+        .collect();
     let window_attr = |w: i64| if w > 0 { Attr::Int(w) } else { Attr::Absent };
-    let nb = if decode { Dim::symbol("T") } else { Dim::constant(1) };
+    let nb = if decode {
+        Dim::symbol("T")
+    } else {
+        Dim::constant(1)
+    };
     let ninf = f64::NEG_INFINITY;
     let vocab_f = vocab as f64;
-    let (tied, head_name) = (cfg.tied_embeddings, if cfg.tied_embeddings { "token_embd.weight" } else { "output.weight" });
+    let (tied, head_name) = (
+        cfg.tied_embeddings,
+        if cfg.tied_embeddings {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        },
+    );
     let g = graph! {
         // Qwen2RMSNorm / Qwen3RMSNorm over the last axis: f32 statistics, cast back, weight.
         fn rms_norm(x: {dt}[T, D], w: {dt}[D]) -> {dt}[T, D] {
