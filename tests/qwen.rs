@@ -74,7 +74,9 @@ fn config_json(cfg: &QwenConfig) -> serde_json::Value {
         c["max_window_layers"] = i.into();
     }
     if let RopeScaling::Linear { factor } = cfg.rope_scaling {
-        c["rope_scaling"] = json!({"rope_type": "linear", "factor": factor});
+        // As transformers 5 writes it: θ and the scaling in `rope_parameters`.
+        c["rope_parameters"] = json!({"rope_type": "linear", "factor": factor, "rope_theta": cfg.rope_theta});
+        c.as_object_mut().unwrap().remove("rope_theta");
     }
     c
 }
@@ -620,4 +622,72 @@ pub(crate) fn precompile_graphs() -> Vec<sinter::Graph> {
         gs.push(decode);
     }
     gs
+}
+
+/// The Hugging Face fixture's weight formula (`/work/fixtures/FORMAT.md`).
+fn fixture_weight(name: &str, seed: u64, i: u64, center: f32, scale: f32) -> f32 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let mut x = (h ^ seed).wrapping_add(i);
+    x = x.wrapping_add(0x9E3779B97F4A7C15);
+    let mut z = (x ^ (x >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+    z ^= z >> 31;
+    let u = (z >> 40) as f32 / 16777216.0;
+    center + scale * (2.0 * u - 1.0)
+}
+
+/// A one-off check against transformers' logits (run by hand: `--ignored`, with
+/// `QWEN_FIXTURE=/path/to/qwen2.json`): prints the largest differences.
+#[test]
+#[ignore]
+fn qwen_fixture_check() {
+    let Ok(path) = std::env::var("QWEN_FIXTURE") else { return };
+    let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dir = scratch("fixture");
+    std::fs::write(dir.join("config.json"), fx["config"].to_string()).unwrap();
+    let seed = fx["seed"].as_u64().unwrap();
+    let mut stored: Vec<(String, Vec<usize>, Vec<u8>)> = vec![];
+    for t in fx["tensors"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let shape: Vec<usize> = t["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let (c, s) = (t["center"].as_f64().unwrap() as f32, t["scale"].as_f64().unwrap() as f32);
+        let n: usize = shape.iter().product();
+        let bytes: Vec<u8> = (0..n as u64).flat_map(|i| fixture_weight(name, seed, i, c, s).to_le_bytes()).collect();
+        stored.push((name.to_string(), shape, bytes));
+    }
+    let views: Vec<(String, TensorView<'_>)> = stored.iter().map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())).collect();
+    safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    drop(stored);
+    write_tokenizer(&dir, fx["config"]["vocab_size"].as_u64().unwrap() as usize);
+    for (dt, key) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+        if std::env::var("QWEN_FIXTURE_DTYPES").is_ok_and(|v| !v.contains(key)) {
+            continue;
+        }
+        let model = sinter::llm::open(&dir, dt, &mut |_, _| {}).unwrap();
+        let vocab = model.vocab();
+        let engine = Engine::new(model).unwrap();
+        let rows = &fx[key]["logits"][0];
+        let tokens: Vec<u32> = rows["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let t0 = std::time::Instant::now();
+        let got = engine.logits(&tokens).unwrap();
+        let cols: Vec<usize> = fx["cols"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let (mut max_cols, mut max_top, mut argmax_same) = (0.0f64, 0.0f64, 0);
+        for p in 0..tokens.len() {
+            let row = &got.data()[p * vocab..(p + 1) * vocab];
+            for (j, &c) in cols.iter().enumerate() {
+                max_cols = max_cols.max((row[c] - rows["cols"][p][j].as_f64().unwrap()).abs());
+            }
+            for j in 0..8 {
+                let id = rows["top_ids"][p][j].as_u64().unwrap() as usize;
+                max_top = max_top.max((row[id] - rows["top_vals"][p][j].as_f64().unwrap()).abs());
+            }
+            argmax_same += usize::from(sinter::llm::argmax(row) as u64 == rows["top_ids"][p][0].as_u64().unwrap());
+        }
+        eprintln!("{path} {key}: {} positions in {:.1} s: max |Δ| over cols {max_cols:.3e}, over top-8 {max_top:.3e}; argmax equal at {argmax_same}/{}", tokens.len(), t0.elapsed().as_secs_f64(), tokens.len());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -125,55 +125,45 @@ fn bad_value(folder: &HfFolder, key: &str, value: &Json, reason: String) -> Mode
     }
 }
 
-/// The `rope_scaling` of a Hugging Face config (`rope_type`, or the older `type`).
+/// The RoPE parameters of a Hugging Face config: `rope_scaling` (transformers 4) or
+/// `rope_parameters` (transformers 5, which also holds `rope_theta`), by `rope_type` (or the
+/// older `type`); the name of the key they came from.
+fn hf_rope_object(folder: &HfFolder) -> Result<Option<(&'static str, &Json)>, ModelError> {
+    for key in ["rope_scaling", "rope_parameters"] {
+        match folder.config.get(key) {
+            None | Some(Json::Null) => {}
+            Some(v @ Json::Object(_)) => return Ok(Some((key, v))),
+            Some(v) => return Err(bad_value(folder, key, v, "expected an object or null".into())),
+        }
+    }
+    Ok(None)
+}
+
+/// RoPE θ: `rope_theta`, else `rope_parameters.rope_theta` (transformers 5), else 10000.
+fn hf_rope_theta(folder: &HfFolder) -> f64 {
+    let nested = || folder.config.get("rope_parameters").and_then(|r| r.get("rope_theta")).and_then(Json::as_f64);
+    folder.config.get("rope_theta").and_then(Json::as_f64).or_else(nested).unwrap_or(10000.0)
+}
+
+/// The RoPE scaling of a Hugging Face config (see [`hf_rope_object`]).
 ///
 /// # Errors
 /// [`ModelError::BadValue`] for a type the `rope` op lacks (`dynamic`, `longrope`, ...) or a
 /// value that is not an object; [`ModelError::MissingKey`] for a parameter the type needs.
 fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, ModelError> {
-    let rs = match folder.config.get("rope_scaling") {
-        None | Some(Json::Null) => return Ok(RopeScaling::None),
-        Some(v @ Json::Object(_)) => v,
-        Some(v) => {
-            return Err(bad_value(
-                folder,
-                "rope_scaling",
-                v,
-                "expected an object or null".into(),
-            ))
-        }
-    };
-    let kind = rs
-        .get("rope_type")
-        .or_else(|| rs.get("type"))
-        .and_then(Json::as_str)
-        .unwrap_or("default");
-    let num = |k: &str| -> Result<f64, ModelError> {
-        rs.get(k)
-            .and_then(Json::as_f64)
-            .ok_or_else(|| folder.missing(&format!("rope_scaling.{k}"), "a number"))
-    };
+    let Some((key, rs)) = hf_rope_object(folder)? else { return Ok(RopeScaling::None) };
+    let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Json::as_str).unwrap_or("default");
+    let num = |k: &str| -> Result<f64, ModelError> { rs.get(k).and_then(Json::as_f64).ok_or_else(|| folder.missing(&format!("{key}.{k}"), "a number")) };
     let opt = |k: &str| rs.get(k).and_then(Json::as_f64);
-    let orig = || {
-        rs.get("original_max_position_embeddings")
-            .and_then(Json::as_u64)
-            .map(|v| v as usize)
-    };
+    let orig = || rs.get("original_max_position_embeddings").and_then(Json::as_u64).map(|v| v as usize);
     Ok(match kind {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear {
-            factor: num("factor")?,
-        },
+        "linear" => RopeScaling::Linear { factor: num("factor")? },
         "llama3" => RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
             high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: orig().ok_or_else(|| {
-                folder.missing(
-                    "rope_scaling.original_max_position_embeddings",
-                    "an unsigned integer",
-                )
-            })?,
+            original_max_position_embeddings: orig().ok_or_else(|| folder.missing(&format!("{key}.original_max_position_embeddings"), "an unsigned integer"))?,
         },
         "yarn" => RopeScaling::Yarn {
             factor: num("factor")?,
@@ -186,12 +176,7 @@ fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, Mod
             attention_factor: opt("attention_factor"),
         },
         other => {
-            return Err(bad_value(
-                folder,
-                "rope_scaling.rope_type",
-                &Json::String(other.into()),
-                "sinter's `rope` op has the scalings default, linear, llama3 and yarn".into(),
-            ));
+            return Err(bad_value(folder, &format!("{key}.rope_type"), &Json::String(other.into()), "sinter's `rope` op has the scalings default, linear, llama3 and yarn".into()));
         }
     })
 }
@@ -248,7 +233,7 @@ impl QwenModel {
     /// The Qwen model of a Hugging Face folder (`model_type` `qwen2` or `qwen3`; keys
     /// `vocab_size`, `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
     /// `num_key_value_heads`, `head_dim`, `intermediate_size`, `hidden_act` (`silu`),
-    /// `rope_theta`, `rope_scaling`, `rms_norm_eps`, `max_position_embeddings`,
+    /// `rope_theta`, `rope_scaling` (or transformers 5's `rope_parameters`), `rms_norm_eps`, `max_position_embeddings`,
     /// `tie_word_embeddings`, `attention_bias` (Qwen3), `use_sliding_window`,
     /// `sliding_window`, `max_window_layers`, `layer_types`, `bos_token_id`,
     /// `eos_token_id`); the end-of-sequence tokens are `eos_token_id` of `config.json` and
@@ -305,7 +290,7 @@ impl QwenModel {
                 Some(_) => f.usize("head_dim")?,
             },
             ffn: f.usize("intermediate_size")?,
-            rope_theta: f.f64("rope_theta").unwrap_or(10000.0),
+            rope_theta: hf_rope_theta(f),
             rope_scaling: hf_rope_scaling(f, context)?,
             rms_eps: f.f64("rms_norm_eps").unwrap_or(1e-6),
             context,
