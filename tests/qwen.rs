@@ -75,7 +75,8 @@ fn config_json(cfg: &QwenConfig) -> serde_json::Value {
     }
     if let RopeScaling::Linear { factor } = cfg.rope_scaling {
         // As transformers 5 writes it: θ and the scaling in `rope_parameters`.
-        c["rope_parameters"] = json!({"rope_type": "linear", "factor": factor, "rope_theta": cfg.rope_theta});
+        c["rope_parameters"] =
+            json!({"rope_type": "linear", "factor": factor, "rope_theta": cfg.rope_theta});
         c.as_object_mut().unwrap().remove("rope_theta");
     }
     c
@@ -624,70 +625,165 @@ pub(crate) fn precompile_graphs() -> Vec<sinter::Graph> {
     gs
 }
 
-/// The Hugging Face fixture's weight formula (`/work/fixtures/FORMAT.md`).
-fn fixture_weight(name: &str, seed: u64, i: u64, center: f32, scale: f32) -> f32 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    let mut x = (h ^ seed).wrapping_add(i);
-    x = x.wrapping_add(0x9E3779B97F4A7C15);
-    let mut z = (x ^ (x >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-    z ^= z >> 31;
-    let u = (z >> 40) as f32 / 16777216.0;
-    center + scale * (2.0 * u - 1.0)
+/// A GGUF metadata value.
+enum Meta {
+    U32(u32),
+    F32(f32),
+    Str(&'static str),
+    Strs(Vec<String>),
 }
 
-/// A one-off check against transformers' logits (run by hand: `--ignored`, with
-/// `QWEN_FIXTURE=/path/to/qwen2.json`): prints the largest differences.
+fn gguf_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+/// A GGUF v3 file of `meta` and f32 tensors (`[out, in]` row-major, stored innermost first).
+fn gguf_bytes(meta: &[(String, Meta)], tensors: &[(String, Vec<usize>, Vec<f64>)]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        gguf_str(&mut b, k);
+        match v {
+            Meta::U32(x) => {
+                b.extend(4u32.to_le_bytes());
+                b.extend(x.to_le_bytes());
+            }
+            Meta::F32(x) => {
+                b.extend(6u32.to_le_bytes());
+                b.extend(x.to_le_bytes());
+            }
+            Meta::Str(x) => {
+                b.extend(8u32.to_le_bytes());
+                gguf_str(&mut b, x);
+            }
+            Meta::Strs(xs) => {
+                b.extend(9u32.to_le_bytes());
+                b.extend(8u32.to_le_bytes());
+                b.extend((xs.len() as u64).to_le_bytes());
+                for x in xs {
+                    gguf_str(&mut b, x);
+                }
+            }
+        }
+    }
+    let mut offset = 0u64;
+    for (name, shape, _) in tensors {
+        gguf_str(&mut b, name);
+        b.extend((shape.len() as u32).to_le_bytes());
+        for d in shape.iter().rev() {
+            b.extend((*d as u64).to_le_bytes());
+        }
+        b.extend(0u32.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        offset += (shape.iter().product::<usize>() as u64 * 4).div_ceil(32) * 32;
+    }
+    b.resize(b.len().div_ceil(32) * 32, 0);
+    for (_, _, values) in tensors {
+        b.extend(values.iter().flat_map(|&x| (x as f32).to_le_bytes()));
+        b.resize(b.len().div_ceil(32) * 32, 0);
+    }
+    b
+}
+
+/// The GGUF file llama.cpp's converter would write for `cfg` and `weights` (no row
+/// permutation for Qwen), with a small byte-level BPE tokenizer.
+fn write_gguf(path: &Path, cfg: &QwenConfig, weights: &Weights) {
+    let a = cfg.arch.name();
+    let k = |s: &str| format!("{a}.{s}");
+    let tokens: Vec<String> = (0..cfg.vocab)
+        .map(|i| {
+            ["a", "b", "ab"]
+                .get(i)
+                .map_or(format!("t{i}"), |t| t.to_string())
+        })
+        .collect();
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            Meta::Str(if a == "qwen2" { "qwen2" } else { "qwen3" }),
+        ),
+        (k("embedding_length"), Meta::U32(cfg.hidden as u32)),
+        (k("block_count"), Meta::U32(cfg.n_layers as u32)),
+        (k("attention.head_count"), Meta::U32(cfg.n_heads as u32)),
+        (
+            k("attention.head_count_kv"),
+            Meta::U32(cfg.n_kv_heads as u32),
+        ),
+        (k("attention.key_length"), Meta::U32(cfg.head_dim as u32)),
+        (k("attention.value_length"), Meta::U32(cfg.head_dim as u32)),
+        (k("feed_forward_length"), Meta::U32(cfg.ffn as u32)),
+        (k("rope.freq_base"), Meta::F32(cfg.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Meta::F32(cfg.rms_eps as f32),
+        ),
+        (k("context_length"), Meta::U32(cfg.context as u32)),
+        ("tokenizer.ggml.model".to_string(), Meta::Str("gpt2")),
+        ("tokenizer.ggml.tokens".to_string(), Meta::Strs(tokens)),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            Meta::Strs(vec!["a b".into()]),
+        ),
+        ("tokenizer.ggml.bos_token_id".to_string(), Meta::U32(1)),
+        ("tokenizer.ggml.eos_token_id".to_string(), Meta::U32(2)),
+    ];
+    let tensors: Vec<(String, Vec<usize>, Vec<f64>)> = weights
+        .iter()
+        .map(|(n, (s, v))| (n.clone(), s.clone(), v.clone()))
+        .collect();
+    std::fs::write(path, gguf_bytes(&meta, &tensors)).unwrap();
+}
+
 #[test]
-#[ignore]
-fn qwen_fixture_check() {
-    let Ok(path) = std::env::var("QWEN_FIXTURE") else { return };
-    let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let dir = scratch("fixture");
-    std::fs::write(dir.join("config.json"), fx["config"].to_string()).unwrap();
-    let seed = fx["seed"].as_u64().unwrap();
-    let mut stored: Vec<(String, Vec<usize>, Vec<u8>)> = vec![];
-    for t in fx["tensors"].as_array().unwrap() {
-        let name = t["name"].as_str().unwrap();
-        let shape: Vec<usize> = t["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
-        let (c, s) = (t["center"].as_f64().unwrap() as f32, t["scale"].as_f64().unwrap() as f32);
-        let n: usize = shape.iter().product();
-        let bytes: Vec<u8> = (0..n as u64).flat_map(|i| fixture_weight(name, seed, i, c, s).to_le_bytes()).collect();
-        stored.push((name.to_string(), shape, bytes));
+fn qwen_gguf_files_load_with_llama_cpp_names_and_give_the_folders_logits() {
+    for (tag, cfg) in configs()
+        .into_iter()
+        .filter(|(t, _)| matches!(*t, "qwen2" | "qwen3"))
+    {
+        let dir = scratch(&format!("gguf-{tag}"));
+        let weights = write_folder(&dir, &cfg, 14, &[]);
+        let path = dir.join("model.gguf");
+        write_gguf(&path, &cfg, &weights);
+        let gguf = sinter::llm::open(&path, DType::F32, &mut |_, _| {}).unwrap();
+        assert_eq!(gguf.architecture(), tag);
+        assert_eq!(
+            (gguf.kv().head_dim, gguf.kv().kv_heads, gguf.eos_tokens()),
+            (cfg.head_dim, cfg.n_kv_heads, vec![2])
+        );
+        let hf = sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).unwrap();
+        let tokens = [3u32, 14, 15, 9, 26];
+        let (a, b) = (
+            Engine::new(gguf).unwrap().logits(&tokens).unwrap(),
+            Engine::new(hf).unwrap().logits(&tokens).unwrap(),
+        );
+        assert_eq!(
+            a.data(),
+            b.data(),
+            "{tag}: the GGUF file and the folder give the same logits"
+        );
+        // A GGUF file without a tensor the config implies names it.
+        let mut fewer = weights.clone();
+        fewer.remove(if cfg.qk_norm {
+            "blk.1.attn_k_norm.weight"
+        } else {
+            "blk.1.attn_v.bias"
+        });
+        write_gguf(&path, &cfg, &fewer);
+        let e = sinter::llm::open(&path, DType::F32, &mut |_, _| {})
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(if cfg.qk_norm {
+                "tensor `blk.1.attn_k_norm.weight` is missing"
+            } else {
+                "tensor `blk.1.attn_v.bias` is missing"
+            }),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    let views: Vec<(String, TensorView<'_>)> = stored.iter().map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())).collect();
-    safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-    drop(stored);
-    write_tokenizer(&dir, fx["config"]["vocab_size"].as_u64().unwrap() as usize);
-    for (dt, key) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
-        if std::env::var("QWEN_FIXTURE_DTYPES").is_ok_and(|v| !v.contains(key)) {
-            continue;
-        }
-        let model = sinter::llm::open(&dir, dt, &mut |_, _| {}).unwrap();
-        let vocab = model.vocab();
-        let engine = Engine::new(model).unwrap();
-        let rows = &fx[key]["logits"][0];
-        let tokens: Vec<u32> = rows["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let t0 = std::time::Instant::now();
-        let got = engine.logits(&tokens).unwrap();
-        let cols: Vec<usize> = fx["cols"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
-        let (mut max_cols, mut max_top, mut argmax_same) = (0.0f64, 0.0f64, 0);
-        for p in 0..tokens.len() {
-            let row = &got.data()[p * vocab..(p + 1) * vocab];
-            for (j, &c) in cols.iter().enumerate() {
-                max_cols = max_cols.max((row[c] - rows["cols"][p][j].as_f64().unwrap()).abs());
-            }
-            for j in 0..8 {
-                let id = rows["top_ids"][p][j].as_u64().unwrap() as usize;
-                max_top = max_top.max((row[id] - rows["top_vals"][p][j].as_f64().unwrap()).abs());
-            }
-            argmax_same += usize::from(sinter::llm::argmax(row) as u64 == rows["top_ids"][p][0].as_u64().unwrap());
-        }
-        eprintln!("{path} {key}: {} positions in {:.1} s: max |Δ| over cols {max_cols:.3e}, over top-8 {max_top:.3e}; argmax equal at {argmax_same}/{}", tokens.len(), t0.elapsed().as_secs_f64(), tokens.len());
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
