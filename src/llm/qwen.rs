@@ -133,7 +133,14 @@ fn hf_rope_object(folder: &HfFolder) -> Result<Option<(&'static str, &Json)>, Mo
         match folder.config.get(key) {
             None | Some(Json::Null) => {}
             Some(v @ Json::Object(_)) => return Ok(Some((key, v))),
-            Some(v) => return Err(bad_value(folder, key, v, "expected an object or null".into())),
+            Some(v) => {
+                return Err(bad_value(
+                    folder,
+                    key,
+                    v,
+                    "expected an object or null".into(),
+                ))
+            }
         }
     }
     Ok(None)
@@ -141,8 +148,19 @@ fn hf_rope_object(folder: &HfFolder) -> Result<Option<(&'static str, &Json)>, Mo
 
 /// RoPE θ: `rope_theta`, else `rope_parameters.rope_theta` (transformers 5), else 10000.
 fn hf_rope_theta(folder: &HfFolder) -> f64 {
-    let nested = || folder.config.get("rope_parameters").and_then(|r| r.get("rope_theta")).and_then(Json::as_f64);
-    folder.config.get("rope_theta").and_then(Json::as_f64).or_else(nested).unwrap_or(10000.0)
+    let nested = || {
+        folder
+            .config
+            .get("rope_parameters")
+            .and_then(|r| r.get("rope_theta"))
+            .and_then(Json::as_f64)
+    };
+    folder
+        .config
+        .get("rope_theta")
+        .and_then(Json::as_f64)
+        .or_else(nested)
+        .unwrap_or(10000.0)
 }
 
 /// The RoPE scaling of a Hugging Face config (see [`hf_rope_object`]).
@@ -151,19 +169,40 @@ fn hf_rope_theta(folder: &HfFolder) -> f64 {
 /// [`ModelError::BadValue`] for a type the `rope` op lacks (`dynamic`, `longrope`, ...) or a
 /// value that is not an object; [`ModelError::MissingKey`] for a parameter the type needs.
 fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, ModelError> {
-    let Some((key, rs)) = hf_rope_object(folder)? else { return Ok(RopeScaling::None) };
-    let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Json::as_str).unwrap_or("default");
-    let num = |k: &str| -> Result<f64, ModelError> { rs.get(k).and_then(Json::as_f64).ok_or_else(|| folder.missing(&format!("{key}.{k}"), "a number")) };
+    let Some((key, rs)) = hf_rope_object(folder)? else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = rs
+        .get("rope_type")
+        .or_else(|| rs.get("type"))
+        .and_then(Json::as_str)
+        .unwrap_or("default");
+    let num = |k: &str| -> Result<f64, ModelError> {
+        rs.get(k)
+            .and_then(Json::as_f64)
+            .ok_or_else(|| folder.missing(&format!("{key}.{k}"), "a number"))
+    };
     let opt = |k: &str| rs.get(k).and_then(Json::as_f64);
-    let orig = || rs.get("original_max_position_embeddings").and_then(Json::as_u64).map(|v| v as usize);
+    let orig = || {
+        rs.get("original_max_position_embeddings")
+            .and_then(Json::as_u64)
+            .map(|v| v as usize)
+    };
     Ok(match kind {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: num("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: num("factor")?,
+        },
         "llama3" => RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
             high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: orig().ok_or_else(|| folder.missing(&format!("{key}.original_max_position_embeddings"), "an unsigned integer"))?,
+            original_max_position_embeddings: orig().ok_or_else(|| {
+                folder.missing(
+                    &format!("{key}.original_max_position_embeddings"),
+                    "an unsigned integer",
+                )
+            })?,
         },
         "yarn" => RopeScaling::Yarn {
             factor: num("factor")?,
@@ -176,7 +215,12 @@ fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, Mod
             attention_factor: opt("attention_factor"),
         },
         other => {
-            return Err(bad_value(folder, &format!("{key}.rope_type"), &Json::String(other.into()), "sinter's `rope` op has the scalings default, linear, llama3 and yarn".into()));
+            return Err(bad_value(
+                folder,
+                &format!("{key}.rope_type"),
+                &Json::String(other.into()),
+                "sinter's `rope` op has the scalings default, linear, llama3 and yarn".into(),
+            ));
         }
     })
 }
