@@ -7,7 +7,8 @@
 //! - [`engine`]: [`Engine`], which serves any [`DecoderModel`] on the interpreter or the GPU.
 //! - [`sample`]: greedy and seeded sampling ([`SampleOptions`], [`Sampler`]).
 //! - [`registry`]: the architectures [`open`] loads, by `general.architecture` (GGUF) or
-//!   `model_type` (`config.json`): [`LlamaModel`] (`llama`) and [`Gpt2Model`] (`gpt2`).
+//!   `model_type` (`config.json`): [`LlamaModel`] (`llama`), [`Gpt2Model`] (`gpt2`) and
+//!   [`QwenModel`] (`qwen2`, `qwen3`).
 //! - [`weights`]: weight maps with load-time transforms; [`gguf`], [`hf`]: the files.
 //!
 //! ```no_run
@@ -28,6 +29,7 @@ pub mod gguf;
 pub mod gpt2;
 pub mod hf;
 pub mod llama;
+pub mod qwen;
 pub mod registry;
 pub mod sample;
 mod session;
@@ -38,6 +40,7 @@ pub use decoder::{DecoderModel, KvGeometry};
 pub use engine::{cuda_graph_default, specialise_default, Engine, Generation};
 pub use gpt2::Gpt2Model;
 pub use llama::{decode_graph_for_batch, LlamaModel};
+pub use qwen::QwenModel;
 pub use registry::{open, AnyDecoder};
 pub use sample::{argmax, SampleOptions, Sampler};
 

@@ -14,6 +14,7 @@ pub mod cascade;
 pub mod gpt2;
 pub mod gpt2_paged;
 pub mod llama;
+pub mod qwen;
 
 use crate::{DType, Error, Graph};
 

@@ -33,6 +33,7 @@ mod fuzz;
 mod attention_extremes;
 mod rope_logical;
 mod window;
+mod qwen;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes
@@ -955,6 +956,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(adversarial::adversarial_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()));
     graphs.extend(crate::cascade::precompile_graphs());
     graphs.extend(crate::decoder::precompile_graphs());
+    graphs.extend(crate::qwen::precompile_graphs());
     graphs.extend(facade::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
