@@ -130,7 +130,6 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
             seed,
             case.kind == fuzz::gen::Kind::CastChain,
         );
-        let beyond = fuzz::check::beyond_f32(&inputs);
         let mut ok = true;
         let mut unfused_compiles = true;
         for lowering in [Lowering::Unfused, Lowering::Fused] {
@@ -142,7 +141,6 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
                         g,
                         w,
                         spread.as_ref().and_then(|s| s.get(i)).map(Vec::as_slice),
-                        beyond,
                     )
                     .err()
                 }),
@@ -238,7 +236,6 @@ fn gpu_fuzz_regressions_replay() {
             seed,
             fuzz::header(&text, "kind") == Some(fuzz::gen::Kind::CastChain.name()),
         );
-        let beyond = fuzz::check::beyond_f32(&inputs);
         let mut problem = None;
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             let p = match run_on_device(&dev, &cache, &graph, lowering, &inputs) {
@@ -248,7 +245,6 @@ fn gpu_fuzz_regressions_replay() {
                         g,
                         w,
                         spread.as_ref().and_then(|s| s.get(i)).map(Vec::as_slice),
-                        beyond,
                     )
                     .err()
                 }),
