@@ -10,6 +10,7 @@ use super::decoder::DecoderModel;
 use super::gguf::{GgufFile, ModelError};
 use super::hf::HfFolder;
 use super::{Gpt2Model, LlamaModel};
+use super::Gemma3Model;
 use crate::DType;
 
 /// A boxed decoder, as the loaders return it.
@@ -39,6 +40,16 @@ pub const ARCHITECTURES: &[Architecture] = &[
         name: "gpt2",
         gguf: |f, dt, p| Ok(Box::new(Gpt2Model::from_gguf(f, dt, p)?)),
         hf: |f, dt, p| Ok(Box::new(Gpt2Model::from_hf(f, dt, p)?)),
+    },
+    Architecture {
+        name: "gemma3",
+        gguf: |f, dt, p| Ok(Box::new(Gemma3Model::from_gguf(f, dt, p)?)),
+        hf: |f, dt, p| Ok(Box::new(Gemma3Model::from_hf(f, dt, p)?)),
+    },
+    Architecture {
+        name: "gemma3_text",
+        gguf: |f, dt, p| Ok(Box::new(Gemma3Model::from_gguf(f, dt, p)?)),
+        hf: |f, dt, p| Ok(Box::new(Gemma3Model::from_hf(f, dt, p)?)),
     },
 ];
 
