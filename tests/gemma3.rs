@@ -29,13 +29,13 @@ use sinter::DType;
 use crate::zoo::Rng;
 
 /// Steps generated per sequence.
-const STEPS: usize = 10;
+pub(crate) const STEPS: usize = 10;
 
 /// Weights by Hugging Face name (without a prefix): shape and values (f32-exact).
-type Weights = BTreeMap<String, (Vec<usize>, Vec<f64>)>;
+pub(crate) type Weights = BTreeMap<String, (Vec<usize>, Vec<f64>)>;
 
 /// A fresh folder for one test.
-fn scratch(tag: &str) -> PathBuf {
+pub(crate) fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sinter-gemma3-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -54,7 +54,7 @@ fn word(i: usize, vocab: usize) -> String {
 }
 
 /// A word-level tokenizer over [`word`].
-fn write_tokenizer(dir: &Path, vocab: usize) {
+pub(crate) fn write_tokenizer(dir: &Path, vocab: usize) {
     let words: HashMap<String, u32> = (0..vocab).map(|i| (word(i, vocab), i as u32)).collect();
     let wl = tokenizers::models::wordlevel::WordLevel::builder().vocab(words.into_iter().collect()).unk_token("t0".into()).build().unwrap();
     let mut tk = tokenizers::Tokenizer::new(wl);
@@ -63,12 +63,12 @@ fn write_tokenizer(dir: &Path, vocab: usize) {
 }
 
 /// The tiny configuration of these tests: 3 layers (sliding, full, sliding), window 4.
-fn cfg() -> Gemma3Config {
+pub(crate) fn cfg() -> Gemma3Config {
     Gemma3Config::tiny()
 }
 
 /// `config.json` of `cfg` as Hugging Face writes a `gemma3_text` model.
-fn config_json(cfg: &Gemma3Config) -> serde_json::Value {
+pub(crate) fn config_json(cfg: &Gemma3Config) -> serde_json::Value {
     let types: Vec<&str> = cfg.sliding.iter().map(|&s| if s { "sliding_attention" } else { "full_attention" }).collect();
     json!({
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
@@ -88,7 +88,7 @@ fn config_json(cfg: &Gemma3Config) -> serde_json::Value {
 
 /// Seeded weights of `cfg` by Hugging Face name: norm weights `w` within ±0.3 (a scale of
 /// `1 + w`), matrices scaled by 1/√fan-in, embeddings within ±0.5.
-fn make_weights(cfg: &Gemma3Config, seed: u64) -> Weights {
+pub(crate) fn make_weights(cfg: &Gemma3Config, seed: u64) -> Weights {
     let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
     let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
     let mut named: Vec<(String, Vec<usize>)> = vec![("embed_tokens.weight".into(), vec![cfg.vocab, d]), ("norm.weight".into(), vec![d])];
@@ -153,7 +153,7 @@ fn write_safetensors(dir: &Path, w: &Weights, prefix: &str, skip: &[&str], edit:
 }
 
 /// Writes a `gemma3_text` folder of `cfg` with seeded weights; returns them.
-fn write_folder(dir: &Path, cfg: &Gemma3Config, seed: u64) -> Weights {
+pub(crate) fn write_folder(dir: &Path, cfg: &Gemma3Config, seed: u64) -> Weights {
     std::fs::write(dir.join("config.json"), config_json(cfg).to_string()).unwrap();
     let w = make_weights(cfg, seed);
     write_safetensors(dir, &w, "model.", &[], &|_, _| {});
@@ -192,7 +192,7 @@ fn gelu_tanh(x: f64) -> f64 {
 
 /// The logits of every position of `tokens` in f64, written after `modeling_gemma3.py`
 /// (eager attention): `[T][vocab]`.
-fn reference(cfg: &Gemma3Config, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
+pub(crate) fn reference(cfg: &Gemma3Config, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let g = |n: &str| &w[n].1;
     let (d, hd, h, hkv, eps) = (cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.rms_eps);
     let embed = g("embed_tokens.weight");
@@ -264,20 +264,20 @@ fn reference(cfg: &Gemma3Config, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
 }
 
 /// The largest |a − b| over two rows, relative to the row's largest |b| (at least 1).
-fn rel_err(a: &[f64], b: &[f64]) -> f64 {
+pub(crate) fn rel_err(a: &[f64], b: &[f64]) -> f64 {
     let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0);
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
 }
 
 /// The Gemma 3 model of `dir` (through the registry), with `PAGE`-token pages.
-fn load(dir: &Path) -> Gemma3Model {
+pub(crate) fn load(dir: &Path) -> Gemma3Model {
     let mut m = Gemma3Model::from_hf(sinter::llm::hf::HfFolder::open(dir).unwrap(), DType::F32, &mut |_, _| {}).unwrap();
     m.cfg.page_size = cfg().page_size;
     m
 }
 
 /// Greedy generation of exactly `STEPS` tokens per prompt, with the logits of each token.
-fn generate<M: DecoderModel>(engine: &Engine<M>, prompts: &[Vec<u32>]) -> (Generation, Vec<Vec<Vec<f64>>>) {
+pub(crate) fn generate<M: DecoderModel>(engine: &Engine<M>, prompts: &[Vec<u32>]) -> (Generation, Vec<Vec<Vec<f64>>>) {
     let mut logits: Vec<Vec<Vec<f64>>> = vec![Vec::new(); prompts.len()];
     let o = SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(STEPS) };
     let g = engine.generate_observed(prompts, &o, &mut |_, _| {}, &mut |s, row| logits[s].push(row.to_vec())).unwrap();
@@ -286,7 +286,7 @@ fn generate<M: DecoderModel>(engine: &Engine<M>, prompts: &[Vec<u32>]) -> (Gener
 
 /// Each generated token against the f64 full recompute over the prompt and the tokens before
 /// it: the same greedy token, logits within `tol` of the row's largest.
-fn check_against_reference(cfg: &Gemma3Config, w: &Weights, prompts: &[Vec<u32>], g: &Generation, logits: &[Vec<Vec<f64>>], tol: f64) {
+pub(crate) fn check_against_reference(cfg: &Gemma3Config, w: &Weights, prompts: &[Vec<u32>], g: &Generation, logits: &[Vec<Vec<f64>>], tol: f64) {
     for (s, prompt) in prompts.iter().enumerate() {
         assert_eq!(g.tokens[s].len(), STEPS, "sequence {s}");
         let mut seq = prompt.clone();
@@ -536,3 +536,4 @@ fn gemma3_gguf_norms_stored_plus_one_load_as_the_folders_weights() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
