@@ -534,6 +534,12 @@ fn gemma3_gguf_norms_stored_plus_one_load_as_the_folders_weights() {
         let err = t.data().iter().zip(hf.weights[k].data()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(err <= if k.ends_with("norm.weight") { 1.2e-7 } else { 0.0 }, "{k}: {err}");
     }
+    // The same model: the GGUF metadata map to the folder's config (layer types, window, RoPE).
+    let tokens: Vec<u32> = (0..11).map(|i| (i * 5 + 1) % 64).collect();
+    let (a, b) = (Engine::new(gg).unwrap().logits(&tokens).unwrap(), Engine::new(hf).unwrap().logits(&tokens).unwrap());
+    for p in 0..tokens.len() {
+        let err = rel_err(&a.data()[p * c.vocab..(p + 1) * c.vocab], &b.data()[p * c.vocab..(p + 1) * c.vocab]);
+        assert!(err <= 1e-5, "position {p}: GGUF and folder logits differ by {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
-

