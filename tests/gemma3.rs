@@ -59,6 +59,8 @@ pub(crate) fn write_tokenizer(dir: &Path, vocab: usize) {
     let wl = tokenizers::models::wordlevel::WordLevel::builder().vocab(words.into_iter().collect()).unk_token("t0".into()).build().unwrap();
     let mut tk = tokenizers::Tokenizer::new(wl);
     tk.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::Whitespace {}));
+    let specials: Vec<tokenizers::AddedToken> = [1, 2, vocab - 1].iter().map(|&i| tokenizers::AddedToken::from(word(i, vocab), true)).collect();
+    tk.add_special_tokens(&specials);
     tk.save(dir.join("tokenizer.json"), false).unwrap();
 }
 
@@ -541,5 +543,21 @@ fn gemma3_gguf_norms_stored_plus_one_load_as_the_folders_weights() {
         let err = rel_err(&a.data()[p * c.vocab..(p + 1) * c.vocab], &b.data()[p * c.vocab..(p + 1) * c.vocab]);
         assert!(err <= 1e-5, "position {p}: GGUF and folder logits differ by {err}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Gemma's template writes `<bos>` itself: a chat prompt has one BOS although the tokenizer
+/// adds one to plain text (`add_bos_token`); the template may live in `chat_template.jinja`.
+#[test]
+fn gemma3_chat_prompt_has_one_bos() {
+    let c = cfg();
+    let dir = scratch("chat");
+    write_folder(&dir, &c, 3);
+    let template = "{{ bos_token }}{% for m in messages %}{{ m.content }} <end_of_turn> {% endfor %}t7";
+    std::fs::write(dir.join("tokenizer_config.json"), json!({"add_bos_token": true, "bos_token": "<bos>"}).to_string()).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    let model = sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).unwrap();
+    assert_eq!(model.tokenizer().encode("t5 t9").unwrap(), vec![2, 5, 9], "BOS before plain text");
+    assert_eq!(model.chat_prompt("t5 t9").unwrap(), vec![2, 5, 9, 63, 7], "one BOS, the turn closed by <end_of_turn>");
     let _ = std::fs::remove_dir_all(&dir);
 }

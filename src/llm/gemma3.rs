@@ -244,7 +244,9 @@ impl Gemma3Model {
     /// `hidden_activation`, `max_position_embeddings`, `tie_word_embeddings` (Hugging Face's
     /// defaults when absent). End tokens: `eos_token_id` of the config and of
     /// `generation_config.json`, `<eos>` and `<end_of_turn>`; BOS is added to encoded text
-    /// when `tokenizer_config.json` says `add_bos_token`.
+    /// when `tokenizer_config.json` says `add_bos_token`; the chat template is
+    /// `tokenizer_config.json`'s `chat_template`, else `chat_template.jinja` or
+    /// `chat_template.json`.
     ///
     /// # Errors
     /// Missing or malformed keys (named, with `text_config.` where they were looked up there),
@@ -268,7 +270,15 @@ impl Gemma3Model {
         let weights = weights::load(&folder, &specs, dtype, progress)?;
         let id = |key: &str| folder.token_id(key).or_else(|| text.get(key).and_then(Json::as_u64).map(|v| v as u32));
         let (bos, eos) = (id("bos_token_id").unwrap_or(2), id("eos_token_id").unwrap_or(1));
-        let (mut tokenizer, chat) = folder.tokenizer(bos, eos)?;
+        let (mut tokenizer, mut chat) = folder.tokenizer(bos, eos)?;
+        // Newer folders keep the template beside `tokenizer_config.json`.
+        if chat.source.is_none() {
+            let dir = folder.dir();
+            chat.source = std::fs::read_to_string(dir.join("chat_template.jinja")).ok().or_else(|| {
+                let j: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("chat_template.json")).ok()?).ok()?;
+                j.get("chat_template").and_then(Json::as_str).map(str::to_string)
+            });
+        }
         let tc: Option<Json> = std::fs::read_to_string(folder.dir().join("tokenizer_config.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
         tokenizer.add_bos = tc.as_ref().and_then(|t| t.get("add_bos_token")).and_then(Json::as_bool).unwrap_or(false);
         let mut eos_ids = folder.token_ids("eos_token_id");
