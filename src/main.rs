@@ -69,7 +69,7 @@ impl From<LoweringArg> for Lowering {
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text with a GGUF model or Hugging Face folder (SmolLM2-135M-Instruct by
-    /// default); the architecture comes from the file (llama, gpt2, qwen2, qwen3).
+    /// default); the architecture comes from the file (llama, gpt2, qwen2, qwen3, gemma3).
     Run {
         /// The user's message (rendered with the model's chat template, unless --raw).
         #[arg(long, default_value = "What is the capital of France?")]

@@ -239,10 +239,10 @@ fn an_unsupported_architecture_is_an_error_that_lists_the_supported_ones() {
     let path = dir.join("mamba.gguf");
     std::fs::write(&path, gguf_with_architecture("mamba")).unwrap();
     let e = sinter::llm::open(&path, DType::F32, &mut |_, _| {}).err().unwrap();
-    assert!(e.to_string().contains("architecture `mamba` is not supported (supported: llama, gpt2, qwen2, qwen3)"), "{e}");
+    assert!(e.to_string().contains("architecture `mamba` is not supported (supported: llama, gpt2, qwen2, qwen3, gemma3, gemma3_text)"), "{e}");
     std::fs::write(dir.join("config.json"), r#"{"model_type": "mistral"}"#).unwrap();
     let e = sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).err().unwrap();
-    assert!(e.to_string().contains("architecture `mistral` is not supported (supported: llama, gpt2, qwen2, qwen3)"), "{e}");
+    assert!(e.to_string().contains("architecture `mistral` is not supported (supported: llama, gpt2, qwen2, qwen3, gemma3, gemma3_text)"), "{e}");
     // A GPT-2 folder whose weights disagree with its config.
     write_gpt2_folder(&dir, &cfg(), 7);
     let mut wrong = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -352,6 +352,6 @@ fn sinter_run_serves_a_gpt2_folder_and_names_the_supported_architectures() {
     let out = sinter().args(["run", "--device", "cpu", "--model"]).arg(&path).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("architecture `mamba` is not supported (supported: llama, gpt2, qwen2, qwen3)"), "{stderr}");
+    assert!(stderr.contains("architecture `mamba` is not supported (supported: llama, gpt2, qwen2, qwen3, gemma3, gemma3_text)"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,6 +16,7 @@ mod fused_zoo;
 mod engine_gpu;
 mod cascade;
 mod decoder;
+mod gemma3;
 mod adversarial;
 mod compile_parallel;
 mod fuzz;

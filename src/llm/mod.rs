@@ -25,6 +25,7 @@ pub mod chat;
 pub mod decoder;
 pub mod engine;
 pub mod fetch;
+pub mod gemma3;
 pub mod gguf;
 pub mod gpt2;
 pub mod hf;
@@ -38,6 +39,7 @@ pub mod weights;
 
 pub use decoder::{DecoderModel, KvGeometry};
 pub use engine::{cuda_graph_default, specialise_default, Engine, Generation};
+pub use gemma3::Gemma3Model;
 pub use gpt2::Gpt2Model;
 pub use llama::{decode_graph_for_batch, LlamaModel};
 pub use qwen::QwenModel;

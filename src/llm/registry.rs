@@ -9,7 +9,7 @@ use std::path::Path;
 use super::decoder::DecoderModel;
 use super::gguf::{GgufFile, ModelError};
 use super::hf::HfFolder;
-use super::{Gpt2Model, LlamaModel, QwenModel};
+use super::{Gemma3Model, Gpt2Model, LlamaModel, QwenModel};
 use crate::DType;
 
 /// A boxed decoder, as the loaders return it.
@@ -49,6 +49,16 @@ pub const ARCHITECTURES: &[Architecture] = &[
         name: "qwen3",
         gguf: |f, dt, p| Ok(Box::new(QwenModel::from_gguf(f, dt, p)?)),
         hf: |f, dt, p| Ok(Box::new(QwenModel::from_hf(f, dt, p)?)),
+    },
+    Architecture {
+        name: "gemma3",
+        gguf: |f, dt, p| Ok(Box::new(Gemma3Model::from_gguf(f, dt, p)?)),
+        hf: |f, dt, p| Ok(Box::new(Gemma3Model::from_hf(f, dt, p)?)),
+    },
+    Architecture {
+        name: "gemma3_text",
+        gguf: |f, dt, p| Ok(Box::new(Gemma3Model::from_gguf(f, dt, p)?)),
+        hf: |f, dt, p| Ok(Box::new(Gemma3Model::from_hf(f, dt, p)?)),
     },
 ];
 

@@ -11,6 +11,7 @@
 //! (shared-prefix) decode attention step and the plain paged decode it replaces.
 
 pub mod cascade;
+pub mod gemma3;
 pub mod gpt2;
 pub mod gpt2_paged;
 pub mod llama;

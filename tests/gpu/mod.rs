@@ -30,6 +30,7 @@ mod compile_cache;
 mod facade;
 mod fp8;
 mod fuzz;
+mod gemma3;
 mod attention_extremes;
 mod rope_logical;
 mod window;
@@ -957,6 +958,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(crate::cascade::precompile_graphs());
     graphs.extend(crate::decoder::precompile_graphs());
     graphs.extend(crate::qwen::precompile_graphs());
+    graphs.extend(gemma3::precompile_graphs());
     graphs.extend(facade::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
