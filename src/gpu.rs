@@ -66,7 +66,7 @@ pub struct CompileStats {
     pub assembled: usize,
     /// Modules JIT-compiled from PTX (no cubin could be had or loaded).
     pub ptx_jit: usize,
-    /// Cubin entries refused (damaged, or made for another architecture or driver) or
+    /// Cubin entries refused (damaged, or made for another architecture or assembler) or
     /// refused by the driver, with what was wrong: assembled again and rewritten.
     pub cubins_damaged: Vec<String>,
     /// Wall time of lowering + code generation + assembly + cache reads + loading, seconds.
@@ -82,7 +82,7 @@ pub struct CompileStats {
     /// seconds.
     pub cache_seconds: f64,
     /// Of which assembling, after code generation, the cubins of kernels that were not
-    /// generated now (the driver's linker, on several threads), seconds.
+    /// generated now (`ptxas`, on several threads), seconds.
     pub assembly_seconds: f64,
     /// Thread time the code generation's workers spent assembling the cubins of the kernels
     /// they generated, each right after its PTX (summed over the workers; within

@@ -286,7 +286,7 @@ impl Device {
     }
 
     /// What assembles PTX into machine code for this device (its architecture and the
-    /// driver's version): the cubin cache's key ([`crate::cubin`]).
+    /// assembler's version, `ptxas`'s or `none`): the cubin cache's key ([`crate::cubin`]).
     pub fn assembler(&self) -> &Assembler {
         &self.inner.assembler
     }
@@ -661,8 +661,9 @@ impl Device {
     fn load_cubin(&self, cubin: &[u8]) -> Result<Module, (String, String)> {
         self.bind().map_err(|e| ("CUDA_ERROR_INVALID_CONTEXT".to_string(), e.to_string()))?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `cubin` is a whole ELF image (checked by the cache's checksum and made by
-        // the driver's linker), alive for the call; the driver copies what it keeps.
+        // SAFETY: `cubin` is a whole CUDA ELF image (made by `ptxas` or read from the cache,
+        // and either way checked: headers and sections inside the buffer, `cubin::elf_problem`),
+        // alive for the call; the driver copies what it keeps.
         let r = no_panic("cubin loading", || Ok(unsafe { sys::cuModuleLoadData(&mut raw, cubin.as_ptr().cast()) }.result()))
             .map_err(|e| ("CUDA_ERROR_NOT_INITIALIZED".to_string(), e.to_string()))?;
         match r {

@@ -17,7 +17,7 @@
 //!   [`CapturedGraph::replay`]).
 //! - [`KernelCache`] — compiled plans on disk, keyed by a hash of everything they depend on,
 //!   with corrupt entries detected and rebuilt; beside them each kernel's machine code
-//!   ([`cubin`]: assembled once per architecture and driver, loaded by
+//!   ([`cubin`]: assembled once per architecture and `ptxas` version, loaded by
 //!   [`Device::load_modules`] without the JIT).
 //!
 //! ```no_run

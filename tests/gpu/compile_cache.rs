@@ -1,7 +1,7 @@
 //! The cubin cache on the device (`sinter_runtime::cubin`): machine code assembled once by
 //! `ptxas` (`SINTER_PTXAS` or the toolchain's), on several threads, loaded as it is on later starts; a damaged entry or
-//! one made for another architecture or driver is refused, reported, assembled again and
-//! rewritten, never loaded. The plans come from the kernel cache (precompiled on the machine
+//! one made for another architecture or assembler is refused, reported, assembled again and
+//! rewritten, never loaded; a `ptxas` that makes no cubin leaves every module to the JIT. The plans come from the kernel cache (precompiled on the machine
 //! without LLVM), the cubins go into a fresh folder of their own.
 
 use sinter::gpu::{CompileStats, Lowering};
@@ -162,4 +162,91 @@ fn gpu_modules_load_without_a_cubin_cache() {
     let s = fresh().load_modules(&plans, None, 4).unwrap();
     assert_eq!(s.modules, s.assembled + s.ptx_jit, "{s:?}");
     assert_eq!(s.cubin_hits, 0);
+}
+
+/// `SINTER_PTXAS` set to `path` until dropped, then restored (the GPU tests run one at a
+/// time, so no other test sees it).
+struct PtxasIs(Option<std::ffi::OsString>);
+
+impl PtxasIs {
+    fn new(path: &std::path::Path) -> PtxasIs {
+        let old = std::env::var_os("SINTER_PTXAS");
+        std::env::set_var("SINTER_PTXAS", path);
+        PtxasIs(old)
+    }
+}
+
+impl Drop for PtxasIs {
+    fn drop(&mut self) {
+        match self.0.take() {
+            Some(v) => std::env::set_var("SINTER_PTXAS", v),
+            None => std::env::remove_var("SINTER_PTXAS"),
+        }
+    }
+}
+
+/// A program that answers `--version` as `ptxas` does and "assembles" with `make` (a shell
+/// command writing `$out`), written by `sh` (a file this process held open for writing could
+/// not be run while another thread forks).
+#[cfg(unix)]
+fn fake_ptxas(path: &std::path::Path, make: &str) {
+    let body = format!(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'ptxas: fake'; echo 'Cuda compilation tools, release 99.9, V99.9.1'; exit 0; fi\nfor a; do [ \"$prev\" = -o ] && out=\"$a\"; prev=\"$a\"; done\n{make}\n"
+    );
+    let status = std::process::Command::new("sh").arg("-c").arg("printf '%s' \"$2\" > \"$1\" && chmod +x \"$1\"").arg("sh").arg(path).arg(body).status().unwrap();
+    assert!(status.success());
+}
+
+/// A `ptxas` that exits 0 but writes an empty file or text instead of a cubin: no cubin is
+/// loaded or stored (the driver takes no length: an empty or short image would be read past
+/// its end), every module is JIT-compiled from its PTX.
+#[cfg(unix)]
+#[test]
+fn gpu_a_ptxas_that_writes_no_cubin_falls_back_to_the_jit() {
+    let Some(dev) = device() else { return };
+    let plans = tiny_llama_plans(&dev);
+    let dir = temp_dir("fake-ptxas");
+    let fake = dir.join("ptxas");
+    for make in [": > \"$out\"", "printf abc > \"$out\"", "exit 0"] {
+        fake_ptxas(&fake, make);
+        let dev = {
+            let _ptxas = PtxasIs::new(&fake);
+            fresh()
+        };
+        assert_eq!(*dev.cubin_assembler(), sinter_runtime::CubinAssembler::Ptxas(fake.clone()), "{make}");
+        let cache_dir = dir.join(format!("cache-{}", make.len()));
+        let cache = KernelCache::new(&cache_dir).unwrap();
+        let s = dev.load_modules(&plans, Some(&cache), 4).unwrap();
+        eprintln!("{make}: {s:?}");
+        assert!(s.modules > 1, "{s:?}");
+        assert_eq!((s.assembled, s.cubin_hits, s.ptx_jit), (0, 0, s.modules), "{make}: {s:?}");
+        assert!(cubins(&cache_dir).is_empty(), "{make}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Entries whose checksum matches but whose code is a cubin cut short (its headers point past
+/// its end) are refused, reassembled and rewritten, never handed to the driver.
+#[test]
+fn gpu_intact_entries_holding_a_cut_cubin_are_refused() {
+    let Some(dev) = device_with_ptxas() else { return };
+    let plans = tiny_llama_plans(&dev);
+    let dir = temp_dir("cut");
+    let cache = KernelCache::new(&dir).unwrap();
+    let cold = fresh().load_modules(&plans, Some(&cache), 4).unwrap();
+    let asm = dev.assembler().clone();
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &plans {
+        if !seen.insert(p.ptx.clone()) {
+            continue;
+        }
+        let CubinLookup::Hit(code) = cache.get_cubin(&p.ptx, &asm) else { panic!("{}: no cubin after a cold load", p.entry) };
+        cache.put_cubin(&p.ptx, &asm, &code[..code.len() / 2]).unwrap();
+    }
+    let again = fresh().load_modules(&plans, Some(&cache), 4).unwrap();
+    eprintln!("cut: {again:?}");
+    assert_eq!((again.damaged.len(), again.assembled, again.cubin_hits, again.ptx_jit), (cold.modules, cold.modules, 0, 0), "{again:?}");
+    let healed = fresh().load_modules(&plans, Some(&cache), 4).unwrap();
+    assert_eq!((healed.cubin_hits, healed.assembled, healed.damaged.len()), (cold.modules, 0, 0), "{healed:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
