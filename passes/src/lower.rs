@@ -56,8 +56,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use sinter_ir::{
-    Attr, Buffer, BufferData, BufferRole, Dim, Family, Function, Graph, KernelData, KernelGraph,
-    Layout, Node, Op, OpKind, Signature, Target, TensorType, Value, ValueDef,
+    Attr, Buffer, BufferData, BufferRole, Dim, Family, Function, Graph, KernelData, KernelGraph, Layout, Node, Op, OpKind, Signature, Target, TensorType, Value,
+    ValueDef,
 };
 
 use crate::lang::{neg_axis, OpSym};
@@ -93,10 +93,7 @@ fn subst_ty(t: &TensorType, map: &BTreeMap<String, Dim>) -> TensorType {
     if map.is_empty() {
         return t.clone();
     }
-    TensorType {
-        dtype: t.dtype,
-        shape: t.shape.iter().map(|d| d.substitute(map)).collect(),
-    }
+    TensorType { dtype: t.dtype, shape: t.shape.iter().map(|d| d.substitute(map)).collect() }
 }
 
 fn subst_op(op: &Op, map: &BTreeMap<String, Dim>) -> Op {
@@ -112,10 +109,7 @@ fn subst_op(op: &Op, map: &BTreeMap<String, Dim>) -> Op {
             other => other.clone(),
         })
         .collect();
-    Op {
-        kind: op.kind,
-        attrs,
-    }
+    Op { kind: op.kind, attrs }
 }
 
 impl Inliner<'_> {
@@ -133,20 +127,9 @@ impl Inliner<'_> {
         }
     }
 
-    fn emit(
-        &mut self,
-        f: &Function,
-        args: &[Value],
-        map: &BTreeMap<String, Dim>,
-        origin: usize,
-        prefix: &str,
-        depth: usize,
-    ) -> Result<Vec<Value>, PassError> {
+    fn emit(&mut self, f: &Function, args: &[Value], map: &BTreeMap<String, Dim>, origin: usize, prefix: &str, depth: usize) -> Result<Vec<Value>, PassError> {
         if depth > MAX_DEPTH {
-            return Err(PassError::Lower(format!(
-                "calls nest deeper than {MAX_DEPTH} at @{}",
-                f.name
-            )));
+            return Err(PassError::Lower(format!("calls nest deeper than {MAX_DEPTH} at @{}", f.name)));
         }
         let mut env: HashMap<Value, Value> = HashMap::new();
         for (p, a) in f.params.iter().zip(args) {
@@ -155,15 +138,11 @@ impl Inliner<'_> {
         for (n, nd) in f.nodes.iter() {
             let mut inputs = Vec::with_capacity(nd.inputs.len());
             for v in &nd.inputs {
-                inputs.push(*env.get(v).ok_or_else(|| {
-                    PassError::Lower(format!("@{} {n}: operand {v} undefined", f.name))
-                })?);
+                inputs.push(*env.get(v).ok_or_else(|| PassError::Lower(format!("@{} {n}: operand {v} undefined", f.name)))?);
             }
             if nd.op.kind == OpKind::Call {
                 let name = nd.op.str("func").unwrap_or("");
-                let callee = self.g.func(name).ok_or_else(|| {
-                    PassError::Lower(format!("@{}: callee @{name} is not in the graph", f.name))
-                })?;
+                let callee = self.g.func(name).ok_or_else(|| PassError::Lower(format!("@{}: callee @{name} is not in the graph", f.name)))?;
                 let mut cmap: BTreeMap<String, Dim> = BTreeMap::new();
                 for (p, a) in callee.params.iter().zip(&inputs) {
                     for (pd, ad) in callee.ty(*p).shape.iter().zip(&self.out.ty(*a).shape) {
@@ -178,28 +157,12 @@ impl Inliner<'_> {
                     *c += 1;
                     *c - 1
                 };
-                let parent = if origin == 0 {
-                    String::new()
-                } else {
-                    format!("{}/", self.origins[origin])
-                };
+                let parent = if origin == 0 { String::new() } else { format!("{}/", self.origins[origin]) };
                 self.origins.push(format!("{parent}{name}#{k}"));
                 let o = self.origins.len() - 1;
-                let results = self.emit(
-                    callee,
-                    &inputs,
-                    &cmap,
-                    o,
-                    &format!("{prefix}{name}{k}."),
-                    depth + 1,
-                )?;
+                let results = self.emit(callee, &inputs, &cmap, o, &format!("{prefix}{name}{k}."), depth + 1)?;
                 if results.len() != nd.results.len() {
-                    return Err(PassError::Lower(format!(
-                        "@{}: call of @{name} gives {} results, the node declares {}",
-                        f.name,
-                        results.len(),
-                        nd.results.len()
-                    )));
+                    return Err(PassError::Lower(format!("@{}: call of @{name} gives {} results, the node declares {}", f.name, results.len(), nd.results.len())));
                 }
                 for (r, v) in nd.results.iter().zip(results) {
                     env.insert(*r, v);
@@ -219,11 +182,7 @@ impl Inliner<'_> {
         }
         let mut outs = vec![];
         for o in &f.outputs {
-            outs.push(
-                *env.get(o).ok_or_else(|| {
-                    PassError::Lower(format!("@{}: output {o} undefined", f.name))
-                })?,
-            );
+            outs.push(*env.get(o).ok_or_else(|| PassError::Lower(format!("@{}: output {o} undefined", f.name)))?);
         }
         Ok(outs)
     }
@@ -234,9 +193,7 @@ impl Inliner<'_> {
 /// # Errors
 /// A graph without an entry, an unknown callee, calls nested too deep.
 pub fn inline(g: &Graph) -> Result<Flat, PassError> {
-    let entry = g
-        .entry()
-        .ok_or_else(|| PassError::Lower("the graph has no function".into()))?;
+    let entry = g.entry().ok_or_else(|| PassError::Lower("the graph has no function".into()))?;
     let mut out = Function::new(entry.name.clone());
     let mut names = HashSet::new();
     let args: Vec<Value> = entry
@@ -250,21 +207,10 @@ pub fn inline(g: &Graph) -> Result<Flat, PassError> {
             out.add_param(name, entry.ty(p).clone())
         })
         .collect();
-    let mut inl = Inliner {
-        g,
-        out,
-        origin: HashMap::new(),
-        origins: vec![entry.name.clone()],
-        names,
-        counters: HashMap::new(),
-    };
+    let mut inl = Inliner { g, out, origin: HashMap::new(), origins: vec![entry.name.clone()], names, counters: HashMap::new() };
     let outs = inl.emit(entry, &args, &BTreeMap::new(), 0, "", 0)?;
     inl.out.outputs = outs;
-    Ok(Flat {
-        func: inl.out,
-        origin: inl.origin,
-        origins: inl.origins,
-    })
+    Ok(Flat { func: inl.out, origin: inl.origin, origins: inl.origins })
 }
 
 /// Merges identical nodes (same op, same operands) and drops nodes no output needs.
@@ -291,11 +237,7 @@ pub fn cse_dce(flat: &Flat) -> Flat {
         if !live_nodes.contains(&n) {
             continue;
         }
-        let inputs: Vec<Value> = nd
-            .inputs
-            .iter()
-            .map(|v| map.get(v).copied().unwrap_or(*v))
-            .collect();
+        let inputs: Vec<Value> = nd.inputs.iter().map(|v| map.get(v).copied().unwrap_or(*v)).collect();
         let key = (OpSym::new(nd.op.clone()), inputs.clone());
         if let Some(rs) = table.get(&key) {
             for (r, v) in nd.results.iter().zip(rs) {
@@ -303,11 +245,7 @@ pub fn cse_dce(flat: &Flat) -> Flat {
             }
             continue;
         }
-        let (node, rs) = out.push_node(
-            nd.op.clone(),
-            inputs,
-            nd.results.iter().map(|&r| f.ty(r).clone()).collect(),
-        );
+        let (node, rs) = out.push_node(nd.op.clone(), inputs, nd.results.iter().map(|&r| f.ty(r).clone()).collect());
         origin.insert(node, flat.origin.get(&n).copied().unwrap_or(0));
         for (r, v) in nd.results.iter().zip(&rs) {
             out.values[*v].name = f.values[*r].name.clone();
@@ -315,16 +253,8 @@ pub fn cse_dce(flat: &Flat) -> Flat {
         }
         table.insert(key, rs);
     }
-    out.outputs = f
-        .outputs
-        .iter()
-        .map(|v| map.get(v).copied().unwrap_or(*v))
-        .collect();
-    Flat {
-        func: out,
-        origin,
-        origins: flat.origins.clone(),
-    }
+    out.outputs = f.outputs.iter().map(|v| map.get(v).copied().unwrap_or(*v)).collect();
+    Flat { func: out, origin, origins: flat.origins.clone() }
 }
 
 /// Rewrites every reduction, softmax and log_softmax over an axis other than the last as
@@ -340,21 +270,9 @@ pub fn reductions_to_last_axis(flat: &Flat) -> Result<Flat, PassError> {
     let lower_err = |e: String| PassError::Lower(e);
     for (n, nd) in f.nodes.iter() {
         let o = flat.origin.get(&n).copied().unwrap_or(0);
-        let inputs: Vec<Value> = nd
-            .inputs
-            .iter()
-            .map(|v| map.get(v).copied().unwrap_or(*v))
-            .collect();
+        let inputs: Vec<Value> = nd.inputs.iter().map(|v| map.get(v).copied().unwrap_or(*v)).collect();
         let k = nd.op.kind;
-        let is_row = matches!(
-            k,
-            OpKind::ReduceSum
-                | OpKind::ReduceMax
-                | OpKind::ReduceMin
-                | OpKind::ReduceMean
-                | OpKind::Softmax
-                | OpKind::LogSoftmax
-        );
+        let is_row = matches!(k, OpKind::ReduceSum | OpKind::ReduceMax | OpKind::ReduceMin | OpKind::ReduceMean | OpKind::Softmax | OpKind::LogSoftmax);
         let rank = inputs.first().map(|&x| out.ty(x).rank()).unwrap_or(0);
         let axis = nd.op.int("axis").map(|a| neg_axis(a, rank));
         if is_row && rank > 1 && axis.is_some_and(|a| a != -1) {
@@ -363,24 +281,15 @@ pub fn reductions_to_last_axis(flat: &Flat) -> Result<Flat, PassError> {
             let tx = out.ty(x).clone();
             let mut perm: Vec<i64> = (0..rank as i64).filter(|&i| i != a as i64).collect();
             perm.push(a as i64);
-            let pop = Op::new(
-                OpKind::Permute,
-                vec![("perm".into(), Attr::Ints(perm.clone()))],
-            )
-            .map_err(|e| lower_err(e.to_string()))?;
-            let pty = TensorType {
-                dtype: tx.dtype,
-                shape: perm.iter().map(|&i| tx.shape[i as usize].clone()).collect(),
-            };
+            let pop = Op::new(OpKind::Permute, vec![("perm".into(), Attr::Ints(perm.clone()))]).map_err(|e| lower_err(e.to_string()))?;
+            let pty = TensorType { dtype: tx.dtype, shape: perm.iter().map(|&i| tx.shape[i as usize].clone()).collect() };
             let (pn, pv) = out.push_node(pop, vec![x], vec![pty.clone()]);
             origin.insert(pn, o);
             let mut op = nd.op.clone();
             if let Some(i) = k.attr_index("axis") {
                 op.attrs[i] = Attr::Int(-1);
             }
-            let keep = k == OpKind::Softmax
-                || k == OpKind::LogSoftmax
-                || nd.op.bool("keepdim") == Some(true);
+            let keep = k == OpKind::Softmax || k == OpKind::LogSoftmax || nd.op.bool("keepdim") == Some(true);
             let mut rty = pty.clone();
             if k != OpKind::Softmax && k != OpKind::LogSoftmax {
                 if keep {
@@ -398,8 +307,7 @@ pub fn reductions_to_last_axis(flat: &Flat) -> Result<Flat, PassError> {
                 for (i, &p) in perm.iter().enumerate() {
                     inv[p as usize] = i as i64;
                 }
-                let iop = Op::new(OpKind::Permute, vec![("perm".into(), Attr::Ints(inv))])
-                    .map_err(|e| lower_err(e.to_string()))?;
+                let iop = Op::new(OpKind::Permute, vec![("perm".into(), Attr::Ints(inv))]).map_err(|e| lower_err(e.to_string()))?;
                 let (inode, iv) = out.push_node(iop, rv, vec![f.ty(nd.results[0]).clone()]);
                 origin.insert(inode, o);
                 iv[0]
@@ -410,27 +318,15 @@ pub fn reductions_to_last_axis(flat: &Flat) -> Result<Flat, PassError> {
             map.insert(nd.results[0], result);
             continue;
         }
-        let (node, rs) = out.push_node(
-            nd.op.clone(),
-            inputs,
-            nd.results.iter().map(|&r| f.ty(r).clone()).collect(),
-        );
+        let (node, rs) = out.push_node(nd.op.clone(), inputs, nd.results.iter().map(|&r| f.ty(r).clone()).collect());
         origin.insert(node, o);
         for (r, v) in nd.results.iter().zip(&rs) {
             out.values[*v].name = f.values[*r].name.clone();
             map.insert(*r, *v);
         }
     }
-    out.outputs = f
-        .outputs
-        .iter()
-        .map(|v| map.get(v).copied().unwrap_or(*v))
-        .collect();
-    Ok(Flat {
-        func: out,
-        origin,
-        origins: flat.origins.clone(),
-    })
+    out.outputs = f.outputs.iter().map(|v| map.get(v).copied().unwrap_or(*v)).collect();
+    Ok(Flat { func: out, origin, origins: flat.origins.clone() })
 }
 
 /// One kernel before buffers are assigned.
@@ -448,10 +344,7 @@ struct Spec {
 ///
 /// # Errors
 /// A value that a kernel reads but nothing materialises (an internal error).
-pub fn build_kernel_graph(
-    flat: &Flat,
-    part: &Partition,
-) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
+pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
     let f = &flat.func;
     let uses = Uses::new(f);
     let mut specs: Vec<Spec> = vec![];
@@ -465,40 +358,18 @@ pub fn build_kernel_graph(
             .copied()
             .find(|&n| partition::role(f, n) != Role::Point)
             .or(members.first().copied())
-            .or_else(|| {
-                grp.roots
-                    .first()
-                    .and_then(|r| uses.producer.get(r).copied())
-            });
-        let origin = origin_node
-            .and_then(|n| flat.origin.get(&n))
-            .copied()
-            .unwrap_or(0);
+            .or_else(|| grp.roots.first().and_then(|r| uses.producer.get(r).copied()));
+        let origin = origin_node.and_then(|n| flat.origin.get(&n)).copied().unwrap_or(0);
         spec_of_group.insert(g, specs.len());
-        specs.push(Spec {
-            family: grp.family,
-            members,
-            pull_roots: grp.roots.clone(),
-            exports: vec![],
-            origin,
-            group: Some(g),
-        });
+        specs.push(Spec { family: grp.family, members, pull_roots: grp.roots.clone(), exports: vec![], origin, group: Some(g) });
     }
     // The kernel writing a value: its root's host, or the kernel of the node computing it.
-    let spec_of_value = |v: Value| {
-        part.source(&uses, v)
-            .and_then(|g| spec_of_group.get(&g))
-            .copied()
-    };
+    let spec_of_value = |v: Value| part.source(&uses, v).and_then(|g| spec_of_group.get(&g)).copied();
     // Which values each kernel reads (through views and sources it recomputes).
     let mut value_users: HashMap<Value, Vec<usize>> = HashMap::new();
     for (si, spec) in specs.iter().enumerate() {
         let g = spec.group;
-        let vals = spec
-            .members
-            .iter()
-            .flat_map(|&m| f.nodes[m].inputs.iter().copied())
-            .chain(spec.pull_roots.iter().copied());
+        let vals = spec.members.iter().flat_map(|&m| f.nodes[m].inputs.iter().copied()).chain(spec.pull_roots.iter().copied());
         for v in vals {
             for b in part.reads(f, &uses, v, g) {
                 value_users.entry(b).or_default().push(si);
@@ -507,12 +378,7 @@ pub fn build_kernel_graph(
     }
     // Exports: results (and roots) read by another kernel.
     for (si, spec) in specs.iter_mut().enumerate() {
-        let written = spec
-            .members
-            .iter()
-            .flat_map(|&n| f.nodes[n].results.iter().copied())
-            .chain(spec.pull_roots.iter().copied())
-            .collect::<Vec<_>>();
+        let written = spec.members.iter().flat_map(|&n| f.nodes[n].results.iter().copied()).chain(spec.pull_roots.iter().copied()).collect::<Vec<_>>();
         for r in written {
             let crosses = value_users.get(&r).into_iter().flatten().any(|&u| u != si);
             if crosses && !spec.exports.contains(&r) {
@@ -525,9 +391,7 @@ pub fn build_kernel_graph(
         if matches!(f.values[o].def, ValueDef::Param(_)) {
             continue;
         }
-        let Some(&p) = uses.producer.get(&o) else {
-            continue;
-        };
+        let Some(&p) = uses.producer.get(&o) else { continue };
         if let Some(si) = spec_of_value(o) {
             if !specs[si].exports.contains(&o) {
                 specs[si].exports.push(o);
@@ -547,22 +411,9 @@ pub fn build_kernel_graph(
                 specs[si].exports.push(o);
             }
             None => {
-                let has_view = chain_nodes(f, &uses, part, o)
-                    .iter()
-                    .any(|&n| partition::role(f, n) == Role::View);
+                let has_view = chain_nodes(f, &uses, part, o).iter().any(|&n| partition::role(f, n) == Role::View);
                 let origin = flat.origin.get(&p).copied().unwrap_or(0);
-                specs.push(Spec {
-                    family: if has_view {
-                        Family::Layout
-                    } else {
-                        Family::Pointwise
-                    },
-                    members: vec![],
-                    pull_roots: vec![o],
-                    exports: vec![o],
-                    origin,
-                    group: None,
-                });
+                specs.push(Spec { family: if has_view { Family::Layout } else { Family::Pointwise }, members: vec![], pull_roots: vec![o], exports: vec![o], origin, group: None });
             }
         }
     }
@@ -571,18 +422,11 @@ pub fn build_kernel_graph(
     let mut bodies = Vec::with_capacity(specs.len());
     for spec in &specs {
         let mut set: BTreeSet<Node> = spec.members.iter().copied().collect();
-        let mut stack: Vec<Value> = spec
-            .members
-            .iter()
-            .flat_map(|&n| f.nodes[n].inputs.iter().copied())
-            .collect();
+        let mut stack: Vec<Value> = spec.members.iter().flat_map(|&n| f.nodes[n].inputs.iter().copied()).collect();
         stack.extend(spec.pull_roots.iter().copied());
         let own = |v: &Value| spec.pull_roots.contains(v);
         while let Some(v) = stack.pop() {
-            if part.host_of.contains_key(&v)
-                && !own(&v)
-                && part.host_of.get(&v).copied() != spec.group
-            {
+            if part.host_of.contains_key(&v) && !own(&v) && part.host_of.get(&v).copied() != spec.group {
                 continue;
             }
             if let Some(&p) = uses.producer.get(&v) {
@@ -592,10 +436,7 @@ pub fn build_kernel_graph(
             }
         }
         let nodes: Vec<Node> = set.into_iter().collect();
-        let produced: HashSet<Value> = nodes
-            .iter()
-            .flat_map(|&n| f.nodes[n].results.iter().copied())
-            .collect();
+        let produced: HashSet<Value> = nodes.iter().flat_map(|&n| f.nodes[n].results.iter().copied()).collect();
         let mut params = vec![];
         for &n in &nodes {
             for &v in &f.nodes[n].inputs {
@@ -622,12 +463,7 @@ pub fn build_kernel_graph(
     let mut buf_of: HashMap<Value, Buffer> = HashMap::new();
     for &p in &f.params {
         let ty = f.ty(p).clone();
-        let b = kg.buffers.push(BufferData {
-            name: f.values[p].name.clone(),
-            layout: Layout::contiguous(&ty.shape),
-            ty,
-            role: BufferRole::Input,
-        });
+        let b = kg.buffers.push(BufferData { name: f.values[p].name.clone(), layout: Layout::contiguous(&ty.shape), ty, role: BufferRole::Input });
         buf_of.insert(p, b);
         kg.inputs.push(b);
     }
@@ -642,21 +478,9 @@ pub fn build_kernel_graph(
             }
             let ty = f.ty(e).clone();
             let out_idx = outputs.iter().position(|&o| o == e);
-            let role = if out_idx.is_some() {
-                BufferRole::Output
-            } else {
-                BufferRole::Temp
-            };
-            let name = f.values[e]
-                .name
-                .clone()
-                .or_else(|| out_idx.map(|i| format!("out{i}")));
-            let b = kg.buffers.push(BufferData {
-                name,
-                layout: Layout::contiguous(&ty.shape),
-                ty,
-                role,
-            });
+            let role = if out_idx.is_some() { BufferRole::Output } else { BufferRole::Temp };
+            let name = f.values[e].name.clone().or_else(|| out_idx.map(|i| format!("out{i}")));
+            let b = kg.buffers.push(BufferData { name, layout: Layout::contiguous(&ty.shape), ty, role });
             buf_of.insert(e, b);
         }
         let idx = kg.kernels.len();
@@ -666,22 +490,12 @@ pub fn build_kernel_graph(
         for &v in &body.params {
             let nv = bf.add_param(f.values[v].name.clone(), f.ty(v).clone());
             vmap.insert(v, nv);
-            inputs.push(*buf_of.get(&v).ok_or_else(|| {
-                PassError::Lower(format!("internal: {} has no buffer", f.label(v)))
-            })?);
+            inputs.push(*buf_of.get(&v).ok_or_else(|| PassError::Lower(format!("internal: {} has no buffer", f.label(v))))?);
         }
         for &n in &body.nodes {
             let nd = &f.nodes[n];
-            let ins: Vec<Value> = nd
-                .inputs
-                .iter()
-                .map(|v| vmap.get(v).copied().unwrap_or(*v))
-                .collect();
-            let (_, rs) = bf.push_node(
-                nd.op.clone(),
-                ins,
-                nd.results.iter().map(|&r| f.ty(r).clone()).collect(),
-            );
+            let ins: Vec<Value> = nd.inputs.iter().map(|v| vmap.get(v).copied().unwrap_or(*v)).collect();
+            let (_, rs) = bf.push_node(nd.op.clone(), ins, nd.results.iter().map(|&r| f.ty(r).clone()).collect());
             for (r, v) in nd.results.iter().zip(rs) {
                 bf.values[v].name = f.values[*r].name.clone();
                 vmap.insert(*r, v);
@@ -689,37 +503,18 @@ pub fn build_kernel_graph(
         }
         let mut outs = vec![];
         for &e in &spec.exports {
-            bf.outputs.push(*vmap.get(&e).ok_or_else(|| {
-                PassError::Lower(format!(
-                    "internal: export {} is not computed by its kernel",
-                    f.label(e)
-                ))
-            })?);
+            bf.outputs.push(*vmap.get(&e).ok_or_else(|| PassError::Lower(format!("internal: export {} is not computed by its kernel", f.label(e))))?);
             outs.push(buf_of[&e]);
         }
         let load_time = spec.family == Family::Layout
             && body.nodes.len() == 1
             && f.nodes[body.nodes[0]].op.kind == OpKind::Concat
-            && body
-                .params
-                .iter()
-                .all(|v| matches!(f.values[*v].def, ValueDef::Param(_)));
-        metas.push(KernelMeta {
-            origin: flat.origins.get(spec.origin).cloned().unwrap_or_default(),
-            load_time,
-            group: spec.group,
-        });
-        kg.kernels.push(KernelData {
-            family: spec.family,
-            body: bf,
-            inputs,
-            outputs: outs,
-        });
+            && body.params.iter().all(|v| matches!(f.values[*v].def, ValueDef::Param(_)));
+        metas.push(KernelMeta { origin: flat.origins.get(spec.origin).cloned().unwrap_or_default(), load_time, group: spec.group });
+        kg.kernels.push(KernelData { family: spec.family, body: bf, inputs, outputs: outs });
     }
     for &o in &outputs {
-        kg.outputs.push(*buf_of.get(&o).ok_or_else(|| {
-            PassError::Lower(format!("internal: output {} has no buffer", f.label(o)))
-        })?);
+        kg.outputs.push(*buf_of.get(&o).ok_or_else(|| PassError::Lower(format!("internal: output {} has no buffer", f.label(o))))?);
     }
     Ok((kg, metas))
 }
@@ -755,12 +550,7 @@ fn launch_order(f: &Function, specs: &[Spec], bodies: &[Body]) -> Result<Vec<usi
                     deps[si].insert(ps);
                 }
                 Some(_) => {}
-                None => {
-                    return Err(PassError::Lower(format!(
-                        "internal: {} is read by a kernel but no kernel writes it",
-                        f.label(*v)
-                    )))
-                }
+                None => return Err(PassError::Lower(format!("internal: {} is read by a kernel but no kernel writes it", f.label(*v)))),
             }
         }
     }
@@ -769,12 +559,7 @@ fn launch_order(f: &Function, specs: &[Spec], bodies: &[Body]) -> Result<Vec<usi
     // before it (a write-after-read order the values alone do not give).
     let mut anti: Vec<(usize, usize)> = vec![];
     for (si, b) in bodies.iter().enumerate() {
-        for nd in b
-            .nodes
-            .iter()
-            .map(|&n| &f.nodes[n])
-            .filter(|nd| nd.op.kind == OpKind::KvAppend)
-        {
+        for nd in b.nodes.iter().map(|&n| &f.nodes[n]).filter(|nd| nd.op.kind == OpKind::KvAppend) {
             for page in nd.inputs.iter().take(2) {
                 for (sj, bj) in bodies.iter().enumerate() {
                     if sj != si && bj.params.contains(page) && deps[si].insert(sj) {
@@ -788,16 +573,8 @@ fn launch_order(f: &Function, specs: &[Spec], bodies: &[Body]) -> Result<Vec<usi
     // roots alone: of its first view; a graph output's view copy: of its last).
     let key = |si: usize| -> usize {
         let s = &specs[si];
-        let chain = if s.group.is_some() {
-            bodies[si].nodes.first()
-        } else {
-            bodies[si].nodes.last()
-        };
-        s.members
-            .first()
-            .or(chain)
-            .map(|n| n.as_u32() as usize)
-            .unwrap_or(0)
+        let chain = if s.group.is_some() { bodies[si].nodes.first() } else { bodies[si].nodes.last() };
+        s.members.first().or(chain).map(|n| n.as_u32() as usize).unwrap_or(0)
     };
     let mut order = vec![];
     let mut done = vec![false; specs.len()];
@@ -828,34 +605,20 @@ fn launch_order(f: &Function, specs: &[Spec], bodies: &[Body]) -> Result<Vec<usi
             .filter(|&si| !done[si])
             .take(6)
             .map(|si| {
-                let ops: Vec<&str> = specs[si]
-                    .members
-                    .iter()
-                    .map(|&n| f.nodes[n].op.kind.name())
-                    .collect();
+                let ops: Vec<&str> = specs[si].members.iter().map(|&n| f.nodes[n].op.kind.name()).collect();
                 let waits: Vec<usize> = deps[si].iter().copied().filter(|&d| !done[d]).collect();
                 format!("kernel of [{}] waits for {waits:?}", ops.join(" "))
             })
             .collect();
         if let Some(&(r, a)) = anti.iter().find(|(r, a)| !done[*r] && !done[*a]) {
-            let ops = |si: usize| {
-                specs[si]
-                    .members
-                    .iter()
-                    .map(|&n| f.nodes[n].op.kind.name())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
+            let ops = |si: usize| specs[si].members.iter().map(|&n| f.nodes[n].op.kind.name()).collect::<Vec<_>>().join(" ");
             return Err(PassError::Lower(format!(
                 "a kernel of [{}] reads KV pages as they were before a kv_append (kernel of [{}]) updates them in place, and also needs that append's results: unsupported (read the pages after the append, or copy them first)",
                 ops(r),
                 ops(a)
             )));
         }
-        return Err(PassError::Lower(format!(
-            "internal: the kernel graph is cyclic: {}",
-            stuck.join("; ")
-        )));
+        return Err(PassError::Lower(format!("internal: the kernel graph is cyclic: {}", stuck.join("; "))));
     }
     Ok(order)
 }
@@ -899,11 +662,7 @@ const CONTRACT_ROUNDS: usize = 8;
 /// # Errors
 /// Kernels still outside the contract after `CONTRACT_ROUNDS` (8) rounds (a bug), and
 /// [`build_kernel_graph`]'s errors.
-pub fn build_within_contract(
-    flat: &Flat,
-    cost: &crate::CostConfig,
-    target: &Target,
-) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
+pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig, target: &Target) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
     let f = &flat.func;
     let uses = Uses::with(f, true);
     let mut part = partition::fuse_with(f, cost, true);
@@ -919,33 +678,13 @@ pub fn build_within_contract(
         if refused.is_empty() {
             return Ok((kg, metas));
         }
-        let splittable: Vec<usize> = refused
-            .iter()
-            .filter_map(|r| r.2)
-            .filter(|&g| part.groups[g].nodes.len() + part.groups[g].roots.len() > 1)
-            .collect();
+        let splittable: Vec<usize> = refused.iter().filter_map(|r| r.2).filter(|&g| part.groups[g].nodes.len() + part.groups[g].roots.len() > 1).collect();
         // Graph outputs written through a view at the end of another kernel's body: each gets
         // a kernel of its own (the view may be what the refused kernel cannot write).
-        let hosted: Vec<Value> = f
-            .outputs
-            .iter()
-            .copied()
-            .filter(|o| {
-                uses.producer
-                    .get(o)
-                    .is_some_and(|n| !part.group_of.contains_key(n))
-                    && !part.own_kernel.contains(o)
-            })
-            .collect();
+        let hosted: Vec<Value> = f.outputs.iter().copied().filter(|o| uses.producer.get(o).is_some_and(|n| !part.group_of.contains_key(n)) && !part.own_kernel.contains(o)).collect();
         if round + 1 >= CONTRACT_ROUNDS || (splittable.is_empty() && hosted.is_empty()) {
-            let list: Vec<String> = refused
-                .iter()
-                .map(|(k, fam, _, e)| format!("{k} ({fam:?}): {e}"))
-                .collect();
-            return Err(PassError::Lower(format!(
-                "kernels outside the code generator's contract: {}",
-                list.join("; ")
-            )));
+            let list: Vec<String> = refused.iter().map(|(k, fam, _, e)| format!("{k} ({fam:?}): {e}")).collect();
+            return Err(PassError::Lower(format!("kernels outside the code generator's contract: {}", list.join("; "))));
         }
         part.own_kernel.extend(hosted);
         for g in splittable {
@@ -966,18 +705,8 @@ pub fn build_within_contract(
 /// # Errors
 /// [`PassError`]: a graph that does not verify, an unsound rule (by the analysis), an
 /// extraction or lowering failure.
-pub fn compile(
-    g: &Graph,
-    target: &Target,
-    opts: &PassOptions,
-) -> Result<(KernelGraph, FusionReport), PassError> {
-    let opts = &PassOptions {
-        cost: crate::CostConfig {
-            target: *target,
-            ..opts.cost.clone()
-        },
-        ..opts.clone()
-    };
+pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(KernelGraph, FusionReport), PassError> {
+    let opts = &PassOptions { cost: crate::CostConfig { target: *target, ..opts.cost.clone() }, ..opts.clone() };
     sinter_ir::verify(g)?;
     let g = &crate::expand::expand(g)?;
     let start = Instant::now();
@@ -985,30 +714,18 @@ pub fn compile(
     let input = decomposed.as_ref().unwrap_or(g);
     let mut opt_graph = Graph::new();
     let mut functions = vec![];
-    let sigs: BTreeMap<String, Signature> = input
-        .funcs
-        .values()
-        .map(|f| (f.name.clone(), f.signature()))
-        .collect();
+    let sigs: BTreeMap<String, Signature> = input.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
     for f in input.funcs.values() {
         let o = optimise_function(f, &sigs, opts)?;
         functions.push(FunctionReport::from_optimised(&f.name, &o));
         opt_graph.add_func(o.function);
     }
-    sinter_ir::verify(&opt_graph).map_err(|e| {
-        PassError::Lower(format!(
-            "internal: the optimised graph does not verify: {e}"
-        ))
-    })?;
+    sinter_ir::verify(&opt_graph).map_err(|e| PassError::Lower(format!("internal: the optimised graph does not verify: {e}")))?;
     let flat = reductions_to_last_axis(&cse_dce(&inline(&opt_graph)?))?;
     let (kg, metas) = if opts.fuse && opts.codegen_contract {
         build_within_contract(&flat, &opts.cost, target)?
     } else {
-        let part = if opts.fuse {
-            partition::fuse(&flat.func, &opts.cost)
-        } else {
-            partition::one_per_node(&flat.func)
-        };
+        let part = if opts.fuse { partition::fuse(&flat.func, &opts.cost) } else { partition::one_per_node(&flat.func) };
         build_kernel_graph(&flat, &part)?
     };
     let seconds = start.elapsed().as_secs_f64();
@@ -1016,21 +733,8 @@ pub fn compile(
     let base_flat = reductions_to_last_axis(&inline(g)?)?;
     let base_part = partition::one_per_node(&base_flat.func);
     let (base_kg, _) = build_kernel_graph(&base_flat, &base_part)?;
-    let kernels: Vec<KernelReport> = kg
-        .kernels
-        .iter()
-        .zip(&metas)
-        .map(|((k, kd), m)| KernelReport::new(k, kd, &kg, m, &opts.cost))
-        .collect();
-    let report = FusionReport::new(
-        opts,
-        functions,
-        base_flat.func.nodes.len(),
-        &base_kg,
-        kernels,
-        &kg,
-        seconds,
-    );
+    let kernels: Vec<KernelReport> = kg.kernels.iter().zip(&metas).map(|((k, kd), m)| KernelReport::new(k, kd, &kg, m, &opts.cost)).collect();
+    let report = FusionReport::new(opts, functions, base_flat.func.nodes.len(), &base_kg, kernels, &kg, seconds);
     Ok((kg, report))
 }
 
@@ -1043,22 +747,12 @@ mod tests {
     fn bad_graphs_are_errors_not_panics() {
         // A node whose declared type is wrong.
         let mut f = Function::new("main");
-        let x = f.add_param(
-            Some("x".into()),
-            TensorType::new(DType::F32, [Dim::constant(4)]),
-        );
-        let (_, r) = f.push_node(
-            Op::plain(OpKind::Exp).unwrap(),
-            vec![x],
-            vec![TensorType::new(DType::F32, [Dim::constant(5)])],
-        );
+        let x = f.add_param(Some("x".into()), TensorType::new(DType::F32, [Dim::constant(4)]));
+        let (_, r) = f.push_node(Op::plain(OpKind::Exp).unwrap(), vec![x], vec![TensorType::new(DType::F32, [Dim::constant(5)])]);
         f.outputs = r;
         let mut g = Graph::new();
         g.add_func(f);
-        assert!(matches!(
-            compile(&g, &Target::SM_90A, &PassOptions::default()),
-            Err(PassError::Verify(_))
-        ));
+        assert!(matches!(compile(&g, &Target::SM_90A, &PassOptions::default()), Err(PassError::Verify(_))));
         assert!(matches!(lower_unfused(&g), Err(PassError::Verify(_))));
         // No function at all.
         assert!(compile(&Graph::new(), &Target::SM_90A, &PassOptions::default()).is_err());
@@ -1081,15 +775,7 @@ mod tests {
         // three for the softmax.
         assert_eq!(
             fams,
-            [
-                Family::Layout,
-                Family::RowReduction,
-                Family::Layout,
-                Family::Layout,
-                Family::Layout,
-                Family::RowReduction,
-                Family::Layout
-            ]
+            [Family::Layout, Family::RowReduction, Family::Layout, Family::Layout, Family::Layout, Family::RowReduction, Family::Layout]
         );
         for k in kg.kernels.values() {
             for n in k.body.nodes.values() {
@@ -1099,9 +785,6 @@ mod tests {
             }
         }
         assert_eq!(kg.buffers[kg.inputs[0]].role, BufferRole::Input);
-        assert!(kg
-            .outputs
-            .iter()
-            .all(|&b| kg.buffers[b].role == BufferRole::Output));
+        assert!(kg.outputs.iter().all(|&b| kg.buffers[b].role == BufferRole::Output));
     }
 }

@@ -57,11 +57,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 
-use crate::cost::{is_contiguous_slice, CostConfig};
-use sinter_ir::contract::{
-    is_elementwise, is_strict_operand, one_shape, quantized_b, reads_fp8_with,
-};
+use sinter_ir::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
 use sinter_ir::Target;
+use crate::cost::{is_contiguous_slice, CostConfig};
 
 /// What a node is to the partitioner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,8 +89,7 @@ pub fn role(f: &Function, n: Node) -> Role {
         },
         Constant | Iota => Role::Source,
         Rope | Swiglu => Role::Point,
-        ReduceSum | ReduceMax | ReduceMin | ReduceMean | Softmax | LogSoftmax | RmsNorm
-        | LayerNorm => Role::Anchor(Family::RowReduction),
+        ReduceSum | ReduceMax | ReduceMin | ReduceMean | Softmax | LogSoftmax | RmsNorm | LayerNorm => Role::Anchor(Family::RowReduction),
         Matmul => Role::Anchor(Family::Matmul),
         Attention => Role::Anchor(Family::Attention),
         PagedAttention => Role::Anchor(Family::PagedAttention),
@@ -144,14 +141,7 @@ pub struct Group {
 
 impl Group {
     fn new(family: Family, nodes: Vec<Node>, limit: f64) -> Group {
-        Group {
-            family,
-            nodes,
-            roots: vec![],
-            limit,
-            shape: vec![],
-            pinned: false,
-        }
+        Group { family, nodes, roots: vec![], limit, shape: vec![], pinned: false }
     }
 }
 
@@ -174,21 +164,12 @@ pub struct Partition {
 impl Partition {
     /// Indices of the non-empty kernels.
     pub fn live(&self) -> impl Iterator<Item = usize> + '_ {
-        self.groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| !g.nodes.is_empty() || !g.roots.is_empty())
-            .map(|(i, _)| i)
+        self.groups.iter().enumerate().filter(|(_, g)| !g.nodes.is_empty() || !g.roots.is_empty()).map(|(i, _)| i)
     }
 
     /// The kernel that writes `v`: its root host, or the kernel of the node computing it.
     pub fn source(&self, uses: &Uses, v: Value) -> Option<usize> {
-        self.host_of.get(&v).copied().or_else(|| {
-            uses.producer
-                .get(&v)
-                .and_then(|n| self.group_of.get(n))
-                .copied()
-        })
+        self.host_of.get(&v).copied().or_else(|| uses.producer.get(&v).and_then(|n| self.group_of.get(n)).copied())
     }
 
     /// The values kernel `g` reads from its buffers to compute `v`: `v`'s view/source chain
@@ -209,9 +190,7 @@ impl Partition {
                 }
             }
             match uses.producer.get(&x) {
-                Some(&n) if !self.group_of.contains_key(&n) => {
-                    stack.extend(f.nodes[n].inputs.iter().copied())
-                }
+                Some(&n) if !self.group_of.contains_key(&n) => stack.extend(f.nodes[n].inputs.iter().copied()),
                 _ => out.push(x),
             }
         }
@@ -254,11 +233,7 @@ impl Uses {
                 producer.insert(r, n);
             }
         }
-        let mut u = Uses {
-            producer,
-            users: HashMap::new(),
-            contract,
-        };
+        let mut u = Uses { producer, users: HashMap::new(), contract };
         for (m, nd) in f.nodes.iter() {
             if matches!(role_in(f, m, contract), Role::View | Role::Source) {
                 continue;
@@ -288,9 +263,7 @@ impl Uses {
                 continue;
             }
             match self.producer.get(&x) {
-                Some(&n) if matches!(role_in(f, n, self.contract), Role::View | Role::Source) => {
-                    stack.extend(f.nodes[n].inputs.iter().copied())
-                }
+                Some(&n) if matches!(role_in(f, n, self.contract), Role::View | Role::Source) => stack.extend(f.nodes[n].inputs.iter().copied()),
                 _ => out.push(x),
             }
         }
@@ -330,26 +303,17 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
             Role::View | Role::Source => continue,
             Role::Point => {
                 let mut cands = operand_groups(&p);
-                cands.sort_by_key(|&g| {
-                    (
-                        match p.groups[g].family {
-                            Family::Matmul => 0,
-                            Family::RowReduction => 1,
-                            _ => 2,
-                        },
-                        usize::MAX - g,
-                    )
-                });
+                cands.sort_by_key(|&g| (match p.groups[g].family {
+                    Family::Matmul => 0,
+                    Family::RowReduction => 1,
+                    _ => 2,
+                }, usize::MAX - g));
                 let joined = cands.into_iter().find(|&g| {
                     let grp = &p.groups[g];
                     let fits = match grp.family {
                         Family::Pointwise => true,
-                        Family::Matmul => {
-                            out_n <= grp.limit && (!contract || epilogue_ok(f, &uses, &p, g, n))
-                        }
-                        Family::RowReduction => {
-                            out_n <= grp.limit && (!contract || nd.op.kind != OpKind::Rope)
-                        }
+                        Family::Matmul => out_n <= grp.limit && (!contract || epilogue_ok(f, &uses, &p, g, n)),
+                        Family::RowReduction => out_n <= grp.limit && (!contract || nd.op.kind != OpKind::Rope),
                         _ => false,
                     };
                     fits && !creates_cycle(f, &uses, &p, g, n)
@@ -361,11 +325,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                         // the whole element-wise DAG) where that closes no cycle.
                         if p.groups[g].family == Family::Pointwise {
                             for h in operand_groups(&p) {
-                                if h != g
-                                    && p.groups[h].family == Family::Pointwise
-                                    && !reaches_around(&uses, &p, h, g)
-                                    && !reaches_around(&uses, &p, g, h)
-                                {
+                                if h != g && p.groups[h].family == Family::Pointwise && !reaches_around(&uses, &p, h, g) && !reaches_around(&uses, &p, g, h) {
                                     absorb(&mut p, h, g);
                                 }
                             }
@@ -376,17 +336,9 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     }
                 }
             }
-            Role::Anchor(Family::Layout)
-                if nd.op.kind == OpKind::Slice
-                    && nd
-                        .op
-                        .int("axis")
-                        .is_some_and(|a| a == -1 || a + 1 == f.ty(nd.inputs[0]).rank() as i64) =>
-            {
+            Role::Anchor(Family::Layout) if nd.op.kind == OpKind::Slice && nd.op.int("axis").is_some_and(|a| a == -1 || a + 1 == f.ty(nd.inputs[0]).rank() as i64) => {
                 let cands = operand_groups(&p);
-                match cands.into_iter().find(|&g| {
-                    p.groups[g].family == Family::Matmul && !creates_cycle(f, &uses, &p, g, n)
-                }) {
+                match cands.into_iter().find(|&g| p.groups[g].family == Family::Matmul && !creates_cycle(f, &uses, &p, g, n)) {
                     Some(g) => join(&mut p, g, n),
                     None => {
                         new_group(&mut p, Family::Layout, n, 0.0);
@@ -396,11 +348,10 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
             Role::Anchor(Family::RowReduction) => {
                 let row = nd.inputs.first().map(|&x| numel(x)).unwrap_or(0.0);
                 let cands = operand_groups(&p);
-                let same_rows = cands.iter().copied().find(|&g| {
-                    p.groups[g].family == Family::RowReduction
-                        && p.groups[g].limit == row
-                        && !creates_cycle(f, &uses, &p, g, n)
-                });
+                let same_rows = cands
+                    .iter()
+                    .copied()
+                    .find(|&g| p.groups[g].family == Family::RowReduction && p.groups[g].limit == row && !creates_cycle(f, &uses, &p, g, n));
                 if let Some(g) = same_rows {
                     join(&mut p, g, n);
                     continue;
@@ -414,21 +365,16 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     let members: BTreeSet<Node> = p.groups[pg].nodes.iter().copied().collect();
                     // No user of the prologue sits in a third kernel (that would close a cycle
                     // through it); later users may still join as epilogue or read its result.
-                    let only_here =
-                        members.iter().all(|m| {
-                            uses.users.get(m).into_iter().flatten().all(|u| {
-                                *u == n || members.contains(u) || !p.group_of.contains_key(u)
-                            })
-                        });
+                    let only_here = members.iter().all(|m| {
+                        uses.users.get(m).into_iter().flatten().all(|u| *u == n || members.contains(u) || !p.group_of.contains_key(u))
+                    });
                     if only_here {
                         absorb(&mut p, pg, g);
                         p.groups[g].nodes.sort();
                     }
                 }
             }
-            Role::Anchor(Family::KvAppend)
-                if contract && kv_append_joins(f, &uses, &p, n).is_some() =>
-            {
+            Role::Anchor(Family::KvAppend) if contract && kv_append_joins(f, &uses, &p, n).is_some() => {
                 if let Some(g) = kv_append_joins(f, &uses, &p, n) {
                     join(&mut p, g, n);
                 }
@@ -437,11 +383,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                 let limit = if fam == Family::Matmul { out_n } else { 0.0 };
                 let g = new_group(&mut p, fam, n, limit);
                 if fam == Family::Matmul {
-                    p.groups[g].shape = nd
-                        .results
-                        .first()
-                        .map(|&r| f.ty(r).shape.clone())
-                        .unwrap_or_default();
+                    p.groups[g].shape = nd.results.first().map(|&r| f.ty(r).shape.clone()).unwrap_or_default();
                 }
                 if contract && fam == Family::KvAppend {
                     // Prologue: a Pointwise kernel whose results only this kv_append reads
@@ -450,36 +392,22 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     let mut cands = vec![];
                     for &v in nd.inputs.iter().skip(2) {
                         for b in uses.bases(f, v) {
-                            if let Some(&h) =
-                                uses.producer.get(&b).and_then(|pn| p.group_of.get(pn))
-                            {
+                            if let Some(&h) = uses.producer.get(&b).and_then(|pn| p.group_of.get(pn)) {
                                 if !cands.contains(&h) {
                                     cands.push(h);
                                 }
                             }
                         }
                     }
-                    let pages: Vec<Value> = nd
-                        .inputs
-                        .iter()
-                        .take(2)
-                        .flat_map(|&v| uses.bases(f, v))
-                        .collect();
+                    let pages: Vec<Value> = nd.inputs.iter().take(2).flat_map(|&v| uses.bases(f, v)).collect();
                     for h in cands {
                         if p.groups[h].family != Family::Pointwise {
                             continue;
                         }
                         let members: BTreeSet<Node> = p.groups[h].nodes.iter().copied().collect();
                         let only_here = members.iter().all(|m| {
-                            uses.users
-                                .get(m)
-                                .into_iter()
-                                .flatten()
-                                .all(|u| *u == n || members.contains(u))
-                                && f.nodes[*m]
-                                    .results
-                                    .iter()
-                                    .all(|r| !outputs.contains(r) && !pages.contains(r))
+                            uses.users.get(m).into_iter().flatten().all(|u| *u == n || members.contains(u))
+                                && f.nodes[*m].results.iter().all(|r| !outputs.contains(r) && !pages.contains(r))
                         });
                         if only_here {
                             absorb(&mut p, h, g);
@@ -523,15 +451,9 @@ fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> b
             if in_g(x) {
                 return true;
             }
-            let Some(&pn) = uses.producer.get(&x) else {
-                return false;
-            };
+            let Some(&pn) = uses.producer.get(&x) else { return false };
             let vnd = &f.nodes[pn];
-            let last_axis_slice = vnd.op.kind == OpKind::Slice
-                && vnd
-                    .op
-                    .int("axis")
-                    .is_some_and(|a| a == -1 || a + 1 == f.ty(vnd.inputs[0]).rank() as i64);
+            let last_axis_slice = vnd.op.kind == OpKind::Slice && vnd.op.int("axis").is_some_and(|a| a == -1 || a + 1 == f.ty(vnd.inputs[0]).rank() as i64);
             if !(vnd.op.kind == OpKind::Reshape || last_axis_slice) {
                 return false;
             }
@@ -549,31 +471,14 @@ fn kv_append_joins(f: &Function, uses: &Uses, p: &Partition, n: Node) -> Option<
     if nd.inputs.len() != 6 {
         return None;
     }
-    let group = |v: Value| -> Vec<Option<usize>> {
-        uses.bases(f, v)
-            .iter()
-            .map(|b| {
-                uses.producer
-                    .get(b)
-                    .and_then(|pn| p.group_of.get(pn))
-                    .copied()
-            })
-            .collect()
-    };
+    let group = |v: Value| -> Vec<Option<usize>> { uses.bases(f, v).iter().map(|b| uses.producer.get(b).and_then(|pn| p.group_of.get(pn)).copied()).collect() };
     let (gk, gv) = (group(nd.inputs[2]), group(nd.inputs[3]));
     let g = match (gk.as_slice(), gv.as_slice()) {
-        ([Some(a)], [Some(b)])
-            if a == b && p.groups[*a].family == Family::Matmul && !p.groups[*a].pinned =>
-        {
-            *a
-        }
+        ([Some(a)], [Some(b)]) if a == b && p.groups[*a].family == Family::Matmul && !p.groups[*a].pinned => *a,
         _ => return None,
     };
     let pages_outside = nd.inputs[..2].iter().all(|&v| {
-        let computed = uses
-            .producer
-            .get(&v)
-            .is_some_and(|&pn| !matches!(role_in(f, pn, uses.contract), Role::View | Role::Source));
+        let computed = uses.producer.get(&v).is_some_and(|&pn| !matches!(role_in(f, pn, uses.contract), Role::View | Role::Source));
         (computed || !uses.producer.contains_key(&v)) && !group(v).contains(&Some(g))
     });
     let others_outside = nd.inputs[4..].iter().all(|&v| !group(v).contains(&Some(g)));
@@ -676,11 +581,7 @@ pub fn flow(f: &Function, uses: &Uses, p: &Partition) -> Flow {
     let mut readers = vec![BTreeSet::new(); n];
     for g in p.live() {
         let grp = &p.groups[g];
-        let vals = grp
-            .nodes
-            .iter()
-            .flat_map(|&m| f.nodes[m].inputs.iter().copied())
-            .chain(grp.roots.iter().copied());
+        let vals = grp.nodes.iter().flat_map(|&m| f.nodes[m].inputs.iter().copied()).chain(grp.roots.iter().copied());
         for v in vals {
             for x in p.reads(f, uses, v, Some(g)) {
                 if let Some(s) = p.source(uses, x) {
@@ -702,11 +603,7 @@ pub fn flow(f: &Function, uses: &Uses, p: &Partition) -> Flow {
             }
         }
     }
-    Flow {
-        exports,
-        deps,
-        readers,
-    }
+    Flow { exports, deps, readers }
 }
 
 /// The shape of `v` once trailing reshapes (ungrouped, computed in the kernel) are peeled, as
@@ -714,11 +611,7 @@ pub fn flow(f: &Function, uses: &Uses, p: &Partition) -> Flow {
 fn peeled_shape(f: &Function, uses: &Uses, p: &Partition, g: usize, mut v: Value) -> Vec<Dim> {
     loop {
         match uses.producer.get(&v) {
-            Some(&n)
-                if !p.group_of.contains_key(&n)
-                    && f.nodes[n].op.kind == OpKind::Reshape
-                    && p.host_of.get(&v).is_none_or(|&h| h == g) =>
-            {
+            Some(&n) if !p.group_of.contains_key(&n) && f.nodes[n].op.kind == OpKind::Reshape && p.host_of.get(&v).is_none_or(|&h| h == g) => {
                 v = f.nodes[n].inputs[0];
             }
             _ => return f.ty(v).shape.clone(),
@@ -729,10 +622,7 @@ fn peeled_shape(f: &Function, uses: &Uses, p: &Partition, g: usize, mut v: Value
 /// Whether kernel `g` of a pointwise family can write `values` (one shape, peeled or not).
 fn writes_one_shape(f: &Function, uses: &Uses, p: &Partition, g: usize, values: &[Value]) -> bool {
     let plain: Vec<Vec<Dim>> = values.iter().map(|&v| f.ty(v).shape.clone()).collect();
-    let peeled: Vec<Vec<Dim>> = values
-        .iter()
-        .map(|&v| peeled_shape(f, uses, p, g, v))
-        .collect();
+    let peeled: Vec<Vec<Dim>> = values.iter().map(|&v| peeled_shape(f, uses, p, g, v)).collect();
     one_shape(&plain, &peeled)
 }
 
@@ -757,15 +647,7 @@ fn root_group(f: &Function, uses: &Uses, p: &mut Partition, v: Value, pinned: bo
         }
     }
     let g = p.groups.len();
-    let mut grp = Group::new(
-        if has_view {
-            Family::Layout
-        } else {
-            Family::Pointwise
-        },
-        vec![],
-        0.0,
-    );
+    let mut grp = Group::new(if has_view { Family::Layout } else { Family::Pointwise }, vec![], 0.0);
     grp.pinned = pinned;
     grp.roots.push(v);
     p.groups.push(grp);
@@ -785,15 +667,12 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
         for &m in &p.groups[g].nodes {
             let nd = &f.nodes[m];
             // Values a kernel reads from a buffer: parameters, and values of other kernels.
-            let buffer = |x: Value| {
-                !uses.producer.contains_key(&x) || p.source(uses, x).is_some_and(|h| h != g)
-            };
+            let buffer = |x: Value| !uses.producer.contains_key(&x) || p.source(uses, x).is_some_and(|h| h != g);
             for (i, &v) in nd.inputs.iter().enumerate() {
                 // A matmul reads a dequantised weight as stored blocks where it can, an fp8
                 // matmul or attention its fp8 operands as stored bytes (on targets that
                 // multiply e4m3).
-                let blocks = uses.contract
-                    && ((i == 1 && quantized_b(f, m)) || reads_fp8_with(f, m, i, &buffer, target));
+                let blocks = uses.contract && ((i == 1 && quantized_b(f, m)) || reads_fp8_with(f, m, i, &buffer, target));
                 if is_strict_operand(nd.op.kind, i) && !blocks && !need.contains(&v) {
                     need.push(v);
                 }
@@ -805,25 +684,11 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
             need.push(o);
         }
     }
-    need.retain(|v| {
-        uses.producer.contains_key(v)
-            && p.source(uses, *v).is_none()
-            && !buffer_view(f, uses, p, *v)
-    });
+    need.retain(|v| uses.producer.contains_key(v) && p.source(uses, *v).is_none() && !buffer_view(f, uses, p, *v));
     for v in need {
-        let srcs: BTreeSet<usize> = p
-            .reads(f, uses, v, None)
-            .into_iter()
-            .filter_map(|x| p.source(uses, x))
-            .collect();
+        let srcs: BTreeSet<usize> = p.reads(f, uses, v, None).into_iter().filter_map(|x| p.source(uses, x)).collect();
         match srcs.first() {
-            Some(&h)
-                if srcs.len() == 1
-                    && !p.groups[h].pinned
-                    && (pointwise_engine(p.groups[h].family)
-                        || (p.groups[h].family == Family::Matmul
-                            && column_view(f, uses, p, h, v))) =>
-            {
+            Some(&h) if srcs.len() == 1 && !p.groups[h].pinned && (pointwise_engine(p.groups[h].family) || (p.groups[h].family == Family::Matmul && column_view(f, uses, p, h, v))) => {
                 p.groups[h].roots.push(v);
                 p.host_of.insert(v, h);
             }
@@ -837,10 +702,7 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
         let fl = flow(f, uses, p);
         let mut changed = false;
         for g in p.live().collect::<Vec<_>>() {
-            if !pointwise_engine(p.groups[g].family)
-                || p.groups[g].roots.is_empty()
-                || writes_one_shape(f, uses, p, g, &fl.exports[g])
-            {
+            if !pointwise_engine(p.groups[g].family) || p.groups[g].roots.is_empty() || writes_one_shape(f, uses, p, g, &fl.exports[g]) {
                 continue;
             }
             let keep = usize::from(p.groups[g].nodes.is_empty());
@@ -866,16 +728,8 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
     loop {
         let fl = flow(f, uses, p);
         let live: Vec<usize> = p.live().collect();
-        let mut order: Vec<usize> = live
-            .iter()
-            .copied()
-            .filter(|&q| !p.groups[q].nodes.is_empty())
-            .collect();
-        order.extend(
-            live.iter()
-                .copied()
-                .filter(|&q| p.groups[q].nodes.is_empty()),
-        );
+        let mut order: Vec<usize> = live.iter().copied().filter(|&q| !p.groups[q].nodes.is_empty()).collect();
+        order.extend(live.iter().copied().filter(|&q| p.groups[q].nodes.is_empty()));
         // The kernels reaching `q` (its ancestors), computed once per kernel per round.
         let mut ancestors: HashMap<usize, HashSet<usize>> = HashMap::new();
         let mut merged = None;
@@ -886,11 +740,7 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
             }
             for &q in &order {
                 let qg = &p.groups[q];
-                if q == pg
-                    || qg.pinned
-                    || !pointwise_engine(qg.family)
-                    || !fl.deps[pg].is_subset(&fl.deps[q])
-                {
+                if q == pg || qg.pinned || !pointwise_engine(qg.family) || !fl.deps[pg].is_subset(&fl.deps[q]) {
                     continue;
                 }
                 let mut vals = fl.exports[q].clone();
@@ -932,18 +782,12 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
 fn column_view(f: &Function, uses: &Uses, p: &Partition, g: usize, v: Value) -> bool {
     let mut x = v;
     loop {
-        let Some(&n) = uses.producer.get(&x) else {
-            return false;
-        };
+        let Some(&n) = uses.producer.get(&x) else { return false };
         if p.group_of.get(&n) == Some(&g) {
             return x != v;
         }
         let nd = &f.nodes[n];
-        let last_axis_slice = nd.op.kind == OpKind::Slice
-            && nd
-                .op
-                .int("axis")
-                .is_some_and(|a| a == -1 || a + 1 == f.ty(nd.inputs[0]).rank() as i64);
+        let last_axis_slice = nd.op.kind == OpKind::Slice && nd.op.int("axis").is_some_and(|a| a == -1 || a + 1 == f.ty(nd.inputs[0]).rank() as i64);
         if p.group_of.contains_key(&n) || !(nd.op.kind == OpKind::Reshape || last_axis_slice) {
             return false;
         }
@@ -963,10 +807,7 @@ fn buffer_view(f: &Function, uses: &Uses, p: &Partition, v: Value) -> bool {
             break;
         }
         match uses.producer.get(&x) {
-            Some(&n)
-                if matches!(f.nodes[n].op.kind, OpKind::Reshape | OpKind::Slice)
-                    && !p.group_of.contains_key(&n) =>
-            {
+            Some(&n) if matches!(f.nodes[n].op.kind, OpKind::Reshape | OpKind::Slice) && !p.group_of.contains_key(&n) => {
                 chain.push(n);
                 x = f.nodes[n].inputs[0];
             }
@@ -982,13 +823,7 @@ fn buffer_view(f: &Function, uses: &Uses, p: &Partition, v: Value) -> bool {
                 return false;
             }
         } else {
-            let Some(axis) = nd
-                .op
-                .int("axis")
-                .and_then(|a| sinter_ir::infer::norm_axis(a, shape.len()).ok())
-            else {
-                return false;
-            };
+            let Some(axis) = nd.op.int("axis").and_then(|a| sinter_ir::infer::norm_axis(a, shape.len()).ok()) else { return false };
             contiguous = contiguous && shape[..axis].iter().all(Dim::is_one);
         }
     }
@@ -1004,11 +839,7 @@ pub fn dissolve(f: &Function, uses: &Uses, p: &mut Partition, g: usize) {
         let h = new_group(p, family_alone(f, n), n, 0.0);
         p.groups[h].pinned = true;
         if p.groups[h].family == Family::Matmul {
-            p.groups[h].shape = f.nodes[n]
-                .results
-                .first()
-                .map(|&r| f.ty(r).shape.clone())
-                .unwrap_or_default();
+            p.groups[h].shape = f.nodes[n].results.first().map(|&r| f.ty(r).shape.clone()).unwrap_or_default();
         }
     }
     for r in roots {

@@ -77,27 +77,12 @@ impl Features {
     /// The names of the parts on, comma-separated (what [`Features::with`] reads).
     pub fn names(&self) -> String {
         let mut me = *self;
-        Features::NAMES
-            .iter()
-            .filter(|n| me.flag(n).is_some_and(|f| *f))
-            .copied()
-            .collect::<Vec<_>>()
-            .join(",")
+        Features::NAMES.iter().filter(|n| me.flag(n).is_some_and(|f| *f)).copied().collect::<Vec<_>>().join(",")
     }
 
     /// The names [`Features::with`] knows, with their switches.
-    pub const NAMES: [&'static str; 10] = [
-        "finite_mask",
-        "attention_empty_batch",
-        "read_before_append",
-        "cast_chain",
-        "wide_heads",
-        "attention_specials",
-        "decomposed_bf16",
-        "empty_batch_matmul",
-        "accumulate_extremes",
-        "dag_slice",
-    ];
+    pub const NAMES: [&'static str; 10] =
+        ["finite_mask", "attention_empty_batch", "read_before_append", "cast_chain", "wide_heads", "attention_specials", "decomposed_bf16", "empty_batch_matmul", "accumulate_extremes", "dag_slice"];
 
     fn flag(&mut self, name: &str) -> Option<&mut bool> {
         Some(match name {
@@ -123,10 +108,7 @@ impl Features {
             }
             match self.flag(n) {
                 Some(f) => *f = true,
-                None => panic!(
-                    "unknown fuzz feature `{n}` (known: all, {})",
-                    Features::NAMES.join(", ")
-                ),
+                None => panic!("unknown fuzz feature `{n}` (known: all, {})", Features::NAMES.join(", ")),
             }
         }
         self
@@ -160,13 +142,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for `SINTER_FUZZ_KINDS`.
-    pub const ALL: [Kind; 5] = [
-        Kind::Dag,
-        Kind::Attention,
-        Kind::AttentionDecomposed,
-        Kind::Paged,
-        Kind::CastChain,
-    ];
+    pub const ALL: [Kind; 5] = [Kind::Dag, Kind::Attention, Kind::AttentionDecomposed, Kind::Paged, Kind::CastChain];
 
     /// Its name.
     pub fn name(self) -> &'static str {
@@ -203,18 +179,9 @@ struct Gen {
 /// over). `big` multiplies the sizes (1 for the emulator).
 pub fn generate(seed: u64, kinds: &[Kind], feats: Features, big: usize) -> Case {
     let mut rng = StdRng::seed_from_u64(seed);
-    let allowed: Vec<Kind> = kinds
-        .iter()
-        .copied()
-        .filter(|k| *k != Kind::CastChain || feats.cast_chain)
-        .collect();
+    let allowed: Vec<Kind> = kinds.iter().copied().filter(|k| *k != Kind::CastChain || feats.cast_chain).collect();
     let kind = allowed[rng.random_range(0..allowed.len())];
-    let mut g = Gen {
-        rng,
-        b: FunctionBuilder::new(&Graph::new(), "main"),
-        feats,
-        big,
-    };
+    let mut g = Gen { rng, b: FunctionBuilder::new(&Graph::new(), "main"), feats, big };
     let outs = match kind {
         Kind::Dag => g.dag(),
         Kind::Attention => g.attention(),
@@ -269,12 +236,7 @@ impl Gen {
     }
 
     fn shape(&self, v: Value) -> Vec<usize> {
-        self.b
-            .ty(v)
-            .shape
-            .iter()
-            .map(|d| d.as_const().unwrap_or(0) as usize)
-            .collect()
+        self.b.ty(v).shape.iter().map(|d| d.as_const().unwrap_or(0) as usize).collect()
     }
 
     fn dtype(&self, v: Value) -> DType {
@@ -282,9 +244,7 @@ impl Gen {
     }
 
     fn op(&mut self, kind: OpKind, ins: &[Value], attrs: Vec<(&str, Attr)>) -> Value {
-        self.b
-            .op1(kind, ins, attrs)
-            .unwrap_or_else(|e| panic!("the generator built a bad {kind:?}: {e}"))
+        self.b.op1(kind, ins, attrs).unwrap_or_else(|e| panic!("the generator built a bad {kind:?}: {e}"))
     }
 
     fn try_op(&mut self, kind: OpKind, ins: &[Value], attrs: Vec<(&str, Attr)>) -> Option<Value> {
@@ -305,9 +265,7 @@ impl Gen {
             shape[i] /= 2;
         }
         let dt = self.pick(&float_dtypes());
-        let mut pool: Vec<Value> = (0..self.rng.random_range(1..=3))
-            .map(|i| self.param(&format!("x{i}"), dt, &shape))
-            .collect();
+        let mut pool: Vec<Value> = (0..self.rng.random_range(1..=3)).map(|i| self.param(&format!("x{i}"), dt, &shape)).collect();
         let steps = self.rng.random_range(1..=5);
         let mut extra = 0;
         for _ in 0..steps {
@@ -319,17 +277,9 @@ impl Gen {
         // Every value no other op reads is an output (a dead node would make the unfused
         // lowering a kernel without outputs).
         let f = self.b.func();
-        let used: std::collections::BTreeSet<Value> = f
-            .nodes
-            .values()
-            .flat_map(|n| n.inputs.iter().copied())
-            .collect();
+        let used: std::collections::BTreeSet<Value> = f.nodes.values().flat_map(|n| n.inputs.iter().copied()).collect();
         let params: Vec<Value> = f.params.clone();
-        let outs: Vec<Value> = pool
-            .iter()
-            .copied()
-            .filter(|v| !used.contains(v) && !params.contains(v))
-            .collect();
+        let outs: Vec<Value> = pool.iter().copied().filter(|v| !used.contains(v) && !params.contains(v)).collect();
         if outs.is_empty() {
             let x = pool[0];
             return vec![self.op(OpKind::Neg, &[x], vec![])];
@@ -365,56 +315,26 @@ impl Gen {
                     OpKind::Sin,
                     OpKind::Cos,
                 ]);
-                let attrs = if k == OpKind::Gelu && self.rng.random_bool(0.5) {
-                    vec![("form", Attr::Str("tanh".into()))]
-                } else {
-                    vec![]
-                };
+                let attrs = if k == OpKind::Gelu && self.rng.random_bool(0.5) { vec![("form", Attr::Str("tanh".into()))] } else { vec![] };
                 self.try_op(k, &[x], attrs)
             }
             2..=4 => {
-                let k = self.pick(&[
-                    OpKind::Add,
-                    OpKind::Sub,
-                    OpKind::Mul,
-                    OpKind::Div,
-                    OpKind::Maximum,
-                    OpKind::Minimum,
-                    OpKind::Pow,
-                ]);
+                let k = self.pick(&[OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Maximum, OpKind::Minimum, OpKind::Pow]);
                 // The other operand: a pool value of the same type, or a new input of a
                 // shape that broadcasts (axes of 1, fewer leading axes, a scalar).
-                let same: Vec<Value> = pool
-                    .iter()
-                    .copied()
-                    .filter(|v| self.b.ty(*v) == self.b.ty(x))
-                    .collect();
+                let same: Vec<Value> = pool.iter().copied().filter(|v| self.b.ty(*v) == self.b.ty(x)).collect();
                 let y = if !same.is_empty() && self.rng.random_bool(0.5) {
                     self.pick(&same)
                 } else {
                     let drop = self.rng.random_range(0..=rank);
-                    let bshape: Vec<usize> = shape[drop..]
-                        .iter()
-                        .map(|&d| if self.rng.random_bool(0.4) { 1 } else { d })
-                        .collect();
+                    let bshape: Vec<usize> = shape[drop..].iter().map(|&d| if self.rng.random_bool(0.4) { 1 } else { d }).collect();
                     new_input(self, dt, &bshape)
                 };
-                let (a, b) = if self.rng.random_bool(0.5) {
-                    (x, y)
-                } else {
-                    (y, x)
-                };
+                let (a, b) = if self.rng.random_bool(0.5) { (x, y) } else { (y, x) };
                 self.try_op(k, &[a, b], vec![])
             }
             5 => {
-                let k = self.pick(&[
-                    OpKind::Eq,
-                    OpKind::Ne,
-                    OpKind::Lt,
-                    OpKind::Le,
-                    OpKind::Gt,
-                    OpKind::Ge,
-                ]);
+                let k = self.pick(&[OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge]);
                 let y = new_input(self, dt, &shape);
                 let c = self.try_op(k, &[x, y], vec![])?;
                 self.try_op(OpKind::Select, &[c, x, y], vec![])
@@ -430,32 +350,14 @@ impl Gen {
                 }
             }
             7 if rank > 0 => {
-                let k = self.pick(&[
-                    OpKind::ReduceSum,
-                    OpKind::ReduceMax,
-                    OpKind::ReduceMin,
-                    OpKind::ReduceMean,
-                ]);
-                let axis = self.rng.random_range(0..rank) as i64
-                    - if self.rng.random_bool(0.5) {
-                        rank as i64
-                    } else {
-                        0
-                    };
+                let k = self.pick(&[OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin, OpKind::ReduceMean]);
+                let axis = self.rng.random_range(0..rank) as i64 - if self.rng.random_bool(0.5) { rank as i64 } else { 0 };
                 let keep = self.rng.random_bool(0.5);
-                self.try_op(
-                    k,
-                    &[x],
-                    vec![("axis", Attr::Int(axis)), ("keepdim", Attr::Bool(keep))],
-                )
+                self.try_op(k, &[x], vec![("axis", Attr::Int(axis)), ("keepdim", Attr::Bool(keep))])
             }
             8 if float && rank > 0 => {
                 let k = self.pick(&[OpKind::Softmax, OpKind::LogSoftmax]);
-                let axis = if self.rng.random_bool(0.7) {
-                    -1
-                } else {
-                    self.rng.random_range(0..rank) as i64
-                };
+                let axis = if self.rng.random_bool(0.7) { -1 } else { self.rng.random_range(0..rank) as i64 };
                 self.try_op(k, &[x], vec![("axis", Attr::Int(axis))])
             }
             9 if float && rank > 0 => {
@@ -465,26 +367,15 @@ impl Gen {
                     self.try_op(OpKind::RmsNorm, &[x, w], vec![("eps", Attr::Float(eps))])
                 } else {
                     let bias = new_input(self, dt, &shape[rank - 1..]);
-                    self.try_op(
-                        OpKind::LayerNorm,
-                        &[x, w, bias],
-                        vec![("eps", Attr::Float(eps))],
-                    )
+                    self.try_op(OpKind::LayerNorm, &[x, w, bias], vec![("eps", Attr::Float(eps))])
                 }
             }
-            10 if float
-                && rank >= 2
-                && (self.feats.empty_batch_matmul || !shape[..rank - 2].contains(&0)) =>
-            {
+            10 if float && rank >= 2 && (self.feats.empty_batch_matmul || !shape[..rank - 2].contains(&0)) => {
                 let k = shape[rank - 1];
                 let n = self.size_nz();
                 let tb = self.rng.random_bool(0.3);
                 let w = new_input(self, dt, &if tb { vec![n, k] } else { vec![k, n] });
-                self.try_op(
-                    OpKind::Matmul,
-                    &[x, w],
-                    vec![("transpose_b", Attr::Bool(tb))],
-                )
+                self.try_op(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(tb))])
             }
             11 if rank >= 2 => {
                 if self.rng.random_bool(0.5) {
@@ -501,26 +392,14 @@ impl Gen {
                 let n = shape[axis];
                 let start = self.rng.random_range(0..=n);
                 let end = self.rng.random_range(start..=n);
-                self.try_op(
-                    OpKind::Slice,
-                    &[x],
-                    vec![
-                        ("axis", Attr::Int(axis as i64)),
-                        ("start", Attr::Dim(Dim::constant(start as i64))),
-                        ("end", Attr::Dim(Dim::constant(end as i64))),
-                    ],
-                )
+                self.try_op(OpKind::Slice, &[x], vec![("axis", Attr::Int(axis as i64)), ("start", Attr::Dim(Dim::constant(start as i64))), ("end", Attr::Dim(Dim::constant(end as i64)))])
             }
             13 => {
                 // A stride-0 view: broadcast a new leading axis, or an axis of 1, then use it.
                 let lead = self.size_nz().min(5);
                 let mut s = vec![lead];
                 s.extend(&shape);
-                let bx = self.try_op(
-                    OpKind::Broadcast,
-                    &[x],
-                    vec![("shape", Attr::Dims(dims(&s)))],
-                )?;
+                let bx = self.try_op(OpKind::Broadcast, &[x], vec![("shape", Attr::Dims(dims(&s)))])?;
                 let y = new_input(self, dt, &s);
                 self.try_op(OpKind::Add, &[bx, y], vec![])
             }
@@ -552,17 +431,9 @@ impl Gen {
         let hkv = self.pick(&[1, 1, 2, 3]);
         let heads = hkv * self.pick(&[1, 1, 2, 4]);
         let sq = self.size().min(33);
-        let skv = if self.rng.random_bool(0.5) {
-            sq
-        } else {
-            self.size().min(33)
-        };
+        let skv = if self.rng.random_bool(0.5) { sq } else { self.size().min(33) };
         let d = self.head_dim(false);
-        let dv = if self.rng.random_bool(0.8) {
-            d
-        } else {
-            self.head_dim(false)
-        };
+        let dv = if self.rng.random_bool(0.8) { d } else { self.head_dim(false) };
         // The emulator runs every thread of every CTA: keep the work small.
         let (mut sq, mut skv) = (sq, skv);
         while batch.max(1) * heads * sq * skv * d.max(dv) > 60_000 * self.big * self.big {
@@ -572,44 +443,21 @@ impl Gen {
                 skv /= 2;
             }
         }
-        let lay = |h: usize, s: usize, d: usize| {
-            if bshd {
-                vec![batch, s, h, d]
-            } else {
-                vec![batch, h, s, d]
-            }
-        };
+        let lay = |h: usize, s: usize, d: usize| if bshd { vec![batch, s, h, d] } else { vec![batch, h, s, d] };
         let q = self.param("q", dt, &lay(heads, sq, d));
         let k = self.param("k", dt, &lay(hkv, skv, d));
         let v = self.param("v", dt, &lay(hkv, skv, dv));
         let mut ins = vec![q, k, v];
         let finite = self.mask_fill();
         match self.rng.random_range(0..4) {
-            1 => ins.push(self.param(
-                if finite { "mask_finite" } else { "mask" },
-                dt,
-                &[1, 1, sq, skv],
-            )),
-            2 => ins.push(self.param(
-                if finite { "mask_finite" } else { "mask" },
-                dt,
-                &[batch, 1, 1, skv],
-            )),
-            3 => ins.push(self.param(
-                if finite { "mask_finite" } else { "mask" },
-                dt,
-                &[batch, heads, sq, skv],
-            )),
+            1 => ins.push(self.param(if finite { "mask_finite" } else { "mask" }, dt, &[1, 1, sq, skv])),
+            2 => ins.push(self.param(if finite { "mask_finite" } else { "mask" }, dt, &[batch, 1, 1, skv])),
+            3 => ins.push(self.param(if finite { "mask_finite" } else { "mask" }, dt, &[batch, heads, sq, skv])),
             _ => {}
         }
         let scale = 1.0 / (d.max(1) as f64).sqrt();
         let causal = self.rng.random_bool(0.3);
-        let mut attrs = vec![
-            ("scale", Attr::Float(scale)),
-            ("heads", Attr::Int(heads as i64)),
-            ("kv_heads", Attr::Int(hkv as i64)),
-            ("causal", Attr::Bool(causal)),
-        ];
+        let mut attrs = vec![("scale", Attr::Float(scale)), ("heads", Attr::Int(heads as i64)), ("kv_heads", Attr::Int(hkv as i64)), ("causal", Attr::Bool(causal))];
         if bshd {
             attrs.push(("layout", Attr::Str("bshd".into())));
         }
@@ -618,46 +466,22 @@ impl Gen {
 
     /// `softmax(scale·Q·Kᵀ + mask)·V` written out, as models without an attention op do.
     fn attention_decomposed(&mut self) -> Vec<Value> {
-        let dt = if self.feats.decomposed_bf16 {
-            self.pick(&[DType::F32, DType::BF16])
-        } else {
-            DType::F32
-        };
+        let dt = if self.feats.decomposed_bf16 { self.pick(&[DType::F32, DType::BF16]) } else { DType::F32 };
         let batch = self.pick(&[1, 1, 2]);
         let heads = self.pick(&[1, 2]);
         let sq = self.size_nz().min(33);
-        let skv = if self.rng.random_bool(0.5) {
-            sq
-        } else {
-            self.size_nz().min(33)
-        };
+        let skv = if self.rng.random_bool(0.5) { sq } else { self.size_nz().min(33) };
         let d = self.head_dim(self.feats.wide_heads);
-        let (sq, skv) = if d > 128 {
-            (sq.min(9), skv.min(9))
-        } else {
-            (sq, skv)
-        };
+        let (sq, skv) = if d > 128 { (sq.min(9), skv.min(9)) } else { (sq, skv) };
         let q = self.param("q", dt, &[batch, heads, sq, d]);
         let k = self.param("k", dt, &[batch, heads, skv, d]);
         let v = self.param("v", dt, &[batch, heads, skv, d]);
-        let s = self.op(
-            OpKind::Matmul,
-            &[q, k],
-            vec![("transpose_b", Attr::Bool(true))],
-        );
+        let s = self.op(OpKind::Matmul, &[q, k], vec![("transpose_b", Attr::Bool(true))]);
         let scale = 1.0 / (d as f64).sqrt();
-        let c = self.op(
-            OpKind::Constant,
-            &[],
-            vec![("value", Attr::Float(scale)), ("dtype", Attr::DType(dt))],
-        );
+        let c = self.op(OpKind::Constant, &[], vec![("value", Attr::Float(scale)), ("dtype", Attr::DType(dt))]);
         let mut s = self.op(OpKind::Mul, &[s, c], vec![]);
         if self.rng.random_bool(0.5) {
-            let name = if self.mask_fill() {
-                "mask_finite"
-            } else {
-                "mask"
-            };
+            let name = if self.mask_fill() { "mask_finite" } else { "mask" };
             let m = self.param(name, dt, &[1, 1, sq, skv]);
             s = self.op(OpKind::Add, &[s, m], vec![]);
         }
@@ -689,27 +513,12 @@ impl Gen {
         if self.feats.read_before_append && self.rng.random_bool(0.6) {
             let f = self.cast(kp, DType::F32);
             let sq = self.op(OpKind::Mul, &[f, f], vec![]);
-            let r = self.op(
-                OpKind::ReduceSum,
-                &[sq],
-                vec![("axis", Attr::Int(-1)), ("keepdim", Attr::Bool(false))],
-            );
+            let r = self.op(OpKind::ReduceSum, &[sq], vec![("axis", Attr::Int(-1)), ("keepdim", Attr::Bool(false))]);
             outs.push(r);
         }
-        let r = self
-            .b
-            .op(OpKind::KvAppend, &[kp, vp, kn, vn, bt, sp], vec![])
-            .expect("kv_append");
+        let r = self.b.op(OpKind::KvAppend, &[kp, vp, kn, vn, bt, sp], vec![]).expect("kv_append");
         let scale = 1.0 / (d as f64).sqrt();
-        let o = self.op(
-            OpKind::PagedAttention,
-            &[q, r[0], r[1], bt, sl],
-            vec![
-                ("scale", Attr::Float(scale)),
-                ("heads", Attr::Int(heads as i64)),
-                ("kv_heads", Attr::Int(hkv as i64)),
-            ],
-        );
+        let o = self.op(OpKind::PagedAttention, &[q, r[0], r[1], bt, sl], vec![("scale", Attr::Float(scale)), ("heads", Attr::Int(heads as i64)), ("kv_heads", Attr::Int(hkv as i64))]);
         outs.insert(0, o);
         if self.rng.random_bool(0.5) {
             outs.push(r[0]);
@@ -729,14 +538,7 @@ impl Gen {
         let xf = self.cast(x, DType::F32);
         let sq = self.op(OpKind::Mul, &[xf, xf], vec![]);
         let ms = self.op(OpKind::ReduceMean, &[sq], vec![("axis", Attr::Int(-1))]);
-        let eps = self.op(
-            OpKind::Constant,
-            &[],
-            vec![
-                ("value", Attr::Float(1e-6)),
-                ("dtype", Attr::DType(DType::F32)),
-            ],
-        );
+        let eps = self.op(OpKind::Constant, &[], vec![("value", Attr::Float(1e-6)), ("dtype", Attr::DType(DType::F32))]);
         let ms = self.op(OpKind::Add, &[ms, eps], vec![]);
         let r = self.op(OpKind::Rsqrt, &[ms], vec![]);
         let mut h = self.op(OpKind::Mul, &[xf, r], vec![]);
@@ -747,14 +549,7 @@ impl Gen {
         }
         let wf = self.cast(w, DType::F32);
         let wf = if self.rng.random_bool(0.6) {
-            let one = self.op(
-                OpKind::Constant,
-                &[],
-                vec![
-                    ("value", Attr::Float(1.0)),
-                    ("dtype", Attr::DType(DType::F32)),
-                ],
-            );
+            let one = self.op(OpKind::Constant, &[], vec![("value", Attr::Float(1.0)), ("dtype", Attr::DType(DType::F32))]);
             self.op(OpKind::Add, &[one, wf], vec![])
         } else {
             wf

@@ -60,12 +60,7 @@ pub fn kinds() -> Vec<Kind> {
     match std::env::var("SINTER_FUZZ_KINDS") {
         Ok(s) => s
             .split(',')
-            .map(|n| {
-                *Kind::ALL
-                    .iter()
-                    .find(|k| k.name() == n.trim())
-                    .unwrap_or_else(|| panic!("unknown fuzz kind `{n}`"))
-            })
+            .map(|n| *Kind::ALL.iter().find(|k| k.name() == n.trim()).unwrap_or_else(|| panic!("unknown fuzz kind `{n}`")))
             .collect(),
         Err(_) => Kind::ALL.to_vec(),
     }
@@ -73,41 +68,26 @@ pub fn kinds() -> Vec<Kind> {
 
 /// The budget in seconds (`SINTER_FUZZ_SECONDS`, else `default`).
 pub fn budget(default: f64) -> f64 {
-    std::env::var("SINTER_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+    std::env::var("SINTER_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 /// Explicit seeds (`SINTER_FUZZ_SEEDS`: `a..b` or `a,b,c`), if given.
 pub fn explicit_seeds() -> Option<Vec<u64>> {
     let s = std::env::var("SINTER_FUZZ_SEEDS").ok()?;
     if let Some((a, b)) = s.split_once("..") {
-        return Some(
-            (a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed")).collect(),
-        );
+        return Some((a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed")).collect());
     }
-    Some(
-        s.split(',')
-            .map(|x| x.trim().parse().expect("a seed"))
-            .collect(),
-    )
+    Some(s.split(',').map(|x| x.trim().parse().expect("a seed")).collect())
 }
 
 /// A seed from the clock, for the new seeds of a run.
 pub fn clock_seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 16
 }
 
 fn emu_target() -> Target {
-    std::env::var("SINTER_FUZZ_TARGET")
-        .ok()
-        .map(|t| Target::parse(&t).expect("a target"))
-        .unwrap_or(Target::SM_80)
+    std::env::var("SINTER_FUZZ_TARGET").ok().map(|t| Target::parse(&t).expect("a target")).unwrap_or(Target::SM_80)
 }
 
 fn ptx_targets() -> Vec<Target> {
@@ -130,13 +110,7 @@ pub fn gpu_regressions_dir() -> PathBuf {
 
 /// A regression file's header field (`// name: value`).
 pub fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("// ")?
-                .strip_prefix(name)?
-                .strip_prefix(": ")
-        })
-        .map(str::trim)
+    text.lines().find_map(|l| l.strip_prefix("// ")?.strip_prefix(name)?.strip_prefix(": ")).map(str::trim)
 }
 
 /// `text` with the nodes no output needs removed (parameters kept, so the values of a seed
@@ -147,10 +121,7 @@ fn prune(text: &str) -> String {
         let mut v = Vec::new();
         let mut rest = s;
         while let Some(i) = rest.find('%') {
-            let t: String = rest[i + 1..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.')
-                .collect();
+            let t: String = rest[i + 1..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.').collect();
             rest = &rest[i + 1 + t.len()..];
             v.push(t);
         }
@@ -172,23 +143,11 @@ fn prune(text: &str) -> String {
             }
         }
     }
-    lines
-        .iter()
-        .zip(keep)
-        .filter(|(_, k)| *k)
-        .map(|(l, _)| format!("{l}\n"))
-        .collect()
+    lines.iter().zip(keep).filter(|(_, k)| *k).map(|(l, _)| format!("{l}\n")).collect()
 }
 
 /// A smaller graph with the same kind of finding: one output at a time, dead nodes pruned.
-fn minimise(
-    graph: &sinter::Graph,
-    vseed: u64,
-    feats: Features,
-    strict: bool,
-    target: &Target,
-    ptx: &[Target],
-) -> String {
+fn minimise(graph: &sinter::Graph, vseed: u64, feats: Features, strict: bool, target: &Target, ptx: &[Target]) -> String {
     let full = sinter::ir::print(graph);
     let f = graph.entry().expect("an entry");
     for i in 0..f.outputs.len() {
@@ -200,40 +159,21 @@ fn minimise(
         g.funcs[id].outputs = vec![f.outputs[i]];
         let text = prune(&sinter::ir::print(&g));
         if let Ok(g2) = sinter::ir::parse(&text) {
-            if matches!(
-                check_case(&g2, vseed, feats, strict, target, ptx),
-                Outcome::Finding(_)
-            ) {
+            if matches!(check_case(&g2, vseed, feats, strict, target, ptx), Outcome::Finding(_)) {
                 return text;
             }
         }
     }
     let text = prune(&full);
     match sinter::ir::parse(&text) {
-        Ok(g2)
-            if matches!(
-                check_case(&g2, vseed, feats, strict, target, ptx),
-                Outcome::Finding(_)
-            ) =>
-        {
-            text
-        }
+        Ok(g2) if matches!(check_case(&g2, vseed, feats, strict, target, ptx), Outcome::Finding(_)) => text,
         _ => full,
     }
 }
 
 /// Writes a regression file for a finding; returns its path.
-fn save(
-    seed: u64,
-    kind: Kind,
-    feats: Features,
-    target: &Target,
-    finding: &str,
-    text: &str,
-) -> PathBuf {
-    let dir = std::env::var_os("SINTER_FUZZ_SAVE")
-        .map(PathBuf::from)
-        .unwrap_or_else(regressions_dir);
+fn save(seed: u64, kind: Kind, feats: Features, target: &Target, finding: &str, text: &str) -> PathBuf {
+    let dir = std::env::var_os("SINTER_FUZZ_SAVE").map(PathBuf::from).unwrap_or_else(regressions_dir);
     std::fs::create_dir_all(&dir).expect("the regressions folder");
     let path = dir.join(format!("seed-{seed}.sir"));
     let one_line = finding.replace('\n', " ");
@@ -269,32 +209,17 @@ fn run_seeds(seeds: &[u64], more: bool, secs: f64) -> (Vec<String>, usize) {
         ran += 1;
         let dt = t0.elapsed().as_secs_f64();
         match &outcome {
-            Outcome::Pass { unfused, fused } => eprintln!(
-                "fuzz seed {seed} {}: ok ({unfused} unfused, {fused} fused kernels) {dt:.1} s",
-                case.kind.name()
-            ),
-            Outcome::Skip(why) => eprintln!(
-                "fuzz seed {seed} {}: skipped: {why} {dt:.1} s",
-                case.kind.name()
-            ),
+            Outcome::Pass { unfused, fused } => eprintln!("fuzz seed {seed} {}: ok ({unfused} unfused, {fused} fused kernels) {dt:.1} s", case.kind.name()),
+            Outcome::Skip(why) => eprintln!("fuzz seed {seed} {}: skipped: {why} {dt:.1} s", case.kind.name()),
             Outcome::Finding(f) => {
                 let text = minimise(&case.graph, seed, feats, strict, &target, &ptx);
                 let path = save(seed, case.kind, feats, &target, f, &text);
-                eprintln!(
-                    "fuzz seed {seed} {}: FINDING after {:.1} s: {f}\n  saved {}",
-                    case.kind.name(),
-                    start.elapsed().as_secs_f64(),
-                    path.display()
-                );
+                eprintln!("fuzz seed {seed} {}: FINDING after {:.1} s: {f}\n  saved {}", case.kind.name(), start.elapsed().as_secs_f64(), path.display());
                 findings.push(format!("seed {seed} ({}): {f}", case.kind.name()));
             }
         }
     }
-    eprintln!(
-        "fuzz: {ran} seeds in {:.1} s, {} findings",
-        start.elapsed().as_secs_f64(),
-        findings.len()
-    );
+    eprintln!("fuzz: {ran} seeds in {:.1} s, {} findings", start.elapsed().as_secs_f64(), findings.len());
     (findings, ran)
 }
 
@@ -308,41 +233,22 @@ fn fuzz_compiled_paths_match_the_interpreter() {
     if std::env::var("SINTER_FUZZ_KEEP_GOING").as_deref() == Ok("1") {
         return;
     }
-    assert!(
-        findings.is_empty(),
-        "{} finding(s):\n{}",
-        findings.len(),
-        findings.join("\n")
-    );
+    assert!(findings.is_empty(), "{} finding(s):\n{}", findings.len(), findings.join("\n"));
 }
 
 #[test]
 fn fuzz_regressions_replay() {
     let dir = regressions_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "sir"))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "sir")).collect()).unwrap_or_default();
     files.sort();
     if let Ok(only) = std::env::var("SINTER_FUZZ_FILES") {
-        files.retain(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| only.split(',').any(|o| n.contains(o.trim())))
-        });
+        files.retain(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| only.split(',').any(|o| n.contains(o.trim()))));
     }
     let mut bad = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).expect("a regression file");
-        let seed: u64 = header(&text, "seed")
-            .and_then(|s| s.parse().ok())
-            .expect("a `// seed:` line");
-        let target = header(&text, "target")
-            .map(|t| Target::parse(t).expect("a target"))
-            .unwrap_or(Target::SM_80);
+        let seed: u64 = header(&text, "seed").and_then(|s| s.parse().ok()).expect("a `// seed:` line");
+        let target = header(&text, "target").map(|t| Target::parse(t).expect("a target")).unwrap_or(Target::SM_80);
         let open = header(&text, "expected").filter(|f| KNOWN_OPEN.iter().any(|k| k.0 == *f));
         let graph = sinter::ir::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let t0 = Instant::now();
@@ -367,8 +273,5 @@ fn fuzz_prune_keeps_what_outputs_need() {
     let text = "func @main(%a: f32[2], %b: f32[2]) {\n  %c: f32[2] = add(%a, %b)\n  %d: f32[2] = mul(%a, %a)\n  %e: f32[2] = neg(%c)\n  return %e\n}\n";
     let p = prune(text);
     assert!(!p.contains("mul"), "{p}");
-    assert!(
-        p.contains("add") && p.contains("neg") && p.contains("%b: f32[2]"),
-        "{p}"
-    );
+    assert!(p.contains("add") && p.contains("neg") && p.contains("%b: f32[2]"), "{p}");
 }

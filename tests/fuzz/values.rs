@@ -63,15 +63,7 @@ fn floats(rng: &mut StdRng, dt: DType, shape: &[usize], kinds: Specials) -> Vec<
     let uni = |rng: &mut StdRng| rng.random_range(-2.0..2.0);
     match mode {
         // Specials sprinkled.
-        3 => (0..n)
-            .map(|_| {
-                if rng.random_bool(0.15) {
-                    special(rng, dt, kinds)
-                } else {
-                    uni(rng)
-                }
-            })
-            .collect(),
+        3 => (0..n).map(|_| if rng.random_bool(0.15) { special(rng, dt, kinds) } else { uni(rng) }).collect(),
         // Log-uniform magnitudes, both signs.
         4 => (0..n)
             .map(|_| {
@@ -123,43 +115,20 @@ pub fn inputs(graph: &Graph, seed: u64, feats: Features) -> Vec<(String, Tensor)
     let f = graph.entry().expect("an entry function");
     let mut rng = StdRng::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
     let shape_of = |name: &str| -> Option<Vec<usize>> {
-        let p = f
-            .params
-            .iter()
-            .find(|p| f.values[**p].name.as_deref() == Some(name))?;
-        Some(
-            f.values[*p]
-                .ty
-                .shape
-                .iter()
-                .map(|d| d.as_const().unwrap_or(0) as usize)
-                .collect(),
-        )
+        let p = f.params.iter().find(|p| f.values[**p].name.as_deref() == Some(name))?;
+        Some(f.values[*p].ty.shape.iter().map(|d| d.as_const().unwrap_or(0) as usize).collect())
     };
     // The paged cache's tables, drawn together.
     let (mut table, mut start, mut lens) = (None, None, None);
-    if let (Some(bt), Some(kn), Some(kp)) = (
-        shape_of("block_table"),
-        shape_of("k_new"),
-        shape_of("k_pages"),
-    ) {
+    if let (Some(bt), Some(kn), Some(kp)) = (shape_of("block_table"), shape_of("k_new"), shape_of("k_pages")) {
         let (b, cols, t, npages, page) = (bt[0], bt[1], kn[1], kp[0], kp[1]);
         let mut perm: Vec<usize> = (0..npages).collect();
         for i in (1..perm.len()).rev() {
             perm.swap(i, rng.random_range(0..=i));
         }
-        table = Some(
-            perm.iter()
-                .take(b * cols)
-                .map(|&p| p as f64)
-                .chain(std::iter::repeat(0.0))
-                .take(b * cols)
-                .collect::<Vec<_>>(),
-        );
+        table = Some(perm.iter().take(b * cols).map(|&p| p as f64).chain(std::iter::repeat(0.0)).take(b * cols).collect::<Vec<_>>());
         let cap = cols * page;
-        let s: Vec<f64> = (0..b)
-            .map(|_| rng.random_range(0..=cap.saturating_sub(t)) as f64)
-            .collect();
+        let s: Vec<f64> = (0..b).map(|_| rng.random_range(0..=cap.saturating_sub(t)) as f64).collect();
         lens = Some(s.iter().map(|x| x + t as f64).collect::<Vec<_>>());
         start = Some(s);
     }
@@ -169,11 +138,7 @@ pub fn inputs(graph: &Graph, seed: u64, feats: Features) -> Vec<(String, Tensor)
             let v = &f.values[*p];
             let name = v.name.clone().unwrap_or_default();
             let dt = v.ty.dtype;
-            let shape: Vec<usize> =
-                v.ty.shape
-                    .iter()
-                    .map(|d| d.as_const().unwrap_or(0) as usize)
-                    .collect();
+            let shape: Vec<usize> = v.ty.shape.iter().map(|d| d.as_const().unwrap_or(0) as usize).collect();
             let n: usize = shape.iter().product();
             let data = match name.as_str() {
                 "block_table" => table.clone().unwrap_or_else(|| vec![0.0; n]),
@@ -183,29 +148,16 @@ pub fn inputs(graph: &Graph, seed: u64, feats: Features) -> Vec<(String, Tensor)
                 "mask_finite" => mask(&mut rng, &shape, lowest(dt)),
                 _ if dt.is_float() => {
                     let kinds = if ATTENTION_OPERANDS.contains(&name.as_str()) {
-                        Specials {
-                            nonfinite: feats.attention_specials,
-                            extremes: feats.attention_specials,
-                        }
+                        Specials { nonfinite: feats.attention_specials, extremes: feats.attention_specials }
                     } else {
-                        Specials {
-                            nonfinite: true,
-                            extremes: feats.accumulate_extremes,
-                        }
+                        Specials { nonfinite: true, extremes: feats.accumulate_extremes }
                     };
                     floats(&mut rng, dt, &shape, kinds)
                 }
-                _ if dt == DType::Bool => (0..n)
-                    .map(|_| f64::from(u8::from(rng.random_bool(0.5))))
-                    .collect(),
-                _ => (0..n)
-                    .map(|_| f64::from(rng.random_range(-3i32..4)))
-                    .collect(),
+                _ if dt == DType::Bool => (0..n).map(|_| f64::from(u8::from(rng.random_bool(0.5)))).collect(),
+                _ => (0..n).map(|_| f64::from(rng.random_range(-3i32..4))).collect(),
             };
-            (
-                name,
-                Tensor::new(dt, &shape, data).expect("an input tensor"),
-            )
+            (name, Tensor::new(dt, &shape, data).expect("an input tensor"))
         })
         .collect()
 }
