@@ -69,6 +69,8 @@ pub struct CompileStats {
     /// Cubin entries refused (damaged, or made for another architecture or assembler) or
     /// refused by the driver, with what was wrong: assembled again and rewritten.
     pub cubins_damaged: Vec<String>,
+    /// Kernels `ptxas` could not assemble (JIT-compiled instead), with its message.
+    pub assembly_failed: Vec<String>,
     /// Wall time of lowering + code generation + assembly + cache reads + loading, seconds.
     pub seconds: f64,
     /// Of which lowering the graph to kernels (the e-graph passes, or reading the lowering
@@ -463,6 +465,7 @@ impl GpuProgram {
         stats.assembled = loaded.assembled;
         stats.ptx_jit = loaded.ptx_jit;
         stats.cubins_damaged = loaded.damaged;
+        stats.assembly_failed = loaded.assembly_failed;
         stats.cache_seconds += loaded.cache_seconds;
         stats.assembly_seconds = loaded.assembly_seconds;
         let t_load = Instant::now();

@@ -502,6 +502,10 @@ fn print_compile_line(ps: &sinter::gpu::CompileStats, ds: &sinter::gpu::CompileS
     for d in both.iter().flat_map(|s| &s.cubins_damaged) {
         eprintln!("  kernel cache: refused and rebuilt: {d}");
     }
+    let failed: Vec<&String> = both.iter().flat_map(|s| &s.assembly_failed).collect();
+    if let Some(first) = failed.first() {
+        eprintln!("  ptxas failed on {} kernel(s), JIT-compiled instead (point SINTER_PTXAS at a ptxas that reads this PTX version, or set SINTER_CUBIN=0); first: {first}", failed.len());
+    }
 }
 
 fn run(a: RunArgs) -> AnyResult {

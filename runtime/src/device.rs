@@ -166,6 +166,10 @@ pub struct LoadStats {
     /// cubins the driver would not load, each with what was wrong; their kernels were
     /// assembled again (and the entries rewritten) or JIT-compiled.
     pub damaged: Vec<String>,
+    /// Kernels `ptxas` could not assemble (JIT-compiled from their PTX instead), each with
+    /// its entry and `ptxas`'s message: an old or broken `ptxas` shows here instead of as
+    /// a slow start with no reason given.
+    pub assembly_failed: Vec<String>,
     /// Wall time of reading the cache, seconds.
     pub cache_seconds: f64,
     /// Wall time of assembling the cubins that were not cached (on several threads), seconds.
@@ -604,17 +608,25 @@ impl Device {
         let t = std::time::Instant::now();
         let assembled = parallel_map(&missing, jobs, |&i| {
             let ptx = &todo[i].0.ptx;
-            let cubin = self.assemble(ptx).ok()?;
+            let cubin = self.assemble(ptx).map_err(|e| format!("{}: {e}", todo[i].0.entry))?;
             if let Some(c) = cache {
                 // A cache that cannot be written only costs the next run its assembly.
                 let _ = c.put_cubin(ptx, asm, &cubin);
             }
-            Some(cubin)
+            Ok::<_, String>(cubin)
         });
         stats.assembly_seconds = t.elapsed().as_secs_f64();
         for (i, cubin) in missing.into_iter().zip(assembled) {
-            stats.assembled += usize::from(cubin.is_some());
-            code[i] = cubin;
+            stats.assembled += usize::from(cubin.is_ok());
+            code[i] = match cubin {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    if *self.cubin_assembler() != CubinAssembler::Off {
+                        stats.assembly_failed.push(e);
+                    }
+                    None
+                }
+            };
         }
         let t = std::time::Instant::now();
         let work: Vec<(&LaunchPlan, Option<Vec<u8>>)> = todo.iter().map(|(p, _)| *p).zip(code).collect();
