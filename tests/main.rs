@@ -21,3 +21,4 @@ mod compile_parallel;
 mod fuzz;
 mod facade;
 mod rope_logical;
+mod hf_reference;

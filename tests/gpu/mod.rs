@@ -33,6 +33,7 @@ mod fuzz;
 mod attention_extremes;
 mod rope_logical;
 mod window;
+mod hf_reference;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes
@@ -956,6 +957,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(crate::cascade::precompile_graphs());
     graphs.extend(crate::decoder::precompile_graphs());
     graphs.extend(facade::precompile_graphs());
+    graphs.extend(hf_reference::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
         for mode in [sinter::zoo::Mode::Prefill, sinter::zoo::Mode::Decode] {
