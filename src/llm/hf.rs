@@ -97,6 +97,11 @@ impl HfFolder {
         self.index.contains_key(name)
     }
 
+    /// The names of the tensors read ([`HfFolder::read_tensors`]), sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
     /// `model_type` from `config.json`, if any.
     pub fn model_type(&self) -> Option<&str> {
         self.config.get("model_type").and_then(Json::as_str)
