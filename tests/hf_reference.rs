@@ -14,6 +14,9 @@
 //! GPU twin (`tests/gpu/hf_reference.rs`) checks every prompt in f32 and bf16, greedy decoding
 //! at batch 1 and 3, and CUDA-graph decode.
 //!
+//! The folders are written once into `$CARGO_TARGET_TMPDIR/hf-reference/` (up to 0.8 GB
+//! each) and reused by later tests and runs ([`fixture_folder`]).
+//!
 //! A fixture that is absent skips its architecture's tests with a message; a fixture whose
 //! `model_type` the registry does not know fails them. The bad-folder checks run over every
 //! fixture present: a missing tensor, a tensor whose shape disagrees with the config, an
@@ -40,10 +43,10 @@ use sinter::DType;
 /// logits by 1.3e-1 of the scale).
 pub(crate) const F32_REL_TOL: f64 = 2e-5;
 
-/// Positions of the first prompt the CPU test checks: the prompt (7 tokens) and the first
-/// generated tokens, past an 8-token sliding window where a model has one (Gemma 3's fixture
-/// cuts it to 8). The interpreter's cost is mostly the `[T, hidden] × [hidden, vocab]` logits
-/// projection, linear in the positions.
+/// Positions of the first prompt the CPU test checks: the prompt (7 tokens) and 9 generated
+/// tokens, twice the 8-token sliding window of Gemma 3's fixture. Logits are the cheap part
+/// (about 1 s for Gemma 3's 262 144-entry vocabulary); writing and loading the
+/// real-dimension weights cost the rest.
 pub(crate) const CPU_POSITIONS: usize = 16;
 
 /// The fixtures' folder: `SINTER_HF_FIXTURES` when set, else `tests/fixtures/hf`.
