@@ -158,8 +158,8 @@ fn teacher_forced<M: DecoderModel>(
 
 /// The f32 checks on one engine: teacher-forced logits, greedy at batch 1 and 3 against
 /// transformers, CUDA-graph decode against eager decode.
-fn f32_checks<M: DecoderModel>(engine: &mut Engine<M>, fx: &Fixture) -> Vec<String> {
-    let label = format!("{} f32 (GPU)", fx.arch);
+fn f32_checks<M: DecoderModel>(engine: &mut Engine<M>, fx: &Fixture, on: &str) -> Vec<String> {
+    let label = format!("{} f32 ({on})", fx.arch);
     let (mut fails, _) = teacher_forced(engine, fx, &fx.f32_rows, F32_REL_TOL, &label);
     let all: Vec<usize> = (0..fx.prompts.len()).collect();
     let mut runs: Vec<(bool, Vec<Vec<u32>>, Vec<Vec<u32>>)> = Vec::new();
@@ -193,21 +193,16 @@ fn f32_checks<M: DecoderModel>(engine: &mut Engine<M>, fx: &Fixture) -> Vec<Stri
     fails
 }
 
-/// Every GPU check of one architecture (skipped without a GPU or without its fixture).
-fn gpu_matches(arch: &str) {
-    let Some(dev) = device() else { return };
-    let Some(fx) = Fixture::load(arch) else {
-        return;
-    };
-    fx.assert_registered();
-    let _turn = one_model_at_a_time();
-    let mut engine = Engine::new_gpu(open_fixture(&fx, DType::F32), &dev, Lowering::Fused).unwrap();
-    let mut fails = f32_checks(&mut engine, &fx);
+/// Every check of one fixture on the engines `make(dtype)` builds (`on` names them in
+/// messages): f32 first, dropped before the bf16 one is made.
+fn all_checks<M: DecoderModel>(fx: &Fixture, make: impl Fn(DType) -> Engine<M>, on: &str) {
+    let mut engine = make(DType::F32);
+    let mut fails = f32_checks(&mut engine, fx, on);
     drop(engine);
-    let engine = Engine::new_gpu(open_fixture(&fx, DType::BF16), &dev, Lowering::Fused).unwrap();
-    let label = format!("{arch} bf16 (GPU)");
-    let rel = bf16_rel_tol(&fx);
-    let (f, ours) = teacher_forced(&engine, &fx, &fx.bf16_rows, rel, &label);
+    let engine = make(DType::BF16);
+    let label = format!("{} bf16 ({on})", fx.arch);
+    let rel = bf16_rel_tol(fx);
+    let (f, ours) = teacher_forced(&engine, fx, &fx.bf16_rows, rel, &label);
     fails.extend(f);
     let (theirs_overlap, our_overlap) = (
         top8_overlap(&fx.bf16_rows, &fx.f32_rows),
@@ -218,6 +213,41 @@ fn gpu_matches(arch: &str) {
         fails.push(format!("{label}: our bf16 top 8 shares {our_overlap:.2} ids with the f32 top 8, transformers' bf16 shares {theirs_overlap:.2}"));
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// Every GPU check of one architecture (skipped without a GPU or without its fixture).
+fn gpu_matches(arch: &str) {
+    let Some(dev) = device() else { return };
+    let Some(fx) = Fixture::load(arch) else {
+        return;
+    };
+    fx.assert_registered();
+    let _turn = one_model_at_a_time();
+    all_checks(
+        &fx,
+        |dt| Engine::new_gpu(open_fixture(&fx, dt), &dev, Lowering::Fused).unwrap(),
+        "GPU",
+    );
+}
+
+/// The same checks on the interpreter, for working on them without a GPU (slow: about 40 s
+/// an architecture of two layers; ignored): `SINTER_HF_ARCHS` names the architectures
+/// (default `llama gpt2`).
+#[test]
+#[ignore]
+fn hf_gpu_checks_on_the_interpreter() {
+    let archs = std::env::var("SINTER_HF_ARCHS").unwrap_or_else(|_| "llama gpt2".into());
+    for arch in archs.split_whitespace() {
+        let Some(fx) = Fixture::load(arch) else {
+            continue;
+        };
+        let _turn = one_model_at_a_time();
+        all_checks(
+            &fx,
+            |dt| Engine::new(open_fixture(&fx, dt)).unwrap(),
+            "interpreter",
+        );
+    }
 }
 
 #[test]
