@@ -23,3 +23,4 @@ mod fuzz;
 mod facade;
 mod rope_logical;
 mod qwen;
+mod hf_reference;

@@ -120,7 +120,8 @@ impl Gpt2Model {
         };
         cfg.validate().map_err(|e| f.malformed(e.to_string()))?;
         folder.read_tensors()?;
-        let prefix = if folder.has("transformer.wte.weight") { "transformer." } else { "" };
+        // Named from any tensor, so that a missing one is reported with the folder's prefix.
+        let prefix = if folder.names().any(|n| n.starts_with("transformer.")) { "transformer." } else { "" };
         let specs: Vec<WeightSpec> = weight_names(&cfg)
             .into_iter()
             .map(|(gg, hf, s, conv)| {

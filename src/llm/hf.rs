@@ -97,6 +97,11 @@ impl HfFolder {
         self.index.contains_key(name)
     }
 
+    /// The names of the tensors read ([`HfFolder::read_tensors`]), sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
     /// `model_type` from `config.json`, if any.
     pub fn model_type(&self) -> Option<&str> {
         self.config.get("model_type").and_then(Json::as_str)
@@ -126,6 +131,30 @@ impl HfFolder {
     /// A boolean of `config.json`, if present.
     pub fn bool(&self, key: &str) -> Option<bool> {
         self.config.get(key).and_then(Json::as_bool)
+    }
+
+    /// The RoPE base frequency: `rope_theta` (transformers before 5) or
+    /// `rope_parameters.rope_theta` (transformers 5; with several attention kinds,
+    /// `rope_parameters.<layer_type>.rope_theta`, e.g. Gemma 3's `sliding_attention`);
+    /// `None` when absent.
+    ///
+    /// # Errors
+    /// [`ModelError::Malformed`] for a RoPE scaling other than `default` (`rope_scaling` or
+    /// `rope_parameters.rope_type`: linear, dynamic, yarn, llama3 are not implemented and
+    /// would silently run with wrong positions).
+    pub fn rope_theta(&self, layer_type: Option<&str>) -> Result<Option<f64>, ModelError> {
+        let params = self.config.get("rope_parameters").filter(|p| !p.is_null());
+        let params = match (params, layer_type) {
+            (Some(p), Some(t)) if p.get(t).is_some() => p.get(t),
+            (p, _) => p,
+        };
+        for p in [params, self.config.get("rope_scaling")].into_iter().flatten().filter(|p| !p.is_null()) {
+            let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Json::as_str).unwrap_or("default");
+            if kind != "default" {
+                return Err(self.malformed(format!("RoPE scaling `{kind}` is not supported (only `default`)")));
+            }
+        }
+        Ok(params.and_then(|p| p.get("rope_theta")).or_else(|| self.config.get("rope_theta")).and_then(Json::as_f64))
     }
 
     /// A config error: the numbers do not fit together.

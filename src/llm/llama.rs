@@ -132,14 +132,16 @@ impl LlamaModel {
 
     /// The Llama model of a Hugging Face folder (`config.json` keys `hidden_size`,
     /// `num_hidden_layers`, `num_attention_heads`, `num_key_value_heads`, `head_dim`,
-    /// `intermediate_size`, `rope_theta`, `rms_norm_eps`, `max_position_embeddings`,
+    /// `intermediate_size`, `rope_theta` (or `rope_parameters.rope_theta`, transformers 5),
+    /// `rms_norm_eps`, `max_position_embeddings`,
     /// `tie_word_embeddings`, `bos_token_id`, `eos_token_id`). Hugging Face stores
     /// `q_proj`/`k_proj` rows in the order RoPE's `rotate_half` form expects, so these models
     /// run with `rope_form = "rotate_half"`.
     ///
     /// # Errors
-    /// Missing or malformed `config.json` keys, missing tensors, tensors of an unsupported
-    /// dtype (F32, F16 and BF16 are read), wrong shapes, an unreadable tokenizer.
+    /// Missing or malformed `config.json` keys, a RoPE scaling other than `default`, missing
+    /// tensors, tensors of an unsupported dtype (F32, F16 and BF16 are read), wrong shapes,
+    /// an unreadable tokenizer.
     pub fn from_hf(mut folder: HfFolder, dtype: DType, progress: &mut dyn FnMut(usize, usize)) -> Result<LlamaModel, ModelError> {
         let f = &folder;
         let hidden = f.usize("hidden_size")?;
@@ -152,7 +154,7 @@ impl LlamaModel {
             n_kv_heads: f.usize("num_key_value_heads").unwrap_or(n_heads),
             head_dim: f.usize("head_dim").unwrap_or(hidden / n_heads.max(1)),
             ffn: f.usize("intermediate_size")?,
-            rope_theta: f.f64("rope_theta").unwrap_or(10000.0),
+            rope_theta: f.rope_theta(None)?.unwrap_or(10000.0),
             rope_form: "rotate_half",
             rms_eps: f.f64("rms_norm_eps")?,
             context: f.usize("max_position_embeddings")?,

@@ -35,6 +35,7 @@ mod attention_extremes;
 mod rope_logical;
 mod window;
 mod qwen;
+mod hf_reference;
 use fp8::*;
 
 /// The GPU, or `None` with a message that the test is skipped (`SINTER_GPU_REQUIRED=1` makes
@@ -960,6 +961,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(crate::qwen::precompile_graphs());
     graphs.extend(gemma3::precompile_graphs());
     graphs.extend(facade::precompile_graphs());
+    graphs.extend(hf_reference::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {
         for mode in [sinter::zoo::Mode::Prefill, sinter::zoo::Mode::Decode] {
