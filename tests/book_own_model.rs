@@ -339,7 +339,6 @@ fn tiny_qwen_is_served_by_the_engine() -> Result<(), Box<dyn std::error::Error>>
 // ANCHOR: own_gpu
 /// The same model on the GPU: kernels from the code generator (or the kernel cache), weights
 /// uploaded once, decode steps replayed as a CUDA graph.
-#[allow(dead_code)]
 fn serve_on_the_gpu(model: TinyQwen, prompt: Vec<u32>) -> Result<Vec<u32>, sinter::Error> {
     let device = sinter::Device::open()?;
     let engine = Engine::new_gpu(model, &device, sinter::Lowering::Fused)?;
@@ -347,6 +346,27 @@ fn serve_on_the_gpu(model: TinyQwen, prompt: Vec<u32>) -> Result<Vec<u32>, sinte
     Ok(gen.tokens[0].clone())
 }
 // ANCHOR_END: own_gpu
+
+/// The chapter's GPU function, where there is a GPU (skipped otherwise; `SINTER_GPU_REQUIRED=1`
+/// makes a missing GPU a failure): it generates the interpreter engine's tokens.
+#[test]
+fn gpu_tiny_qwen_generates_the_interpreters_tokens() {
+    if let Err(e) = sinter::Device::open() {
+        assert!(std::env::var_os("SINTER_GPU_REQUIRED").is_none(), "SINTER_GPU_REQUIRED is set but: {e}");
+        eprintln!("skipped: no GPU ({e})");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sinter-book-tiny-qwen-gpu-{}", std::process::id()));
+    let model = || TinyQwen {
+        cfg: TINY,
+        weights: seeded_weights(&tiny_qwen(&TINY, Mode::Prefill, DType::F32).unwrap()),
+        tokenizer: word_tokenizer(&dir, TINY.vocab).unwrap(),
+    };
+    let prompt = vec![9, 3, 60, 33, 21];
+    let cpu = Engine::new(model()).unwrap().generate(&[prompt.clone()], &SampleOptions::greedy(16), &mut |_, _| {}).unwrap();
+    assert_eq!(serve_on_the_gpu(model(), prompt).unwrap(), cpu.tokens[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 // ---------------------------------------------------------------------------------------------
 // What the passes make of it, and its PTX.
