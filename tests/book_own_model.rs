@@ -384,7 +384,7 @@ fn tiny_qwen_compiles_to_ptx_for_sm_90a() -> Result<(), Box<dyn std::error::Erro
         report += &format!("{:<22} {:<16} {}\n", k.plan.entry, k.family.name(), k.ops.join(" "));
     }
     let ptx_of = |family: &str| &compiled.kernels.iter().find(|k| k.family.name() == family).unwrap().plan.ptx;
-    // The projections: Hopper's warpgroup MMA, stages loaded by the TMA onto mbarriers.
+    // The first matmul, QKV: Hopper's warpgroup MMA, stages loaded by the TMA onto mbarriers.
     assert!(ptx_of("matmul").contains("wgmma.mma_async") && ptx_of("matmul").contains("cp.async.bulk.tensor"));
     // The plain softmax(Q·Kᵀ)·V became one FlashAttention-2 kernel on tensor cores.
     assert!(ptx_of("attention").contains("mma.sync.aligned.m16n8k16"));
