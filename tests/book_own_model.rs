@@ -383,11 +383,11 @@ fn tiny_qwen_compiles_to_ptx_for_sm_90a() -> Result<(), Box<dyn std::error::Erro
     for k in &compiled.kernels {
         report += &format!("{:<22} {:<16} {}\n", k.plan.entry, k.family.name(), k.ops.join(" "));
     }
-    let ptx_of = |family: &str| &compiled.kernels.iter().find(|k| k.family.name() == family).unwrap().plan.ptx;
+    let ptx_for = |family: &str| &compiled.kernels.iter().find(|k| k.family.name() == family).unwrap().plan.ptx;
     // The first matmul, QKV: Hopper's warpgroup MMA, stages loaded by the TMA onto mbarriers.
-    assert!(ptx_of("matmul").contains("wgmma.mma_async") && ptx_of("matmul").contains("cp.async.bulk.tensor"));
+    assert!(ptx_for("matmul").contains("wgmma.mma_async") && ptx_for("matmul").contains("cp.async.bulk.tensor"));
     // The plain softmax(Q·Kᵀ)·V became one FlashAttention-2 kernel on tensor cores.
-    assert!(ptx_of("attention").contains("mma.sync.aligned.m16n8k16"));
+    assert!(ptx_for("attention").contains("mma.sync.aligned.m16n8k16"));
 
     // A snapshot test of the kernels and of one kernel's PTX: `cargo insta review` shows what
     // changed when the compiler does.
