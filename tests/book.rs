@@ -709,7 +709,7 @@ fn ch7_shows_the_rendered_chat_prompt() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Chapter 9: the op table is data.
+// Chapter 10: the op table is data.
 
 #[test]
 // ANCHOR: op_row
@@ -727,7 +727,7 @@ fn an_op_is_a_row_of_the_table() -> Result<(), Box<dyn std::error::Error>> {
 // ANCHOR_END: op_row
 
 // ---------------------------------------------------------------------------------------------
-// Chapter 9: a new rewrite rule, and its soundness test.
+// Chapter 10: a new rewrite rule, and its soundness test.
 
 // ANCHOR: gelu_rule
 use sinter::ir::OpKind;
@@ -802,7 +802,7 @@ fn the_gelu_rule_fires_and_is_sound() -> Result<(), Box<dyn std::error::Error>> 
 // ANCHOR_END: gelu_rule_test
 
 // ---------------------------------------------------------------------------------------------
-// Chapter 10: errors.
+// Chapter 11: errors.
 
 #[test]
 // ANCHOR: errors
@@ -1245,3 +1245,6 @@ fn quoted_results_are_in_bench_results() {
 #[path = "book_site.rs"]
 mod site;
 use site::{matches_with_gaps, sinter_cmd};
+
+#[path = "book_own_model.rs"]
+mod own_model;
