@@ -83,8 +83,8 @@ enum Cmd {
         /// Where to run; the GPU by default where one is present.
         #[arg(long)]
         device: Option<Device>,
-        /// A Llama-family GGUF file; default: SmolLM2-135M-Instruct from the cache, fetched
-        /// when missing.
+        /// A GGUF file or Hugging Face folder of any registered architecture; default:
+        /// SmolLM2-135M-Instruct from the cache, fetched when missing.
         #[arg(long)]
         model: Option<PathBuf>,
         /// 0 = greedy.
