@@ -127,6 +127,7 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
         let spread = fuzz::check::spread(
             &case.graph,
             &inputs,
+            &want,
             seed,
             case.kind == fuzz::gen::Kind::CastChain,
         );
@@ -233,6 +234,7 @@ fn gpu_fuzz_regressions_replay() {
         let spread = fuzz::check::spread(
             &graph,
             &inputs,
+            &want,
             seed,
             fuzz::header(&text, "kind") == Some(fuzz::gen::Kind::CastChain.name()),
         );
