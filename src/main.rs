@@ -205,7 +205,7 @@ enum Cmd {
         /// The file.
         file: PathBuf,
     },
-    /// Run the fusion passes on a zoo model (smollm2-135m, llama3-8b, gpt2) or a `.sir` file and
+    /// Run the fusion passes on a zoo model (smollm2-135m, llama3-8b, gpt2, gpt2-124m, qwen2-0.5b, qwen3-0.6b, gemma3-270m) or a `.sir` file and
     /// print the fusion report, the kernels and the kernels per layer.
     Explain {
         /// A zoo model's name or a `.sir` file.
@@ -222,7 +222,7 @@ enum Cmd {
         #[arg(long)]
         schedules: Option<Target>,
     },
-    /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2).
+    /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2, gpt2-124m, qwen2-0.5b, qwen3-0.6b, gemma3-270m).
     Graph {
         /// The model's zoo name.
         model: String,
