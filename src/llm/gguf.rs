@@ -231,10 +231,18 @@ impl GgufFile {
             return Err(malformed(format!("it does not start with the magic `GGUF` ({} bytes)", bytes.len())));
         }
         // Arrays are read in full (the tokenizer needs every token and merge).
-        let mut container = gguf_rs::get_gguf_container_array_size(&path.to_string_lossy(), u64::MAX).map_err(|e| malformed(e.to_string()))?;
+        // The header is read through a buffer (the crate's own opener reads the file unbuffered,
+        // a system call per value: seconds for a vocabulary of 262 144 tokens). The magic was
+        // checked above; what follows is little-endian.
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?);
+        std::io::Read::read_exact(&mut file, &mut [0u8; 4]).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        let mut container = gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(file), u64::MAX);
         let model = container.decode().map_err(|e| malformed(e.to_string()))?;
         let data_offset = model.data_offset();
-        let alignment = check_alignment(path, model.metadata(), data_offset, bytes.len() as u64)?;
+        // A file without tensors (a vocabulary alone) may end before its empty data section's
+        // padding, as llama.cpp's `models/ggml-vocab-*.gguf` do.
+        let data_end = if model.tensors().is_empty() { data_offset.min(bytes.len() as u64) } else { data_offset };
+        let alignment = check_alignment(path, model.metadata(), data_end, bytes.len() as u64)?;
         let tensors: Vec<TensorInfo> = model
             .tensors()
             .iter()

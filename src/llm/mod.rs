@@ -34,6 +34,8 @@ pub mod qwen;
 pub mod registry;
 pub mod sample;
 mod session;
+mod spm;
+mod token_attr;
 pub mod tokenizer;
 pub mod weights;
 
