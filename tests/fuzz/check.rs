@@ -131,7 +131,8 @@ fn emulate(
         GraphRunError::Codegen { .. } => Failed::Refused(e.to_string()),
         GraphRunError::Emulator { ref message, .. }
             if message.contains("host IR does not parse")
-                || message.contains("runs no TMA kernel") =>
+                || message.contains("runs no TMA kernel")
+                || message.contains("runs no wgmma kernel") =>
         {
             Failed::Emulator(e.to_string())
         }
