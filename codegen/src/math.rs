@@ -28,7 +28,7 @@
 //! | [`sigmoid`], [`silu`] | `e = e^{−|x|}`, `1/(1+e)` or `e/(1+e)` (no overflow, subnormal tail kept) | ≤ 4 + 2 ulp |
 //! | [`erf`] | two minimax pieces (N. Juffa): `x·P(x²)` below 0.9277, `1 − exp(Q(|x|))` above | ≤ 2 + 2 ulp |
 //! | [`gelu_erf`], [`gelu_tanh`] | `x/2·(1 + erf(x/√2))` with an `erfc` tail fitted here; `x·sigmoid(2a)` | ≤ 1e-6 relative (tanh form: `(1 + |x|³/16)·1e-6`) |
-//! | [`sincos`], [`sincos_d`] | argument reduced by `π/2` in f64 (2-term Cody–Waite with `fma`: the third term is below 2e-18), Cephes `sinf`/`cosf` polynomials on `[−π/4, π/4]` | ≤ 1.2e-7 absolute for `|x| < 2⁵⁰` |
+//! | [`sincos`], [`sincos_d`] | argument reduced by `π/2` in f64 (2-term Cody–Waite with `fma`: the third term is below 2e-18; for an `f32` beyond 2³⁰, Payne–Hanek with 216 bits of 2/π), Cephes `sinf`/`cosf` polynomials on `[−π/4, π/4]` | ≤ 1.2e-7 absolute (`sincos_d`: for `|x| < 2⁵⁰`) |
 //! | [`pow`] | in f64: `exp(y·log|x|)` (series for both), IEEE special cases | ≤ 1 ulp |
 //!
 //! `fast` variants (used where the result is rounded to `bf16`/`f16`, whose ulp is 2¹⁵ or
@@ -376,17 +376,19 @@ pub fn tanh<M: Ops>(m: &mut M, x: M::F, precise: bool) -> R<M::F> {
     let two = m.fc(2.0);
     let q = if precise { m.fdiv(two, d)? } else { m.fdiv_fast(two, d)? };
     let big = m.fsub(one, q)?;
-    // Copy the sign of x onto `big` (≥ 0).
-    let bb = m.fbits(big)?;
-    let xb = m.fbits(x)?;
-    let sign_mask = m.ic(i32::MIN);
-    let s = m.iand(xb, sign_mask)?;
-    let signed = m.ior(bb, s)?;
-    let big = m.ffrom_bits(signed)?;
     let lim = m.fc(0.625);
     let is_small = m.flt(ax, lim)?;
     // NaN: |x| < 0.625 is false, `big` is NaN too.
-    m.fsel(is_small, small, big)
+    let r = m.fsel(is_small, small, big)?;
+    // tanh is odd: the sign of x onto |r| (`big` is ≥ 0, and `small` of −0 is +0: fma(−0·−0, …)
+    // adds +0 to −0).
+    let ar = m.fabs(r)?;
+    let rb = m.fbits(ar)?;
+    let xb = m.fbits(x)?;
+    let sign_mask = m.ic(i32::MIN);
+    let s = m.iand(xb, sign_mask)?;
+    let signed = m.ior(rb, s)?;
+    m.ffrom_bits(signed)
 }
 
 /// The error function (N. Juffa's single-precision `erff`, two minimax pieces):
@@ -515,8 +517,15 @@ const PIO2: [f64; 3] = [std::f64::consts::FRAC_PI_2, 6.123_233_995_736_766e-17, 
 /// `t`'s two lowest bits — no `f64` rounding or `f64 → int` conversion (each a quarter-rate
 /// instruction on the GPU), and the signs are applied with integer `xor`s.
 pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
+    let (t, r) = reduce_cody_waite(m, a)?;
+    sincos_reduced(m, t, r)
+}
+
+/// `(t, r)` of [`sincos_d`]'s reduction: `t = a·(2/π) + 1.5·2⁵²` (the quadrant in its low
+/// bits) and `r = a − k·π/2`.
+fn reduce_cody_waite<M: Ops>(m: &mut M, a: M::D) -> R<(M::D, M::D)> {
     let two_over_pi = m.dc(std::f64::consts::FRAC_2_PI);
-    let magic = m.dc(6_755_399_441_055_744.0); // 1.5·2⁵²
+    let magic = m.dc(MAGIC);
     let t = m.dfma(a, two_over_pi, magic)?;
     let k = m.dsub(t, magic)?;
     let mut r = a;
@@ -527,6 +536,46 @@ pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
         let p = m.dc(-part);
         r = m.dfma(k, p, r)?;
     }
+    Ok((t, r))
+}
+
+/// 1.5·2⁵²: added to an `f64` of magnitude below 2⁵¹, it rounds it to an integer held in the
+/// low mantissa bits.
+const MAGIC: f64 = 6_755_399_441_055_744.0;
+
+/// 2/π in 24-bit pieces, `2/π = Σ TWO_OVER_PI[i]·2^(−24(i+1))` (216 bits; fdlibm's `ipio2`):
+/// enough for [`reduce_payne_hanek`] of every finite `f32`.
+const TWO_OVER_PI: [u32; 9] = [0xA2_F983, 0x6E_4E44, 0x15_29FC, 0x27_57D1, 0xF5_34DD, 0xC0_DB62, 0x95_993C, 0x43_9041, 0xFE_5163];
+
+/// `a·(2/π)` modulo 4, in `[−2, 2]`, for an `f64` `a` holding an `f32` (24 significant bits,
+/// `|a| < 2¹²⁸`), absolute error below 2⁻⁴⁵ — the reduction of a large argument, where
+/// [`reduce_cody_waite`]'s `k` no longer fits a mantissa (an `f32` of 3·10³⁸ is `k ≈ 2¹²⁷`).
+/// Payne–Hanek in f64: each product `a·piece` is exact (24 + 24 bits), and so is its remainder
+/// `p − 4·rint(p/4)` (a multiple of the product's ulp, at most 2 in magnitude); the pieces
+/// whose products are multiples of 4 give 0, the remainders of the others are summed (nine
+/// terms of at most 2: rounding below 2⁻⁴⁸ each). ±inf and NaN give NaN.
+fn reduce_payne_hanek<M: Ops>(m: &mut M, a: M::D) -> R<M::D> {
+    let quarter = m.dc(0.25);
+    let minus4 = m.dc(-4.0);
+    let mut sum = m.dc(0.0);
+    let mut scale = 1.0f64;
+    for &piece in &TWO_OVER_PI {
+        scale *= 2f64.powi(-24);
+        let c = m.dc(f64::from(piece) * scale);
+        let p = m.dmul(a, c)?;
+        let q = m.dmul(p, quarter)?;
+        let n = m.drint(q)?;
+        let rem = m.dfma(n, minus4, p)?;
+        sum = m.dadd(sum, rem)?;
+    }
+    let q = m.dmul(sum, quarter)?;
+    let n = m.drint(q)?;
+    m.dfma(n, minus4, sum)
+}
+
+/// The polynomials and signs of [`sincos_d`] on a reduced argument `r` (`|r| ≲ π/4`) whose
+/// quadrant is in the low bits of `t`.
+fn sincos_reduced<M: Ops>(m: &mut M, t: M::D, r: M::D) -> R<(M::F, M::F)> {
     let rf = m.d2f(r)?;
     let tb = m.dbits(t)?;
     let z = m.fmul(rf, rf)?;
@@ -534,6 +583,10 @@ pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
     let ps = horner(m, z, &[-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1])?;
     let rz = m.fmul(rf, z)?;
     let s = m.ffma(rz, ps, rf)?;
+    // sin(−0) = −0 (the `fma` adds +0 to it).
+    let zero = m.fc(0.0);
+    let r_zero = m.feq(rf, zero)?;
+    let s = m.fsel(r_zero, rf, s)?;
     // cos r = 1 − z/2 + z²·Q(z)
     let pc = horner(m, z, &[2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2])?;
     let zz = m.fmul(z, z)?;
@@ -569,11 +622,31 @@ pub fn sincos_d<M: Ops>(m: &mut M, a: M::D) -> R<(M::F, M::F)> {
     Ok((sin, cos))
 }
 
-/// `(sin x, cos x)` of an `f32` (reduction in f64, see [`sincos_d`]).
+/// `(sin x, cos x)` of an `f32`, for every finite `x`: [`sincos_d`]'s reduction below 2³⁰,
+/// [`reduce_payne_hanek`]'s above (where `k` would leave the mantissa from 2⁵¹ on, and the
+/// sine of 3·10³⁸ came out as 1944); both are computed and one selected.
 pub fn sincos<M: Ops>(m: &mut M, x: M::F) -> R<(M::F, M::F)> {
     let a = m.f2d(x)?;
-    sincos_d(m, a)
+    let (t, r) = reduce_cody_waite(m, a)?;
+    // Large: y ≡ a·2/π (mod 4), k = rint(y) (t = y + 1.5·2⁵² holds it), r = (y − k)·π/2.
+    let y = reduce_payne_hanek(m, a)?;
+    let magic = m.dc(MAGIC);
+    let ty = m.dadd(y, magic)?;
+    let k = m.dsub(ty, magic)?;
+    let f = m.dsub(y, k)?;
+    let pio2 = m.dc(PIO2[0]);
+    let ry = m.dmul(f, pio2)?;
+    let (hi, lo) = (m.dc(LARGE_ANGLE), m.dc(-LARGE_ANGLE));
+    let above = m.dlt(hi, a)?;
+    let below = m.dlt(a, lo)?;
+    let large = m.bor(above, below)?;
+    let t = m.dsel(large, ty, t)?;
+    let r = m.dsel(large, ry, r)?;
+    sincos_reduced(m, t, r)
 }
+
+/// From this magnitude on, [`sincos`] reduces its argument by [`reduce_payne_hanek`].
+const LARGE_ANGLE: f64 = (1u64 << 30) as f64;
 
 /// Natural logarithm of a positive, normal `f64` (`log(0) = −inf`, `log(inf) = inf`, NaN
 /// stays NaN): `x = m·2^e`, `m` in `[√½, √2)`, `log m = 2·atanh(s)`, `s = (m−1)/(m+1)`, by
@@ -978,6 +1051,8 @@ mod tests {
         assert_eq!(f(f32::INFINITY), 1.0);
         assert_eq!(f(f32::NEG_INFINITY), -1.0);
         assert!(f(f32::NAN).is_nan());
+        assert!(f(-0.0) == 0.0 && f(-0.0).is_sign_negative() && f(0.0).is_sign_positive());
+        assert!(f(-1e-40) < 0.0 && f(1e-40) > 0.0);
         let s = |x| sigmoid(&mut CpuOps, x, true).unwrap();
         let (e, at) = worst(s, |x| 1.0 / (1.0 + (-x).exp()), sweep(-100.0, 100.0, 1_000_000));
         assert!(e <= 3.0, "sigmoid: {e} ulp at {at}");
@@ -1050,6 +1125,17 @@ mod tests {
             worst_abs = worst_abs.max((s as f64 - xd.sin()).abs()).max((c as f64 - xd.cos()).abs());
         }
         assert!(worst_abs <= 1.2e-7, "sincos: {worst_abs}");
+        // Large arguments, up to f32::MAX (Payne–Hanek beyond 2³⁰), against libm's f64 sin/cos.
+        let mut worst_abs: (f64, f32) = (0.0, 0.0);
+        for x in log_sweep(1.0e6, f32::MAX, 1_000_000).flat_map(|x| [x, -x]).chain([3.39e38, -3.3895314e38, 1.0737418e9, 1.0737419e9]) {
+            let (s, c) = sincos(&mut CpuOps, x).unwrap();
+            let xd = x as f64;
+            let e = (s as f64 - xd.sin()).abs().max((c as f64 - xd.cos()).abs());
+            if e > worst_abs.0 {
+                worst_abs = (e, x);
+            }
+        }
+        assert!(worst_abs.0 <= 1.2e-7, "sincos of large arguments: {} at {}", worst_abs.0, worst_abs.1);
         // RoPE's angles: pos · θ^(−2i/D) in f64.
         let mut worst_abs: f64 = 0.0;
         for pos in (0..200_000).step_by(37) {
@@ -1064,6 +1150,8 @@ mod tests {
         assert!(s.is_nan() && c.is_nan());
         let (s, c) = sincos(&mut CpuOps, 0.0).unwrap();
         assert_eq!((s, c), (0.0, 1.0));
+        let (s, c) = sincos(&mut CpuOps, -0.0).unwrap();
+        assert!(s == 0.0 && s.is_sign_negative() && c == 1.0, "sin(−0) = {s}");
     }
 
     #[test]

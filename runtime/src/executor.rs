@@ -476,8 +476,14 @@ impl Executor {
         for b in &self.graph.outputs {
             let buf = slots.get(b).ok_or_else(|| RuntimeError::Graph(format!("output {b} has no buffer")))?;
             if self.graph.buffers[*b].role == BufferRole::Input && !matches!(mode, Mode::Capture) {
-                // An input returned as an output: hand back a copy, not the caller's buffer.
-                let copy = self.device.alloc_extent(buf.dtype(), buf.shape(), buf.len_bytes(), 0)?;
+                // An input returned as an output: hand back a copy, not the caller's buffer;
+                // guarded and poisoned like every other output (a pool block's tail holds what
+                // its last user left there).
+                let (guard, pattern) = self.output_guard.unwrap_or((0, 0));
+                let copy = self.device.alloc_extent(buf.dtype(), buf.shape(), buf.len_bytes(), guard)?;
+                if self.output_guard.is_some() {
+                    self.device.poison(&copy, pattern)?;
+                }
                 self.device.copy(&copy, buf)?;
                 self.device.synchronize()?;
                 outputs.push(copy);

@@ -55,9 +55,11 @@ fn run_on_device(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| (true, e.to_string()))?;
     let refs: Vec<&DeviceBuffer> = bufs.iter().collect();
-    let outs = ex
-        .run(&refs, &Bindings::new())
-        .map_err(|e| (true, format!("run: {e}")))?;
+    // A launch refused before it reaches the driver leaves the context usable.
+    let outs = ex.run(&refs, &Bindings::new()).map_err(|e| {
+        let fatal = !matches!(e, sinter_runtime::RuntimeError::InvalidLaunch { .. });
+        (fatal, format!("run: {e}"))
+    })?;
     for (i, o) in outs.iter().enumerate() {
         if let Some(v) = dev
             .guard_violation(o, GUARD.1)
@@ -266,4 +268,31 @@ fn gpu_fuzz_regressions_replay() {
     }
     eprintln!("replayed {} GPU regression files", files.len());
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// A graph output that is one of its inputs (`cast` to the dtype it has) comes back as a copy
+/// with the guard tail every other output has, poisoned: a pool block holds what its last
+/// user left past the extent (the GPU fuzzer read that as writes past the end).
+#[test]
+fn gpu_input_returned_as_output_has_a_poisoned_guard() {
+    let Some(dev) = super::device() else { return };
+    let graph = sinter::ir::parse(
+        "func @main(%x: f16[54]) {\n  %c: f16[54] = cast(%x) {dtype=f16}\n  return %c\n}\n",
+    )
+    .expect("a graph");
+    let target = sinter::gpu::target_for(&dev);
+    let kg = sinter::gpu::lower(&graph, Lowering::Fused, &target).expect("lowered");
+    assert!(kg.kernels.is_empty() && kg.outputs == kg.inputs, "the output is the input buffer");
+    // A block of the copy's size class (108 + 256 bytes: 512), zeroed and returned to the pool.
+    drop(dev.upload_f64(sinter::DType::F32, &[128], &[0.0; 128]).expect("a buffer"));
+    let ex = Executor::new(&dev, &kg, vec![])
+        .expect("an executor")
+        .with_output_guard(GUARD.0, GUARD.1);
+    let x = dev
+        .upload_f64(sinter::DType::F16, &[54], &[1.5; 54])
+        .expect("the input");
+    let out = ex.run(&[&x], &Bindings::new()).expect("a run");
+    let v = dev.guard_violation(&out[0], GUARD.1).expect("the guard");
+    assert!(v.is_none(), "{v:?}");
+    assert_eq!(dev.download_tensor(&out[0]).expect("the output").data(), &[1.5; 54][..]);
 }

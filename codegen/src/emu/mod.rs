@@ -461,6 +461,11 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
         text = text.replace(&format!("{asm}\"mov.b32 $0, $1;\", \"=r,r\""), "@emu_id32").replace(&format!("{asm}\"mov.b64 $0, $1;\", \"=l,l\""), "@emu_id64");
     }
     text = text.replace("asm \"mov.u32 $0, 0;\", \"=r\"", "@emu_zero32");
+    // sm_90a's `wgmma` is inline PTX with a hundred operands: the host's back end would abort
+    // the process on it ("inline assembly requires more registers than available").
+    if text.lines().any(|l| l.contains("asm") && l.contains("wgmma")) {
+        panic!("the CPU emulator runs no wgmma kernel (emulate an sm_80 or sm_90 target)");
+    }
     let mut out = String::new();
     let mut tmp = 0;
     let mut declared = std::collections::HashSet::new();

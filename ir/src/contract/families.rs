@@ -201,6 +201,22 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
                 }
             }
             let Some(sref) = sref else { return Err("no row node".into()) };
+            // A row's statistics exist while that row is computed: a slice of a value derived
+            // from a row node reads it at the row's own coordinates only along the row itself.
+            let mut from_rows: HashSet<Value> = HashSet::new();
+            for nd in body.nodes.values() {
+                if !is_row_node(nd.op.kind) && !nd.inputs.iter().any(|v| from_rows.contains(v)) {
+                    continue;
+                }
+                if nd.op.kind == OpKind::Slice {
+                    let xs = &body.ty(nd.inputs[0]).shape;
+                    let axis = nd.op.int("axis").unwrap_or(-1);
+                    if *xs != sref || !(axis == -1 || axis + 1 == xs.len() as i64) {
+                        return Err(format!("a slice over axis {axis} of {} reads a row node's result at another row", body.ty(nd.inputs[0])));
+                    }
+                }
+                from_rows.extend(nd.results.iter().copied());
+            }
             let lead = sref[..sref.len() - 1].to_vec();
             let mut lead1 = lead.clone();
             lead1.push(Dim::constant(1));

@@ -69,6 +69,26 @@ fn check_names_what_a_generator_refuses() {
 }",
     );
     assert_eq!(peeled, "");
+    // A row reduction reads a row's statistics at that row: a slice of them across rows is
+    // refused (even one that keeps every row); along the row it is not.
+    let across = body(
+        Family::RowReduction,
+        "func @k(%x: f16[2, 257]) {
+  %m: f16[2] = reduce_max(%x) {keepdim=false}
+  %s: f16[2] = slice(%m) {axis=0, start=0, end=2}
+  return %s
+}",
+    );
+    assert!(across.contains("another row"), "{across}");
+    let along = body(
+        Family::RowReduction,
+        "func @k(%x: f32[4, 8]) {
+  %p: f32[4, 8] = softmax(%x)
+  %s: f32[4, 8] = slice(%p) {axis=1, start=0, end=8}
+  return %s
+}",
+    );
+    assert_eq!(along, "");
 }
 
 fn kernel(family: Family, src: &str) -> KernelData {

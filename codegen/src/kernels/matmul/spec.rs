@@ -569,6 +569,11 @@ impl Spec {
             if dims.len() > 5 {
                 return Err("TMA loads of more than three batch axes".into());
             }
+            // The driver encodes no tensor map with an empty dimension (K = 0 still computes
+            // the zeros of its product): such a matmul loads its tiles with `cp.async`.
+            if let Some(d) = dims.iter().find(|d| d.as_const().is_some_and(|c| c <= 0)) {
+                return Err(format!("a tensor map cannot have a dimension of {d} elements"));
+            }
             Ok(TensorMap { buffer: op.buffer, dtype: op.dtype, offset: op.offset.clone(), dims, strides, box_dims, swizzle: 128 })
         };
         Ok(vec![map(&self.a, &self.m, s.bm)?, map(&self.b, &self.n, s.bn)?])

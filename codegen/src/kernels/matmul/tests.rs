@@ -198,6 +198,21 @@ fn ptxas_reports() {
 }
 
 #[test]
+fn empty_k_builds_no_tensor_map() {
+    // K = 0 on sm_90a: the product is zeros, computed by the wgmma kernel with `cp.async`
+    // loads (the driver encodes no tensor map with an empty dimension).
+    let mut fb = FunctionBuilder::new(&Graph::new(), "empty_k");
+    let x = fb.param("x", ty(DType::F16, &[d(7), d(256), d(0)]));
+    let w = fb.param("w", ty(DType::F16, &[d(7), d(0)]));
+    let mm = fb.op1(OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]).unwrap();
+    let (g, k) = single_kernel(Family::Matmul, fb.finish(&[mm]).unwrap());
+    let plan = generate(&g, k, &Target::SM_90A).unwrap();
+    assert!(!plan.params.iter().any(|p| matches!(p, KernelParam::TensorMap(_))), "{} {:?}", plan.entry, plan.params);
+    let names: Vec<String> = crate::kernels::family::candidates::<super::Matmul>(&g, k, &Target::SM_90A).unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(names.iter().all(|n| !n.contains("tma")), "{names:?}");
+}
+
+#[test]
 fn launch_plans() {
     // bf16 at a symbolic M: the tensor cores, 128×256 tiles, 144 KiB of dynamic shared
     // memory, the launch bound declared.
