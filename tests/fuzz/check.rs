@@ -222,13 +222,37 @@ pub fn saturated(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
     changed.then_some(out)
 }
 
+/// The inputs with every float magnitude above 2⁶⁰ made 0, in every input but an additive
+/// mask: an element of the reference that changes under this depends on a product or sum
+/// that f32 accumulation may overflow to either sign (a score that is +inf in the reference
+/// and −inf in a kernel hides its key where the reference's row is NaN). `None` when nothing
+/// changes.
+pub fn dropped(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
+    let mut changed = false;
+    let out = inputs
+        .iter()
+        .map(|(n, t)| {
+            if !t.dtype().is_float() || n.starts_with("mask") {
+                return (n.clone(), t.clone());
+            }
+            let data: Vec<f64> = t
+                .data()
+                .iter()
+                .map(|&x| if x.is_finite() && x.abs() > F32_SAFE.0 { changed = true; 0.0 } else { x })
+                .collect();
+            (n.clone(), Tensor::new(t.dtype(), t.shape(), data).expect("same shape"))
+        })
+        .collect();
+    changed.then_some(out)
+}
+
 /// Draws of [`perturbed`] inputs [`spread`] takes: one draw's estimate of the sensitivity
 /// varies by orders of magnitude with the signs drawn, the largest of three is steady.
 const SPREAD_DRAWS: u64 = 3;
 
 /// Per output element, the largest `|moved − ref|` over [`SPREAD_DRAWS`] runs of the
 /// reference on [`perturbed`] inputs (+inf where a moved reference is not finite and `ref`
-/// is), and +inf where the reference on [`saturated`] inputs differs at all, for [`compare`];
+/// is), and +inf where the reference on [`saturated`] or [`dropped`] inputs differs at all, for [`compare`];
 /// `None` for a graph of explicit casts (`strict`), where rounding is the thing checked, or
 /// when the reference does not run.
 pub fn spread(
@@ -259,13 +283,18 @@ pub fn spread(
             }
         }
     }
-    if let Some(sat) = saturated(inputs) {
+    for sat in [saturated(inputs), dropped(inputs)].into_iter().flatten() {
         let refs: Vec<&Tensor> = sat.iter().map(|(_, t)| t).collect();
         let got = sinter::ir::interp::run_entry(graph, &refs, &Bindings::new()).ok()?;
         for ((acc, g), w) in worst.iter_mut().zip(&got).zip(want) {
-            for ((a, &m), &r) in acc.iter_mut().zip(g.data()).zip(w.data()) {
-                if m != r && !(m.is_nan() && r.is_nan()) {
-                    *a = f64::INFINITY;
+            // A row (last axis) with one such element has all of them: its elements share
+            // the row's statistics (a softmax's maximum, attention's scores), and a score
+            // that overflowed to the other sign's infinity changes each of them, a NaN of
+            // the reference included.
+            let n = w.shape().last().copied().unwrap_or(1).max(1);
+            for ((a, gr), wr) in acc.chunks_mut(n).zip(g.data().chunks(n)).zip(w.data().chunks(n)) {
+                if gr.iter().zip(wr).any(|(&m, &r)| m != r && !(m.is_nan() && r.is_nan())) {
+                    a.fill(f64::INFINITY);
                 }
             }
         }

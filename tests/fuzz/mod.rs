@@ -42,8 +42,6 @@ use gen::{Features, Kind};
 /// Features of the generator that reach a known, not yet fixed bug: off in CI, and their
 /// regression files may fail. Delete a line when its fix lands.
 pub const KNOWN_OPEN: &[(&str, &str)] = &[
-    ("attention_specials", "found by the GPU fuzzer with every feature on (bench/fuzz-gpu-2026-12-02.log): NaN among attention's operands where the reference gives NaN and the fused or unfused kernel a finite value (NaN under masked or outweighed keys dropped), ±inf where the reference gives NaN; paged attention −inf where the reference gives NaN"),
-    ("decomposed_bf16", "attention written out in bf16 with specials among its operands: the recognised kernel gives 0 or a finite value where the written-out graph gives NaN (bench/fuzz-gpu-2026-12-02.log); the rounding part of this finding is closed by the comparison's spread"),
     ("dag_slice", "found by the GPU fuzzer with every feature on: fused dag graphs writing past the end of an output (guard bytes changed, 2 to 808 bytes), unfused dag outputs of the wrong sign or value (0.46 vs −0.46; 1944 vs −0.91), a fused row reduction the generator refuses (a reduce_max read at another row): bench/fuzz-gpu-2026-12-02.log; which of dag_slice, accumulate_extremes and empty_batch_matmul reaches each is not yet known"),
     ("accumulate_extremes", "kept off with dag_slice until the dag findings of bench/fuzz-gpu-2026-12-02.log are attributed"),
     ("empty_batch_matmul", "the GPU fuzzer's last finding: a wgmma matmul over a buffer with a dimension of 0 cannot build its TMA tensor map (\"a dimension of 0 elements\"), and the launch error lost the device (bench/fuzz-gpu-2026-12-02.log)"),
