@@ -495,15 +495,16 @@ fn the_spread_admits_ill_conditioned_elements_only() {
 
 #[test]
 fn elements_past_f32s_range_are_exempt_and_the_others_are_not() {
-    // y = x0·x1 per element: the first product leaves f32's range, the second does not.
+    // y = x0·x1 per element (rows of one): the first product leaves f32's range, the second
+    // does not.
     let g = sinter::ir::parse(
-        "func @main(%a: f32[2], %b: f32[2]) {\n  %y: f32[2] = mul(%a, %b)\n  return %y\n}\n",
+        "func @main(%a: f32[2, 1], %b: f32[2, 1]) {\n  %y: f32[2, 1] = mul(%a, %b)\n  return %y\n}\n",
     )
     .unwrap();
     let t = |v: [f64; 2]| {
         Tensor::new(
             DType::F32,
-            &[2],
+            &[2, 1],
             v.iter().map(|&x| DType::F32.round(x)).collect(),
         )
         .unwrap()
@@ -521,6 +522,14 @@ fn elements_past_f32s_range_are_exempt_and_the_others_are_not() {
     assert!(compare("t", &t([10.0, 6.5]), &want, Some(&spread)).is_err());
     assert!(compare("t", &t([f64::NAN, 6.0]), &want, None).is_err());
     assert!(saturated(&[("x".to_string(), t([1e6, 0.0]))]).is_none());
+    // A row of two: the one element past the range takes its row with it.
+    let g2 = sinter::ir::parse("func @main(%a: f32[1, 2], %b: f32[1, 2]) {\n  %y: f32[1, 2] = mul(%a, %b)\n  return %y\n}\n").unwrap();
+    let row: Vec<(String, Tensor)> = inputs.iter().map(|(n, x)| (n.clone(), Tensor::new(DType::F32, &[1, 2], x.data().to_vec()).unwrap())).collect();
+    let refs: Vec<&Tensor> = row.iter().map(|(_, t)| t).collect();
+    let exact = sinter::ir::interp::run_entry(&g2, &refs, &Bindings::new()).unwrap();
+    let wide = self::spread(&g2, &row, &exact, 1, false).unwrap().remove(0);
+    assert!(wide.iter().all(|s| s.is_infinite()), "{wide:?}");
+    assert!(dropped(&[("mask".to_string(), t([1e30, 0.0]))]).is_none());
     let inf = Tensor::new(DType::F32, &[1], vec![f64::INFINITY]).unwrap();
     let nan = Tensor::new(DType::F32, &[1], vec![f64::NAN]).unwrap();
     assert!(compare("t", &nan, &inf, None).is_ok() && compare("t", &inf, &nan, None).is_err());
