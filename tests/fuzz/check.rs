@@ -298,6 +298,30 @@ fn zeroed_large(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
     changed.then_some(out)
 }
 
+/// The inputs with every float magnitude above 2⁶⁰ made 0, in every input but an additive
+/// mask: an element of the reference that changes under this depends on a product or sum
+/// that f32 accumulation may overflow to either sign (a score that is +inf in the reference
+/// and −inf in a kernel hides its key where the reference's row is NaN). `None` when nothing
+/// changes.
+pub fn dropped(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
+    let mut changed = false;
+    let out = inputs
+        .iter()
+        .map(|(n, t)| {
+            if !t.dtype().is_float() || n.starts_with("mask") {
+                return (n.clone(), t.clone());
+            }
+            let data: Vec<f64> = t
+                .data()
+                .iter()
+                .map(|&x| if x.is_finite() && x.abs() > F32_SAFE.0 { changed = true; 0.0 } else { x })
+                .collect();
+            (n.clone(), Tensor::new(t.dtype(), t.shape(), data).expect("same shape"))
+        })
+        .collect();
+    changed.then_some(out)
+}
+
 /// Draws of [`perturbed`] inputs [`spread`] takes: one draw's estimate of the sensitivity
 /// varies by orders of magnitude with the signs drawn, the largest of three is steady.
 const SPREAD_DRAWS: u64 = 3;
@@ -305,8 +329,8 @@ const SPREAD_DRAWS: u64 = 3;
 /// Per output element, the largest `|moved − ref|` over [`SPREAD_DRAWS`] runs of the
 /// reference on [`perturbed`] inputs with [`with_rounding_noise`] on its intermediate values
 /// (+inf where a moved reference is not finite and `ref` is, or where the move reaches a tenth
-/// of the output's largest magnitude), +inf where the reference on
-/// [`saturated`] inputs differs at all, and NaN where `ref` is not finite and moves when the
+/// of the output's largest magnitude), +inf over a row where the reference on [`saturated`]
+/// or [`dropped`] inputs differs at all, and NaN where `ref` is not finite and moves when the
 /// inputs beyond 2⁶⁰ are made 0 ([`zeroed_large`]), for [`compare`];
 /// `None` for a graph of explicit casts (`strict`), where rounding is the thing checked, or
 /// when the reference does not run.
@@ -353,13 +377,18 @@ pub fn spread(
         let max_ref = w.data().iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
         acc.iter_mut().filter(|a| **a > 0.1 * max_ref).for_each(|a| *a = f64::INFINITY);
     }
-    if let Some(sat) = saturated(inputs) {
+    for sat in [saturated(inputs), dropped(inputs)].into_iter().flatten() {
         let refs: Vec<&Tensor> = sat.iter().map(|(_, t)| t).collect();
         let got = sinter::ir::interp::run_entry(graph, &refs, &Bindings::new()).ok()?;
         for ((acc, g), w) in worst.iter_mut().zip(&got).zip(want) {
-            for ((a, &m), &r) in acc.iter_mut().zip(g.data()).zip(w.data()) {
-                if m != r && !(m.is_nan() && r.is_nan()) {
-                    *a = f64::INFINITY;
+            // A row (last axis) with one such element has all of them: its elements share
+            // the row's statistics (a softmax's maximum, attention's scores), and a score
+            // that overflowed to the other sign's infinity changes each of them, a NaN of
+            // the reference included.
+            let n = w.shape().last().copied().unwrap_or(1).max(1);
+            for ((a, gr), wr) in acc.chunks_mut(n).zip(g.data().chunks(n)).zip(w.data().chunks(n)) {
+                if gr.iter().zip(wr).any(|(&m, &r)| m != r && !(m.is_nan() && r.is_nan())) {
+                    a.fill(f64::INFINITY);
                 }
             }
         }
@@ -575,15 +604,16 @@ fn the_spread_admits_ill_conditioned_elements_only() {
 
 #[test]
 fn elements_past_f32s_range_are_exempt_and_the_others_are_not() {
-    // y = x0·x1 per element: the first product leaves f32's range, the second does not.
+    // y = x0·x1 per element (rows of one): the first product leaves f32's range, the second
+    // does not.
     let g = sinter::ir::parse(
-        "func @main(%a: f32[2], %b: f32[2]) {\n  %y: f32[2] = mul(%a, %b)\n  return %y\n}\n",
+        "func @main(%a: f32[2, 1], %b: f32[2, 1]) {\n  %y: f32[2, 1] = mul(%a, %b)\n  return %y\n}\n",
     )
     .unwrap();
     let t = |v: [f64; 2]| {
         Tensor::new(
             DType::F32,
-            &[2],
+            &[2, 1],
             v.iter().map(|&x| DType::F32.round(x)).collect(),
         )
         .unwrap()
@@ -601,6 +631,14 @@ fn elements_past_f32s_range_are_exempt_and_the_others_are_not() {
     assert!(compare("t", &t([10.0, 6.5]), &want, Some(&spread)).is_err());
     assert!(compare("t", &t([f64::NAN, 6.0]), &want, None).is_err());
     assert!(saturated(&[("x".to_string(), t([1e6, 0.0]))]).is_none());
+    // A row of two: the one element past the range takes its row with it.
+    let g2 = sinter::ir::parse("func @main(%a: f32[1, 2], %b: f32[1, 2]) {\n  %y: f32[1, 2] = mul(%a, %b)\n  return %y\n}\n").unwrap();
+    let row: Vec<(String, Tensor)> = inputs.iter().map(|(n, x)| (n.clone(), Tensor::new(DType::F32, &[1, 2], x.data().to_vec()).unwrap())).collect();
+    let refs: Vec<&Tensor> = row.iter().map(|(_, t)| t).collect();
+    let exact = sinter::ir::interp::run_entry(&g2, &refs, &Bindings::new()).unwrap();
+    let wide = self::spread(&g2, &row, &exact, 1, false).unwrap().remove(0);
+    assert!(wide.iter().all(|s| s.is_infinite()), "{wide:?}");
+    assert!(dropped(&[("mask".to_string(), t([1e30, 0.0]))]).is_none());
     let inf = Tensor::new(DType::F32, &[1], vec![f64::INFINITY]).unwrap();
     let nan = Tensor::new(DType::F32, &[1], vec![f64::NAN]).unwrap();
     assert!(compare("t", &nan, &inf, None).is_ok() && compare("t", &inf, &nan, None).is_err());

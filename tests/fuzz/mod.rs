@@ -42,8 +42,6 @@ use gen::{Features, Kind};
 /// Features of the generator that reach a known, not yet fixed bug: off in CI, and their
 /// regression files may fail. Delete a line when its fix lands.
 pub const KNOWN_OPEN: &[(&str, &str)] = &[
-    ("attention_specials", "found by the GPU fuzzer with every feature on (bench/fuzz-gpu-2026-12-02.log): NaN among attention's operands where the reference gives NaN and the fused or unfused kernel a finite value (NaN under masked or outweighed keys dropped), ±inf where the reference gives NaN; paged attention −inf where the reference gives NaN"),
-    ("decomposed_bf16", "attention written out in bf16 with specials among its operands: the recognised kernel gives 0 or a finite value where the written-out graph gives NaN (bench/fuzz-gpu-2026-12-02.log); the rounding part of this finding is closed by the comparison's spread"),
 ];
 
 /// Seeds every CI run replays.

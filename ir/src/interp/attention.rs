@@ -58,9 +58,12 @@ impl Scores {
 /// identity; mask optional). Per tile (the keys of `keys` among `[16t, 16t + 16)`,
 /// [`TILE`]): tile max `m̃`, `m_new = max(m, m̃)` (NaN-propagating), `α = exp(m − m_new)`, `l = α·l + Σ exp(s_j −
 /// m_new)`, `acc = α·acc + Σ exp(s_j − m_new)·v_j`; finally `out = acc / l`. While every score
-/// so far is −inf the tile is skipped; a row that never sees a finite score (no visible key,
-/// or all masked to −inf) gives exactly 0. A NaN score makes `m` NaN and so the whole row NaN;
-/// a +inf score gives exp(inf − inf) = NaN, as the reference softmax does.
+/// so far is −inf, `m_new` is taken as 0 (every weight is exp(−inf) = 0). Every visible key's
+/// product `p_j·v_j` is made, a masked key's with `p_j = 0`: NaN or ±inf in V there gives NaN
+/// (IEEE 0·NaN, 0·inf), as the written-out `softmax(s)·V` does. A row that never sees a score
+/// above −inf (all masked to −inf) gives `Σ 0·v_j`: exactly 0 for finite V; a row with no
+/// visible key gives 0. A NaN score makes `m` NaN and so the whole row NaN; a +inf score gives
+/// exp(inf − inf) = NaN, as the reference softmax does.
 ///
 /// Returns the row's log-sum-exp `m + ln l` (natural log; −inf for a row without a finite
 /// score, NaN where the row is NaN).
@@ -83,15 +86,12 @@ fn attend_row(q: &[f64], sc: Scores, kv: &Kv<'_>, keys: std::ops::Range<usize>, 
             tile_max = nan_max(tile_max, x);
         }
         let m_new = nan_max(m, tile_max);
-        if m_new == f64::NEG_INFINITY {
-            j0 = j1;
-            continue;
-        }
-        let alpha = (m - m_new).exp();
+        let m_use = if m_new == f64::NEG_INFINITY { 0.0 } else { m_new };
+        let alpha = (m - m_use).exp();
         l *= alpha;
         out.iter_mut().for_each(|o| *o *= alpha);
         for j in j0..j1 {
-            let p = (s[j - j0] - m_new).exp();
+            let p = (s[j - j0] - m_use).exp();
             l += p;
             let v = &kv.v[kv.v_offs[j]..][..kv.dv];
             for (o, &vv) in out.iter_mut().zip(v) {
@@ -102,7 +102,7 @@ fn attend_row(q: &[f64], sc: Scores, kv: &Kv<'_>, keys: std::ops::Range<usize>, 
         j0 = j1;
     }
     if m == f64::NEG_INFINITY {
-        out.iter_mut().for_each(|o| *o = 0.0);
+        // out is Σ 0·v_j (l = 0).
         f64::NEG_INFINITY
     } else {
         out.iter_mut().for_each(|o| *o /= l);

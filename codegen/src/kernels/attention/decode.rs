@@ -9,8 +9,9 @@
 //! cluster are *workers* (warp `w` of CTA rank `c` is worker `w·cluster + c`) and worker `u`
 //! takes tiles `u, u + U, …` (FlashDecoding: split the keys, not only the queries). Per tile,
 //! with no CTA barrier, lane `j` looks key `j`'s page up and computes the scores of the CTA's
-//! rows against its K row; per row the warp runs the online softmax (the interpreter's 16-key
-//! rule) and accumulates `P·V`, lane `l` owning output dims `l·dv/32 …`.
+//! rows against its K row; per row the warp runs the online softmax and accumulates `P·V` over
+//! every visible key (a −inf score's with p = 0, as the interpreter does), lane `l` owning
+//! output dims `l·dv/32 …`.
 //!
 //! Each worker leaves `(m, l, acc)` per row in shared memory; the CTA (with a cluster, every
 //! CTA of it, reading the others' partials through distributed shared memory) merges them by
@@ -241,8 +242,6 @@ struct Unified<'ctx> {
     lmax: Vec<PointerValue<'ctx>>,
     /// Each lane's sum of its p = e^(s − φ).
     lsum: Vec<PointerValue<'ctx>>,
-    /// `i1`: whether the worker has seen a score other than −inf (the 16-key rule).
-    seen: Vec<PointerValue<'ctx>>,
 }
 
 /// Test hooks of the unified-max path: `PoisonFallback` makes a worker that recomputed report
@@ -451,12 +450,11 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
             prefetch = 0;
         }
         // The unified-max path's per-row state: each lane's running maximum of its raw scores
-        // and sum of its p, and whether the worker has seen a score other than −inf.
+        // and sum of its p.
         let um = match p.unified_max {
             Some(_) => Some(Unified {
                 lmax: (0..rt).map(|_| kit.var_f(ninf)).collect::<R<_>>()?,
                 lsum: (0..rt).map(|_| kit.var_f(zero)).collect::<R<_>>()?,
-                seen: (0..rt).map(|_| kit.var_i(kit.bool_c(false))).collect::<R<_>>()?,
             }),
             None => None,
         };
@@ -537,7 +535,8 @@ impl<'a, 'ctx> Decode<'a, 'ctx> {
                     num = k.fma(av, w, num)?;
                     den = k.fma(lv, w, den)?;
                 }
-                let out = k.select_f(empty, zero, k.fdiv(num, den)?)?;
+                // A row without a score above −inf: num = Σ 0·acc_u (0 for finite V).
+                let out = k.select_f(empty, num, k.fdiv(num, den)?)?;
                 let idx = k.add(o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;
                 k.store_vec(self.dt, k.buf(p.out.buffer)?, idx, &[out])?;
                 if let Some(lse) = &p.lse {
@@ -698,15 +697,14 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
         Ok((sv, vrows))
     }
 
-    /// Per row: the online softmax (the interpreter's 16-key rule, see the module docs), or
-    /// p = exp(s − φ) against the unified maximum with the same rule from a ballot. Returns the
-    /// keys `[lo, hi)` of the tile each row multiplies.
+    /// Per row: the online softmax, or p = exp(s − φ) against the unified maximum. Returns the
+    /// keys `[lo, hi)` of the tile each row multiplies: its visible ones (a −inf score's with
+    /// p = 0, as the interpreter does).
     fn softmax(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>, j: IntValue<'ctx>, sv: &[PointerValue<'ctx>], unified: Option<f32>) -> R<Vec<(IntValue<'ctx>, IntValue<'ctx>)>> {
         let (c, zero, ninf) = (self.c, self.c.zero, self.c.ninf);
         let (m, l) = (&self.m, &self.l);
         let i32c = |v: u32| self.i32c(v);
         let lane = c.lane;
-        let lo_half = k.icmp(IntPredicate::ULT, lane, i32c(16))?;
         let mut bounds = Vec::with_capacity(c.rt as usize);
         for (r, info) in c.rows.iter().enumerate() {
             let visible = k.icmp(IntPredicate::SLT, j, info.limit)?;
@@ -725,22 +723,10 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
                 let pj = exp0(k, k.fsub(sc, k.f32c(f64::from(phi)))?)?;
                 k.set(u.lsum[r], k.fadd(k.get_f(u.lsum[r])?, pj)?.into())?;
                 k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
-                // Lanes whose score is not −inf (NaN counts, as it does for the running max).
-                let some = k.fcmp(FloatPredicate::UNE, sc, ninf)?;
-                let bal = k.math(|kb| kb.vote_ballot(some))?;
-                let first_some = k.icmp(IntPredicate::NE, k.and(bal, i32c(0xffff))?, i32c(0))?;
-                let seen_old = k.get_i(u.seen[r], k.i1t)?;
-                let seen_new = k.select_int(seen_old, seen_old, k.icmp(IntPredicate::NE, bal, i32c(0))?)?;
-                k.set(u.seen[r], seen_new.into())?;
-                let lo = w_lo(k, k.select_int(k.select_int(seen_old, seen_old, first_some)?, i32c(0), i32c(16))?)?;
-                let hi = k.select_int(seen_new, n_vis(k)?, i32c(0))?;
-                bounds.push((lo, hi));
+                bounds.push((w_lo(k, i32c(0))?, n_vis(k)?));
                 continue;
             }
-            let half = k.warp_reduce(sc, &[8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
-            let other = k.shfl_xor(half, 16)?;
-            let tile_max = k.max_nan(half, other)?;
-            let first_half = k.select_f(lo_half, half, other)?;
+            let tile_max = k.warp_reduce(sc, &[16, 8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
             let m_old = k.get_f(m[r])?;
             let m_new = k.max_nan(m_old, tile_max)?;
             let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
@@ -754,11 +740,7 @@ impl<'w, 'ctx> Worker<'w, 'ctx> {
             }
             k.set(m[r], m_new.into())?;
             k.sh_store(DType::F32, self.p_row(k, r as u32, lane)?, &[pj])?;
-            let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
-            let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
-            let lo = w_lo(k, k.select_int(k.and(old_none, first_none)?, i32c(16), i32c(0))?)?;
-            let hi = k.select_int(none_yet, i32c(0), n_vis(k)?)?;
-            bounds.push((lo, hi));
+            bounds.push((w_lo(k, i32c(0))?, n_vis(k)?));
         }
         Ok(bounds)
     }

@@ -23,12 +23,14 @@
 //!   hidden keys score −inf and are never multiplied. A softcap c makes each score
 //!   `c·tanh(s/c)` (f32) before the additive mask.
 //! - GQA: query head `h` reads KV head `h / (H/Hkv)`; K/V are never repeated in memory.
-//! - A row with no visible key, or whose visible scores are all −inf, gives exactly 0; a NaN
-//!   score makes its row NaN (NaN-propagating maxima); a +inf score gives NaN (inf − inf).
-//! - Keys hidden by the causal mask or past the sequence are never multiplied, and while every
-//!   score so far is −inf a 16-key half-tile is skipped rather than multiplied, as in the
-//!   reference; the tensor-core kernels multiply whole tiles and fall back to exactly these
-//!   products for a tile whose concerned V rows hold a non-finite value.
+//! - Every visible key's `p·v` is made, a masked key's (score −inf) with `p = 0`, so NaN or
+//!   ±inf in its V row gives NaN as the written-out `softmax(s)·V` does; a row whose visible
+//!   scores are all −inf gives `Σ 0·v` (exactly 0 for finite V), a row with no visible key 0;
+//!   a NaN score makes its row NaN (NaN-propagating maxima); a +inf score gives NaN (inf − inf).
+//! - Keys hidden by the causal mask or the window, or past the sequence, are never
+//!   multiplied, as in the reference; the tensor-core kernels multiply whole tiles and fall
+//!   back to exactly the reference's products for a tile whose concerned V rows hold a
+//!   non-finite value.
 //! - Statistics, scores and the accumulator are f32; the output is rounded once. Finite
 //!   extremes stay finite: a row masked everywhere with the lowest f32 (Hugging Face masks)
 //!   gives the mean of V and a finite lse, scores near ±3e38 never give NaN (the tensor-core

@@ -24,8 +24,10 @@
 //!   with `lse=true`, `m·ln 2 + ln l` from the first lane of each quad.
 //!
 //! # Exact products
-//! Keys the reference never multiplies (hidden by the causal mask, or skipped 16-key groups)
-//! are multiplied by `p = 0` here, which is exact for finite V only. So on each tile where such
+//! Every visible key is multiplied, a masked one (score −inf) with `p = 0` as in the
+//! reference, so NaN or ±inf in its V row gives NaN. Keys the reference never multiplies
+//! (hidden by the causal mask or the window) are multiplied by `p = 0` here too, which is
+//! exact for finite V only. So on each tile where such
 //! a product exists the warp scans the V rows concerned for non-finite values and, if it finds
 //! one, computes that tile's `P·V` on CUDA cores, multiplying exactly the interpreter's
 //! products ([`Tiles::decide_slow`], [`Tiles::pv_slow`]).
@@ -631,12 +633,10 @@ pub(super) struct Tiles<'a, 'ctx> {
     pub(super) acc: Vec<Vec<[PointerValue<'ctx>; 4]>>,
     /// Scores of the current tile, same layout as acc over the tile's keys.
     pub(super) sv: Vec<Vec<[PointerValue<'ctx>; 4]>>,
-    /// While some row of the warp has seen only −inf, the interpreter may skip 16-key groups:
-    /// first[mi][h] is the key (tile-relative) of the row's first group it multiplies.
-    pub(super) maybe_skipping: PointerValue<'ctx>,
+    /// The tile's first key some row of the warp does not multiply ([`Tiles::skipping`]), and
+    /// whether its P·V goes the CUDA-core way ([`Tiles::decide_slow`]).
     pub(super) lo_var: PointerValue<'ctx>,
     pub(super) slow_var: PointerValue<'ctx>,
-    pub(super) first: Vec<[PointerValue<'ctx>; 2]>,
     pub(super) mask_rows: Vec<[Option<IntValue<'ctx>>; 2]>,
     /// fp8: the Vᵀ buffer the next P·V reads (byte offset). (Only an fp8 kernel allocates
     /// it: the other kernels' PTX stays as it was.)
@@ -658,8 +658,8 @@ impl<'a, 'ctx> std::ops::Deref for Tiles<'a, 'ctx> {
 // Fragment coordinates index several parallel arrays at once: index loops read better here.
 #[allow(clippy::needless_range_loop)]
 impl<'a, 'ctx> Tiles<'a, 'ctx> {
-    /// The per-thread state: m, l, the O accumulators, the scores, the skipping state and the
-    /// additive mask's row offsets.
+    /// The per-thread state: m, l, the O accumulators, the scores, the slow-path state and
+    /// the additive mask's row offsets.
     fn new(c: &'a PrefillTc<'a, 'ctx>, f: Frags<'ctx>) -> R<Self> {
         let (kit, mt, n_ov, n_nt, ninf, zero) = (c.kit, c.mt, c.n_ov, c.n_nt, c.ninf, c.zero);
         let c32 = |v: u32| c.c32(v);
@@ -669,9 +669,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
             (0..mt).map(|_| (0..n_ov).map(|_| Ok([kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?])).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
         let sv: Vec<Vec<[PointerValue<'ctx>; 4]>> =
             (0..mt).map(|_| (0..n_nt).map(|_| Ok([kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?, kit.var_f(zero)?])).collect::<R<Vec<_>>>()).collect::<R<_>>()?;
-        let maybe_skipping = var_i32(kit, c32(1))?;
         let (lo_var, slow_var) = (var_i32(kit, c32(0))?, var_i32(kit, c32(0))?);
-        let first: Vec<[PointerValue<'ctx>; 2]> = (0..mt).map(|_| Ok([var_i32(kit, c32(0))?, var_i32(kit, c32(0))?])).collect::<R<_>>()?;
         let mask_rows: Vec<[Option<IntValue<'ctx>>; 2]> = match &c.p.mask {
             Some(mk) => {
                 let mb = base_mask(kit, mk, c.b, c.h)?;
@@ -690,7 +688,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         let pdt = if c.fp8.is_some() { DType::F16 } else { c.dt };
         let vt_var = if c.fp8.is_some() { Some(var_i32(kit, c32(c.sm.vt[0]))?) } else { None };
         let pv_parts = c.wg.map_or(1, |w| if w.pv_split { c.dv / 64 } else { 1 });
-        Ok(Tiles { c, f, m, l, acc, sv, maybe_skipping, lo_var, slow_var, first, mask_rows, vt_var, pv_parts, pdt })
+        Ok(Tiles { c, f, m, l, acc, sv, lo_var, slow_var, mask_rows, vt_var, pv_parts, pdt })
     }
 
     // ---- the steps of a key tile -------------------------------------------------------------
@@ -703,7 +701,8 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
     }
 
     /// The scores of the tile at key j0 (`sacc`, raw products) into `sv` (raw when `fused`,
-    /// else s·cf + mask in f32, see [`PrefillTc::fused`]); masked; and the skipping state (`first`, `lo_var`, `maybe_skipping`) of this tile.
+    /// else s·cf + mask in f32, see [`PrefillTc::fused`]); masked; and the first key of this
+    /// tile some row does not multiply (`lo_var`).
     pub(super) fn scores(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>, sacc: &[Vec<[FloatValue<'ctx>; 4]>]) -> R<()> {
         let (mt, n_nt, sv, p, ninf, bkv) = (self.mt, self.n_nt, &self.sv, self.p, self.ninf, self.bkv);
         let c32 = |v: u32| self.c32(v);
@@ -748,49 +747,13 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         self.skipping(k, j0)
     }
 
-    /// Rows that have seen only −inf: the interpreter skips their leading 16-key groups
-    /// whose scores are all −inf. Count them (first[mi][h]), and note whether any row
-    /// skips a group here and whether any is still without a score after this tile.
+    /// The first key of the tile at j0 whose product some row of the warp does not make
+    /// (`lo_var`): its first row's causal limit, or with a sliding window below some row's
+    /// window start the whole tile.
     fn skipping(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>) -> R<()> {
-        let (mt, n_nt, sv, ninf, first, m) = (self.mt, self.n_nt, &self.sv, self.ninf, &self.first, &self.m);
-        let c32 = |v: u32| self.c32(v);
-        let n_grp = n_nt / 2;
         let lo = k.smax(self.min_limit, j0)?;
-        // Keys below some row's window start are not multiplied for it: the whole tile.
         let lo = if self.p.window.is_some() { k.select_int(k.icmp(IntPredicate::SLT, j0, self.w_start[1])?, j0, lo)? } else { lo };
-        k.set(self.lo_var, lo.into())?;
-        for f in first.iter().flatten() {
-            k.set(*f, c32(0).into())?;
-        }
-        k.if_then(k.icmp(IntPredicate::NE, get_i32(k, self.maybe_skipping)?, c32(0))?, |k| {
-            let mut skip = k.bool_c(false);
-            let mut dead = k.bool_c(false);
-            for mi in 0..mt {
-                for hh in 0..2 {
-                    let mut live = k.fcmp(FloatPredicate::UNE, k.get_f(m[mi][hh])?, ninf)?;
-                    let mut count = c32(0);
-                    for grp in 0..n_grp {
-                        let mut gm = ninf;
-                        for n in [2 * grp, 2 * grp + 1] {
-                            for e in [2 * hh, 2 * hh + 1] {
-                                gm = k.max_nan(gm, k.get_f(sv[mi][n][e])?)?;
-                            }
-                        }
-                        gm = k.max_nan(gm, k.shfl_xor(gm, 1)?)?;
-                        gm = k.max_nan(gm, k.shfl_xor(gm, 2)?)?;
-                        live = or(k, live, k.fcmp(FloatPredicate::UNE, gm, ninf)?)?;
-                        count = k.add(count, k.select_int(live, c32(0), c32(16))?)?;
-                    }
-                    k.set(first[mi][hh], count.into())?;
-                    skip = or(k, skip, k.icmp(IntPredicate::NE, count, c32(0))?)?;
-                    dead = or(k, dead, k.icmp(IntPredicate::EQ, count, c32(16 * n_grp as u32))?)?;
-                }
-            }
-            let skip = warp_any(k, skip)?;
-            let dead = warp_any(k, dead)?;
-            k.set(self.maybe_skipping, k.select_int(dead, c32(1), c32(0))?.into())?;
-            k.if_then(skip, |k| k.set(self.lo_var, j0.into()))
-        })
+        k.set(self.lo_var, lo.into())
     }
 
     /// Online softmax per row of `sv`: updates m and l, and gives P (pf, the layout of `sv`),
@@ -882,8 +845,8 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
     }
 
     /// Products the interpreter does not make (see the module docs) in the tile at key j0
-    /// (V at `v_sm`), after its `scores`: keys at or past the warp's first row's limit, and
-    /// the groups some row skips. Whether V holds a non-finite value there, so that this
+    /// (V at `v_sm`), after its `scores`: keys at or past the warp's first row's limit, or
+    /// below some row's window start. Whether V holds a non-finite value there, so that this
     /// tile's P·V must go the CUDA-core way (the warpgroup's decision with `wgmma`).
     pub(super) fn decide_slow(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>, v_sm: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         let (bkv, sm, slow_var) = (self.bkv, self.sm, self.slow_var);
@@ -921,7 +884,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
     }
 
     /// CUDA-core P·V of the tile at key j0 (V at `v_sm`, P in `pa`), exactly the
-    /// interpreter's products: per row, keys below its limit from its first multiplied group on.
+    /// interpreter's products: per row, the keys below its limit (and from its window start).
     /// fp8: P is the e4m3 fragments (`pack`), read back as f16 pairs in the mma.sync A layout
     /// of 16-key steps (exactly the values the `wgmma` multiplies), and V is e4m3 bytes.
     pub(super) fn pv_slow(&self, k: &Kit<'ctx>, j0: IntValue<'ctx>, v_sm: IntValue<'ctx>, pa: &[Vec<[IntValue<'ctx>; 4]>]) -> R<()> {
@@ -948,7 +911,6 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
         } else {
             pa
         };
-        let first: Vec<[IntValue<'ctx>; 2]> = self.first.iter().map(|f| Ok([get_i32(k, f[0])?, get_i32(k, f[1])?])).collect::<R<_>>()?;
         // P (rounded as the mma would see it) to the warp's scratch rows: row
         // 16mi + 8h + g of the warp, keys as in the A fragments.
         let prow0 = k.add(c32(sm.p), k.mul(k.add(k.mul(self.warp, c32(self.rpw))?, self.g)?, c32(sm.ldp * 2))?)?;
@@ -985,7 +947,7 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
             for mi in 0..mt {
                 for hh in 0..2 {
                     let pj = k.sh_load(pdt, k.sh_at(pcol, c32((16 * mi as u32 + 8 * hh as u32) * sm.ldp * 2))?, 1)?[0];
-                    let made = k.and(k.icmp(IntPredicate::SLT, j, self.rows.limit[mi][hh])?, k.icmp(IntPredicate::SGE, jj, first[mi][hh])?)?;
+                    let made = k.icmp(IntPredicate::SLT, j, self.rows.limit[mi][hh])?;
                     let made = if self.p.window.is_some() { k.and(made, k.icmp(IntPredicate::SGE, j, self.rows.start[mi][hh])?)? } else { made };
                     for (a, v) in self.acc[mi].iter().zip(&vs) {
                         for e in 0..2 {
@@ -1114,10 +1076,10 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
 
     // ---- O = acc / l, rounded once ------------------------------------------------------------
 
-    /// Each row's outputs `acc / l` (0 for a row that never saw a score above −inf), per slab
-    /// and half, in the order of `acc`.
+    /// Each row's outputs `acc / l` (`acc` = Σ 0·v for a row that never saw a score above
+    /// −inf: 0 for finite V), per slab and half, in the order of `acc`.
     fn outputs(&self) -> R<Vec<[Vec<FloatValue<'ctx>>; 2]>> {
-        let (kit, zero, ninf) = (self.kit, self.zero, self.ninf);
+        let (kit, ninf) = (self.kit, self.ninf);
         let mut outs: Vec<[Vec<FloatValue<'ctx>>; 2]> = Vec::new();
         for mi in 0..self.mt {
             let mut pair: [Vec<FloatValue<'ctx>>; 2] = [Vec::new(), Vec::new()];
@@ -1127,10 +1089,11 @@ impl<'a, 'ctx> Tiles<'a, 'ctx> {
                 lt = kit.fadd(lt, kit.shfl_xor(lt, 2)?)?;
                 let empty = kit.fcmp(FloatPredicate::OEQ, kit.get_f(self.m[mi][hh])?, ninf)?;
                 // fp8: O = sv · Σ p·v8 / l.
-                let inv = kit.fdiv(self.v_scale.unwrap_or(kit.f32c(1.0)), lt)?;
+                let sv = self.v_scale.unwrap_or(kit.f32c(1.0));
+                let inv = kit.select_f(empty, sv, kit.fdiv(sv, lt)?)?;
                 for a in &self.acc[mi] {
                     for e in [2 * hh, 2 * hh + 1] {
-                        o.push(kit.select_f(empty, zero, kit.fmul(kit.get_f(a[e])?, inv)?)?);
+                        o.push(kit.fmul(kit.get_f(a[e])?, inv)?);
                     }
                 }
             }

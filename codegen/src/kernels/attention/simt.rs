@@ -181,7 +181,6 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
         // Online softmax per row.
         let j0_32 = k.trunc32(j0)?;
         let j = k.add(j0_32, lane)?;
-        let lo_half = k.icmp(IntPredicate::ULT, lane, k.i32c(16))?;
         let mut bounds = Vec::with_capacity(rpw as usize);
         for rr in 0..rpw as usize {
             let (limit, start) = limits[rr];
@@ -195,11 +194,8 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
                 sc = k.fadd(sc, mv[0])?;
             }
             let sc = k.select_f(visible, sc, ninf)?;
-            // Max over each 16-key half, then over the tile.
-            let half = k.warp_reduce(sc, &[8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
-            let other = k.shfl_xor(half, 16)?;
-            let tile_max = k.max_nan(half, other)?;
-            let first_half = k.select_f(lo_half, half, other)?;
+            // The tile maximum (NaN-propagating).
+            let tile_max = k.warp_reduce(sc, &[16, 8, 4, 2, 1], |k, a, b| k.max_nan(a, b))?;
             let m_old = k.get_f(m[rr])?;
             let m_new = k.max_nan(m_old, tile_max)?;
             let none_yet = k.fcmp(FloatPredicate::OEQ, m_new, ninf)?;
@@ -216,14 +212,11 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
             k.set(m[rr], m_new.into())?;
             let pe = k.add(p_row0, k.add(k.i32c((rr as u32 * BLOCK_KV) as i32), lane)?)?;
             k.sh_store(DType::F32, at(k, sm.p, pe, 4)?, &[p])?;
-            // Keys this row multiplies: [lo, hi) of the tile.
-            let old_none = k.fcmp(FloatPredicate::OEQ, m_old, ninf)?;
-            let first_none = k.fcmp(FloatPredicate::OEQ, first_half, ninf)?;
-            let lo = k.select_int(k.and(old_none, first_none)?, k.i32c(16), k.i32c(0))?;
-            // The tile's keys below the row's window are never multiplied.
-            let lo = if c.window { k.smax(lo, k.smin(k.smax(k.sub(start, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))?)? } else { lo };
-            let n_vis = k.smin(k.smax(k.sub(limit, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))?;
-            let hi = k.select_int(none_yet, k.i32c(0), n_vis)?;
+            // Keys this row multiplies: [lo, hi) of the tile, its visible keys (masked ones
+            // too, with p = 0: 0·NaN is NaN as in the reference); those below the row's
+            // window are never multiplied.
+            let lo = if c.window { k.smin(k.smax(k.sub(start, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))? } else { k.i32c(0) };
+            let hi = k.smin(k.smax(k.sub(limit, j0_32)?, k.i32c(0))?, k.i32c(BLOCK_KV as i32))?;
             bounds.push((lo, hi));
         }
         k.warp_sync()?;
@@ -269,7 +262,8 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
         k.barrier()
     })?;
 
-    // 4. O = acc / l (0 for a row that never saw a finite score), one rounding, one write;
+    // 4. O = acc / l (acc = Σ 0·v for a row that never saw a score above −inf: 0 for
+    // finite V), one rounding, one write;
     // lane 0 writes the log-sum-exp m + ln l (−inf for such a row) where asked.
     let o_sd = kit.dim(&c.out.st[3])?;
     for rr in 0..rpw as usize {
@@ -284,7 +278,8 @@ fn build_core<'ctx>(kit: &Kit<'ctx>, c: &Core, rows: &dyn Fn(&Kit<'ctx>, IntValu
         }
         for (i, a) in acc[rr].iter().enumerate() {
             let dcol = kit.add(lane, kit.i32c((32 * i) as i32))?;
-            let o = kit.select_f(empty, zero, kit.fdiv(kit.get_f(*a)?, lf)?)?;
+            let av = kit.get_f(*a)?;
+            let o = kit.select_f(empty, av, kit.fdiv(av, lf)?)?;
             let inside = kit.and(info.valid, kit.icmp(IntPredicate::SLT, dcol, kit.i32c(c.dv as i32))?)?;
             kit.if_then(inside, |k| {
                 let idx = k.add(info.o_off, k.mul(k.zext64(dcol)?, o_sd)?)?;

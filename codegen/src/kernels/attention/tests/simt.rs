@@ -273,9 +273,9 @@ fn emulated_prefill_matches_interpreter() {
     let mask = Tensor::new(DType::F32, &[t, sk], mask).unwrap();
     let ins = [random(DType::F32, &[1, 2, t, 40], 4), random(DType::F32, &[1, 1, sk, 40], 5), random(DType::F32, &[1, 1, sk, 40], 6), mask.clone()];
     check("f32 masked, fully masked row", &g, k, gen, &ins, &bind(&[("B", 1), ("T", t as i64), ("S", sk as i64)]));
-    // NaN in V at keys the mask hides from every row (−inf in all rows for key 40..45) but
-    // in a tile that also holds visible keys: the reference multiplies 0·NaN there, so
-    // every row whose 16-key tile holding key 40 is not all −inf becomes NaN.
+    // NaN in V at keys the mask hides from every row (−inf in all rows for key 40..45): the
+    // reference multiplies every visible key, a masked one by 0, so every row is NaN in
+    // that column (the fully masked row too: Σ 0·v).
     let mut mdata = mask.data().to_vec();
     for i in 0..t {
         for j in 40..sk {
@@ -369,9 +369,8 @@ fn emulated_prefill_tc_matches_interpreter() {
 
 /// The tensor-core kernel's special values, against the interpreter: an additive mask with
 /// a fully masked row and leading −inf groups; NaN and ±inf in V at keys the interpreter
-/// never multiplies (hidden by the causal mask, or in a 16-key group it skips because the
-/// row has seen only −inf) and at keys it multiplies by 0 (which the CUDA-core fallback of
-/// a tile must reproduce); NaN in q; an infinite K element making a score −inf; +inf
+/// never multiplies (hidden by the causal mask, which the CUDA-core fallback of a tile must
+/// reproduce) and at masked keys it multiplies by 0; NaN in q; an infinite K element making a score −inf; +inf
 /// scores; rows the output writes element by element (a 2-byte-aligned output).
 #[test]
 /// Every key-tile variant autotuning may pick computes what the interpreter does (causal,
@@ -409,10 +408,9 @@ fn emulated_prefill_tc_special_values() {
     let kk = with_values(random(DType::BF16, &[1, 1, t, d], 51), &[(50 * d + 1, f64::NAN)]);
     let v = with_values(random(DType::BF16, &[1, 1, t, d], 52), &[(35 * d + 3, f64::NAN), (70 * d + 9, f64::INFINITY), (80 * d + 10, f64::INFINITY), (81 * d + 10, f64::NEG_INFINITY)]);
     check("tc causal NaN/inf in hidden keys", &g, k, gen, &[q, kk, v], &bind(&[("B", 1), ("T", t as i64)]));
-    // An additive mask [Sq, Skv]: row 2 fully −inf (→ 0), row 5 −inf on keys 0..20 (group
-    // 0 skipped, keys 16..20 multiplied by 0), row 9 −inf on keys 0..40 except key 33;
-    // NaN in V at key 5 (skipped by rows 5 and 9, multiplied by the others) and at key 18
-    // (multiplied by 0 in row 5, skipped by row 9), +inf at key 3 of another column.
+    // An additive mask [Sq, Skv]: row 2 fully −inf (Σ 0·v), row 5 −inf on keys 0..20, row 9
+    // −inf on keys 0..40 except key 33 (masked keys multiplied by 0); NaN in V at keys 5
+    // and 18, +inf at key 3 of another column: those columns NaN in every row.
     let (g, k) = prefill(DType::BF16, 2, 2, sym("T"), sym("S"), 64, 64, false, true);
     let (t, s) = (12usize, 45usize);
     let mut mask = vec![0.0; t * s];
@@ -428,7 +426,7 @@ fn emulated_prefill_tc_special_values() {
     let mask = Tensor::new(DType::BF16, &[t, s], mask).unwrap();
     let v = with_values(random(DType::BF16, &[1, 2, s, d], 53), &[(5 * d + 1, f64::NAN), (18 * d + 2, f64::NAN), (3 * d + 6, f64::INFINITY)]);
     let ins = [random(DType::BF16, &[1, 2, t, d], 54), random(DType::BF16, &[1, 2, s, d], 55), v, mask.clone()];
-    check("tc mask: fully masked row, skipped groups, NaN/inf in V", &g, k, gen, &ins, &sizes(t, s));
+    check("tc mask: fully masked row, masked groups, NaN/inf in V", &g, k, gen, &ins, &sizes(t, s));
     // An infinite K element: with q > 0, key 20's score is −inf in every row (multiplied by
     // 0 with NaN in its V row), key 40's +inf (its rows NaN).
     let q = Tensor::new(DType::BF16, &[1, 2, t, d], random(DType::BF16, &[1, 2, t, d], 56).data().iter().map(|x| x.abs() + 0.01).collect()).unwrap();
