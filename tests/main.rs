@@ -24,3 +24,4 @@ mod facade;
 mod rope_logical;
 mod qwen;
 mod hf_reference;
+mod gemma3_gguf;
