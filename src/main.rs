@@ -83,8 +83,9 @@ enum Cmd {
         /// Where to run; the GPU by default where one is present.
         #[arg(long)]
         device: Option<Device>,
-        /// A GGUF file or Hugging Face folder of any registered architecture; default:
-        /// SmolLM2-135M-Instruct from the cache, fetched when missing.
+        /// A GGUF file or Hugging Face folder of any registered architecture, or the name of
+        /// a model sinter fetches into its cache when missing (smollm2-135m, gemma3-270m);
+        /// default: SmolLM2-135M-Instruct.
         #[arg(long)]
         model: Option<PathBuf>,
         /// 0 = greedy.
@@ -133,7 +134,8 @@ enum Cmd {
     /// Compile a model's prefill and decode kernels into the kernel cache for a target, with
     /// no GPU (a build without LLVM then runs them from the cache).
     Precompile {
-        /// A Llama-family GGUF file or Hugging Face folder; default: SmolLM2 from the cache.
+        /// A GGUF file or Hugging Face folder, or a fetched model's name (smollm2-135m,
+        /// gemma3-270m); default: SmolLM2 from the cache.
         #[arg(long)]
         model: Option<PathBuf>,
         /// sm_80, sm_90 or sm_90a.
@@ -432,11 +434,22 @@ fn synthetic_prompt(base: &[u32], n: usize, offset: usize) -> Vec<u32> {
     (0..n).map(|i| base[(i + offset) % base.len()]).collect()
 }
 
+/// The model file of `--model`: a path as given, a known model's name (fetched into the
+/// cache when missing), or the default model.
+fn model_path(model: Option<&PathBuf>) -> Result<PathBuf, sinter::llm::gguf::ModelError> {
+    let say = &mut |m: &str| eprintln!("{m}");
+    match model {
+        Some(p) if !p.exists() => match p.to_str().and_then(fetch::known_model) {
+            Some(known) => fetch::ensure_model(known, say),
+            None => Ok(p.clone()),
+        },
+        Some(p) => Ok(p.clone()),
+        None => fetch::ensure_default_model(say),
+    }
+}
+
 fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: Lowering, decode_batches: &[usize]) -> AnyResult {
-    let path = match model {
-        Some(p) => p,
-        None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
-    };
+    let path = model_path(model.as_ref())?;
     let m = sinter::llm::open(&path, dtype, &mut |_, _| {})?;
     let cache = sinter_runtime::KernelCache::open_default()?;
     // The lowerings too: a build without LLVM then starts without running the passes.
@@ -530,10 +543,7 @@ fn run(a: RunArgs) -> AnyResult {
         Some(d) => eprintln!("device: {} ({:?} lowering)", d.info(), a.lowering),
         None => eprintln!("device: CPU (reference interpreter)"),
     }
-    let path = match &a.model {
-        Some(p) => p.clone(),
-        None => fetch::ensure_default_model(&mut |m| eprintln!("{m}"))?,
-    };
+    let path = model_path(a.model.as_ref())?;
     let t_load = Instant::now();
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors").map_err(|e| e.to_string())?.progress_chars("=> "));

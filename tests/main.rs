@@ -25,3 +25,4 @@ mod rope_logical;
 mod qwen;
 mod hf_reference;
 mod tokenizer;
+mod gemma3_gguf;

@@ -18,8 +18,13 @@ use crate::error::CodegenError;
 
 type R<T> = Result<T, CodegenError>;
 
-/// Bytes of a block of `dtype`, or an error for a dtype that is not block-quantized.
+/// Bytes of a block of `dtype`, or an error for a dtype that is not block-quantized, and an
+/// unsupported-kernel error for one whose blocks these kernels do not decode (`q5_0` and the
+/// k-quants: a model dequantises them when it loads).
 pub(crate) fn block_bytes(dtype: DType) -> R<u32> {
+    if dtype.is_quantized() && !sinter_ir::contract::operands::MATMUL_BLOCK_TYPES.contains(&dtype) {
+        return Err(CodegenError::Unsupported { kernel: String::new(), message: format!("the kernels do not decode {dtype} blocks (q8_0 and q4_1 only); dequantise the tensor before the device reads it") });
+    }
     dtype.block_bytes().map(|b| b as u32).ok_or_else(|| CodegenError::Builder(format!("{dtype} is not a block-quantized dtype")))
 }
 

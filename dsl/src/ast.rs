@@ -3,7 +3,7 @@
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use syn::Ident;
 
-pub(crate) const DTYPES: [(&str, &str); 9] = [
+pub(crate) const DTYPES: [(&str, &str); 12] = [
     ("bf16", "BF16"),
     ("f16", "F16"),
     ("f32", "F32"),
@@ -13,6 +13,9 @@ pub(crate) const DTYPES: [(&str, &str); 9] = [
     ("q8_0", "Q8_0"),
     ("q4_1", "Q4_1"),
     ("f8e4m3", "F8E4M3"),
+    ("q5_0", "Q5_0"),
+    ("q4_k", "Q4K"),
+    ("q6_k", "Q6K"),
 ];
 
 #[derive(Clone)]

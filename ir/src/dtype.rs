@@ -39,21 +39,37 @@ pub enum DType {
     /// movement accept it (see [`crate::storage::accepts_fp8`]); arithmetic reads it through
     /// `dequantize_fp8`. Rounding to it saturates ([`DType::round`], [`f8e4m3_from_f64`]).
     F8E4M3,
+    /// GGUF `Q5_0` block quantization (`block_q5_0`): blocks of 32 consecutive elements of the
+    /// last axis, each stored as 22 bytes — `f16` scale `d`, a little-endian `u32` `qh` whose
+    /// bit `j` is the fifth bit of element `j`, 16 bytes of low nibbles as in `q4_1` — with
+    /// value `(q − 16)·d`. Storage-only (see [`crate::qblock`]).
+    Q5_0,
+    /// GGUF `Q4_K` super-block quantization (`block_q4_K`): blocks of 256 elements of the last
+    /// axis in 144 bytes — `f16 d`, `f16 dmin`, eight 6-bit scales and mins packed in 12
+    /// bytes, 128 bytes of nibbles — with value `(d·sc)·q − dmin·mn` per sub-block of 32.
+    /// Storage-only (see [`crate::qblock`]).
+    Q4K,
+    /// GGUF `Q6_K` super-block quantization (`block_q6_K`): blocks of 256 elements of the last
+    /// axis in 210 bytes — 128 bytes of low nibbles, 64 bytes of high bit pairs, sixteen `i8`
+    /// scales, `f16 d` — with value `(d·sc)·(q − 32)` per sub-block of 16. Storage-only (see
+    /// [`crate::qblock`]).
+    Q6K,
 }
 
 impl DType {
     /// Every dtype, in text-format order.
-    pub const ALL: [DType; 9] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64, DType::Bool, DType::Q8_0, DType::Q4_1, DType::F8E4M3];
+    pub const ALL: [DType; 12] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64, DType::Bool, DType::Q8_0, DType::Q4_1, DType::F8E4M3, DType::Q5_0, DType::Q4K, DType::Q6K];
 
     /// The largest finite `f8e4m3` magnitude, `S.1111.110` = 1.75·2⁸: where rounding to
     /// `f8e4m3` saturates.
     pub const F8E4M3_MAX: f64 = 448.0;
 
-    /// Elements per quantization block of the block-quantized types.
+    /// Elements per quantization block of `q8_0`, `q4_1` and `q5_0` (the k-quants `q4_k` and
+    /// `q6_k` have blocks of 256: see [`DType::block_elems`]).
     pub const QBLOCK: usize = 32;
 
     /// The spelling in the text format and the DSL (`bf16`, `f16`, `f32`, `i32`, `i64`, `bool`,
-    /// `q8_0`, `q4_1`, `f8e4m3`).
+    /// `q8_0`, `q4_1`, `f8e4m3`, `q5_0`, `q4_k`, `q6_k`).
     pub fn name(self) -> &'static str {
         match self {
             DType::BF16 => "bf16",
@@ -65,6 +81,9 @@ impl DType {
             DType::Q8_0 => "q8_0",
             DType::Q4_1 => "q4_1",
             DType::F8E4M3 => "f8e4m3",
+            DType::Q5_0 => "q5_0",
+            DType::Q4K => "q4_k",
+            DType::Q6K => "q6_k",
         }
     }
 
@@ -81,7 +100,7 @@ impl DType {
             DType::BF16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
-            DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3 => 1,
+            DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K | DType::F8E4M3 => 1,
         }
     }
 
@@ -90,29 +109,42 @@ impl DType {
         matches!(self, DType::F8E4M3)
     }
 
-    /// True for the block-quantized storage types `q8_0` and `q4_1`.
+    /// True for the block-quantized storage types `q8_0`, `q4_1`, `q5_0`, `q4_k` and `q6_k`.
     pub fn is_quantized(self) -> bool {
-        matches!(self, DType::Q8_0 | DType::Q4_1)
+        matches!(self, DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K)
     }
 
-    /// Bytes of one block of [`DType::QBLOCK`] elements of a block-quantized type (34 for
-    /// `q8_0`, 20 for `q4_1`), `None` for the others.
+    /// Bytes of one block of a block-quantized type (34 for `q8_0`, 20 for `q4_1`, 22 for
+    /// `q5_0`, 144 for `q4_k`, 210 for `q6_k`), `None` for the others.
     pub fn block_bytes(self) -> Option<usize> {
         match self {
             DType::Q8_0 => Some(34),
             DType::Q4_1 => Some(20),
+            DType::Q5_0 => Some(22),
+            DType::Q4K => Some(144),
+            DType::Q6K => Some(210),
+            _ => None,
+        }
+    }
+
+    /// Elements of one block of a block-quantized type (32; 256 for the k-quants `q4_k` and
+    /// `q6_k`), `None` for the others.
+    pub fn block_elems(self) -> Option<usize> {
+        match self {
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 => Some(DType::QBLOCK),
+            DType::Q4K | DType::Q6K => Some(256),
             _ => None,
         }
     }
 
     /// Bytes that `elements` elements occupy in device memory: `elements · size_bytes` for
-    /// the element types, `elements / 32 · block_bytes` for the block-quantized ones. `None`
-    /// when the count overflows `usize` or is not a whole number of blocks.
+    /// the element types, `elements / block_elems · block_bytes` for the block-quantized ones.
+    /// `None` when the count overflows `usize` or is not a whole number of blocks.
     pub fn storage_bytes(self, elements: usize) -> Option<usize> {
-        match self.block_bytes() {
-            Some(bb) if elements % DType::QBLOCK == 0 => (elements / DType::QBLOCK).checked_mul(bb),
-            Some(_) => None,
-            None => elements.checked_mul(self.size_bytes()),
+        match (self.block_bytes(), self.block_elems()) {
+            (Some(bb), Some(be)) if elements % be == 0 => (elements / be).checked_mul(bb),
+            (Some(_), _) => None,
+            _ => elements.checked_mul(self.size_bytes()),
         }
     }
 
@@ -139,8 +171,8 @@ impl DType {
     /// integer code it must be (non-integers truncate, out of range and NaN give 0).
     pub fn round(self, x: f64) -> f64 {
         match self {
-            DType::Q8_0 | DType::Q4_1 => {
-                let max = if self == DType::Q8_0 { (1u64 << 24) as f64 } else { (1u64 << 36) as f64 };
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => {
+                let max = (1u64 << crate::qblock::code_bits(self)) as f64;
                 if x >= 0.0 && x < max {
                     x.trunc()
                 } else {
@@ -262,97 +294,7 @@ pub fn f8e4m3_to_f64(bits: u8) -> f64 {
     }
 }
 
-/// One element of a block-quantized tensor as the reference interpreter holds it: its block's
-/// scale `d` and minimum `m` (`q4_1`; 0 for `q8_0`) as `f16` bit patterns and its own quant `q`
-/// (an `i8` for `q8_0`, a nibble 0..16 for `q4_1`).
-///
-/// The interpreter keeps every element of a tensor as one `f64`; for the block types that
-/// `f64` is the integer code `d << 8 | q as u8` (`q8_0`, 24 bits) or `d << 20 | m << 4 |
-/// nibble` (`q4_1`, 36 bits), exact in an `f64`. Every element of a block carries its block's
-/// `d` (and `m`); encoding to bytes takes them from the block's first element.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QCode {
-    /// The block's `f16` scale, as bits.
-    pub d: u16,
-    /// The block's `f16` minimum, as bits (`q4_1`; 0 for `q8_0`).
-    pub m: u16,
-    /// The element's quant: `i8` bits for `q8_0`, a nibble for `q4_1`.
-    pub q: u8,
-}
-
-impl QCode {
-    /// The `f64` code of this element in a tensor of `dtype` (see [`QCode`]).
-    pub fn to_f64(self, dtype: DType) -> f64 {
-        match dtype {
-            DType::Q8_0 => ((u64::from(self.d) << 8) | u64::from(self.q)) as f64,
-            _ => ((u64::from(self.d) << 20) | (u64::from(self.m) << 4) | u64::from(self.q & 15)) as f64,
-        }
-    }
-
-    /// The parts of code `x` of a tensor of `dtype` (see [`QCode`]).
-    pub fn from_f64(dtype: DType, x: f64) -> QCode {
-        let c = dtype.round(x) as u64;
-        match dtype {
-            DType::Q8_0 => QCode { d: (c >> 8) as u16, m: 0, q: c as u8 },
-            _ => QCode { d: (c >> 20) as u16, m: (c >> 4) as u16, q: (c & 15) as u8 },
-        }
-    }
-
-    /// The element's value in f64, as llama.cpp's `dequantize_row_q8_0` / `_q4_1` compute it in
-    /// f32: `q·d` (`q8_0`) or `nibble·d + m` (`q4_1`, the product exact, so one rounding to
-    /// f32 of the sum; here exact in f64 — round the result to the target dtype once).
-    pub fn value(self, dtype: DType) -> f64 {
-        let d = half::f16::from_bits(self.d).to_f64();
-        match dtype {
-            DType::Q8_0 => f64::from(self.q as i8) * d,
-            _ => f64::from(self.q & 15) * d + half::f16::from_bits(self.m).to_f64(),
-        }
-    }
-}
-
-/// Element codes ([`QCode`]) of a block-quantized tensor from its stored bytes (GGUF block
-/// layout, little-endian), 32 codes per block; `None` when `dtype` is not block-quantized or
-/// `bytes` is not a whole number of blocks.
-pub fn qcodes_from_bytes(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
-    let bb = dtype.block_bytes()?;
-    if bytes.len() % bb != 0 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(bytes.len() / bb * DType::QBLOCK);
-    for blk in bytes.chunks_exact(bb) {
-        let d = u16::from_le_bytes([blk[0], blk[1]]);
-        if dtype == DType::Q8_0 {
-            out.extend(blk[2..34].iter().map(|&q| QCode { d, m: 0, q }.to_f64(dtype)));
-        } else {
-            let m = u16::from_le_bytes([blk[2], blk[3]]);
-            out.extend(blk[4..20].iter().map(|&q| QCode { d, m, q: q & 15 }.to_f64(dtype)));
-            out.extend(blk[4..20].iter().map(|&q| QCode { d, m, q: q >> 4 }.to_f64(dtype)));
-        }
-    }
-    Some(out)
-}
-
-/// The stored bytes (GGUF block layout) of a block-quantized tensor from its element codes
-/// ([`QCode`]): each block's `d` and `m` come from its first element. `None` when `dtype` is
-/// not block-quantized or the count is not a whole number of blocks.
-pub fn qcodes_to_bytes(dtype: DType, codes: &[f64]) -> Option<Vec<u8>> {
-    let bb = dtype.block_bytes()?;
-    if codes.len() % DType::QBLOCK != 0 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(codes.len() / DType::QBLOCK * bb);
-    for blk in codes.chunks_exact(DType::QBLOCK) {
-        let c: Vec<QCode> = blk.iter().map(|&x| QCode::from_f64(dtype, x)).collect();
-        out.extend(c[0].d.to_le_bytes());
-        if dtype == DType::Q8_0 {
-            out.extend(c.iter().map(|e| e.q));
-        } else {
-            out.extend(c[0].m.to_le_bytes());
-            out.extend((0..16).map(|j| (c[j].q & 15) | ((c[j + 16].q & 15) << 4)));
-        }
-    }
-    Some(out)
-}
+pub use crate::qblock::{qcodes_from_bytes, qcodes_to_bytes, QCode};
 
 #[cfg(test)]
 mod tests {

@@ -165,13 +165,14 @@ pub fn cast(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     Ok(vec![TensorType { dtype: c.dtype("dtype")?, shape: x.shape.clone() }])
 }
 
-/// `dequantize`: a block-quantized operand whose last axis is a multiple of the block (32),
+/// `dequantize`: a block-quantized operand whose last axis is a multiple of the block (32, or
+/// 256 for the k-quants),
 /// a float result dtype, the same shape.
 pub fn dequantize(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let x = c.input(0)?;
     let to = c.dtype("dtype")?;
     if !x.dtype.is_quantized() {
-        return err(format!("`dequantize` reads a block-quantized tensor (q8_0, q4_1), not {}", x.dtype));
+        return err(format!("`dequantize` reads a block-quantized tensor (q8_0, q4_1, q5_0, q4_k, q6_k), not {}", x.dtype));
     }
     if !to.is_float() {
         return err(format!("`dequantize` gives a float dtype (bf16, f16, f32), not {to}"));

@@ -27,6 +27,7 @@ pub mod kernel;
 pub mod ops;
 pub mod rope;
 pub mod scope;
+pub mod qblock;
 pub mod storage;
 pub mod text;
 pub mod types;

@@ -1,4 +1,5 @@
-//! Where the storage-only dtypes may appear: block-quantized tensors (`q8_0`, `q4_1`) are read
+//! Where the storage-only dtypes may appear: block-quantized tensors (`q8_0`, `q4_1`, `q5_0`,
+//! `q4_k`, `q6_k`) are read
 //! only by `dequantize`, `f8e4m3` only by the conversions and the data movement ops. The
 //! verifier, the interpreter and the e-graph's analysis all ask here.
 
@@ -11,7 +12,7 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ShapeError> {
     Err(ShapeError(msg.into()))
 }
 
-/// Checks where a block-quantized dtype (`q8_0`, `q4_1`) may appear: as the operand of
+/// Checks where a block-quantized dtype (`q8_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`) may appear: as the operand of
 /// `dequantize` (which reads it) and as an argument or result of `call` (which passes it on);
 /// anywhere else it is an error that names the operand or result.
 ///
@@ -26,13 +27,13 @@ pub fn check_quantized(op: &Op, inputs: &[&TensorType], results: &[TensorType]) 
             if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
                 let operand = op.kind.info().operands.get(i).map(|s| s.trim_end_matches(['?', '*'])).unwrap_or("operand");
                 return err(format!(
-                    "`{name}` does not read block-quantized tensors: operand {i} (`{operand}`) is {t}; only `dequantize` reads q8_0/q4_1 (write `dequantize(%x) {{dtype=bf16}}` first)"
+                    "`{name}` does not read block-quantized tensors: operand {i} (`{operand}`) is {t}; only `dequantize` reads block-quantized tensors (write `dequantize(%x) {{dtype=bf16}}` first)"
                 ));
             }
         }
     }
     if let Some((i, t)) = results.iter().enumerate().find(|(_, t)| t.dtype.is_quantized()) {
-        return err(format!("`{name}` cannot produce a block-quantized tensor: result {i} would be {t}; q8_0/q4_1 tensors come only from parameters"));
+        return err(format!("`{name}` cannot produce a block-quantized tensor: result {i} would be {t}; block-quantized tensors come only from parameters"));
     }
     Ok(())
 }
@@ -90,7 +91,8 @@ pub fn check_fp8(op: &Op, inputs: &[&TensorType], results: &[TensorType]) -> Res
 }
 
 /// Checks a block-quantized tensor type: rank ≥ 1 and a last axis that is provably a whole
-/// number of blocks of 32 (a constant multiple of 32, or a symbolic dim with a factor 32).
+/// number of blocks (of 32, or 256 for the k-quants: a constant multiple, or a symbolic dim
+/// with that factor).
 ///
 /// # Errors
 /// A message naming the type.
@@ -98,8 +100,9 @@ pub fn check_quantized_type(t: &TensorType) -> Result<(), ShapeError> {
     if !t.dtype.is_quantized() {
         return Ok(());
     }
+    let block = t.dtype.block_elems().unwrap_or(DType::QBLOCK);
     match t.shape.last() {
-        Some(d) if d.div_exact(DType::QBLOCK as i64).is_some() => Ok(()),
-        _ => err(format!("{t}: a block-quantized tensor's last axis must be a multiple of the block size {}", DType::QBLOCK)),
+        Some(d) if d.div_exact(block as i64).is_some() => Ok(()),
+        _ => err(format!("{t}: a block-quantized tensor's last axis must be a multiple of the block size {block}")),
     }
 }

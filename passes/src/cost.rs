@@ -80,12 +80,12 @@ impl CostConfig {
         t.shape.iter().map(|d| self.size(d)).product()
     }
 
-    /// Bytes of a tensor type (block-quantized types: their blocks' bytes, 34/32 or 20/32 a
-    /// element).
+    /// Bytes of a tensor type (block-quantized types: their blocks' bytes, 34/32 or 20/32 an
+    /// element for `q8_0`/`q4_1`, 144/256 for `q4_k`, ...).
     pub fn bytes(&self, t: &TensorType) -> f64 {
-        let per = match t.dtype.block_bytes() {
-            Some(bb) => bb as f64 / sinter_ir::DType::QBLOCK as f64,
-            None => t.dtype.size_bytes() as f64,
+        let per = match (t.dtype.block_bytes(), t.dtype.block_elems()) {
+            (Some(bb), Some(be)) => bb as f64 / be as f64,
+            _ => t.dtype.size_bytes() as f64,
         };
         self.numel(t) * per
     }

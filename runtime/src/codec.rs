@@ -33,7 +33,7 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
             DType::I64 => out.extend_from_slice(&(r as i64).to_le_bytes()),
             DType::Bool => out.push(u8::from(r != 0.0)),
             DType::F8E4M3 => out.push(sinter_ir::dtype::f8e4m3_from_f64(r)),
-            DType::Q8_0 | DType::Q4_1 => {}
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => {}
         }
     }
     out
@@ -62,7 +62,7 @@ pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, RuntimeError> 
             DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
             DType::F8E4M3 => sinter_ir::dtype::f8e4m3_to_f64(c[0]),
-            DType::Bool | DType::Q8_0 | DType::Q4_1 => {
+            DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => {
                 if c[0] != 0 {
                     1.0
                 } else {

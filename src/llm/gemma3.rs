@@ -303,11 +303,13 @@ impl Gemma3Model {
     /// `attention.sliding_window_pattern` when the file has it), the sliding layers' RoPE base
     /// is 10 000, and the attention scale is `key_length^-½` except for the 62-layer (27B)
     /// model, whose `query_pre_attn_scalar` is `hidden / heads`. The norm weights, stored as
-    /// `w + 1`, are read back as `w`.
+    /// `w + 1`, are read back as `w`. Every tensor is dequantised to `dtype` as it loads
+    /// (Q4_K, Q6_K, Q5_0 and Q8_0 in the published Q4_K_M file; no kernel reads k-quant
+    /// blocks).
     ///
     /// # Errors
-    /// Missing keys or tensors, unsupported tensor types (k-quants among them), shapes that
-    /// disagree with the metadata, an invalid config, a tokenizer sinter cannot build.
+    /// Missing keys or tensors, unsupported tensor types, shapes that disagree with the
+    /// metadata, an invalid config, a tokenizer sinter cannot build.
     pub fn from_gguf(file: &GgufFile, dtype: DType, progress: &mut dyn FnMut(usize, usize)) -> Result<Gemma3Model, ModelError> {
         let path = file.path().to_path_buf();
         let k = |s: &str| format!("gemma3.{s}");

@@ -12,9 +12,14 @@
 //! | Q8_0 | 32 | `f16 d`, `i8 q[32]` | `q·d` |
 //! | Q4_0 | 32 | `f16 d`, `u8 qs[16]` | `(nibble − 8)·d` |
 //! | Q4_1 | 32 | `f16 d`, `f16 m`, `u8 qs[16]` | `nibble·d + m` |
+//! | Q5_0 | 32 | `f16 d`, `u32 qh`, `u8 qs[16]` | `(nibble + 16·bit − 16)·d` |
+//! | Q4_K | 256 | `f16 d`, `f16 dmin`, `u8 scales[12]`, `u8 qs[128]` | `(d·sc)·nibble − dmin·mn` |
+//! | Q6_K | 256 | `u8 ql[128]`, `u8 qh[64]`, `i8 scales[16]`, `f16 d` | `(d·sc)·(q − 32)` |
 //!
 //! In a block of 32 the low nibbles of `qs[0..16]` are elements 0..16 and the high nibbles
-//! elements 16..32. A GGUF shape lists the innermost axis first (`ne[0]`); sinter's tensors are
+//! elements 16..32. The k-quants are ported from `dequantize_row_q4_K` / `_q6_K` loop for
+//! loop, in `f32` as there ([`sinter_ir::qblock`] holds the same layouts as the interpreter's
+//! element codes, written independently; a test checks the two agree bit for bit). A GGUF shape lists the innermost axis first (`ne[0]`); sinter's tensors are
 //! row-major with the outermost axis first, so the shape is reversed: `attn_q.weight` with
 //! `ne = [576, 576]` is `[out, in]`.
 
@@ -78,7 +83,7 @@ pub enum ModelError {
         supported: String,
     },
     /// A tensor is stored in a type sinter cannot dequantise.
-    #[error("{path}: tensor `{name}` has type {kind}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    #[error("{path}: tensor `{name}` has type {kind}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K)")]
     UnsupportedTensorType {
         /// The file.
         path: PathBuf,
@@ -146,7 +151,8 @@ pub enum ModelError {
 pub struct TensorInfo {
     /// Name (`blk.0.attn_q.weight`).
     pub name: String,
-    /// ggml type number (0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 8 = Q8_0, 30 = BF16, ...).
+    /// ggml type number (0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 6 = Q5_0, 8 = Q8_0, 12 = Q4_K,
+    /// 14 = Q6_K, 30 = BF16, ...).
     pub kind: u32,
     /// Row-major shape (outermost axis first).
     pub shape: Vec<usize>,
@@ -213,8 +219,83 @@ fn block_geometry(kind: u32) -> Option<(usize, usize)> {
         1 | 30 => Some((1, 2)),
         2 => Some((32, 18)),
         3 => Some((32, 20)),
+        6 => Some((32, 22)),
         8 => Some((32, 34)),
+        12 => Some((256, 144)),
+        14 => Some((256, 210)),
         _ => None,
+    }
+}
+
+/// `f16` bits at `b[0..2]` as `f32`.
+fn f16_at(b: &[u8]) -> f32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// One `block_q5_0` (22 bytes) into 32 values (`dequantize_row_q5_0`).
+fn dequantize_q5_0(blk: &[u8], y: &mut [f32]) {
+    let d = f16_at(blk);
+    let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+    let qs = &blk[6..22];
+    for j in 0..16 {
+        let xh_0 = ((qh >> j) << 4) & 0x10;
+        let xh_1 = (qh >> (j + 12)) & 0x10;
+        let x0 = (u32::from(qs[j] & 0x0F) | xh_0) as i32 - 16;
+        let x1 = (u32::from(qs[j] >> 4) | xh_1) as i32 - 16;
+        y[j] = x0 as f32 * d;
+        y[j + 16] = x1 as f32 * d;
+    }
+}
+
+/// Scale and min of sub-block `j` of a `block_q4_K` (`get_scale_min_k4`).
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// One `block_q4_K` (144 bytes) into 256 values (`dequantize_row_q4_K`).
+fn dequantize_q4_k(blk: &[u8], y: &mut [f32]) {
+    let (d, min) = (f16_at(&blk[0..2]), f16_at(&blk[2..4]));
+    let scales = &blk[4..16];
+    let mut q = &blk[16..144];
+    let mut is = 0;
+    for chunk in y.chunks_exact_mut(64) {
+        let (sc, m) = scale_min_k4(is, scales);
+        let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
+        let (sc, m) = scale_min_k4(is + 1, scales);
+        let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
+        for l in 0..32 {
+            chunk[l] = d1 * f32::from(q[l] & 0xF) - m1;
+            chunk[l + 32] = d2 * f32::from(q[l] >> 4) - m2;
+        }
+        q = &q[32..];
+        is += 2;
+    }
+}
+
+/// One `block_q6_K` (210 bytes) into 256 values (`dequantize_row_q6_K`).
+fn dequantize_q6_k(blk: &[u8], y: &mut [f32]) {
+    let d = f16_at(&blk[208..210]);
+    let (mut ql, mut qh, mut sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+    for y128 in y.chunks_exact_mut(128) {
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = i32::from((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+            let q2 = i32::from((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            let s = |k: usize| f32::from(sc[is + k] as i8);
+            y128[l] = d * s(0) * q1 as f32;
+            y128[l + 32] = d * s(2) * q2 as f32;
+            y128[l + 64] = d * s(4) * q3 as f32;
+            y128[l + 96] = d * s(6) * q4 as f32;
+        }
+        ql = &ql[64..];
+        qh = &qh[32..];
+        sc = &sc[8..];
     }
 }
 
@@ -347,8 +428,10 @@ impl GgufFile {
         let (block, bytes_per_block) = block_geometry(t.kind)
             .ok_or_else(|| ModelError::UnsupportedTensorType { path: self.path.clone(), name: name.to_string(), kind: kind_name(t.kind) })?;
         let n: usize = t.shape.iter().product();
-        if n % block != 0 {
-            return Err(ModelError::Malformed { path: self.path.clone(), reason: format!("tensor `{name}` has {n} elements, not a multiple of its block of {block}") });
+        // ggml blocks never straddle rows: the innermost axis is a whole number of blocks.
+        let row = t.shape.last().copied().unwrap_or(1);
+        if row % block != 0 {
+            return Err(ModelError::Malformed { path: self.path.clone(), reason: format!("tensor `{name}` has rows of {row} elements, not a multiple of its block of {block}") });
         }
         let size = (n / block) as u64 * bytes_per_block as u64;
         let end = t.offset.saturating_add(size);
@@ -368,6 +451,17 @@ impl GgufFile {
                     out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * d));
                 }
             }
+            6 | 12 | 14 => {
+                out.resize(n, 0.0);
+                let f = match t.kind {
+                    6 => dequantize_q5_0,
+                    12 => dequantize_q4_k,
+                    _ => dequantize_q6_k,
+                };
+                for (blk, y) in data.chunks_exact(bytes_per_block).zip(out.chunks_exact_mut(block)) {
+                    f(blk, y);
+                }
+            }
             2 | 3 => {
                 for blk in data.chunks_exact(bytes_per_block) {
                     let d = h(&blk[0..2]);
@@ -381,10 +475,11 @@ impl GgufFile {
         Ok(out)
     }
 
-    /// Tensor `name` kept in its stored block format: a `q8_0` or `q4_1` [`Tensor`] (GGUF type
-    /// 8 or 3) of the expected row-major shape, its bytes as the file holds them, for a graph
-    /// that reads it with `dequantize` (the matmul kernels then read the blocks as stored).
-    /// `Ok(None)` when the tensor is stored in another type.
+    /// Tensor `name` kept in its stored block format: a `q8_0`, `q4_1`, `q5_0`, `q4_k` or
+    /// `q6_k` [`Tensor`] (GGUF type 8, 3, 6, 12 or 14) of the expected row-major shape, its
+    /// bytes as the file holds them, for a graph that reads it with `dequantize` (the matmul
+    /// kernels then read `q8_0`/`q4_1` blocks as stored). `Ok(None)` when the tensor is stored
+    /// in another type.
     ///
     /// # Errors
     /// Missing tensor, wrong shape, data past the end of the file, a last axis that is not a
@@ -397,6 +492,9 @@ impl GgufFile {
         let dtype = match t.kind {
             8 => DType::Q8_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            12 => DType::Q4K,
+            14 => DType::Q6K,
             _ => return Ok(None),
         };
         let n: usize = t.shape.iter().product();
@@ -456,8 +554,8 @@ mod tests {
     }
 
     /// The interpreter's `dequantize` of the blocks as stored gives exactly what this loader
-    /// gives (f32, bit for bit), for random Q8_0 and Q4_1 blocks (specials included: d = 0,
-    /// negative d, large m).
+    /// gives (f32, bit for bit), for random blocks of every block type (specials included:
+    /// d = 0, negative d, large m or dmin, every sub-block scale byte).
     #[test]
     fn interpreter_dequantize_is_bit_exact_with_the_loader() {
         use sinter_ir::{Attr, FunctionBuilder, Graph, OpKind, TensorType};
@@ -468,10 +566,10 @@ mod tests {
             s ^= s << 17;
             (s >> 24) as u8
         };
-        for (kind, dtype, bb) in [(8u32, DType::Q8_0, 34usize), (3, DType::Q4_1, 20)] {
-            let (rows, k) = (5usize, 96usize);
+        for (kind, dtype, bb, be) in [(8u32, DType::Q8_0, 34usize, 32usize), (3, DType::Q4_1, 20, 32), (6, DType::Q5_0, 22, 32), (12, DType::Q4K, 144, 256), (14, DType::Q6K, 210, 256)] {
+            let (rows, k) = (5usize, 2 * be + 64 * usize::from(be == 32));
             let mut data = Vec::new();
-            for b in 0..rows * k / 32 {
+            for b in 0..rows * k / be {
                 let mut blk: Vec<u8> = (0..bb).map(|_| byte()).collect();
                 // Finite scales (random f16 bits may be NaN/inf: those propagate alike, but
                 // keep most blocks ordinary), one zero scale, one negative.
@@ -480,9 +578,10 @@ mod tests {
                     1 => -0.0123,
                     _ => f32::from(byte()) / 512.0 + 0.001,
                 };
-                blk[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-                if kind == 3 {
-                    blk[2..4].copy_from_slice(&f16::from_f32(if b % 3 == 0 { -300.25 } else { -0.5 }).to_le_bytes());
+                let at = if kind == 14 { 208 } else { 0 };
+                blk[at..at + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                if kind == 3 || kind == 12 {
+                    blk[2..4].copy_from_slice(&f16::from_f32(if b % 3 == 0 { -300.25 } else { 0.5 }).to_le_bytes());
                 }
                 data.extend(blk);
             }
@@ -502,6 +601,8 @@ mod tests {
         }
         // Other types are not kept quantized.
         let f = file_with(0, &[32], vec![0; 128]);
+        assert!(f.quantized_tensor("t", &[32]).unwrap().is_none());
+        let f = file_with(2, &[32], vec![0; 18]);
         assert!(f.quantized_tensor("t", &[32]).unwrap().is_none());
     }
 
@@ -567,8 +668,12 @@ mod tests {
         assert!(matches!(f.dequantize("t", &[64]), Err(ModelError::Truncated { .. })));
         assert!(matches!(f.dequantize("t", &[32]), Err(ModelError::TensorShape { .. })));
         assert!(matches!(f.dequantize("u", &[64]), Err(ModelError::MissingTensor { .. })));
-        let f = file_with(12, &[256], vec![0; 1000]);
+        let f = file_with(13, &[256], vec![0; 1000]);
         let e = f.dequantize("t", &[256]).unwrap_err();
-        assert!(e.to_string().contains("Q4_K"), "{e}");
+        assert!(e.to_string().contains("Q5_K"), "{e}");
+        // A k-quant row that is not a whole number of super-blocks.
+        let f = file_with(12, &[2, 128], vec![0; 144]);
+        assert!(matches!(f.dequantize("t", &[2, 128]), Err(ModelError::Malformed { .. })));
+        assert!(f.quantized_tensor("t", &[2, 128]).is_err());
     }
 }

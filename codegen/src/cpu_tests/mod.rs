@@ -73,7 +73,7 @@ fn encode(dt: DType, data: &[f64]) -> Vec<u8> {
             DType::I64 => out.extend((v as i64).to_le_bytes()),
             DType::Bool => out.push(u8::from(v != 0.0)),
             DType::F8E4M3 => out.push(sinter_ir::dtype::f8e4m3_from_f64(v)),
-            DType::Q8_0 | DType::Q4_1 => unreachable!("handled above"),
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => unreachable!("handled above"),
         }
     }
     out
@@ -92,7 +92,7 @@ fn decode(dt: DType, bytes: &[u8], n: usize) -> Vec<f64> {
                 DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
                 DType::Bool => f64::from(b[0]),
                 DType::F8E4M3 => sinter_ir::dtype::f8e4m3_to_f64(b[0]),
-                DType::Q8_0 | DType::Q4_1 => panic!("a block-quantized output"),
+                DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => panic!("a block-quantized output"),
             }
         })
         .collect()

@@ -789,7 +789,7 @@ pub fn to_bytes(t: &Tensor) -> Vec<u8> {
             DType::Bool => v.push(u8::from(x != 0.0)),
             DType::F16 => v.extend(sinter_ir::dtype::f16_from_f64(x).to_bits().to_le_bytes()),
             DType::F8E4M3 => v.push(sinter_ir::dtype::f8e4m3_from_f64(x)),
-            DType::Q8_0 | DType::Q4_1 => {}
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => {}
         }
     }
     v.extend(std::iter::repeat_n(0xA5, GUARD));

@@ -21,7 +21,7 @@ pub fn storage_type<'ctx>(cx: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx
         DType::F32 => cx.f32_type().into(),
         DType::I32 => cx.i32_type().into(),
         DType::I64 => cx.i64_type().into(),
-        DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3 => cx.i8_type().into(),
+        DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K | DType::F8E4M3 => cx.i8_type().into(),
     }
 }
 

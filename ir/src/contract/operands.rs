@@ -25,6 +25,10 @@ pub fn is_strict_operand(k: OpKind, i: usize) -> bool {
 /// ([`quantized_b`]); larger or symbolic M dequantise into a buffer and run the bf16 GEMM.
 pub const QUANTIZED_MAX_M: i64 = 16;
 
+/// The block-quantized dtypes whose blocks the matmul kernels decode in registers; the others
+/// (`q5_0`, `q4_k`, `q6_k`) are read by `dequantize` alone.
+pub const MATMUL_BLOCK_TYPES: [crate::DType; 2] = [crate::DType::Q8_0, crate::DType::Q4_1];
+
 /// Whether matmul node `mm` of `f` reads its B operand as stored `q8_0`/`q4_1` blocks (the
 /// quantized GEMV / small-M kernel of the matmul family, on every target): B is
 /// `dequantize(w)` of a value `w` that is not computed (a parameter of `f`, so a kernel
@@ -44,6 +48,7 @@ pub fn quantized_b(f: &Function, mm: Node) -> bool {
     let w = dnd.inputs[0];
     let out = &f.ty(nd.results[0]).shape;
     matches!(f.values[w].def, ValueDef::Param(_))
+        && MATMUL_BLOCK_TYPES.contains(&f.ty(w).dtype)
         && f.ty(w).rank() == 2
         && out.len() >= 2
         && out[out.len() - 2].as_const().is_some_and(|m| (1..=QUANTIZED_MAX_M).contains(&m))

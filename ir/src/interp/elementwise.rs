@@ -55,7 +55,7 @@ pub(super) fn unary(op: &Op, x: &Tensor) -> Result<Tensor> {
     if kind == Dequantize {
         let out_dt = attrs::dtype(op, "dtype")?;
         if !dt.is_quantized() || !out_dt.is_float() {
-            return operands_err(format!("`dequantize` reads q8_0/q4_1 into a float dtype, got {dt} → {out_dt}"));
+            return operands_err(format!("`dequantize` reads a block-quantized tensor into a float dtype, got {dt} → {out_dt}"));
         }
         let data: Vec<f64> = x.data.iter().map(|&c| out_dt.round(crate::dtype::QCode::from_f64(dt, c).value(dt))).collect();
         return Ok(Tensor::from_parts(out_dt, x.shape.clone(), data));

@@ -107,18 +107,20 @@ impl Tensor {
         Tensor { dtype, shape: shape.to_vec(), data }
     }
 
-    /// A block-quantized tensor (`q8_0` or `q4_1`) of logical `shape` from its stored bytes in
-    /// GGUF's block layout (see [`DType::Q8_0`], [`DType::Q4_1`]): blocks of 32 consecutive
-    /// row-major elements. Its elements are held as codes ([`crate::dtype::QCode`]).
+    /// A block-quantized tensor (`q8_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`) of logical `shape` from
+    /// its stored bytes in GGUF's block layout (see [`crate::qblock`]): blocks of 32 (256 for the
+    /// k-quants) consecutive row-major elements. Its elements are held as codes
+    /// ([`crate::dtype::QCode`]).
     ///
     /// # Errors
     /// [`InterpError::BadTensor`] when `dtype` is not block-quantized, the last axis is not a
-    /// multiple of 32 or `bytes` is not `elements / 32` blocks.
+    /// multiple of the block or `bytes` is not a whole number of blocks.
     pub fn from_blocks(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor, InterpError> {
         let bad = |message: String| InterpError::BadTensor { message };
         let n = checked_numel(shape).ok_or_else(|| bad(format!("the element count of shape {shape:?} overflows usize")))?;
-        if shape.last().is_none_or(|&k| k % DType::QBLOCK != 0) {
-            return Err(bad(format!("a {dtype} tensor needs a last axis that is a multiple of 32, got {shape:?}")));
+        let block = dtype.block_elems().ok_or_else(|| bad(format!("{dtype} is not a block-quantized dtype")))?;
+        if shape.last().is_none_or(|&k| k % block != 0) {
+            return Err(bad(format!("a {dtype} tensor needs a last axis that is a multiple of {block}, got {shape:?}")));
         }
         if dtype.storage_bytes(n) != Some(bytes.len()) {
             return Err(bad(format!("a {dtype} tensor of shape {shape:?} is stored in {:?} bytes, {} were given", dtype.storage_bytes(n), bytes.len())));
@@ -130,11 +132,17 @@ impl Tensor {
     /// Quantizes `values` (row-major, last axis a multiple of 32) to `dtype` as llama.cpp's
     /// reference quantizers do (`quantize_row_q8_0_ref`: `d = max|x|/127`, `q = round(x/d)`;
     /// `quantize_row_q4_1_ref`: `d = (max − min)/15`, `m = min`, `q = round((x − m)/d)` clamped to
-    /// 0..15), with `d` and `m` stored as f16. For tests and benchmarks.
+    /// 0..15), with `d` and `m` stored as f16. For tests and benchmarks. The other block types
+    /// (`q5_0` and the k-quants, read from model files) have no quantizer here: build them with
+    /// [`Tensor::from_blocks`].
     ///
     /// # Errors
-    /// As [`Tensor::from_blocks`], and when `values` does not match `shape`.
+    /// As [`Tensor::from_blocks`], when `values` does not match `shape`, and for a dtype other
+    /// than `q8_0` and `q4_1`.
     pub fn quantize(dtype: DType, shape: &[usize], values: &[f32]) -> Result<Tensor, InterpError> {
+        if !matches!(dtype, DType::Q8_0 | DType::Q4_1) {
+            return Err(InterpError::BadTensor { message: format!("no reference quantizer for {dtype} (q8_0 and q4_1 have one); build it from its blocks") });
+        }
         if checked_numel(shape) != Some(values.len()) || values.len() % DType::QBLOCK != 0 {
             return Err(InterpError::BadTensor { message: format!("{} values for a {dtype} tensor of shape {shape:?}", values.len()) });
         }

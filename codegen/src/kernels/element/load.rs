@@ -181,7 +181,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let z = self.kb.cx.i8_type().const_zero();
                 Scalar::I(self.kb.b.build_int_compare(IntPredicate::NE, v.into_int_value(), z, "b")?)
             }
-            DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} tensor read other than by `dequantize`")),
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => return unsupported(format!("a {dtype} tensor read other than by `dequantize`")),
             // Held as its bit pattern (see [`crate::fp8`]).
             DType::F8E4M3 => Scalar::I(v.into_int_value()),
         })
@@ -192,7 +192,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::BF16 | DType::F16 | DType::F32 => self.kb.from_f32(s.f()?, dtype)?.as_basic_value_enum(),
             DType::I32 | DType::I64 => s.i()?.as_basic_value_enum(),
             DType::Bool => self.kb.b.build_int_z_extend(s.i()?, self.kb.cx.i8_type(), "b")?.as_basic_value_enum(),
-            DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dtype} result")),
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => return unsupported(format!("a {dtype} result")),
             DType::F8E4M3 => {
                 let v = s.i()?;
                 if v.get_type().get_bit_width() != 8 {

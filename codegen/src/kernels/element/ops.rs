@@ -247,7 +247,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             DType::I32 => Scalar::I(self.kb.i32c(r as i64)),
             DType::I64 => Scalar::I(self.kb.i64c(r as i64)),
             DType::Bool => Scalar::I(self.kb.cx.bool_type().const_int(u64::from(r != 0.0), false)),
-            DType::Q8_0 | DType::Q4_1 => return unsupported(format!("a {dt} constant")),
+            DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K => return unsupported(format!("a {dt} constant")),
             DType::F8E4M3 => Scalar::I(self.kb.cx.i8_type().const_int(u64::from(sinter_ir::dtype::f8e4m3_from_f64(value)), false)),
         })
     }
@@ -289,7 +289,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                     let f = self.kb.b.build_signed_int_to_float(c, self.kb.cx.f32_type(), "f")?;
                     Scalar::F(self.kb.round_to(f, dt)?)
                 }
-                DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::F8E4M3 => return bad(format!("iota cannot produce {dt}")),
+                DType::Bool | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K | DType::F8E4M3 => return bad(format!("iota cannot produce {dt}")),
             });
         }
         Ok(out)
@@ -385,7 +385,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 let f = if from == DType::Bool { b.build_unsigned_int_to_float(v, f32t, "f")? } else { b.build_signed_int_to_float(v, f32t, "f")? };
                 Scalar::F(self.kb.round_to(f, to)?)
             }
-            (_, DType::Q8_0 | DType::Q4_1) => return unsupported(format!("a cast to {to}")),
+            (_, DType::Q8_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4K | DType::Q6K) => return unsupported(format!("a cast to {to}")),
             (_, DType::F8E4M3) => return Err(CodegenError::Builder("a cast to f8e4m3 reached the generic cast".into())),
             (false, DType::Bool) => {
                 let v = x.i()?;

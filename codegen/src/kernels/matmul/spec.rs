@@ -29,6 +29,7 @@ pub(super) fn quantized_operand(body: &Function, v: Value, buffers: &[BufInfo]) 
     let w = *nd.inputs.first()?;
     let q = body.ty(w).dtype;
     Some(match body.values[w].def {
+        _ if q.is_quantized() && !sinter_ir::contract::operands::MATMUL_BLOCK_TYPES.contains(&q) => Err(format!("the matmul kernels do not decode {q} blocks (only q8_0 and q4_1)")),
         ValueDef::Param(i) if q.is_quantized() && buffers.get(i).is_some_and(|b| b.dtype == q) => Ok((i, q)),
         _ => Err(format!("`dequantize` of {} that is not a {q} kernel input", body.label(w))),
     })
