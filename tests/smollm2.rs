@@ -206,14 +206,15 @@ fn malformed_model_files_are_clear_errors() {
     // Another architecture name (same length).
     let e = load_err(&patched(&real, b"\x05\0\0\0\0\0\0\0llama", b"\x05\0\0\0\0\0\0\0mamba"), "arch.gguf");
     assert!(e.to_string().contains("architecture `mamba` is not supported"), "{e}");
-    // The first tensor's type (Q8_0 = 8, token_embd) changed to Q4_K (12).
+    // The first tensor's type (Q8_0 = 8, token_embd) changed to Q5_K (13), which sinter does
+    // not read.
     let name = b"token_embd.weight";
     let at = real.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     // After the name: n_dims (u32), dims (2 × u64), then the type (u32).
     let kind_at = at + 4 + 16;
     assert_eq!(u32::from_le_bytes(real[kind_at..kind_at + 4].try_into().unwrap()), 8);
     let mut b = real.clone();
-    b[kind_at..kind_at + 4].copy_from_slice(&12u32.to_le_bytes());
+    b[kind_at..kind_at + 4].copy_from_slice(&13u32.to_le_bytes());
     let e = load_err(&b, "type.gguf");
-    assert!(e.to_string().contains("tensor `token_embd.weight` has type Q4_K, which is not supported"), "{e}");
+    assert!(e.to_string().contains("tensor `token_embd.weight` has type Q5_K, which is not supported"), "{e}");
 }
