@@ -583,10 +583,6 @@ fn sincos_reduced<M: Ops>(m: &mut M, t: M::D, r: M::D) -> R<(M::F, M::F)> {
     let ps = horner(m, z, &[-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1])?;
     let rz = m.fmul(rf, z)?;
     let s = m.ffma(rz, ps, rf)?;
-    // sin(−0) = −0 (the `fma` adds +0 to it).
-    let zero = m.fc(0.0);
-    let r_zero = m.feq(rf, zero)?;
-    let s = m.fsel(r_zero, rf, s)?;
     // cos r = 1 − z/2 + z²·Q(z)
     let pc = horner(m, z, &[2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2])?;
     let zz = m.fmul(z, z)?;
@@ -642,7 +638,12 @@ pub fn sincos<M: Ops>(m: &mut M, x: M::F) -> R<(M::F, M::F)> {
     let large = m.bor(above, below)?;
     let t = m.dsel(large, ty, t)?;
     let r = m.dsel(large, ry, r)?;
-    sincos_reduced(m, t, r)
+    let (sin, cos) = sincos_reduced(m, t, r)?;
+    // sin(−0) = −0 (the polynomial's `fma` adds +0 to it).
+    let zero = m.fc(0.0);
+    let is_zero = m.feq(x, zero)?;
+    let sin = m.fsel(is_zero, x, sin)?;
+    Ok((sin, cos))
 }
 
 /// From this magnitude on, [`sincos`] reduces its argument by [`reduce_payne_hanek`].
