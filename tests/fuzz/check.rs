@@ -240,7 +240,7 @@ fn with_rounding_noise(graph: &Graph) -> Option<(Graph, Vec<(String, Tensor)>)> 
 /// under its smallest normal, 2⁻¹²⁶.
 const F32_SAFE: (f64, f64) = (1.152_921_504_606_847e18, 8.673_617_379_884_035e-19);
 
-/// The inputs with every float magnitude above 2⁶⁰ made ±inf and every one below 2⁻⁶⁰ made
+/// The inputs (additive masks excepted) with every float magnitude above 2⁶⁰ made ±inf and every one below 2⁻⁶⁰ made
 /// ±0: what f32 accumulation does to their products, squares and sums (DESIGN.md:
 /// accumulation in f32, as in cuBLAS and FlashAttention). An element of the reference that
 /// changes under this depends on values beyond f32's range; `None` when nothing changes.
@@ -249,7 +249,10 @@ pub fn saturated(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
     let out = inputs
         .iter()
         .map(|(n, t)| {
-            if !t.dtype().is_float() {
+            // An additive mask's finite extremes are added to scores, never multiplied or
+            // squared: a kernel keeps them finite, and a row masked with the lowest finite
+            // value must give the finite mean (the finite-mask case), not anything.
+            if !t.dtype().is_float() || n.starts_with("mask") {
                 return (n.clone(), t.clone());
             }
             let data: Vec<f64> = t
