@@ -260,28 +260,50 @@ fn every_gpu_case_compiles_and_assembles_without_spills() {
     assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
 
-/// Without a GPU: `unified_max` survives both lowerings into the split-KV kernel, whose fast
-/// path is the only code with a `vote.sync.ballot` (one per row), on sm_80 and sm_90a.
+/// Without a GPU: `unified_max` survives both lowerings into the split-KV kernel and selects
+/// its fast path (p = exp(s − φ), no running maximum): the kernel's PTX differs from the same
+/// graph's without the attribute, on sm_80 and sm_90a.
 #[cfg(feature = "llvm")]
 #[test]
 fn unified_max_reaches_the_decode_kernel() {
     let cases = unified_max_cases();
     assert_eq!(cases.len(), 5);
+    let decode_ptx = |src: &str, lowering: Lowering, target: &sinter_codegen::Target, name: &str| -> String {
+        let g = sinter::ir::parse(src).unwrap();
+        let kg = match lowering {
+            Lowering::Unfused => sinter_passes::lower_unfused(&g).unwrap(),
+            Lowering::Fused => sinter_passes::compile(&g, &Target::SM_90A, &sinter_passes::PassOptions::default()).unwrap().0,
+        };
+        let decode: Vec<_> = kg.kernels.iter().filter(|(_, d)| d.family == sinter::ir::Family::PagedAttention).map(|(k, _)| k).collect();
+        assert_eq!(decode.len(), 1, "{name} [{lowering:?}]");
+        sinter_codegen::compile_kernel(&kg, decode[0], target).unwrap().ptx
+    };
     for c in cases {
-        let g = sinter::ir::parse(&c.src).unwrap();
+        // The same graph with the online softmax: the attribute removed.
+        let plain = without_unified_max(&c.src);
+        assert_ne!(plain, c.src, "{}: no unified_max attribute to remove", c.name);
         for lowering in [Lowering::Unfused, Lowering::Fused] {
-            let kg = match lowering {
-                Lowering::Unfused => sinter_passes::lower_unfused(&g).unwrap(),
-                Lowering::Fused => sinter_passes::compile(&g, &Target::SM_90A, &sinter_passes::PassOptions::default()).unwrap().0,
-            };
-            let decode: Vec<_> = kg.kernels.iter().filter(|(_, d)| d.family == sinter::ir::Family::PagedAttention).map(|(k, _)| k).collect();
-            assert_eq!(decode.len(), 1, "{} [{lowering:?}]", c.name);
             for target in [sinter_codegen::Target::SM_80, sinter_codegen::Target::SM_90A] {
-                let plan = sinter_codegen::compile_kernel(&kg, decode[0], &target).unwrap();
-                assert!(plan.ptx.contains("vote.sync.ballot"), "{} [{lowering:?}] {}: no unified-max fast path", c.name, target.name());
+                let fast = decode_ptx(&c.src, lowering, &target, &c.name);
+                let online = decode_ptx(&plain, lowering, &target, &c.name);
+                assert_ne!(fast, online, "{} [{lowering:?}] {}: unified_max did not change the kernel (no fast path)", c.name, target.name());
             }
         }
     }
+}
+
+/// `src` without its `unified_max=…` attribute (and the comma before or after it).
+fn without_unified_max(src: &str) -> String {
+    let Some(at) = src.find("unified_max=") else { return src.to_string() };
+    let end = src[at..].find(|ch: char| ch == ',' || ch == '}').map_or(src.len(), |e| at + e);
+    let (mut a, mut b) = (at, end);
+    if src[..a].trim_end().ends_with(',') {
+        a = src[..a].trim_end().len() - 1;
+    } else if src[b..].starts_with(',') {
+        b += 1;
+        b += src[b..].len() - src[b..].trim_start().len();
+    }
+    format!("{}{}", &src[..a], &src[b..])
 }
 
 /// Prefill attention cases for the Hopper `wgmma` kernel (the default on sm_90a for head
