@@ -260,9 +260,8 @@ fn every_gpu_case_compiles_and_assembles_without_spills() {
     assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
 
-/// Without a GPU: `unified_max` survives both lowerings into the split-KV kernel and selects
-/// its fast path (p = exp(s − φ), no running maximum): the kernel's PTX differs from the same
-/// graph's without the attribute, on sm_80 and sm_90a.
+/// Without a GPU: `unified_max` reaches the split-KV kernel through both lowerings and selects its
+/// fast path (no running maximum): the PTX differs from the graph's without it, sm_80 and sm_90a.
 #[cfg(feature = "llvm")]
 #[test]
 fn unified_max_reaches_the_decode_kernel() {
@@ -279,9 +278,7 @@ fn unified_max_reaches_the_decode_kernel() {
         sinter_codegen::compile_kernel(&kg, decode[0], target).unwrap().ptx
     };
     for c in cases {
-        // The same graph with the online softmax: the attribute removed.
-        let plain = without_unified_max(&c.src);
-        assert_ne!(plain, c.src, "{}: no unified_max attribute to remove", c.name);
+        let plain = without_unified_max(&c.src); // the online softmax
         for lowering in [Lowering::Unfused, Lowering::Fused] {
             for target in [sinter_codegen::Target::SM_80, sinter_codegen::Target::SM_90A] {
                 let fast = decode_ptx(&c.src, lowering, &target, &c.name);
@@ -294,15 +291,10 @@ fn unified_max_reaches_the_decode_kernel() {
 
 /// `src` without its `unified_max=…` attribute (and the comma before or after it).
 fn without_unified_max(src: &str) -> String {
-    let Some(at) = src.find("unified_max=") else { return src.to_string() };
-    let end = src[at..].find(|ch: char| ch == ',' || ch == '}').map_or(src.len(), |e| at + e);
-    let (mut a, mut b) = (at, end);
-    if src[..a].trim_end().ends_with(',') {
-        a = src[..a].trim_end().len() - 1;
-    } else if src[b..].starts_with(',') {
-        b += 1;
-        b += src[b..].len() - src[b..].trim_start().len();
-    }
+    let at = src.find("unified_max=").expect("a unified_max attribute");
+    let end = at + src[at..].find([',', '}']).expect("an attribute list");
+    let before = src[..at].trim_end();
+    let (a, b) = if before.ends_with(',') { (before.len() - 1, end) } else { (at, end + src[end..].find(|c: char| c != ',' && c != ' ').unwrap_or(0)) };
     format!("{}{}", &src[..a], &src[b..])
 }
 
