@@ -18,6 +18,12 @@ pub(crate) const DTYPES: [(&str, &str); 12] = [
     ("q6_k", "Q6K"),
 ];
 
+/// The error for a dtype name the DSL does not have, listing every one it has.
+pub(crate) fn unknown_dtype_message(name: &str) -> String {
+    let known: Vec<&str> = DTYPES.iter().map(|(n, _)| *n).collect();
+    format!("unknown dtype `{name}`; expected one of {} (or a Rust expression in braces)", known.join(", "))
+}
+
 #[derive(Clone)]
 pub(crate) enum DimExpr {
     Sym(String, Span),

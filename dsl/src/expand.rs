@@ -147,7 +147,7 @@ pub(crate) fn attr_tokens(ts: &TokenStream2) -> syn::Result<TokenStream2> {
         // A Rust primitive type is never a value: it is a dtype the DSL does not have.
         const PRIMITIVES: [&str; 13] = ["f64", "f8", "i8", "i16", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize", "char"];
         if PRIMITIVES.iter().any(|p| i == p) {
-            return err(i.span(), format!("unknown dtype `{i}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1, f8e4m3, q5_0, q4_k, q6_k (or a Rust expression in braces)"));
+            return err(i.span(), unknown_dtype_message(&i.to_string()));
         }
     }
     if let [TokenTree::Group(g)] = v.as_slice() {

@@ -82,7 +82,7 @@ pub(crate) fn parse_type(input: ParseStream) -> syn::Result<TypeSpec> {
         let dt: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a tensor type such as `bf16[T, 576]`"))?;
         let name = dt.to_string();
         if !DTYPES.iter().any(|(n, _)| *n == name) {
-            return err(dt.span(), format!("unknown dtype `{name}`; expected one of bf16, f16, f32, i32, i64, bool, q8_0, q4_1, f8e4m3, q5_0, q4_k, q6_k (or a Rust expression in braces)"));
+            return err(dt.span(), unknown_dtype_message(&name));
         }
         (DTypeSpec::Lit(name), dt.span())
     };

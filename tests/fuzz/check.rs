@@ -240,65 +240,54 @@ fn with_rounding_noise(graph: &Graph) -> Option<(Graph, Vec<(String, Tensor)>)> 
 /// under its smallest normal, 2⁻¹²⁶.
 const F32_SAFE: (f64, f64) = (1.152_921_504_606_847e18, 8.673_617_379_884_035e-19);
 
-/// The inputs (additive masks excepted) with every float magnitude above 2⁶⁰ made ±inf and every one below 2⁻⁶⁰ made
-/// ±0: what f32 accumulation does to their products, squares and sums (DESIGN.md:
-/// accumulation in f32, as in cuBLAS and FlashAttention). An element of the reference that
-/// changes under this depends on values beyond f32's range; `None` when nothing changes.
-pub fn saturated(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
+/// The inputs with `f` applied to every float element (of every input but an additive mask
+/// when `skip_masks`): `f` gives the new value of an element it changes. `None` when nothing
+/// changes.
+fn map_floats(inputs: &[(String, Tensor)], skip_masks: bool, f: impl Fn(f64) -> Option<f64>) -> Option<Vec<(String, Tensor)>> {
     let mut changed = false;
     let out = inputs
         .iter()
         .map(|(n, t)| {
-            // An additive mask's finite extremes are added to scores, never multiplied or
-            // squared: a kernel keeps them finite, and a row masked with the lowest finite
-            // value must give the finite mean (the finite-mask case), not anything.
-            if !t.dtype().is_float() || n.starts_with("mask") {
+            if !t.dtype().is_float() || (skip_masks && n.starts_with("mask")) {
                 return (n.clone(), t.clone());
             }
             let data: Vec<f64> = t
                 .data()
                 .iter()
-                .map(|&x| match x.abs() {
-                    a if a.is_finite() && a > F32_SAFE.0 => {
+                .map(|&x| match f(x) {
+                    Some(y) => {
                         changed = true;
-                        x.signum() * f64::INFINITY
+                        y
                     }
-                    a if a != 0.0 && a < F32_SAFE.1 => {
-                        changed = true;
-                        0.0f64.copysign(x)
-                    }
-                    _ => x,
-                })
-                .collect();
-            (
-                n.clone(),
-                Tensor::new(t.dtype(), t.shape(), data).expect("same shape"),
-            )
-        })
-        .collect();
-    changed.then_some(out)
-}
-
-/// The inputs with every float magnitude above 2⁶⁰ made ±0 (a probe of which elements depend
-/// on them, for [`spread`]); `None` when there is none.
-fn zeroed_large(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
-    let mut changed = false;
-    let out = inputs
-        .iter()
-        .map(|(n, t)| {
-            let data: Vec<f64> = t
-                .data()
-                .iter()
-                .map(|&x| {
-                    let big = t.dtype().is_float() && x.is_finite() && x.abs() > F32_SAFE.0;
-                    changed |= big;
-                    if big { 0.0f64.copysign(x) } else { x }
+                    None => x,
                 })
                 .collect();
             (n.clone(), Tensor::new(t.dtype(), t.shape(), data).expect("same shape"))
         })
         .collect();
     changed.then_some(out)
+}
+
+/// The inputs (additive masks excepted) with every float magnitude above 2⁶⁰ made ±inf and every one below 2⁻⁶⁰ made
+/// ±0: what f32 accumulation does to their products, squares and sums (DESIGN.md:
+/// accumulation in f32, as in cuBLAS and FlashAttention). An element of the reference that
+/// changes under this depends on values beyond f32's range; `None` when nothing changes.
+///
+/// An additive mask's finite extremes are added to scores, never multiplied or squared: a
+/// kernel keeps them finite, and a row masked with the lowest finite value must give the
+/// finite mean (the finite-mask case), not anything.
+pub fn saturated(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
+    map_floats(inputs, true, |x| match x.abs() {
+        a if a.is_finite() && a > F32_SAFE.0 => Some(x.signum() * f64::INFINITY),
+        a if a != 0.0 && a < F32_SAFE.1 => Some(0.0f64.copysign(x)),
+        _ => None,
+    })
+}
+
+/// The inputs with every float magnitude above 2⁶⁰ made ±0 (a probe of which elements depend
+/// on them, for [`spread`]); `None` when there is none.
+fn zeroed_large(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
+    map_floats(inputs, false, |x| (x.is_finite() && x.abs() > F32_SAFE.0).then(|| 0.0f64.copysign(x)))
 }
 
 /// The inputs with every float magnitude above 2⁶⁰ made 0, in every input but an additive
@@ -307,22 +296,7 @@ fn zeroed_large(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
 /// and −inf in a kernel hides its key where the reference's row is NaN). `None` when nothing
 /// changes.
 pub fn dropped(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
-    let mut changed = false;
-    let out = inputs
-        .iter()
-        .map(|(n, t)| {
-            if !t.dtype().is_float() || n.starts_with("mask") {
-                return (n.clone(), t.clone());
-            }
-            let data: Vec<f64> = t
-                .data()
-                .iter()
-                .map(|&x| if x.is_finite() && x.abs() > F32_SAFE.0 { changed = true; 0.0 } else { x })
-                .collect();
-            (n.clone(), Tensor::new(t.dtype(), t.shape(), data).expect("same shape"))
-        })
-        .collect();
-    changed.then_some(out)
+    map_floats(inputs, true, |x| (x.is_finite() && x.abs() > F32_SAFE.0).then_some(0.0))
 }
 
 /// Draws of [`perturbed`] inputs [`spread`] takes: one draw's estimate of the sensitivity

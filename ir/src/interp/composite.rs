@@ -38,7 +38,8 @@ fn softmax_row(row: &[f64], out: &mut [f64], log: bool) {
     if log {
         let lse = sum.ln();
         for (o, &x) in out.iter_mut().zip(row) {
-            *o = x - m - lse;
+            // −((m − x) + lse): the row max gives −0 when lse is 0, as kernels do in f32.
+            *o = -((m - x) + lse);
         }
     } else {
         out.iter_mut().for_each(|o| *o /= sum);

@@ -125,9 +125,12 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                     let ls = self.kb.fsel(all_neg_inf, zero, log_s)?;
                     let x = self.input(node, 0)?;
                     let xs = self.eval(x, at)?;
+                    // −((m − x) + log Σe), not (x − m) − log Σe: at the row max, where log Σe
+                    // rounds to +0 in f32, the result is −0 like the exact value's sign (≤ 0).
                     for s in xs {
-                        let d = self.kb.fsub(s.f()?, m_safe)?;
-                        let r = self.kb.fsub(d, ls)?;
+                        let d = self.kb.fsub(m_safe, s.f()?)?;
+                        let t = self.kb.fadd(d, ls)?;
+                        let r = self.kb.fneg(t)?;
                         out.push(Scalar::F(self.kb.round_to(r, dt)?));
                     }
                 }

@@ -15,7 +15,7 @@
 //! - `softmax` is safe: `m = max x` (NaN-propagating: `max.NaN.f32`, never `fmaxf`),
 //!   `e = 2^((x − m)·log2e)` (`ex2.approx.ftz`), `out = e · (1/Σe)`; a row of all −inf gives
 //!   0 (`log_softmax`: −inf), a NaN anywhere gives a NaN row, a +inf gives NaN (`inf − inf`);
-//! - `log_softmax = (x − m) − log Σe` with the precise [`crate::math::log`];
+//! - `log_softmax = −((m − x) + log Σe)` (−0 at the row max when log Σe rounds to 0) with the precise [`crate::math::log`];
 //! - `rms_norm`: `r = 1/√(Σx²/N + eps)` with `eps` rounded to f32 and added in f32,
 //!   `out = round(round(x·r)·w)` (a zero row gives 0);
 //! - `layer_norm`: the corrected two-pass algorithm (mean₀ = Σx/N, then `Σ(x − mean₀)` and
