@@ -562,7 +562,7 @@ mod tests {
         // Values at the ends of their ranges in every line before the PTX: a miss, or a plan
         // whose launch resolves to a value or an error.
         let header_lines = good.lines().take_while(|l| !l.starts_with("ptx ")).count();
-        let extremes = ["", "-1", "0", "4294967296", "9223372036854775807", "18446744073709551616", "N^64*N^64", "N-9223372036854775807-9", "é", "\u{0}"];
+        let extremes = ["", "-1", "0", "4294967295", "4294967296", "9223372036854775807", "18446744073709551616", "N^64*N^64", "N-9223372036854775807-9", "é", "\u{0}"];
         for line in 0..header_lines {
             for ext in extremes {
                 let body: String = good

@@ -113,8 +113,9 @@ pub fn resolve(plan: &LaunchPlan, buffer_ptrs: &[u64], bindings: &Bindings) -> R
     if plan.block.contains(&0) {
         return Err(invalid(format!("block {:?} has a zero dimension", plan.block)));
     }
-    let threads: u64 = plan.block.iter().map(|&b| u64::from(b)).product();
-    if threads > MAX_THREADS_PER_BLOCK {
+    // In u128: three u32 extents cannot overflow it (a u64 product of damaged ones can).
+    let threads: u128 = plan.block.iter().map(|&b| u128::from(b)).product();
+    if threads > u128::from(MAX_THREADS_PER_BLOCK) {
         return Err(invalid(format!("block {:?} has {threads} threads, more than {MAX_THREADS_PER_BLOCK}", plan.block)));
     }
     let mut grid = [1u32; 3];
@@ -295,6 +296,9 @@ mod tests {
         p.params.push(KernelParam::Buffer(usize::MAX));
         assert_eq!(buffer_count(&p), usize::MAX);
         assert!(resolve(&p, &[1, 2], &bind(&[("N", 1)])).unwrap_err().to_string().contains("k_add"));
+        let mut p = plan();
+        p.block = [u32::MAX; 3];
+        assert!(matches!(resolve(&p, &[1, 2], &bind(&[("N", 1)])), Err(RuntimeError::InvalidLaunch { .. })));
         let map = |offset: i64, stride: i64| {
             let mut p = plan();
             p.params.push(KernelParam::TensorMap(sinter_ir::TensorMap {
