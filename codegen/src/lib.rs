@@ -24,6 +24,7 @@
 //! `llvm.nvvm.read.ptx.sreg.*` intrinsics.
 
 #![warn(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 #[cfg(any(test, feature = "emu"))]
 pub mod emu;

@@ -515,6 +515,44 @@ ptxas info    : Compile time = 1.379 ms
         );
     }
 
+    /// A ptxas that is not there, or that prints bytes that are not UTF-8, writes no cubin,
+    /// fails, or reports nonsense, gives an error naming what went wrong; none panics.
+    #[test]
+    fn a_missing_or_misbehaving_ptxas_is_an_error() {
+        let ptx = ".version 8.5\n.target sm_80\n.address_size 64\n";
+        let missing = Path::new("/nonexistent/sinter/bin/ptxas");
+        let err = assemble_with(missing, ptx, &Target::SM_80).unwrap_err();
+        assert!(matches!(err, PtxasError::Io { .. }) && err.to_string().contains("/nonexistent/sinter/bin/ptxas"), "{err}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = TempDir::new().unwrap();
+            // The arguments are `-arch=… -v <ptx> -o <cubin>`: `$5` is the cubin.
+            let cases = [
+                ("no-cubin", "printf '\\377\\376 done\\n' >&2", "reading"),
+                ("fails", "printf '\\377 nonsense\\n' >&2; exit 3", "failed (exit status: 3)"),
+                ("bad-report", "printf 'ptxas info    : Used \\377 registers\\n' >&2; : > \"$5\"", "before any function"),
+            ];
+            for (name, script, want) in cases {
+                let path = dir.path().join(name);
+                std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+                // Another test's fork may briefly hold the new file open (ETXTBSY): retry.
+                let mut err = assemble_with(&path, ptx, &Target::SM_80).unwrap_err();
+                for _ in 0..20 {
+                    match &err {
+                        PtxasError::Io { source, .. } if source.raw_os_error() == Some(26) => {
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            err = assemble_with(&path, ptx, &Target::SM_80).unwrap_err();
+                        }
+                        _ => break,
+                    }
+                }
+                assert!(err.to_string().contains(want), "{name}: {err}");
+            }
+        }
+    }
+
     #[test]
     fn rejected_ptx_is_an_error() {
         let Some(ptxas) = find_ptxas_for_tests().unwrap_or_else(|e| panic!("{e}")) else {

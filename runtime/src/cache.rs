@@ -509,6 +509,83 @@ mod tests {
         }
     }
 
+    /// Entries whose header, key, length and checksum are right but whose body is not a plan
+    /// this version wrote — cut short, random bytes, another format, values out of range —
+    /// are [`Lookup::Corrupt`] (or, where the text still reads as a plan, a hit whose launch
+    /// is resolved to a value or an error); none panics.
+    #[test]
+    fn well_formed_entries_with_damaged_bodies_are_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::new(dir.path()).unwrap();
+        let digest = key().digest();
+        let mut p = plan("k2_tma");
+        p.params.push(KernelParam::TensorMap(sinter_ir::TensorMap {
+            buffer: 1,
+            dtype: sinter_ir::DType::BF16,
+            offset: Dim::constant(0),
+            dims: vec![Dim::constant(64), Dim::symbol("N")],
+            strides: vec![Dim::constant(64)],
+            box_dims: vec![64, 64],
+            swizzle: 128,
+        }));
+        let good = print_plan(&p);
+        let store = |body: &[u8]| {
+            cache.write_entry_bytes(&digest, "plan", body).unwrap();
+            cache.get(&key())
+        };
+        assert_eq!(store(good.as_bytes()), Lookup::Hit(p.clone()));
+
+        // Must be misses: every proper prefix, trailing bytes, random bytes, other formats.
+        let mut corrupt: Vec<Vec<u8>> = (0..good.len()).map(|cut| good.as_bytes()[..cut].to_vec()).collect();
+        corrupt.push(format!("{good}\n").into_bytes());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for len in [1, 7, 64, 300, 4096] {
+            corrupt.push(
+                (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x >> 56) as u8
+                    })
+                    .collect(),
+            );
+        }
+        corrupt.push(good.replacen("target sm_80", "target sm_999z", 1).into_bytes());
+        corrupt.push(good.replacen("shared 0\n", "shared 0\ncluster 2 1 1\n", 1).into_bytes());
+        corrupt.push(b"sinter-kernel-plan v2\n{\"entry\": \"k\"}\n".to_vec());
+        for body in corrupt {
+            let got = store(&body);
+            assert!(matches!(got, Lookup::Corrupt { .. }), "{:?}: {got:?}", String::from_utf8_lossy(&body));
+        }
+
+        // Values at the ends of their ranges in every line before the PTX: a miss, or a plan
+        // whose launch resolves to a value or an error.
+        let header_lines = good.lines().take_while(|l| !l.starts_with("ptx ")).count();
+        let extremes = ["", "-1", "0", "4294967295", "4294967296", "9223372036854775807", "18446744073709551616", "N^64*N^64", "N-9223372036854775807-9", "é", "\u{0}"];
+        for line in 0..header_lines {
+            for ext in extremes {
+                let body: String = good
+                    .split_inclusive('\n')
+                    .enumerate()
+                    .map(|(i, l)| match (i == line, l.rsplit_once(' ')) {
+                        (true, Some((head, _))) => format!("{head} {ext}\n"),
+                        _ => l.to_string(),
+                    })
+                    .collect();
+                match store(body.as_bytes()) {
+                    Lookup::Corrupt { reason, .. } => assert!(!reason.is_empty()),
+                    Lookup::Hit(plan) => {
+                        for n in [0, 1, i64::MAX] {
+                            let _ = crate::launch::resolve(&plan, &[0x1000, 0x2000, 0x3000], &[("N".to_string(), n)].into_iter().collect());
+                        }
+                    }
+                    Lookup::Miss => panic!("line {line} `{ext}`: an entry that is there is no miss"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn unreadable_entry_is_corrupt_not_an_error() {
         let dir = tempfile::tempdir().unwrap();

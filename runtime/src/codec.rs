@@ -84,8 +84,9 @@ pub trait Element: Copy + sealed::Sealed {
     const DTYPE: DType;
     /// Appends the element's little-endian device bytes.
     fn write_le(self, out: &mut Vec<u8>);
-    /// Reads one element from exactly `DTYPE.size_bytes()` bytes.
-    fn read_le(bytes: &[u8]) -> Self;
+    /// Reads one element from the first `DTYPE.size_bytes()` bytes of `bytes`; `None` when
+    /// there are fewer.
+    fn read_le(bytes: &[u8]) -> Option<Self>;
 }
 
 macro_rules! element {
@@ -96,10 +97,8 @@ macro_rules! element {
             fn write_le(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
-            fn read_le(bytes: &[u8]) -> Self {
-                let mut a = [0u8; $n];
-                a.copy_from_slice(&bytes[..$n]);
-                <$t>::from_le_bytes(a)
+            fn read_le(bytes: &[u8]) -> Option<Self> {
+                Some(<$t>::from_le_bytes(bytes.get(..$n)?.try_into().ok()?))
             }
         }
     };
@@ -117,8 +116,8 @@ impl Element for bool {
     fn write_le(self, out: &mut Vec<u8>) {
         out.push(u8::from(self));
     }
-    fn read_le(bytes: &[u8]) -> Self {
-        bytes.first().is_some_and(|b| *b != 0)
+    fn read_le(bytes: &[u8]) -> Option<Self> {
+        bytes.first().map(|b| *b != 0)
     }
 }
 
@@ -140,7 +139,12 @@ pub fn decode<T: Element>(bytes: &[u8]) -> Result<Vec<T>, RuntimeError> {
     if bytes.len() % size != 0 {
         return Err(RuntimeError::Buffer(format!("{} bytes are not a whole number of {} elements", bytes.len(), T::DTYPE)));
     }
-    Ok(bytes.chunks_exact(size).map(T::read_le).collect())
+    // Every chunk has `size` bytes, so `read_le` gives `Some` for each.
+    bytes
+        .chunks_exact(size)
+        .map(T::read_le)
+        .collect::<Option<Vec<T>>>()
+        .ok_or_else(|| RuntimeError::Buffer(format!("{} bytes: an element of {} could not be read", bytes.len(), T::DTYPE)))
 }
 
 #[cfg(test)]
@@ -207,5 +211,9 @@ mod tests {
         assert_eq!(decode::<i64>(&encode(&i)).unwrap(), i);
         assert!(matches!(decode::<f32>(&[0, 0, 0]), Err(RuntimeError::Buffer(_))));
         assert!(matches!(decode_f64(DType::I64, &[0; 9]), Err(RuntimeError::Buffer(_))));
+        // One element from too few bytes is `None`, not a panic; extra bytes are not read.
+        assert_eq!(f32::read_le(&[0, 0]), None);
+        assert_eq!(bool::read_le(&[]), None);
+        assert_eq!(i32::read_le(&[1, 0, 0, 0, 9]), Some(1));
     }
 }

@@ -113,8 +113,9 @@ pub fn resolve(plan: &LaunchPlan, buffer_ptrs: &[u64], bindings: &Bindings) -> R
     if plan.block.contains(&0) {
         return Err(invalid(format!("block {:?} has a zero dimension", plan.block)));
     }
-    let threads: u64 = plan.block.iter().map(|&b| u64::from(b)).product();
-    if threads > MAX_THREADS_PER_BLOCK {
+    // In u128: three u32 extents cannot overflow it (a u64 product of damaged ones can).
+    let threads: u128 = plan.block.iter().map(|&b| u128::from(b)).product();
+    if threads > u128::from(MAX_THREADS_PER_BLOCK) {
         return Err(invalid(format!("block {:?} has {threads} threads, more than {MAX_THREADS_PER_BLOCK}", plan.block)));
     }
     let mut grid = [1u32; 3];
@@ -148,9 +149,17 @@ pub fn resolve(plan: &LaunchPlan, buffer_ptrs: &[u64], bindings: &Bindings) -> R
                     u64::try_from(v).map_err(|_| invalid(format!("parameter {i}'s tensor map: {what} `{d}` = {v} is negative")))
                 };
                 let esize = t.dtype.size_bytes() as u64;
+                // Elements to bytes, and the base plus the offset, checked: huge bindings or a
+                // hand-edited plan must give an error, not an overflow.
+                let bytes = |d: &Dim, what: &str| -> Result<u64, RuntimeError> {
+                    let v = eval(d, what)?;
+                    v.checked_mul(esize).ok_or_else(|| invalid(format!("parameter {i}'s tensor map: {what} `{d}` = {v} elements overflows 64-bit bytes")))
+                };
                 let dims = t.dims.iter().map(|d| eval(d, "a dimension")).collect::<Result<Vec<_>, _>>()?;
-                let strides = t.strides.iter().map(|d| Ok(eval(d, "a stride")? * esize)).collect::<Result<Vec<_>, RuntimeError>>()?;
-                let map = ResolvedTensorMap { dtype: t.dtype, address: base + eval(&t.offset, "the offset")? * esize, dims, strides, box_dims: t.box_dims.clone(), swizzle: t.swizzle };
+                let strides = t.strides.iter().map(|d| bytes(d, "a stride")).collect::<Result<Vec<_>, RuntimeError>>()?;
+                let offset = bytes(&t.offset, "the offset")?;
+                let address = base.checked_add(offset).ok_or_else(|| invalid(format!("parameter {i}'s tensor map: buffer address {base:#x} + offset {offset} bytes overflows 64 bits")))?;
+                let map = ResolvedTensorMap { dtype: t.dtype, address, dims, strides, box_dims: t.box_dims.clone(), swizzle: t.swizzle };
                 map.check().map_err(|e| invalid(format!("parameter {i}'s tensor map over buffer {}: {e}", t.buffer)))?;
                 ArgValue::TensorMap(map)
             }
@@ -160,13 +169,13 @@ pub fn resolve(plan: &LaunchPlan, buffer_ptrs: &[u64], bindings: &Bindings) -> R
 }
 
 /// How many buffers `plan` refers to: one more than the largest [`KernelParam::Buffer`] index
-/// (0 when it has none).
+/// (0 when it has none; `usize::MAX` for an index of `usize::MAX`, as a damaged plan may hold).
 pub fn buffer_count(plan: &LaunchPlan) -> usize {
     plan.params
         .iter()
         .filter_map(|p| match p {
-            KernelParam::Buffer(b) => Some(b + 1),
-            KernelParam::TensorMap(t) => Some(t.buffer + 1),
+            KernelParam::Buffer(b) => Some(b.saturating_add(1)),
+            KernelParam::TensorMap(t) => Some(t.buffer.saturating_add(1)),
             KernelParam::Size(_) => None,
         })
         .max()
@@ -275,5 +284,38 @@ mod tests {
             assert!(err.contains(want) && err.contains("buffer 1") && err.contains("k_add"), "{want}: {err}");
         }
         assert_eq!(buffer_count(&map(Dim::constant(0), n, 64, 128)), 2);
+    }
+
+    /// Bindings and plan fields at the ends of their ranges (a caller's huge size, a damaged
+    /// cached plan) give errors naming the kernel, never an arithmetic overflow.
+    #[test]
+    fn extreme_values_are_errors_not_overflows() {
+        let err = resolve(&plan(), &[1, 2], &bind(&[("N", i64::MAX)])).unwrap_err();
+        assert!(matches!(err, RuntimeError::Dim { source: DimError::Overflow(_), .. }), "{err:?}");
+        let mut p = plan();
+        p.params.push(KernelParam::Buffer(usize::MAX));
+        assert_eq!(buffer_count(&p), usize::MAX);
+        assert!(resolve(&p, &[1, 2], &bind(&[("N", 1)])).unwrap_err().to_string().contains("k_add"));
+        let mut p = plan();
+        p.block = [u32::MAX; 3];
+        assert!(matches!(resolve(&p, &[1, 2], &bind(&[("N", 1)])), Err(RuntimeError::InvalidLaunch { .. })));
+        let map = |offset: i64, stride: i64| {
+            let mut p = plan();
+            p.params.push(KernelParam::TensorMap(sinter_ir::TensorMap {
+                buffer: 1,
+                dtype: DType::F32,
+                offset: Dim::constant(offset),
+                dims: vec![Dim::constant(64), Dim::constant(64)],
+                strides: vec![Dim::constant(stride)],
+                box_dims: vec![64, 64],
+                swizzle: 0,
+            }));
+            p
+        };
+        for (p, base, want) in [(map(0, i64::MAX), 0x1000, "a stride"), (map(i64::MAX, 64), 0x1000, "the offset"), (map(4, 64), u64::MAX - 7, "overflows 64 bits")] {
+            let err = resolve(&p, &[0x1000, base], &bind(&[("N", 1)])).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, RuntimeError::InvalidLaunch { .. }) && text.contains(want) && text.contains("k_add"), "{want}: {text}");
+        }
     }
 }

@@ -20,6 +20,9 @@
 //!
 //! Design notes: book/src/design/matmul.md
 
+// Test support (the tests' emulator, the fuzzer's CPU runs): a failure is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};

@@ -236,7 +236,9 @@ impl GridDim {
     pub fn eval(&self, bindings: &Bindings) -> Result<u32, DimError> {
         let n = self.numerator.eval(bindings)?;
         let d = i64::from(self.denominator.max(1));
-        let ctas = (n.max(0) + d - 1) / d;
+        // Ceiling division that cannot overflow (`n + d - 1` does for n near i64::MAX).
+        let n = n.max(0);
+        let ctas = n / d + i64::from(n % d != 0);
         u32::try_from(ctas.max(1)).map_err(|_| DimError::Overflow(self.numerator.to_string()))
     }
 }
