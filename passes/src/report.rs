@@ -6,7 +6,8 @@
 //! iterations, stop reason and e-graph size; the rules that fired, with counts; the kernels
 //! with family, origin, ops, HBM bytes and modelled time; the totals before (one kernel per
 //! node) and after; the temporary buffers and the peak of live temporary bytes; kernels per
-//! origin (per layer); and the buffers that alias (`kv_append` updates its pages in place). [`FusionReport::timings`] gives the wall times.
+//! origin (per layer); and the buffers that alias (`kv_append` updates its pages in place). [`FusionReport::timings`] gives the wall times;
+//! [`FusionReport::layers`] the kernels per layer of the repeated block, however it is written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
