@@ -383,14 +383,14 @@ pub fn lower_with_cache(graph: &Graph, lowering: Lowering, target: &Target, cach
     lowering_cache::lower_cached(graph, lowering, target, cache, || lower_counting(graph, lowering, target))
 }
 
-/// [`lower`], with the kernels per decoder layer (`layer` or `block` calls) the fusion
-/// report counts.
+/// [`lower`], with the kernels per decoder layer the fusion report counts
+/// ([`sinter_passes::FusionReport::layers`]: the most common kind of layer).
 fn lower_counting(graph: &Graph, lowering: Lowering, target: &Target) -> Result<(KernelGraph, Option<usize>), Error> {
     Ok(match lowering {
         Lowering::Unfused => (sinter_passes::lower_unfused(graph)?, None),
         Lowering::Fused => {
             let (kg, report) = sinter_passes::compile(graph, target, &sinter_passes::PassOptions::for_graph(graph))?;
-            let per_layer = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
+            let per_layer = report.layers().and_then(|l| l.typical());
             (kg, per_layer)
         }
     })

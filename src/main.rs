@@ -359,9 +359,8 @@ fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules:
                 writeln!(text, "    {}", sinter::tune::describe(&kg, k, &arch))?;
             }
         }
-        let block = ["layer", "block"].into_iter().find_map(|f| report.kernels_per_call(f));
-        if let Some(n) = block {
-            writeln!(text, "kernels per layer ({mode}): {n}")?;
+        if let Some(layers) = report.layers() {
+            writeln!(text, "kernels per layer ({mode}): {layers}")?;
         }
         out(&text)?;
         if let Some(dir) = dot {

@@ -6,9 +6,10 @@
 //! iterations, stop reason and e-graph size; the rules that fired, with counts; the kernels
 //! with family, origin, ops, HBM bytes and modelled time; the totals before (one kernel per
 //! node) and after; the temporary buffers and the peak of live temporary bytes; kernels per
-//! origin (per layer); and the buffers that alias (`kv_append` updates its pages in place). [`FusionReport::timings`] gives the wall times.
+//! origin (per layer); and the buffers that alias (`kv_append` updates its pages in place). [`FusionReport::timings`] gives the wall times;
+//! [`FusionReport::layers`] the kernels per layer of the repeated block, however it is written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
 
 use sinter_ir::{BufferRole, Family, Function, Graph, Kernel, KernelData, KernelGraph, OpKind};
@@ -87,6 +88,9 @@ pub struct KernelReport {
     pub origin: String,
     /// A weight concatenation, run once at load time.
     pub load_time: bool,
+    /// Indices (into [`FusionReport::kernels`]) of the kernels that write its input buffers;
+    /// filled in by [`FusionReport::new`].
+    pub producers: Vec<usize>,
 }
 
 impl KernelReport {
@@ -117,7 +121,7 @@ impl KernelReport {
             }
         }
         let modelled_us = cost::kernel_us(&cfg.target, read + written, flops, tc);
-        KernelReport { kernel: k, family: kd.family, ops, bytes_read: read, bytes_written: written, modelled_us, origin: meta.origin.clone(), load_time: meta.load_time }
+        KernelReport { kernel: k, family: kd.family, ops, bytes_read: read, bytes_written: written, modelled_us, origin: meta.origin.clone(), load_time: meta.load_time, producers: vec![] }
     }
 }
 
@@ -194,7 +198,18 @@ fn buffer_label(kg: &KernelGraph, b: sinter_ir::Buffer) -> String {
 
 impl FusionReport {
     /// Assembles the report.
-    pub fn new(opts: &PassOptions, functions: Vec<FunctionReport>, nodes_before: usize, base: &KernelGraph, kernels: Vec<KernelReport>, kg: &KernelGraph, seconds: f64) -> FusionReport {
+    pub fn new(opts: &PassOptions, functions: Vec<FunctionReport>, nodes_before: usize, base: &KernelGraph, mut kernels: Vec<KernelReport>, kg: &KernelGraph, seconds: f64) -> FusionReport {
+        let mut writer: BTreeMap<sinter_ir::Buffer, usize> = BTreeMap::new();
+        for (i, kd) in kg.kernels.values().enumerate() {
+            for &b in &kd.outputs {
+                writer.entry(b).or_insert(i);
+            }
+        }
+        for (kr, kd) in kernels.iter_mut().zip(kg.kernels.values()) {
+            kr.producers = kd.inputs.iter().filter_map(|b| writer.get(b).copied()).collect();
+            kr.producers.sort_unstable();
+            kr.producers.dedup();
+        }
         let mut rules_fired = BTreeMap::new();
         for f in &functions {
             for p in &f.phases {
@@ -269,6 +284,107 @@ impl FusionReport {
             .min()
     }
 
+    /// The repeated block of the graph (a decoder's layers) and its kernels per layer, load-time
+    /// kernels excluded; `None` when nothing repeats.
+    ///
+    /// Works for layers written as calls (nested calls included) and for layers unrolled in
+    /// the entry function alike, from the kernels' ops, origins and data flow only:
+    ///
+    /// 1. Each kernel gets a *token*: family, ops without views, and origin with the call
+    ///    indices stripped (`block/attn`). A token is *chained* when each of its occurrences
+    ///    depends (transitively) on the one before, as the layers of a stack do.
+    /// 2. The layer count `L` is the smallest occurrence count of chained tokens whose
+    ///    kernels cover at least a quarter of the kernels; the *anchor* is the earliest
+    ///    chained token occurring `L` times, or an earlier run of `L` occurrences of a
+    ///    chained token that falls once in each of the first anchor's layers (so that a
+    ///    layer starts at its norm, not in the middle).
+    /// 3. A kernel whose outermost call is to a function called exactly `L` times belongs to
+    ///    that call's layer (all of its nested calls with it); any other kernel to the last
+    ///    anchor occurrence it depends on or is, or to none (work before the stack).
+    /// 4. Layers are grouped into kinds by their kernels' tokens. The first and last layers
+    ///    also hold the work before and after the stack (embedding, head, shared
+    ///    `positions + 1`), so with three layers or more only the others are classified;
+    ///    with two, one kind with the smaller count.
+    pub fn layers(&self) -> Option<Layers> {
+        let live: Vec<usize> = (0..self.kernels.len()).filter(|&i| !self.kernels[i].load_time).collect();
+        let n = live.len();
+        let mut pos = vec![usize::MAX; self.kernels.len()];
+        for (p, &i) in live.iter().enumerate() {
+            pos[i] = p;
+        }
+        let tokens: Vec<String> = live.iter().map(|&i| layer_token(&self.kernels[i])).collect();
+        // Ancestors (including itself) of each kernel, as bit sets over launch positions.
+        let words = n.div_ceil(64);
+        let mut anc = vec![0u64; n * words];
+        for p in 0..n {
+            for &q in &self.kernels[live[p]].producers {
+                let qp = pos[q];
+                if qp < p {
+                    for w in 0..words {
+                        anc[p * words + w] |= anc[qp * words + w];
+                    }
+                }
+            }
+            anc[p * words + p / 64] |= 1 << (p % 64);
+        }
+        let depends = |a: usize, b: usize| anc[a * words + b / 64] >> (b % 64) & 1 == 1;
+        let mut occ: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (p, t) in tokens.iter().enumerate() {
+            occ.entry(t.as_str()).or_default().push(p);
+        }
+        let chained: Vec<&Vec<usize>> = occ.values().filter(|o| o.len() >= 2 && o.windows(2).all(|w| depends(w[1], w[0]))).collect();
+        let mut coverage: BTreeMap<usize, usize> = BTreeMap::new();
+        for o in &chained {
+            *coverage.entry(o.len()).or_insert(0) += o.len();
+        }
+        let count = coverage.iter().find(|(_, &c)| 4 * c >= n).map(|(&l, _)| l)?;
+        let first = chained.iter().filter(|o| o.len() == count).min_by_key(|o| o[0])?;
+        let reach = |anchor: &[usize], p: usize| anchor.iter().rposition(|&a| a <= p && depends(p, a));
+        // Any rotation of a layer repeats; the layer starts at the earliest run of `count`
+        // occurrences of one token that are one per layer of the first anchor (`-1, 0, 1, …`
+        // or `0, 1, …`): a norm that opens every layer rather than the residual that ends it.
+        let mut anchor: &[usize] = first;
+        for o in chained.iter().filter(|o| o.len() >= count) {
+            let r: Vec<i64> = o.iter().map(|&p| reach(first, p).map_or(-1, |l| l as i64)).collect();
+            let run = (0..=o.len() - count).find(|&s| r[s] <= 0 && r[s..s + count].windows(2).all(|w| w[1] == w[0] + 1));
+            if let Some(s) = run.filter(|&s| o[s] < anchor[0]) {
+                anchor = &o[s..s + count];
+            }
+        }
+        // Outermost calls: function name -> its instances.
+        let mut calls: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+        for k in &self.kernels {
+            if let Some((f, i)) = outer_call(&k.origin) {
+                calls.entry(f).or_default().insert(i);
+            }
+        }
+        let mut layer_of: Vec<Option<usize>> = vec![None; n];
+        for p in 0..n {
+            let direct = outer_call(&self.kernels[live[p]].origin).filter(|(f, _)| calls[f].len() == count).map(|(f, i)| calls[f].range(..i).count());
+            layer_of[p] = direct.or_else(|| reach(anchor, p));
+        }
+        let mut members: Vec<Vec<&str>> = vec![vec![]; count];
+        for p in 0..n {
+            if let Some(l) = layer_of[p] {
+                members[l].push(tokens[p].as_str());
+            }
+        }
+        let per_layer: Vec<usize> = members.iter().map(Vec::len).collect();
+        let mut kinds: Vec<(Vec<&str>, LayerKind)> = vec![];
+        if count <= 2 {
+            kinds.push((vec![], LayerKind { kernels: per_layer.iter().copied().min()?, layers: (0..count).collect() }));
+        } else {
+            for (l, m) in members.iter_mut().enumerate().take(count - 1).skip(1) {
+                m.sort_unstable();
+                match kinds.iter_mut().find(|(sig, _)| sig == m) {
+                    Some((_, k)) => k.layers.push(l),
+                    None => kinds.push((m.clone(), LayerKind { kernels: m.len(), layers: vec![l] })),
+                }
+            }
+        }
+        Some(Layers { count, anchor: tokens[anchor[0]].clone(), kinds: kinds.into_iter().map(|(_, k)| k).collect(), per_layer })
+    }
+
     /// How many kernels hold each composite op the passes recognise or keep (attention,
     /// rms_norm, softmax, swiglu, …).
     pub fn composite_ops(&self) -> BTreeMap<String, usize> {
@@ -300,6 +416,79 @@ impl FusionReport {
     pub fn to_dot(&self, kg: &KernelGraph) -> String {
         kernel_graph_dot(kg, Some(self))
     }
+}
+
+/// The repeated block of a graph, as [`FusionReport::layers`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layers {
+    /// How many times the block repeats (the layers).
+    pub count: usize,
+    /// The token of the kernel that starts each layer (`family|ops|origin`).
+    pub anchor: String,
+    /// The kinds of layer, by first layer; the first and last layers are left out from three
+    /// layers on.
+    pub kinds: Vec<LayerKind>,
+    /// Kernels attributed to each layer (the first and last hold the work around the stack).
+    pub per_layer: Vec<usize>,
+}
+
+/// Layers with the same kernels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerKind {
+    /// Kernels per layer of this kind.
+    pub kernels: usize,
+    /// Which layers (0-based).
+    pub layers: Vec<usize>,
+}
+
+impl Layers {
+    /// The kernels of the most common kind of layer (on a tie, the first kind).
+    pub fn typical(&self) -> Option<usize> {
+        let most = self.kinds.iter().map(|k| k.layers.len()).max()?;
+        self.kinds.iter().find(|k| k.layers.len() == most).map(|k| k.kernels)
+    }
+}
+
+/// `7 (12 layers)`, or with kinds `13 in layers 1-4, 6-10, 12-16; 14 in layers 5, 11 (18 layers)`.
+impl fmt::Display for Layers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let [k] = self.kinds.as_slice() {
+            return write!(f, "{} ({} layers)", k.kernels, self.count);
+        }
+        let kinds: Vec<String> = self.kinds.iter().map(|k| format!("{} in layers {}", k.kernels, ranges(&k.layers))).collect();
+        write!(f, "{} ({} layers)", kinds.join("; "), self.count)
+    }
+}
+
+/// `1-4, 6, 8-9` for `[1, 2, 3, 4, 6, 8, 9]`.
+fn ranges(v: &[usize]) -> String {
+    let mut out: Vec<String> = vec![];
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i { format!("{}-{}", v[i], v[j]) } else { v[i].to_string() });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// A kernel's token for [`FusionReport::layers`]: family, ops without views and sources, and
+/// origin without call indices.
+fn layer_token(k: &KernelReport) -> String {
+    let ops: Vec<&str> = k.ops.iter().map(String::as_str).filter(|o| !matches!(*o, "reshape" | "slice" | "constant" | "iota")).collect();
+    let origin: String = k.origin.split('/').map(|c| c.split_once('#').map_or(c, |(f, _)| f)).collect::<Vec<_>>().join("/");
+    format!("{}|{}|{origin}", k.family.name(), ops.join(" "))
+}
+
+/// The outermost call of an origin (`block#3/attn#3` -> `("block", 3)`); `None` for the
+/// entry function.
+fn outer_call(origin: &str) -> Option<(&str, usize)> {
+    let first = origin.split('/').next()?;
+    let (f, i) = first.split_once('#')?;
+    Some((f, i.parse().ok()?))
 }
 
 fn mb(b: f64) -> String {
@@ -432,4 +621,142 @@ pub fn function_dot(f: &Function) -> String {
 /// Every function of a graph as DOT, one digraph after another.
 pub fn graph_dot(g: &Graph) -> String {
     g.funcs.values().map(function_dot).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compile, PassOptions};
+    use sinter_ir::Target;
+
+    fn report(text: &str) -> FusionReport {
+        let g = sinter_ir::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        compile(&g, &Target::SM_90A, &PassOptions::default()).unwrap().1
+    }
+
+    /// A stack of `kinds.len()` layers unrolled in `@main`: RMSNorm, a projection and the
+    /// residual; a layer of kind `true` has a second projection. Then a final norm and head.
+    fn unrolled(kinds: &[bool]) -> String {
+        let mut params = vec!["%x0: bf16[T, 64]".to_string(), "%nf: bf16[64]".into(), "%head: bf16[64, 256]".into()];
+        let mut body = String::new();
+        for (i, &big) in kinds.iter().enumerate() {
+            params.push(format!("%n{i}: bf16[64], %w{i}: bf16[64, 64], %v{i}: bf16[64, 64]"));
+            body += &format!("  %h{i}: bf16[T, 64] = rms_norm(%x{i}, %n{i}) {{eps=1e-5}}\n  %m{i}: bf16[T, 64] = matmul(%h{i}, %w{i})\n");
+            let y = if big {
+                body += &format!("  %p{i}: bf16[T, 64] = matmul(%m{i}, %v{i})\n");
+                format!("%p{i}")
+            } else {
+                format!("%m{i}")
+            };
+            body += &format!("  %x{}: bf16[T, 64] = add(%x{i}, {y})\n", i + 1);
+        }
+        let l = kinds.len();
+        format!("func @main({}) {{\n{body}  %o: bf16[T, 64] = rms_norm(%x{l}, %nf) {{eps=1e-5}}\n  %logits: bf16[T, 256] = matmul(%o, %head)\n  return %logits\n}}\n", params.join(", "))
+    }
+
+    /// `n` calls of `@block`, which calls `@norm` and `@proj` (two projections): nested calls.
+    fn nested(n: usize) -> String {
+        let mut params = vec!["%x0: bf16[T, 64]".to_string()];
+        let mut body = String::new();
+        for i in 0..n {
+            params.push(format!("%n{i}: bf16[64], %w{i}: bf16[64, 64], %v{i}: bf16[64, 64]"));
+            body += &format!("  %x{}: bf16[T, 64] = call(%x{i}, %n{i}, %w{i}, %v{i}) {{func=\"block\"}}\n", i + 1);
+        }
+        format!(
+            "func @norm(%x: bf16[T, 64], %n: bf16[64]) {{
+  %h: bf16[T, 64] = rms_norm(%x, %n) {{eps=1e-5}}
+  return %h
+}}
+func @proj(%h: bf16[T, 64], %w: bf16[64, 64], %v: bf16[64, 64]) {{
+  %m: bf16[T, 64] = matmul(%h, %w)
+  %e: bf16[T, 64] = exp(%m)
+  %s: bf16[T, 64] = softmax(%e) {{axis=-1}}
+  %p: bf16[T, 64] = matmul(%s, %v)
+  return %p
+}}
+func @block(%x: bf16[T, 64], %n: bf16[64], %w: bf16[64, 64], %v: bf16[64, 64]) {{
+  %h: bf16[T, 64] = call(%x, %n) {{func=\"norm\"}}
+  %p: bf16[T, 64] = call(%h, %w, %v) {{func=\"proj\"}}
+  %y: bf16[T, 64] = add(%x, %p)
+  return %y
+}}
+func @main({}) {{
+{body}  return %x{n}
+}}
+",
+            params.join(", ")
+        )
+    }
+
+    /// Kernels one more layer adds: the independent measure the counts are checked against.
+    fn added(build: &dyn Fn(usize) -> String, n: usize) -> usize {
+        report(&build(n + 1)).kernels_after() - report(&build(n)).kernels_after()
+    }
+
+    #[test]
+    fn nested_calls_count_with_their_layer() {
+        let want = added(&nested, 4);
+        let r = report(&nested(4));
+        let layers = r.layers().expect("four blocks repeat");
+        assert_eq!(layers.count, 4, "{layers:?}\n{r}");
+        assert_eq!(layers.kinds, [LayerKind { kernels: want, layers: vec![1, 2] }], "{r}");
+        // The nested calls' kernels are in the block (the old count saw only @block's own).
+        assert!(r.kernels.iter().any(|k| k.origin.contains('/')), "{r}");
+        assert_eq!(layers.typical(), Some(want));
+        assert_eq!(layers.to_string(), format!("{want} (4 layers)"));
+    }
+
+    #[test]
+    fn unrolled_layers_are_found_from_the_kernels() {
+        let build = |n: usize| unrolled(&vec![false; n]);
+        let want = added(&build, 5);
+        let r = report(&build(5));
+        assert!(r.kernels.iter().all(|k| k.origin == "main"));
+        let layers = r.layers().expect("five unrolled layers repeat");
+        assert_eq!(layers.count, 5, "{layers:?}\n{r}");
+        assert_eq!(layers.kinds, [LayerKind { kernels: want, layers: vec![1, 2, 3] }], "{r}");
+        // Every kernel but the embedding-free prefix is in some layer.
+        assert!(layers.per_layer.iter().sum::<usize>() <= r.kernels_after());
+    }
+
+    #[test]
+    fn two_kinds_of_layer_are_reported_apart() {
+        let kinds: Vec<bool> = (0..7).map(|i| i % 3 == 2).collect();
+        let small = added(&|n| unrolled(&vec![false; n]), 3);
+        let big = added(&|n| unrolled(&vec![true; n]), 3);
+        assert!(big > small, "a second projection adds a kernel");
+        let r = report(&unrolled(&kinds));
+        let layers = r.layers().expect("seven layers repeat");
+        assert_eq!(layers.count, 7, "{layers:?}\n{r}");
+        assert_eq!(layers.kinds, [LayerKind { kernels: small, layers: vec![1, 3, 4] }, LayerKind { kernels: big, layers: vec![2, 5] }], "{r}");
+        assert_eq!(layers.typical(), Some(small));
+        assert_eq!(layers.to_string(), format!("{small} in layers 1, 3-4; {big} in layers 2, 5 (7 layers)"));
+    }
+
+    #[test]
+    fn a_graph_without_layers_has_none() {
+        let r = report(
+            "func @main(%x: bf16[T, 64], %w: bf16[64, 64]) {
+  %m: bf16[T, 64] = matmul(%x, %w)
+  %s: bf16[T, 64] = softmax(%m) {axis=-1}
+  return %s
+}",
+        );
+        assert_eq!(r.layers(), None, "{r}");
+        // Two independent kernels of one kind are not a stack: they do not depend on each other.
+        let r = report(
+            "func @main(%x: bf16[T, 64], %y: bf16[T, 64], %w: bf16[64, 64]) {
+  %a: bf16[T, 64] = matmul(%x, %w)
+  %b: bf16[T, 64] = matmul(%y, %w)
+  return %a, %b
+}",
+        );
+        assert_eq!(r.layers(), None, "{r}");
+    }
+
+    #[test]
+    fn ranges_are_compact() {
+        assert_eq!(ranges(&[1, 2, 3, 4, 6, 8, 9]), "1-4, 6, 8-9");
+        assert_eq!(ranges(&[]), "");
+    }
 }
