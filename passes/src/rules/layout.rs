@@ -10,6 +10,7 @@
 //! | `rope-through-permute` | `rope(permute(y, p), pos)` → `permute(rope(y, pos'), p)` when `p` keeps the last axis | RoPE rotates each row of the last axis by its own position; `pos'` is `pos` (aligned to x's leading axes) permuted back by `p⁻¹`, so every row keeps its position |
 //! | `rope-through-reshape` | `rope(reshape(y), pos)` → `reshape(rope(y, pos'))` when the reshape keeps the last axis and only adds or drops size-1 leading axes | row-major order of the rows is unchanged; `pos'` drops/adds the same size-1 axes |
 //! | `pointwise-through-permute` | `u(permute(y, p))` → `permute(u(y), p)`; `b(permute(y, p), c)` → `permute(b(y, c'), p)` with `c'` the other operand aligned and permuted back by `p⁻¹`, only where that moves size-1 axes alone (a scalar, a bias, a per-position table) | an element-wise op computes each element alone; the same elements are computed, each rounded once |
+//! | `slice-concat-through-permute` | `slice(permute(y, p), k)` → `permute(slice(y, p[k]), p)`; `concat(permute(a, p), permute(b, p), k)` → `permute(concat(a, b, p[k]), p)` | axis `k` of the permuted tensor is axis `p[k]` of its input (`rotate_half` after a transpose) |
 //!
 //! The rewrites compute nothing new: the same elements are computed with the same operands
 //! ([`super::ROUNDING`]: exact). Positions are integers and are only permuted or reshaped.
@@ -29,6 +30,7 @@ pub static RULES: RuleTable = &[
     ("pointwise-through-permute", "u(permute(y)), b(permute(y), c) → permute(u(y)), permute(b(y, c'))", &[
         Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum,
     ], pointwise_through_permute),
+    ("slice-concat-through-permute", "slice(permute(y, p)), concat(permute(aᵢ, p)) → permute(slice(y)), permute(concat(aᵢ)) on axis p[k]", &[Slice, Concat], slice_concat_through_permute),
 ];
 
 fn perm_of(op: &Op) -> Vec<i64> {
@@ -188,6 +190,49 @@ fn pointwise_through_permute(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
             args.push(cp);
         }
         let Some(inner) = add(eg, op, &args) else { continue };
+        if let Some(n) = permute(eg, inner, &p) {
+            out.push((id, n));
+        }
+    }
+    out
+}
+
+/// `op` with its `axis` attribute set to `a`.
+fn with_axis(op: &Op, a: i64) -> Op {
+    let mut o = op.clone();
+    if let Some(i) = o.kind.attr_index("axis") {
+        o.attrs[i] = sinter_ir::Attr::Int(a);
+    }
+    o
+}
+
+fn slice_concat_through_permute(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+    let Some(t) = ty(eg, id) else { return vec![] };
+    let r = t.rank() as i64;
+    let norm = |a: i64| if a < 0 { a + r } else { a };
+    let mut plans: Vec<(Op, Vec<Id>, Vec<i64>)> = vec![];
+    for (op, ch) in nodes(eg, id, Slice) {
+        let Some(a) = op.int("axis").map(norm) else { continue };
+        for (pop, pch) in nodes(eg, ch[0], Permute) {
+            let p = perm_of(&pop);
+            if let (Some(&pa), true) = (p.get(a as usize), p.len() as i64 == r) {
+                plans.push((with_axis(&op, pa), vec![pch[0]], p));
+            }
+        }
+    }
+    for (op, ch) in nodes(eg, id, Concat) {
+        let Some(a) = op.int("axis").map(norm) else { continue };
+        let Some((pop, _)) = nodes(eg, ch[0], Permute).into_iter().next() else { continue };
+        let p = perm_of(&pop);
+        let Some(&pa) = p.get(a as usize) else { continue };
+        let ins: Option<Vec<Id>> = ch.iter().map(|&c| nodes(eg, c, Permute).into_iter().find(|(o, _)| perm_of(o) == p).map(|(_, pc)| pc[0])).collect();
+        if let (Some(ins), true) = (ins, p.len() as i64 == r) {
+            plans.push((with_axis(&op, pa), ins, p));
+        }
+    }
+    let mut out = vec![];
+    for (op, ins, p) in plans {
+        let Some(inner) = add(eg, op, &ins) else { continue };
         if let Some(n) = permute(eg, inner, &p) {
             out.push((id, n));
         }

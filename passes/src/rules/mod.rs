@@ -197,6 +197,7 @@ pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
     ("rope-through-permute", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only permuted); a permute moves values"),
     ("rope-through-reshape", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only reshaped); a reshape moves nothing"),
     ("pointwise-through-permute", Rounding::Exact, true, "an element-wise op (a cast included) computes each element from the same operand elements, rounded once, before or after a permute alike"),
+    ("slice-concat-through-permute", Rounding::Exact, false, "moves values only: the same elements sliced or joined, along the input's axis"),
     ("merge-parallel-matmuls", Rounding::Exact, false, "each output column is its own weight row's product, computed alike; slices move values"),
 ];
 
