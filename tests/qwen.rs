@@ -787,3 +787,34 @@ fn qwen_gguf_files_load_with_llama_cpp_names_and_give_the_folders_logits() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Fused kernels (load-time ones left out) of a Qwen graph in `spelling`, and the ops of the
+/// kernels of one layer (the second), for the failure message.
+fn fused_kernels(cfg: &QwenConfig, mode: Mode, spelling: sinter::zoo::qwen::Spelling) -> (usize, String) {
+    let g = sinter::zoo::qwen::build_spelled(cfg, mode, DType::BF16, spelling).unwrap();
+    let (_, report) = sinter_passes::compile(&g, &sinter::Target::SM_90A, &sinter_passes::PassOptions::for_graph(&g)).unwrap();
+    let layer: Vec<String> = report.kernels.iter().filter(|k| !k.load_time).map(|k| format!("{:?}[{}]", k.family, k.ops.join(" "))).collect();
+    (report.kernels_after(), layer.join("\n"))
+}
+
+/// The gate: Qwen2-0.5B's and Qwen3-0.6B's layers (two of them) written in Hugging
+/// Face's order — heads transposed, then RoPE — lower to at most one kernel a layer more than
+/// with RoPE applied before the transpose, in prefill and in decode; the layout rules move
+/// RoPE onto the projection's rows, into its epilogue.
+#[test]
+fn qwen_hugging_face_order_lowers_to_the_kernels_of_rope_first() {
+    use sinter::zoo::qwen::Spelling;
+    for mut cfg in [QwenConfig::qwen2_0_5b(), QwenConfig::qwen3_0_6b()] {
+        cfg.n_layers = 2;
+        for mode in [Mode::Prefill, Mode::Decode] {
+            let (hf, hf_list) = fused_kernels(&cfg, mode, Spelling::HuggingFace);
+            let (first, first_list) = fused_kernels(&cfg, mode, Spelling::RopeFirst);
+            println!("{} {mode:?}: {hf} kernels in Hugging Face's order, {first} RoPE-first ({} layers)", cfg.arch.name(), cfg.n_layers);
+            assert!(
+                hf <= first + cfg.n_layers,
+                "{} {mode:?}: {hf} kernels in HF order vs {first} RoPE-first\nHF:\n{hf_list}\nRoPE-first:\n{first_list}",
+                cfg.arch.name()
+            );
+        }
+    }
+}

@@ -4,10 +4,14 @@
 //! - `Qwen2RMSNorm`: the input cast to f32, `x · rsqrt(mean(x²) + ε)`, cast back to the
 //!   activation dtype, then `weight · x`;
 //! - attention: `q_proj`/`k_proj`/`v_proj` (with biases in Qwen2; Qwen3 has none unless
-//!   `attention_bias`), viewed as heads; Qwen3 then normalises each query and key head with its
-//!   own RMSNorm (`q_norm`/`k_norm`, over `head_dim`) before RoPE; RoPE in the `rotate_half`
-//!   form (the `rope` op with the `rope_scaling` of the config); grouped-query attention
-//!   `softmax(Q·Kᵀ·head_dim^-½ + causal mask)·V`, the softmax in f32; `o_proj`;
+//!   `attention_bias`), viewed as heads `[T, H, D]`; Qwen3 then normalises each query and key
+//!   head with its own RMSNorm (`q_norm`/`k_norm`, over `head_dim`); the heads transposed to
+//!   `[H, T, D]` (`transpose(1, 2)`), *then* RoPE in the `rotate_half` form (the `rope` op with
+//!   the `rope_scaling` of the config); grouped-query attention
+//!   `softmax(Q·Kᵀ·head_dim^-½ + causal mask)·V`, the softmax in f32; the heads transposed
+//!   back; `o_proj`. The passes move RoPE across the transposes (`rules::layout`), so this
+//!   order lowers to the kernels of RoPE applied before the transpose
+//!   ([`Spelling::RopeFirst`], kept to show it);
 //! - the MLP `down(silu(gate(x)) · up(x))`, residuals around both blocks, a final norm and an
 //!   LM head (the embedding when `tie_word_embeddings`).
 //!
@@ -364,7 +368,27 @@ impl QwenConfig {
 /// # Errors
 /// An invalid config; build errors (a rope scaling whose parameters the op refuses).
 pub fn build(cfg: &QwenConfig, mode: Mode, dtype: DType) -> Result<Graph, Error> {
+    build_spelled(cfg, mode, dtype, Spelling::HuggingFace)
+}
+
+/// The order in which a layer applies RoPE and the head transpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spelling {
+    /// Hugging Face's: view as heads, transpose to `[H, T, D]`, then RoPE ([`build`]).
+    HuggingFace,
+    /// RoPE on the `[T, H, D]` view, then the transpose (this zoo's earlier order); the same
+    /// values, kept so that tests and the book can compare the two lowerings.
+    RopeFirst,
+}
+
+/// [`build`] with the layer's operations in the order `spelling` says; both orders compute
+/// the same values (RoPE is per position; a transpose moves values).
+///
+/// # Errors
+/// As [`build`].
+pub fn build_spelled(cfg: &QwenConfig, mode: Mode, dtype: DType, spelling: Spelling) -> Result<Graph, Error> {
     cfg.validate()?;
+    let hf = spelling == Spelling::HuggingFace;
     let decode = mode == Mode::Decode;
     let dt = dtype;
     let (d, hd, h, hkv, ffn, vocab) = (
@@ -447,28 +471,47 @@ pub fn build(cfg: &QwenConfig, mode: Mode, dtype: DType) -> Result<Graph, Error>
                     qh = head_norm(qh, weight(format!("blk.{i}.attn_q_norm.weight"), {dt}[{hd}]));
                     kh = head_norm(kh, weight(format!("blk.{i}.attn_k_norm.weight"), {dt}[{hd}]));
                 }
-                // apply_rotary_pos_emb (rotate_half) with the config's rope_scaling.
-                let qr = qh.rope(pos, theta = theta, form = "rotate_half", scaling = {sc.clone()}, factor = {fac.clone()},
+                // Hugging Face: query_states.transpose(1, 2), then apply_rotary_pos_emb
+                // (rotate_half) with the config's rope_scaling, cos/sin unsqueezed over the heads.
+                let (qx, kx, px) = if !hf {
+                    (qh, kh, pos)
+                } else {
+                    let (a, b, c) = if decode {
+                        (qh.reshape([T, 1, {h}, {hd}]).transpose(1, 2), kh.reshape([T, 1, {hkv}, {hd}]).transpose(1, 2), positions.reshape([T, 1, 1]))
+                    } else {
+                        (qh.transpose(0, 1), kh.transpose(0, 1), positions)
+                    };
+                    (a, b, c)
+                };
+                let qr = qx.rope(px, theta = theta, form = "rotate_half", scaling = {sc.clone()}, factor = {fac.clone()},
                     low_freq_factor = {lo.clone()}, high_freq_factor = {hi.clone()}, original_max_position_embeddings = {orig.clone()},
                     beta_fast = {bfast.clone()}, beta_slow = {bslow.clone()}, truncate = {trunc.clone()}, mscale = {ms.clone()},
                     mscale_all_dim = {msa.clone()}, attention_factor = {attf.clone()});
-                let kr = kh.rope(pos, theta = theta, form = "rotate_half", scaling = {sc.clone()}, factor = {fac.clone()},
+                let kr = kx.rope(px, theta = theta, form = "rotate_half", scaling = {sc.clone()}, factor = {fac.clone()},
                     low_freq_factor = {lo.clone()}, high_freq_factor = {hi.clone()}, original_max_position_embeddings = {orig.clone()},
                     beta_fast = {bfast.clone()}, beta_slow = {bslow.clone()}, truncate = {trunc.clone()}, mscale = {ms.clone()},
                     mscale_all_dim = {msa.clone()}, attention_factor = {attf.clone()});
                 let (attn, kp2, vp2) = if decode {
                     // One query per sequence, attending to the sequence's cached keys.
-                    let [kpn, vpn] = kp.kv_append(vp, kr.reshape([T, 1, {hkv}, {hd}]), vh.reshape([T, 1, {hkv}, {hd}]), bt, positions);
-                    let qb = qr.reshape([T, 1, {h}, {hd}]).transpose(1, 2);
+                    // Hugging Face's states are [T, H, 1, D]; the cache takes [T, 1, Hkv, D].
+                    let (kn, qb) = if hf {
+                        (kr.transpose(1, 2), qr)
+                    } else {
+                        (kr.reshape([T, 1, {hkv}, {hd}]), qr.reshape([T, 1, {h}, {hd}]).transpose(1, 2))
+                    };
+                    let vn = if hf { vh.reshape([T, 1, {hkv}, {hd}]).transpose(1, 2).transpose(1, 2) } else { vh.reshape([T, 1, {hkv}, {hd}]) };
+                    let [kpn, vpn] = kp.kv_append(vp, kn, vn, bt, positions);
                     let o = qb.paged_attention(kpn, vpn, bt, positions + 1, scale = scale, causal = true, heads = h, kv_heads = hkv, window = {window_attr(windows[i])});
                     (o.transpose(1, 2).reshape([T, {qd}]), kpn, vpn)
                 } else {
                     // eager_attention_forward: repeat_kv, Q·Kᵀ·scaling + causal mask, softmax in
                     // f32 cast back, ·V; the prompt's keys and values also go to the cache.
-                    let [kpn, vpn] = kp.kv_append(vp, kr.reshape([1, T, {hkv}, {hd}]), vh.reshape([1, T, {hkv}, {hd}]), bt, positions.slice(0, 0, 1));
-                    let qt = qr.transpose(0, 1);
-                    let kt = kr.transpose(0, 1).reshape([{hkv}, 1, T, {hd}]).broadcast([{hkv}, {group}, T, {hd}]).reshape([{h}, T, {hd}]);
-                    let vt = vh.transpose(0, 1).reshape([{hkv}, 1, T, {hd}]).broadcast([{hkv}, {group}, T, {hd}]).reshape([{h}, T, {hd}]);
+                    // Hugging Face's states are [H, T, D]; the cache takes [1, T, Hkv, D].
+                    let (qt, kt0, vt0) = if hf { (qr, kr, vh.transpose(0, 1)) } else { (qr.transpose(0, 1), kr.transpose(0, 1), vh.transpose(0, 1)) };
+                    let (kn, vn) = if hf { (kt0.transpose(0, 1), vt0.transpose(0, 1)) } else { (kr, vh) };
+                    let [kpn, vpn] = kp.kv_append(vp, kn.reshape([1, T, {hkv}, {hd}]), vn.reshape([1, T, {hkv}, {hd}]), bt, positions.slice(0, 0, 1));
+                    let kt = kt0.reshape([{hkv}, 1, T, {hd}]).broadcast([{hkv}, {group}, T, {hd}]).reshape([{h}, T, {hd}]);
+                    let vt = vt0.reshape([{hkv}, 1, T, {hd}]).broadcast([{hkv}, {group}, T, {hd}]).reshape([{h}, T, {hd}]);
                     let scores = (qt @ kt.transpose(-2, -1)) * {scale};
                     let mut visible = iota(i32, [T, T], 0) >= iota(i32, [T, T], 1);
                     if windows[i] > 0 {

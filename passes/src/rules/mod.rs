@@ -1,5 +1,6 @@
 //! Rewrite rules, one family per file: [`algebraic`] (canonical forms and simplifications),
-//! [`recognition`] (decomposed spellings → the op table's composite ops) and [`fusion`]
+//! [`recognition`] (decomposed spellings → the op table's composite ops), [`layout`]
+//! (per-position ops moved across transposes and reshapes of the rows) and [`fusion`]
 //! (parallel matmuls sharing an input → one matmul on concatenated weights).
 //!
 //! **How a rule is written.** A rule is a Rust function `fn(&mut SirEGraph, Id) -> Vec<(Id,
@@ -28,6 +29,7 @@
 
 pub mod algebraic;
 pub mod fusion;
+pub mod layout;
 pub mod recognition;
 
 use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
@@ -115,7 +117,7 @@ pub fn rule(name: &str, kinds: &'static [OpKind], f: RuleFn) -> Option<Rw> {
 pub struct RuleInfo {
     /// Name (as counted in the fusion report).
     pub name: &'static str,
-    /// Family: `algebraic`, `recognition` or `fusion`.
+    /// Family: `algebraic`, `recognition`, `layout` or `fusion`.
     pub family: &'static str,
     /// What it rewrites.
     pub doc: &'static str,
@@ -129,6 +131,9 @@ pub fn catalogue() -> Vec<RuleInfo> {
     }
     for (name, doc, _, _) in recognition::RULES {
         v.push(RuleInfo { name, family: "recognition", doc });
+    }
+    for (name, doc, _, _) in layout::RULES {
+        v.push(RuleInfo { name, family: "layout", doc });
     }
     for (name, doc, _, _) in fusion::RULES {
         v.push(RuleInfo { name, family: "fusion", doc });
@@ -189,6 +194,10 @@ pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
     ("rope-rotate-half", Rounding::DropsCast, true, "angles in f64, one rounding; cos/sin tables cast to the dtype (HF) are read through the cast, so the tables are not rounded, and integer positions through their cast to float (exact in f32 below 2²⁴, not in bf16 above 256)"),
     ("rope-halves", Rounding::DropsCast, true, "as rope-rotate-half"),
     ("rope-interleaved", Rounding::DropsCast, true, "as rope-rotate-half"),
+    ("rope-through-permute", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only permuted); a permute moves values"),
+    ("rope-through-reshape", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only reshaped); a reshape moves nothing"),
+    ("pointwise-through-permute", Rounding::Exact, true, "an element-wise op (a cast included) computes each element from the same operand elements, rounded once, before or after a permute alike"),
+    ("slice-concat-through-permute", Rounding::Exact, false, "moves values only: the same elements sliced or joined, along the input's axis"),
     ("merge-parallel-matmuls", Rounding::Exact, false, "each output column is its own weight row's product, computed alike; slices move values"),
 ];
 

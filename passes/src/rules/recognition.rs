@@ -22,6 +22,11 @@
 //! | `rope-halves` | `concat(x₁·cos − x₂·sin, x₂·cos + x₁·sin)` over the halves, `cos/sin(f)` |
 //! | `rope-interleaved` | `reshape(concat(x₀·cos − x₁·sin, x₁·cos + x₀·sin))` over the even/odd pairs of `reshape(x, [..., D/2, 2])` |
 //!
+//! The cos/sin tables may also be tables of every position `0..L` built in the graph
+//! (`cos(rows · inv_freq)`, `rows` counting the rows) and gathered by the position ids, as a
+//! rotary cache indexed by `position_ids`: the gather's indices are then the positions.
+//! Tables that are graph inputs are not recognised (their values are unknown).
+//!
 //! `inv_freq` may be spelled any way that evaluates from constants and `iota`
 //! (`θ^(−2i/D)`, `1/θ^(2i/D)`, `exp(−2i·ln θ/D)`): the rule evaluates it with the interpreter
 //! and reads θ off the values (checking all of them).
@@ -816,6 +821,39 @@ fn trig_of(eg: &SirEGraph, c: Id, trig: OpKind) -> Vec<Id> {
     out
 }
 
+/// `(indices, F)` for each way class `c` is a view/cast of `gather(trig(F), indices)`.
+fn gathered_trig(eg: &SirEGraph, c: Id, trig: OpKind) -> Vec<(Id, Id)> {
+    let mut out = vec![];
+    for v in through_views(eg, c) {
+        for (_, ch) in nodes(eg, v, Gather) {
+            if ch.len() == 2 {
+                out.extend(trig_of(eg, ch[0], trig).into_iter().map(|f| (ch[1], f)));
+            }
+        }
+    }
+    out
+}
+
+/// θ such that class `f` is the angle table `rows · inv_freq` (either order) of every
+/// position: `rows` closed, of shape `[L, 1]`, holding 0, 1, …, L−1 (an `iota`, cast or not),
+/// so that row `p` of the table is position `p`'s angles.
+fn row_angles(eg: &SirEGraph, f: Id) -> Option<f64> {
+    if ty(eg, f)?.rank() != 2 {
+        return None;
+    }
+    for (rows, invf) in comm_args(eg, f, Mul) {
+        let Some(t) = crate::eval::closed_value(eg, rows) else { continue };
+        let counts = t.rank() == 2 && t.shape()[1] == 1 && t.data().iter().enumerate().all(|(i, &v)| v == i as f64);
+        if !counts {
+            continue;
+        }
+        if let Some(theta) = rope_theta(eg, invf) {
+            return Some(theta);
+        }
+    }
+    None
+}
+
 /// `(xa, xb, c, s)` such that `a = xa·c − xb·s` and `b = xb·c + xa·s` (any operand orders).
 fn rotation(eg: &SirEGraph, a: Id, b: Id) -> Vec<(Id, Id, Id, Id)> {
     let mut out = vec![];
@@ -840,18 +878,20 @@ fn rotation(eg: &SirEGraph, a: Id, b: Id) -> Vec<(Id, Id, Id, Id)> {
 fn rope_from_tables(eg: &mut SirEGraph, x: Id, c: Id, s: Id, doubled: bool, form: &str, table_lead: usize) -> Option<Id> {
     let tc = ty(eg, c)?;
     let tx = ty(eg, x)?;
+    let inner = |eg: &SirEGraph, fc: Id| -> Vec<Id> {
+        if doubled {
+            nodes(eg, fc, Concat).into_iter().filter(|(op, ch)| op.int("axis") == Some(-1) && ch.len() == 2 && same(eg, ch[0], ch[1])).map(|(_, ch)| ch[0]).collect()
+        } else {
+            vec![fc]
+        }
+    };
     let mut found = None;
     'outer: for fc in trig_of(eg, c, Cos) {
         for fs in trig_of(eg, s, Sin) {
             if !same(eg, fc, fs) {
                 continue;
             }
-            let fs_inner: Vec<Id> = if doubled {
-                nodes(eg, fc, Concat).into_iter().filter(|(op, ch)| op.int("axis") == Some(-1) && ch.len() == 2 && same(eg, ch[0], ch[1])).map(|(_, ch)| ch[0]).collect()
-            } else {
-                vec![fc]
-            };
-            for f in fs_inner {
+            for f in inner(eg, fc) {
                 if let Some(a) = angles(eg, f).into_iter().next() {
                     found = Some(a);
                     break 'outer;
@@ -859,7 +899,27 @@ fn rope_from_tables(eg: &mut SirEGraph, x: Id, c: Id, s: Id, doubled: bool, form
             }
         }
     }
+    // Tables of every position, built in the graph and indexed by the positions (a cos/sin
+    // cache gathered by position ids): the indices are the positions.
+    if found.is_none() {
+        'tables: for (ic, fc) in gathered_trig(eg, c, Cos) {
+            for (is, fs) in gathered_trig(eg, s, Sin) {
+                if !(same(eg, ic, is) && same(eg, fc, fs)) {
+                    continue;
+                }
+                for f in inner(eg, fc) {
+                    if let Some(theta) = row_angles(eg, f) {
+                        found = Some((ic, theta));
+                        break 'tables;
+                    }
+                }
+            }
+        }
+    }
     let (pos, theta) = found?;
+    if !ty(eg, pos)?.dtype.is_int() {
+        return None;
+    }
     // The table's leading axes (without its last `table_lead` axes) index the rows of x.
     let lead: Vec<Dim> = tc.shape[..tc.rank().checked_sub(table_lead)?].to_vec();
     let tp = ty(eg, pos)?;
