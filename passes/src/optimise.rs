@@ -55,6 +55,7 @@ impl Phase {
         let mut v = rules::build(rules::algebraic::RULES);
         if self != Phase::Algebraic {
             v.extend(rules::build(rules::recognition::RULES));
+            v.extend(rules::build(rules::masks::RULES));
         }
         if self == Phase::Fusion && opts.merge_parallel_matmuls {
             v.extend(rules::build(rules::fusion::RULES));
