@@ -26,3 +26,4 @@ mod qwen;
 mod hf_reference;
 mod tokenizer;
 mod gemma3_gguf;
+mod gemma3_hf;

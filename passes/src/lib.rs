@@ -4,6 +4,9 @@
 //!
 //! 0. [`decompose`] — an `attention` / `paged_attention` the code generator refuses for the
 //!    target (a head dim over 256, …) is written as its decomposition.
+//!    Then [`specialise`]: a callee given an argument of known construction (a mask or
+//!    rotary tables built once in the caller) gets a copy that builds it inside, where the
+//!    cost model prefers that.
 //! 1. [`lang`] — each function of the graph enters an e-graph whose language is generated
 //!    from the op table, with an analysis carrying every class's type and known constant.
 //! 2. [`rules`] — rule families ([`rules::algebraic`], [`rules::recognition`],
@@ -38,6 +41,7 @@ pub mod optimise;
 pub mod partition;
 pub mod report;
 pub mod rules;
+pub mod specialise;
 
 use std::time::Duration;
 

@@ -153,12 +153,12 @@ impl Inliner<'_> {
                 }
                 cmap.retain(|k, v| v.as_symbol() != Some(k.as_str()));
                 let k = {
-                    let c = self.counters.entry(format!("{prefix}{name}")).or_insert(0);
+                    let c = self.counters.entry(format!("{prefix}{}", crate::specialise::base_name(name))).or_insert(0);
                     *c += 1;
                     *c - 1
                 };
                 let parent = if origin == 0 { String::new() } else { format!("{}/", self.origins[origin]) };
-                self.origins.push(format!("{parent}{name}#{k}"));
+                self.origins.push(format!("{parent}{}#{k}", crate::specialise::base_name(name)));
                 let o = self.origins.len() - 1;
                 let results = self.emit(callee, &inputs, &cmap, o, &format!("{prefix}{name}{k}."), depth + 1)?;
                 if results.len() != nd.results.len() {
@@ -715,8 +715,14 @@ pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(Kernel
     let mut opt_graph = Graph::new();
     let mut functions = vec![];
     let sigs: BTreeMap<String, Signature> = input.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
+    let (specialised, mut done) = crate::specialise::specialise(input, &sigs, opts)?;
+    let input = &specialised;
+    let sigs: BTreeMap<String, Signature> = input.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
     for f in input.funcs.values() {
-        let o = optimise_function(f, &sigs, opts)?;
+        let o = match done.remove(&f.name) {
+            Some(o) if o.function.signature() == f.signature() => o,
+            _ => optimise_function(f, &sigs, opts)?,
+        };
         functions.push(FunctionReport::from_optimised(&f.name, &o));
         opt_graph.add_func(o.function);
     }

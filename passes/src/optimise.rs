@@ -56,6 +56,7 @@ impl Phase {
         if self != Phase::Algebraic {
             v.extend(rules::build(rules::recognition::RULES));
             v.extend(rules::build(rules::layout::RULES));
+            v.extend(rules::build(rules::masks::RULES));
         }
         if self == Phase::Fusion && opts.merge_parallel_matmuls {
             v.extend(rules::build(rules::fusion::RULES));

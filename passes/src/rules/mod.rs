@@ -1,7 +1,8 @@
 //! Rewrite rules, one family per file: [`algebraic`] (canonical forms and simplifications),
-//! [`recognition`] (decomposed spellings → the op table's composite ops), [`layout`]
-//! (per-position ops moved across transposes and reshapes of the rows) and [`fusion`]
-//! (parallel matmuls sharing an input → one matmul on concatenated weights).
+//! [`recognition`] (decomposed spellings → the op table's composite ops), [`masks`] (more
+//! recognition: attention masks from `iota` comparisons, the logit softcap, tanh-GELU),
+//! [`layout`] (per-position ops moved across transposes and reshapes of the rows) and
+//! [`fusion`] (parallel matmuls sharing an input → one matmul on concatenated weights).
 //!
 //! **How a rule is written.** A rule is a Rust function `fn(&mut SirEGraph, Id) -> Vec<(Id,
 //! Id)>` run on every e-class that holds an e-node of one of its trigger ops ([`Trigger`], an
@@ -30,6 +31,7 @@
 pub mod algebraic;
 pub mod fusion;
 pub mod layout;
+pub mod masks;
 pub mod recognition;
 
 use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
@@ -129,7 +131,7 @@ pub fn catalogue() -> Vec<RuleInfo> {
     for (name, doc, _, _) in algebraic::RULES {
         v.push(RuleInfo { name, family: "algebraic", doc });
     }
-    for (name, doc, _, _) in recognition::RULES {
+    for (name, doc, _, _) in recognition::RULES.iter().chain(masks::RULES) {
         v.push(RuleInfo { name, family: "recognition", doc });
     }
     for (name, doc, _, _) in layout::RULES {
@@ -198,6 +200,9 @@ pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
     ("rope-through-reshape", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only reshaped); a reshape moves nothing"),
     ("pointwise-through-permute", Rounding::Exact, true, "an element-wise op (a cast included) computes each element from the same operand elements, rounded once, before or after a permute alike"),
     ("slice-concat-through-permute", Rounding::Exact, false, "moves values only: the same elements sliced or joined, along the input's axis"),
+    ("attention-fold-mask", Rounding::Exact, true, "drops a mask operand whose values are 0 or −inf by the affine constraints it encodes (checked for every i, j): the op hides the same keys, so every visible score, its softmax and the one rounding at the end are the same; casts between float dtypes keep 0 and −inf; index casts only to integers or f32 (exact below 2²⁴); a hidden key's NaN/±inf in K or V reaches the output only through the mask form (see masks.rs)"),
+    ("attention-softcap", Rounding::DropsCast, true, "as attention; c·tanh(s/c) is computed in f32 inside the op where a bf16 graph rounds the quotient, the tanh and the product"),
+    ("gelu-tanh", Rounding::OnceInDtype, false, "gelu rounds once where 0.5·x·(1 + tanh(k·(x + a·x³))) rounds every step; the constants √(2/π) and 0.044715 are matched within a relative 1e-6 (bf16/f16: within four roundings of the dtype, as the graph's constants are rounded) and the op uses them exactly"),
     ("merge-parallel-matmuls", Rounding::Exact, false, "each output column is its own weight row's product, computed alike; slices move values"),
 ];
 

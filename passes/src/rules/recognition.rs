@@ -577,6 +577,8 @@ fn kv_heads(eg: &SirEGraph, k: Id) -> Vec<(Id, Dim)> {
 }
 
 struct AttnPlan {
+    softcap: Option<f64>,
+    window: Option<i64>,
     q: Id,
     k: Id,
     v: Id,
@@ -591,6 +593,12 @@ struct AttnPlan {
 }
 
 fn attention(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+    attention_with(eg, id, false)
+}
+
+/// The `attention` rule's matcher; with `softcapped` it matches only scores under a logit
+/// softcap `c·tanh(s/c)` ([`super::masks::softcapped`]) and folds `c` into the op.
+pub(super) fn attention_with(eg: &mut SirEGraph, id: Id, softcapped: bool) -> Vec<(Id, Id)> {
     let Some(t_out) = ty(eg, id) else { return vec![] };
     let r = t_out.rank();
     if !(r == 3 || r == 4) || !t_out.dtype.is_float() {
@@ -604,16 +612,20 @@ fn attention(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
         }
         let (p, v) = (ch[0], ch[1]);
         for z in softmax_inputs(eg, p, dt) {
-            for (s, mask) in masked_scores(eg, z) {
-                for (inner, f) in scalar_factors(eg, s) {
-                    for (mop, mch) in nodes(eg, inner, Matmul) {
-                        if mop.bool("transpose_a") == Some(true) || mop.bool("transpose_b") != Some(true) {
-                            continue;
-                        }
-                        for (q, fq) in scalar_factors(eg, mch[0]) {
-                            for (k, fk) in scalar_factors(eg, mch[1]) {
-                                if let Some(plan) = attention_plan(eg, q, k, v, mask, f * fq * fk, r) {
-                                    plans.push(plan);
+            for (s0, mask) in masked_scores(eg, z) {
+                let capped: Vec<(Id, Option<f64>)> = if softcapped { super::masks::softcapped(eg, s0).into_iter().map(|(x, c)| (x, Some(c))).collect() } else { vec![(s0, None)] };
+                for (s, softcap) in capped {
+                    for (inner, f) in scalar_factors(eg, s) {
+                        for (mop, mch) in nodes(eg, inner, Matmul) {
+                            if mop.bool("transpose_a") == Some(true) || mop.bool("transpose_b") != Some(true) {
+                                continue;
+                            }
+                            for (q, fq) in scalar_factors(eg, mch[0]) {
+                                for (k, fk) in scalar_factors(eg, mch[1]) {
+                                    if let Some(mut plan) = attention_plan(eg, q, k, v, mask, f * fq * fk, r) {
+                                        plan.softcap = softcap;
+                                        plans.push(plan);
+                                    }
                                 }
                             }
                         }
@@ -649,7 +661,7 @@ fn attention_plan(eg: &SirEGraph, q: Id, k: Id, v: Id, mask: Mask, scale: f64, r
             if kv_heads <= 0 || heads % kv_heads != 0 {
                 continue;
             }
-            let (mut causal, mut maskv, mut make_mask) = (false, None, None);
+            let (mut causal, mut maskv, mut make_mask, mut window) = (false, None, None, None);
             match mask {
                 Mask::None => {}
                 Mask::Additive(m) => {
@@ -660,7 +672,12 @@ fn attention_plan(eg: &SirEGraph, q: Id, k: Id, v: Id, mask: Mask, scale: f64, r
                     }
                 }
                 Mask::Keep(c) => {
-                    if is_causal_cond(eg, c, true) && sq == skv {
+                    // Hiding by select is what the op's causal/window do (a hidden NaN score
+                    // is never read): fold it here, not through an additive mask.
+                    if let Some(w) = skv.sub(&sq).as_const().and_then(|off| super::masks::keep_is_causal(eg, c, off)) {
+                        causal = true;
+                        window = w;
+                    } else if is_causal_cond(eg, c, true) && sq == skv {
                         causal = true;
                     } else {
                         make_mask = Some(c);
@@ -674,7 +691,7 @@ fn attention_plan(eg: &SirEGraph, q: Id, k: Id, v: Id, mask: Mask, scale: f64, r
             let pick = |srcs: &[(Id, bool)], bshd: bool| srcs.iter().find(|s| s.1 == bshd).map(|s| s.0);
             for bshd in [true, false] {
                 if let (Some(q1), Some(k1), Some(v1)) = (pick(&qs, bshd), pick(&ks, bshd), pick(&vs, bshd)) {
-                    let plan = AttnPlan { q: q1, k: k1, v: v1, mask: maskv, make_mask, scale, causal, heads, kv_heads, bshd, rank: r };
+                    let plan = AttnPlan { softcap: None, window, q: q1, k: k1, v: v1, mask: maskv, make_mask, scale, causal, heads, kv_heads, bshd, rank: r };
                     if best.is_none() {
                         best = Some(plan);
                     }
@@ -724,6 +741,13 @@ fn build_attention(eg: &mut SirEGraph, p: &AttnPlan, t_out: &TensorType) -> Opti
         ("kv_heads", Attr::Int(p.kv_heads)),
         ("layout", Attr::Str(if p.bshd { "bshd" } else { "bhsd" }.into())),
     ];
+    let mut attrs = attrs;
+    if let Some(c) = p.softcap {
+        attrs.push(("softcap", Attr::Float(c)));
+    }
+    if let Some(w) = p.window {
+        attrs.push(("window", Attr::Int(w)));
+    }
     let att = mk(eg, Attention, attrs, &ch)?;
     let r = p.rank;
     if !p.bshd {
