@@ -128,6 +128,7 @@ pub mod gpu;
 pub mod timing;
 pub mod tune;
 pub mod llm;
+pub mod serve;
 pub mod dsl_guide;
 pub mod zoo;
 

@@ -131,6 +131,43 @@ enum Cmd {
         #[arg(long)]
         raw: bool,
     },
+    /// Serve a model over an OpenAI-compatible HTTP API (`/v1/completions`,
+    /// `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`) with continuous batching;
+    /// on the CPU reference interpreter where there is no GPU. Ctrl-C stops it gracefully.
+    Serve {
+        /// A GGUF file or Hugging Face folder, or a fetched model's name (smollm2-135m,
+        /// gemma3-270m); default: SmolLM2-135M-Instruct.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The model's id in requests (default: the file's or folder's name without extension).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        /// Port to listen on (0: any free one).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Where to run; the GPU by default where one is present.
+        #[arg(long)]
+        device: Option<Device>,
+        /// Storage dtype of weights and activations.
+        #[arg(long, value_enum, default_value_t = Dt::Bf16)]
+        dtype: Dt,
+        /// Requests decoding together at most.
+        #[arg(long, default_value_t = 64)]
+        max_batch: usize,
+        /// Tokens the KV cache holds over all requests (default: 65 536 on the GPU; twice the
+        /// context on the interpreter, whose every step copies the pool).
+        #[arg(long)]
+        kv_tokens: Option<usize>,
+        /// Requests waiting at most (beyond it: 503 with Retry-After).
+        #[arg(long, default_value_t = 256)]
+        max_queue: usize,
+        /// How the graphs become GPU kernels.
+        #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
+        lowering: LoweringArg,
+    },
     /// Compile a model's prefill and decode kernels into the kernel cache for a target, with
     /// no GPU (a build without LLVM then runs them from the cache).
     Precompile {
@@ -271,6 +308,10 @@ fn main() -> ExitCode {
             ignore_eos,
             raw,
         }),
+        Cmd::Serve { model, served_model_name, host, port, device, dtype, max_batch, kv_tokens, max_queue, lowering } => {
+            let batch = sinter::llm::BatchOptions { max_batch, max_queue, ..Default::default() };
+            serve(model, served_model_name, std::net::SocketAddr::new(host, port), device, dtype.into(), (batch, kv_tokens), lowering.into())
+        }
         Cmd::Precompile { model, target, dtype, lowering, decode_batches } => precompile(model, &target, dtype.into(), lowering.into(), &decode_batches),
     };
     match r {
@@ -425,6 +466,64 @@ struct RunArgs {
     raw: bool,
 }
 
+/// The GPU of `--device`, or none for the interpreter (the GPU by default where one is present).
+fn open_device(device: Option<Device>, lowering: Lowering) -> Result<Option<sinter_runtime::Device>, Box<dyn std::error::Error>> {
+    let gpu = match device {
+        Some(Device::Cpu) => None,
+        Some(Device::Gpu) => Some(sinter_runtime::Device::open()?),
+        None => match sinter_runtime::Device::open() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("no GPU ({e}): running on the CPU reference interpreter");
+                None
+            }
+        },
+    };
+    match &gpu {
+        Some(d) => eprintln!("device: {} ({:?} lowering)", d.info(), lowering),
+        None => eprintln!("device: CPU (reference interpreter)"),
+    }
+    Ok(gpu)
+}
+
+/// The engine for `model` on `gpu` (compiling with a progress bar), or on the interpreter.
+fn build_engine(model: sinter::llm::AnyDecoder, gpu: Option<&sinter_runtime::Device>, lowering: Lowering) -> Result<Engine<sinter::llm::AnyDecoder>, Box<dyn std::error::Error>> {
+    Ok(match gpu {
+        Some(d) => {
+            let bar = ProgressBar::new(0);
+            bar.set_style(ProgressStyle::with_template("compiling {msg} [{bar:30}] {pos}/{len} kernels").map_err(|e| e.to_string())?.progress_chars("=> "));
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            let e = Engine::new_gpu_with_progress(model, d, lowering, &mut |graph, done, total| {
+                if total == 0 {
+                    bar.set_message(format!("{graph} (lowering)"));
+                } else {
+                    bar.set_message(graph.to_string());
+                }
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            e?
+        }
+        None => Engine::new(model)?,
+    })
+}
+
+fn serve(model: Option<PathBuf>, name: Option<String>, addr: std::net::SocketAddr, device: Option<Device>, dtype: DType, (mut batch, kv_tokens): (sinter::llm::BatchOptions, Option<usize>), lowering: Lowering) -> AnyResult {
+    let gpu = open_device(device, lowering)?;
+    let path = model_path(model.as_ref())?;
+    let m = sinter::llm::open(&path, dtype, &mut |_, _| {})?;
+    let name = name.unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let context = m.context();
+    let engine = build_engine(m, gpu.as_ref(), lowering)?;
+    batch.kv_tokens = kv_tokens.unwrap_or(if engine.is_gpu() { 65536 } else { 2 * context });
+    let opts = sinter::serve::ServeOptions { batch, ..sinter::serve::ServeOptions::new(name.clone()) };
+    let server = sinter::serve::Server::start(engine, addr, opts, true)?;
+    eprintln!("serving `{name}` at http://{}/v1 (Ctrl-C to stop)", server.addr());
+    server.wait()?;
+    Ok(())
+}
+
 /// `n` tokens of `base` repeated, starting `offset` tokens in.
 fn synthetic_prompt(base: &[u32], n: usize, offset: usize) -> Vec<u32> {
     if base.is_empty() {
@@ -527,21 +626,7 @@ fn run(a: RunArgs) -> AnyResult {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         return Err(format!("--top-p must be in (0, 1], got {}", a.top_p).into());
     }
-    let gpu = match a.device {
-        Some(Device::Cpu) => None,
-        Some(Device::Gpu) => Some(sinter_runtime::Device::open()?),
-        None => match sinter_runtime::Device::open() {
-            Ok(d) => Some(d),
-            Err(e) => {
-                eprintln!("no GPU ({e}): running on the CPU reference interpreter");
-                None
-            }
-        },
-    };
-    match &gpu {
-        Some(d) => eprintln!("device: {} ({:?} lowering)", d.info(), a.lowering),
-        None => eprintln!("device: CPU (reference interpreter)"),
-    }
+    let gpu = open_device(a.device, a.lowering)?;
     let path = model_path(a.model.as_ref())?;
     let t_load = Instant::now();
     let bar = ProgressBar::new(0);
@@ -582,25 +667,7 @@ fn run(a: RunArgs) -> AnyResult {
         return Err(sinter::llm::gguf::ModelError::ContextOverflow { tokens: longest, max_new: a.max_tokens, context }.into());
     }
     let t_compile = Instant::now();
-    let mut engine = match &gpu {
-        Some(d) => {
-            let bar = ProgressBar::new(0);
-            bar.set_style(ProgressStyle::with_template("compiling {msg} [{bar:30}] {pos}/{len} kernels").map_err(|e| e.to_string())?.progress_chars("=> "));
-            bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            let e = Engine::new_gpu_with_progress(model, d, a.lowering, &mut |graph, done, total| {
-                if total == 0 {
-                    bar.set_message(format!("{graph} (lowering)"));
-                } else {
-                    bar.set_message(graph.to_string());
-                }
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            });
-            bar.finish_and_clear();
-            e?
-        }
-        None => Engine::new(model)?,
-    };
+    let mut engine = build_engine(model, gpu.as_ref(), a.lowering)?;
     if a.no_cuda_graph {
         engine.set_cuda_graph(false);
     }

@@ -27,12 +27,12 @@ const PAGE: usize = 4;
 /// Steps generated per sequence.
 const STEPS: usize = 10;
 
-fn cfg() -> Gpt2Config {
+pub(crate) fn cfg() -> Gpt2Config {
     Gpt2Config::tiny()
 }
 
 /// A fresh folder for one test.
-fn scratch(tag: &str) -> PathBuf {
+pub(crate) fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sinter-decoder-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -50,7 +50,7 @@ fn write_tokenizer(dir: &Path, vocab: usize) {
 
 /// Writes a GPT-2 Hugging Face folder of `cfg` with seeded weights; returns the weights as
 /// the graphs take them: GGUF names, `[out, in]` matrices.
-fn write_gpt2_folder(dir: &Path, cfg: &Gpt2Config, seed: u64) -> Vec<(String, Vec<usize>, Vec<f64>)> {
+pub(crate) fn write_gpt2_folder(dir: &Path, cfg: &Gpt2Config, seed: u64) -> Vec<(String, Vec<usize>, Vec<f64>)> {
     let config = serde_json::json!({
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab, "n_embd": cfg.hidden, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
@@ -122,7 +122,7 @@ fn transpose(v: &[f64], r: usize, c: usize) -> Vec<f64> {
 }
 
 /// The GPT-2 model of `dir`, with `PAGE`-token pages.
-fn load(dir: &Path) -> Gpt2Model {
+pub(crate) fn load(dir: &Path) -> Gpt2Model {
     let mut m = Gpt2Model::from_hf(HfFolder::open(dir).unwrap(), DType::F32, &mut |_, _| {}).unwrap();
     m.page_size = PAGE;
     m

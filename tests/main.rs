@@ -27,3 +27,4 @@ mod hf_reference;
 mod tokenizer;
 mod gemma3_gguf;
 mod gemma3_hf;
+mod serve;

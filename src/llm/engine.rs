@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::batching::{BatchOptions, Batcher};
 use super::decoder::{check_graph, DecoderModel};
+use super::pool::{CpuPool, DecodeFor, GpuPool, GpuPoolPrograms, PooledSession};
 use super::gguf::ModelError;
 use super::sample::{SampleOptions, Sampler};
 use super::session::{page_index, tokens_tensor, CpuSession, GpuBatch, GpuSession, Session, Step, MIN_GPU_PAGES};
@@ -361,6 +363,29 @@ impl<M: DecoderModel> Engine<M> {
         let decode_time = t1.elapsed().saturating_sub(capture_time);
         let prompt_tokens = prompts.iter().map(Vec::len).sum();
         Ok(Generation { tokens: out, prompt_tokens, prefill_time, decode_steps: steps, decode_time, cuda_graph: false, capture_time })
+    }
+
+    /// A continuous-batching scheduler over a fresh KV page pool of `opts.kv_tokens` tokens
+    /// ([`Batcher`]: requests join and leave the running batch between decode steps). On the
+    /// GPU, decode steps run at power-of-two batch buckets, each captured as a CUDA graph once
+    /// (with CUDA graphs on) and replayed.
+    ///
+    /// # Errors
+    /// Device allocation errors (the pool's pages).
+    pub fn batcher(&self, opts: BatchOptions) -> Result<Batcher<'_>, Error> {
+        let kv = self.model.kv();
+        let groups = Batcher::groups_for(&kv, &opts);
+        let vocab = self.model.vocab();
+        let session: Box<dyn PooledSession + '_> = match &self.programs {
+            Programs::Cpu { prefill, decode } => Box::new(CpuPool::new(prefill, decode, &kv, groups, vocab)),
+            Programs::Gpu(g) => {
+                let (model, spec) = (&self.model, self.specialise);
+                let decode_for: DecodeFor<'_> = Box::new(move |b| g.decode_for(model, b, spec));
+                let programs = GpuPoolPrograms { prefill: &g.prefill, decode: &g.decode, decode_for };
+                Box::new(GpuPool::new(programs, &g.device, &kv, groups, opts.max_batch, vocab, self.cuda_graph)?)
+            }
+        };
+        Ok(Batcher::new(session, &self.model, opts, groups))
     }
 
     /// Times each kernel of one decode step at batch size `batch` (eagerly, with CUDA events),

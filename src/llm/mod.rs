@@ -5,6 +5,8 @@
 //!   over a paged KV cache, the cache's geometry, its weights, tokenizer, chat template,
 //!   end-of-sequence tokens and context ([`DecoderModel`]).
 //! - [`engine`]: [`Engine`], which serves any [`DecoderModel`] on the interpreter or the GPU.
+//! - [`batching`]: continuous batching over one KV page pool ([`Batcher`], from
+//!   [`Engine::batcher`]): requests join and leave the running batch between decode steps.
 //! - [`sample`]: greedy and seeded sampling ([`SampleOptions`], [`Sampler`]).
 //! - [`registry`]: the architectures [`open`] loads, by `general.architecture` (GGUF) or
 //!   `model_type` (`config.json`): [`LlamaModel`] (`llama`), [`Gpt2Model`] (`gpt2`) and
@@ -21,6 +23,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod batching;
 pub mod chat;
 pub mod decoder;
 pub mod engine;
@@ -33,12 +36,14 @@ pub mod llama;
 pub mod qwen;
 pub mod registry;
 pub mod sample;
+mod pool;
 mod session;
 mod spm;
 mod token_attr;
 pub mod tokenizer;
 pub mod weights;
 
+pub use batching::{BatchOptions, Batcher, Event, FinishReason, Rejected, Request, Sink};
 pub use decoder::{DecoderModel, KvGeometry};
 pub use engine::{cuda_graph_default, specialise_default, Engine, Generation};
 pub use gemma3::Gemma3Model;

@@ -1,0 +1,158 @@
+//! `sinter serve`: an OpenAI-compatible HTTP server over the engine's continuous batching.
+//!
+//! Endpoints: `POST /v1/completions` and `POST /v1/chat/completions` (JSON, or server-sent
+//! events with `"stream": true`), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus
+//! text format). Request fields: `model`, `prompt` / `messages`, `max_tokens`
+//! (`max_completion_tokens`), `temperature` (default 1; 0 is greedy), `top_p`, `seed`,
+//! `stop` (up to 4 strings), `stream`, `stream_options.include_usage`; responses carry
+//! `usage`. Errors are OpenAI's error body with a 4xx status: a bad field (named in `param`),
+//! an unknown model (404, `model_not_found`), a prompt past the context (400,
+//! `context_length_exceeded`), a full queue or a server shutting down (503, `Retry-After`).
+//!
+//! **Threads.** A tokio runtime serves HTTP (`axum`); one scheduler thread owns the
+//! [`crate::llm::Batcher`] and steps the batch ([`worker`]). A handler tokenizes, submits its
+//! request over a channel and reads its tokens from another; a client that disconnects drops
+//! that channel, and the scheduler cancels the request and frees its KV pages before the next
+//! step.
+//!
+//! **Shutdown** (SIGINT/SIGTERM, or [`Server::shutdown`]): new requests get 503; accepted
+//! ones run to the end; any still running after [`ServeOptions::shutdown_timeout`] end with an
+//! explicit error (a 500 body, or an error event on a stream); then the server stops.
+
+mod api;
+mod metrics;
+mod routes;
+mod text;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+pub use api::{ApiError, Usage};
+pub use metrics::Metrics;
+pub use text::TextStream;
+
+use crate::llm::{BatchOptions, DecoderModel, Engine};
+use crate::Error;
+use worker::Command;
+
+/// How [`Server::start`] serves.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The model's id in requests and `GET /v1/models`.
+    pub model_name: String,
+    /// Batching limits (batch size, KV pool, queue).
+    pub batch: BatchOptions,
+    /// `max_tokens` of a chat request that gives none (at most the context's rest); a
+    /// completion request's default is 16, as OpenAI's.
+    pub default_max_tokens: usize,
+    /// How long a shutdown waits for accepted requests before failing them.
+    pub shutdown_timeout: Duration,
+}
+
+impl ServeOptions {
+    /// Defaults for serving `model_name`.
+    pub fn new(model_name: impl Into<String>) -> ServeOptions {
+        ServeOptions { model_name: model_name.into(), batch: BatchOptions::default(), default_max_tokens: 512, shutdown_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// What every handler shares.
+struct State<M: DecoderModel> {
+    engine: Arc<Engine<M>>,
+    tx: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+    opts: ServeOptions,
+    accepting: AtomicBool,
+    next_id: AtomicU64,
+}
+
+/// A running server: its address, and the means to stop it.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<Result<(), Error>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0 picks a free one), starts the scheduler thread and the HTTP server,
+    /// and returns at once. With `signals`, SIGINT and SIGTERM shut it down too.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the address cannot be bound or the runtime cannot start.
+    pub fn start<M: DecoderModel + 'static>(engine: Engine<M>, addr: SocketAddr, opts: ServeOptions, signals: bool) -> Result<Server, Error> {
+        let io = |what: &str, e: std::io::Error| Error::Unsupported(format!("sinter serve: {what}: {e}"));
+        let listener = std::net::TcpListener::bind(addr).map_err(|e| io(&format!("cannot listen on {addr}"), e))?;
+        listener.set_nonblocking(true).map_err(|e| io("cannot set the socket non-blocking", e))?;
+        let addr = listener.local_addr().map_err(|e| io("no local address", e))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("sinter-http").build().map_err(|e| io("cannot start the async runtime", e))?;
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::new());
+        let engine = Arc::new(engine);
+        let batch = opts.batch;
+        let worker = {
+            let (engine, metrics) = (engine.clone(), metrics.clone());
+            std::thread::Builder::new().name("sinter-batcher".into()).spawn(move || worker::run(&*engine, batch, &rx, &metrics)).map_err(|e| io("cannot start the scheduler thread", e))?
+        };
+        let state = Arc::new(State { engine, tx, metrics: metrics.clone(), opts, accepting: AtomicBool::new(true), next_id: AtomicU64::new(1) });
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("sinter-serve".into())
+            .spawn(move || runtime.block_on(routes::serve(state, listener, stop_rx, signals, worker)))
+            .map_err(|e| io("cannot start the server thread", e))?;
+        Ok(Server { addr, stop: Some(stop_tx), thread: Some(thread), metrics })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's metrics (what `GET /metrics` renders).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Shuts the server down gracefully (module documentation) and waits for it.
+    ///
+    /// # Errors
+    /// The server's or the scheduler's error.
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.join()
+    }
+
+    /// Waits until the server stops (after a signal, with `signals`).
+    ///
+    /// # Errors
+    /// The server's or the scheduler's error.
+    pub fn wait(mut self) -> Result<(), Error> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<(), Error> {
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(Error::Unsupported("sinter serve: the server thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = self.join();
+    }
+}
