@@ -317,3 +317,27 @@ fn book_builds_and_its_links_resolve() {
     }
     assert!(broken.is_empty(), "broken links in the book:\n{}", broken.join("\n"));
 }
+
+// --- chapter 4: one model in both spellings ----------------------------------------------------
+
+/// Chapter 4 lists the kernels one Qwen2-0.5B layer (prefill, bf16, with the embedding and the
+/// head) lowers to in Hugging Face's order and with RoPE first: the same kernels, in the same
+/// order, each with the same ops.
+#[test]
+fn ch4_shows_one_model_in_both_spellings_with_the_same_kernels() {
+    use sinter::zoo::qwen::{build_spelled, QwenConfig, Spelling};
+    let mut cfg = QwenConfig::qwen2_0_5b();
+    cfg.n_layers = 1;
+    let kernels = |s: Spelling| -> Vec<String> {
+        let g = build_spelled(&cfg, sinter::zoo::Mode::Prefill, sinter::DType::BF16, s).unwrap();
+        let (_, report) = sinter_passes::compile(&g, &sinter::Target::SM_90A, &sinter_passes::PassOptions::for_graph(&g)).unwrap();
+        report.kernels.iter().filter(|k| !k.load_time).map(|k| format!("{:?}: {}", k.family, k.ops.join(" "))).collect()
+    };
+    let (hf, first) = (kernels(Spelling::HuggingFace), kernels(Spelling::RopeFirst));
+    assert_eq!(hf, first, "the two spellings lower to different kernels");
+    let mut body = String::from("| # | Hugging Face's order | RoPE first |\n|---|---|---|\n");
+    for (i, (a, b)) in hf.iter().zip(&first).enumerate() {
+        body += &format!("| {} | `{a}` | `{b}` |\n", i + 1);
+    }
+    super::check_region("fusion.md", "qwen2-both-spellings", &body);
+}

@@ -285,12 +285,13 @@ fn a_graph_without_the_decoder_signature_is_refused() {
 }
 
 /// The graphs the GPU test below runs, for `precompile_gpu_test_kernels`: the paged GPT-2's
-/// prefill and decode (symbolic, and specialised to batches 1 and 2), f32.
+/// prefill and decode (symbolic, and specialised to batches 1, 2 and 4: the serve test's
+/// buckets too), f32.
 pub(crate) fn precompile_graphs() -> Vec<sinter::Graph> {
     let c = cfg();
     let mut gs = vec![gpt2_paged::build(&c, Mode::Prefill, DType::F32, PAGE).unwrap()];
     let decode = gpt2_paged::build(&c, Mode::Decode, DType::F32, PAGE).unwrap();
-    for b in [1i64, 2] {
+    for b in [1i64, 2, 4] {
         gs.push(decode.specialize(&[("T".to_string(), b)].into_iter().collect()));
     }
     gs.push(decode);

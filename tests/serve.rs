@@ -118,6 +118,39 @@ fn the_batcher_refuses_what_it_cannot_serve() {
     assert_eq!(b.pages_in_use(), 0);
 }
 
+/// On the GPU (skipped without one): continuous batching at buckets 1, 2 and 4, with CUDA
+/// graphs and without, gives each request the interpreter's tokens for it alone.
+#[test]
+fn gpu_continuous_batching_gives_the_interpreters_tokens() {
+    let Some(dev) = crate::gpu::device() else { return };
+    let dir = scratch("batching-gpu");
+    write_gpt2_folder(&dir, &cfg(), 11);
+    let cpu = Engine::new(load(&dir)).unwrap();
+    let mut gpu = Engine::new_gpu(load(&dir), &dev, sinter::gpu::Lowering::Fused).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 2 + i % 5)).collect();
+    let o = |i: usize| SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(5 + i % 4) };
+    let alone: Vec<Vec<u32>> = prompts.iter().enumerate().map(|(i, p)| cpu.generate(std::slice::from_ref(p), &o(i), &mut |_, _| {}).unwrap().tokens.remove(0)).collect();
+    for graphs in [false, true] {
+        gpu.set_cuda_graph(graphs);
+        let mut b = gpu.batcher(BatchOptions { max_batch: 4, kv_tokens: 96, max_queue: 16, prefill_tokens_per_step: 16 }).unwrap();
+        let sinks: Vec<Record> = (0..6).map(|_| Record::default()).collect();
+        let (mut submitted, mut steps) = (0, 0);
+        while submitted < 6 || !b.is_idle() {
+            if submitted < 6 && steps % 2 == 0 {
+                b.submit(Request { prompt: prompts[submitted].clone(), options: o(submitted), sink: Box::new(sinks[submitted].clone()) }).unwrap();
+                submitted += 1;
+            }
+            b.step().unwrap();
+            steps += 1;
+            assert!(steps < 500, "the batch never drained");
+        }
+        for (i, want) in alone.iter().enumerate() {
+            assert_eq!(&sinks[i].tokens(), want, "request {i} (CUDA graphs {graphs}): tokens differ from the interpreter's alone");
+        }
+        assert_eq!(b.pages_in_use(), 0);
+    }
+}
+
 /// The text the server should answer for `tokens` (the model's generation): EOS not shown.
 fn text_of(e: &Engine<Gpt2Model>, tokens: &[u32]) -> (String, &'static str) {
     let eos = e.model().eos_tokens();
