@@ -37,7 +37,8 @@
 //! - a matmul epilogue takes element-wise nodes and `rope` (positions from elsewhere) no
 //!   larger than the matmul's output that read its values directly or through `reshape`s and
 //!   last-axis slices — the column segments of a merged QKV projection with RoPE, the halves
-//!   of a merged gate/up projection; `rope` joins no RowReduction;
+//!   of a merged gate/up projection; `rope` joins a RowReduction only over values of the
+//!   rows' shape, positions from elsewhere (a q/k norm then RoPE);
 //! - a `kv_append` whose new K and V rows both come from one Matmul kernel joins it (the QKV
 //!   projection's epilogue scatters K and V into the paged cache) when its pages are buffers
 //!   and its block table and positions come from elsewhere; otherwise a Pointwise kernel used
@@ -313,7 +314,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     let fits = match grp.family {
                         Family::Pointwise => true,
                         Family::Matmul => out_n <= grp.limit && (!contract || epilogue_ok(f, &uses, &p, g, n)),
-                        Family::RowReduction => out_n <= grp.limit && (!contract || nd.op.kind != OpKind::Rope),
+                        Family::RowReduction => out_n <= grp.limit && (!contract || nd.op.kind != OpKind::Rope || rope_on_rows(f, &uses, &p, g, n)),
                         _ => false,
                     };
                     fits && !creates_cycle(f, &uses, &p, g, n)
@@ -352,12 +353,15 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     .iter()
                     .copied()
                     .find(|&g| p.groups[g].family == Family::RowReduction && p.groups[g].limit == row && !creates_cycle(f, &uses, &p, g, n));
-                if let Some(g) = same_rows {
-                    join(&mut p, g, n);
-                    continue;
-                }
-                let g = new_group(&mut p, Family::RowReduction, n, row);
-                // Prologue: a Pointwise kernel used only by this reduction.
+                let g = match same_rows {
+                    Some(g) => {
+                        join(&mut p, g, n);
+                        g
+                    }
+                    None => new_group(&mut p, Family::RowReduction, n, row),
+                };
+                // Prologue: a Pointwise kernel used only by this reduction (a second norm's
+                // weight computed from a parameter, Gemma's `1 + w`, included).
                 for pg in cands {
                     if p.groups[pg].family != Family::Pointwise {
                         continue;
@@ -368,7 +372,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     let only_here = members.iter().all(|m| {
                         uses.users.get(m).into_iter().flatten().all(|u| *u == n || members.contains(u) || !p.group_of.contains_key(u))
                     });
-                    if only_here {
+                    if only_here && !reaches(&uses, &p, g, pg) {
                         absorb(&mut p, pg, g);
                         p.groups[g].nodes.sort();
                     }
@@ -460,6 +464,18 @@ fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> b
             x = vnd.inputs[0];
         }
     })
+}
+
+/// Whether `rope` node `n` may join RowReduction kernel `g` under the contract: it rotates
+/// values of the rows' own shape (a pair's partner is the same row at another column,
+/// recomputed from the row's statistics) with positions from elsewhere (a norm then RoPE,
+/// as Gemma's and Qwen3's q/k norms, is one kernel).
+fn rope_on_rows(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> bool {
+    let nd = &f.nodes[n];
+    let rows = p.groups[g].nodes.iter().find(|&&m| sinter_ir::contract::is_row_node(f.nodes[m].op.kind)).map(|&m| f.ty(f.nodes[m].inputs[0]).shape.clone());
+    let in_g = |x: &Value| uses.producer.get(x).and_then(|pn| p.group_of.get(pn)) == Some(&g);
+    let pos_outside = nd.inputs.get(1).is_some_and(|&v| !uses.bases(f, v).iter().any(in_g));
+    pos_outside && rows.is_some_and(|r| f.ty(nd.inputs[0]).shape == r)
 }
 
 /// The Matmul kernel a `kv_append` node `n` joins under the contract: the one computing both

@@ -301,3 +301,24 @@ fn cpu_sampled_layer_norm_shift_is_accurate() {
         }
     }
 }
+
+/// RoPE in a row kernel's epilogue (Gemma's q/k norm then RoPE, one kernel): the partner
+/// half of each rotated pair is the normalised row at another column, recomputed from the
+/// row's statistics; heads last (`[T, H, D]`, positions `[T, 1]`) and first (`[H, T, D]`,
+/// positions `[1, T]`), every schedule variant.
+#[test]
+fn cpu_norm_then_rope_in_one_row_kernel() {
+    let mut rng = Rng(17);
+    for (dt, h, hd, heads_first) in [(DType::BF16, 4, 256, false), (DType::BF16, 1, 256, true), (DType::F32, 3, 64, true), (DType::F32, 2, 128, false)] {
+        let gk = qk_norm_rope(dt, h, hd, heads_first);
+        let t = 5usize;
+        let xs: Vec<usize> = if heads_first { vec![h as usize, t, hd as usize] } else { vec![t, h as usize, hd as usize] };
+        let ps: Vec<usize> = if heads_first { vec![1, t] } else { vec![t, 1] };
+        let ins = [random(&mut rng, dt, &xs, -3.0, 3.0), random(&mut rng, dt, &[hd as usize], -0.5, 0.5), random(&mut rng, DType::I32, &ps, 0.0, 3000.0)];
+        let target = Target::SM_90A;
+        for v in crate::schedule_variants(&gk.0, gk.1, &target).unwrap() {
+            let tag = format!("variant `{}` norm+rope {dt} H={h} D={hd} heads_first={heads_first}", v.name);
+            check_built_on_cpu(&tag, &gk, &bind(&[("T", t as i64)]), &ins, 3, || crate::compile_variant(&gk.0, gk.1, &target, &v.name));
+        }
+    }
+}

@@ -193,6 +193,26 @@ pub fn qk_norm(dt: DType) -> (KernelGraph, Kernel) {
     single(Family::RowReduction, fb.finish(&[z]).unwrap())
 }
 
+/// Gemma's q/k norm with RoPE in one row kernel: `rope(cast(rms_norm(cast(x, f32), cast(w, f32)
+/// + 1), dt), positions)` over heads `x [T, H, D]` (`heads_first`: `[H, T, D]`, positions
+/// `[1, T]`), rotate-half, θ = 10⁴.
+pub fn qk_norm_rope(dt: DType, h: i64, hd: i64, heads_first: bool) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "qk_norm_rope");
+    let (xs, ps) = if heads_first { (vec![d(h), s("T"), d(hd)], vec![d(1), s("T")]) } else { (vec![s("T"), d(h), d(hd)], vec![s("T"), d(1)]) };
+    let x = fb.param("x", ty(dt, &xs));
+    let w = fb.param("w", ty(dt, &[d(hd)]));
+    let p = fb.param("positions", ty(DType::I32, &ps));
+    let f32_ = |fb: &mut FunctionBuilder, v: Value| op_a(fb, OpKind::Cast, &[v], vec![("dtype", Attr::DType(DType::F32))]);
+    let x32 = f32_(&mut fb, x);
+    let w32 = f32_(&mut fb, w);
+    let one = op_a(&mut fb, OpKind::Constant, &[], vec![("value", Attr::Float(1.0)), ("dtype", Attr::DType(DType::F32))]);
+    let w1 = op(&mut fb, OpKind::Add, &[w32, one]);
+    let n = op_a(&mut fb, OpKind::RmsNorm, &[x32, w1], vec![("eps", Attr::Float(1e-6))]);
+    let nb = op_a(&mut fb, OpKind::Cast, &[n], vec![("dtype", Attr::DType(dt))]);
+    let y = op_a(&mut fb, OpKind::Rope, &[nb, p], vec![("theta", Attr::Float(10000.0))]);
+    single(Family::RowReduction, fb.finish(&[y]).unwrap())
+}
+
 /// Integer row sums and maxima.
 pub fn int_rows() -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "int_rows");

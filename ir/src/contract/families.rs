@@ -208,6 +208,9 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
                 if !is_row_node(nd.op.kind) && !nd.inputs.iter().any(|v| from_rows.contains(v)) {
                     continue;
                 }
+                if nd.op.kind == OpKind::Rope && body.ty(nd.inputs[0]).shape != sref {
+                    return Err(format!("a rope of {} reads a row node's result at another row", body.ty(nd.inputs[0])));
+                }
                 if nd.op.kind == OpKind::Slice {
                     let xs = &body.ty(nd.inputs[0]).shape;
                     let axis = nd.op.int("axis").unwrap_or(-1);

@@ -10,6 +10,7 @@
 //! | `rope-through-permute` | `rope(permute(y, p), pos)` → `permute(rope(y, pos'), p)` when `p` keeps the last axis | RoPE rotates each row of the last axis by its own position; `pos'` is `pos` (aligned to x's leading axes) permuted back by `p⁻¹`, so every row keeps its position |
 //! | `rope-through-reshape` | `rope(reshape(y), pos)` → `reshape(rope(y, pos'))` when the reshape keeps the last axis and only adds or drops size-1 leading axes | row-major order of the rows is unchanged; `pos'` drops/adds the same size-1 axes |
 //! | `pointwise-through-permute` | `u(permute(y, p))` → `permute(u(y), p)`; `b(permute(y, p), c)` → `permute(b(y, c'), p)` with `c'` the other operand aligned and permuted back by `p⁻¹`, only where that moves size-1 axes alone (a scalar, a bias, a per-position table) | an element-wise op computes each element alone; the same elements are computed, each rounded once |
+//! | `norm-through-permute` | `rms_norm(permute(y, p), w)` → `permute(rms_norm(y, w), p)`, `layer_norm` likewise, when `p` keeps the last axis | a norm normalises each row of the last axis alone with weights along that axis; the permute only reorders the rows (Gemma's and Qwen3's q/k norms after the head transpose) |
 //! | `slice-concat-through-permute` | `slice(permute(y, p), k)` → `permute(slice(y, p[k]), p)`; `concat(permute(a, p), permute(b, p), k)` → `permute(concat(a, b, p[k]), p)` | axis `k` of the permuted tensor is axis `p[k]` of its input (`rotate_half` after a transpose) |
 //!
 //! The rewrites compute nothing new: the same elements are computed with the same operands
@@ -30,6 +31,7 @@ pub static RULES: RuleTable = &[
     ("pointwise-through-permute", "u(permute(y)), b(permute(y), c) → permute(u(y)), permute(b(y, c'))", &[
         Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum,
     ], pointwise_through_permute),
+    ("norm-through-permute", "rms_norm(permute(y, p), w) → permute(rms_norm(y, w), p) when p keeps the last axis", &[RmsNorm, LayerNorm], norm_through_permute),
     ("slice-concat-through-permute", "slice(permute(y, p)), concat(permute(aᵢ, p)) → permute(slice(y)), permute(concat(aᵢ)) on axis p[k]", &[Slice, Concat], slice_concat_through_permute),
 ];
 
@@ -93,6 +95,31 @@ fn rope_through_permute(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
         let Some(pos_y) = permute_view(eg, pa, &shape, &q) else { continue };
         let Some(ry) = add(eg, op, &[y, pos_y]) else { continue };
         if let Some(n) = permute(eg, ry, &p) {
+            out.push((id, n));
+        }
+    }
+    out
+}
+
+fn norm_through_permute(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+    let mut plans = vec![];
+    for kind in [RmsNorm, LayerNorm] {
+        for (op, ch) in nodes(eg, id, kind) {
+            for (pop, pch) in nodes(eg, ch[0], Permute) {
+                let p = perm_of(&pop);
+                let r = p.len();
+                if r >= 2 && p[r - 1] == (r - 1) as i64 {
+                    let mut args = ch.clone();
+                    args[0] = pch[0];
+                    plans.push((op.clone(), args, p));
+                }
+            }
+        }
+    }
+    let mut out = vec![];
+    for (op, args, p) in plans {
+        let Some(inner) = add(eg, op, &args) else { continue };
+        if let Some(n) = permute(eg, inner, &p) {
             out.push((id, n));
         }
     }

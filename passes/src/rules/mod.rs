@@ -199,6 +199,7 @@ pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
     ("rope-through-permute", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only permuted); a permute moves values"),
     ("rope-through-reshape", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only reshaped); a reshape moves nothing"),
     ("pointwise-through-permute", Rounding::Exact, true, "an element-wise op (a cast included) computes each element from the same operand elements, rounded once, before or after a permute alike"),
+    ("norm-through-permute", Rounding::Exact, false, "the same rows normalised with the same weights and statistics (the permute keeps the last axis); a permute moves values"),
     ("slice-concat-through-permute", Rounding::Exact, false, "moves values only: the same elements sliced or joined, along the input's axis"),
     ("attention-fold-mask", Rounding::Exact, true, "drops a mask operand whose values are 0 or −inf by the affine constraints it encodes (checked for every i, j): the op hides the same keys, so every visible score, its softmax and the one rounding at the end are the same; casts between float dtypes keep 0 and −inf; index casts only to integers or f32 (exact below 2²⁴); a hidden key's NaN/±inf in K or V reaches the output only through the mask form (see masks.rs)"),
     ("attention-softcap", Rounding::DropsCast, true, "as attention; c·tanh(s/c) is computed in f32 inside the op where a bf16 graph rounds the quotient, the tanh and the product"),

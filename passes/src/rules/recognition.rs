@@ -529,25 +529,36 @@ fn softmax_inputs(eg: &SirEGraph, p: Id, dt: DType) -> Vec<Id> {
     out
 }
 
-/// Heads-split sources of an operand `[.., H, S, D]` (rank 3 or 4): `(x, bshd)` where `x` is
-/// the same tensor in `[.., S, H, D]` order when the class is a head/sequence transpose of it.
-fn head_sources(eg: &SirEGraph, id: Id) -> Vec<(Id, bool)> {
-    let Some(t) = ty(eg, id) else { return vec![] };
-    let r = t.rank();
+/// Heads-split sources of an operand of logical shape `[.., H, S, D]` (rank 3 or 4; class
+/// `id` holds it, or a reshape of it): `(x, bshd, to)` where `x` is the same tensor in
+/// `[.., S, H, D]` order: with one head (`H = 1`) the class itself reshaped to `[.., S, 1,
+/// D]` (`to`: that shape, the same row-major order), else when the class is a head/sequence
+/// transpose of `x` (`to` = `None`); and the class itself as `[.., H, S, D]`.
+fn head_sources(eg: &SirEGraph, id: Id, shape: &[Dim]) -> Vec<(Id, bool, Option<Vec<Dim>>)> {
+    let r = shape.len();
     let swap: Vec<i64> = if r == 3 { vec![1, 0, 2] } else { vec![0, 2, 1, 3] };
     let mut out = vec![];
-    for (op, ch) in nodes(eg, id, Permute) {
-        if op.ints("perm") == Some(&swap[..]) {
-            out.push((ch[0], true));
+    // One head first: the class as it is, not a spelling of it through the permute.
+    if r >= 3 && shape[r - 3].is_one() {
+        let mut s = shape.to_vec();
+        s.swap(r - 3, r - 2);
+        out.push((eg.find(id), true, Some(s)));
+    }
+    if ty(eg, id).is_some_and(|t| t.shape == shape) {
+        for (op, ch) in nodes(eg, id, Permute) {
+            if op.ints("perm") == Some(&swap[..]) {
+                out.push((ch[0], true, None));
+            }
         }
     }
-    out.push((eg.find(id), false));
+    out.push((eg.find(id), false, Some(shape.to_vec())));
     out
 }
 
-/// GQA: `(k0, hkv)` where class `k` ([.., H, S, D]) is `reshape(broadcast(reshape(k0, [..,
-/// Hkv, 1, S, D]), [.., Hkv, G, S, D]), [.., H, S, D])`, or `(k, H)`.
-fn kv_heads(eg: &SirEGraph, k: Id) -> Vec<(Id, Dim)> {
+/// GQA: `(k0, hkv, shape)` where class `k` ([.., H, S, D]) is `reshape(broadcast(reshape(k0,
+/// [.., Hkv, 1, S, D]), [.., Hkv, G, S, D]), [.., H, S, D])` (`k0` holds the `[.., Hkv, S,
+/// D]` = `shape` tensor, or a reshape of it), or `(k, H, [.., H, S, D])`.
+fn kv_heads(eg: &SirEGraph, k: Id) -> Vec<(Id, Dim, Vec<Dim>)> {
     let Some(t) = ty(eg, k) else { return vec![] };
     let r = t.rank();
     let mut out = vec![];
@@ -562,17 +573,16 @@ fn kv_heads(eg: &SirEGraph, k: Id) -> Vec<(Id, Dim)> {
                 continue;
             }
             for k0 in unary_args(eg, r1, Reshape) {
-                let Some(t0) = ty(eg, k0) else { continue };
                 let hkv = t1.shape[r - 3].clone();
                 let mut want = t.shape.clone();
                 want[r - 3] = hkv.clone();
-                if t0.shape == want && tb.shape[r - 3] == hkv {
-                    out.push((k0, hkv));
+                if tb.shape[r - 3] == hkv {
+                    out.push((k0, hkv, want));
                 }
             }
         }
     }
-    out.push((eg.find(k), t.shape[r - 3].clone()));
+    out.push((eg.find(k), t.shape[r - 3].clone(), t.shape.clone()));
     out
 }
 
@@ -589,6 +599,8 @@ struct AttnPlan {
     heads: i64,
     kv_heads: i64,
     bshd: bool,
+    /// q, k, v: the shape each is reshaped to first, if any ([`head_sources`]).
+    shapes: [Option<Vec<Dim>>; 3],
     rank: usize,
 }
 
@@ -652,8 +664,8 @@ fn attention_plan(eg: &SirEGraph, q: Id, k: Id, v: Id, mask: Mask, scale: f64, r
     let (sq, skv) = (tq.shape[r - 2].clone(), tk.shape[r - 2].clone());
     // K and V must agree on the KV heads.
     let mut best: Option<AttnPlan> = None;
-    for (k0, hk) in kv_heads(eg, k) {
-        for (v0, hv) in kv_heads(eg, v) {
+    for (k0, hk, ks0) in kv_heads(eg, k) {
+        for (v0, hv, vs0) in kv_heads(eg, v) {
             if hk != hv {
                 continue;
             }
@@ -685,20 +697,27 @@ fn attention_plan(eg: &SirEGraph, q: Id, k: Id, v: Id, mask: Mask, scale: f64, r
                 }
             }
             // Layout: bshd when all three are head/sequence transposes, else bhsd.
-            let qs = head_sources(eg, q);
-            let ks = head_sources(eg, k0);
-            let vs = head_sources(eg, v0);
-            let pick = |srcs: &[(Id, bool)], bshd: bool| srcs.iter().find(|s| s.1 == bshd).map(|s| s.0);
+            let qs = head_sources(eg, q, &tq.shape);
+            let ks = head_sources(eg, k0, &ks0);
+            let vs = head_sources(eg, v0, &vs0);
+            let pick = |srcs: &[(Id, bool, Option<Vec<Dim>>)], bshd: bool| srcs.iter().find(|s| s.1 == bshd).map(|s| (s.0, s.2.clone()));
             for bshd in [true, false] {
-                if let (Some(q1), Some(k1), Some(v1)) = (pick(&qs, bshd), pick(&ks, bshd), pick(&vs, bshd)) {
-                    let plan = AttnPlan { softcap: None, window, q: q1, k: k1, v: v1, mask: maskv, make_mask, scale, causal, heads, kv_heads, bshd, rank: r };
-                    if best.is_none() {
+                if let (Some((q1, sq1)), Some((k1, sk1)), Some((v1, sv1))) = (pick(&qs, bshd), pick(&ks, bshd), pick(&vs, bshd)) {
+                    let shapes = [sq1, sk1, sv1];
+                    // One head everywhere: both layouts are the same, keep bhsd.
+                    if bshd && shapes.iter().all(Option::is_some) {
+                        continue;
+                    }
+                    let plan = AttnPlan { softcap: None, window, q: q1, k: k1, v: v1, mask: maskv, make_mask, scale, causal, heads, kv_heads, bshd, shapes, rank: r };
+                    // The first plan, or a later bshd one with as many KV heads (another
+                    // spelling of the same K or V may carry the transpose).
+                    if best.as_ref().is_none_or(|b| plan.bshd && !b.bshd && b.kv_heads == plan.kv_heads) {
                         best = Some(plan);
                     }
                     break;
                 }
             }
-            if best.is_some() {
+            if best.as_ref().is_some_and(|b| b.bshd) {
                 return best;
             }
         }
@@ -717,9 +736,15 @@ fn to_rank4(eg: &mut SirEGraph, x: Id) -> Option<Id> {
 }
 
 fn build_attention(eg: &mut SirEGraph, p: &AttnPlan, t_out: &TensorType) -> Option<Id> {
-    let q4 = to_rank4(eg, p.q)?;
-    let k4 = to_rank4(eg, p.k)?;
-    let v4 = to_rank4(eg, p.v)?;
+    let mut qkv = [p.q, p.k, p.v];
+    for (x, to) in qkv.iter_mut().zip(&p.shapes) {
+        if let Some(s) = to {
+            *x = reshape(eg, *x, s)?;
+        }
+    }
+    let q4 = to_rank4(eg, qkv[0])?;
+    let k4 = to_rank4(eg, qkv[1])?;
+    let v4 = to_rank4(eg, qkv[2])?;
     let mut ch = vec![q4, k4, v4];
     let mask = match (p.mask, p.make_mask) {
         (Some(m), _) => Some(m),
