@@ -343,6 +343,20 @@ fn classify(keep: &[Conjunct], mut causal: Option<i64>, mut window: Option<i64>)
     (causal, window, rest)
 }
 
+/// True when the sequence lengths `sq`, `sk` are constants with at most 2¹⁶ (query, key)
+/// pairs and the conjuncts, all affine, keep exactly the bottom-right causal pairs
+/// `j ≤ i + off` (checked at every pair).
+fn keeps_plain_causal(keep: &[Conjunct], sq: &Dim, sk: &Dim, off: i64) -> bool {
+    let (Some(sq), Some(sk)) = (sq.as_const(), sk.as_const()) else { return false };
+    if sq < 1 || sk < 1 || sq.saturating_mul(sk) > 1 << 16 {
+        return false;
+    }
+    let forms: Option<Vec<Affine>> = keep.iter().map(|c| if let Conjunct::Ge0(a) = c { Some(*a) } else { None }).collect();
+    let Some(forms) = forms else { return false };
+    let value = |a: &Affine, i: i64, j: i64| a.ci.checked_mul(i).and_then(|x| x.checked_add(a.cj.checked_mul(j)?)).and_then(|x| x.checked_add(a.c0));
+    (0..sq).all(|i| (0..sk).all(|j| forms.iter().map(|a| value(a, i, j).map(|v| v >= 0)).collect::<Option<Vec<bool>>>().is_some_and(|v| v.iter().all(|&b| b) == (j <= i + off))))
+}
+
 /// The `window` attribute for the bound `i − j ≤ w` at offset `off`: `W = w + 1 + off`, which
 /// must be in `1..=i32::MAX` (outer `None` otherwise: not foldable).
 fn window_attr(window: Option<i64>, off: i64) -> Option<Option<i64>> {
@@ -372,7 +386,12 @@ fn fold_mask(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
         }
         // Causal: j ≤ i + c (form i − j + c ≥ 0); window: i − j ≤ w (form j − i + w ≥ 0).
         let (c0, w0) = if op.bool("causal") == Some(true) { (Some(off), op.int("window").map(|w| w - 1 - off)) } else { (None, None) };
-        let (causal, window, rest) = classify(&parts.keep, c0, w0);
+        let (mut causal, mut window, mut rest) = classify(&parts.keep, c0, w0);
+        // Sequence lengths known and small (a decode step's one query): the constraints read
+        // at every (i, j); size-1 axes make i and j both 0, whatever form they took.
+        if (causal != Some(off) || rest.iter().any(Option::is_none)) && c0.is_none() && keeps_plain_causal(&parts.keep, &tq.shape[seq], &tk.shape[seq], off) {
+            (causal, window, rest) = (Some(off), None, vec![]);
+        }
         // Only the bottom-right causal diagonal has an attribute; other affine constraints
         // (and an everything-hidden mask) are not folded.
         if causal != Some(off) || rest.iter().any(Option::is_none) {
