@@ -118,6 +118,8 @@ def errors():
     expect(openai.BadRequestError, 400, lambda: client.completions.create(model=MODEL, prompt=p, temperature=-1), param="temperature")
     expect(openai.BadRequestError, 400, lambda: client.completions.create(model=MODEL, prompt=p, extra_body={"max_tokens": "many"}), param="max_tokens")
     expect(openai.BadRequestError, 400, lambda: client.completions.create(model=MODEL, prompt=p, n=2), param="n")
+    expect(openai.BadRequestError, 400, lambda: client.completions.create(model=MODEL, prompt=p, logprobs=2), param="logprobs")
+    expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "t1"}], frequency_penalty=0.5), param="frequency_penalty")
     expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=MODEL, messages=[]), param="messages")
     expect(openai.BadRequestError, 400, lambda: client.completions.create(model=MODEL, prompt=[100000]), param="prompt")
     req = urllib.request.Request(BASE + "/completions", data=b"{not json", headers={"content-type": "application/json"})

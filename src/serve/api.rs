@@ -156,6 +156,41 @@ pub struct Sampling {
     pub stream_options: Option<StreamOptions>,
     /// Choices per prompt: only 1.
     pub n: Option<usize>,
+    /// Not served: log-probabilities (refused unless absent, null, false or 0).
+    pub logprobs: Option<Value>,
+    /// Not served: the top log-probabilities of chat.
+    pub top_logprobs: Option<Value>,
+    /// Not served: echoing the prompt.
+    pub echo: Option<bool>,
+    /// Not served: best-of sampling beyond 1.
+    pub best_of: Option<usize>,
+    /// Not served: a suffix after the completion.
+    pub suffix: Option<Value>,
+    /// Not served: presence and frequency penalties other than 0.
+    pub presence_penalty: Option<f64>,
+    /// See `presence_penalty`.
+    pub frequency_penalty: Option<f64>,
+    /// Not served: a logit bias.
+    pub logit_bias: Option<Value>,
+}
+
+impl Sampling {
+    /// The first field set to something this server does not do, if any.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)) && v.as_u64() != Some(0) && v.as_object().is_none_or(|o| !o.is_empty()));
+        [
+            ("logprobs", set(&self.logprobs)),
+            ("top_logprobs", set(&self.top_logprobs)),
+            ("echo", self.echo == Some(true)),
+            ("best_of", self.best_of.is_some_and(|b| b != 1)),
+            ("suffix", set(&self.suffix)),
+            ("presence_penalty", self.presence_penalty.is_some_and(|p| p != 0.0)),
+            ("frequency_penalty", self.frequency_penalty.is_some_and(|p| p != 0.0)),
+            ("logit_bias", set(&self.logit_bias)),
+        ]
+        .into_iter()
+        .find_map(|(name, on)| on.then_some(name))
+    }
 }
 
 /// `POST /v1/completions`.

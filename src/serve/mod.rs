@@ -5,8 +5,10 @@
 //! text format). Request fields: `model`, `prompt` / `messages`, `max_tokens`
 //! (`max_completion_tokens`), `temperature` (default 1; 0 is greedy), `top_p`, `seed`,
 //! `stop` (up to 4 strings), `stream`, `stream_options.include_usage`; responses carry
-//! `usage`. Errors are OpenAI's error body with a 4xx status: a bad field (named in `param`),
-//! an unknown model (404, `model_not_found`), a prompt past the context (400,
+//! `usage`. Fields asking for what is not served (`logprobs`, `echo`, `best_of`, `suffix`,
+//! penalties, `logit_bias`, `n` > 1) are refused with a 400 naming them; others are ignored.
+//! Errors are OpenAI's error body with a 4xx status: a bad field (named in `param`), an
+//! unknown model (404, `model_not_found`), a prompt past the context (400,
 //! `context_length_exceeded`), a full queue or a server shutting down (503, `Retry-After`).
 //!
 //! **Threads.** A tokio runtime serves HTTP (`axum`); one scheduler thread owns the

@@ -163,6 +163,9 @@ fn options<M: DecoderModel>(s: &State<M>, p: &Sampling, kind: Kind, prompt: usiz
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is served", Some("n")));
     }
+    if let Some(field) = p.unsupported() {
+        return Err(ApiError::invalid(format!("`{field}` is not supported by sinter serve"), Some(field)));
+    }
     let context = s.engine.model().context();
     let room = context.saturating_sub(prompt);
     let max_new = match p.max_tokens.or(p.max_completion_tokens) {
