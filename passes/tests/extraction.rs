@@ -97,26 +97,10 @@ fn cyclic_choices_are_refused() {
     assert_eq!(count(&out, "mul"), 0);
 }
 
-/// The cost model at decode sizes: does extraction still take the fused form when bytes are
-/// tiny (`T = 1`)?
-///
-/// Analysis. Extraction costs each e-node as its own kernel ([`sinter_passes::cost::node_cost`]):
-/// a launch (3 µs) plus its HBM bytes, views, constants, weight concatenations and a matmul's
-/// column slices being free. At `T = 1` an activation is a few kB (well under 0.01 µs of
-/// HBM time), so every non-free e-node costs about one launch and extraction minimises the
-/// number of launching e-nodes, weights read aside. Every alternative the rules offer today
-/// has fewer launching e-nodes in its fused form: a composite (rms_norm, swiglu, rope,
-/// attention, softmax) replaces several nodes by one, and a merged projection replaces `n`
-/// matmuls by one on free concatenated weights with free slices. So the fused form wins at
-/// decode as at prefill: no case was found where the per-node launch picks the unfused form.
-/// What the per-node launch does get wrong is that it charges an element-wise node that the
-/// partitioner fuses into its producer (a matmul's epilogue, a pointwise chain) a launch it
-/// never pays; between alternatives with as many e-nodes — a pointwise op on either side of
-/// a transpose — it cannot prefer the one whose pointwise op joins the matmul epilogue.
-/// Today's rules offer no such pair, so the model is left as it is.
-///
-/// Pinned: every passes filetest, with `T = 1` and the decode cost, lowers to no more
-/// kernels than the same graph under the prefill cost, nor than one kernel per node.
+/// The cost model at decode sizes: extraction still takes the fused form when activations are
+/// tiny (the analysis is in the book's fusion chapter, "Extraction and the cost model"). Pinned:
+/// every passes filetest, with `T = 1` and the decode cost, lowers to no more kernels than the
+/// same graph under the prefill cost, nor than one kernel per node.
 #[test]
 fn decode_sized_graphs_fuse_as_much_as_prefill_sized_ones() {
     use sinter_passes::{compile, lower_unfused, Target};

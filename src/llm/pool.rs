@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::decoder::KvGeometry;
 use super::sample::greedy_tokens;
-use super::session::{tokens_tensor, Step};
+use super::session::{run_paged, tokens_tensor, Step};
 use crate::gpu::GpuProgram;
 use crate::{DType, Error, Program, Tensor};
 use sinter_runtime::{CapturedGraph, Device, DeviceBuffer};
@@ -76,14 +76,7 @@ impl<'a> CpuPool<'a> {
 
     fn run(&mut self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor) -> Result<(Tensor, Tensor), Error> {
         let p = if decode { self.decode } else { self.prefill };
-        let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", &self.kp), ("v_pages", &self.vp)], &[])?;
-        let mut r = r.into_iter();
-        let (Some(logits), Some(k), Some(v), Some(next)) = (r.next(), r.next(), r.next(), r.next()) else {
-            return Err(Error::Unsupported("the graph returned fewer than 4 outputs".into()));
-        };
-        self.kp = Arc::new(k);
-        self.vp = Arc::new(v);
-        Ok((logits, next))
+        run_paged(p, &mut self.kp, &mut self.vp, tokens, pos, bt)
     }
 }
 

@@ -134,15 +134,21 @@ impl CpuSession<'_> {
     /// Runs the prefill or decode graph; returns its logits and greedy tokens (`next`).
     fn run(&mut self, decode: bool, tokens: &Tensor, pos: &Tensor, bt: &Tensor) -> Result<(Tensor, Tensor), Error> {
         let p = if decode { self.decode } else { self.prefill };
-        let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", &self.kp), ("v_pages", &self.vp)], &[])?;
-        let mut r = r.into_iter();
-        let (Some(logits), Some(k), Some(v), Some(next)) = (r.next(), r.next(), r.next(), r.next()) else {
-            return Err(Error::Unsupported("the graph returned fewer than 4 outputs".into()));
-        };
-        self.kp = Arc::new(k);
-        self.vp = Arc::new(v);
-        Ok((logits, next))
+        run_paged(p, &mut self.kp, &mut self.vp, tokens, pos, bt)
     }
+}
+
+/// Runs a decoder graph on the interpreter over host pools `kp`/`vp` (replaced by the graph's
+/// updated pools); returns its logits and greedy tokens (`next`).
+pub(crate) fn run_paged(p: &Program, kp: &mut Arc<Tensor>, vp: &mut Arc<Tensor>, tokens: &Tensor, pos: &Tensor, bt: &Tensor) -> Result<(Tensor, Tensor), Error> {
+    let r = p.run(&[("tokens", tokens), ("positions", pos), ("block_tables", bt), ("k_pages", &**kp), ("v_pages", &**vp)], &[])?;
+    let mut r = r.into_iter();
+    let (Some(logits), Some(k), Some(v), Some(next)) = (r.next(), r.next(), r.next(), r.next()) else {
+        return Err(Error::Unsupported("the graph returned fewer than 4 outputs".into()));
+    };
+    *kp = Arc::new(k);
+    *vp = Arc::new(v);
+    Ok((logits, next))
 }
 
 impl Session for CpuSession<'_> {
