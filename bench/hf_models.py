@@ -5,7 +5,7 @@ Runs on the GPU machine (torch + transformers + tokenizers; no network):
     python3 bench/hf_models.py make DIR ARCH     # config.json, model.safetensors (bf16), tokenizer.json
     python3 bench/hf_models.py anchor DIR ARCH   # transformers on the same folder, same call as sinter
 
-ARCH: qwen2 (Qwen2-0.5B), qwen3 (Qwen3-0.6B), gpt2 (GPT-2 124M), gemma3 (Gemma-3-270M), each
+ARCH: smollm2 (SmolLM2-135M), qwen2 (Qwen2-0.5B), qwen3 (Qwen3-0.6B), gpt2 (GPT-2 124M), gemma3 (Gemma-3-270M), each
 with its published hyper-parameters. The anchor, greedy, bf16, decode tok/s at batch 1
 and 16 (16-token prompt, 256 new tokens, EOS ignored), the faster of two spellings (both
 printed): transformers' own model in a hand-written loop over a static cache with the decode
@@ -23,6 +23,11 @@ import torch
 import transformers
 
 CONFIGS = {
+    "smollm2": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+        rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
