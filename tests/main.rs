@@ -28,3 +28,4 @@ mod tokenizer;
 mod gemma3_gguf;
 mod gemma3_hf;
 mod serve;
+mod dsl_pass;
