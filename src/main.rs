@@ -684,7 +684,7 @@ fn run(a: RunArgs) -> AnyResult {
     let tok = engine.model().tokenizer();
     let eos = engine.model().eos_tokens();
     let mut stdout = std::io::stdout();
-    let gen = engine.generate(&ids, &opts, &mut |_, t| {
+    let out = engine.generate(&ids, &opts, &mut |_, t| {
         if !single || eos.contains(&t) {
             return;
         }
@@ -701,25 +701,25 @@ fn run(a: RunArgs) -> AnyResult {
     if single {
         println!();
     } else if a.prompt_tokens.is_some() {
-        for (s, t) in gen.tokens.iter().enumerate() {
+        for (s, t) in out.tokens.iter().enumerate() {
             let text = tok.decode(&t.iter().copied().filter(|x| !eos.contains(x)).collect::<Vec<_>>())?;
             println!("[{s}] {text}");
         }
     } else {
-        for (p, t) in prompts.iter().zip(&gen.tokens) {
+        for (p, t) in prompts.iter().zip(&out.tokens) {
             let text = tok.decode(&t.iter().copied().filter(|x| !eos.contains(x)).collect::<Vec<_>>())?;
             println!("> {p}\n{text}\n");
         }
     }
-    let new_tokens: usize = gen.tokens.iter().map(Vec::len).sum();
+    let new_tokens: usize = out.tokens.iter().map(Vec::len).sum();
     let decoded = new_tokens.saturating_sub(ids.len());
-    let how = if gen.decode_steps == 0 {
+    let how = if out.decode_steps == 0 {
         "no decode step".to_string()
-    } else if gen.cuda_graph {
-        if gen.capture_time.is_zero() {
+    } else if out.cuda_graph {
+        if out.capture_time.is_zero() {
             "CUDA graph replayed".to_string()
         } else {
-            format!("CUDA graph, captured in {:.1} ms, not counted", gen.capture_time.as_secs_f64() * 1e3)
+            format!("CUDA graph, captured in {:.1} ms, not counted", out.capture_time.as_secs_f64() * 1e3)
         }
     } else if engine.is_gpu() {
         "eager launches".to_string()
@@ -728,13 +728,13 @@ fn run(a: RunArgs) -> AnyResult {
     };
     eprintln!(
         "prompt: {} tokens in {:.3} s ({:.1} tok/s); decode: {} steps at batch {}, {decoded} tokens in {:.3} s ({:.2} tok/s; {how})",
-        gen.prompt_tokens,
-        gen.prefill_time.as_secs_f64(),
-        gen.prompt_tokens as f64 / gen.prefill_time.as_secs_f64().max(1e-9),
-        gen.decode_steps,
+        out.prompt_tokens,
+        out.prefill_time.as_secs_f64(),
+        out.prompt_tokens as f64 / out.prefill_time.as_secs_f64().max(1e-9),
+        out.decode_steps,
         ids.len(),
-        gen.decode_time.as_secs_f64(),
-        decoded as f64 / gen.decode_time.as_secs_f64().max(1e-9),
+        out.decode_time.as_secs_f64(),
+        decoded as f64 / out.decode_time.as_secs_f64().max(1e-9),
     );
     match engine.gpu_stats() {
         Some((pk, dk, ps, ds)) => {

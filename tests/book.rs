@@ -663,9 +663,9 @@ fn ask(model_file: &std::path::Path, question: &str) -> Result<String, Box<dyn s
     let model = LlamaModel::open(model_file, DType::BF16, |_done, _total| {})?;
     let prompt = model.chat_prompt(question)?; // token ids, chat template applied
     let engine = Engine::new(model)?; // prefill and decode programs sharing the weights
-    let gen = engine.generate(&[prompt], &SampleOptions::greedy(32), &mut |_seq, _token| {})?;
+    let out = engine.generate(&[prompt], &SampleOptions::greedy(32), &mut |_seq, _token| {})?;
     let tokenizer = &engine.model().tokenizer;
-    let answer: Vec<u32> = gen.tokens[0].iter().copied().filter(|&t| t != tokenizer.eos).collect();
+    let answer: Vec<u32> = out.tokens[0].iter().copied().filter(|&t| t != tokenizer.eos).collect();
     Ok(tokenizer.decode(&answer)?)
 }
 // ANCHOR_END: ask_smollm2

@@ -317,11 +317,11 @@ fn tiny_qwen_is_served_by_the_engine() -> Result<(), Box<dyn std::error::Error>>
 
     let prompts = [engine.model().tokenizer.encode("t5 t17 t42")?, engine.model().tokenizer.encode("t9 t3 t60 t33 t21")?];
     assert_eq!(prompts[0], [5, 17, 42]);
-    let gen = engine.generate(&prompts, &SampleOptions::greedy(4), &mut |_seq, _token| {})?;
+    let out = engine.generate(&prompts, &SampleOptions::greedy(4), &mut |_seq, _token| {})?;
 
     // Prefill, then decode steps over the paged cache, both sequences in one batch: every
     // token is the one the f64 forward picks over the whole sequence so far.
-    for (prompt, generated) in prompts.iter().zip(&gen.tokens) {
+    for (prompt, generated) in prompts.iter().zip(&out.tokens) {
         assert_eq!(generated.len(), 4);
         let mut seq = prompt.clone();
         for &t in generated {
@@ -330,7 +330,7 @@ fn tiny_qwen_is_served_by_the_engine() -> Result<(), Box<dyn std::error::Error>>
             seq.push(t);
         }
     }
-    println!("{}", engine.model().tokenizer.decode(&gen.tokens[0])?);
+    println!("{}", engine.model().tokenizer.decode(&out.tokens[0])?);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -342,8 +342,8 @@ fn tiny_qwen_is_served_by_the_engine() -> Result<(), Box<dyn std::error::Error>>
 fn serve_on_the_gpu(model: TinyQwen, prompt: Vec<u32>) -> Result<Vec<u32>, sinter::Error> {
     let device = sinter::Device::open()?;
     let engine = Engine::new_gpu(model, &device, sinter::Lowering::Fused)?;
-    let gen = engine.generate(&[prompt], &SampleOptions::greedy(16), &mut |_, _| {})?;
-    Ok(gen.tokens[0].clone())
+    let out = engine.generate(&[prompt], &SampleOptions::greedy(16), &mut |_, _| {})?;
+    Ok(out.tokens[0].clone())
 }
 // ANCHOR_END: own_gpu
 

@@ -133,6 +133,10 @@ fn gpu_continuous_batching_gives_the_interpreters_tokens() {
     for graphs in [false, true] {
         gpu.set_cuda_graph(graphs);
         let mut b = gpu.batcher(BatchOptions { max_batch: 4, kv_tokens: 96, max_queue: 16, prefill_tokens_per_step: 16 }).unwrap();
+        if graphs {
+            // Every bucket captured before the first request, as the server does.
+            b.warm().unwrap();
+        }
         let sinks: Vec<Record> = (0..6).map(|_| Record::default()).collect();
         let (mut submitted, mut steps) = (0, 0);
         while submitted < 6 || !b.is_idle() {

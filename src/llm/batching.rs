@@ -190,6 +190,19 @@ impl<'e> Batcher<'e> {
         kv.pages_for(opts.kv_tokens.max(1))
     }
 
+    /// Makes every decode batch size and block-table width this batcher can meet ready before
+    /// the first request (on the GPU: the batch-specialised programs compiled, each bucket's
+    /// CUDA graph captured), so that no step later stalls on compiling or capturing. Widths
+    /// go up to a request as long as the context or the pool allows; on the interpreter this
+    /// does nothing.
+    ///
+    /// # Errors
+    /// The device's or the compiler's errors.
+    pub fn warm(&mut self) -> Result<(), Error> {
+        let longest = self.context.min(self.groups * self.kv.page_size);
+        self.session.warm(self.kv.pages_for(longest.max(1)))
+    }
+
     /// Queues `req` (it is admitted by a later [`Batcher::step`]).
     ///
     /// # Errors

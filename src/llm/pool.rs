@@ -40,6 +40,12 @@ pub(crate) trait PooledSession {
     /// One decode step of `rows`; returns `rows.len()` rows of logits (`logits`) or greedy
     /// tokens.
     fn decode(&mut self, rows: &[Row<'_>], logits: bool) -> Result<Step, Error>;
+    /// Makes ready every decode bucket a batch of at most `max_batch` rows of at most
+    /// `max_groups` page groups each can round to (the GPU: compiles the batch-specialised
+    /// programs and captures their CUDA graphs), so no later step stalls on that work.
+    fn warm(&mut self, _max_groups: usize) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 /// Page of layer `layer` in group `group` of a pool of `n` groups (as f64 for a tensor).
@@ -102,6 +108,14 @@ impl PooledSession for CpuPool<'_> {
     }
 }
 
+/// Checks that a decode step's KV outputs are the page pools themselves (updated in place).
+fn in_place(outputs: &[DeviceBuffer], k_pages: &DeviceBuffer, v_pages: &DeviceBuffer) -> Result<(), Error> {
+    match outputs {
+        [_, k, v, ..] if k.same_memory(k_pages) && v.same_memory(v_pages) => Ok(()),
+        _ => Err(Error::Unsupported("the decode step did not update the KV page pools in place (kv_append outputs are not aliased to its page inputs)".into())),
+    }
+}
+
 /// The device buffers of one batch bucket: the decode step's inputs and its captured graph.
 struct Bucket {
     tokens: DeviceBuffer,
@@ -150,15 +164,50 @@ impl<'a> GpuPool<'a> {
         Ok(GpuPool { prefill, decode, decode_for, device, k_pages, v_pages, buckets: BTreeMap::new(), layers: kv.layers, groups: groups + 1, max_batch: max_batch.max(1), vocab, cuda_graph })
     }
 
-    fn check_in_place(&self, outputs: &[DeviceBuffer]) -> Result<(), Error> {
-        match outputs {
-            [_, k, v, ..] if k.same_memory(&self.k_pages) && v.same_memory(&self.v_pages) => Ok(()),
-            _ => Err(Error::Unsupported("the decode step did not update the KV page pools in place (kv_append outputs are not aliased to its page inputs)".into())),
+    /// The bucket of batch `b` and block-table width `w`, made on first use: its program (the
+    /// batch-specialised one, compiled now) and buffers, and with CUDA graphs on its captured
+    /// decode step.
+    fn ready(&mut self, b: usize, w: usize) -> Result<(), Error> {
+        let dev = self.device;
+        if !self.buckets.contains_key(&(b, w)) {
+            let program = (self.decode_for)(b)?;
+            let bucket = Bucket {
+                tokens: dev.alloc_zeroed(DType::I64, &[b])?,
+                positions: dev.alloc_zeroed(DType::I32, &[b])?,
+                block_tables: dev.alloc_zeroed(DType::I32, &[self.layers, b, w])?,
+                graph: None,
+            };
+            self.buckets.insert((b, w), (program, bucket));
         }
+        let (k_pages, v_pages) = (&self.k_pages, &self.v_pages);
+        let (program, bucket) = self.buckets.get_mut(&(b, w)).ok_or_else(|| Error::Unsupported("no decode bucket".into()))?;
+        if self.cuda_graph && bucket.graph.is_none() {
+            let program: &GpuProgram = program.as_deref().unwrap_or(self.decode);
+            let inputs = [("tokens", &bucket.tokens), ("positions", &bucket.positions), ("block_tables", &bucket.block_tables), ("k_pages", k_pages), ("v_pages", v_pages)];
+            let g = program.capture_device(&inputs, &crate::Bindings::new())?;
+            in_place(g.outputs(), k_pages, v_pages)?;
+            bucket.graph = Some(g);
+        }
+        Ok(())
+    }
+
+    fn check_in_place(&self, outputs: &[DeviceBuffer]) -> Result<(), Error> {
+        in_place(outputs, &self.k_pages, &self.v_pages)
     }
 }
 
 impl PooledSession for GpuPool<'_> {
+    fn warm(&mut self, max_groups: usize) -> Result<(), Error> {
+        let widths = std::iter::successors(Some(1usize), |w| (*w < max_groups.max(1)).then(|| w * 2));
+        let batches: Vec<usize> = std::iter::successors(Some(1usize), |b| (b * 2 < self.max_batch).then(|| b * 2)).chain([self.max_batch]).collect();
+        for w in widths {
+            for &b in &batches {
+                self.ready(b, w)?;
+            }
+        }
+        Ok(())
+    }
+
     fn prefill(&mut self, groups: &[usize], prompt: &[u32]) -> Result<Vec<f64>, Error> {
         let (n, vocab, dev) = (prompt.len(), self.vocab, self.device);
         let tokens = dev.upload_tensor(&tokens_tensor(prompt)?)?;
@@ -174,16 +223,7 @@ impl PooledSession for GpuPool<'_> {
         let b = rows.len().next_power_of_two().min(self.max_batch).max(rows.len());
         let w = rows.iter().map(|r| r.groups.len()).max().unwrap_or(1).max(1).next_power_of_two();
         let dev = self.device;
-        if !self.buckets.contains_key(&(b, w)) {
-            let program = (self.decode_for)(b)?;
-            let bucket = Bucket {
-                tokens: dev.alloc_zeroed(DType::I64, &[b])?,
-                positions: dev.alloc_zeroed(DType::I32, &[b])?,
-                block_tables: dev.alloc_zeroed(DType::I32, &[self.layers, b, w])?,
-                graph: None,
-            };
-            self.buckets.insert((b, w), (program, bucket));
-        }
+        self.ready(b, w)?;
         let scratch = self.groups - 1;
         let tokens: Vec<f64> = (0..b).map(|i| rows.get(i).map_or(0.0, |r| f64::from(r.token))).collect();
         let positions: Vec<f64> = (0..b).map(|i| rows.get(i).map_or(0.0, |r| r.position as f64)).collect();
@@ -194,24 +234,17 @@ impl PooledSession for GpuPool<'_> {
         dev.write_f64(&bucket.tokens, &tokens)?;
         dev.write_f64(&bucket.positions, &positions)?;
         dev.write_f64(&bucket.block_tables, bt.data())?;
-        let inputs = [("tokens", &bucket.tokens), ("positions", &bucket.positions), ("block_tables", &bucket.block_tables), ("k_pages", k_pages), ("v_pages", v_pages)];
-        let in_place = |outputs: &[DeviceBuffer]| match outputs {
-            [_, k, v, ..] if k.same_memory(k_pages) && v.same_memory(v_pages) => Ok(()),
-            _ => Err(Error::Unsupported("the decode step did not update the KV page pools in place (kv_append outputs are not aliased to its page inputs)".into())),
-        };
-        let outs = if self.cuda_graph {
-            if bucket.graph.is_none() {
-                let g = program.capture_device(&inputs, &crate::Bindings::new())?;
-                in_place(g.outputs())?;
-                bucket.graph = Some(g);
+        let outs = match &bucket.graph {
+            Some(g) => {
+                g.replay()?;
+                g.outputs().to_vec()
             }
-            let g = bucket.graph.as_ref().ok_or_else(|| Error::Unsupported("no captured decode graph".into()))?;
-            g.replay()?;
-            g.outputs().to_vec()
-        } else {
-            let r = program.run_device(&inputs, &crate::Bindings::new())?;
-            in_place(&r)?;
-            r
+            None => {
+                let inputs = [("tokens", &bucket.tokens), ("positions", &bucket.positions), ("block_tables", &bucket.block_tables), ("k_pages", k_pages), ("v_pages", v_pages)];
+                let r = program.run_device(&inputs, &crate::Bindings::new())?;
+                in_place(&r, k_pages, v_pages)?;
+                r
+            }
         };
         let (v, live) = (self.vocab, rows.len());
         let l = outs.first().ok_or_else(|| Error::Unsupported("the decode graph returned no logits".into()))?;

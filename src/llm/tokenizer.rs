@@ -108,7 +108,7 @@ impl Specials {
             .iter()
             .zip(attrs)
             .enumerate()
-            .filter(|(_, (t, &a))| !t.is_empty() && a & (CONTROL | USER_DEFINED | UNKNOWN) != 0)
+            .filter(|&(_, (t, &a))| !t.is_empty() && a & (CONTROL | USER_DEFINED | UNKNOWN) != 0)
             .map(|(i, (t, &a))| (t.clone(), i as u32, a & (CONTROL | UNKNOWN) != 0))
             .collect();
         v.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));

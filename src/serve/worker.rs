@@ -36,10 +36,13 @@ impl Sink for ChannelSink {
 /// Runs the scheduler until [`Command::Drain`] (and the batch is empty) or the channel closes.
 ///
 /// # Errors
-/// The pool's allocation error (before any request); a decode step's error is reported to the
+/// The pool's allocation error or its warm-up's (before any request); a decode step's error is reported to the
 /// requests it stopped and the loop goes on.
 pub(crate) fn run<M: DecoderModel>(engine: &Engine<M>, opts: BatchOptions, rx: &Receiver<Command>, metrics: &Metrics) -> Result<(), Error> {
     let mut b = engine.batcher(opts)?;
+    // Every bucket compiled and captured before the first request, not in the middle of a
+    // served batch.
+    b.warm()?;
     metrics.kv_pages_total.set(b.pages_total() as i64);
     let mut draining = false;
     let (mut window, mut tokens) = (Instant::now(), 0usize);

@@ -6,7 +6,7 @@ use sinter::ir::{Graph, KernelGraph};
 use sinter::{Bindings, DType, Target, Tensor};
 use sinter_codegen::emu::graph::{compile_plans, run_plans, GraphRunError};
 
-use super::gen::Features;
+use super::cases::Features;
 
 /// What one case gave.
 #[derive(Clone, Debug, PartialEq)]

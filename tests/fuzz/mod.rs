@@ -1,6 +1,6 @@
 //! The differential fuzzer of the compiled path, on the CPU.
 //!
-//! Random graphs from the op table (`gen.rs`), random values with NaN, ±inf, finite extremes,
+//! Random graphs from the op table (`cases.rs`), random values with NaN, ±inf, finite extremes,
 //! denormals and −0.0 (`values.rs`), each run by the interpreter (the reference) and through
 //! both lowerings (unfused, fused) compiled for the kernel emulator and run on it
 //! (`check.rs`): outputs compared element-wise with DESIGN.md's tolerances, guard bytes around
@@ -28,7 +28,7 @@
 //! then generated in CI and its regression file must pass.
 
 pub mod check;
-pub mod gen;
+pub mod cases;
 pub mod values;
 
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ use std::time::Instant;
 use sinter::Target;
 
 pub use check::{check_case, Outcome};
-use gen::{Features, Kind};
+use cases::{Features, Kind};
 
 /// Features of the generator that reach a known, not yet fixed bug: off in CI, and their
 /// regression files may fail. Delete a line when its fix lands.
@@ -204,7 +204,7 @@ fn run_seeds(seeds: &[u64], more: bool, secs: f64) -> (Vec<String>, usize) {
             },
         };
         let t0 = Instant::now();
-        let case = gen::generate(seed, &kinds, feats, 1);
+        let case = cases::generate(seed, &kinds, feats, 1);
         let strict = case.kind == Kind::CastChain;
         let outcome = check_case(&case.graph, seed, feats, strict, &target, &ptx);
         ran += 1;

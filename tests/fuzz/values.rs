@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use sinter::ir::Graph;
 use sinter::{DType, Tensor};
 
-use super::gen::Features;
+use super::cases::Features;
 
 /// The lowest finite value of a float dtype, as Hugging Face masks use it.
 pub fn lowest(dt: DType) -> f64 {

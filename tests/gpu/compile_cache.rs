@@ -31,14 +31,16 @@ struct CubinsOff;
 
 impl CubinsOff {
     fn new() -> CubinsOff {
-        std::env::set_var("SINTER_CUBIN", "0");
+        // SAFETY: the GPU tests run with one test thread; no other thread reads the environment.
+        unsafe { std::env::set_var("SINTER_CUBIN", "0") };
         CubinsOff
     }
 }
 
 impl Drop for CubinsOff {
     fn drop(&mut self) {
-        std::env::remove_var("SINTER_CUBIN");
+        // SAFETY: as in `new`.
+        unsafe { std::env::remove_var("SINTER_CUBIN") };
     }
 }
 
@@ -171,16 +173,18 @@ struct PtxasIs(Option<std::ffi::OsString>);
 impl PtxasIs {
     fn new(path: &std::path::Path) -> PtxasIs {
         let old = std::env::var_os("SINTER_PTXAS");
-        std::env::set_var("SINTER_PTXAS", path);
+        // SAFETY: the GPU tests run with one test thread; no other thread reads the environment.
+        unsafe { std::env::set_var("SINTER_PTXAS", path) };
         PtxasIs(old)
     }
 }
 
 impl Drop for PtxasIs {
     fn drop(&mut self) {
+        // SAFETY: as in `new`.
         match self.0.take() {
-            Some(v) => std::env::set_var("SINTER_PTXAS", v),
-            None => std::env::remove_var("SINTER_PTXAS"),
+            Some(v) => unsafe { std::env::set_var("SINTER_PTXAS", v) },
+            None => unsafe { std::env::remove_var("SINTER_PTXAS") },
         }
     }
 }

@@ -111,7 +111,7 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
         if explicit.is_none() && start.elapsed().as_secs_f64() >= secs {
             break;
         }
-        let case = fuzz::gen::generate(seed, &kinds, feats, 4);
+        let case = fuzz::cases::generate(seed, &kinds, feats, 4);
         let inputs = fuzz::values::inputs(&case.graph, seed, feats);
         let refs: Vec<&Tensor> = inputs.iter().map(|(_, t)| t).collect();
         ran += 1;
@@ -131,7 +131,7 @@ fn gpu_fuzz_compiled_paths_match_the_interpreter() {
             &inputs,
             &want,
             seed,
-            case.kind == fuzz::gen::Kind::CastChain,
+            case.kind == fuzz::cases::Kind::CastChain,
         );
         let mut ok = true;
         let mut unfused_compiles = true;
@@ -225,7 +225,7 @@ fn gpu_fuzz_regressions_replay() {
             .and_then(|s| s.parse().ok())
             .expect("a `// seed:` line");
         let feats = fuzz::header(&text, "features")
-            .map_or(fuzz::features(), |f| fuzz::gen::Features::NONE.with(f));
+            .map_or(fuzz::features(), |f| fuzz::cases::Features::NONE.with(f));
         let open =
             fuzz::header(&text, "expected").filter(|f| fuzz::KNOWN_OPEN.iter().any(|k| k.0 == *f));
         let graph = sinter::ir::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -238,7 +238,7 @@ fn gpu_fuzz_regressions_replay() {
             &inputs,
             &want,
             seed,
-            fuzz::header(&text, "kind") == Some(fuzz::gen::Kind::CastChain.name()),
+            fuzz::header(&text, "kind") == Some(fuzz::cases::Kind::CastChain.name()),
         );
         let mut problem = None;
         for lowering in [Lowering::Unfused, Lowering::Fused] {
