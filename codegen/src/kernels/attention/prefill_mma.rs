@@ -200,6 +200,9 @@ pub(super) type Alphas<'ctx> = Vec<(usize, usize, FloatValue<'ctx>)>;
 /// the epilogue (O, then the log-sum-exp).
 pub(super) fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Smem, shared: SharedKind, wg: Option<&WgSchedule>) -> R<()> {
     let c = PrefillTc::new(kit, p, s, sm, shared, wg)?;
+    if let Some(byte) = debug_smem_fill() {
+        c.fill_smem(byte)?;
+    }
     let bars = c.prologue()?;
     let f = c.fragments()?;
     let t = Tiles::new(&c, f)?;
@@ -213,6 +216,45 @@ pub(super) fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Sme
     let outs = t.outputs()?;
     t.store_o(&outs)?;
     t.write_lse()
+}
+
+/// A debugging aid: `SINTER_DEBUG_SMEM_FILL` set to a byte (`0x7f`, `127`) makes the
+/// tensor-core prefill kernels fill their shared memory with it before anything else
+/// ([`PrefillTc::fill_smem`]). With `0x7f` (NaN as `f8e4m3` and as f16 `0x7f7f`, 3.4e38 as
+/// bf16) a read of shared bytes that no copy or store of the CTA wrote shows up
+/// deterministically, instead of as whatever an earlier kernel left there. Read when the
+/// kernel is generated; the kernel cache's key does not see it, so use a fresh
+/// `SINTER_CACHE` with it. Unset (the default), the PTX is unchanged.
+pub(super) fn debug_smem_fill() -> Option<u8> {
+    if let Some(b) = SMEM_FILL.with(std::cell::Cell::get) {
+        return Some(b);
+    }
+    let v = std::env::var("SINTER_DEBUG_SMEM_FILL").ok()?;
+    parse_fill_byte(&v)
+}
+
+thread_local! {
+    /// The tests' [`debug_smem_fill`] for kernels generated on this thread ([`with_smem_fill`]).
+    static SMEM_FILL: std::cell::Cell<Option<u8>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the kernels generated on this thread filling their shared memory with
+/// `byte` ([`debug_smem_fill`]), as `SINTER_DEBUG_SMEM_FILL` would, without the environment.
+#[cfg(test)]
+pub(crate) fn with_smem_fill<T>(byte: u8, f: impl FnOnce() -> T) -> T {
+    SMEM_FILL.with(|c| c.set(Some(byte)));
+    let out = f();
+    SMEM_FILL.with(|c| c.set(None));
+    out
+}
+
+/// The byte of a `SINTER_DEBUG_SMEM_FILL` value: hex with `0x`, or decimal.
+pub(super) fn parse_fill_byte(v: &str) -> Option<u8> {
+    let v = v.trim();
+    match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(h) => u8::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
 }
 
 /// The (batch, head) base `offset + x·st[0] + y·st[1]` of tensor `t`.
@@ -437,6 +479,16 @@ impl<'a, 'ctx> PrefillTc<'a, 'ctx> {
 
     pub(super) fn c32(&self, v: u32) -> IntValue<'ctx> {
         self.kit.i32c(v as i32)
+    }
+
+    /// Fills the CTA's shared memory (`sm.total` bytes) with `byte`, 16 bytes a store from
+    /// every thread (the producer warpgroup's too), then a CTA barrier ([`debug_smem_fill`]).
+    fn fill_smem(&self, byte: u8) -> R<()> {
+        let kit = self.kit;
+        let word = kit.i32c(i32::from_ne_bytes([byte; 4]));
+        let step = kit.mul(kit.sreg("ntid.x")?, self.c32(16))?;
+        kit.for_range(kit.mul(self.raw_tid, self.c32(16))?, self.c32(self.sm.total), step, |k, off| store_i32s(k, k.sh_at(self.smem, off)?, &[word; 4]))?;
+        kit.barrier()
     }
 
     // ---- global → shared copies ----------------------------------------------------------

@@ -313,3 +313,43 @@ fn schedules() {
     assert_eq!(s(4, 2, 32, false).shared_bytes(128, 128), 128 * 136 * 2 + 4 * 32 * 136 * 2 + 128 * 40 * 2);
     assert!(s(0, 1, 64, true).check().is_err() && s(4, 3, 64, true).check().is_err() && s(4, 1, 40, true).check().is_err());
 }
+
+/// `SINTER_DEBUG_SMEM_FILL`'s byte: hex or decimal, nothing else.
+#[test]
+fn smem_fill_byte_parses() {
+    use crate::kernels::attention::prefill_mma::parse_fill_byte;
+    assert_eq!(parse_fill_byte("0x7f"), Some(0x7f));
+    assert_eq!(parse_fill_byte(" 0XFF "), Some(0xff));
+    assert_eq!(parse_fill_byte("127"), Some(127));
+    for bad in ["", "0x", "256", "0x100", "-1", "nan"] {
+        assert_eq!(parse_fill_byte(bad), None, "{bad}");
+    }
+}
+
+/// With its shared memory filled with 0x7f bytes first (`SINTER_DEBUG_SMEM_FILL`; bf16
+/// 0x7f7f is 3.4e38), the `mma.sync` kernel still matches the interpreter on the emulator at
+/// causal Sq > Skv (fully masked rows, a partial last key tile, rows past Sq in the last CTA):
+/// it reads no shared byte it did not write. The fp8 `wgmma` kernel (which the emulator
+/// cannot run) takes the fill too, and is unchanged without it.
+#[test]
+fn smem_fill_reads_nothing_unwritten() {
+    use crate::emu::{check, random};
+    use crate::kernels::attention::generate_prefill_wg_with;
+    use crate::kernels::attention::prefill_mma::with_smem_fill;
+    use super::{bind, prefill_fp8};
+    let (g, k) = prefill(DType::BF16, 4, 2, sym("T"), sym("S"), 64, 64, true, false);
+    let ins = [random(DType::BF16, &[1, 4, 150, 64], 91), random(DType::BF16, &[1, 2, 40, 64], 92), random(DType::BF16, &[1, 2, 40, 64], 93)];
+    let binds = bind(&[("B", 1), ("T", 150), ("S", 40)]);
+    with_smem_fill(0x7f, || {
+        let plan = generate_prefill(&g, k, &Target::SM_80).unwrap();
+        assert!(plan.ptx.contains("mma.sync") && plan.ptx.contains("%ntid.x"), "no fill in the mma.sync kernel");
+        check("mma.sync causal Sq 150 Skv 40, shared memory filled with 0x7f", &g, k, |g, k| generate_prefill(g, k, &Target::SM_80), &ins, &binds);
+    });
+    let (g8, k8) = prefill_fp8(DType::BF16, 4, 2, d(300), d(77), 128, 128, true);
+    let w = choose_fp8_schedule();
+    let filled = with_smem_fill(0x7f, || generate_prefill_wg_with(&g8, k8, &Target::SM_90A, &w).unwrap().ptx);
+    let plain = generate_prefill_wg_with(&g8, k8, &Target::SM_90A, &w).unwrap().ptx;
+    // (The fill's loop steps by the block size; the kernel reads no %ntid.x otherwise.)
+    assert!(filled.contains("%ntid.x") && filled.contains("2139062143"), "no fill in the fp8 kernel");
+    assert!(!plain.contains("%ntid.x"), "a fill without SINTER_DEBUG_SMEM_FILL");
+}
