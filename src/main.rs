@@ -140,7 +140,7 @@ enum Cmd {
         #[arg(long)]
         model: Option<PathBuf>,
         /// The model's id in requests (default: the file's or folder's name without extension).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
         served_model_name: Option<String>,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1")]
@@ -154,15 +154,16 @@ enum Cmd {
         /// Storage dtype of weights and activations.
         #[arg(long, value_enum, default_value_t = Dt::Bf16)]
         dtype: Dt,
-        /// Requests decoding together at most.
-        #[arg(long, default_value_t = 64)]
+        /// Requests decoding together at most (at least 1).
+        #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         max_batch: usize,
-        /// Tokens the KV cache holds over all requests (default: 65 536 on the GPU; twice the
-        /// context on the interpreter, whose every step copies the pool).
-        #[arg(long)]
+        /// Tokens the KV cache holds over all requests (default: 65 536 on the GPU; 1 024 on
+        /// the interpreter, whose every step copies the pool).
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         kv_tokens: Option<usize>,
-        /// Requests waiting at most (beyond it: 503 with Retry-After).
-        #[arg(long, default_value_t = 256)]
+        /// Requests waiting at most beyond free batch places (beyond it: 503 with Retry-After;
+        /// at least 1).
+        #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         max_queue: usize,
         /// How the graphs become GPU kernels.
         #[arg(long, value_enum, default_value_t = LoweringArg::Fused)]
@@ -516,7 +517,7 @@ fn serve(model: Option<PathBuf>, name: Option<String>, addr: std::net::SocketAdd
     let name = name.unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
     let context = m.context();
     let engine = build_engine(m, gpu.as_ref(), lowering)?;
-    batch.kv_tokens = kv_tokens.unwrap_or(if engine.is_gpu() { 65536 } else { 2 * context });
+    batch.kv_tokens = kv_tokens.unwrap_or(if engine.is_gpu() { 65536 } else { 1024.min(context) });
     let opts = sinter::serve::ServeOptions { batch, ..sinter::serve::ServeOptions::new(name.clone()) };
     let server = sinter::serve::Server::start(engine, addr, opts, true)?;
     eprintln!("serving `{name}` at http://{}/v1 (Ctrl-C to stop)", server.addr());

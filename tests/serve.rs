@@ -110,8 +110,14 @@ fn the_batcher_refuses_what_it_cannot_serve() {
     assert_eq!(b.submit(req(prompt(0, 10), 10)).unwrap_err(), Rejected::ExceedsPool { needed: 20, pool: 16 });
     let bad = Request { prompt: prompt(0, 2), options: SampleOptions::seeded(2, f64::NAN, 1.0, 0), sink: Box::new(Record::default()) };
     assert!(matches!(b.submit(bad), Err(Rejected::Options(m)) if m.contains("temperature")));
-    b.submit(req(prompt(0, 2), 2)).unwrap();
-    assert_eq!(b.submit(req(prompt(1, 2), 2)).unwrap_err(), Rejected::QueueFull(1));
+    // At idle the batch's two free places and the queue's one take three requests.
+    for i in 0..3 {
+        b.submit(req(prompt(i, 2), 4)).unwrap();
+    }
+    assert_eq!(b.submit(req(prompt(3, 2), 2)).unwrap_err(), Rejected::QueueFull(3));
+    b.step().unwrap();
+    // Two running, one waiting: the queue is full.
+    assert_eq!(b.submit(req(prompt(4, 2), 2)).unwrap_err(), Rejected::QueueFull(1));
     while !b.is_idle() {
         b.step().unwrap();
     }
@@ -237,4 +243,56 @@ fn shutdown_finishes_the_running_request_then_closes_the_port() {
     let v: serde_json::Value = serde_json::from_str(r.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     assert_eq!(v["choices"][0]["text"], want["text"], "{r}");
     assert!(TcpStream::connect(addr).is_err(), "the port is closed after shutdown");
+}
+
+/// The body of an HTTP response as JSON.
+fn json_body(r: &str) -> serde_json::Value {
+    serde_json::from_str(r.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap_or_else(|e| panic!("not JSON ({e}): {r}"))
+}
+
+/// What a careless or hostile client does: unknown routes and methods, a body over the limit,
+/// `max_tokens` at u64::MAX, a chat without `max_tokens` on a pool smaller than the context,
+/// an answer ended by a stop string (not a cancellation), and a request never finished — which
+/// must not keep the server from stopping once the shutdown timeout has passed.
+#[test]
+fn odd_clients_get_openai_errors_and_cannot_hold_the_server_open() {
+    let e = engine("odd-clients");
+    let want = expected(&e, "t8 t1", 8);
+    let stop = want["text"].as_str().unwrap().split_whitespace().nth(2).unwrap().to_string();
+    let opts = ServeOptions { batch: BatchOptions { max_batch: 2, kv_tokens: 16, max_queue: 4, prefill_tokens_per_step: 64 }, shutdown_timeout: Duration::from_millis(500), ..ServeOptions::new("tiny") };
+    let server = Server::start(e, "127.0.0.1:0".parse().unwrap(), opts, false).unwrap();
+    let addr = server.addr();
+    let err = |r: &str, status: &str, kind: &str| {
+        assert!(r.starts_with(&format!("HTTP/1.1 {status}")), "{r}");
+        assert_eq!(json_body(r)["error"]["type"], kind, "{r}");
+    };
+    err(&http(addr, "GET", "/v1/nope", "").unwrap(), "404", "not_found_error");
+    err(&http(addr, "GET", "/v1/completions", "").unwrap(), "405", "invalid_request_error");
+    // A body past the 2 MB limit (the server may answer and close before it is all sent).
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let n = 3 << 20;
+    let _ = write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n");
+    let _ = c.write_all(&vec![b' '; n]);
+    let mut r = String::new();
+    let _ = c.read_to_string(&mut r);
+    err(&r, "413", "invalid_request_error");
+    let r = http(addr, "POST", "/v1/completions", r#"{"model":"tiny","prompt":"t1","max_tokens":18446744073709551615}"#).unwrap();
+    err(&r, "400", "invalid_request_error");
+    assert_eq!(json_body(&r)["error"]["code"], "context_length_exceeded", "{r}");
+    // The chat default (512 new tokens) is capped by the 16-token pool as by the context.
+    let r = http(addr, "POST", "/v1/chat/completions", r#"{"model":"tiny","messages":[{"role":"user","content":"t3"}],"temperature":0}"#).unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let body = json!({ "model": "tiny", "prompt": "t8 t1", "max_tokens": 8, "temperature": 0, "stop": stop }).to_string();
+    let r = http(addr, "POST", "/v1/completions", &body).unwrap();
+    assert_eq!(json_body(&r)["choices"][0]["finish_reason"], "stop", "{r}");
+    assert!(server.metrics().render().contains("sinter_requests_cancelled_total 0"), "{}", server.metrics().render());
+    // Half a request, held open: shutdown ends after its timeout, not when the client leaves.
+    let mut held = TcpStream::connect(addr).unwrap();
+    write!(held, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{\"mo").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    server.shutdown().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "shutdown took {:?} with a half-sent request open", t0.elapsed());
+    drop(held);
 }

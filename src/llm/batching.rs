@@ -39,7 +39,8 @@ pub struct BatchOptions {
     pub max_batch: usize,
     /// Tokens the KV pool holds over all sequences (rounded up to whole page groups).
     pub kv_tokens: usize,
-    /// Requests waiting at most; [`Batcher::submit`] rejects beyond it.
+    /// Requests waiting at most beyond the batch's free places (those the next step admits);
+    /// [`Batcher::submit`] rejects beyond it.
     pub max_queue: usize,
     /// Prompt tokens prefilled per step beyond the first admitted prompt.
     pub prefill_tokens_per_step: usize,
@@ -96,7 +97,7 @@ pub struct Request {
 /// Why [`Batcher::submit`] refused a request (nothing was queued; the sink got no event).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Rejected {
-    /// The queue holds [`BatchOptions::max_queue`] requests.
+    /// The queue holds [`BatchOptions::max_queue`] requests beyond the batch's free places.
     #[error("the server is busy: {0} requests are waiting; retry later")]
     QueueFull(usize),
     /// An empty prompt.
@@ -113,7 +114,7 @@ pub enum Rejected {
         context: usize,
     },
     /// Prompt plus `max_new` need more pages than the whole pool has.
-    #[error("the prompt and the tokens asked for need {needed} tokens of KV cache, more than the pool's {pool}")]
+    #[error("the prompt and the tokens asked for need {needed} tokens of KV cache, more than the pool's {pool} (a server's pool is set by `sinter serve --kv-tokens`)")]
     ExceedsPool {
         /// Tokens of cache the request needs (whole pages).
         needed: usize,
@@ -209,7 +210,9 @@ impl<'e> Batcher<'e> {
     /// [`Rejected`]: a full queue, an empty prompt, a prompt plus `max_new` past the context
     /// or the pool, bad sampling options. The request's sink gets no event then.
     pub fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if self.queue.len() >= self.opts.max_queue {
+        // Requests the next step admits (free places in the batch) do not count as waiting.
+        let places = self.opts.max_batch.max(1).saturating_sub(self.running.len());
+        if self.queue.len() >= self.opts.max_queue.saturating_add(places) {
             return Err(Rejected::QueueFull(self.queue.len()));
         }
         let (tokens, max_new) = (req.prompt.len(), req.options.max_new);

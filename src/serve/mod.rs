@@ -17,9 +17,11 @@
 //! that channel, and the scheduler cancels the request and frees its KV pages before the next
 //! step.
 //!
-//! **Shutdown** (SIGINT/SIGTERM, or [`Server::shutdown`]): new requests get 503; accepted
-//! ones run to the end; any still running after [`ServeOptions::shutdown_timeout`] end with an
-//! explicit error (a 500 body, or an error event on a stream); then the server stops.
+//! **Shutdown** (SIGINT/SIGTERM, or [`Server::shutdown`]): the port stops accepting
+//! connections, and a request on a connection already open gets 503; accepted ones run to the
+//! end; any still running after [`ServeOptions::shutdown_timeout`] end with an explicit error (a
+//! 500 body, or an error event on a stream); a second later the server stops, dropping any
+//! connection still open (a client that never finished sending its request).
 
 mod api;
 mod metrics;

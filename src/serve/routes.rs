@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State as AxState;
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -36,8 +37,13 @@ pub(super) async fn serve<M: DecoderModel + 'static>(state: Shared<M>, listener:
         .route("/v1/models", get(models::<M>))
         .route("/v1/completions", post(completions::<M>))
         .route("/v1/chat/completions", post(chat::<M>))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state.clone());
     let shutting = state.clone();
+    // Past the shutdown timeout (and a second for the failed requests' answers), connections
+    // still open — a client that never finishes sending its request — are dropped.
+    let (deadline_tx, deadline) = oneshot::channel::<()>();
     let signal = async move {
         tokio::select! {
             _ = stop => {}
@@ -49,9 +55,15 @@ pub(super) async fn serve<M: DecoderModel + 'static>(state: Shared<M>, listener:
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             let _ = tx.send(Command::Abort("the server is shutting down".into()));
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let _ = deadline_tx.send(());
         });
     };
-    let served = axum::serve(listener, app).with_graceful_shutdown(signal).await;
+    let graceful = axum::serve(listener, app).with_graceful_shutdown(signal);
+    let served = tokio::select! {
+        r = graceful => r,
+        Ok(()) = deadline => Ok(()),
+    };
     let _ = state.tx.send(Command::Drain);
     let worker = tokio::task::spawn_blocking(move || worker.join()).await;
     served.map_err(|e| Error::Unsupported(format!("sinter serve: {e}")))?;
@@ -81,6 +93,28 @@ async fn os_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError { status: StatusCode::NOT_FOUND, kind: "not_found_error", ..ApiError::invalid(format!("no route `{}`: sinter serve answers /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics", uri.path()), None) }.with_code("not_found").into_response()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, ..ApiError::invalid(format!("`{method}` is not allowed on `{}`", uri.path()), None) }.with_code("method_not_allowed").into_response()
+}
+
+/// A request body axum could not read (too large, cut off) as an OpenAI-style error.
+fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(e.body_text(), None) })
+}
+
+/// `text` tokenized off the async workers (a long prompt takes a while).
+async fn tokenize<M: DecoderModel + 'static>(s: &Shared<M>, text: String, param: &'static str) -> Result<Vec<u32>, ApiError> {
+    let st = s.clone();
+    tokio::task::spawn_blocking(move || st.engine.model().tokenizer().encode(&text))
+        .await
+        .map_err(|_| ApiError::server("the tokenizer stopped"))?
+        .map_err(|e| ApiError::invalid(format!("cannot tokenize the {param}: {e}"), Some(param)))
+}
+
 async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
@@ -104,18 +138,16 @@ enum Kind {
     Chat,
 }
 
-async fn completions<M: DecoderModel + 'static>(AxState(s): AxState<Shared<M>>, body: Bytes) -> Response {
+async fn completions<M: DecoderModel + 'static>(AxState(s): AxState<Shared<M>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
     let r = async {
-        let body = parse_body(&body)?;
+        let body = parse_body(&body_of(body)?)?;
         let (req, sampling): (CompletionRequest, Sampling) = (fields(&body)?, fields(&body)?);
         check_model(&s, &req.model)?;
-        let tok = s.engine.model().tokenizer();
-        let encode = |t: &str| tok.encode(t).map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt")));
         let ids = match req.prompt {
-            Prompt::Text(t) => encode(&t)?,
+            Prompt::Text(t) => tokenize(&s, t, "prompt").await?,
             Prompt::Tokens(ids) => ids,
-            Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
+            Prompt::Texts(mut v) if v.len() == 1 => tokenize(&s, v.remove(0), "prompt").await?,
             Prompt::TokenLists(v) if v.len() == 1 => v[0].clone(),
             _ => return Err(ApiError::invalid("one prompt per request is served", Some("prompt"))),
         };
@@ -127,10 +159,10 @@ async fn completions<M: DecoderModel + 'static>(AxState(s): AxState<Shared<M>>, 
     r.await.unwrap_or_else(|e| reject(&s, e))
 }
 
-async fn chat<M: DecoderModel + 'static>(AxState(s): AxState<Shared<M>>, body: Bytes) -> Response {
+async fn chat<M: DecoderModel + 'static>(AxState(s): AxState<Shared<M>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
     let r = async {
-        let body = parse_body(&body)?;
+        let body = parse_body(&body_of(body)?)?;
         let (req, sampling): (ChatRequest, Sampling) = (fields(&body)?, fields(&body)?);
         check_model(&s, &req.model)?;
         if req.messages.is_empty() {
@@ -140,7 +172,7 @@ async fn chat<M: DecoderModel + 'static>(AxState(s): AxState<Shared<M>>, body: B
         let model = s.engine.model();
         let plain = ChatTemplate::default();
         let text = model.chat_template().unwrap_or(&plain).render(&messages).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-        let ids = model.tokenizer().encode(&text).map_err(|e| ApiError::invalid(format!("cannot tokenize the conversation: {e}"), Some("messages")))?;
+        let ids = tokenize(&s, text, "messages").await?;
         generate(&s, ids, sampling, Kind::Chat, arrived).await
     };
     r.await.unwrap_or_else(|e| reject(&s, e))
@@ -171,9 +203,10 @@ fn options<M: DecoderModel>(s: &State<M>, p: &Sampling, kind: Kind, prompt: usiz
     let max_new = match p.max_tokens.or(p.max_completion_tokens) {
         Some(n) => n,
         None if kind == Kind::Completion => 16,
-        None => s.opts.default_max_tokens.min(room),
+        // The rest of the context and of the KV pool, whichever is less.
+        None => s.opts.default_max_tokens.min(room).min(s.opts.batch.kv_tokens.saturating_sub(prompt)).max(1),
     };
-    if prompt + max_new > context || room == 0 {
+    if prompt.saturating_add(max_new) > context || room == 0 {
         let msg = format!("this model's context holds {context} tokens; the prompt has {prompt} and {max_new} more were asked for");
         return Err(ApiError::invalid(msg, Some(if kind == Kind::Chat { "messages" } else { "prompt" })).with_code("context_length_exceeded"));
     }
@@ -205,7 +238,7 @@ async fn generate<M: DecoderModel + 'static>(s: &Shared<M>, ids: Vec<u32>, p: Sa
     s.metrics.requests.inc();
     s.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed));
-    let run = Run { state: s.clone(), id, kind, prompt_tokens, text: TextStream::new(stops, s.engine.model().eos_tokens()), arrived, last: None, generated: 0 };
+    let run = Run { state: s.clone(), id, kind, prompt_tokens, text: TextStream::new(stops, s.engine.model().eos_tokens()), arrived, last: None, generated: 0, ended: false };
     if p.stream {
         let usage = p.stream_options.is_some_and(|o| o.include_usage);
         Ok(stream(run, rx, usage))
@@ -234,6 +267,17 @@ struct Run<M: DecoderModel> {
     arrived: Instant,
     last: Option<Instant>,
     generated: usize,
+    /// The answer ended (finished, stopped, failed); a run dropped before it was cancelled by
+    /// its client's leaving.
+    ended: bool,
+}
+
+impl<M: DecoderModel> Drop for Run<M> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.state.metrics.cancelled.inc();
+        }
+    }
 }
 
 /// What a token or the end gives the response.
@@ -252,6 +296,12 @@ fn detokenizer<M: DecoderModel>(s: &Shared<M>) -> impl Fn(&[u32]) -> Result<Stri
 impl<M: DecoderModel> Run<M> {
     /// Takes one event: the text to send, or the end.
     fn on(&mut self, e: Event) -> Step {
+        let step = self.step(e);
+        self.ended |= !matches!(step, Step::Text(_));
+        step
+    }
+
+    fn step(&mut self, e: Event) -> Step {
         match e {
             Event::Token(t) => {
                 let now = Instant::now();
@@ -310,7 +360,10 @@ impl<M: DecoderModel> Run<M> {
 async fn whole<M: DecoderModel>(mut run: Run<M>, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
     let mut text = String::new();
     let finish = loop {
-        let Some(e) = rx.recv().await else { return Err(ApiError::server("the scheduler stopped")) };
+        let Some(e) = rx.recv().await else {
+            run.ended = true;
+            return Err(ApiError::server("the scheduler stopped"));
+        };
         match run.on(e) {
             Step::Text(d) => text.push_str(&d),
             Step::Done(f, d) => {
@@ -343,7 +396,10 @@ fn stream<M: DecoderModel + 'static>(mut run: Run<M>, mut rx: mpsc::UnboundedRec
             let step = tokio::select! {
                 e = rx.recv() => match e {
                     Some(e) => run.on(e),
-                    None => Step::Failed("the scheduler stopped".into()),
+                    None => {
+                        run.ended = true;
+                        Step::Failed("the scheduler stopped".into())
+                    }
                 },
                 () = out.closed() => return,
             };

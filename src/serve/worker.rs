@@ -68,10 +68,9 @@ pub(crate) fn run<M: DecoderModel>(engine: &Engine<M>, opts: BatchOptions, rx: &
             }
         }
         match b.step() {
-            Ok(r) => {
-                tokens += r.decoded + r.prefilled;
-                metrics.cancelled.inc_by(r.cancelled as u64);
-            }
+            // Cancellations are counted by the HTTP side, which knows a client that left
+            // from an answer that ended at a stop string.
+            Ok(r) => tokens += r.decoded + r.prefilled,
             Err(e) => log_step_error(&e),
         }
         metrics.queue_length.set(b.queued() as i64);
