@@ -97,14 +97,22 @@ pub struct CompileStats {
     pub kernels_per_layer: Option<usize>,
 }
 
+/// `k12 (Matmul)`, or `k12 (not in the graph)`, for messages.
+fn kernel_label(kg: &KernelGraph, k: Kernel) -> String {
+    match kg.kernels.get(k) {
+        Some(kd) => format!("{k} ({:?})", kd.family),
+        None => format!("{k} (not in the graph)"),
+    }
+}
+
 #[cfg(feature = "llvm")]
 fn build_plan(kg: &KernelGraph, k: Kernel, target: &Target) -> Result<LaunchPlan, Error> {
-    sinter_codegen::compile_kernel(kg, k, target).map_err(|e| Error::Codegen(format!("kernel {k} ({:?}): {e}", kg.kernels[k].family)))
+    sinter_codegen::compile_kernel(kg, k, target).map_err(|e| Error::Codegen(format!("kernel {}: {e}", kernel_label(kg, k))))
 }
 
 #[cfg(not(feature = "llvm"))]
 fn build_plan(kg: &KernelGraph, k: Kernel, target: &Target) -> Result<LaunchPlan, Error> {
-    Err(Error::KernelNotCached { kernel: format!("{k} ({:?})", kg.kernels[k].family), target: target.to_string() })
+    Err(Error::KernelNotCached { kernel: kernel_label(kg, k), target: target.to_string() })
 }
 
 /// Worker threads for code generation and assembly: `SINTER_JOBS` when it is a positive
@@ -352,10 +360,11 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
 /// attention, then matmul, then row reductions, then the rest, each in `todo`'s order.
 fn longest_first(kg: &KernelGraph, keys: &[Kernel], todo: &[ToBuild]) -> Vec<usize> {
     use sinter_ir::Family;
-    let rank = |tb: &ToBuild| match kg.kernels[keys[tb.kernels[0]]].family {
-        Family::Attention | Family::PagedAttention => 0,
-        Family::Matmul => 1,
-        Family::RowReduction => 2,
+    let family = |tb: &ToBuild| tb.kernels.first().and_then(|&i| keys.get(i)).and_then(|&k| kg.kernels.get(k)).map(|kd| kd.family);
+    let rank = |tb: &ToBuild| match family(tb) {
+        Some(Family::Attention | Family::PagedAttention) => 0,
+        Some(Family::Matmul) => 1,
+        Some(Family::RowReduction) => 2,
         _ => 3,
     };
     let mut order: Vec<usize> = (0..todo.len()).collect();

@@ -22,7 +22,7 @@ use sinter_ir::{Bindings, Buffer, BufferData, BufferRole, Dim, Kernel, KernelDat
 use crate::buffer::DeviceBuffer;
 use crate::device::{Device, LoadedKernel};
 use crate::error::RuntimeError;
-use crate::launch::{buffer_count, resolve, ResolvedLaunch};
+use crate::launch::{max_buffer_index, resolve, ResolvedLaunch};
 
 /// One kernel's time in a profiled run.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,8 +100,8 @@ impl Executor {
         }
         for ((k, data), plan) in graph.kernels.iter().zip(&plans) {
             let have = data.inputs.len() + data.outputs.len();
-            if buffer_count(plan) > have {
-                return Err(RuntimeError::Graph(format!("plan `{}` of {k} uses buffer {} but the kernel has {have}", plan.entry, buffer_count(plan) - 1)));
+            if let Some(top) = max_buffer_index(plan).filter(|&top| top >= have) {
+                return Err(RuntimeError::Graph(format!("plan `{}` of {k} uses buffer {top} but the kernel has {have}", plan.entry)));
             }
             for b in data.inputs.iter().chain(&data.outputs) {
                 if graph.buffers.get(*b).is_none() {

@@ -168,6 +168,18 @@ pub fn resolve(plan: &LaunchPlan, buffer_ptrs: &[u64], bindings: &Bindings) -> R
     Ok(ResolvedLaunch { entry: plan.entry.clone(), grid, block: plan.block, shared_bytes: plan.shared_bytes, args })
 }
 
+/// The largest buffer index `plan`'s parameters name (`None`: no buffer parameter).
+pub fn max_buffer_index(plan: &LaunchPlan) -> Option<usize> {
+    plan.params
+        .iter()
+        .filter_map(|p| match p {
+            KernelParam::Buffer(b) => Some(*b),
+            KernelParam::TensorMap(t) => Some(t.buffer),
+            KernelParam::Size(_) => None,
+        })
+        .max()
+}
+
 /// How many buffers `plan` refers to: one more than the largest [`KernelParam::Buffer`] index
 /// (0 when it has none; `usize::MAX` for an index of `usize::MAX`, as a damaged plan may hold).
 pub fn buffer_count(plan: &LaunchPlan) -> usize {
