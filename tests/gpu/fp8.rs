@@ -112,7 +112,7 @@ pub(super) fn gpu_fp8_matmul_matches_the_interpreter() {
         assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
         let k = kg.kernels.keys().next().unwrap();
         assert!(sinter::tune::tunable(&kg, k), "{label}: not tunable");
-        let names = super::candidate_names(&kg, k, &target, &cache);
+        let names = super::candidates::candidate_names(&kg, k, &target, &cache);
         assert!(names.len() >= 3 && names.iter().all(|n| n.starts_with("wgmma ")), "{label}: candidates {names:?}");
         let ins = fp8_inputs(&g, 300 + ci as u64, nan);
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
@@ -305,7 +305,7 @@ pub(super) fn gpu_fp8_attention_matches_the_interpreter() {
         assert_eq!(kg.kernels.len(), 1, "{label}: one fused kernel");
         let k = kg.kernels.keys().next().unwrap();
         assert!(sinter::tune::tunable(&kg, k), "{label}: not tunable");
-        let names = super::candidate_names(&kg, k, &target, &cache);
+        let names = super::candidates::candidate_names(&kg, k, &target, &cache);
         assert!(names.len() == 3 && names.iter().all(|n| n.starts_with("wgmma ") && n.ends_with(" e4m3")), "{label}: candidates {names:?}");
         let mut ins = fp8_attention_inputs(&g, 400 + ci as u64);
         if let Some((input, at)) = nan_at {

@@ -26,6 +26,7 @@ use sinter_runtime::Device;
 use crate::zoo::Rng;
 
 mod adversarial;
+mod candidates;
 mod compile_cache;
 mod facade;
 mod fp8;
@@ -391,7 +392,7 @@ fn gpu_wgmma_attention_matches_the_interpreter() {
         let refs: Vec<&Tensor> = ins.iter().map(|(_, t)| t).collect();
         let want = sinter::ir::interp::run_entry(&g, &refs, &b).unwrap();
         let named: Vec<(&str, &Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        for name in candidate_names(&kg, k, &target, &cache).iter().filter(|n| n.ends_with(" ov") || n.ends_with(" ws") || n.ends_with(" pp")) {
+        for name in candidates::candidate_names(&kg, k, &target, &cache).iter().filter(|n| n.ends_with(" ov") || n.ends_with(" ws") || n.ends_with(" pp")) {
             sinter::tune::pin(&kg, k, &target, &cache, &dev.info().name, name).unwrap();
             let r = GpuProgram::compile_with_options(&g, &dev, Lowering::Fused, false, &mut |_, _| {}).and_then(|p| p.run(&named, &b));
             match r {
@@ -954,14 +955,6 @@ fn zoo_cases() -> Vec<ZooCase> {
     out
 }
 
-/// The schedule candidates of kernel `k` of `kg` that the cache records, compiled into the
-/// cache first where they are missing: a candidate test needs no earlier precompile run.
-pub(crate) fn candidate_names(kg: &sinter::KernelGraph, k: sinter::Kernel, target: &Target, cache: &sinter_runtime::KernelCache) -> Vec<String> {
-    #[cfg(feature = "llvm")]
-    sinter::tune::precompile_variants(kg, target, cache).unwrap();
-    sinter::tune::cached_names(kg, k, target, cache).unwrap()
-}
-
 /// Fills the kernel cache with every kernel the GPU tests need, for the target named by
 /// `SINTER_PRECOMPILE` (the GPU machine's build has no LLVM). Skipped when it is unset.
 #[cfg(feature = "llvm")]
@@ -996,7 +989,7 @@ fn precompile_gpu_test_kernels() {
     // Every schedule candidate of the autotuning test's kernels and of the candidate test's.
     #[cfg(feature = "llvm")]
     let wgmma_attention: Vec<sinter::Graph> = wgmma_attention_cases().iter().map(|c| sinter::ir::parse(&c.src).unwrap()).collect();
-    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()).chain(row_candidate_graphs()).chain(wgmma_attention) {
+    for g in autotune_graphs().into_iter().chain(candidate_graphs()).chain(attention_candidate_graphs()).chain(candidates::row_candidate_graphs()).chain(wgmma_attention) {
         let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         match sinter::tune::precompile_variants(&kg, &target, &cache) {
             Ok(n) => total += n,
@@ -1184,31 +1177,6 @@ fn gpu_every_matmul_candidate_matches_the_interpreter() {
     every_candidate_matches(&dev, candidate_graphs(), 120);
 }
 
-/// Row reductions over long rows whose every schedule candidate
-/// `gpu_every_row_candidate_matches_the_interpreter` runs: on sm_90a the cluster schedule's
-/// thread counts and unrolls, staged row-invariant inputs (` w`) and twice the default's
-/// cluster size (16 CTAs a row of 262144), the persistent clusters (` p16`, ` p14`, …) —
-/// LayerNorm over rows of 32768 (exact slices) and 33001 (an odd length, three rows),
-/// RMSNorm over 262144, and LayerNorm over 40 rows of 262144 (more rows than a persistent
-/// grid has clusters: each cluster's output pass refills its stage with its next row).
-fn row_candidate_graphs() -> Vec<sinter::Graph> {
-    vec![
-        sinter::graph! { fn main(x: bf16[40, 262144], w: bf16[262144], b: bf16[262144]) -> bf16[40, 262144] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
-        sinter::graph! { fn main(x: bf16[5, 32768], w: bf16[32768], b: bf16[32768]) -> bf16[5, 32768] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
-        sinter::graph! { fn main(x: bf16[3, 33001], w: bf16[33001], b: bf16[33001]) -> bf16[3, 33001] { x.layer_norm(w, b, eps = 1e-5) } }.unwrap(),
-        sinter::graph! { fn main(x: bf16[3, 262144], w: bf16[262144]) -> bf16[3, 262144] { x.rms_norm(w, eps = 1e-6) } }.unwrap(),
-        sinter::graph! { fn main(x: bf16[3, 262144]) -> bf16[3, 262144] { x.softmax(-1) } }.unwrap(),
-    ]
-}
-
-/// Every schedule candidate of the row-reduction kernels of [`row_candidate_graphs`] (pinned
-/// in turn) matches the interpreter on the device.
-#[test]
-fn gpu_every_row_candidate_matches_the_interpreter() {
-    let Some(dev) = device() else { return };
-    every_candidate_matches(&dev, row_candidate_graphs(), 160);
-}
-
 /// Prefill attention graphs whose every schedule candidate
 /// `gpu_every_attention_candidate_matches_the_interpreter` runs: on sm_90a the `wgmma`
 /// kernel (`wgmma kv128 g2 ws` at D 128, `kv64` at D 64) and every other `wgmma` schedule: its
@@ -1238,7 +1206,7 @@ fn gpu_every_attention_candidate_matches_the_interpreter() {
 
 /// Runs every schedule candidate of each tunable kernel of `graphs` (the i-th candidate of
 /// every kernel at once, pinned with `sinter::tune::pin`) against the interpreter.
-fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) {
+pub(crate) fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) {
     let cache = sinter_runtime::KernelCache::open_default().unwrap();
     let target = sinter::gpu::target_for(dev);
     let mut fails = Vec::new();
@@ -1246,7 +1214,7 @@ fn every_candidate_matches(dev: &Device, graphs: Vec<sinter::Graph>, seed: u64) 
         let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
         let tunable: Vec<_> = kg.kernels.keys().filter(|&k| sinter::tune::tunable(&kg, k)).collect();
         assert!(!tunable.is_empty(), "graph {gi}: no tunable kernel");
-        let names: Vec<Vec<String>> = tunable.iter().map(|&k| candidate_names(&kg, k, &target, &cache)).collect();
+        let names: Vec<Vec<String>> = tunable.iter().map(|&k| candidates::candidate_names(&kg, k, &target, &cache)).collect();
         let rounds = names.iter().map(Vec::len).max().unwrap_or(0);
         assert!(rounds >= 2, "graph {gi}: candidates {names:?}");
         let ins = inputs_for(&g, &Bindings::new(), seed + gi as u64, 7);

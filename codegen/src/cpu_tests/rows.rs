@@ -262,8 +262,8 @@ fn cpu_held_slice_iterations_match_the_interpreter() {
 /// data: a large mean with a small spread, the first chunk of every warp far from the rest,
 /// one huge element at the row's end, the row's head far from the rest ((mean − shift)² ≈
 /// (N/256)·var, the ` h` bound), and an ordinary row. Every sampled candidate of rows of 32768
-/// (2-CTA clusters) and 262144 (8-CTA clusters) runs, and each ` s h` candidate assembles
-/// without spills.
+/// (2-CTA clusters) runs, and of rows of 262144 (8-CTA clusters) every row-head candidate
+/// (` s h`, the default there; each assembles without spills).
 #[test]
 fn cpu_sampled_layer_norm_shift_is_accurate() {
     let mut rng = Rng(23);
@@ -292,7 +292,7 @@ fn cpu_sampled_layer_norm_shift_is_accurate() {
         // The row head's shift over slices above 32 KiB only, and the default there.
         assert_eq!(head >= 2, n == 262144, "{names:?}");
         assert_eq!(names[0].contains(" s h"), n == 262144, "{names:?}");
-        for v in sampled {
+        for v in sampled.into_iter().filter(|v| n == 32768 || v.name.contains(" s h")) {
             let tag = format!("variant `{}` sampled shift N={n}", v.name);
             if v.name.contains(" s h") {
                 assemble(&v.plan);

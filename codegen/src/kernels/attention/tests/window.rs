@@ -134,7 +134,9 @@ fn emulated_prefill_window_softcap() {
         for (sq, skv) in [(70usize, 70usize), (9, 70), (12, 5)] {
             for (dt, mask) in [(DType::BF16, false), (DType::F32, true)] {
                 let (g, k) = prefill_ws(dt, 4, 2, sym("T"), sym("S"), 64, mask, window, softcap);
-                let mut ins = vec![scaled(random(dt, &[2, 4, sq, 64], 60), qs), random(dt, &[2, 2, skv, 64], 61), random(dt, &[2, 2, skv, 64], 62)];
+                // One batch: the batch stride is the other attention tests' (this emulation is
+                // CI's longest).
+                let mut ins = vec![scaled(random(dt, &[1, 4, sq, 64], 60), qs), random(dt, &[1, 2, skv, 64], 61), random(dt, &[1, 2, skv, 64], 62)];
                 if mask {
                     ins.push(scaled(random(dt, &[sq, skv], 63), 3.0));
                 }
@@ -144,7 +146,7 @@ fn emulated_prefill_window_softcap() {
                     assert!(!plan.ptx.contains("wgmma"), "{what}: the wgmma kernel on {t}");
                     assert_eq!(plan.ptx.contains("mma.sync"), dt == DType::BF16, "{what}: mma.sync for bf16 only on {t}");
                 }
-                let binds = bind(&[("B", 2), ("T", sq as i64), ("S", skv as i64)]);
+                let binds = bind(&[("B", 1), ("T", sq as i64), ("S", skv as i64)]);
                 check(&format!("default {what}"), &g, k, |g, k| generate_prefill(g, k, &Target::SM_80), &ins, &binds);
                 if dt == DType::BF16 {
                     check(&format!("cuda-core {what}"), &g, k, |g, k| generate_prefill_with(g, k, &Target::SM_80, &choose_prefill_schedule(64, 64, dt)), &ins, &binds);
