@@ -3,7 +3,7 @@
 # each condition that tells the hypotheses apart — twice as it failed (poisoned outputs), once
 # without poisoned outputs, with the CTA's shared memory filled with 0x7f (NaN in e4m3) and
 # with 0x00 before the first copy, and through the driver's JIT instead of ptxas cubins. Each
-# condition in a fresh kernel cache (the fill is not in the cache key). Needs /tmp/g/main-test
+# condition in a fresh kernel cache (which also keeps the conditions apart). Needs /tmp/g/main-test
 # and /tmp/g/ptxas (bench/gpu_tests.sh unpacks them). Logs in $OUT.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"

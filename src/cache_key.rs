@@ -31,6 +31,10 @@ pub fn kernel_key(kg: &KernelGraph, k: Kernel, target: &Target) -> CacheKey {
         let strides: Vec<String> = bd.layout.strides.iter().map(|d| d.to_string()).collect();
         text.push_str(&format!("buffer {} strides [{}] align {}\n", bd.ty, strides.join(", "), bd.layout.align));
     }
+    // The tensor-core prefill's debugging fill changes the code it generates.
+    if let Some(fill) = std::env::var_os("SINTER_DEBUG_SMEM_FILL") {
+        text.push_str(&format!("debug smem fill {}\n", fill.to_string_lossy()));
+    }
     // The schedule field carries the code generator's fingerprint (build.rs): a kernel cached
     // by another version of the generator is a miss, never a stale hit.
     CacheKey::new(&text, concat!("auto codegen ", env!("SINTER_CODEGEN_FINGERPRINT")), target.name(), PTX_VERSION, LLVM_VERSION)

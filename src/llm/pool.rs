@@ -190,10 +190,6 @@ impl<'a> GpuPool<'a> {
         }
         Ok(())
     }
-
-    fn check_in_place(&self, outputs: &[DeviceBuffer]) -> Result<(), Error> {
-        in_place(outputs, &self.k_pages, &self.v_pages)
-    }
 }
 
 impl PooledSession for GpuPool<'_> {
@@ -215,7 +211,7 @@ impl PooledSession for GpuPool<'_> {
         let row = [Row { token: 0, position: 0, groups }];
         let bt = dev.upload_tensor(&block_tables(self.layers, self.groups, &row, 1, groups.len(), self.groups - 1))?;
         let r = self.prefill.run_device(&[("tokens", &tokens), ("positions", &pos), ("block_tables", &bt), ("k_pages", &self.k_pages), ("v_pages", &self.v_pages)], &crate::Bindings::new())?;
-        self.check_in_place(&r)?;
+        in_place(&r, &self.k_pages, &self.v_pages)?;
         Ok(dev.download_range_f64(&r[0], (n.max(1) - 1) * vocab, vocab)?)
     }
 

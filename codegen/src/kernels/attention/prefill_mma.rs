@@ -223,8 +223,8 @@ pub(super) fn build<'ctx>(kit: &Kit<'ctx>, p: &Prefill, s: &TcSchedule, sm: &Sme
 /// ([`PrefillTc::fill_smem`]). With `0x7f` (NaN as `f8e4m3` and as f16 `0x7f7f`, 3.4e38 as
 /// bf16) a read of shared bytes that no copy or store of the CTA wrote shows up
 /// deterministically, instead of as whatever an earlier kernel left there. Read when the
-/// kernel is generated; the kernel cache's key does not see it, so use a fresh
-/// `SINTER_CACHE` with it. Unset (the default), the PTX is unchanged.
+/// kernel is generated (sinter's kernel cache key includes it). Unset (the default), the PTX
+/// is unchanged.
 pub(super) fn debug_smem_fill() -> Option<u8> {
     if let Some(b) = SMEM_FILL.with(std::cell::Cell::get) {
         return Some(b);
