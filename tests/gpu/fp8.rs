@@ -269,21 +269,21 @@ pub(super) fn fp8_attention_check_summarises_every_bad_row() {
 }
 
 /// Without a GPU: each fp8 attention case lowers (fused) to one attention kernel whose
-/// schedule candidates on sm_90a are the wgmma e4m3 kernel at 128- and 64-key tiles and with
-/// the intra-warpgroup overlap (`wgmma kv128 g2 e4m3`, `wgmma kv64 g2 e4m3`,
-/// `wgmma kv128 g2 ov e4m3`), each assembled by ptxas without spills; sm_80
+/// schedule candidates on sm_90a are the wgmma e4m3 kernel at 64-key tiles, plain and with
+/// the intra-warpgroup overlap (`wgmma kv64 g2 e4m3`, `wgmma kv64 g2 ov e4m3`), each
+/// assembled by ptxas without spills; sm_80
 /// refuses it, naming f8e4m3.
 #[cfg(feature = "llvm")]
 #[test]
 pub(super) fn fp8_attention_cases_lower_to_one_wgmma_kernel() {
     for (label, g, _) in fp8_attention_cases() {
         let names = fp8_kernel_lowers_to_one_wgmma_kernel(&label, &g, "_attention_wgmma_e4m3");
-        assert_eq!(names, ["wgmma kv128 g2 e4m3", "wgmma kv64 g2 e4m3", "wgmma kv128 g2 ov e4m3"], "{label}");
+        assert_eq!(names, ["wgmma kv64 g2 e4m3", "wgmma kv64 g2 ov e4m3"], "{label}");
     }
 }
 
 /// The fp8 attention on the device against the interpreter, each schedule candidate
-/// of its kernel pinned in turn (on sm_90a the wgmma e4m3 kernel at 128- and 64-key tiles, and
+/// of its kernel pinned in turn (on sm_90a the wgmma e4m3 kernel at 64-key tiles, plain and
 /// overlapped), at
 /// the shapes of [`fp8_attention_cases`], under the tolerance of [`check_fp8_attention`]; the
 /// fully masked rows (causal Sq > Skv) exactly 0, NaN exactly where the reference has it (a

@@ -177,13 +177,12 @@ impl Generator for Attention {
     /// other `wgmma` schedules before them. CUDA-core kernels have no alternatives.
     fn candidates(p: &Prefill, target: &Target) -> R<Vec<PrefillSchedule>> {
         if p.fp8.is_some() {
-            // fp8: the wgmma kernel's default (128-key tiles), then 64-key tiles and the
-            // intra-warpgroup overlap; names end `e4m3`. None where the fp8 kernel does not
-            // apply (it says why).
+            // fp8: the wgmma kernel's default (64-key tiles), then the intra-warpgroup
+            // overlap; names end `e4m3`. None where the fp8 kernel does not apply (it says why).
             schedule::fp8_applies(p, target)?;
             let wd = schedule::choose_fp8_schedule();
             let mut out = vec![Self::default_schedule(p, target)?];
-            out.extend([WgSchedule { block_kv: 64, ..wd }, WgSchedule { overlap: true, ..wd }].map(PrefillSchedule::Fp8));
+            out.push(PrefillSchedule::Fp8(WgSchedule { overlap: true, ..wd }));
             return Ok(out);
         }
         let mut out = vec![Self::default_schedule(p, target)?];
