@@ -259,7 +259,13 @@ fn odd_clients_get_openai_errors_and_cannot_hold_the_server_open() {
     let e = engine("odd-clients");
     let want = expected(&e, "t8 t1", 8);
     let stop = want["text"].as_str().unwrap().split_whitespace().nth(2).unwrap().to_string();
-    let opts = ServeOptions { batch: BatchOptions { max_batch: 2, kv_tokens: 16, max_queue: 4, prefill_tokens_per_step: 64 }, shutdown_timeout: Duration::from_millis(500), ..ServeOptions::new("tiny") };
+    let opts = ServeOptions {
+        batch: BatchOptions { max_batch: 2, kv_tokens: 16, max_queue: 4, prefill_tokens_per_step: 64 },
+        shutdown_timeout: Duration::from_millis(500),
+        header_read_timeout: Duration::from_secs(1),
+        max_connections: 3,
+        ..ServeOptions::new("tiny")
+    };
     let server = Server::start(e, "127.0.0.1:0".parse().unwrap(), opts, false).unwrap();
     let addr = server.addr();
     let err = |r: &str, status: &str, kind: &str| {
@@ -287,6 +293,25 @@ fn odd_clients_get_openai_errors_and_cannot_hold_the_server_open() {
     let r = http(addr, "POST", "/v1/completions", &body).unwrap();
     assert_eq!(json_body(&r)["choices"][0]["finish_reason"], "stop", "{r}");
     assert!(server.metrics().render().contains("sinter_requests_cancelled_total 0"), "{}", server.metrics().render());
+    // Headers never finished: the connection is closed after the header read timeout.
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\nHost:").unwrap();
+    let t0 = Instant::now();
+    let mut r = String::new();
+    let _ = slow.read_to_string(&mut r);
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(800) && waited < Duration::from_secs(10), "a half-sent header was held {waited:?}: {r:?}");
+    assert!(!r.contains("200 OK"), "{r}");
+    // Three idle sockets take every connection slot: a fourth client waits in the backlog
+    // until the header timeout frees one, then gets its answer.
+    let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let r = http(addr, "GET", "/health", "").unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(t0.elapsed() >= Duration::from_millis(500), "served at once with every slot held: {:?}", t0.elapsed());
+    drop(idle);
     // Half a request, held open: shutdown ends after its timeout, not when the client leaves.
     let mut held = TcpStream::connect(addr).unwrap();
     write!(held, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{\"mo").unwrap();

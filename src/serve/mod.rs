@@ -11,6 +11,10 @@
 //! unknown model (404, `model_not_found`), a prompt past the context (400,
 //! `context_length_exceeded`), a full queue or a server shutting down (503, `Retry-After`).
 //!
+//! **Connections.** `axum` routes on hyper's HTTP/1 connections, at most
+//! [`ServeOptions::max_connections`] at once (the listener waits for a free slot), each closed
+//! when a request's headers take longer than [`ServeOptions::header_read_timeout`].
+//!
 //! **Threads.** A tokio runtime serves HTTP (`axum`); one scheduler thread owns the
 //! [`crate::llm::Batcher`] and steps the batch ([`worker`]). A handler tokenizes, submits its
 //! request over a channel and reads its tokens from another; a client that disconnects drops
@@ -58,12 +62,26 @@ pub struct ServeOptions {
     pub default_max_tokens: usize,
     /// How long a shutdown waits for accepted requests before failing them.
     pub shutdown_timeout: Duration,
+    /// How long a connection may take to send a request's headers (the first request's from
+    /// the connection's start, later ones' from the previous response) before it is closed:
+    /// idle or stalled connections cannot pile up.
+    pub header_read_timeout: Duration,
+    /// Connections served at once; the listener accepts no more until one closes (later
+    /// clients wait in the kernel's backlog), so that open sockets stay bounded.
+    pub max_connections: usize,
 }
 
 impl ServeOptions {
     /// Defaults for serving `model_name`.
     pub fn new(model_name: impl Into<String>) -> ServeOptions {
-        ServeOptions { model_name: model_name.into(), batch: BatchOptions::default(), default_max_tokens: 512, shutdown_timeout: Duration::from_secs(30) }
+        ServeOptions {
+            model_name: model_name.into(),
+            batch: BatchOptions::default(),
+            default_max_tokens: 512,
+            shutdown_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+        }
     }
 }
 

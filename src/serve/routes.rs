@@ -59,18 +59,59 @@ pub(super) async fn serve<M: DecoderModel + 'static>(state: Shared<M>, listener:
             let _ = deadline_tx.send(());
         });
     };
-    let graceful = axum::serve(listener, app).with_graceful_shutdown(signal);
-    let served = tokio::select! {
-        r = graceful => r,
-        Ok(()) = deadline => Ok(()),
-    };
+    let accept = accept_loop(listener, app, &state.opts, signal);
+    tokio::select! {
+        () = accept => {}
+        Ok(()) = deadline => {}
+    }
     let _ = state.tx.send(Command::Drain);
     let worker = tokio::task::spawn_blocking(move || worker.join()).await;
-    served.map_err(|e| Error::Unsupported(format!("sinter serve: {e}")))?;
     match worker {
         Ok(Ok(r)) => r,
         _ => Err(Error::Unsupported("sinter serve: the scheduler thread panicked".into())),
     }
+}
+
+/// Serves connections from `listener` until `signal` completes, then waits for the open ones
+/// to finish their requests: hyper's HTTP/1 connection per socket with the options' header
+/// read timeout (axum's `serve` sets no timer, so it has none), at most `max_connections` at
+/// once (a permit taken before each accept), `TCP_NODELAY` for the streamed tokens.
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, opts: &super::ServeOptions, signal: impl std::future::Future<Output = ()>) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections.max(1)));
+    let header_timeout = opts.header_read_timeout;
+    tokio::pin!(signal);
+    loop {
+        let permit = tokio::select! {
+            () = &mut signal => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            () = &mut signal => break,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                // Out of file descriptors and the like: wait a little rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new().timer(TokioTimer::new()).header_read_timeout(header_timeout).serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 async fn os_signal() {
