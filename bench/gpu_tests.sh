@@ -33,7 +33,7 @@ if [ -n "${RUNTIME:-}" ]; then
 fi
 if [ -n "${FUZZ:-}" ]; then
     echo "== GPU fuzzer ($FUZZ s)"
-    SINTER_FUZZ_SECONDS="$FUZZ" timeout $((FUZZ + 60)) /tmp/g/main-test gpu::fuzz::gpu_fuzz_compiled --test-threads 1 > "$OUT/fuzz.log" 2>&1
+    SINTER_FUZZ_SECONDS="$FUZZ" timeout $((FUZZ + 60)) /tmp/g/main-test gpu::fuzz::gpu_fuzz_compiled --test-threads 1 --nocapture > "$OUT/fuzz.log" 2>&1
     grep -E "finding|FAIL|panicked|fuzz-gpu summary|test result" "$OUT/fuzz.log" | tail -20
 fi
 wait
