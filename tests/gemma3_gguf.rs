@@ -7,7 +7,8 @@
 //!   stored gives the same values.
 //! - The interpreter (f32) runs the model as llama.cpp does
 //!   (`bench/fixtures/gemma3_llamacpp_fixture.py`, llama-cpp-python 0.3.36): teacher-forced
-//!   logits and greedy tokens for three prompts, against llama.cpp on the same weights
+//!   logits and greedy tokens for four prompts (one longer than the 512-key sliding window),
+//!   against llama.cpp on the same weights
 //!   dequantised to F32 (measured: 0.014 at most over the top 64 logits of every position)
 //!   and on the Q4_K_M file as published (there llama.cpp quantizes its activations to 8
 //!   bits: its own two runs differ by up to 1.02).
@@ -92,7 +93,11 @@ pub(crate) struct LlamaCppPrompt {
     pub text: String,
     pub ids: Vec<u32>,
     pub greedy: Vec<u32>,
-    /// Per position of `ids` + `greedy`: llama.cpp's top-64 `(id, logit)` and its top-2 margin.
+    /// The first position of `ids` + `greedy` that `top` holds (0, or past the sliding window
+    /// for the prompt longer than it).
+    pub first: usize,
+    /// Per position of `ids` + `greedy` from `first` on: llama.cpp's top-64 `(id, logit)` and
+    /// its top-2 margin.
     pub top: Vec<(Vec<(u32, f64)>, f64)>,
 }
 
@@ -109,6 +114,7 @@ pub(crate) fn llama_cpp_fixture(run: &str) -> Vec<LlamaCppPrompt> {
             text: p["text"].as_str().unwrap().to_string(),
             ids: ids(&p["ids"]),
             greedy: ids(&p["greedy"]),
+            first: p["first_position"].as_u64().unwrap_or(0) as usize,
             top: p["positions"]
                 .as_array()
                 .unwrap()
@@ -123,11 +129,12 @@ pub(crate) fn llama_cpp_fixture(run: &str) -> Vec<LlamaCppPrompt> {
 }
 
 /// Compares teacher-forced logits `ours` (`[positions, vocab]`, row-major) with llama.cpp's
-/// top 64 of each position: every difference within `tol`, the same argmax wherever
+/// top 64 of each position it holds: every difference within `tol`, the same argmax wherever
 /// llama.cpp's top-2 margin exceeds `2·tol`. Returns the largest difference.
 pub(crate) fn compare_with_llama_cpp(what: &str, p: &LlamaCppPrompt, ours: &[f64], vocab: usize, tol: f64) -> f64 {
     let mut worst: f64 = 0.0;
-    for (pos, (top, margin)) in p.top.iter().enumerate() {
+    for (i, (top, margin)) in p.top.iter().enumerate() {
+        let pos = p.first + i;
         let row = &ours[pos * vocab..(pos + 1) * vocab];
         for &(id, want) in top {
             let d = (row[id as usize] - want).abs();
@@ -147,7 +154,7 @@ pub(crate) fn compare_with_llama_cpp(what: &str, p: &LlamaCppPrompt, ours: &[f64
 /// are different texts). Returns how many were compared.
 pub(crate) fn check_greedy(what: &str, p: &LlamaCppPrompt, got: &[u32], tol: f64) -> usize {
     for (i, (&a, &b)) in got.iter().zip(&p.greedy).enumerate() {
-        if p.top[p.ids.len() - 1 + i].1 <= 2.0 * tol {
+        if p.top[p.ids.len() - 1 + i - p.first].1 <= 2.0 * tol {
             return i;
         }
         assert_eq!(a, b, "{what} {:?}: greedy token {i}: {got:?} here, llama.cpp {:?}", p.text, p.greedy);

@@ -12,10 +12,16 @@
 //! 1. the `SINTER_PTXAS` environment variable (a path to the executable),
 //! 2. `$SINTER_CACHE/bin/ptxas`, where `SINTER_CACHE` is set,
 //! 3. `$HOME/.cache/sinter/bin/ptxas`.
+//!
+//! A ptxas still running after [`ASSEMBLY_LIMIT`] is killed and reported, not waited for.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use wait_timeout::ChildExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::target::Target;
@@ -61,6 +67,14 @@ pub enum PtxasError {
         status: String,
         /// What ptxas printed (stderr, then stdout).
         log: String,
+    },
+    /// ptxas ran past its time limit ([`ASSEMBLY_LIMIT`]) and was killed.
+    #[error("ptxas -arch={target} did not finish in {seconds} s and was killed")]
+    TimedOut {
+        /// The target assembled for.
+        target: Target,
+        /// The limit, in seconds.
+        seconds: f64,
     },
     /// ptxas succeeded but its report could not be read.
     #[error("cannot read ptxas's report: {reason}\n{log}")]
@@ -236,6 +250,10 @@ impl fmt::Display for PtxasReport {
     }
 }
 
+/// How long one assembly may take before ptxas is killed: the largest kernels take about a
+/// second, so only a hung ptxas (or a wrong `SINTER_PTXAS`) reaches it.
+pub const ASSEMBLY_LIMIT: Duration = Duration::from_secs(120);
+
 /// Assembles `ptx` for `target` with the ptxas that [`find_ptxas`] finds.
 ///
 /// # Errors
@@ -249,27 +267,53 @@ pub fn assemble(ptx: &str, target: &Target) -> Result<PtxasReport, PtxasError> {
 ///
 /// # Errors
 /// [`PtxasError::Io`] if the temporary files cannot be written or read or ptxas cannot be
-/// started; [`PtxasError::Rejected`] if ptxas fails; [`PtxasError::BadReport`] if its
-/// output does not parse.
+/// started; [`PtxasError::TimedOut`] past [`ASSEMBLY_LIMIT`]; [`PtxasError::Rejected`] if
+/// ptxas fails; [`PtxasError::BadReport`] if its output does not parse.
 pub fn assemble_with(ptxas: &Path, ptx: &str, target: &Target) -> Result<PtxasReport, PtxasError> {
+    assemble_within(ptxas, ptx, target, ASSEMBLY_LIMIT)
+}
+
+/// [`assemble_with`] with the time limit `limit`.
+fn assemble_within(ptxas: &Path, ptx: &str, target: &Target, limit: Duration) -> Result<PtxasReport, PtxasError> {
     let dir = TempDir::new()?;
     let ptx_path = dir.path().join("kernel.ptx");
     let cubin_path = dir.path().join("kernel.cubin");
     std::fs::write(&ptx_path, ptx).map_err(io_err(format!("writing {}", ptx_path.display())))?;
-    let out = Command::new(ptxas)
+    let running = format!("running {}", ptxas.display());
+    let mut child = Command::new(ptxas)
         .arg(format!("-arch={}", target.name()))
         .arg("-v")
         .arg(&ptx_path)
         .arg("-o")
         .arg(&cubin_path)
-        .output()
-        .map_err(io_err(format!("running {}", ptxas.display())))?;
-    let mut log = String::from_utf8_lossy(&out.stderr).into_owned();
-    log.push_str(&String::from_utf8_lossy(&out.stdout));
-    if !out.status.success() {
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io_err(running.clone()))?;
+    // Both pipes drained on threads, so that a long report cannot block ptxas on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let Some(status) = child.wait_timeout(limit).map_err(io_err(running))? else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(PtxasError::TimedOut { target: *target, seconds: limit.as_secs_f64() });
+    };
+    let mut log = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+    log.push_str(&String::from_utf8_lossy(&out.join().unwrap_or_default()));
+    if !status.success() {
         return Err(PtxasError::Rejected {
             target: *target,
-            status: out.status.to_string(),
+            status: status.to_string(),
             log,
         });
     }
@@ -550,6 +594,23 @@ ptxas info    : Compile time = 1.379 ms
                 }
                 assert!(err.to_string().contains(want), "{name}: {err}");
             }
+            // A ptxas that hangs is killed at the limit.
+            let path = dir.path().join("hangs");
+            std::fs::write(&path, "#!/bin/sh\nexec sleep 60\n").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let t0 = std::time::Instant::now();
+            let mut err = assemble_within(&path, ptx, &Target::SM_80, Duration::from_millis(500)).unwrap_err();
+            for _ in 0..20 {
+                match &err {
+                    PtxasError::Io { source, .. } if source.raw_os_error() == Some(26) => {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        err = assemble_within(&path, ptx, &Target::SM_80, Duration::from_millis(500)).unwrap_err();
+                    }
+                    _ => break,
+                }
+            }
+            assert!(matches!(err, PtxasError::TimedOut { .. }) && err.to_string().contains("did not finish in 0.5 s"), "{err}");
+            assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
         }
     }
 

@@ -139,7 +139,7 @@ fn gpu_gemma3_270m_gguf_matches_llama_cpp() {
         worst = worst.max(crate::gemma3_gguf::compare_with_llama_cpp("GPU bf16", &p, logits.data(), vocab, GPU_LLAMA_CPP_TOL));
         let g = gpu.generate(std::slice::from_ref(&p.ids), &SampleOptions::greedy(p.greedy.len()), &mut |_, _| {}).unwrap();
         greedy += crate::gemma3_gguf::check_greedy("GPU bf16", &p, &g.tokens[0], GPU_LLAMA_CPP_TOL);
-        eprintln!("{:?}: GPU greedy {:?}, llama.cpp {:?}", p.text, g.tokens[0], p.greedy);
+        eprintln!("{:?} ({} tokens): GPU greedy {:?}, llama.cpp {:?}", p.text.chars().take(40).collect::<String>(), p.ids.len(), g.tokens[0], p.greedy);
     }
     eprintln!("gemma3 GGUF GPU bf16 vs llama.cpp f32: max |logit difference| over the top 64 of every position = {worst:.3}; {greedy} greedy tokens equal");
 }
