@@ -7,8 +7,8 @@
 //!   stored gives the same values.
 //! - The interpreter (f32) runs the model as llama.cpp does
 //!   (`bench/fixtures/gemma3_llamacpp_fixture.py`, llama-cpp-python 0.3.36): teacher-forced
-//!   logits and greedy tokens for four prompts (one longer than the 512-key sliding window),
-//!   against llama.cpp on the same weights
+//!   logits and greedy tokens for three prompts, and in the F32 run a fourth longer than the
+//!   512-key sliding window (its positions past it), against llama.cpp on the same weights
 //!   dequantised to F32 (measured: 0.014 at most over the top 64 logits of every position)
 //!   and on the Q4_K_M file as published (there llama.cpp quantizes its activations to 8
 //!   bits: its own two runs differ by up to 1.02).
