@@ -540,7 +540,11 @@ fn model_path(model: Option<&PathBuf>) -> Result<PathBuf, sinter::llm::gguf::Mod
     match model {
         Some(p) if !p.exists() => match p.to_str().and_then(fetch::known_model) {
             Some(known) => fetch::ensure_model(known, say),
-            None => Ok(p.clone()),
+            None => {
+                let names: Vec<&str> = fetch::KNOWN_MODELS.iter().map(|m| m.name).collect();
+                let why = format!("no such file or folder, and not a model name sinter fetches ({})", names.join(", "));
+                Err(sinter::llm::gguf::ModelError::Io { path: p.clone(), source: std::io::Error::new(std::io::ErrorKind::NotFound, why) })
+            }
         },
         Some(p) => Ok(p.clone()),
         None => fetch::ensure_default_model(say),

@@ -219,6 +219,15 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Resu
 }
 
 #[test]
+fn a_kv_pool_beyond_memory_is_an_error_from_start_not_a_crash() {
+    for (tokens, want) in [(usize::MAX, "overflows"), (1usize << 46, "GiB of host memory")] {
+        let opts = ServeOptions { batch: BatchOptions { kv_tokens: tokens, ..BatchOptions::default() }, ..ServeOptions::new("tiny") };
+        let e = Server::start(engine("huge-pool"), "127.0.0.1:0".parse().unwrap(), opts, false).err().expect("a server over an impossible pool");
+        assert!(e.to_string().contains(want), "{e}");
+    }
+}
+
+#[test]
 fn shutdown_finishes_the_running_request_then_closes_the_port() {
     // A wider model than the others: decode steps slow enough that shutdown starts mid-request.
     let dir = scratch("shutdown");

@@ -343,7 +343,14 @@ impl<'e> Batcher<'e> {
         for (s, mut r) in running.drain(..).enumerate() {
             let t = match &step {
                 Step::Logits(l) => match l.get(s * v..(s + 1) * v) {
-                    Some(row) => r.sampler.sample(row),
+                    Some(row) => match r.sampler.pick(row) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            self.finish(r, FinishReason::Failed(e.to_string()));
+                            report.finished += 1;
+                            continue;
+                        }
+                    },
                     None => {
                         self.finish(r, FinishReason::Failed("the decode step returned too few logits".into()));
                         report.finished += 1;
@@ -406,7 +413,14 @@ impl<'e> Batcher<'e> {
                 continue;
             }
             debug_assert_eq!(row.len(), self.vocab);
-            let t = r.sampler.sample(&row);
+            let t = match r.sampler.pick(&row) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.finish(r, FinishReason::Failed(e.to_string()));
+                    report.finished += 1;
+                    continue;
+                }
+            };
             match self.emit(&mut r, t) {
                 Some(reason) => {
                     report.cancelled += usize::from(reason == FinishReason::Cancelled);

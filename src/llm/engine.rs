@@ -319,7 +319,7 @@ impl<M: DecoderModel> Engine<M> {
             if let Some(f) = on_logits.as_mut() {
                 f(seq, &row);
             }
-            let t = sampler.sample(&row);
+            let t = sampler.pick(&row)?;
             last[seq] = t;
             if o.max_new > 0 {
                 out[seq].push(t);
@@ -349,7 +349,7 @@ impl<M: DecoderModel> Engine<M> {
                         if let Some(f) = on_logits.as_mut() {
                             f(seq, row);
                         }
-                        sampler.sample(row)
+                        sampler.pick(row)?
                     }
                     Step::Greedy(next) => *next.get(seq).ok_or_else(|| Error::Unsupported("the decode step returned too few tokens".into()))?,
                 };
@@ -376,8 +376,29 @@ impl<M: DecoderModel> Engine<M> {
         let kv = self.model.kv();
         let groups = Batcher::groups_for(&kv, &opts);
         let vocab = self.model.vocab();
+        // Elements of one of the K and V pools (a spare group on the GPU).
+        let elements = kv.layers.checked_mul(groups + 1).and_then(|pages| kv.pool_shape(pages).iter().try_fold(1usize, |a, &d| a.checked_mul(d)));
+        let Some(elements) = elements else {
+            return Err(Error::Unsupported(format!("a KV pool of {} tokens is too large: its element count overflows", opts.kv_tokens)));
+        };
         let session: Box<dyn PooledSession + '_> = match &self.programs {
-            Programs::Cpu { prefill, decode } => Box::new(CpuPool::new(prefill, decode, &kv, groups, vocab)),
+            Programs::Cpu { prefill, decode } => {
+                // The interpreter holds K and V as f64s.
+                let bytes = elements as u128 * 2 * 8;
+                if let Some(free) = crate::llm::pool::available_memory().filter(|&free| bytes > u128::from(free)) {
+                    let gib = |b: u128| b as f64 / f64::from(1u32 << 30);
+                    return Err(Error::Unsupported(format!(
+                        "a KV pool of {} tokens needs {:.1} GiB of host memory (K and V pages of {} layers × {} heads × {} on the interpreter, 8 bytes an element) and {:.1} GiB are available: ask for fewer KV tokens",
+                        opts.kv_tokens,
+                        gib(bytes),
+                        kv.layers,
+                        kv.kv_heads,
+                        kv.head_dim,
+                        gib(u128::from(free))
+                    )));
+                }
+                Box::new(CpuPool::new(prefill, decode, &kv, groups, vocab))
+            }
             Programs::Gpu(g) => {
                 let (model, spec) = (&self.model, self.specialise);
                 let decode_for: DecodeFor<'_> = Box::new(move |b| g.decode_for(model, b, spec));

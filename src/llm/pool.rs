@@ -72,6 +72,15 @@ pub(crate) struct CpuPool<'a> {
     vocab: usize,
 }
 
+/// The host memory available to new allocations, in bytes (`MemAvailable` of
+/// `/proc/meminfo`), where the system says.
+pub(crate) fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 impl<'a> CpuPool<'a> {
     /// Zeroed host pools of `groups` page groups.
     pub(crate) fn new(prefill: &'a Program, decode: &'a Program, kv: &KvGeometry, groups: usize, vocab: usize) -> CpuPool<'a> {

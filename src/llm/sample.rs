@@ -86,6 +86,16 @@ impl Sampler {
         Sampler { temperature: o.temperature, top_p: o.top_p, rng: rand::rngs::StdRng::seed_from_u64(o.seed) }
     }
 
+    /// [`Sampler::sample`], refusing a row that has no finite logit.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when every logit of `row` is NaN or ±inf: the model's
+    /// activations overflowed (as Gemma's do in f16), and no token is better than another.
+    pub fn pick(&mut self, row: &[f64]) -> Result<u32, Error> {
+        check_row(row)?;
+        Ok(self.sample(row))
+    }
+
     /// The next token from `row` (one logit per vocabulary id): [`argmax`] when greedy, else a
     /// draw from `softmax(row / temperature)` restricted to the nucleus `top_p` (NaN logits
     /// get probability 0; ties in probability order by id).
@@ -118,6 +128,19 @@ impl Sampler {
     }
 }
 
+/// An error for a row of logits with no finite value (see [`Sampler::pick`]).
+pub(crate) fn check_row(row: &[f64]) -> Result<(), Error> {
+    if row.is_empty() || row.iter().any(|x| x.is_finite()) {
+        return Ok(());
+    }
+    let nan = row.iter().filter(|x| x.is_nan()).count();
+    Err(Error::Unsupported(format!(
+        "the model's logits are not finite at any of the {} vocabulary ids ({nan} NaN, {} infinite): its activations overflowed (in f16 many models do; run it in bf16 or f32)",
+        row.len(),
+        row.len() - nan
+    )))
+}
+
 /// Token ids from a graph's `next` output (i32 values as f64s): `next[s]` is sequence `s`'s
 /// greedy token, or `vocab` for a row holding a NaN, whose token is then `argmax(row(s))` (the
 /// row's logits, read only then).
@@ -126,7 +149,9 @@ pub(crate) fn greedy_tokens(next: &[f64], vocab: usize, row: &mut dyn FnMut(usiz
         .enumerate()
         .map(|(s, &t)| {
             if t == vocab as f64 {
-                Ok(argmax(&row(s)?))
+                let row = row(s)?;
+                check_row(&row)?;
+                Ok(argmax(&row))
             } else if t >= 0.0 && t < vocab as f64 && t.fract() == 0.0 {
                 Ok(t as u32)
             } else {
@@ -139,6 +164,19 @@ pub(crate) fn greedy_tokens(next: &[f64], vocab: usize, row: &mut dyn FnMut(usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_without_a_finite_logit_is_an_error_not_token_zero() {
+        let mut s = Sampler::new(&SampleOptions::greedy(1));
+        for row in [vec![f64::NAN; 4], vec![f64::INFINITY, f64::NAN, f64::NEG_INFINITY, f64::NAN]] {
+            let e = s.pick(&row).unwrap_err().to_string();
+            assert!(e.contains("not finite at any of the 4 vocabulary ids") && e.contains("bf16"), "{e}");
+        }
+        assert_eq!(s.pick(&[f64::NAN, 1.0, f64::INFINITY, 0.0]).unwrap(), 2);
+        assert_eq!(s.pick(&[f64::NAN, 1.0, 2.0]).unwrap(), 2);
+        let e = greedy_tokens(&[4.0], 4, &mut |_| Ok(vec![f64::NAN; 4])).unwrap_err().to_string();
+        assert!(e.contains("not finite"), "{e}");
+    }
 
     #[test]
     fn greedy_tokens_take_the_graph_ids_and_fall_back_to_the_host_argmax_for_nan_rows() {

@@ -25,7 +25,9 @@
 //! connections, and a request on a connection already open gets 503; accepted ones run to the
 //! end; any still running after [`ServeOptions::shutdown_timeout`] end with an explicit error (a
 //! 500 body, or an error event on a stream); a second later the server stops, dropping any
-//! connection still open (a client that never finished sending its request).
+//! connection still open (a client that never finished sending its request). [`Server::start`]
+//! returns only once the KV pool is allocated and the batch buckets warmed (their errors are
+//! its), and a scheduler thread that ends on its own stops the server with its error.
 
 mod api;
 mod metrics;
@@ -119,15 +121,38 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let engine = Arc::new(engine);
         let batch = opts.batch;
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        // Set when the scheduler thread ends, by return or by panic (the guard's drop).
+        let worker_done = Arc::new(AtomicBool::new(false));
         let worker = {
             let (engine, metrics) = (engine.clone(), metrics.clone());
-            std::thread::Builder::new().name("sinter-batcher".into()).spawn(move || worker::run(&*engine, batch, &rx, &metrics)).map_err(|e| io("cannot start the scheduler thread", e))?
+            let done = worker::DoneGuard(worker_done.clone());
+            std::thread::Builder::new()
+                .name("sinter-batcher".into())
+                .spawn(move || {
+                    let _done = done;
+                    worker::run(&*engine, batch, &rx, &metrics, ready_tx)
+                })
+                .map_err(|e| io("cannot start the scheduler thread", e))?
         };
+        // The KV pool allocated and the buckets warmed before the port answers: an error there
+        // (a pool larger than memory) ends `start`, not a server that cannot serve.
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = worker.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = worker.join();
+                return Err(Error::Unsupported("sinter serve: the scheduler thread panicked while allocating the KV pool".into()));
+            }
+        }
         let state = Arc::new(State { engine, tx, metrics: metrics.clone(), opts, accepting: AtomicBool::new(true), next_id: AtomicU64::new(1) });
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("sinter-serve".into())
-            .spawn(move || runtime.block_on(routes::serve(state, listener, stop_rx, signals, worker)))
+            .spawn(move || runtime.block_on(routes::serve(state, listener, stop_rx, signals, worker, worker_done)))
             .map_err(|e| io("cannot start the server thread", e))?;
         Ok(Server { addr, stop: Some(stop_tx), thread: Some(thread), metrics })
     }

@@ -29,7 +29,7 @@ use crate::Error;
 type Shared<M> = Arc<State<M>>;
 
 /// Serves until `stop` fires (or a signal, with `signals`), then shuts down gracefully.
-pub(super) async fn serve<M: DecoderModel + 'static>(state: Shared<M>, listener: std::net::TcpListener, stop: oneshot::Receiver<()>, signals: bool, worker: JoinHandle<Result<(), Error>>) -> Result<(), Error> {
+pub(super) async fn serve<M: DecoderModel + 'static>(state: Shared<M>, listener: std::net::TcpListener, stop: oneshot::Receiver<()>, signals: bool, worker: JoinHandle<Result<(), Error>>, worker_done: Arc<std::sync::atomic::AtomicBool>) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| Error::Unsupported(format!("sinter serve: {e}")))?;
     let app = Router::new()
         .route("/health", get(health))
@@ -44,10 +44,20 @@ pub(super) async fn serve<M: DecoderModel + 'static>(state: Shared<M>, listener:
     // Past the shutdown timeout (and a second for the failed requests' answers), connections
     // still open — a client that never finishes sending its request — are dropped.
     let (deadline_tx, deadline) = oneshot::channel::<()>();
+    // A scheduler that ends on its own (it panicked) stops the server: nothing could answer.
+    let worker_gone = {
+        let done = worker_done.clone();
+        async move {
+            while !done.load(Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
     let signal = async move {
         tokio::select! {
             _ = stop => {}
             _ = os_signal(), if signals => {}
+            () = worker_gone => {}
         }
         // Refuse new requests; fail the accepted ones still running after the timeout.
         shutting.accepting.store(false, Ordering::SeqCst);

@@ -33,16 +33,34 @@ impl Sink for ChannelSink {
     }
 }
 
+/// Sets its flag when dropped: the scheduler thread holds one, so the flag says the thread
+/// has ended, by return or by panic.
+pub(crate) struct DoneGuard(pub(crate) std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Runs the scheduler until [`Command::Drain`] (and the batch is empty) or the channel closes.
 ///
 /// # Errors
-/// The pool's allocation error or its warm-up's (before any request); a decode step's error is reported to the
-/// requests it stopped and the loop goes on.
-pub(crate) fn run<M: DecoderModel>(engine: &Engine<M>, opts: BatchOptions, rx: &Receiver<Command>, metrics: &Metrics) -> Result<(), Error> {
-    let mut b = engine.batcher(opts)?;
+/// None: the pool's allocation error or its warm-up's goes to `ready` (before any request);
+/// a decode step's error is reported to the requests it stopped and the loop goes on.
+pub(crate) fn run<M: DecoderModel>(engine: &Engine<M>, opts: BatchOptions, rx: &Receiver<Command>, metrics: &Metrics, ready: std::sync::mpsc::SyncSender<Result<(), Error>>) -> Result<(), Error> {
     // Every bucket compiled and captured before the first request, not in the middle of a
-    // served batch.
-    b.warm()?;
+    // served batch; the server starts listening once `ready` says so (or gets the error).
+    let mut b = match engine.batcher(opts).and_then(|mut b| b.warm().map(|()| b)) {
+        Ok(b) => {
+            let _ = ready.send(Ok(()));
+            b
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return Ok(());
+        }
+    };
     metrics.kv_pages_total.set(b.pages_total() as i64);
     let mut draining = false;
     let (mut window, mut tokens) = (Instant::now(), 0usize);
