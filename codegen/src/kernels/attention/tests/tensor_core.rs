@@ -237,13 +237,15 @@ fn fp8_kernel_assembles_without_spills() {
             }
         }
     }
-    // Shared memory: Q 128 rows, two K stages, three V stages of 128-byte rows (half used
-    // at D 64), two Vᵀ buffers of Dv rows × 128 keys, the P scratch / output staging
-    // 128 × 136 × 2 bytes.
+    // Shared memory of the 128-key tiles: Q 128 rows, two K stages, three V stages of
+    // 128-byte rows (half used at D 64), two Vᵀ buffers of Dv rows × 128 keys, the P scratch
+    // / output staging 128 × 136 × 2 bytes; the 64-key tiles halve the K and V stages.
+    let w128 = WgSchedule { block_kv: 128, ..wd };
     let p_scratch = 128 * 136 * 2;
-    assert_eq!(Smem::wg(&wd, 128, 128, true).total, 16384 * (1 + 2 + 3) + 2 * 128 * 128 + p_scratch);
-    assert_eq!(Smem::wg(&wd, 128, 128, true).total, 165888);
-    assert_eq!(Smem::wg(&wd, 64, 64, true).total, 16384 * (1 + 2 + 3) + 2 * 64 * 128 + p_scratch);
+    assert_eq!(Smem::wg(&w128, 128, 128, true).total, 16384 * (1 + 2 + 3) + 2 * 128 * 128 + p_scratch);
+    assert_eq!(Smem::wg(&w128, 128, 128, true).total, 165888);
+    assert_eq!(Smem::wg(&w128, 64, 64, true).total, 16384 * (1 + 2 + 3) + 2 * 64 * 128 + p_scratch);
+    assert_eq!(Smem::wg(&wd, 128, 128, true).total, 16384 + 8192 * (2 + 3) + 2 * 128 * 128 + p_scratch);
     let sm = Smem::wg(&wd, 128, 128, true);
     assert!(sm.vt.iter().chain([&sm.v2]).all(|o| o % 1024 == 0), "swizzled buffers 1024-byte aligned");
     let (g, k) = prefill_fp8(DType::BF16, 8, 2, sym("T"), sym("S"), 128, 128, true);
