@@ -17,11 +17,10 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use wait_timeout::ChildExt;
+use process_control::{ChildExt, Control};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::target::Target;
@@ -280,7 +279,7 @@ fn assemble_within(ptxas: &Path, ptx: &str, target: &Target, limit: Duration) ->
     let cubin_path = dir.path().join("kernel.cubin");
     std::fs::write(&ptx_path, ptx).map_err(io_err(format!("writing {}", ptx_path.display())))?;
     let running = format!("running {}", ptxas.display());
-    let mut child = Command::new(ptxas)
+    let child = Command::new(ptxas)
         .arg(format!("-arch={}", target.name()))
         .arg("-v")
         .arg(&ptx_path)
@@ -291,25 +290,14 @@ fn assemble_within(ptxas: &Path, ptx: &str, target: &Target, limit: Duration) ->
         .stderr(Stdio::piped())
         .spawn()
         .map_err(io_err(running.clone()))?;
-    // Both pipes drained on threads, so that a long report cannot block ptxas on a full pipe.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let Some(status) = child.wait_timeout(limit).map_err(io_err(running))? else {
-        let _ = child.kill();
-        let _ = child.wait();
+    // process_control drains both pipes while it waits and kills ptxas past the limit.
+    let output = child.controlled_with_output().time_limit(limit).terminate_for_timeout().wait().map_err(io_err(running))?;
+    let Some(output) = output else {
         return Err(PtxasError::TimedOut { target: *target, seconds: limit.as_secs_f64() });
     };
-    let mut log = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
-    log.push_str(&String::from_utf8_lossy(&out.join().unwrap_or_default()));
+    let status = output.status.into_std_lossy();
+    let mut log = String::from_utf8_lossy(&output.stderr).into_owned();
+    log.push_str(&String::from_utf8_lossy(&output.stdout));
     if !status.success() {
         return Err(PtxasError::Rejected {
             target: *target,

@@ -14,12 +14,12 @@
 //! the driver JIT-compiles the PTX as before. Not the driver's own linker (`cuLinkCreate`):
 //! its cubins of wgmma kernels faulted on the H200 (`book/src/design/compile-time.md`).
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use process_control::{ChildExt, Control};
 use sha2::{Digest, Sha256};
 
 use crate::cache::KernelCache;
@@ -171,33 +171,12 @@ static TIMED_OUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// `limit`: it is then killed and the error says so (a `SINTER_PTXAS` that hangs must not hang
 /// sinter).
 fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Output> {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    // Both pipes drained on threads, so that a chatty child cannot block on a full pipe.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            // The drain threads are left: a grandchild may still hold the pipes open.
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not finish in {} s and was killed", limit.as_secs())));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    Ok(Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() })
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    // process_control drains both pipes while it waits, and kills the child past the limit.
+    match child.controlled_with_output().time_limit(limit).terminate_for_timeout().wait()? {
+        Some(out) => Ok(Output { status: out.status.into_std_lossy(), stdout: out.stdout, stderr: out.stderr }),
+        None => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not finish in {} s and was killed", limit.as_secs()))),
+    }
 }
 
 /// The first of `candidates` that runs as a `ptxas`, unless cubins are `off`.
@@ -529,7 +508,7 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn a_hanging_program_is_killed() {
-        let t = Instant::now();
+        let t = std::time::Instant::now();
         let err = output_within(Command::new("sleep").arg("30"), Duration::from_millis(200)).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
         assert!(err.to_string().contains("killed"), "{err}");
