@@ -107,7 +107,11 @@ fn kernel_label(kg: &KernelGraph, k: Kernel) -> String {
 
 #[cfg(feature = "llvm")]
 fn build_plan(kg: &KernelGraph, k: Kernel, target: &Target) -> Result<LaunchPlan, Error> {
-    sinter_codegen::compile_kernel(kg, k, target).map_err(|e| Error::Codegen(format!("kernel {}: {e}", kernel_label(kg, k))))
+    sinter_codegen::compile_kernel(kg, k, target).map_err(|e| {
+        // Most code generator errors name the kernel already.
+        let (label, msg) = (format!("kernel {}", kernel_label(kg, k)), e.to_string());
+        Error::Codegen(if msg.starts_with(&label) { msg } else { format!("{label}: {msg}") })
+    })
 }
 
 #[cfg(not(feature = "llvm"))]
@@ -309,7 +313,7 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
     let mut results: Vec<Option<Result<LaunchPlan, Error>>> = std::iter::repeat_with(|| None).take(todo.len()).collect();
     if workers == 1 {
         for (j, tb) in todo.iter().enumerate() {
-            let r = build(tb);
+            let r = on_codegen_stack(|| build(tb));
             finished(tb.kernels.len());
             let failed = r.is_err();
             results[j] = Some(r);
@@ -326,23 +330,31 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
         let next = AtomicUsize::new(0);
         let failed_at = AtomicUsize::new(usize::MAX);
         let (tx, rx) = mpsc::channel::<(usize, Result<LaunchPlan, Error>)>();
+        let work = |tx: mpsc::Sender<(usize, Result<LaunchPlan, Error>)>| loop {
+            let Some(&j) = order.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+            if j > failed_at.load(Ordering::Relaxed) {
+                continue;
+            }
+            let r = build(&todo[j]);
+            if r.is_err() {
+                failed_at.fetch_min(j, Ordering::Relaxed);
+            }
+            if tx.send((j, r)).is_err() {
+                break;
+            }
+        };
         std::thread::scope(|s| {
+            let mut spawned = 0;
             for _ in 0..workers {
                 let tx = tx.clone();
-                let (next, failed_at, build, order) = (&next, &failed_at, &build, &order);
-                s.spawn(move || loop {
-                    let Some(&j) = order.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
-                    if j > failed_at.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    let r = build(&todo[j]);
-                    if r.is_err() {
-                        failed_at.fetch_min(j, Ordering::Relaxed);
-                    }
-                    if tx.send((j, r)).is_err() {
-                        break;
-                    }
-                });
+                let work = &work;
+                if std::thread::Builder::new().stack_size(sinter_codegen::STACK_BYTES).spawn_scoped(s, move || work(tx)).is_ok() {
+                    spawned += 1;
+                }
+            }
+            if spawned == 0 {
+                // No thread could be started (out of memory for stacks): generate here.
+                work(tx.clone());
             }
             drop(tx);
             // The progress callback is not `Send`: the workers report here, in the order they
@@ -354,6 +366,24 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
         });
     }
     results
+}
+
+/// Runs `f` on a thread with the code generator's stack ([`sinter_codegen::STACK_BYTES`]), or
+/// here when no such thread can be started.
+pub(crate) fn on_codegen_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let cell = std::sync::Mutex::new(Some(f));
+    let take = || cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let spawned = std::thread::scope(|s| {
+        let h = std::thread::Builder::new().stack_size(sinter_codegen::STACK_BYTES).spawn_scoped(s, || take().map(|f| f())).ok()?;
+        Some(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    });
+    match spawned.flatten() {
+        Some(t) => t,
+        None => match take() {
+            Some(f) => f(),
+            None => unreachable!("the spawned thread took the closure and returned its result"),
+        },
+    }
 }
 
 /// The indices of `todo` with the kernels that take longest to generate and assemble first:

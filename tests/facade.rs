@@ -115,6 +115,47 @@ fn compile_ptx_refuses_an_ill_formed_graph() {
     }
 }
 
+/// A chain of `n` element-wise ops fuses into one kernel whose expression is `n` deep: the code
+/// generator recurses through it on threads with stacks sized for that (a test thread has only
+/// 2 MiB), and a chain deeper than its limit is an error naming it, not a stack overflow.
+#[cfg(feature = "llvm")]
+#[test]
+fn long_fused_chains_compile_or_are_a_clear_error() {
+    let chain = |n: usize| {
+        let mut text = String::from("func @main(%a: f32[4]) {\n");
+        let mut prev = "%a".to_string();
+        for i in 0..n {
+            text += &format!("  %v{i}: f32[4] = exp({prev})\n");
+            prev = format!("%v{i}");
+        }
+        text += &format!("  return {prev}\n}}\n");
+        sinter_ir::parse(&text).unwrap()
+    };
+    let c = sinter::compile_ptx(&chain(1500), &Target::SM_90A).unwrap();
+    assert_eq!(c.kernels.len(), 1);
+    let e = sinter::compile_ptx(&chain(2100), &Target::SM_90A).unwrap_err().to_string();
+    assert!(e.contains("more than 2048 operations deep in one kernel") && e.starts_with("code generation: kernel k0 (Pointwise): unsupported"), "{e}");
+}
+
+/// Every well-formed graph of the round-trip filetests compiles to PTX, or is refused by the
+/// code generator as unsupported with its reason — never by the lowering's own contract check
+/// (a `paged_attention` of which only the log-sum-exp is read once was).
+#[cfg(feature = "llvm")]
+#[test]
+fn every_roundtrip_filetest_compiles_to_ptx_or_is_unsupported() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests/roundtrip");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "sir")).collect();
+    files.sort();
+    assert!(files.len() >= 20, "{}", files.len());
+    for path in files {
+        let g = sinter_ir::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        match sinter::compile_ptx(&g, &Target::SM_90A) {
+            Ok(c) => assert!(!c.kernels.is_empty() || g.funcs.values().all(|f| f.nodes.is_empty()), "{}", path.display()),
+            Err(e) => assert!(e.to_string().contains(": unsupported: "), "{}: {e}", path.display()),
+        }
+    }
+}
+
 fn sinter(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sinter")).args(args).output().unwrap()
 }

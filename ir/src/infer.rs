@@ -502,6 +502,8 @@ fn want_finite_attr(c: &InferCtx<'_>, name: &str, what: &str, min: Option<(f64, 
     }
     match min {
         Some((m, true)) if v <= m => err(format!("{attr} must be above {m}, got {v:?}")),
+        // Kernels read the attribute as an f32: above the bound there too (1e-46 is 0 in f32).
+        Some((m, true)) if f64::from(v as f32) <= m => err(format!("{attr} must be above {m} as an f32 (kernels read it as one), got {v:?}, which is {} in f32", v as f32)),
         Some((m, false)) if v < m => err(format!("{attr} must be at least {m}, got {v:?}")),
         _ => Ok(()),
     }

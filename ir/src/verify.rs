@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::dim::Dim;
 use crate::graph::{Function, Graph, Node, Signature, TensorType, Value, ValueDef};
 use crate::infer::InferCtx;
 use crate::ops::{kind_text, Op, OpKind};
@@ -147,6 +148,12 @@ pub fn verify_function(f: &Function, callees: &BTreeMap<&str, Signature>) -> Res
             if dim.as_const().is_some_and(|c| c < 0) {
                 return Err(fail(None, format!("{} has a negative dimension in {}", f.label(v), d.ty)));
             }
+        }
+        // The constant dims' element count, and its bytes, must fit an i64: kernels index
+        // and size buffers with 64-bit integers (symbolic dims are checked when bound).
+        let elements = d.ty.shape.iter().filter_map(Dim::as_const).try_fold(1i64, i64::checked_mul);
+        if elements.and_then(|n| n.checked_mul(d.ty.dtype.size_bytes().max(1) as i64)).is_none() {
+            return Err(fail(None, format!("{} has more elements than a 64-bit size can count in {}", f.label(v), d.ty)));
         }
         if let Err(e) = crate::storage::check_quantized_type(&d.ty) {
             return Err(fail(None, format!("{}: {e}", f.label(v))));

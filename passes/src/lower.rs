@@ -457,6 +457,21 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             }
         }
     }
+    // An attention kernel writes O even when only its log-sum-exp is read (the generators'
+    // contract): an O nothing reads gets a buffer of its own.
+    for (si, b) in bodies.iter().enumerate() {
+        for &n in &b.nodes {
+            let nd = &f.nodes[n];
+            if !matches!(nd.op.kind, OpKind::Attention | OpKind::PagedAttention) {
+                continue;
+            }
+            let Some(&o) = nd.results.first() else { continue };
+            let read = f.outputs.contains(&o) || f.nodes.values().any(|m| m.inputs.contains(&o));
+            if !read && !specs[si].exports.contains(&o) {
+                specs[si].exports.push(o);
+            }
+        }
+    }
     let order = launch_order(f, &specs, &bodies)?;
     // Buffers.
     let mut kg = KernelGraph::default();

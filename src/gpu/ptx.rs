@@ -171,19 +171,22 @@ fn distinct_plans(kg: &KernelGraph, target: &Target) -> Result<Vec<LaunchPlan>, 
     let workers = super::jobs().clamp(1, todo.len().max(1));
     let mut built: Vec<Option<Result<LaunchPlan, Error>>> = std::iter::repeat_with(|| None).take(todo.len()).collect();
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&k) = todo.get(j) else { break };
-                        mine.push((j, super::build_plan(kg, k, target)));
-                    }
-                    mine
-                })
-            })
-            .collect();
+        let work = || {
+            let mut mine = Vec::new();
+            loop {
+                let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&k) = todo.get(j) else { break };
+                mine.push((j, super::build_plan(kg, k, target)));
+            }
+            mine
+        };
+        let handles: Vec<_> = (0..workers).filter_map(|_| std::thread::Builder::new().stack_size(sinter_codegen::STACK_BYTES).spawn_scoped(s, work).ok()).collect();
+        if handles.is_empty() {
+            // No thread could be started (out of memory for stacks): generate here.
+            for (j, r) in work() {
+                built[j] = Some(r);
+            }
+        }
         for h in handles {
             // A worker that panicked leaves its kernels `None`: reported below.
             for (j, r) in h.join().unwrap_or_default() {

@@ -203,6 +203,8 @@ pub(crate) struct Eval<'a, 'ctx> {
     /// Row statistics of row-reduction nodes (empty outside row reductions).
     pub rows: HashMap<Node, RowScalars<'ctx>>,
     memo: HashMap<Key, Lanes<'ctx>>,
+    /// Nesting of [`Eval::eval`] calls now (bounded by [`MAX_EXPR_DEPTH`]).
+    depth: usize,
     derived: HashMap<DerivedKey, Lanes<'ctx>>,
     /// RoPE angles already computed (see [`Eval::rope`]): a thread that rotates several heads
     /// of one position computes each pair's sine and cosine once.
@@ -272,6 +274,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             width,
             rows: HashMap::new(),
             memo: HashMap::new(),
+            depth: 0,
             derived: HashMap::new(),
             sincos: HashMap::new(),
             rope_tables: HashMap::new(),

@@ -19,13 +19,33 @@ use super::{bad, divisible, unsupported, At, Ax, Eval, IndexWidth, Lanes, Scalar
 use crate::math::{self, Ops, R};
 use crate::error::CodegenError;
 
+/// The deepest chain of operands one kernel evaluates: the evaluator recurses through the
+/// operands, so a deeper expression is an error, not a stack overflow (the code generator's
+/// threads have stacks sized for this depth).
+pub(crate) const MAX_EXPR_DEPTH: usize = 2048;
+
 impl<'a, 'ctx> Eval<'a, 'ctx> {
     /// Emits the computation of `v` at `at` (memoised).
+    ///
+    /// # Errors
+    /// An expression deeper than [`MAX_EXPR_DEPTH`] operands; the op and builder errors.
     pub fn eval(&mut self, v: Value, at: &At<'ctx>) -> R<Lanes<'ctx>> {
         let key = Self::key(v, at);
         if let Some(l) = self.memo.get(&key) {
             return Ok(l.clone());
         }
+        if self.depth >= MAX_EXPR_DEPTH {
+            return unsupported(format!("an expression more than {MAX_EXPR_DEPTH} operations deep in one kernel (at {v}): split the chain, or compile it unfused"));
+        }
+        self.depth += 1;
+        let out = self.eval_uncached(v, at);
+        self.depth -= 1;
+        let out = out?;
+        self.memo.insert(key, out.clone());
+        Ok(out)
+    }
+
+    fn eval_uncached(&mut self, v: Value, at: &At<'ctx>) -> R<Lanes<'ctx>> {
         let data = self.f.values.get(v).ok_or_else(|| CodegenError::Builder(format!("no value {v}")))?;
         let out = match data.def {
             ValueDef::Param(i) => {
@@ -37,7 +57,6 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         if out.len() != at.lanes as usize {
             return Err(CodegenError::Builder(format!("{} lanes computed for {}", out.len(), at.lanes)));
         }
-        self.memo.insert(key, out.clone());
         Ok(out)
     }
 
