@@ -79,6 +79,10 @@ fn hugging_face_folder_loads_and_matches_the_zoo_graph() {
     assert_eq!(ids, vec![3, 17, 42, 5]);
     let engine = Engine::new(model).unwrap();
     let ours = engine.logits(&ids).unwrap();
+    // An id past the embedding table (a tokenizer that does not belong to the model) is an
+    // error naming it, not a gather past the table.
+    let e = engine.logits(&[3, cfg.vocab as u32]).unwrap_err().to_string();
+    assert!(e.contains(&format!("prompt token 1 is id {}, past the model's vocabulary of {} ids", cfg.vocab, cfg.vocab)), "{e}");
 
     let mut c = cfg.clone();
     c.rope_form = "rotate_half";
@@ -94,6 +98,32 @@ fn hugging_face_folder_loads_and_matches_the_zoo_graph() {
     let bt = Tensor::from_fn(DType::I32, &[c.n_layers, 1, m], |i| (i[0] * m + i[2]) as f64);
     let want = p.run(&[("tokens", &toks), ("positions", &pos), ("block_tables", &bt), ("k_pages", &pages), ("v_pages", &pages)], &[]).unwrap();
     assert_eq!(ours.data(), want[0].data());
+
+    // Llama 3.1's `rope_scaling` is read (before, the folder was refused) and reaches every
+    // `rope` of the graph: the same logits as the zoo graph built with that scaling.
+    let mut scaled = config.clone();
+    scaled["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16});
+    std::fs::write(dir.join("config.json"), scaled.to_string()).unwrap();
+    let model = LlamaModel::open(&dir, DType::F32, |_, _| {}).unwrap();
+    let llama3 = llama::RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 16 };
+    assert_eq!(model.cfg.rope_scaling, llama3);
+    let ours_scaled = Engine::new(model).unwrap().logits(&ids).unwrap();
+    c.rope_scaling = llama3;
+    let mut p = Program::compile(llama::build(&c, Mode::Prefill, DType::F32).unwrap(), Backend::Interpreter).unwrap();
+    for ((_, g, s), v) in named.iter().zip(&values) {
+        p.bind(g, Tensor::new(DType::F32, s, v.iter().map(|&x| x as f64).collect()).unwrap()).unwrap();
+    }
+    let want = p.run(&[("tokens", &toks), ("positions", &pos), ("block_tables", &bt), ("k_pages", &pages), ("v_pages", &pages)], &[]).unwrap();
+    assert_eq!(ours_scaled.data(), want[0].data());
+    assert_ne!(ours_scaled.data(), ours.data(), "the scaling changes the logits");
+    // What the Llama graph does not compute is refused, not run.
+    for (key, value) in [("hidden_act", serde_json::json!("gelu")), ("attention_bias", serde_json::json!(true)), ("mlp_bias", serde_json::json!(true))] {
+        let mut bad = config.clone();
+        bad[key] = value;
+        std::fs::write(dir.join("config.json"), bad.to_string()).unwrap();
+        let e = LlamaModel::open(&dir, DType::F32, |_, _| {}).err().unwrap().to_string();
+        assert!(e.contains(&format!("`{key}`")) && e.contains("supported:"), "{e}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -672,35 +672,32 @@ fn the_weight_formula_matches_hand_computed_values() {
     }
 }
 
-/// A Llama config whose RoPE is scaled (`rope_parameters.rope_type = "llama3"`, or the
-/// older `rope_scaling`) is refused, not run with unscaled positions.
+/// A Llama config's RoPE scaling is read (`rope_parameters.rope_type`, transformers 5, or
+/// the older `rope_scaling`): a type's missing parameter is an error naming it, a complete
+/// one gets past the config to the weights, which this folder lacks (a loaded folder's
+/// scaling reaches the graph: `tests/hf_folder.rs`).
 #[test]
-fn hf_llama_rope_scaling_is_refused() {
+fn hf_llama_rope_scaling_is_read_or_refused_by_name() {
     let Some(fx) = Fixture::load("llama") else {
         return;
     };
     let dir = scratch("rope-scaling");
     std::fs::create_dir_all(&dir).unwrap();
-    for (key, value) in [
-        (
-            "rope_parameters",
-            serde_json::json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}),
-        ),
-        (
-            "rope_scaling",
-            serde_json::json!({"type": "linear", "factor": 2.0}),
-        ),
+    for (key, value, want) in [
+        ("rope_parameters", serde_json::json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}), Some("`rope_parameters.low_freq_factor`")),
+        ("rope_scaling", serde_json::json!({"type": "linear", "factor": 0.0}), Some("`rope_scaling.factor` = 0.0")),
+        ("rope_scaling", serde_json::json!({"type": "dynamic", "factor": 2.0}), Some("dynamic")),
+        ("rope_scaling", serde_json::json!({"type": "linear", "factor": 2.0}), None),
     ] {
         let mut config = fx.config.clone();
         config[key] = value;
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-        let e = sinter::llm::open(&dir, DType::F32, &mut |_, _| {})
-            .err()
-            .expect("a scaled RoPE loaded");
-        assert!(
-            e.to_string().contains("RoPE scaling") && e.to_string().contains("is not supported"),
-            "{e}"
-        );
+        match (sinter::llm::open(&dir, DType::F32, &mut |_, _| {}), want) {
+            (Err(e), Some(want)) => assert!(e.to_string().contains(want), "{e}"),
+            (Err(e), None) => assert!(e.to_string().contains("tensor `*.safetensors` is missing"), "{key}: {e}"),
+            (Ok(_), None) => panic!("{key}: a folder without weights loaded"),
+            (Ok(_), Some(want)) => panic!("{key}: loaded, expected an error naming {want}"),
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

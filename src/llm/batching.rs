@@ -121,6 +121,17 @@ pub enum Rejected {
         /// Tokens the pool holds.
         pool: usize,
     },
+    /// A prompt token id past the model's vocabulary (a tokenizer larger than the model's
+    /// embedding table).
+    #[error("prompt token {position} is id {id}, past the model's vocabulary of {vocab} ids")]
+    TokenOutOfRange {
+        /// Its position in the prompt.
+        position: usize,
+        /// The id.
+        id: u32,
+        /// The model's vocabulary size.
+        vocab: usize,
+    },
     /// Bad sampling options.
     #[error("{0}")]
     Options(String),
@@ -223,6 +234,9 @@ impl<'e> Batcher<'e> {
             return Err(Rejected::ContextOverflow { tokens, max_new, context: self.context });
         }
         req.options.validate().map_err(|e| Rejected::Options(e.to_string()))?;
+        if let Some((position, &id)) = req.prompt.iter().enumerate().find(|(_, t)| **t as usize >= self.vocab) {
+            return Err(Rejected::TokenOutOfRange { position, id, vocab: self.vocab });
+        }
         let need = self.groups_needed(&req);
         if need > self.groups {
             return Err(Rejected::ExceedsPool { needed: need * self.kv.page_size, pool: self.groups * self.kv.page_size });

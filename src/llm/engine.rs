@@ -126,6 +126,15 @@ pub struct Engine<M: DecoderModel> {
 }
 
 /// The model's prefill and decode graphs, checked against the decoder contract.
+/// An error for a prompt holding an id past the model's vocabulary (a tokenizer larger than
+/// the embedding table): the gather would read past its table.
+fn check_token_ids(tokens: &[u32], vocab: usize) -> Result<(), Error> {
+    match tokens.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
+        Some((i, t)) => Err(Error::Unsupported(format!("prompt token {i} is id {t}, past the model's vocabulary of {vocab} ids: the tokenizer does not belong to this model"))),
+        None => Ok(()),
+    }
+}
+
 fn graphs(model: &dyn DecoderModel) -> Result<(crate::Graph, crate::Graph), Error> {
     let (p, d) = (model.graph(Mode::Prefill)?, model.graph(Mode::Decode)?);
     let kv = model.kv();
@@ -262,6 +271,9 @@ impl<M: DecoderModel> Engine<M> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         if prompts.iter().any(Vec::is_empty) {
             return Err(Error::Unsupported("an empty prompt: there is no token to continue from".into()));
+        }
+        for p in prompts {
+            check_token_ids(p, vocab)?;
         }
         if longest.checked_add(o.max_new).is_none_or(|n| n > context) {
             return Err(ModelError::ContextOverflow { tokens: longest, max_new: o.max_new, context }.into());
@@ -446,6 +458,7 @@ impl<M: DecoderModel> Engine<M> {
         if n == 0 || n > context {
             return Err(ModelError::ContextOverflow { tokens: n, max_new: 0, context }.into());
         }
+        check_token_ids(tokens, self.model.vocab())?;
         let m = kv.pages_for(n);
         let pool = kv.pool_shape(kv.layers * m);
         let toks = tokens_tensor(tokens)?;

@@ -157,7 +157,10 @@ fn config_from_hf(tc: &TextConfig<'_>, tied: bool) -> Result<Gemma3Config, Model
         Some(other) => return Err(tc.bad("layer_types", format!("{other} is not a list"))),
         // Older configs: every `sliding_window_pattern`-th layer is full (transformers' default 6).
         None => {
-            let pattern = tc.usize_or("sliding_window_pattern", 6)?.max(1);
+            let pattern = tc.usize_or("sliding_window_pattern", 6)?;
+            if pattern == 0 {
+                return Err(tc.bad("sliding_window_pattern", "0: every layer would be sliding and none full; it must be at least 1".into()));
+            }
             (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
         }
     };

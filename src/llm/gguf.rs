@@ -43,7 +43,7 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// The file is not a well-formed GGUF file (bad magic, truncated header, ...).
-    #[error("{path} is not a valid GGUF file: {reason}")]
+    #[error("{}", malformed_text(path, reason))]
     Malformed {
         /// The file.
         path: PathBuf,
@@ -675,5 +675,14 @@ mod tests {
         let f = file_with(12, &[2, 128], vec![0; 144]);
         assert!(matches!(f.dequantize("t", &[2, 128]), Err(ModelError::Malformed { .. })));
         assert!(f.quantized_tensor("t", &[2, 128]).is_err());
+    }
+}
+
+/// [`ModelError::Malformed`]'s message: a GGUF file "is not a valid GGUF file"; a Hugging
+/// Face folder's `config.json` or safetensors file is named with what is wrong in it.
+fn malformed_text(path: &Path, reason: &str) -> String {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json" | "safetensors") => format!("{}: {reason}", path.display()),
+        _ => format!("{} is not a valid GGUF file: {reason}", path.display()),
     }
 }

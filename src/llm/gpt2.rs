@@ -108,6 +108,12 @@ impl Gpt2Model {
     /// dtype, wrong shapes, an unreadable tokenizer.
     pub fn from_hf(mut folder: HfFolder, dtype: DType, progress: &mut dyn FnMut(usize, usize)) -> Result<Gpt2Model, ModelError> {
         let f = &folder;
+        use serde_json::json;
+        f.require("activation_function", &[json!("gelu_new"), json!("gelu_pytorch_tanh")], "the GPT-2 graph computes the tanh GELU")?;
+        f.require("tie_word_embeddings", &[json!(true)], "the GPT-2 graph reads its output projection from wte")?;
+        f.require("scale_attn_by_inverse_layer_idx", &[json!(false)], "the GPT-2 graph scales attention by 1/sqrt(head_dim) only")?;
+        f.require("scale_attn_weights", &[json!(true)], "the GPT-2 graph scales attention by 1/sqrt(head_dim)")?;
+        f.require("add_cross_attention", &[json!(false)], "the GPT-2 graph is a decoder without cross-attention")?;
         let hidden = f.usize("n_embd")?;
         let cfg = Gpt2Config {
             vocab: f.usize("vocab_size")?,

@@ -133,28 +133,21 @@ impl HfFolder {
         self.config.get(key).and_then(Json::as_bool)
     }
 
-    /// The RoPE base frequency: `rope_theta` (transformers before 5) or
-    /// `rope_parameters.rope_theta` (transformers 5; with several attention kinds,
-    /// `rope_parameters.<layer_type>.rope_theta`, e.g. Gemma 3's `sliding_attention`);
-    /// `None` when absent.
+    /// Refuses a `config.json` value the architecture's graph does not compute: `key`, when
+    /// present and not null, must be one of `supported` (strings, booleans or numbers as
+    /// `serde_json` prints them), else [`ModelError::BadValue`] with `what` as the reason —
+    /// a model is never run silently with a different activation, bias or head.
     ///
     /// # Errors
-    /// [`ModelError::Malformed`] for a RoPE scaling other than `default` (`rope_scaling` or
-    /// `rope_parameters.rope_type`: linear, dynamic, yarn, llama3 are not implemented and
-    /// would silently run with wrong positions).
-    pub fn rope_theta(&self, layer_type: Option<&str>) -> Result<Option<f64>, ModelError> {
-        let params = self.config.get("rope_parameters").filter(|p| !p.is_null());
-        let params = match (params, layer_type) {
-            (Some(p), Some(t)) if p.get(t).is_some() => p.get(t),
-            (p, _) => p,
-        };
-        for p in [params, self.config.get("rope_scaling")].into_iter().flatten().filter(|p| !p.is_null()) {
-            let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Json::as_str).unwrap_or("default");
-            if kind != "default" {
-                return Err(self.malformed(format!("RoPE scaling `{kind}` is not supported (only `default`)")));
+    /// [`ModelError::BadValue`] naming the key and its value.
+    pub fn require(&self, key: &str, supported: &[Json], what: &str) -> Result<(), ModelError> {
+        match self.config.get(key) {
+            Some(v) if !v.is_null() && !supported.contains(v) => {
+                let list: Vec<String> = supported.iter().map(Json::to_string).collect();
+                Err(ModelError::BadValue { path: self.config_path.clone(), key: key.into(), value: v.to_string(), reason: format!("{what} (supported: {})", list.join(", ")) })
             }
+            _ => Ok(()),
         }
-        Ok(params.and_then(|p| p.get("rope_theta")).or_else(|| self.config.get("rope_theta")).and_then(Json::as_f64))
     }
 
     /// A config error: the numbers do not fit together.

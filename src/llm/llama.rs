@@ -101,6 +101,17 @@ impl LlamaModel {
         let u = |s: &str| file.u64(&k(s)).map(|v| v as usize);
         let hidden = u("embedding_length")?;
         let n_heads = u("attention.head_count")?;
+        // Llama 3.1's frequency scaling is stored as a `rope_freqs` tensor, other scalings as
+        // `rope.scaling.*` keys: the graph computes neither, so such a file is refused, not run
+        // with unscaled positions.
+        if let Ok(kind) = file.str(&k("rope.scaling.type")) {
+            if kind != "none" {
+                return Err(ModelError::BadValue { path, key: k("rope.scaling.type"), value: kind.into(), reason: "RoPE scaling is not read from Llama GGUF files (supported: none); load the model's Hugging Face folder, whose rope_scaling is".into() });
+            }
+        }
+        if file.info("rope_freqs.weight").is_some() {
+            return Err(ModelError::Malformed { path, reason: "the tensor `rope_freqs.weight` (Llama 3.1's RoPE frequency factors) is not read from GGUF files: load the model's Hugging Face folder instead".into() });
+        }
         let tokenizer = Tokenizer::from_gguf(file)?;
         let cfg = LlamaConfig {
             vocab: u("vocab_size").unwrap_or(tokenizer.vocab_size()),
@@ -112,6 +123,7 @@ impl LlamaModel {
             ffn: u("feed_forward_length")?,
             rope_theta: file.f64(&k("rope.freq_base")).unwrap_or(10000.0),
             rope_form: "interleaved",
+            rope_scaling: crate::zoo::qwen::RopeScaling::None,
             rms_eps: file.f64(&k("attention.layer_norm_rms_epsilon"))?,
             context: u("context_length")?,
             page_size: 16,
@@ -144,6 +156,10 @@ impl LlamaModel {
     /// an unreadable tokenizer.
     pub fn from_hf(mut folder: HfFolder, dtype: DType, progress: &mut dyn FnMut(usize, usize)) -> Result<LlamaModel, ModelError> {
         let f = &folder;
+        use serde_json::json;
+        f.require("hidden_act", &[json!("silu")], "the Llama graph's MLP is SwiGLU")?;
+        f.require("attention_bias", &[json!(false)], "the Llama graph's projections have no bias")?;
+        f.require("mlp_bias", &[json!(false)], "the Llama graph's MLP has no bias")?;
         let hidden = f.usize("hidden_size")?;
         let n_heads = f.usize("num_attention_heads")?;
         let cfg = LlamaConfig {
@@ -154,8 +170,9 @@ impl LlamaModel {
             n_kv_heads: f.usize("num_key_value_heads").unwrap_or(n_heads),
             head_dim: f.usize("head_dim").unwrap_or(hidden / n_heads.max(1)),
             ffn: f.usize("intermediate_size")?,
-            rope_theta: f.rope_theta(None)?.unwrap_or(10000.0),
+            rope_theta: super::qwen::hf_rope_theta(f),
             rope_form: "rotate_half",
+            rope_scaling: super::qwen::hf_rope_scaling(f, f.usize("max_position_embeddings")?)?,
             rms_eps: f.f64("rms_norm_eps")?,
             context: f.usize("max_position_embeddings")?,
             page_size: 16,

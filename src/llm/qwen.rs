@@ -147,7 +147,7 @@ fn hf_rope_object(folder: &HfFolder) -> Result<Option<(&'static str, &Json)>, Mo
 }
 
 /// RoPE θ: `rope_theta`, else `rope_parameters.rope_theta` (transformers 5), else 10000.
-fn hf_rope_theta(folder: &HfFolder) -> f64 {
+pub(super) fn hf_rope_theta(folder: &HfFolder) -> f64 {
     let nested = || {
         folder
             .config
@@ -168,19 +168,27 @@ fn hf_rope_theta(folder: &HfFolder) -> f64 {
 /// # Errors
 /// [`ModelError::BadValue`] for a type the `rope` op lacks (`dynamic`, `longrope`, ...) or a
 /// value that is not an object; [`ModelError::MissingKey`] for a parameter the type needs.
-fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, ModelError> {
+pub(super) fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, ModelError> {
     let Some((key, rs)) = hf_rope_object(folder)? else {
         return Ok(RopeScaling::None);
     };
-    let kind = rs
-        .get("rope_type")
-        .or_else(|| rs.get("type"))
-        .and_then(Json::as_str)
-        .unwrap_or("default");
+    // transformers 5's `rope_parameters` holds `rope_theta` alone for unscaled models; a
+    // scaling parameter without a type is an error, not silently no scaling.
+    let kind = match rs.get("rope_type").or_else(|| rs.get("type")).and_then(Json::as_str) {
+        Some(kind) => kind,
+        None if rs.get("factor").is_some() => return Err(folder.missing(&format!("{key}.rope_type"), "a string")),
+        None => "default",
+    };
+    // Every scaling factor of the config is a finite number above 0.
     let num = |k: &str| -> Result<f64, ModelError> {
-        rs.get(k)
+        let v = rs
+            .get(k)
             .and_then(Json::as_f64)
-            .ok_or_else(|| folder.missing(&format!("{key}.{k}"), "a number"))
+            .ok_or_else(|| folder.missing(&format!("{key}.{k}"), "a number"))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(bad_value(folder, &format!("{key}.{k}"), &rs[k], "must be a finite number above 0".into()));
+        }
+        Ok(v)
     };
     let opt = |k: &str| rs.get(k).and_then(Json::as_f64);
     let orig = || {
@@ -229,15 +237,17 @@ fn hf_rope_scaling(folder: &HfFolder, context: usize) -> Result<RopeScaling, Mod
 /// then layer `i` slides when `layer_types[i]` is `"sliding_attention"`, or (without
 /// `layer_types`) when `i ≥ max_window_layers`, as `Qwen2Config` decides.
 fn hf_windows(folder: &HfFolder, n_layers: usize) -> Result<Vec<Option<usize>>, ModelError> {
-    let Some(w) = folder
+    let Some(value) = folder
         .bool("use_sliding_window")
         .filter(|&u| u)
         .and_then(|_| folder.config.get("sliding_window"))
-        .and_then(Json::as_u64)
+        .filter(|v| !v.is_null())
     else {
         return Ok(vec![]);
     };
-    let w = w as usize;
+    let w = value.as_u64().filter(|&w| w > 0).ok_or_else(|| {
+        bad_value(folder, "sliding_window", value, "must be a whole number of keys above 0 when `use_sliding_window` is true".into())
+    })? as usize;
     if let Some(types) = folder.config.get("layer_types").and_then(Json::as_array) {
         if types.len() != n_layers {
             return Err(folder.malformed(format!(
@@ -245,10 +255,14 @@ fn hf_windows(folder: &HfFolder, n_layers: usize) -> Result<Vec<Option<usize>>, 
                 types.len()
             )));
         }
-        return Ok(types
+        return types
             .iter()
-            .map(|t| (t.as_str() == Some("sliding_attention")).then_some(w))
-            .collect());
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(Some(w)),
+                Some("full_attention") => Ok(None),
+                _ => Err(bad_value(folder, "layer_types", t, "each entry is \"sliding_attention\" or \"full_attention\"".into())),
+            })
+            .collect();
     }
     let first = folder.usize("max_window_layers").unwrap_or(n_layers);
     Ok((0..n_layers).map(|i| (i >= first).then_some(w)).collect())

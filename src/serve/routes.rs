@@ -303,7 +303,7 @@ fn rejected(r: Rejected, kind: Kind) -> ApiError {
     match r {
         Rejected::QueueFull(_) => ApiError::unavailable(r.to_string()),
         Rejected::ContextOverflow { .. } | Rejected::ExceedsPool { .. } => ApiError::invalid(r.to_string(), Some(param)).with_code("context_length_exceeded"),
-        Rejected::EmptyPrompt => ApiError::invalid(r.to_string(), Some(param)),
+        Rejected::EmptyPrompt | Rejected::TokenOutOfRange { .. } => ApiError::invalid(r.to_string(), Some(param)),
         Rejected::Options(_) => ApiError::invalid(r.to_string(), None),
     }
 }

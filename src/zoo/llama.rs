@@ -24,6 +24,7 @@
 //! ...), each matrix stored `[out, in]` as GGUF and Hugging Face store them (the graph
 //! multiplies by its transpose).
 
+pub use crate::zoo::qwen::RopeScaling;
 use crate::zoo::Mode;
 use crate::{graph, DType, Dim, Error, Graph};
 
@@ -49,6 +50,9 @@ pub struct LlamaConfig {
     /// RoPE pairing: `"rotate_half"` (Hugging Face layout of `attn_q`/`attn_k`) or
     /// `"interleaved"` (llama.cpp's GGUF layout, whose converter permutes those rows).
     pub rope_form: &'static str,
+    /// RoPE frequency scaling (Hugging Face's `rope_scaling`: linear, Llama 3.1's `llama3`,
+    /// YaRN), as the `rope` op computes it.
+    pub rope_scaling: RopeScaling,
     /// RMSNorm ε.
     pub rms_eps: f64,
     /// Context length the model was trained for.
@@ -73,6 +77,7 @@ impl LlamaConfig {
             ffn: 1536,
             rope_theta: 100000.0,
             rope_form: "rotate_half",
+            rope_scaling: RopeScaling::None,
             rms_eps: 1e-5,
             context: 8192,
             page_size: 16,
@@ -94,6 +99,7 @@ impl LlamaConfig {
             ffn: 14336,
             rope_theta: 500000.0,
             rope_form: "rotate_half",
+            rope_scaling: RopeScaling::None,
             rms_eps: 1e-5,
             context: 8192,
             page_size: 16,
@@ -114,6 +120,7 @@ impl LlamaConfig {
             ffn: 48,
             rope_theta: 10000.0,
             rope_form: "rotate_half",
+            rope_scaling: RopeScaling::None,
             rms_eps: 1e-5,
             context: 64,
             page_size: 4,
@@ -164,6 +171,7 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
     let (qd, kvd, group, ps, n_layers) = (h * hd, hkv * hd, h / hkv, cfg.page_size, cfg.n_layers);
     let scale = 1.0 / (hd as f64).sqrt();
     let (eps, theta, form) = (cfg.rms_eps, cfg.rope_theta, cfg.rope_form);
+    let [sc, fac, lo, hi, orig, bfast, bslow, trunc, ms, msa, attf] = cfg.rope_scaling.attrs();
     // Sequences per step: one for prefill, T (one token each) for decode.
     let nb = if decode { Dim::symbol("T") } else { Dim::constant(1) };
     let ninf = f64::NEG_INFINITY;
@@ -181,8 +189,14 @@ pub fn build(cfg: &LlamaConfig, mode: Mode, dtype: DType) -> Result<Graph, Error
             let x32 = x.cast(f32);
             let hn = (x32 * ((x32 * x32).mean(-1) + {eps}).rsqrt()).cast({dt}) * attn_norm;
             let pos = positions.reshape([T, 1]);
-            let q = hn.matmul(wq, transpose_b = true).reshape([T, {h}, {hd}]).rope(pos, theta = theta, form = form);
-            let k = hn.matmul(wk, transpose_b = true).reshape([T, {hkv}, {hd}]).rope(pos, theta = theta, form = form);
+            let q = hn.matmul(wq, transpose_b = true).reshape([T, {h}, {hd}]).rope(pos, theta = theta, form = form, scaling = {sc.clone()}, factor = {fac.clone()},
+                low_freq_factor = {lo.clone()}, high_freq_factor = {hi.clone()}, original_max_position_embeddings = {orig.clone()},
+                beta_fast = {bfast.clone()}, beta_slow = {bslow.clone()}, truncate = {trunc.clone()}, mscale = {ms.clone()},
+                mscale_all_dim = {msa.clone()}, attention_factor = {attf.clone()});
+            let k = hn.matmul(wk, transpose_b = true).reshape([T, {hkv}, {hd}]).rope(pos, theta = theta, form = form, scaling = {sc.clone()}, factor = {fac.clone()},
+                low_freq_factor = {lo.clone()}, high_freq_factor = {hi.clone()}, original_max_position_embeddings = {orig.clone()},
+                beta_fast = {bfast.clone()}, beta_slow = {bslow.clone()}, truncate = {trunc.clone()}, mscale = {ms.clone()},
+                mscale_all_dim = {msa.clone()}, attention_factor = {attf.clone()});
             let v = hn.matmul(wv, transpose_b = true).reshape([T, {hkv}, {hd}]);
             let (attn, kp, vp) = if decode {
                 // One query per sequence, attending to the sequence's cached keys.
