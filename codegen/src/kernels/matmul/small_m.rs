@@ -5,7 +5,7 @@
 
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
-use sinter_ir::{DType, Dim, OpKind};
+use sinter_ir::{DType, Dim};
 use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 
 use super::epilogue::{epilogue_and_store_accs, columns_output};
