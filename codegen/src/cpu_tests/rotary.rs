@@ -64,7 +64,9 @@ fn cpu_rotary_matches_the_interpreter() {
         let tag = format!("rotary {dt} tables {tdt} {tables} {attrs}");
         let target = Target::SM_90A;
         for v in crate::schedule_variants(&gk.0, gk.1, &target).unwrap() {
-            let outs = check_built_on_cpu(&format!("{tag} variant `{}`", v.name), &gk, &bind(&[("T", t as i64)]), &[x.clone(), c.clone(), s.clone()], 2, || crate::compile_variant(&gk.0, gk.1, &target, &v.name));
+            let outs = check_built_on_cpu(&format!("{tag} variant `{}`", v.name), &gk, &bind(&[("T", t as i64)]), &[x.clone(), c.clone(), s.clone()], 2, || {
+                crate::compile_variant(&gk.0, gk.1, &target, &v.name)
+            });
             assert!(outs[0][3].is_nan(), "{tag}: a NaN cos entry gives NaN");
         }
     }
@@ -133,12 +135,7 @@ fn cpu_norm_then_rotary_in_one_row_kernel() {
 }}"
         );
         let gk = single(Family::RowReduction, body(&src));
-        let ins = [
-            random(&mut rng, dt, &xs, -3.0, 3.0),
-            random(&mut rng, dt, &[hd], -0.5, 1.5),
-            random(&mut rng, dt, &ts, -1.0, 1.0),
-            random(&mut rng, dt, &ts, -1.0, 1.0),
-        ];
+        let ins = [random(&mut rng, dt, &xs, -3.0, 3.0), random(&mut rng, dt, &[hd], -0.5, 1.5), random(&mut rng, dt, &ts, -1.0, 1.0), random(&mut rng, dt, &ts, -1.0, 1.0)];
         let target = Target::SM_90A;
         for v in crate::schedule_variants(&gk.0, gk.1, &target).unwrap() {
             let tag = format!("variant `{}` norm+rotary {dt} H={h} D={hd} heads_first={heads_first}", v.name);

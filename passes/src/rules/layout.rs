@@ -26,8 +26,8 @@ use OpKind::*;
 
 /// The layout rules: name, doc line, trigger ops, body.
 pub static RULES: RuleTable = &[
-    ("rope-through-permute", "rope(permute(y, p), pos) → permute(rope(y, pos'), p) when p keeps the last axis; rotary(permute(y, p), c, s) likewise", &[Rope, Rotary], rope_through_permute),
-    ("rope-through-reshape", "rope(reshape(y), pos) → reshape(rope(y, pos')) when only size-1 leading axes change; rotary likewise", &[Rope, Rotary], rope_through_reshape),
+    ("rope-through-permute", "rope(permute(y, p), pos) → permute(rope(y, pos'), p) when p keeps the last axis; rotary alike", &[Rope, Rotary], rope_through_permute),
+    ("rope-through-reshape", "rope(reshape(y), pos) → reshape(rope(y, pos')) when only size-1 leading axes change; rotary alike", &[Rope, Rotary], rope_through_reshape),
     ("pointwise-through-permute", "u(permute(y)), b(permute(y), c) → permute(u(y)), permute(b(y, c'))", &[
         Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum,
     ], pointwise_through_permute),

@@ -156,8 +156,5 @@ fn rotary_partial(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
             }
         }
     }
-    plans
-        .into_iter()
-        .filter_map(|(x, c, s, form, r)| mk(eg, Rotary, vec![("form", Attr::Str(form)), ("rotary_dim", Attr::Int(r))], &[x, c, s]).map(|n| (id, n)))
-        .collect()
+    plans.into_iter().filter_map(|(x, c, s, form, r)| mk(eg, Rotary, vec![("form", Attr::Str(form)), ("rotary_dim", Attr::Int(r))], &[x, c, s]).map(|n| (id, n))).collect()
 }

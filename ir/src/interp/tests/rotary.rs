@@ -36,7 +36,8 @@ fn equals_its_decomposition_with_broadcast_tables() {
         let x = t(dt, &[3, 2, 8], lcg(1, 48, -2.0, 2.0));
         let c = t(dt, &[3, 1, 8], lcg(2, 24, -1.0, 1.0));
         let s = t(dt, &[3, 1, 8], lcg(3, 24, -1.0, 1.0));
-        let fused = eval1(&format!("func @f(%x: {dt}[T, 2, 8], %c: {dt}[T, 1, 8], %s: {dt}[T, 1, 8]) {{\n  %y: {dt}[T, 2, 8] = rotary(%x, %c, %s)\n  return %y\n}}"), &[&x, &c, &s]);
+        let fused =
+            eval1(&format!("func @f(%x: {dt}[T, 2, 8], %c: {dt}[T, 1, 8], %s: {dt}[T, 1, 8]) {{\n  %y: {dt}[T, 2, 8] = rotary(%x, %c, %s)\n  return %y\n}}"), &[&x, &c, &s]);
         let decomposed = eval1(
             &format!(
                 "func @f(%x: {dt}[T, 2, 8], %c: {dt}[T, 1, 8], %s: {dt}[T, 1, 8]) {{
@@ -56,7 +57,8 @@ fn equals_its_decomposition_with_broadcast_tables() {
         // The same tables broadcast explicitly to x's shape give the same values, bit for bit.
         let full = eval1(&format!("func @f(%c: {dt}[T, 1, 8]) {{\n  %b: {dt}[T, 2, 8] = broadcast(%c) {{shape=[T, 2, 8]}}\n  return %b\n}}"), &[&c]);
         let fs = eval1(&format!("func @f(%c: {dt}[T, 1, 8]) {{\n  %b: {dt}[T, 2, 8] = broadcast(%c) {{shape=[T, 2, 8]}}\n  return %b\n}}"), &[&s]);
-        let again = eval1(&format!("func @f(%x: {dt}[T, 2, 8], %c: {dt}[T, 2, 8], %s: {dt}[T, 2, 8]) {{\n  %y: {dt}[T, 2, 8] = rotary(%x, %c, %s)\n  return %y\n}}"), &[&x, &full, &fs]);
+        let again =
+            eval1(&format!("func @f(%x: {dt}[T, 2, 8], %c: {dt}[T, 2, 8], %s: {dt}[T, 2, 8]) {{\n  %y: {dt}[T, 2, 8] = rotary(%x, %c, %s)\n  return %y\n}}"), &[&x, &full, &fs]);
         assert_eq!(fused.data(), again.data(), "{dt}");
     }
 }
