@@ -122,6 +122,7 @@ pub static METHODS: &[MethodSpec] = &[
     m("gather", "Gather", Kind::Other, (2, 2), &[], &[]),
     m("matmul", "Matmul", Kind::Matmul, (2, 2), &["transpose_a", "transpose_b"], &[]),
     m("rope", "Rope", Kind::Same, (2, 2), &ROPE_ATTRS, &["theta"]),
+    m("rotary", "Rotary", Kind::Same, (3, 3), &["form", "rotary_dim"], &[]),
     m("rms_norm", "RmsNorm", Kind::Same, (2, 2), &["eps"], &["eps"]),
     m("layer_norm", "LayerNorm", Kind::Same, (3, 3), &["eps"], &["eps"]),
     m("swiglu", "Swiglu", Kind::Same, (2, 2), &[], &[]),

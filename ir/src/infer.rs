@@ -491,6 +491,42 @@ pub fn rope(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     Ok(vec![x.clone()])
 }
 
+/// `rotary`: x float [..., D]; `cos` and `sin` of one float dtype, each [..., R] broadcasting
+/// against x[..., :R] (R = `rotary_dim`, default D; even, 2 ≤ R ≤ D); the result is x's type.
+pub fn rotary(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let (x, cos, sin) = (c.input(0)?, c.input(1)?, c.input(2)?);
+    want_float(x, "x")?;
+    want_float(cos, "cos")?;
+    want_float(sin, "sin")?;
+    if cos.dtype != sin.dtype {
+        return err(format!("cos and sin must share a dtype, got {} and {}", cos.dtype, sin.dtype));
+    }
+    let r = x.rank();
+    if r == 0 {
+        return err("x must have rank ≥ 1");
+    }
+    let d = x.shape[r - 1].as_const();
+    if let (Some(d), None) = (d, c.op.int("rotary_dim")) {
+        if d % 2 != 0 {
+            return err(format!("the rotary axis must be even, got {d}"));
+        }
+    }
+    let rd = crate::rope::rotary_dim(c.op, d).map_err(ShapeError)?;
+    let rdim = rd.map(Dim::constant).unwrap_or_else(|| x.shape[r - 1].clone());
+    let mut rotated = x.shape.clone();
+    rotated[r - 1] = rdim.clone();
+    for (t, name) in [(cos, "cos"), (sin, "sin")] {
+        if t.shape.last() != Some(&rdim) {
+            let last = t.shape.last().map_or_else(|| "none (a scalar)".to_string(), |l| l.to_string());
+            return err(format!("{name}'s last axis is {last}, not the {rdim} rotated features (x's last axis, or `rotary_dim`)"));
+        }
+        if broadcast_shapes(&t.shape, &rotated).ok().as_deref() != Some(&rotated[..]) {
+            return err(format!("{name} {} does not broadcast against x's rotated features {}", shape_text(&t.shape), shape_text(&rotated)));
+        }
+    }
+    Ok(vec![x.clone()])
+}
+
 /// Float attribute `name` (if given) as a finite `f32` (its `f32` rounding finite too), and at
 /// least `min` (`(m, true)`: above `m`) where a bound is given; else an error naming the
 /// attribute, what it is for (when `what` is not empty), and the value.

@@ -57,6 +57,7 @@ impl Phase {
             v.extend(rules::build(rules::recognition::RULES));
             v.extend(rules::build(rules::layout::RULES));
             v.extend(rules::build(rules::masks::RULES));
+            v.extend(rules::build(rules::rotary::RULES));
         }
         if self == Phase::Fusion && opts.merge_parallel_matmuls {
             v.extend(rules::build(rules::fusion::RULES));

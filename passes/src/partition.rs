@@ -34,11 +34,12 @@
 //!
 //! - every `slice` is a view (the element evaluator reads any slice strided), so the column
 //!   slices of a merged QKV or gate/up output are read by the kernels that use them;
-//! - a matmul epilogue takes element-wise nodes and `rope` (positions from elsewhere) no
-//!   larger than the matmul's output that read its values directly or through `reshape`s and
-//!   last-axis slices — the column segments of a merged QKV projection with RoPE, the halves
-//!   of a merged gate/up projection; `rope` joins a RowReduction only over values of the
-//!   rows' shape, positions from elsewhere (a q/k norm then RoPE);
+//! - a matmul epilogue takes element-wise nodes and `rope`/`rotary` (positions or cos/sin
+//!   tables from elsewhere) no larger than the matmul's output that read its values directly
+//!   or through `reshape`s and last-axis slices — the column segments of a merged QKV
+//!   projection with RoPE, the halves of a merged gate/up projection; `rope`/`rotary` joins a
+//!   RowReduction only over values of the rows' shape, positions or tables from elsewhere (a
+//!   q/k norm then RoPE);
 //! - a `kv_append` whose new K and V rows both come from one Matmul kernel joins it (the QKV
 //!   projection's epilogue scatters K and V into the paged cache) when its pages are buffers
 //!   and its block table and positions come from elsewhere; otherwise a Pointwise kernel used
@@ -58,7 +59,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 
-use sinter_ir::contract::{is_elementwise, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
+use sinter_ir::contract::{is_elementwise, is_rotation, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
 use sinter_ir::Target;
 use crate::cost::{is_contiguous_slice, CostConfig};
 
@@ -89,7 +90,7 @@ pub fn role(f: &Function, n: Node) -> Role {
             _ => Role::Anchor(Family::Layout),
         },
         Constant | Iota => Role::Source,
-        Rope | Swiglu => Role::Point,
+        Rope | Rotary | Swiglu => Role::Point,
         ReduceSum | ReduceMax | ReduceMin | ReduceMean | Softmax | LogSoftmax | RmsNorm | LayerNorm => Role::Anchor(Family::RowReduction),
         Matmul => Role::Anchor(Family::Matmul),
         Attention => Role::Anchor(Family::Attention),
@@ -314,7 +315,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     let fits = match grp.family {
                         Family::Pointwise => true,
                         Family::Matmul => out_n <= grp.limit && (!contract || epilogue_ok(f, &uses, &p, g, n)),
-                        Family::RowReduction => out_n <= grp.limit && (!contract || nd.op.kind != OpKind::Rope || rope_on_rows(f, &uses, &p, g, n)),
+                        Family::RowReduction => out_n <= grp.limit && (!contract || !is_rotation(nd.op.kind) || rope_on_rows(f, &uses, &p, g, n)),
                         _ => false,
                     };
                     fits && !creates_cycle(f, &uses, &p, g, n)
@@ -432,7 +433,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
 /// QKV or gate/up projection's parts).
 fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> bool {
     let nd = &f.nodes[n];
-    if !(is_elementwise(nd.op.kind) || nd.op.kind == OpKind::Rope) {
+    if !(is_elementwise(nd.op.kind) || is_rotation(nd.op.kind)) {
         return false;
     }
     // An `f8e4m3` result (`quantize_fp8`, a cast to fp8) is computed in its own element-wise
@@ -446,7 +447,7 @@ fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> b
         if !from_g {
             return true;
         }
-        if nd.op.kind == OpKind::Rope && i != 0 {
+        if is_rotation(nd.op.kind) && i != 0 {
             return false;
         }
         // Walk the view chain back to g: reshapes and last-axis slices only.
@@ -466,15 +467,15 @@ fn epilogue_ok(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> b
     })
 }
 
-/// Whether `rope` node `n` may join RowReduction kernel `g` under the contract: it rotates
-/// values of the rows' own shape (a pair's partner is the same row at another column,
-/// recomputed from the row's statistics) with positions from elsewhere (a norm then RoPE,
+/// Whether `rope`/`rotary` node `n` may join RowReduction kernel `g` under the contract: it
+/// rotates values of the rows' own shape (a pair's partner is the same row at another column,
+/// recomputed from the row's statistics) with positions or tables from elsewhere (a norm then RoPE,
 /// as Gemma's and Qwen3's q/k norms, is one kernel).
 fn rope_on_rows(f: &Function, uses: &Uses, p: &Partition, g: usize, n: Node) -> bool {
     let nd = &f.nodes[n];
     let rows = p.groups[g].nodes.iter().find(|&&m| sinter_ir::contract::is_row_node(f.nodes[m].op.kind)).map(|&m| f.ty(f.nodes[m].inputs[0]).shape.clone());
     let in_g = |x: &Value| uses.producer.get(x).and_then(|pn| p.group_of.get(pn)) == Some(&g);
-    let pos_outside = nd.inputs.get(1).is_some_and(|&v| !uses.bases(f, v).iter().any(in_g));
+    let pos_outside = nd.inputs.len() > 1 && nd.inputs[1..].iter().all(|&v| !uses.bases(f, v).iter().any(in_g));
     pos_outside && rows.is_some_and(|r| f.ty(nd.inputs[0]).shape == r)
 }
 

@@ -388,7 +388,7 @@ impl FusionReport {
     /// How many kernels hold each composite op the passes recognise or keep (attention,
     /// rms_norm, softmax, swiglu, …).
     pub fn composite_ops(&self) -> BTreeMap<String, usize> {
-        let names = ["attention", "paged_attention", "rms_norm", "layer_norm", "softmax", "log_softmax", "swiglu", "silu", "sigmoid", "rope", "gelu"];
+        let names = ["attention", "paged_attention", "rms_norm", "layer_norm", "softmax", "log_softmax", "swiglu", "silu", "sigmoid", "rope", "rotary", "gelu"];
         let mut m = BTreeMap::new();
         for k in &self.kernels {
             for op in &k.ops {

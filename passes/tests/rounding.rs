@@ -288,7 +288,7 @@ fn every_rule_states_and_keeps_its_rounding() {
         assert!(names.contains(&r.0), "ROUNDING names an unknown rule {}", r.0);
         assert!(!r.3.is_empty(), "{}: no reason", r.0);
     }
-    let tables = [rules::algebraic::RULES, rules::recognition::RULES, rules::masks::RULES, rules::fusion::RULES];
+    let tables = [rules::algebraic::RULES, rules::recognition::RULES, rules::masks::RULES, rules::rotary::RULES, rules::fusion::RULES];
     for (name, _, kinds, _) in tables.iter().flat_map(|t| t.iter()) {
         let (class, casts, _) = rules::rounding(name).unwrap_or_else(|| panic!("{name}: no rounding stated in rules::ROUNDING"));
         if kinds.contains(&OpKind::Cast) {

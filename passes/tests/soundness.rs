@@ -97,6 +97,51 @@ fn a_wrong_rule_is_caught_by_the_consistency_check() {
     check_egraph(&sat.egraph, &sat.original, &refs, &b, None).unwrap();
 }
 
+/// A buggy rotary rule: `x·c + rotate_half(x)·s → rotary(x, s, c)`, the tables swapped.
+fn wrong_rotary(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+    let mut plans = vec![];
+    for (xc, rs) in comm_args(eg, id, OpKind::Add) {
+        for (x, c) in comm_args(eg, xc, OpKind::Mul) {
+            for (rot, s) in comm_args(eg, rs, OpKind::Mul) {
+                if !rules::nodes(eg, rot, OpKind::Concat).is_empty() {
+                    plans.push((x, c, s));
+                }
+            }
+        }
+    }
+    plans.into_iter().filter_map(|(x, c, s)| mk(eg, OpKind::Rotary, vec![], &[x, s, c]).map(|n| (id, n))).collect()
+}
+
+/// Rotation by caller-supplied tables: the right rule checks clean on random tables, a rule
+/// that swaps the tables is caught.
+#[test]
+fn a_wrong_rotary_rule_is_caught_by_the_consistency_check() {
+    let g = sinter_ir::parse(
+        "func @f(%x: f32[T, 2, 8], %cos: f32[T, 1, 8], %sin: f32[T, 1, 8]) {
+  %x1: f32[T, 2, 4] = slice(%x) {axis=-1, start=0, end=4}
+  %x2: f32[T, 2, 4] = slice(%x) {axis=-1, start=4, end=8}
+  %n: f32[T, 2, 4] = neg(%x2)
+  %r: f32[T, 2, 8] = concat(%n, %x1) {axis=-1}
+  %a: f32[T, 2, 8] = mul(%x, %cos)
+  %b: f32[T, 2, 8] = mul(%r, %sin)
+  %y: f32[T, 2, 8] = add(%a, %b)
+  return %y
+}",
+    )
+    .unwrap();
+    let f = g.entry().unwrap();
+    let b = sizes(f, 3);
+    let ins = inputs(f, &b, 2, Variant::Random);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let sat = saturate(f, &sigs(&g), &PassOptions::default(), &Phase::ALL, &[]).unwrap();
+    assert!(sat.phases.iter().any(|p| p.rules_fired.contains_key("rotary-rotate-half")));
+    check_egraph(&sat.egraph, &sat.original, &refs, &b, None).unwrap();
+    let wrong = rules::rule("wrong-rotary", &[OpKind::Add], wrong_rotary).unwrap();
+    let sat = saturate(f, &sigs(&g), &PassOptions::default(), &Phase::ALL, &[wrong]).unwrap();
+    let mismatches = check_egraph(&sat.egraph, &sat.original, &refs, &b, None).expect_err("the wrong rule must be caught");
+    assert!(mismatches.iter().any(|m| m.node.starts_with("rotary")), "{mismatches:?}");
+}
+
 /// A rule that changes a type: `reduce_sum(x, keepdim=true) → reduce_sum(x, keepdim=false)`.
 fn wrong_keepdim(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
     let xs: Vec<(i64, Id)> = rules::nodes(eg, id, OpKind::ReduceSum)

@@ -34,6 +34,7 @@ mod fuzz;
 mod gemma3;
 mod attention_extremes;
 mod rope_logical;
+mod rotary;
 mod window;
 mod qwen;
 mod hf_reference;
@@ -445,8 +446,10 @@ fn family_cases() -> Vec<Case> {
         let src = format!("func @main(%x: bf16[2, T, 3, 64], %pos: i32[T, 1]) {{\n  %y: bf16[2, T, 3, 64] = rope(%x, %pos) {{theta=10000.0, form=\"{form}\"}}\n  return %y\n}}");
         cases.push(Case::new(format!("rope {form}"), &src, &[("T", 5)], 4, 1.0, Box::new(none)));
     }
-    // Partial rotary dims, frequency scalings, and the logical ops.
+    // Partial rotary dims, frequency scalings, the logical ops, and rotation by
+    // caller-supplied cos/sin tables (matmul → rotary, norm → rotary).
     cases.extend(rope_logical::cases());
+    cases.extend(rotary::cases());
     // Weight-only quantized matmul x · dequantize(W)ᵀ (GGUF [N, K]) against the interpreter's
     // dequantise-then-matmul: fused, the blocks are read as stored by the quantized small-M
     // kernel (M 1 to 16); unfused (and at M = 64 > 16), a dequantise kernel writes the bf16

@@ -15,6 +15,7 @@
 mod graphs;
 mod pointwise;
 mod rope_logical;
+mod rotary;
 mod rows;
 
 use sinter_ir::interp::{run_kernel_graph, Tensor};

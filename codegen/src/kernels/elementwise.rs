@@ -273,7 +273,7 @@ fn rope_pair_half(body: &sinter_ir::Function, shape: &[Dim], vec: u32) -> Option
     body.nodes
         .iter()
         .any(|(_, nd)| {
-            nd.op.kind == OpKind::Rope
+            sinter_ir::contract::is_rotation(nd.op.kind)
                 && (nd.op.str("form") != Some("interleaved") || vec >= 2)
                 && nd.op.int("rotary_dim").is_none_or(|r| r == d)
                 && nd.inputs.first().is_some_and(|&x| body.ty(x).shape.last().and_then(Dim::as_const) == Some(d))

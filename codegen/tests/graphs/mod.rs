@@ -105,6 +105,69 @@ pub fn rope(dt: DType, form: &str) -> (KernelGraph, Kernel) {
     single(Family::Pointwise, fb.finish(&[y]).unwrap())
 }
 
+/// `rotary(q, cos, sin)` (rotation by caller-supplied tables) over `q [T, 9, 64]`, the
+/// tables `[T, 1, 64]` of `table_dt` (Hugging Face's unsqueezed `position_embeddings`).
+pub fn rotary_tables(dt: DType, table_dt: DType, form: &str) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "rotary");
+    let q = fb.param("q", ty(dt, &[s("T"), d(9), d(64)]));
+    let c = fb.param("cos", ty(table_dt, &[s("T"), d(1), d(64)]));
+    let sn = fb.param("sin", ty(table_dt, &[s("T"), d(1), d(64)]));
+    let y = op_a(&mut fb, OpKind::Rotary, &[q, c, sn], vec![("form", Attr::Str(form.into()))]);
+    single(Family::Pointwise, fb.finish(&[y]).unwrap())
+}
+
+/// SmolLM2's merged QKV projection `x [T, 576] · w [960, 576]ᵀ` with rotation by tables
+/// `[T, 1, 64]` on Q `[T, 9, 64]` and K `[T, 3, 64]` in its epilogue, V sliced out.
+pub fn qkv_rotary(dt: DType, m: Dim) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "qkv_rotary");
+    let x = fb.param("x", ty(dt, &[m.clone(), d(576)]));
+    let w = fb.param("w", ty(dt, &[d(960), d(576)]));
+    let c = fb.param("cos", ty(dt, &[m.clone(), d(1), d(64)]));
+    let sn = fb.param("sin", ty(dt, &[m.clone(), d(1), d(64)]));
+    let mm = op_a(&mut fb, OpKind::Matmul, &[x, w], vec![("transpose_b", Attr::Bool(true))]);
+    let part = |fb: &mut FunctionBuilder, a: i64, b: i64, h: i64| {
+        let sl = op_a(fb, OpKind::Slice, &[mm], vec![("axis", Attr::Int(-1)), ("start", Attr::Dim(d(a))), ("end", Attr::Dim(d(b)))]);
+        op_a(fb, OpKind::Reshape, &[sl], vec![("shape", Attr::Dims(vec![m.clone(), d(h), d(64)]))])
+    };
+    let q = part(&mut fb, 0, 576, 9);
+    let k = part(&mut fb, 576, 768, 3);
+    let v = part(&mut fb, 768, 960, 3);
+    let q = op(&mut fb, OpKind::Rotary, &[q, c, sn]);
+    let k = op(&mut fb, OpKind::Rotary, &[k, c, sn]);
+    single(Family::Matmul, fb.finish(&[q, k, v]).unwrap())
+}
+
+/// Qwen3's q norm then rotation by tables in one row kernel: `rotary(rms_norm(x, w), cos,
+/// sin)` over `x [T, 16, 128]`, tables `[T, 1, 128]`.
+pub fn qk_norm_rotary(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "qk_norm_rotary");
+    let x = fb.param("x", ty(dt, &[s("T"), d(16), d(128)]));
+    let w = fb.param("w", ty(dt, &[d(128)]));
+    let c = fb.param("cos", ty(dt, &[s("T"), d(1), d(128)]));
+    let sn = fb.param("sin", ty(dt, &[s("T"), d(1), d(128)]));
+    let n = op_a(&mut fb, OpKind::RmsNorm, &[x, w], vec![("eps", Attr::Float(1e-6))]);
+    let y = op(&mut fb, OpKind::Rotary, &[n, c, sn]);
+    single(Family::RowReduction, fb.finish(&[y]).unwrap())
+}
+
+/// `kv_append` of K rows rotated by tables (its prologue): new rows `[B, 1, 3, 64]`, tables
+/// `[B, 1, 1, 64]`, pages `[P, 16, 3, 64]`.
+pub fn kv_append_rotary(dt: DType) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "kv_append_rotary");
+    let pages = ty(dt, &[s("P"), d(16), d(3), d(64)]);
+    let kp = fb.param("k_pages", pages.clone());
+    let vp = fb.param("v_pages", pages);
+    let kn = fb.param("k_new", ty(dt, &[s("B"), d(1), d(3), d(64)]));
+    let vn = fb.param("v_new", ty(dt, &[s("B"), d(1), d(3), d(64)]));
+    let c = fb.param("cos", ty(dt, &[s("B"), d(1), d(1), d(64)]));
+    let sn = fb.param("sin", ty(dt, &[s("B"), d(1), d(1), d(64)]));
+    let bt = fb.param("block_table", ty(DType::I32, &[s("B"), s("M")]));
+    let sp = fb.param("start_pos", ty(DType::I32, &[s("B")]));
+    let kr = op(&mut fb, OpKind::Rotary, &[kn, c, sn]);
+    let r = fb.op(OpKind::KvAppend, &[kp, vp, kr, vn, bt, sp], vec![]).unwrap();
+    single(Family::KvAppend, fb.finish(&r).unwrap())
+}
+
 /// `swiglu(gate, up)` over `[T, 1536]`, and a cast to f32 as a second output.
 pub fn swiglu(dt: DType) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "swiglu");

@@ -10,10 +10,11 @@
 //!   coordinate, of `R`'s shape (bias, residual add, `cast`, `gelu`, …);
 //! - **columns** — each output comes from one column segment of `R` (a `slice` of its last
 //!   axis, or all of `R`, possibly after element-wise ops of all of `R` such as a QKV bias)
-//!   through element-wise ops, `reshape`s and `rope` (a merged QKV projection with RoPE on Q
-//!   and K); an output may also be a result of a `kv_append` whose new rows are such values
-//!   (the projection writes K and V into the paged cache: PagedAttention, Kwon et al. 2023),
-//!   scattered through the block table instead of written row-major;
+//!   through element-wise ops, `reshape`s and `rope` or `rotary` (a merged QKV projection with
+//!   RoPE on Q and K, angles from positions or cos/sin tables); an output may also be a result
+//!   of a `kv_append` whose new rows are such values (the projection writes K and V into the
+//!   paged cache: PagedAttention, Kwon et al. 2023), scattered through the block table instead
+//!   of written row-major;
 //! - **paired** — the outputs combine 2 or 4 equal-width column segments of `R` element-wise
 //!   (SwiGLU over a merged gate/up projection).
 //!
@@ -145,9 +146,10 @@ pub fn analyse(body: &Function, r: Value) -> Result<MatmulEpilogue, String> {
                 reshaped = true;
                 segs[&nd.inputs[0]].clone()
             }
-            OpKind::Rope => {
+            OpKind::Rope | OpKind::Rotary => {
                 if derived != [0] {
-                    return Err("rope positions computed from the matmul's result".into());
+                    let what = if nd.op.kind == OpKind::Rope { "rope positions" } else { "rotary cos/sin tables" };
+                    return Err(format!("{what} computed from the matmul's result"));
                 }
                 let d = body.ty(nd.inputs[0]).shape.last().and_then(Dim::as_const).ok_or("rope over a symbolic last axis")?;
                 if rope_d.is_some_and(|x| x != d) {

@@ -140,6 +140,13 @@ pub fn is_elementwise(k: OpKind) -> bool {
     matches!(k.info().class, OpClass::Unary | OpClass::Binary | OpClass::Compare) || k == OpKind::Swiglu
 }
 
+/// Whether `k` rotates pairs of its first operand's last axis (`rope`, angles from positions;
+/// `rotary`, caller-supplied cos/sin tables): each output element also reads its pair's
+/// partner in the same row, and the other operands are read at the element's own row.
+pub fn is_rotation(k: OpKind) -> bool {
+    matches!(k, OpKind::Rope | OpKind::Rotary)
+}
+
 /// Whether the element evaluator can compute `k` (everything but the ops that need a kernel
 /// of their own, and row nodes outside row reductions).
 pub fn evaluable(k: OpKind) -> bool {
@@ -208,8 +215,8 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
                 if !is_row_node(nd.op.kind) && !nd.inputs.iter().any(|v| from_rows.contains(v)) {
                     continue;
                 }
-                if nd.op.kind == OpKind::Rope && body.ty(nd.inputs[0]).shape != sref {
-                    return Err(format!("a rope of {} reads a row node's result at another row", body.ty(nd.inputs[0])));
+                if is_rotation(nd.op.kind) && body.ty(nd.inputs[0]).shape != sref {
+                    return Err(format!("a {} of {} reads a row node's result at another row", nd.op.kind.name(), body.ty(nd.inputs[0])));
                 }
                 if nd.op.kind == OpKind::Slice {
                     let xs = &body.ty(nd.inputs[0]).shape;

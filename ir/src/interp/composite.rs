@@ -201,6 +201,53 @@ pub(super) fn rope(op: &Op, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
     Ok(Tensor::from_parts(x.dtype, x.shape.clone(), data))
 }
 
+/// `rotary(x, cos, sin)`: each rotated feature times its own table entries (the op table's
+/// formula), in f64, rounded once to x's dtype.
+pub(super) fn rotary(op: &Op, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    want_float(x, "x")?;
+    want_float(cos, "cos")?;
+    want_float(sin, "sin")?;
+    let interleaved = match attrs::str(op, "form")? {
+        "rotate_half" => false,
+        "interleaved" => true,
+        other => return attr_err(format!("rotary form must be \"rotate_half\" or \"interleaved\", got {other:?}")),
+    };
+    let Some((&d, lead)) = x.shape.split_last() else {
+        return operands_err("x must have rank ≥ 1");
+    };
+    let r = match crate::rope::rotary_dim(op, i64::try_from(d).ok()).or_else(attr_err)? {
+        Some(r) => usize::try_from(r).unwrap_or(usize::MAX),
+        None => d,
+    };
+    if r % 2 != 0 {
+        return Err(InterpError::OddRotaryAxis { site: Site::default(), size: r });
+    }
+    let mut strides = Vec::with_capacity(2);
+    for (t, name) in [(cos, "cos"), (sin, "sin")] {
+        match t.shape.split_last() {
+            Some((&tr, tlead)) if tr == r && broadcasts_to(tlead, lead) => strides.push(bcast_strides(tlead, lead).into_iter().map(|s| s * r).collect::<Vec<_>>()),
+            _ => return operands_err(format!("{name} {} does not broadcast against x's rotated features {:?}", type_text(t.dtype, &t.shape), [lead, &[r]].concat())),
+        }
+    }
+    let half = r / 2;
+    let mut data = x.data.clone();
+    if d > 0 && r > 0 {
+        let mut rows = data.chunks_mut(d).zip(x.data.chunks(d));
+        walk(lead, [&strides[0], &strides[1]], [0, 0], |[ci, si]| {
+            let Some((out, src)) = rows.next() else { return };
+            let (c, s) = (&cos.data[ci..ci + r], &sin.data[si..si + r]);
+            for i in 0..half {
+                let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                let (xa, xb) = (src[ia], src[ib]);
+                out[ia] = xa * c[ia] - xb * s[ia];
+                out[ib] = xb * c[ib] + xa * s[ib];
+            }
+        });
+    }
+    round_all(x.dtype, &mut data);
+    Ok(Tensor::from_parts(x.dtype, x.shape.clone(), data))
+}
+
 fn norm_checks(x: &Tensor, w: &Tensor, what: &str) -> Result<usize> {
     want_float(x, "x")?;
     if w.dtype != x.dtype {

@@ -673,6 +673,7 @@ fn eval_op(op: &Op, ins: &[&Tensor], b: &Bindings) -> Result<Vec<Tensor>> {
             LogSoftmax => one(composite::softmax(op, x(0)?, true)?),
             Matmul => one(composite::matmul(op, x(0)?, x(1)?)?),
             Rope => one(composite::rope(op, x(0)?, x(1)?)?),
+            Rotary => one(composite::rotary(op, x(0)?, x(1)?, x(2)?)?),
             RmsNorm => one(composite::rms_norm(op, x(0)?, x(1)?)?),
             LayerNorm => one(composite::layer_norm(op, x(0)?, x(1)?, x(2)?)?),
             Swiglu => one(composite::swiglu(x(0)?, x(1)?)?),

@@ -7,8 +7,8 @@
 //!
 //! | rule | rewrite | why it holds |
 //! |---|---|---|
-//! | `rope-through-permute` | `rope(permute(y, p), pos)` → `permute(rope(y, pos'), p)` when `p` keeps the last axis | RoPE rotates each row of the last axis by its own position; `pos'` is `pos` (aligned to x's leading axes) permuted back by `p⁻¹`, so every row keeps its position |
-//! | `rope-through-reshape` | `rope(reshape(y), pos)` → `reshape(rope(y, pos'))` when the reshape keeps the last axis and only adds or drops size-1 leading axes | row-major order of the rows is unchanged; `pos'` drops/adds the same size-1 axes |
+//! | `rope-through-permute` | `rope(permute(y, p), pos)` → `permute(rope(y, pos'), p)` when `p` keeps the last axis; `rotary(permute(y, p), c, s)` → `permute(rotary(y, c', s'), p)` alike | RoPE rotates each row of the last axis by its own position; `pos'` is `pos` (aligned to x's leading axes) permuted back by `p⁻¹`, so every row keeps its position; `rotary`'s tables (aligned to x's rank) likewise, their last axis kept |
+//! | `rope-through-reshape` | `rope(reshape(y), pos)` → `reshape(rope(y, pos'))` when the reshape keeps the last axis and only adds or drops size-1 leading axes; `rotary` alike | row-major order of the rows is unchanged; `pos'` (the tables' leading axes) drops/adds the same size-1 axes |
 //! | `pointwise-through-permute` | `u(permute(y, p))` → `permute(u(y), p)`; `b(permute(y, p), c)` → `permute(b(y, c'), p)` with `c'` the other operand aligned and permuted back by `p⁻¹`, only where that moves size-1 axes alone (a scalar, a bias, a per-position table) | an element-wise op computes each element alone; the same elements are computed, each rounded once |
 //! | `norm-through-permute` | `rms_norm(permute(y, p), w)` → `permute(rms_norm(y, w), p)`, `layer_norm` likewise, when `p` keeps the last axis | a norm normalises each row of the last axis alone with weights along that axis; the permute only reorders the rows (Gemma's and Qwen3's q/k norms after the head transpose) |
 //! | `slice-concat-through-permute` | `slice(permute(y, p), k)` → `permute(slice(y, p[k]), p)`; `concat(permute(a, p), permute(b, p), k)` → `permute(concat(a, b, p[k]), p)` | axis `k` of the permuted tensor is axis `p[k]` of its input (`rotate_half` after a transpose) |
@@ -26,8 +26,8 @@ use OpKind::*;
 
 /// The layout rules: name, doc line, trigger ops, body.
 pub static RULES: RuleTable = &[
-    ("rope-through-permute", "rope(permute(y, p), pos) → permute(rope(y, pos'), p) when p keeps the last axis", &[Rope], rope_through_permute),
-    ("rope-through-reshape", "rope(reshape(y), pos) → reshape(rope(y, pos')) when only size-1 leading axes change", &[Rope], rope_through_reshape),
+    ("rope-through-permute", "rope(permute(y, p), pos) → permute(rope(y, pos'), p) when p keeps the last axis; rotary alike", &[Rope, Rotary], rope_through_permute),
+    ("rope-through-reshape", "rope(reshape(y), pos) → reshape(rope(y, pos')) when only size-1 leading axes change; rotary alike", &[Rope, Rotary], rope_through_reshape),
     ("pointwise-through-permute", "u(permute(y)), b(permute(y), c) → permute(u(y)), permute(b(y, c'))", &[
         Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum,
     ], pointwise_through_permute),
@@ -77,23 +77,31 @@ fn align(eg: &mut SirEGraph, v: Id, rank: usize) -> Option<(Id, Vec<Dim>)> {
 
 fn rope_through_permute(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
     let mut plans = vec![];
-    for (op, ch) in nodes(eg, id, Rope) {
-        for (pop, pch) in nodes(eg, ch[0], Permute) {
-            let p = perm_of(&pop);
-            let r = p.len();
-            if r < 2 || p[r - 1] != (r - 1) as i64 {
-                continue;
+    for kind in [Rope, Rotary] {
+        for (op, ch) in nodes(eg, id, kind) {
+            for (pop, pch) in nodes(eg, ch[0], Permute) {
+                let p = perm_of(&pop);
+                let r = p.len();
+                if r < 2 || p[r - 1] != (r - 1) as i64 {
+                    continue;
+                }
+                plans.push((op.clone(), pch[0], ch[1..].to_vec(), p));
             }
-            plans.push((op.clone(), pch[0], ch[1], p));
         }
     }
     let mut out = vec![];
-    for (op, y, pos, p) in plans {
+    'plan: for (op, y, rest, p) in plans {
         let r = p.len();
-        let Some(q) = inverse(&p[..r - 1]) else { continue };
-        let Some((pa, shape)) = align(eg, pos, r - 1) else { continue };
-        let Some(pos_y) = permute_view(eg, pa, &shape, &q) else { continue };
-        let Some(ry) = add(eg, op, &[y, pos_y]) else { continue };
+        // Positions index x's leading axes (rank r − 1); tables have x's rank, last axis kept.
+        let rank = if op.kind == Rope { r - 1 } else { r };
+        let Some(q) = inverse(&p[..rank]) else { continue };
+        let mut args = vec![y];
+        for v in rest {
+            let Some((va, shape)) = align(eg, v, rank) else { continue 'plan };
+            let Some(vy) = permute_view(eg, va, &shape, &q) else { continue 'plan };
+            args.push(vy);
+        }
+        let Some(ry) = add(eg, op, &args) else { continue };
         if let Some(n) = permute(eg, ry, &p) {
             out.push((id, n));
         }
@@ -128,7 +136,7 @@ fn norm_through_permute(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
 
 fn rope_through_reshape(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
     let mut plans = vec![];
-    for (op, ch) in nodes(eg, id, Rope) {
+    for (op, ch) in nodes(eg, id, Rope).into_iter().chain(nodes(eg, id, Rotary)) {
         let Some(tx) = ty(eg, ch[0]) else { continue };
         for y in super::unary_args(eg, ch[0], Reshape) {
             let Some(tyy) = ty(eg, y) else { continue };
@@ -142,19 +150,28 @@ fn rope_through_reshape(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
             if nx.len() != ny.len() || nx.iter().zip(&ny).any(|(&a, &b)| lx[a] != ly[b]) {
                 continue;
             }
-            plans.push((op.clone(), y, ch[1], rx - 1, nx, ny, ly.len()));
+            plans.push((op.clone(), y, ch[1..].to_vec(), rx - 1, nx, ny, ly.len()));
         }
     }
     let mut out = vec![];
-    for (op, y, pos, lead_x, nx, ny, lead_y) in plans {
-        let Some((_, pa)) = align(eg, pos, lead_x) else { continue };
-        // pos' axis ny[k] takes pos's (aligned) axis nx[k]; every other axis is size 1.
-        let mut shape = vec![Dim::constant(1); lead_y];
-        for (a, b) in nx.iter().zip(&ny) {
-            shape[*b] = pa[*a].clone();
+    'plan: for (op, y, rest, lead_x, nx, ny, lead_y) in plans {
+        // Positions cover x's leading axes; tables have x's rank, their last axis kept.
+        let table = op.kind == Rotary;
+        let mut args = vec![y];
+        for v in rest {
+            let Some((_, pa)) = align(eg, v, lead_x + usize::from(table)) else { continue 'plan };
+            // v' axis ny[k] takes v's (aligned) axis nx[k]; every other leading axis is size 1.
+            let mut shape = vec![Dim::constant(1); lead_y];
+            for (a, b) in nx.iter().zip(&ny) {
+                shape[*b] = pa[*a].clone();
+            }
+            if table {
+                shape.extend(pa.last().cloned());
+            }
+            let Some(vy) = reshape(eg, v, &shape) else { continue 'plan };
+            args.push(vy);
         }
-        let Some(pos_y) = reshape(eg, pos, &shape) else { continue };
-        let Some(ry) = add(eg, op, &[y, pos_y]) else { continue };
+        let Some(ry) = add(eg, op, &args) else { continue };
         let Some(tid) = ty(eg, id) else { continue };
         if let Some(n) = reshape(eg, ry, &tid.shape) {
             out.push((id, n));

@@ -1,7 +1,8 @@
 //! Rewrite rules, one family per file: [`algebraic`] (canonical forms and simplifications),
 //! [`recognition`] (decomposed spellings → the op table's composite ops), [`masks`] (more
 //! recognition: attention masks from `iota` comparisons, the logit softcap, tanh-GELU),
-//! [`layout`] (per-position ops moved across transposes and reshapes of the rows) and
+//! [`rotary`] (rotation by caller-supplied cos/sin tables), [`layout`] (per-position ops
+//! moved across transposes and reshapes of the rows) and
 //! [`fusion`] (parallel matmuls sharing an input → one matmul on concatenated weights).
 //!
 //! **How a rule is written.** A rule is a Rust function `fn(&mut SirEGraph, Id) -> Vec<(Id,
@@ -33,6 +34,7 @@ pub mod fusion;
 pub mod layout;
 pub mod masks;
 pub mod recognition;
+pub mod rotary;
 
 use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 use sinter_ir::{Attr, DType, Dim, Op, OpKind, TensorType};
@@ -131,7 +133,7 @@ pub fn catalogue() -> Vec<RuleInfo> {
     for (name, doc, _, _) in algebraic::RULES {
         v.push(RuleInfo { name, family: "algebraic", doc });
     }
-    for (name, doc, _, _) in recognition::RULES.iter().chain(masks::RULES) {
+    for (name, doc, _, _) in recognition::RULES.iter().chain(masks::RULES).chain(rotary::RULES) {
         v.push(RuleInfo { name, family: "recognition", doc });
     }
     for (name, doc, _, _) in layout::RULES {
@@ -196,8 +198,11 @@ pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
     ("rope-rotate-half", Rounding::DropsCast, true, "angles in f64, one rounding; cos/sin tables cast to the dtype (HF) are read through the cast, so the tables are not rounded, and integer positions through their cast to float (exact in f32 below 2²⁴, not in bf16 above 256)"),
     ("rope-halves", Rounding::DropsCast, true, "as rope-rotate-half"),
     ("rope-interleaved", Rounding::DropsCast, true, "as rope-rotate-half"),
-    ("rope-through-permute", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only permuted); a permute moves values"),
-    ("rope-through-reshape", Rounding::Exact, false, "the same rope of the same rows with the same positions (integers, only reshaped); a reshape moves nothing"),
+    ("rotary-rotate-half", Rounding::OnceInDtype, false, "rotary rounds once to x's dtype where x·c + rotate_half(x)·s rounds both products and the sum; the tables are read as they are (no cast read through), any values"),
+    ("rotary-interleaved", Rounding::OnceInDtype, false, "as rotary-rotate-half"),
+    ("rotary-partial", Rounding::Exact, false, "the same rotation of the first R features with the same tables, the rest copied: the concat moves values"),
+    ("rope-through-permute", Rounding::Exact, false, "the same rope (rotary) of the same rows with the same positions (tables), only permuted; a permute moves values"),
+    ("rope-through-reshape", Rounding::Exact, false, "the same rope (rotary) of the same rows with the same positions (tables), only reshaped; a reshape moves nothing"),
     ("pointwise-through-permute", Rounding::Exact, true, "an element-wise op (a cast included) computes each element from the same operand elements, rounded once, before or after a permute alike"),
     ("norm-through-permute", Rounding::Exact, false, "the same rows normalised with the same weights and statistics (the permute keeps the last axis); a permute moves values"),
     ("slice-concat-through-permute", Rounding::Exact, false, "moves values only: the same elements sliced or joined, along the input's axis"),

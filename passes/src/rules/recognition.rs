@@ -25,7 +25,8 @@
 //! The cos/sin tables may also be tables of every position `0..L` built in the graph
 //! (`cos(rows · inv_freq)`, `rows` counting the rows) and gathered by the position ids, as a
 //! rotary cache indexed by `position_ids`: the gather's indices are then the positions.
-//! Tables that are graph inputs are not recognised (their values are unknown).
+//! Tables that are graph inputs are not `rope` (their values are unknown); [`super::rotary`]
+//! makes the same sums `rotary(x, cos, sin)`, which holds for any tables.
 //!
 //! `inv_freq` may be spelled any way that evaluates from constants and `iota`
 //! (`θ^(−2i/D)`, `1/θ^(2i/D)`, `exp(−2i·ln θ/D)`): the rule evaluates it with the interpreter

@@ -252,7 +252,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
 /// 0xffff0000` are the two f32 values, exactly): one instruction an element, where
 /// extracting the high half and converting it (`cvt.f32.bf16`) costs two. Those whose every use (through views: `broadcast`, `reshape`, `slice`,
 /// `transpose`, `permute`) computes in f32 — the reduced operand of a row node, a
-/// `layer_norm`'s weight and bias, `rope`'s input, a transcendental or a cast, a `swiglu`'s
+/// `layer_norm`'s weight and bias, `rope`'s input, `rotary`'s operands, a transcendental or a cast, a `swiglu`'s
 /// gate. A value added, multiplied or compared (where LLVM may narrow the f32 operation back
 /// to a `bf16x2` one: `fptrunc(fpext a · fpext b)` is exact), copied to an output, or used
 /// anywhere else keeps the `fpext` LLVM can see through.
@@ -284,6 +284,7 @@ pub(crate) fn words_params(f: &Function) -> std::collections::HashSet<usize> {
                     Softmax | LogSoftmax | RmsNorm | ReduceSum | ReduceMax | ReduceMin | ReduceMean => i == 0,
                     LayerNorm => true,
                     Rope => i == 0,
+                    Rotary => true,
                     Swiglu => i == 0,
                     Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Sin | Cos | Cast => true,
                     _ => false,

@@ -10,7 +10,7 @@
 //! - `transpose`/`permute` (axes permuted), `slice` (offset), `reshape` (through the
 //!   row-major linear index; the longest common suffix of the two shapes maps unchanged),
 //!   `concat` (a branch per input), `gather` (the index is loaded, the table row follows),
-//! - `rope` (the element's partner within the last axis),
+//! - `rope` and `rotary` (the element's partner within the last axis),
 //!
 //! and loads the body's parameters from their buffers with their strides (any strides: a
 //! broadcast input has stride 0, a transposed one is strided). Every op's result is rounded
@@ -35,7 +35,7 @@
 //! | `stage.rs` | shared-memory staging of row inputs (the row reductions' cluster schedule) |
 //! | `ops.rs` | the op dispatch, sources and element-wise arithmetic |
 //! | `views.rs` | `reshape`, `concat`, `gather` and the branches they emit |
-//! | `rope.rs` | rotary position embeddings |
+//! | `rope.rs` | rotary position embeddings: `rope` (angles) and `rotary` (cos/sin tables) |
 //! | `rows.rs` | a row reduction's results read element by element (softmax, norms, `reduce_*`) |
 //!
 //! Design notes: book/src/design/element-wise.md

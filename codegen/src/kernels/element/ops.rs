@@ -208,7 +208,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             Reshape => self.reshape(node, result, at),
             Concat => self.concat(node, result, at),
             Gather => self.gather(node, result, at),
-            Rope => self.rope(node, result, at),
+            Rope | Rotary => self.rope(node, result, at),
             Softmax | LogSoftmax | RmsNorm | LayerNorm | ReduceSum | ReduceMax | ReduceMin | ReduceMean => self.row_node(node, result, at),
             Argmax => unsupported(format!("`argmax` ({node}) reaches the code generator only as its decomposition (max, compare, index, min)")),
             Matmul | Attention | PagedAttention | AttentionMerge | KvAppend | Call => unsupported(format!(

@@ -5,7 +5,7 @@
 
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
-use sinter_ir::{DType, Dim, OpKind};
+use sinter_ir::{DType, Dim};
 use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 
 use super::epilogue::{epilogue_and_store_accs, columns_output};
@@ -49,7 +49,7 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
                     .epilogue
                     .nodes
                     .values()
-                    .filter(|nd| nd.op.kind == OpKind::Rope)
+                    .filter(|nd| sinter_ir::contract::is_rotation(nd.op.kind))
                     .map(|nd| (nd.op.str("form") == Some("interleaved"), nd.op.int("rotary_dim").unwrap_or(d)))
                     .collect();
                 let within = kit.urem(n, kit.i64c(d))?;

@@ -8,6 +8,7 @@ mod fp8;
 mod llama;
 mod ops;
 mod rope_logical;
+mod rotary;
 mod window;
 
 use crate::dtype::DType;
