@@ -407,9 +407,12 @@ pub fn lower_with_weights(graph: &Graph, lowering: Lowering, target: &Target, ca
 }
 
 /// The pass options the GPU backend lowers `graph` with: [`sinter_passes::PassOptions::for_graph`]
-/// with the weights named.
+/// with the weights named — left to the guess when they are what it guesses, so that a
+/// lowering cached without names (`sinter precompile` of a graph file) serves an engine that
+/// names them.
 pub fn pass_options(graph: &Graph, weights: Option<&BTreeSet<String>>) -> sinter_passes::PassOptions {
-    sinter_passes::PassOptions { weights: weights.cloned(), ..sinter_passes::PassOptions::for_graph(graph) }
+    let weights = weights.filter(|w| **w != sinter_passes::hoist::weight_names(graph, None)).cloned();
+    sinter_passes::PassOptions { weights, ..sinter_passes::PassOptions::for_graph(graph) }
 }
 
 /// [`lower`], with the kernels per decoder layer the fusion report counts
@@ -573,14 +576,17 @@ impl GpuProgram {
             Some(format!("device {:x} {} {:?}", d.device_ptr(), d.dtype(), d.shape()))
         };
         let keys = fold::result_keys(&split, &device_key);
-        let cached: Option<Vec<DeviceBuffer>> = cache.and_then(|c| split.sub.outputs.iter().map(|b| keys.get(b).and_then(|k| c.get(k))).collect());
+        // The cache is used only where every result has a key (every one does: a kernel's).
+        let out_keys: Option<Vec<String>> = split.sub.outputs.iter().map(|b| keys.get(b).cloned()).collect();
+        let cache = cache.zip(out_keys);
+        let cached: Option<Vec<DeviceBuffer>> = cache.as_ref().and_then(|(c, ks)| ks.iter().map(|k| c.get(k)).collect());
         let results = match cached {
             Some(r) => r,
             None => {
                 let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
                 let made = Executor::new(&self.device, &split.sub, split.sub_plans.clone())?.run(&refs, &Bindings::new())?;
-                match cache {
-                    Some(c) => split.sub.outputs.iter().zip(made).map(|(b, buf)| c.insert(keys.get(b).cloned().unwrap_or_default(), buf, inputs.clone())).collect(),
+                match &cache {
+                    Some((c, ks)) => ks.iter().zip(made).map(|(k, buf)| c.insert(k.clone(), buf, inputs.clone())).collect(),
                     None => made,
                 }
             }

@@ -372,7 +372,13 @@ impl Program {
         let entry = graph.entry().ok_or(Error::NoEntry)?.name.clone();
         let runner = match &backend {
             Backend::Interpreter => Runner::Interpreter(BTreeMap::new()),
-            Backend::Gpu(device) => Runner::Gpu(Box::new(GpuProgram::compile(&graph, device, lowering)?)),
+            Backend::Gpu(device) => {
+                let mut p = GpuProgram::compile(&graph, device, lowering)?;
+                // Kernels reading nothing (tables of constants) fold now; the others once the
+                // weights are bound (`Program::bind`).
+                p.fold_bound()?;
+                Runner::Gpu(Box::new(p))
+            }
         };
         Ok(Program { graph, entry, backend, runner })
     }
