@@ -157,13 +157,16 @@ pub fn result_keys(
     keys
 }
 
+/// A folded result and the buffers it was computed from, by key.
+type Entries = HashMap<String, (DeviceBuffer, Vec<DeviceBuffer>)>;
+
 /// Folded results shared between programs over the same bound buffers (module docs). Cloning
 /// shares the cache. An entry keeps the buffers its kernels read alive, so no other buffer can
 /// take their addresses while it is known; a bound buffer must not be rewritten in place while
 /// programs fold from it.
 #[derive(Clone, Default)]
 pub struct FoldCache {
-    entries: Arc<Mutex<HashMap<String, (DeviceBuffer, Vec<DeviceBuffer>)>>>,
+    entries: Arc<Mutex<Entries>>,
 }
 
 impl FoldCache {

@@ -72,11 +72,18 @@ fn gpu_fold_bound_folds_the_load_time_kernels_and_matches_the_interpreter() {
         load_time >= 3,
         "1 + g, the prepared weight and the table are load-time kernels:\n{report}"
     );
-    let kernels = sinter::gpu::lower(&g, sinter::Lowering::Fused, &target).unwrap().kernels.len();
+    let kernels = sinter::gpu::lower(&g, sinter::Lowering::Fused, &target)
+        .unwrap()
+        .kernels
+        .len();
     let mut gpu = Program::compile(g.clone(), Backend::Gpu(dev.clone())).unwrap();
     let mut cpu = Program::compile(g, Backend::Interpreter).unwrap();
     // The table reads nothing: it folds when the program is compiled.
-    assert_eq!(kernels - gpu.gpu_program().unwrap().kernel_graph().kernels.len(), 1, "the cosine table folds at once");
+    assert_eq!(
+        kernels - gpu.gpu_program().unwrap().kernel_graph().kernels.len(),
+        1,
+        "the cosine table folds at once"
+    );
     assert_eq!(
         gpu.gpu_program()
             .unwrap()

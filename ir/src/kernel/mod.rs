@@ -340,8 +340,8 @@ pub struct LaunchPlan {
 mod tests {
     use super::*;
 
-    fn buffer(kg: &mut KernelGraph, name: &str, shape: &[Dim], role: BufferRole) -> Buffer {
-        let ty = TensorType::new(DType::F32, shape.iter().cloned());
+    fn buffer(kg: &mut KernelGraph, name: &str, shape: Vec<Dim>, role: BufferRole) -> Buffer {
+        let ty = TensorType::new(DType::F32, shape);
         kg.buffers.push(BufferData { name: Some(name.into()), layout: Layout::contiguous(&ty.shape), ty, role })
     }
 
@@ -353,13 +353,13 @@ mod tests {
     fn load_time_kernels_read_fixed_inputs_with_constant_shapes() {
         let (c8, t) = (Dim::constant(8), Dim::symbol("T"));
         let mut kg = KernelGraph::default();
-        let w = buffer(&mut kg, "w", &[c8.clone()], BufferRole::Input);
-        let x = buffer(&mut kg, "x", &[t.clone(), c8.clone()], BufferRole::Input);
-        let w1 = buffer(&mut kg, "w1", &[c8.clone()], BufferRole::Temp);
-        let table = buffer(&mut kg, "table", &[c8.clone()], BufferRole::Temp);
-        let wide = buffer(&mut kg, "wide", &[t.clone(), c8.clone()], BufferRole::Temp);
-        let out = buffer(&mut kg, "out", &[t, c8.clone()], BufferRole::Output);
-        let shown = buffer(&mut kg, "shown", &[c8], BufferRole::Output);
+        let w = buffer(&mut kg, "w", vec![c8.clone()], BufferRole::Input);
+        let x = buffer(&mut kg, "x", vec![t.clone(), c8.clone()], BufferRole::Input);
+        let w1 = buffer(&mut kg, "w1", vec![c8.clone()], BufferRole::Temp);
+        let table = buffer(&mut kg, "table", vec![c8.clone()], BufferRole::Temp);
+        let wide = buffer(&mut kg, "wide", vec![t.clone(), c8.clone()], BufferRole::Temp);
+        let out = buffer(&mut kg, "out", vec![t, c8.clone()], BufferRole::Output);
+        let shown = buffer(&mut kg, "shown", vec![c8], BufferRole::Output);
         kg.inputs = vec![w, x];
         kg.outputs = vec![out, shown];
         kernel(&mut kg, &[w], &[w1]); // 1 + w: load-time once w is fixed
