@@ -285,7 +285,7 @@ pub(crate) fn words_params(f: &Function) -> std::collections::HashSet<usize> {
                     LayerNorm => true,
                     Rope => i == 0,
                     Swiglu => i == 0,
-                    Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Sin | Cos | Cast => true,
+                    Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Erf | Sin | Cos | Cast => true,
                     _ => false,
                 };
                 if !ok {
