@@ -67,6 +67,7 @@ proptest! {
 /// written (`x·0.7071…`, `x/1.4142135`, `x/√2` in full precision, `x/sqrt(2)`), `outer` how the
 /// rest is (`(x·0.5)·(1 + e)`, `(x·(e + 1))/2`, `0.5·x + (0.5·x)·e`, `x·(0.5 + 0.5·e)`), and
 /// `swap` the operand order of every commutative op.
+#[allow(clippy::approx_constant)] // 1.4142135: √2 as people write it, on purpose
 fn gelu_erf_spelling(dt: &str, inner: u8, outer: u8, swap: bool) -> String {
     let c = |name: &str, v: f64| format!("  %{name}: {dt}[] = constant() {{value={v:?}, dtype={dt}}}\n");
     let op = |name: &str, kind: &str, a: &str, b: &str, comm: bool| {

@@ -251,9 +251,7 @@ fn cpu_erf_matches_libm() {
     let n = 4096usize;
     let rows = 8usize;
     let specials = [0.0, -0.0, 1e-45, -1e-45, 1e-38, -3e-30, 1e-7, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 3.92, -10.0];
-    let xs: Vec<f64> = (0..rows * n)
-        .map(|i| specials.get(i).copied().unwrap_or_else(|| -10.0 + 20.0 * i as f64 / (rows * n) as f64) as f32 as f64)
-        .collect();
+    let xs: Vec<f64> = (0..rows * n).map(|i| specials.get(i).copied().unwrap_or_else(|| -10.0 + 20.0 * i as f64 / (rows * n) as f64) as f32 as f64).collect();
     let x = Tensor::new(DType::F32, &[rows, n], xs.clone()).unwrap();
     let outs = check_on_cpu("erf f32", &erf_pointwise(DType::F32, d(n as i64)), &bind(&[("T", rows as i64)]), &[x], 4);
     let mut worst = (0.0f64, 0.0f64);

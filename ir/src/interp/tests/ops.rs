@@ -369,7 +369,7 @@ fn the_erf_op_rounds_once_per_dtype_and_keeps_specials() {
     }
     let y = eval1("func @main(%x: f32[4]) {\n  %y: f32[4] = erf(%x)\n  return %y\n}", &[&t(DType::F32, &[4], vec![-0.0, 1.0, f64::INFINITY, NEG_INF])]);
     assert_eq!(y.data()[0].to_bits(), (-0.0f64).to_bits());
-    assert_eq!(&y.data()[1..], &[0.8427007929497149f32 as f64, 1.0, -1.0]);
+    assert_eq!(&y.data()[1..], &[0.8427007929497149f64 as f32 as f64, 1.0, -1.0]);
     // erf is float-only: an integer operand is refused.
     let bad = "func @main(%x: i32[4]) {\n  %y: i32[4] = erf(%x)\n  return %y\n}";
     assert!(parse(bad).map_err(|e| e.to_string()).and_then(|g| verify(&g).map_err(|e| e.to_string())).is_err());
