@@ -23,6 +23,38 @@ fn crate_docs_mlp_compiles_and_runs() -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
+/// `erf` is a word of the DSL, as a function and as a method; Hugging Face's erf-GELU written
+/// with it, `x·0.5·(1 + erf(x/√2))`, runs on the interpreter and compiles to one `gelu`.
+#[test]
+fn erf_and_the_written_out_erf_gelu() -> Result<(), Box<dyn std::error::Error>> {
+    let g = graph! {
+        fn main(x: f32[T, 4], h: bf16[T, 4]) -> (f32[T, 4], bf16[T, 4], f32[T, 4]) {
+            let gelu = x * 0.5 * (1.0 + erf(x / 1.4142135623730951));
+            (erf(x), h.erf(), gelu)
+        }
+    }?;
+    let text = sinter::ir::print(&g);
+    assert!(text.contains("erf(%x)") && text.contains("erf(%h)"), "{text}");
+    // Compiled: each output one op (`erf`, `erf`, `gelu`) in a kernel of its own.
+    let (_, report) = sinter_passes::compile(&g, &sinter::Target::SM_90A, &sinter_passes::PassOptions::default())?;
+    let mut ops: Vec<String> = report.kernels.iter().flat_map(|k| k.ops.clone()).collect();
+    ops.sort();
+    assert_eq!(ops, ["erf", "erf", "gelu"], "{report}");
+    let xs = vec![-3.0, -1.0, -0.0, 0.0, 1e-3, 0.5, 2.0, f64::INFINITY];
+    let x = Tensor::new(DType::F32, &[2, 4], xs.clone())?;
+    let h = Tensor::new(DType::BF16, &[2, 4], xs.clone())?;
+    let p = Program::compile(g, Backend::Interpreter)?;
+    let out = p.run(&[("x", &x), ("h", &h)], &[])?;
+    for (i, &v) in xs.iter().enumerate() {
+        let e = sinter::ir::interp::erf(v);
+        assert_eq!(out[0].data()[i], DType::F32.round(e), "erf({v})");
+        assert_eq!(out[1].data()[i], DType::BF16.round(e), "bf16 erf({v})");
+        let want = 0.5 * v * (1.0 + sinter::ir::interp::erf(v / std::f64::consts::SQRT_2));
+        assert!(v.is_infinite() || (out[2].data()[i] - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({v}) = {}", out[2].data()[i]);
+    }
+    Ok(())
+}
+
 /// Programs the macro's static checks must not refuse: a variable whose type changes in a
 /// loop or a branch, a name shadowed by a destructuring `let`, transpose axes and matmul flags
 /// given as Rust values, an `if` expression as a function's (multi-value) tail.

@@ -270,7 +270,7 @@ enum Step {
 
 const UNARY: &[OpKind] = &[
     OpKind::Neg, OpKind::Abs, OpKind::Exp, OpKind::Log, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Recip, OpKind::Sigmoid,
-    OpKind::Silu, OpKind::Gelu, OpKind::Tanh, OpKind::Sin, OpKind::Cos,
+    OpKind::Silu, OpKind::Gelu, OpKind::Tanh, OpKind::Erf, OpKind::Sin, OpKind::Cos,
 ];
 const BINARY: &[OpKind] = &[OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Maximum, OpKind::Minimum, OpKind::Pow];
 const COMPARE: &[OpKind] = &[OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge];

@@ -180,6 +180,9 @@ fn cases() -> Vec<(String, (KernelGraph, Kernel))> {
         ("pointwise quantize_fp8 f32 [T,17] (tail)".into(), quantize_fp8_at(DType::F32, s("T"), d(17))),
         ("pointwise dequantize_fp8 bf16 [T,1000]".into(), dequantize_fp8_at(DType::BF16, s("T"), d(1000))),
         ("pointwise dequantize_fp8 f32 [T,17] (tail)".into(), dequantize_fp8_at(DType::F32, s("T"), d(17))),
+        ("pointwise erf f32 [T,17] (tail)".into(), erf_pointwise(DType::F32, d(17))),
+        ("pointwise erf bf16 [T,4096]".into(), erf_pointwise(DType::BF16, d(4096))),
+        ("pointwise erf-GELU written out + gelu f16 [T,1000]".into(), erf_gelu_written(DType::F16, d(1000))),
     ];
     v.extend(fp8_misc());
     for what in ["softmax", "log_softmax", "rms_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min"] {

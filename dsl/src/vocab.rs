@@ -78,6 +78,7 @@ pub static METHODS: &[MethodSpec] = &[
     f("sigmoid", "Sigmoid"),
     f("silu", "Silu"),
     f("tanh", "Tanh"),
+    f("erf", "Erf"),
     f("sin", "Sin"),
     f("cos", "Cos"),
     MethodSpec { attrs: &["form"], ..f("gelu", "Gelu") },

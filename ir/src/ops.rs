@@ -127,6 +127,8 @@ op_table! {
     Gelu => "gelu", Unary, ["x"], [a("form", K::Enum(&["erf", "tanh"]), D::Str("erf"))], infer::unary_float,
         "GELU: `erf` form x·Φ(x) = x/2·(1+erf(x/√2)); `tanh` form x/2·(1+tanh(√(2/π)(x+0.044715x³))) (GPT-2).";
     Tanh => "tanh", Unary, ["x"], [], infer::unary_float, "Hyperbolic tangent, element-wise.";
+    Erf => "erf", Unary, ["x"], [], infer::unary_float,
+        "Gauss error function erf(x) = 2/√π ∫₀ˣ e^(−t²) dt, element-wise; float dtypes; erf(±0) = ±0, erf(±inf) = ±1, NaN propagates. The interpreter computes it in f64 with fdlibm's `erf` (the `libm` crate); the kernels compute it in f32 with N. Juffa's single-precision `erff` (two minimax pieces: x + x·P(x²) below |x| = 0.9277, sign(x)·(1 − e^(Q(|x|))) above), within 1.04 ulp of the exact value (measured against libm over a dense sweep) plus at most 0.8 ulp from the device's `ex2.approx`; bf16/f16 compute in f32 and round once. With it, Hugging Face's `0.5·x·(1 + erf(x/√2))` is recognised as `gelu` (erf form).";
     Sin => "sin", Unary, ["x"], [], infer::unary_float, "Sine (radians), element-wise.";
     Cos => "cos", Unary, ["x"], [], infer::unary_float, "Cosine (radians), element-wise.";
     Cast => "cast", Unary, ["x"], [a("dtype", K::DType, D::Required)], infer::cast,

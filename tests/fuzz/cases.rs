@@ -312,6 +312,7 @@ impl Gen {
                     OpKind::Silu,
                     OpKind::Gelu,
                     OpKind::Tanh,
+                    OpKind::Erf,
                     OpKind::Sin,
                     OpKind::Cos,
                 ]);

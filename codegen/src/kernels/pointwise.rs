@@ -3,7 +3,7 @@
 //!
 //! # What a kernel computes
 //! The body is a DAG of element-wise ops of the op table — unary (`neg abs exp log sqrt rsqrt
-//! recip sigmoid silu gelu(erf|tanh) tanh sin cos cast`), binary with NumPy broadcasting
+//! recip sigmoid silu gelu(erf|tanh) tanh erf sin cos cast`), binary with NumPy broadcasting
 //! (`add sub mul div maximum minimum pow`), comparisons, `select`, `swiglu`, `rope` (both
 //! forms), sources (`constant`, `iota`) and views (`reshape`, `slice`, `broadcast`,
 //! `transpose`, `permute`, `concat`, `gather`) — whose outputs all have one shape `S`. Each

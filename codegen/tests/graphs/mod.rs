@@ -96,6 +96,32 @@ pub fn elementwise_zoo(dt: DType) -> (KernelGraph, Kernel) {
     single(Family::Pointwise, fb.finish(&[out, iout]).unwrap())
 }
 
+/// `erf(x)` over `x [T, n]`: the element-wise kernel of the `erf` op.
+pub fn erf_pointwise(dt: DType, n: Dim) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "erf");
+    let x = fb.param("x", ty(dt, &[s("T"), n]));
+    let e = op(&mut fb, OpKind::Erf, &[x]);
+    single(Family::Pointwise, fb.finish(&[e]).unwrap())
+}
+
+/// erf-GELU written out over `x [T, n]` as Hugging Face writes it, `x·0.5·(1 + erf(x/√2))`,
+/// beside `gelu(x)` (erf form): two outputs of one element-wise kernel.
+pub fn erf_gelu_written(dt: DType, n: Dim) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "erf_gelu");
+    let x = fb.param("x", ty(dt, &[s("T"), n]));
+    let c = |fb: &mut FunctionBuilder, v: f64| op_a(fb, OpKind::Constant, &[], vec![("value", Attr::Float(v)), ("dtype", Attr::DType(dt))]);
+    let r2 = c(&mut fb, std::f64::consts::SQRT_2);
+    let z = op(&mut fb, OpKind::Div, &[x, r2]);
+    let e = op(&mut fb, OpKind::Erf, &[z]);
+    let one = c(&mut fb, 1.0);
+    let s1 = op(&mut fb, OpKind::Add, &[one, e]);
+    let half = c(&mut fb, 0.5);
+    let hx = op(&mut fb, OpKind::Mul, &[x, half]);
+    let y = op(&mut fb, OpKind::Mul, &[hx, s1]);
+    let g = op(&mut fb, OpKind::Gelu, &[x]);
+    single(Family::Pointwise, fb.finish(&[y, g]).unwrap())
+}
+
 /// `rope(q, positions)`: `q [T, 9, 64]`, `positions [T] i32`.
 pub fn rope(dt: DType, form: &str) -> (KernelGraph, Kernel) {
     let mut fb = FunctionBuilder::new(&Graph::new(), "rope");

@@ -4,7 +4,7 @@
 use crate::dtype::DType;
 use crate::ops::{Op, OpKind};
 
-use super::erf::erf;
+use super::erf;
 use super::tensor::{bcast_strides, broadcast_shapes, round_all, split_at_axis, walk, Tensor};
 use super::{attrs, norm_axis, operands_err, type_text, InterpError, Result, Site};
 
@@ -94,6 +94,7 @@ pub(super) fn unary(op: &Op, x: &Tensor) -> Result<Tensor> {
             other => return super::attr_err(format!("gelu form must be \"erf\" or \"tanh\", got {other:?}")),
         },
         Tanh => f64::tanh,
+        Erf => erf,
         Sin => f64::sin,
         Cos => f64::cos,
         Cast => |v| v,

@@ -45,10 +45,10 @@ pub static RULES: RuleTable = &[
     ("neg-canonical", "x·(−1), (−1)·x, 0−x → neg(x)", &[Mul, Sub], neg_canonical),
     ("neg-neg", "neg(neg(x)) → x", &[Neg], neg_neg),
     ("fold-constants", "element-wise op of scalar constants → constant", &[
-        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Tanh, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum, Pow,
+        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Tanh, Erf, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum, Pow,
     ], fold_constants),
     ("hoist-broadcast-unary", "u(broadcast(x)) → broadcast(u(x))", &[
-        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast,
+        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Erf, Sin, Cos, Cast,
     ], hoist_broadcast_unary),
     ("hoist-broadcast-binary", "b(broadcast(x), y) → broadcast(b(x, y)) when y fits x", &[Add, Sub, Mul, Div, Maximum, Minimum, Pow, LogicalAnd, LogicalOr], hoist_broadcast_binary),
     ("absorb-broadcast", "b(broadcast(x, S), y: S) → b(x, y)", &[Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr], absorb_broadcast),
@@ -213,7 +213,7 @@ fn fold_constants(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
 }
 
 fn unary_kinds() -> &'static [OpKind] {
-    &[Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast]
+    &[Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Erf, Sin, Cos, Cast]
 }
 
 fn hoist_broadcast_unary(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {

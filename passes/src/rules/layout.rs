@@ -29,7 +29,7 @@ pub static RULES: RuleTable = &[
     ("rope-through-permute", "rope(permute(y, p), pos) → permute(rope(y, pos'), p) when p keeps the last axis; rotary alike", &[Rope, Rotary], rope_through_permute),
     ("rope-through-reshape", "rope(reshape(y), pos) → reshape(rope(y, pos')) when only size-1 leading axes change; rotary alike", &[Rope, Rotary], rope_through_reshape),
     ("pointwise-through-permute", "u(permute(y)), b(permute(y), c) → permute(u(y)), permute(b(y, c'))", &[
-        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum,
+        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sigmoid, Silu, Gelu, Tanh, Erf, Sin, Cos, Cast, Add, Sub, Mul, Div, Maximum, Minimum,
     ], pointwise_through_permute),
     ("norm-through-permute", "rms_norm(permute(y, p), w) → permute(rms_norm(y, w), p) when p keeps the last axis", &[RmsNorm, LayerNorm], norm_through_permute),
     ("slice-concat-through-permute", "slice(permute(y, p)), concat(permute(aᵢ, p)) → permute(slice(y)), permute(concat(aᵢ)) on axis p[k]", &[Slice, Concat], slice_concat_through_permute),

@@ -1,18 +1,18 @@
 //! Recognition rules for what surrounds attention's scores and for GELU: masks built from
-//! `iota` comparisons, the logit softcap, and the written-out tanh-GELU.
+//! `iota` comparisons, the logit softcap, and the written-out tanh- and erf-GELU.
 //!
 //! | rule | spellings |
 //! |---|---|
 //! | `attention-fold-mask` | `attention(q, k, v, mask)` whose mask is `select(keep, 0, −inf)`, `select(hide, −inf, 0)` or a sum of such masks (through casts, reshapes that keep the last two axes, broadcasts), with `keep` a conjunction (`logical_and`, `logical_not`, De Morgan over `logical_or`) of comparisons of affine forms in the query index `i` (axis −2) and key index `j` (axis −1) built from `iota`, integer constants, `+`, `−`, `neg`, `·k` and casts to integers or f32: `j ≤ i + (Skv − Sq)` becomes `causal=true` (bottom-right), `i − j < W − (Skv − Sq)` the sliding `window=W`, the other conjuncts (a key-padding mask `j < len`, …) stay a mask operand of their own, never a dense T×T |
 //! | `attention-softcap` | `softmax(c·tanh(s/c) [+ mask])·V`, `s` any spelling the `attention` rule takes, `/c` or `·(1/c)`, `c·` on either side → `attention` with `softcap=c` |
 //! | `gelu-tanh` | `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`: any product/sum order, `0.5` on either side or as `/2`, `0.5 + 0.5·tanh(·)`, `x³` as `pow(x, 3)`, `x·x·x` or `x·x²`, the constants folded (`0.7978845608·x + 0.0356774·x³`) or not, `k·x·(1 + a·x²)` |
+//! | `gelu-erf` | `0.5·x·(1 + erf(x/√2))` (PyTorch's `F.gelu` written out, as Hugging Face's `_gelu_python` does): any product/sum order, `0.5` on either side or as `/2`, `0.5·x + 0.5·x·erf(·)`, `x·(0.5 + 0.5·erf(·))` (x·Φ(x)), `x/√2` as `x·0.7071067811865476`, as `/ sqrt(2)` (folded) or as `/ 1.4142135` |
 //!
 //! The mask and GELU matchers read values as polynomials (affine forms over iota indices, a
-//! polynomial in `x` and `tanh(·)`) found on any e-node of each class, so every spelling the
-//! e-graph has made equal is covered by one reading; constants must match to a relative 1e-6
-//! (GELU's in bf16/f16: within the dtype's rounding of the exact constants).
-//! erf-GELU has no decomposed spelling to find: the IR has no `erf` op, so `gelu(form=erf)`
-//! is only ever written as the op.
+//! polynomial in `x` and `tanh(·)` or `erf(·)`) found on any e-node of each class, so every
+//! spelling the e-graph has made equal is covered by one reading; constants must match to a
+//! relative 1e-6 (GELU's in bf16/f16: within the dtype's rounding of the exact constants).
+//! `x·0.5·erfc(−x/√2)` is not found: the IR has no `erfc`.
 //!
 //! **Soundness of `attention-fold-mask`.** The folded node hides exactly the keys the mask
 //! made `−inf` (the affine constraints are checked for every i, j, not sampled): for finite K
@@ -39,6 +39,7 @@ pub static RULES: RuleTable = &[
     ("attention-fold-mask", "attention(q, k, v, causal/window mask from iota) → attention {causal, window}", &[Attention], fold_mask),
     ("attention-softcap", "softmax(c·tanh(scale·Q·Kᵀ/c) + mask)·V → attention {softcap=c}", &[Matmul], attention_softcap),
     ("gelu-tanh", "0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) → gelu(form=tanh)", &[Mul, Add, Div], gelu_tanh),
+    ("gelu-erf", "0.5·x·(1 + erf(x/√2)) → gelu(form=erf)", &[Mul, Add, Div], gelu_erf),
 ];
 
 fn same(eg: &SirEGraph, a: Id, b: Id) -> bool {
@@ -450,7 +451,7 @@ fn rebuild_rest(eg: &mut SirEGraph, others: &[Option<(Id, bool)>], additive: &[I
 }
 
 // ---------------------------------------------------------------------------------------
-// GELU (tanh form)
+// GELU (tanh and erf forms)
 
 /// A polynomial in two atoms `x` and `t`: terms `(power of x, power of t, coefficient)`.
 type Poly = Vec<(u32, u32, f64)>;
@@ -534,9 +535,9 @@ fn poly_is(p: &Poly, want: &[(u32, u32, f64)], tol: f64) -> bool {
     p.len() == want.len() && want.iter().all(|&(px, pt, c)| p.iter().any(|e| e.0 == px && e.1 == pt && ((e.2 - c) / c).abs() <= tol))
 }
 
-/// How far GELU's constants may be from √(2/π) and 0.044715 as a graph of dtype `dt` holds
-/// them: a relative 1e-6 in f32; in bf16/f16, four units of rounding (each constant rounded,
-/// and the folded product `k·a` rounded again).
+/// How far GELU's constants may be from √(2/π) and 0.044715 (tanh form) or 1/√2 (erf form)
+/// as a graph of dtype `dt` holds them: a relative 1e-6 in f32; in bf16/f16, four units of
+/// rounding (each constant rounded, and the folded product `k·a` rounded again).
 fn gelu_tolerance(dt: DType) -> f64 {
     match dt {
         DType::BF16 => 4.0 * 2f64.powi(-8),
@@ -545,20 +546,20 @@ fn gelu_tolerance(dt: DType) -> f64 {
     }
 }
 
-/// The `tanh` classes within a few levels of `id`.
-fn tanh_classes(eg: &SirEGraph, id: Id, depth: usize, out: &mut Vec<Id>) {
+/// The classes holding a `kind` e-node (GELU's `tanh` or `erf`) within a few levels of `id`.
+fn unary_classes(eg: &SirEGraph, id: Id, kind: OpKind, depth: usize, out: &mut Vec<Id>) {
     if depth > 4 || out.len() > 4 {
         return;
     }
     let id = eg.find(id);
-    if !unary_args(eg, id, Tanh).is_empty() && !out.contains(&id) {
+    if !unary_args(eg, id, kind).is_empty() && !out.contains(&id) {
         out.push(id);
         return;
     }
-    for kind in [Mul, Add, Div, Sub] {
-        for (a, b) in binary_args(eg, id, kind) {
-            tanh_classes(eg, a, depth + 1, out);
-            tanh_classes(eg, b, depth + 1, out);
+    for k in [Mul, Add, Div, Sub] {
+        for (a, b) in binary_args(eg, id, k) {
+            unary_classes(eg, a, kind, depth + 1, out);
+            unary_classes(eg, b, kind, depth + 1, out);
         }
     }
 }
@@ -582,26 +583,27 @@ fn leaves(eg: &SirEGraph, z: Id, depth: usize, out: &mut Vec<Id>) {
     }
 }
 
-fn gelu_tanh(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+/// GELU at class `id`, read as `0.5·x + 0.5·x·t` with `t` an `atom` e-node (`tanh` or `erf`)
+/// whose argument is the polynomial `inner` in `x` (constants within [`gelu_tolerance`]);
+/// adds `gelu(x) {form}` for every such `x` of `id`'s type.
+fn gelu_with(eg: &mut SirEGraph, id: Id, atom: OpKind, inner: &[(u32, u32, f64)], form: &str) -> Vec<(Id, Id)> {
     let Some(t_out) = ty(eg, id) else { return vec![] };
     if !t_out.dtype.is_float() {
         return vec![];
     }
-    let k = (2.0 / std::f64::consts::PI).sqrt();
-    let a = 0.044715;
     let tol = gelu_tolerance(t_out.dtype);
-    let mut tanhs = vec![];
-    tanh_classes(eg, id, 0, &mut tanhs);
+    let mut atoms = vec![];
+    unary_classes(eg, id, atom, 0, &mut atoms);
     let mut xs = vec![];
-    for t in tanhs {
-        for z in unary_args(eg, t, Tanh) {
+    for t in atoms {
+        for z in unary_args(eg, t, atom) {
             let mut cands = vec![];
             leaves(eg, z, 0, &mut cands);
             for x in cands {
                 if ty(eg, x).as_ref() != Some(&t_out) {
                     continue;
                 }
-                let inner_ok = poly(eg, z, x, None, 0).is_some_and(|p| poly_is(&p, &[(1, 0, k), (3, 0, k * a)], tol));
+                let inner_ok = poly(eg, z, x, None, 0).is_some_and(|p| poly_is(&p, inner, tol));
                 let outer_ok = inner_ok && poly(eg, id, x, Some(t), 0).is_some_and(|p| poly_is(&p, &[(1, 0, 0.5), (1, 1, 0.5)], 1e-6));
                 if outer_ok && !xs.contains(&x) {
                     xs.push(x);
@@ -609,5 +611,16 @@ fn gelu_tanh(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
             }
         }
     }
-    xs.into_iter().filter_map(|x| mk(eg, Gelu, vec![("form", Attr::Str("tanh".into()))], &[x]).map(|n| (id, n))).collect()
+    xs.into_iter().filter_map(|x| mk(eg, Gelu, vec![("form", Attr::Str(form.into()))], &[x]).map(|n| (id, n))).collect()
+}
+
+/// `0.5·x·(1 + tanh(k·(x + a·x³)))`, k = √(2/π), a = 0.044715 → `gelu(x) {form="tanh"}`.
+fn gelu_tanh(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    gelu_with(eg, id, Tanh, &[(1, 0, k), (3, 0, k * 0.044715)], "tanh")
+}
+
+/// `0.5·x·(1 + erf(x/√2))` → `gelu(x) {form="erf"}`.
+fn gelu_erf(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
+    gelu_with(eg, id, Erf, &[(1, 0, std::f64::consts::FRAC_1_SQRT_2)], "erf")
 }

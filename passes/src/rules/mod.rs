@@ -1,6 +1,7 @@
 //! Rewrite rules, one family per file: [`algebraic`] (canonical forms and simplifications),
 //! [`recognition`] (decomposed spellings → the op table's composite ops), [`masks`] (more
-//! recognition: attention masks from `iota` comparisons, the logit softcap, tanh-GELU),
+//! recognition: attention masks from `iota` comparisons, the logit softcap, tanh- and
+//! erf-GELU),
 //! [`rotary`] (rotation by caller-supplied cos/sin tables), [`layout`] (per-position ops
 //! moved across transposes and reshapes of the rows) and
 //! [`fusion`] (parallel matmuls sharing an input → one matmul on concatenated weights).
@@ -209,6 +210,7 @@ pub static ROUNDING: &[(&str, Rounding, bool, &str)] = &[
     ("attention-fold-mask", Rounding::Exact, true, "drops a mask operand whose values are 0 or −inf by the affine constraints it encodes (checked for every i, j): the op hides the same keys, so every visible score, its softmax and the one rounding at the end are the same; casts between float dtypes keep 0 and −inf; index casts only to integers or f32 (exact below 2²⁴); a hidden key's NaN/±inf in K or V reaches the output only through the mask form (see masks.rs)"),
     ("attention-softcap", Rounding::DropsCast, true, "as attention; c·tanh(s/c) is computed in f32 inside the op where a bf16 graph rounds the quotient, the tanh and the product"),
     ("gelu-tanh", Rounding::OnceInDtype, false, "gelu rounds once where 0.5·x·(1 + tanh(k·(x + a·x³))) rounds every step; the constants √(2/π) and 0.044715 are matched within a relative 1e-6 (bf16/f16: within four roundings of the dtype, as the graph's constants are rounded) and the op uses them exactly"),
+    ("gelu-erf", Rounding::OnceInDtype, false, "gelu rounds once where 0.5·x·(1 + erf(x/√2)) rounds every step (the quotient or product x/√2, the erf, the sum and the products); the constant 1/√2 (or √2 as a divisor) is matched within a relative 1e-6 (bf16/f16: within four roundings of the dtype, as the graph's constants are rounded) and the op uses it exactly"),
     ("merge-parallel-matmuls", Rounding::Exact, false, "each output column is its own weight row's product, computed alike; slices move values"),
 ];
 

@@ -286,7 +286,7 @@ pub(crate) fn words_params(f: &Function) -> std::collections::HashSet<usize> {
                     Rope => i == 0,
                     Rotary => true,
                     Swiglu => i == 0,
-                    Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Sin | Cos | Cast => true,
+                    Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Erf | Sin | Cos | Cast => true,
                     _ => false,
                 };
                 if !ok {

@@ -81,7 +81,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         let kind = nd.op.kind;
         let out_dt = self.dtype(result)?;
         match kind {
-            Neg | Abs | Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Sin | Cos | Cast => {
+            Neg | Abs | Exp | Log | Sqrt | Rsqrt | Recip | Sigmoid | Silu | Gelu | Tanh | Erf | Sin | Cos | Cast => {
                 let x = self.input(node, 0)?;
                 let in_dt = self.dtype(x)?;
                 let xs = self.operand(node, 0, result, at)?;
@@ -347,6 +347,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
             Gelu if gelu_tanh => math::gelu_tanh(kb, x, precise)?,
             Gelu => math::gelu_erf(kb, x, precise)?,
             Tanh => math::tanh(kb, x, precise)?,
+            Erf => math::erf(kb, x)?,
             Sin => math::sincos(kb, x)?.0,
             Cos => math::sincos(kb, x)?.1,
             _ => return bad(format!("`{}` is not a unary op", kind.name())),

@@ -259,11 +259,31 @@ proptest! {
             let tol = atol * max + rtol * want.abs() + x.abs() * 2f64.powi(-21) + 2f64.powi(-24);
             prop_assert!((got - want).abs() <= tol, "gelu tanh at x = {}: {} vs {}", x, got, want);
         }
-        // gelu, erf form: the op table has no erf op to decompose it with; check it against
-        // x/2·(1+erf(x/√2)) (erf itself is tested against its series) and against the tanh
-        // form, which approximates it to within 5e-4 (plus each one's rounding).
+        // gelu, erf form: against x/2·(1+erf(x/√2)) in f64 (erf itself is tested against its
+        // series), against its written-out form with the `erf` op in f32 ops, and against the
+        // tanh form, which approximates it to within 5e-4 (plus each one's rounding).
         let fused = build(&params[..1], |b, p| Ok(vec![b.op1(OpKind::Gelu, &[p[0]], vec![])?]));
         let ge = call_fn(&fused, "main", &[&g_in]).remove(0);
+        let decomp = build(&params[..1], |b, p| {
+            let x = cast(b, p[0], DType::F32)?;
+            let k = konst(b, std::f64::consts::FRAC_1_SQRT_2, DType::F32)?;
+            let a = bin(b, OpKind::Mul, x, k)?;
+            let e = un(b, OpKind::Erf, a)?;
+            let one = konst(b, 1.0, DType::F32)?;
+            let half = konst(b, 0.5, DType::F32)?;
+            let s = bin(b, OpKind::Add, one, e)?;
+            let hx = bin(b, OpKind::Mul, half, x)?;
+            let y = bin(b, OpKind::Mul, hx, s)?;
+            Ok(vec![cast(b, y, dtype)?])
+        });
+        let written = call_fn(&decomp, "main", &[&g_in]).remove(0);
+        // The f32 sum 1 + erf cancels for x ≪ 0 (absolute error about |x|·2⁻²⁴, as above).
+        let gmax = ge.data().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (i, &x) in g_in.data().iter().enumerate() {
+            let (got, want) = (written.data()[i], ge.data()[i]);
+            let tol = atol * gmax + rtol * want.abs() + x.abs() * 2f64.powi(-23) + 2f64.powi(-24);
+            prop_assert!((got - want).abs() <= tol, "gelu erf written out at x = {}: {} vs {}", x, got, want);
+        }
         let ulp = match dtype { DType::BF16 => 2f64.powi(-8), DType::F16 => 2f64.powi(-11), _ => 2f64.powi(-24) };
         for (i, &x) in g_in.data().iter().enumerate() {
             let want = dtype.round(0.5 * x * (1.0 + crate::interp::erf(x / std::f64::consts::SQRT_2)));

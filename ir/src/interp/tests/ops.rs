@@ -349,6 +349,32 @@ fn erf_matches_its_taylor_series() {
     }
 }
 
+#[test]
+fn the_erf_op_rounds_once_per_dtype_and_keeps_specials() {
+    let xs = vec![0.0, -0.0, 1e-30, -1e-30, 0.5, -1.0, 2.0, 3.5, -10.0, f64::INFINITY, NEG_INF, f64::NAN];
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        let src = format!("func @main(%x: {dt}[12]) {{\n  %y: {dt}[12] = erf(%x)\n  return %y\n}}");
+        let x = t(dt, &[12], xs.clone());
+        let y = eval1(&src, &[&x]);
+        assert_eq!(y.dtype(), dt);
+        for (&xi, &yi) in x.data().iter().zip(y.data()) {
+            if xi.is_nan() {
+                assert!(yi.is_nan(), "{dt}: erf(NaN) = {yi}");
+                continue;
+            }
+            // f64 erf of the stored input, rounded once to the dtype; the sign of zero kept.
+            let want = dt.round(libm::erf(xi));
+            assert_eq!(yi.to_bits(), want.to_bits(), "{dt}: erf({xi}) = {yi}, want {want}");
+        }
+    }
+    let y = eval1("func @main(%x: f32[4]) {\n  %y: f32[4] = erf(%x)\n  return %y\n}", &[&t(DType::F32, &[4], vec![-0.0, 1.0, f64::INFINITY, NEG_INF])]);
+    assert_eq!(y.data()[0].to_bits(), (-0.0f64).to_bits());
+    assert_eq!(&y.data()[1..], &[0.8427007929497149f64 as f32 as f64, 1.0, -1.0]);
+    // erf is float-only: an integer operand is refused.
+    let bad = "func @main(%x: i32[4]) {\n  %y: i32[4] = erf(%x)\n  return %y\n}";
+    assert!(parse(bad).map_err(|e| e.to_string()).and_then(|g| verify(&g).map_err(|e| e.to_string())).is_err());
+}
+
 /// One attention graph, bhsd, f32, with V = the identity so the output shows the weights.
 fn attention_weights(sq: usize, skv: usize, causal: bool) -> Vec<f64> {
     let src = format!(
