@@ -182,6 +182,35 @@ pub fn op_us(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]
     kernel_us(&cfg.target, op_bytes(cfg, op, ins, outs), flops(cfg, op, ins, outs), uses_tensor_cores(op, ins))
 }
 
+/// Modelled µs saved by computing a row norm in the prologue of the matmul that reads it
+/// (`sinter_ir::contract::prologue`) rather than in a kernel of its own; fuse where it is
+/// positive. `norm` and `mm` are the two ops with their operand and result types (`norm`'s
+/// result is `mm`'s A, `[M, K]`).
+///
+/// Apart, the norm costs its own launch and moves its rows twice more (read, then written and
+/// read back by the matmul); the matmul runs on tensor cores for 16-bit operands. Fused, the
+/// one kernel is the small-M kernel on CUDA cores, whose CTAs — one per
+/// [`sinter_ir::contract::NORM_PROLOGUE_COLUMNS_PER_CTA`] output columns — each read their
+/// rows of `x` once more for the statistics: counted as HBM bytes, which overstates them
+/// (the rows are a few KiB, read from L2), so the model fuses only where even that pays.
+/// At decode batches of small models the launch dominates and it pays; over a wide N (a
+/// vocabulary projection) the re-reads outweigh the launch.
+pub fn norm_prologue_saving(cfg: &CostConfig, norm: (&Op, &[&TensorType], &[TensorType]), mm: (&Op, &[&TensorType], &[TensorType])) -> f64 {
+    let apart = op_us(cfg, norm.0, norm.1, norm.2) + op_us(cfg, mm.0, mm.1, mm.2);
+    let (Some(a), Some(out)) = (mm.1.first(), mm.2.first()) else { return f64::NEG_INFINITY };
+    let rows = cfg.bytes(a);
+    let n = out.shape.last().map_or(1.0, |d| cfg.size(d));
+    let [k_major, other] = sinter_ir::contract::NORM_PROLOGUE_COLUMNS_PER_CTA;
+    let per_cta = if mm.0.bool("transpose_b") == Some(true) { k_major } else { other };
+    let ctas = (n / per_cta as f64).ceil().max(1.0);
+    // The matmul's bytes with A read as the norm's inputs (x and its weight) instead, plus
+    // every CTA's second read of its rows.
+    let norm_in: f64 = norm.1.iter().map(|t| cfg.bytes(t)).sum();
+    let bytes = op_bytes(cfg, mm.0, mm.1, mm.2) - rows + norm_in + ctas * rows;
+    let fused = kernel_us(&cfg.target, bytes, flops(cfg, mm.0, mm.1, mm.2) + flops(cfg, norm.0, norm.1, norm.2), false);
+    apart - fused
+}
+
 /// What extraction needs to know about an e-node's operands beyond their types.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OperandFacts {

@@ -1,0 +1,166 @@
+//! The norm prologue's tests: the fused kernel (`matmul(rms_norm(x, w), B)` and an epilogue)
+//! run on the emulator bit for bit against the norm's own row-reduction kernel followed by the
+//! matmul kernel, at decode batches, with every epilogue mode; ptxas without spills; the
+//! other schedules refuse it.
+
+use sinter_ir::interp::Tensor;
+use sinter_ir::{Bindings, BufferData, BufferRole, DType, Family, Function, KernelData, KernelGraph, Layout, Target};
+
+use super::super::{generate, generate_with, MatmulSchedule, MmaSchedule};
+use crate::emu::graph::run_graph;
+use crate::emu::random;
+use crate::testing::{assemble, single_kernel};
+
+fn func(text: &str) -> Function {
+    let g = sinter_ir::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    g.funcs.values().next().unwrap().clone()
+}
+
+/// The fused body — `rms_norm(x [M, K], nw [K])` then `matmul` with `w [N, K]ᵀ`, then `epi`
+/// (`"none"`, `"residual"`: `+ r [M, N]`, `"swiglu"`: over the halves of N, `"gemma"`: the
+/// norm as Gemma computes it, in f32 with the weight `1 + nw`, cast back) — and the same as the norm's kernel and the
+/// matmul's: `(fused, norm, matmul)` texts.
+fn texts(dt: DType, m: i64, k: i64, n: i64, epi: &str) -> (String, String, String) {
+    let norm_line = if epi == "gemma" {
+        // Gemma: x and the weight in f32, `1 + w`, the norm in f32, then a cast back.
+        let f = "f32";
+        format!(
+            "  %xf: {f}[{m}, {k}] = cast(%x) {{dtype={f}}}\n  %one: {f}[] = constant() {{value=1.0, dtype={f}}}\n  %nf: {f}[{k}] = cast(%nw) {{dtype={f}}}\n  %w1: {f}[{k}] = add(%nf, %one)\n  %hf: {f}[{m}, {k}] = rms_norm(%xf, %w1) {{eps=1e-06}}\n  %h: {dt}[{m}, {k}] = cast(%hf) {{dtype={dt}}}\n"
+        )
+    } else {
+        format!("  %h: {dt}[{m}, {k}] = rms_norm(%x, %nw) {{eps=1e-05}}\n")
+    };
+    let mut rest = format!("%w: {dt}[{n}, {k}]");
+    let (tail, ret) = match epi {
+        "residual" => {
+            rest.push_str(&format!(", %r: {dt}[{m}, {n}]"));
+            (format!("  %o: {dt}[{m}, {n}] = add(%r, %y)\n"), "%o")
+        }
+        "swiglu" => {
+            let h = n / 2;
+            let g = format!("  %g: {dt}[{m}, {h}] = slice(%y) {{axis=-1, start=0, end={h}}}\n");
+            let u = format!("  %u: {dt}[{m}, {h}] = slice(%y) {{axis=-1, start={h}, end={n}}}\n");
+            (format!("{g}{u}  %o: {dt}[{m}, {h}] = swiglu(%g, %u)\n"), "%o")
+        }
+        _ => (String::new(), "%y"),
+    };
+    let mm_lines = format!("  %y: {dt}[{m}, {n}] = matmul(%h, %w) {{transpose_b=true}}\n{tail}  return {ret}\n}}\n");
+    let x = format!("%x: {dt}[{m}, {k}], %nw: {dt}[{k}]");
+    (
+        format!("func @fused({x}, {rest}) {{\n{norm_line}{mm_lines}"),
+        format!("func @norm({x}) {{\n{norm_line}  return %h\n}}\n"),
+        format!("func @mm(%h: {dt}[{m}, {k}], {rest}) {{\n{mm_lines}"),
+    )
+}
+
+/// The two-kernel path: the norm's RowReduction kernel writing `h`, then the matmul and its
+/// epilogue reading it (the fused body's inputs: `x`, `nw`, then the matmul's).
+fn two_kernels(fused: &Function, norm: Function, mm: Function) -> KernelGraph {
+    let mut g = KernelGraph::default();
+    let mut buf = |ty: &sinter_ir::TensorType, role| g.buffers.push(BufferData { name: None, ty: ty.clone(), role, layout: Layout::contiguous(&ty.shape) });
+    let ins: Vec<_> = fused.params.iter().map(|&p| buf(fused.ty(p), BufferRole::Input)).collect();
+    let h = buf(norm.ty(norm.outputs[0]), BufferRole::Temp);
+    let out = buf(mm.ty(mm.outputs[0]), BufferRole::Output);
+    let mut mm_ins = vec![h];
+    mm_ins.extend(ins[2..].iter().copied());
+    g.kernels.push(KernelData { family: Family::RowReduction, body: norm, inputs: ins[..2].to_vec(), outputs: vec![h] });
+    g.kernels.push(KernelData { family: Family::Matmul, body: mm, inputs: mm_ins, outputs: vec![out] });
+    g.inputs = ins;
+    g.outputs = vec![out];
+    g
+}
+
+/// Random inputs for `f`'s parameters, with a few zero and large rows in x.
+fn inputs(f: &Function, seed: u64) -> Vec<Tensor> {
+    f.params
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let t = f.ty(p);
+            let shape: Vec<usize> = t.shape.iter().map(|d| d.as_const().unwrap() as usize).collect();
+            let r = random(t.dtype, &shape, seed + i as u64);
+            if i != 0 || shape[0] < 2 {
+                return r;
+            }
+            // x: row 0 scaled up (a large mean square), row 1 all zeros (r = 1/√eps).
+            let k = shape[1];
+            let data: Vec<f64> = r.data().iter().enumerate().map(|(j, &v)| if j < k { t.dtype.round(v * 300.0) } else if j < 2 * k { 0.0 } else { v }).collect();
+            Tensor::new(t.dtype, &shape, data).unwrap()
+        })
+        .collect()
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.data().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Runs the fused kernel and the two-kernel path on the emulator and requires the same bits;
+/// returns how many elements were compared.
+fn same_bits(what: &str, dt: DType, m: i64, k: i64, n: i64, epi: &str) -> usize {
+    let (fused, norm, mm) = texts(dt, m, k, n, epi);
+    let (fused, norm, mm) = (func(&fused), func(&norm), func(&mm));
+    let ins = inputs(&fused, 17 * m as u64 + k as u64);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let (g1, k1) = single_kernel(Family::Matmul, fused.clone());
+    let target = Target::SM_80;
+    let plan = generate(&g1, k1, &target).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(plan.entry.ends_with("matmul_small_m"), "{what}: {}", plan.entry);
+    let one = run_graph(&g1, &target, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: fused: {e}"));
+    let two = run_graph(&two_kernels(&fused, norm, mm), &target, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: two kernels: {e}"));
+    assert_eq!(one[0].shape(), two[0].shape(), "{what}");
+    let (a, b) = (bits(&one[0]), bits(&two[0]));
+    let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} elements differ from the two-kernel path", a.len());
+    // And both near the interpreter's f64 reference.
+    let want = sinter_ir::interp::run(&sinter_ir::parse(&texts(dt, m, k, n, epi).0).unwrap(), "fused", &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let worst = one[0].data().iter().zip(want[0].data()).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0, f64::max);
+    let tol = if dt == DType::F32 { 1e-4 } else { 5e-2 };
+    assert!(worst <= tol, "{what}: {worst} from the interpreter");
+    a.len()
+}
+
+/// Bit for bit against the two-kernel path at decode batches M = 1, 3, 16, rows of 576 (a
+/// 64-thread cut of the norm kernel) and 2048 (128 threads; f32: 128 and 256), bf16 and f32,
+/// with a residual add in the epilogue.
+#[test]
+fn fused_norm_matches_the_two_kernels_bit_for_bit() {
+    let mut total = 0;
+    for dt in [DType::BF16, DType::F32] {
+        for k in [576, 2048] {
+            for m in [1, 3, 16] {
+                total += same_bits(&format!("{dt} M={m} K={k}"), dt, m, k, 24, "residual");
+            }
+        }
+    }
+    eprintln!("norm prologue: {total} elements bit-identical to the two-kernel path");
+}
+
+/// The other epilogue modes with the prologue: the paired SwiGLU of a gate/up projection,
+/// no epilogue, a norm weight computed in the body (Gemma's `1 + w`), a short row (a warp a
+/// row in the norm kernel) and a row with a partial last chunk.
+#[test]
+fn fused_norm_with_every_epilogue() {
+    same_bits("swiglu M=3", DType::BF16, 3, 576, 48, "swiglu");
+    same_bits("swiglu M=1 f32", DType::F32, 1, 576, 48, "swiglu");
+    same_bits("plain M=2", DType::BF16, 2, 576, 20, "none");
+    same_bits("gemma weight M=4", DType::BF16, 4, 640, 20, "gemma");
+    same_bits("warp rows K=256", DType::BF16, 5, 256, 12, "residual");
+    same_bits("partial chunk K=960", DType::BF16, 2, 960, 12, "residual");
+    same_bits("odd row K=75 f32", DType::F32, 3, 75, 9, "residual");
+}
+
+/// The fused kernels assemble without spills for sm_80 and sm_90a at M = 1 and 16; the
+/// tensor-core schedules refuse a norm prologue.
+#[test]
+fn fused_norm_assembles_and_other_schedules_refuse_it() {
+    for (m, epi) in [(1, "residual"), (16, "residual"), (16, "swiglu"), (4, "gemma")] {
+        let fused = func(&texts(DType::BF16, m, 576, 3072, epi).0);
+        let (g, k) = single_kernel(Family::Matmul, fused);
+        for t in [Target::SM_80, Target::SM_90A] {
+            let plan = generate(&g, k, &t).unwrap();
+            assemble(&plan);
+        }
+        let e = generate_with(&g, k, &Target::SM_80, &MatmulSchedule::Mma(MmaSchedule::flat(32))).unwrap_err();
+        assert!(e.to_string().contains("norm prologue"), "{e}");
+    }
+}
