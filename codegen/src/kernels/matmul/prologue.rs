@@ -50,7 +50,9 @@ impl Prologue {
     /// A row the one-read schedule does not cut (longer than the contract allows).
     pub(super) fn new(body: &Function, node: Node, mm: Node, buffers: &[BufInfo]) -> Result<Prologue, String> {
         let nd = &body.nodes[node];
-        debug_assert_eq!(nd.op.kind, OpKind::RmsNorm);
+        if nd.op.kind != OpKind::RmsNorm {
+            return Err(format!("a `{}` prologue (only `rms_norm` is computed in a prologue)", nd.op.kind.name()));
+        }
         let (x, a) = (nd.inputs[0], body.nodes[mm].inputs[0]);
         let k_dim = body.ty(a).shape.last().cloned().ok_or("a norm of a scalar")?;
         let k = k_dim.as_const().and_then(|k| u32::try_from(k).ok()).ok_or_else(|| format!("a norm prologue over a row of {k_dim}"))?;

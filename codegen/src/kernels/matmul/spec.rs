@@ -307,7 +307,8 @@ impl Spec {
 }
 
 impl Spec {
-    /// The schedule [`generate`](super::generate) uses ([`choose_schedule`]'s rule): a constant M in 2..=16 of
+    /// The schedule [`generate`](super::generate) uses: the small-M kernel for a norm
+    /// prologue (the one kernel that computes it); otherwise [`choose_schedule`]'s rule: a constant M in 2..=16 of
     /// bf16/f16 takes the flat tensor-core GEMM ([`MmaSchedule::flat`], 32 columns or the
     /// smallest tile a multiple of the RoPE head) where [`Spec::mma_plan`] accepts the
     /// layouts, and the small-M kernel where it does not, as M = 1 and f32 do (every epilogue
