@@ -821,8 +821,8 @@ fn qwen_hugging_face_order_lowers_to_the_kernels_of_rope_first() {
 
 /// The decode step specialised to batches of 1 and 3 computes every layer's RMSNorms in the
 /// prologues of the projections that read them (the GPU test `gpu_qwen_fused_norms_decode_as_
-/// the_interpreter` runs these graphs): no RowReduction kernel holds an `rms_norm` over the
-/// hidden size but the final norm's, which keeps its kernel before the LM head.
+/// the_interpreter` runs these graphs), and the final norm in the LM head's (a vocabulary of
+/// 64: the launch saved pays for its CTAs' re-reads).
 #[test]
 fn specialised_qwen_decode_computes_the_layer_norms_in_projection_prologues() {
     for (tag, cfg) in configs() {
@@ -833,8 +833,8 @@ fn specialised_qwen_decode_computes_the_layer_norms_in_projection_prologues() {
             let g = model.decode_graph_for_batch(b).unwrap();
             let (_, report) = sinter_passes::compile(&g, &sinter::Target::SM_90A, &sinter_passes::PassOptions::for_graph(&g)).unwrap();
             let fused = report.kernels.iter().filter(|k| k.ops.iter().any(|o| o == "matmul") && k.ops.iter().any(|o| o == "rms_norm")).count();
-            // Two norms a layer (before attention and before the MLP).
-            assert_eq!(fused, 2 * cfg.n_layers, "{tag} batch {b}:\n{report}");
+            // Two norms a layer (before attention and before the MLP), and the final one.
+            assert_eq!(fused, 2 * cfg.n_layers + 1, "{tag} batch {b}:\n{report}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

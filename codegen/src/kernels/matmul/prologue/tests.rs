@@ -42,6 +42,19 @@ fn texts(dt: DType, m: i64, k: i64, n: i64, epi: &str) -> (String, String, Strin
             let u = format!("  %u: {dt}[{m}, {h}] = slice(%y) {{axis=-1, start={h}, end={n}}}\n");
             (format!("{g}{u}  %o: {dt}[{m}, {h}] = swiglu(%g, %u)\n"), "%o")
         }
+        "rope" => {
+            // A merged QKV projection (N = 960: 9 query heads, 3 key and 3 value heads of 64)
+            // with RoPE on Q and K: a columns epilogue.
+            rest.push_str(&format!(", %pos: i32[{m}]"));
+            let mut t = format!("  %p2: i32[{m}, 1] = reshape(%pos) {{shape=[{m}, 1]}}\n");
+            for (name, a, b, heads) in [("q", 0, 576, 9), ("k", 576, 768, 3)] {
+                t.push_str(&format!("  %{name}0: {dt}[{m}, {}] = slice(%y) {{axis=-1, start={a}, end={b}}}\n", b - a));
+                t.push_str(&format!("  %{name}1: {dt}[{m}, {heads}, 64] = reshape(%{name}0) {{shape=[{m}, {heads}, 64]}}\n"));
+                t.push_str(&format!("  %{name}: {dt}[{m}, {heads}, 64] = rope(%{name}1, %p2) {{theta=100000.0}}\n"));
+            }
+            t.push_str(&format!("  %v: {dt}[{m}, 192] = slice(%y) {{axis=-1, start=768, end=960}}\n"));
+            (t, "%q, %k, %v")
+        }
         _ => (String::new(), "%y"),
     };
     let mm_lines = format!("  %y: {dt}[{m}, {n}] = matmul(%h, %w) {{transpose_b=true}}\n{tail}  return {ret}\n}}\n");
@@ -60,13 +73,13 @@ fn two_kernels(fused: &Function, norm: Function, mm: Function) -> KernelGraph {
     let mut buf = |ty: &sinter_ir::TensorType, role| g.buffers.push(BufferData { name: None, ty: ty.clone(), role, layout: Layout::contiguous(&ty.shape) });
     let ins: Vec<_> = fused.params.iter().map(|&p| buf(fused.ty(p), BufferRole::Input)).collect();
     let h = buf(norm.ty(norm.outputs[0]), BufferRole::Temp);
-    let out = buf(mm.ty(mm.outputs[0]), BufferRole::Output);
+    let outs: Vec<_> = mm.outputs.iter().map(|&o| buf(mm.ty(o), BufferRole::Output)).collect();
     let mut mm_ins = vec![h];
     mm_ins.extend(ins[2..].iter().copied());
     g.kernels.push(KernelData { family: Family::RowReduction, body: norm, inputs: ins[..2].to_vec(), outputs: vec![h] });
-    g.kernels.push(KernelData { family: Family::Matmul, body: mm, inputs: mm_ins, outputs: vec![out] });
+    g.kernels.push(KernelData { family: Family::Matmul, body: mm, inputs: mm_ins, outputs: outs.clone() });
     g.inputs = ins;
-    g.outputs = vec![out];
+    g.outputs = outs;
     g
 }
 
@@ -78,6 +91,11 @@ fn inputs(f: &Function, seed: u64) -> Vec<Tensor> {
         .map(|(i, &p)| {
             let t = f.ty(p);
             let shape: Vec<usize> = t.shape.iter().map(|d| d.as_const().unwrap() as usize).collect();
+            if t.dtype == DType::I32 {
+                // Positions.
+                let data = (0..shape[0]).map(|j| (7 * j + 3) as f64).collect();
+                return Tensor::new(t.dtype, &shape, data).unwrap();
+            }
             let r = random(t.dtype, &shape, seed + i as u64);
             if i != 0 || shape[0] < 2 {
                 return r;
@@ -107,16 +125,20 @@ fn same_bits(what: &str, dt: DType, m: i64, k: i64, n: i64, epi: &str) -> usize 
     assert!(plan.entry.ends_with("matmul_small_m"), "{what}: {}", plan.entry);
     let one = run_graph(&g1, &target, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: fused: {e}"));
     let two = run_graph(&two_kernels(&fused, norm, mm), &target, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: two kernels: {e}"));
-    assert_eq!(one[0].shape(), two[0].shape(), "{what}");
-    let (a, b) = (bits(&one[0]), bits(&two[0]));
-    let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
-    assert_eq!(differ, 0, "{what}: {differ} of {} elements differ from the two-kernel path", a.len());
-    // And both near the interpreter's f64 reference.
     let want = sinter_ir::interp::run(&sinter_ir::parse(&texts(dt, m, k, n, epi).0).unwrap(), "fused", &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let worst = one[0].data().iter().zip(want[0].data()).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0, f64::max);
-    let tol = if dt == DType::F32 { 1e-4 } else { 5e-2 };
-    assert!(worst <= tol, "{what}: {worst} from the interpreter");
-    a.len()
+    let mut compared = 0;
+    for ((one, two), want) in one.iter().zip(&two).zip(&want) {
+        assert_eq!(one.shape(), two.shape(), "{what}");
+        let (a, b) = (bits(one), bits(two));
+        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert_eq!(differ, 0, "{what}: {differ} of {} elements differ from the two-kernel path", a.len());
+        // And both near the interpreter's f64 reference.
+        let worst = one.data().iter().zip(want.data()).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0, f64::max);
+        let tol = if dt == DType::F32 { 1e-4 } else { 5e-2 };
+        assert!(worst <= tol, "{what}: {worst} from the interpreter");
+        compared += a.len();
+    }
+    compared
 }
 
 /// Bit for bit against the two-kernel path at decode batches M = 1, 3, 16, rows of 576 (a
@@ -136,11 +158,13 @@ fn fused_norm_matches_the_two_kernels_bit_for_bit() {
 }
 
 /// The other epilogue modes with the prologue: the paired SwiGLU of a gate/up projection,
-/// no epilogue, a norm weight computed in the body (Gemma's `1 + w`), a short row (a warp a
+/// the columns of a QKV projection with RoPE on Q and K, no epilogue, a norm weight computed in the body (Gemma's `1 + w`), a short row (a warp a
 /// row in the norm kernel) and a row with a partial last chunk.
 #[test]
 fn fused_norm_with_every_epilogue() {
     same_bits("swiglu M=3", DType::BF16, 3, 576, 48, "swiglu");
+    same_bits("QKV with RoPE M=1", DType::BF16, 1, 576, 960, "rope");
+    same_bits("QKV with RoPE M=3 f32", DType::F32, 3, 576, 960, "rope");
     same_bits("swiglu M=1 f32", DType::F32, 1, 576, 48, "swiglu");
     same_bits("plain M=2", DType::BF16, 2, 576, 20, "none");
     same_bits("gemma weight M=4", DType::BF16, 4, 640, 20, "gemma");
