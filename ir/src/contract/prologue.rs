@@ -1,5 +1,5 @@
 //! A row norm computed in the prologue of the matmul that reads it: `matmul(rms_norm(x, w),
-//! B)` as one kernel. Each CTA of the code generator's small-M kernel computes the
+//! B)` or `matmul(layer_norm(x, w, b), B)` as one kernel. Each CTA of the code generator's small-M kernel computes the
 //! statistics of its own rows of `x` over the whole of K (the rows it reads anyway), in the
 //! order the norm's own row-reduction kernel sums them, and feeds its K loop the normalised
 //! elements rounded as the norm's output would be stored — so the kernel's result has the
@@ -39,7 +39,7 @@ pub fn through_unary(f: &Function, mut v: Value) -> Value {
     v
 }
 
-/// The `rms_norm` node whose result, through unary element-wise nodes ([`through_unary`]), is
+/// The `rms_norm` or `layer_norm` node whose result, through unary element-wise nodes ([`through_unary`]), is
 /// matmul `mm`'s A operand, when the matmul generator computes that norm in its prologue: A
 /// not transposed, of rank 2 `[M, K]` with M a constant in `1..=`[`NORM_PROLOGUE_MAX_M`] and
 /// K a constant in `1..=`[`NORM_PROLOGUE_MAX_K`], the norm over those rows; the operands bf16,
@@ -57,7 +57,7 @@ pub fn norm_prologue(f: &Function, mm: Node) -> Option<Node> {
     let (a, b) = (nd.inputs[0], nd.inputs[1]);
     let h = through_unary(f, a);
     let ValueDef::Result(norm, 0) = f.values.get(h)?.def else { return None };
-    if f.nodes.get(norm)?.op.kind != OpKind::RmsNorm {
+    if !matches!(f.nodes.get(norm)?.op.kind, OpKind::RmsNorm | OpKind::LayerNorm) {
         return None;
     }
     let (at, bt) = (f.ty(a), f.ty(b));
@@ -93,7 +93,7 @@ pub fn norm_prologue_body(body: &Function, norm: Node, mm: Node) -> Result<(), S
         v = body.nodes[n].inputs[0];
     }
     if super::view::viewed_param(body, through_unary(body, nd.inputs[0])).is_none() {
-        return Err(format!("the prologue's `rms_norm` reads {}, which is not a kernel input", body.label(nd.inputs[0])));
+        return Err(format!("the prologue's `{}` reads {}, which is not a kernel input", nd.op.kind.name(), body.label(nd.inputs[0])));
     }
     Ok(())
 }

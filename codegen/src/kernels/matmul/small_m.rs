@@ -88,9 +88,9 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
     let m_valid: Vec<IntValue> = (0..s.rows)
         .map(|i| kit.icmp(IntPredicate::SLT, kit.add(m0, kit.i64c(i64::from(i)))?, mdim))
         .collect::<R<_>>()?;
-    // A norm prologue: every row's 1/√(mean(x²) + eps), before the K loop.
+    // A norm prologue: every row's statistics, before the K loop.
     let scales = match &spec.prologue {
-        Some(p) => Some(super::prologue::row_scales(kit, spec, p, m0, s.rows, s.threads())?),
+        Some(p) => Some(super::prologue::row_stats(kit, spec, p, m0, s.rows, s.threads())?),
         None => None,
     };
     if let Some(q) = spec.b_quant {
@@ -113,7 +113,7 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
             let m = k.add(m0, k.i64c(i as i64))?;
             let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
             let av = match (&spec.prologue, &scales) {
-                (Some(p), Some(rs)) => super::prologue::a_values(k, spec, p, k.select_i(m_valid[i], m, m0)?, kk, c, rs[i])?,
+                (Some(p), Some(rs)) => super::prologue::a_values(k, spec, p, k.select_i(m_valid[i], m, m0)?, kk, c, &rs[i])?,
                 _ => k.guarded_load(m_valid[i], spec.dtype, a_ptr, aidx, c, c > 1, a_ks)?,
             };
             for (seg_acc, bv) in acc.iter().zip(&bvs) {

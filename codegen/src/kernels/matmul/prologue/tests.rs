@@ -21,7 +21,10 @@ fn func(text: &str) -> Function {
 /// norm as Gemma computes it, in f32 with the weight `1 + nw`, cast back) — and the same as the norm's kernel and the
 /// matmul's: `(fused, norm, matmul)` texts.
 fn texts(dt: DType, m: i64, k: i64, n: i64, epi: &str) -> (String, String, String) {
-    let norm_line = if epi == "gemma" {
+    let layer = epi.starts_with("layernorm");
+    let norm_line = if layer {
+        format!("  %h: {dt}[{m}, {k}] = layer_norm(%x, %nw, %nb) {{eps=1e-05}}\n")
+    } else if epi == "gemma" {
         // Gemma: x and the weight in f32, `1 + w`, the norm in f32, then a cast back.
         let f = "f32";
         format!(
@@ -55,10 +58,15 @@ fn texts(dt: DType, m: i64, k: i64, n: i64, epi: &str) -> (String, String, Strin
             t.push_str(&format!("  %v: {dt}[{m}, 192] = slice(%y) {{axis=-1, start=768, end=960}}\n"));
             (t, "%q, %k, %v")
         }
+        "layernorm_bias_gelu" => {
+            // GPT-2's MLP input projection: bias, then GELU (tanh form).
+            rest.push_str(&format!(", %b: {dt}[{n}]"));
+            (format!("  %yb: {dt}[{m}, {n}] = add(%y, %b)\n  %o: {dt}[{m}, {n}] = gelu(%yb) {{form=\"tanh\"}}\n"), "%o")
+        }
         _ => (String::new(), "%y"),
     };
     let mm_lines = format!("  %y: {dt}[{m}, {n}] = matmul(%h, %w) {{transpose_b=true}}\n{tail}  return {ret}\n}}\n");
-    let x = format!("%x: {dt}[{m}, {k}], %nw: {dt}[{k}]");
+    let x = if layer { format!("%x: {dt}[{m}, {k}], %nw: {dt}[{k}], %nb: {dt}[{k}]") } else { format!("%x: {dt}[{m}, {k}], %nw: {dt}[{k}]") };
     (
         format!("func @fused({x}, {rest}) {{\n{norm_line}{mm_lines}"),
         format!("func @norm({x}) {{\n{norm_line}  return %h\n}}\n"),
@@ -67,16 +75,17 @@ fn texts(dt: DType, m: i64, k: i64, n: i64, epi: &str) -> (String, String, Strin
 }
 
 /// The two-kernel path: the norm's RowReduction kernel writing `h`, then the matmul and its
-/// epilogue reading it (the fused body's inputs: `x`, `nw`, then the matmul's).
+/// epilogue reading it (the fused body's inputs: the norm's, then the matmul's).
 fn two_kernels(fused: &Function, norm: Function, mm: Function) -> KernelGraph {
     let mut g = KernelGraph::default();
     let mut buf = |ty: &sinter_ir::TensorType, role| g.buffers.push(BufferData { name: None, ty: ty.clone(), role, layout: Layout::contiguous(&ty.shape) });
     let ins: Vec<_> = fused.params.iter().map(|&p| buf(fused.ty(p), BufferRole::Input)).collect();
     let h = buf(norm.ty(norm.outputs[0]), BufferRole::Temp);
     let outs: Vec<_> = mm.outputs.iter().map(|&o| buf(mm.ty(o), BufferRole::Output)).collect();
+    let n_norm = norm.params.len();
     let mut mm_ins = vec![h];
-    mm_ins.extend(ins[2..].iter().copied());
-    g.kernels.push(KernelData { family: Family::RowReduction, body: norm, inputs: ins[..2].to_vec(), outputs: vec![h] });
+    mm_ins.extend(ins[n_norm..].iter().copied());
+    g.kernels.push(KernelData { family: Family::RowReduction, body: norm, inputs: ins[..n_norm].to_vec(), outputs: vec![h] });
     g.kernels.push(KernelData { family: Family::Matmul, body: mm, inputs: mm_ins, outputs: outs.clone() });
     g.inputs = ins;
     g.outputs = outs;
@@ -173,11 +182,26 @@ fn fused_norm_with_every_epilogue() {
     same_bits("odd row K=75 f32", DType::F32, 3, 75, 9, "residual");
 }
 
+/// LayerNorm (GPT-2's) in the prologue, bit for bit against the two kernels: its statistics
+/// per warp of the norm kernel's cut (a warp a row at K = 256, 2 to 8 warps beyond, a partial
+/// last chunk at 960), each element centred on its warp's mean; rows with a large mean.
+#[test]
+fn fused_layer_norm_matches_the_two_kernels_bit_for_bit() {
+    let mut total = 0;
+    for dt in [DType::BF16, DType::F32] {
+        for (m, k) in [(1, 768), (3, 768), (16, 768), (2, 256), (3, 960), (1, 2048)] {
+            total += same_bits(&format!("layer_norm {dt} M={m} K={k}"), dt, m, k, 24, "layernorm");
+        }
+    }
+    total += same_bits("layer_norm, bias and GELU, M=3", DType::BF16, 3, 768, 40, "layernorm_bias_gelu");
+    eprintln!("layer_norm prologue: {total} elements bit-identical to the two-kernel path");
+}
+
 /// The fused kernels assemble without spills for sm_80 and sm_90a at M = 1 and 16; the
 /// tensor-core schedules refuse a norm prologue.
 #[test]
 fn fused_norm_assembles_and_other_schedules_refuse_it() {
-    for (m, epi) in [(1, "residual"), (16, "residual"), (16, "swiglu"), (4, "gemma")] {
+    for (m, epi) in [(1, "residual"), (16, "residual"), (16, "swiglu"), (4, "gemma"), (1, "layernorm"), (16, "layernorm_bias_gelu")] {
         let fused = func(&texts(DType::BF16, m, 576, 3072, epi).0);
         let (g, k) = single_kernel(Family::Matmul, fused);
         for t in [Target::SM_80, Target::SM_90A] {
