@@ -31,8 +31,8 @@
 //! | [`SmallMSchedule`] | `small_m.rs` | GEMV / small-M on CUDA cores for decode, quantized weights streamed |
 //! | [`QuantMmaSchedule`] | `quant_mma.rs` | block-quantized weights (`q8_0`, `q4_1`) into `mma` fragments |
 //!
-//! `prologue.rs`: an A operand that is `rms_norm(x, w)` of a kernel input computed in the
-//! small-M kernel's prologue (`sinter_ir::contract::prologue`), bit-exact with the norm's own
+//! `prologue.rs`: an A operand that is `rms_norm` or `layer_norm` of a kernel input computed
+//! in the small-M kernel's prologue (`sinter_ir::contract::prologue`), bit-exact with the norm's own
 //! kernel followed by the matmul.
 //!
 //! `schedule.rs` holds the schedules and [`choose_schedule`]; `spec.rs` the kernel analysis

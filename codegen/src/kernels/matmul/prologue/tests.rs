@@ -1,4 +1,4 @@
-//! The norm prologue's tests: the fused kernel (`matmul(rms_norm(x, w), B)` and an epilogue)
+//! The norm prologue's tests: the fused kernel (`matmul(rms_norm(x, w), B)` or a `layer_norm`, and an epilogue)
 //! run on the emulator bit for bit against the norm's own row-reduction kernel followed by the
 //! matmul kernel, at decode batches, with every epilogue mode; ptxas without spills; the
 //! other schedules refuse it.
