@@ -103,14 +103,8 @@ fn gpu_qwen_fused_norms_decode_as_the_interpreter() {
         let engine = Engine::new_gpu(load(&dir), &dev, sinter::gpu::Lowering::Fused).unwrap();
         let (p1, p2) = prompts();
         for prompts in [vec![p1.clone()], vec![p1.clone(), p2.clone(), vec![11, 4]]] {
-            let o = SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(64) };
-            let run = |e: &dyn Fn(&mut dyn FnMut(usize, &[f64])) -> Vec<Vec<u32>>| {
-                let mut logits: Vec<Vec<Vec<f64>>> = vec![Vec::new(); prompts.len()];
-                let tokens = e(&mut |s, row| logits[s].push(row.to_vec()));
-                (tokens, logits)
-            };
-            let (want, want_logits) = run(&|obs| cpu.generate_observed(&prompts, &o, &mut |_, _| {}, obs).unwrap().tokens);
-            let (got, got_logits) = run(&|obs| engine.generate_observed(&prompts, &o, &mut |_, _| {}, obs).unwrap().tokens);
+            let (want, want_logits) = greedy_observed(&cpu, &prompts, 64);
+            let (got, got_logits) = greedy_observed(&engine, &prompts, 64);
             for s in 0..prompts.len() {
                 for i in 0..want[s].len() {
                     let row = &want_logits[s][i];
@@ -127,4 +121,12 @@ fn gpu_qwen_fused_norms_decode_as_the_interpreter() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// `steps` greedy tokens per prompt and the logits each was chosen from.
+fn greedy_observed<M: sinter::llm::DecoderModel>(engine: &Engine<M>, prompts: &[Vec<u32>], steps: usize) -> (Vec<Vec<u32>>, Vec<Vec<Vec<f64>>>) {
+    let o = SampleOptions { stop_at_eos: false, ..SampleOptions::greedy(steps) };
+    let mut logits: Vec<Vec<Vec<f64>>> = vec![Vec::new(); prompts.len()];
+    let g = engine.generate_observed(prompts, &o, &mut |_, _| {}, &mut |s, row| logits[s].push(row.to_vec())).unwrap();
+    (g.tokens, logits)
 }
