@@ -100,6 +100,12 @@ pub struct CompileStats {
     pub kernels_per_layer: Option<usize>,
 }
 
+/// The stack, in bytes, of a thread that generates kernels: the code generator's element
+/// evaluator recurses through a kernel's operands, up to 2 048 deep (a deeper expression is
+/// its error), at up to ~30 KiB a level in an unoptimised build. Only touched pages are
+/// committed.
+pub(crate) const CODEGEN_STACK_BYTES: usize = 256 << 20;
+
 /// `k12 (Matmul)`, or `k12 (not in the graph)`, for messages.
 fn kernel_label(kg: &KernelGraph, k: Kernel) -> String {
     match kg.kernels.get(k) {
@@ -351,7 +357,7 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
             for _ in 0..workers {
                 let tx = tx.clone();
                 let work = &work;
-                if std::thread::Builder::new().stack_size(sinter_codegen::STACK_BYTES).spawn_scoped(s, move || work(tx)).is_ok() {
+                if std::thread::Builder::new().stack_size(crate::gpu::CODEGEN_STACK_BYTES).spawn_scoped(s, move || work(tx)).is_ok() {
                     spawned += 1;
                 }
             }
@@ -371,13 +377,13 @@ fn build_all(kg: &KernelGraph, target: &Target, cache: &KernelCache, todo: &[ToB
     results
 }
 
-/// Runs `f` on a thread with the code generator's stack ([`sinter_codegen::STACK_BYTES`]), or
+/// Runs `f` on a thread with the code generator's stack ([`crate::gpu::CODEGEN_STACK_BYTES`]), or
 /// here when no such thread can be started.
 pub(crate) fn on_codegen_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     let cell = std::sync::Mutex::new(Some(f));
     let take = || cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     let spawned = std::thread::scope(|s| {
-        let h = std::thread::Builder::new().stack_size(sinter_codegen::STACK_BYTES).spawn_scoped(s, || take().map(|f| f())).ok()?;
+        let h = std::thread::Builder::new().stack_size(crate::gpu::CODEGEN_STACK_BYTES).spawn_scoped(s, || take().map(|f| f())).ok()?;
         Some(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     });
     match spawned.flatten() {

@@ -54,11 +54,6 @@ pub use llvm::{compile_module_to_ptx, target_machine, ADDRESS_SPACE_CONSTANT, AD
 pub use ptxas::{PtxasError, PtxasReport};
 pub use target::{Target, UnknownTarget};
 
-/// The stack, in bytes, a thread that generates kernels should have: the element evaluator
-/// recurses through a kernel's operands, up to 2 048 deep (a deeper expression is an error),
-/// at up to ~30 KiB a level in an unoptimised build. Only the pages touched are committed.
-pub const STACK_BYTES: usize = 256 << 20;
-
 
 
 /// Generates kernel `kernel` of `graph` for `target`: LLVM IR built by the generator of the

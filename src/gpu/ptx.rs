@@ -180,7 +180,7 @@ fn distinct_plans(kg: &KernelGraph, target: &Target) -> Result<Vec<LaunchPlan>, 
             }
             mine
         };
-        let handles: Vec<_> = (0..workers).filter_map(|_| std::thread::Builder::new().stack_size(sinter_codegen::STACK_BYTES).spawn_scoped(s, work).ok()).collect();
+        let handles: Vec<_> = (0..workers).filter_map(|_| std::thread::Builder::new().stack_size(crate::gpu::CODEGEN_STACK_BYTES).spawn_scoped(s, work).ok()).collect();
         if handles.is_empty() {
             // No thread could be started (out of memory for stacks): generate here.
             for (j, r) in work() {
