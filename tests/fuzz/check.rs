@@ -299,6 +299,16 @@ pub fn dropped(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
     map_floats(inputs, true, |x| (x.is_finite() && x.abs() > F32_SAFE.0).then_some(0.0))
 }
 
+/// The inputs with every float magnitude above 2⁶⁰ clamped to ±2⁶⁰, in every input but an
+/// additive mask: where [`dropped`]'s zeros meet an infinity elsewhere (`0 · −inf` = NaN,
+/// the reference's NaN again), a finite stand-in still shows that a row depends on a sum f32
+/// accumulation may overflow in either order (a sequential `fma` chain keeps the sign of its
+/// first overflowing product: a score of −inf where the f64 reference's is +inf). `None`
+/// when nothing changes.
+pub fn clamped(inputs: &[(String, Tensor)]) -> Option<Vec<(String, Tensor)>> {
+    map_floats(inputs, true, |x| (x.is_finite() && x.abs() > F32_SAFE.0).then(|| F32_SAFE.0.copysign(x)))
+}
+
 /// Draws of [`perturbed`] inputs [`spread`] takes: one draw's estimate of the sensitivity
 /// varies by orders of magnitude with the signs drawn, the largest of three is steady.
 const SPREAD_DRAWS: u64 = 3;
@@ -306,8 +316,8 @@ const SPREAD_DRAWS: u64 = 3;
 /// Per output element, the largest `|moved − ref|` over [`SPREAD_DRAWS`] runs of the
 /// reference on [`perturbed`] inputs with [`with_rounding_noise`] on its intermediate values
 /// (+inf where a moved reference is not finite and `ref` is, or where the move reaches a tenth
-/// of the output's largest magnitude), +inf over a row where the reference on [`saturated`]
-/// or [`dropped`] inputs differs at all, and NaN where `ref` is not finite and moves when the
+/// of the output's largest magnitude), +inf over a row where the reference on [`saturated`],
+/// [`dropped`] or [`clamped`] inputs differs at all, and NaN where `ref` is not finite and moves when the
 /// inputs beyond 2⁶⁰ are made 0 ([`zeroed_large`]), for [`compare`];
 /// `None` for a graph of explicit casts (`strict`), where rounding is the thing checked, or
 /// when the reference does not run.
@@ -354,7 +364,7 @@ pub fn spread(
         let max_ref = w.data().iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
         acc.iter_mut().filter(|a| **a > 0.1 * max_ref).for_each(|a| *a = f64::INFINITY);
     }
-    for sat in [saturated(inputs), dropped(inputs)].into_iter().flatten() {
+    for sat in [saturated(inputs), dropped(inputs), clamped(inputs)].into_iter().flatten() {
         let refs: Vec<&Tensor> = sat.iter().map(|(_, t)| t).collect();
         let got = sinter::ir::interp::run_entry(graph, &refs, &Bindings::new()).ok()?;
         for ((acc, g), w) in worst.iter_mut().zip(&got).zip(want) {

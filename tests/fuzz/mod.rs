@@ -14,7 +14,7 @@
 //! - `fuzz_regressions_replay`: every file of `tests/fuzz/regressions/`, replayed.
 //!
 //! Environment: `SINTER_FUZZ_SECONDS` (budget), `SINTER_FUZZ_SEEDS` (`a..b` or a list: run
-//! exactly these), `SINTER_FUZZ_KINDS` (`dag,attention,attention_decomposed,paged,cast_chain`),
+//! exactly these), `SINTER_FUZZ_SCALE` (sizes ×n, 4 as on the GPU), `SINTER_FUZZ_KINDS` (`dag,attention,attention_decomposed,paged,cast_chain`),
 //! `SINTER_FUZZ_FILES` (replay only the regression files whose names contain one of these
 //! comma-separated parts), `SINTER_FUZZ_FEATURES` (`all`, or names of [`gen::Features`] to switch on beyond the
 //! default), `SINTER_FUZZ_TARGET` (emulated target, default sm_80), `SINTER_FUZZ_PTX`
@@ -54,6 +54,12 @@ pub fn features() -> Features {
         Ok(s) => base.with(&s),
         Err(_) => base,
     }
+}
+
+/// The generator's size scale (`SINTER_FUZZ_SCALE`, default 1; the GPU fuzzer draws at 4, so a
+/// GPU finding's seed replays on the emulator at 4).
+pub fn scale() -> usize {
+    std::env::var("SINTER_FUZZ_SCALE").ok().and_then(|s| s.parse().ok()).filter(|&s| s >= 1).unwrap_or(1)
 }
 
 /// The kinds of graph to generate (`SINTER_FUZZ_KINDS`, default all).
@@ -204,7 +210,7 @@ fn run_seeds(seeds: &[u64], more: bool, secs: f64) -> (Vec<String>, usize) {
             },
         };
         let t0 = Instant::now();
-        let case = cases::generate(seed, &kinds, feats, 1);
+        let case = cases::generate(seed, &kinds, feats, scale());
         let strict = case.kind == Kind::CastChain;
         let outcome = check_case(&case.graph, seed, feats, strict, &target, &ptx);
         ran += 1;
