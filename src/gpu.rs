@@ -7,7 +7,7 @@
 //! compiles nothing: it runs kernels from the cache (compiled earlier on a machine with LLVM
 //! and carried over) and reports a missing one as [`Error::KernelNotCached`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
@@ -19,8 +19,11 @@ use sinter_runtime::{CapturedGraph, Device, DeviceBuffer, Executor, KernelCache,
 use crate::cache_key::kernel_key;
 use crate::{Error, Tensor};
 
+pub mod fold;
 pub mod lowering_cache;
 pub mod ptx;
+
+pub use fold::FoldCache;
 
 pub use ptx::{compile_ptx, compile_ptx_with, CompiledPtx, KernelBuffer, PtxKernel, WrittenPtx};
 
@@ -413,7 +416,7 @@ fn longest_first(kg: &KernelGraph, keys: &[Kernel], todo: &[ToBuild]) -> Vec<usi
 /// # Errors
 /// [`Error::Passes`].
 pub fn lower(graph: &Graph, lowering: Lowering, target: &Target) -> Result<KernelGraph, Error> {
-    Ok(lower_counting(graph, lowering, target)?.0)
+    Ok(lower_counting(graph, lowering, target, &pass_options(graph, None))?.0)
 }
 
 /// [`lower`] through the lowering cache in `cache` (a folder of its own, such as
@@ -425,16 +428,36 @@ pub fn lower(graph: &Graph, lowering: Lowering, target: &Target) -> Result<Kerne
 /// # Errors
 /// [`Error::Passes`].
 pub fn lower_with_cache(graph: &Graph, lowering: Lowering, target: &Target, cache: Option<&KernelCache>) -> Result<(KernelGraph, Option<usize>, bool), Error> {
-    lowering_cache::lower_cached(graph, lowering, target, cache, || lower_counting(graph, lowering, target))
+    lower_with_weights(graph, lowering, target, cache, None)
+}
+
+/// [`lower_with_cache`] with the graph's weights named (`None`: guessed,
+/// [`sinter_passes::hoist::infer_weights`]): work that depends only on them and on constants
+/// is hoisted into kernels that [`GpuProgram::fold_bound`] runs once.
+///
+/// # Errors
+/// [`Error::Passes`].
+pub fn lower_with_weights(graph: &Graph, lowering: Lowering, target: &Target, cache: Option<&KernelCache>, weights: Option<&BTreeSet<String>>) -> Result<(KernelGraph, Option<usize>, bool), Error> {
+    let options = pass_options(graph, weights);
+    lowering_cache::lower_cached(graph, lowering, target, cache, &options, || lower_counting(graph, lowering, target, &options))
+}
+
+/// The pass options the GPU backend lowers `graph` with: [`sinter_passes::PassOptions::for_graph`]
+/// with the weights named — left to the guess when they are what it guesses, so that a
+/// lowering cached without names (`sinter precompile` of a graph file) serves an engine that
+/// names them.
+pub fn pass_options(graph: &Graph, weights: Option<&BTreeSet<String>>) -> sinter_passes::PassOptions {
+    let weights = weights.filter(|w| **w != sinter_passes::hoist::weight_names(graph, None)).cloned();
+    sinter_passes::PassOptions { weights, ..sinter_passes::PassOptions::for_graph(graph) }
 }
 
 /// [`lower`], with the kernels per decoder layer the fusion report counts
 /// ([`sinter_passes::FusionReport::layers`]: the most common kind of layer).
-fn lower_counting(graph: &Graph, lowering: Lowering, target: &Target) -> Result<(KernelGraph, Option<usize>), Error> {
+fn lower_counting(graph: &Graph, lowering: Lowering, target: &Target, options: &sinter_passes::PassOptions) -> Result<(KernelGraph, Option<usize>), Error> {
     Ok(match lowering {
         Lowering::Unfused => (sinter_passes::lower_unfused(graph)?, None),
         Lowering::Fused => {
-            let (kg, report) = sinter_passes::compile(graph, target, &sinter_passes::PassOptions::for_graph(graph))?;
+            let (kg, report) = sinter_passes::compile(graph, target, options)?;
             let per_layer = report.layers().and_then(|l| l.typical());
             (kg, per_layer)
         }
@@ -457,6 +480,13 @@ pub struct GpuProgram {
     kg: KernelGraph,
     bound: BTreeMap<String, DeviceBuffer>,
     stats: CompileStats,
+    /// The weights the passes hoisted work on (named or guessed).
+    weights: BTreeSet<String>,
+    /// The program before [`GpuProgram::fold_bound`] dropped its load-time kernels, for a run
+    /// given (or a rebinding of) a weight they read; `None` until something folds.
+    unfolded: Option<Box<(KernelGraph, Executor)>>,
+    /// The bound names the folded kernels read.
+    folded_reads: BTreeSet<String>,
 }
 
 impl GpuProgram {
@@ -488,13 +518,27 @@ impl GpuProgram {
     /// # Errors
     /// As [`GpuProgram::compile`]; driver errors while timing.
     pub fn compile_with_options(graph: &Graph, device: &Device, lowering: Lowering, autotune: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
+        GpuProgram::compile_full(graph, device, lowering, autotune, None, progress)
+    }
+
+    /// [`GpuProgram::compile_with_progress`] with the graph's weights named (the parameters
+    /// bound once: [`sinter_passes::PassOptions::weights`]), so that the work that depends only
+    /// on them and on constants is hoisted into kernels [`GpuProgram::fold_bound`] runs once.
+    ///
+    /// # Errors
+    /// As [`GpuProgram::compile`].
+    pub fn compile_with_weights(graph: &Graph, device: &Device, lowering: Lowering, weights: &BTreeSet<String>, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
+        GpuProgram::compile_full(graph, device, lowering, crate::tune::from_env(), Some(weights), progress)
+    }
+
+    fn compile_full(graph: &Graph, device: &Device, lowering: Lowering, autotune: bool, weights: Option<&BTreeSet<String>>, progress: &mut dyn FnMut(usize, usize)) -> Result<GpuProgram, Error> {
         let t0 = Instant::now();
         progress(0, 0);
         let target = target_for(device);
         let cache = KernelCache::open_default()?;
         // The lowering cache is an optimisation: without its folder the passes run.
         let lowerings = lowering_cache::default_dir().ok().and_then(|d| KernelCache::new(d).ok());
-        let (kg, per_layer, lowering_cached) = lower_with_cache(graph, lowering, &target, lowerings.as_ref())?;
+        let (kg, per_layer, lowering_cached) = lower_with_weights(graph, lowering, &target, lowerings.as_ref(), weights)?;
         let mut stats = CompileStats { lower_seconds: t0.elapsed().as_secs_f64(), kernels_per_layer: per_layer, lowering_cached, ..CompileStats::default() };
         if autotune {
             stats.tuned_now = crate::tune::autotune(&kg, &target, &cache, device)?.len();
@@ -522,7 +566,8 @@ impl GpuProgram {
             exec = exec.with_output_guard(256, 0xFF);
         }
         stats.seconds = t0.elapsed().as_secs_f64();
-        Ok(GpuProgram { device: device.clone(), exec, kg, bound: BTreeMap::new(), stats })
+        let weights = sinter_passes::hoist::weight_names(graph, weights);
+        Ok(GpuProgram { device: device.clone(), exec, kg, bound: BTreeMap::new(), stats, weights, unfolded: None, folded_reads: BTreeSet::new() })
     }
 
     /// The kernel graph it runs.
@@ -531,82 +576,102 @@ impl GpuProgram {
     }
 
     /// Runs, once, every kernel that reads only bound buffers (weights) or such kernels'
-    /// results — the load-time kernels of the fusion report, such as the concatenation of the
-    /// Q, K and V weights that a merged projection reads — and drops them from the program:
-    /// their results become bound inputs (named `folded:<buffer>`). Call it after binding the
-    /// weights; rebinding a weight afterwards does not refold. Returns how many kernels were
-    /// folded.
+    /// results, and every kernel that reads nothing, when its launch needs no symbol — the
+    /// load-time kernels of the fusion report: the concatenated weights of a merged
+    /// projection, a transposed or scaled weight, a norm's `1 + w`, a table built from `iota`
+    /// ([`fold`]) — and drops them from the program: their results become bound inputs
+    /// (named `folded:<buffer>`), which runs, captures and batch-specialised programs read as
+    /// they read the weights. Call it after binding the weights; rebinding a weight a folded
+    /// kernel read, or giving one for a run, goes back to the program before folding (call
+    /// this again after rebinding). Returns how many kernels were folded.
     ///
     /// # Errors
     /// Driver errors of the one run; loading the remaining kernels.
     pub fn fold_bound(&mut self) -> Result<usize, Error> {
-        use std::collections::BTreeSet;
-        let kg = &self.kg;
-        let mut constant: BTreeSet<sinter_ir::Buffer> =
-            kg.inputs.iter().copied().filter(|b| kg.buffers[*b].name.as_ref().is_some_and(|n| self.bound.contains_key(n))).collect();
-        let outputs: BTreeSet<sinter_ir::Buffer> = kg.outputs.iter().copied().collect();
-        let mut folded = BTreeSet::new();
-        for (i, kd) in kg.kernels.values().enumerate() {
-            let in_place = kd.body.nodes.values().any(|nd| nd.op.kind == sinter_ir::OpKind::KvAppend);
-            if !kd.inputs.is_empty() && !in_place && kd.inputs.iter().all(|b| constant.contains(b)) && !kd.outputs.iter().any(|b| outputs.contains(b)) {
-                folded.insert(i);
-                constant.extend(kd.outputs.iter().copied());
-            }
-        }
-        if folded.is_empty() {
-            return Ok(0);
-        }
-        let plans = self.exec.plans().to_vec();
-        // The folded kernels alone: their bound inputs in, every result a later kernel reads out.
-        let mut sub = KernelGraph { buffers: kg.buffers.clone(), ..KernelGraph::default() };
-        let mut sub_plans = Vec::new();
-        let mut rest = KernelGraph { buffers: kg.buffers.clone(), inputs: kg.inputs.clone(), outputs: kg.outputs.clone(), ..KernelGraph::default() };
-        let mut rest_plans = Vec::new();
-        for (i, (kd, plan)) in kg.kernels.values().zip(plans).enumerate() {
-            if folded.contains(&i) {
-                for b in &kd.inputs {
-                    if !sub.inputs.contains(b) && !sub.kernels.values().any(|k| k.outputs.contains(b)) {
-                        sub.inputs.push(*b);
-                    }
-                }
-                sub.kernels.push(kd.clone());
-                sub_plans.push(plan);
-            } else {
-                rest.kernels.push(kd.clone());
-                rest_plans.push(plan);
-            }
-        }
-        for kd in rest.kernels.values() {
-            for b in &kd.inputs {
-                if sub.kernels.values().any(|k| k.outputs.contains(b)) && !sub.outputs.contains(b) {
-                    sub.outputs.push(*b);
-                }
-            }
-        }
-        let inputs: Vec<DeviceBuffer> = sub
+        self.fold_bound_with(None)
+    }
+
+    /// [`GpuProgram::fold_bound`], taking each folded result from `cache` when a program over
+    /// the same buffers folded it already, and keeping there what it computes (one copy of each
+    /// result for the prefill, decode and batch-specialised programs of one model).
+    ///
+    /// # Errors
+    /// As [`GpuProgram::fold_bound`].
+    pub fn fold_bound_with(&mut self, cache: Option<&FoldCache>) -> Result<usize, Error> {
+        let Some(split) = fold::split(&self.kg, self.exec.plans(), &|n| self.bound.contains_key(n)) else { return Ok(0) };
+        let named = |b: sinter_ir::Buffer| split.sub.buffers[b].name.clone().unwrap_or_default();
+        let inputs: Vec<DeviceBuffer> = split
+            .sub
             .inputs
             .iter()
-            .map(|b| {
-                let name = kg.buffers[*b].name.clone().unwrap_or_default();
-                self.bound.get(&name).cloned().ok_or_else(|| Error::Unsupported(format!("folding: weight {name} is not bound")))
-            })
+            .map(|&b| self.bound.get(&named(b)).cloned().ok_or_else(|| Error::Unsupported(format!("folding: weight {} is not bound", named(b)))))
             .collect::<Result<_, _>>()?;
-        let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
-        let results = Executor::new(&self.device, &sub, sub_plans)?.run(&refs, &Bindings::new())?;
-        for (b, buf) in sub.outputs.iter().zip(results) {
-            let name = format!("folded:{b}");
-            rest.buffers[*b].name = Some(name.clone());
-            rest.buffers[*b].role = sinter_ir::BufferRole::Input;
-            rest.inputs.push(*b);
-            self.bound.insert(name, buf);
+        let device_key = |b: sinter_ir::Buffer| {
+            let i = split.sub.inputs.iter().position(|&x| x == b)?;
+            let d = &inputs[i];
+            Some(format!("device {:x} {} {:?}", d.device_ptr(), d.dtype(), d.shape()))
+        };
+        let keys = fold::result_keys(&split, &device_key);
+        // The cache is used only where every result has a key (every one does: a kernel's).
+        let out_keys: Option<Vec<String>> = split.sub.outputs.iter().map(|b| keys.get(b).cloned()).collect();
+        let cache = cache.zip(out_keys);
+        let cached: Option<Vec<DeviceBuffer>> = cache.as_ref().and_then(|(c, ks)| ks.iter().map(|k| c.get(k)).collect());
+        let results = match cached {
+            Some(r) => r,
+            None => {
+                let refs: Vec<&DeviceBuffer> = inputs.iter().collect();
+                let made = Executor::new(&self.device, &split.sub, split.sub_plans.clone())?.run(&refs, &Bindings::new())?;
+                match &cache {
+                    Some((c, ks)) => ks.iter().zip(made).map(|(k, buf)| c.insert(k.clone(), buf, inputs.clone())).collect(),
+                    None => made,
+                }
+            }
+        };
+        for (b, buf) in split.sub.outputs.iter().zip(results) {
+            self.bound.insert(fold::folded_name(*b), buf);
         }
-        let mut exec = Executor::new(&self.device, &rest, rest_plans)?;
+        let mut exec = Executor::new(&self.device, &split.rest, split.rest_plans)?;
         if std::env::var_os("SINTER_POISON").is_some() {
             exec = exec.with_output_guard(256, 0xFF);
         }
-        self.exec = exec;
-        self.kg = rest;
-        Ok(folded.len())
+        let before = std::mem::replace(&mut self.exec, exec);
+        let kg_before = std::mem::replace(&mut self.kg, split.rest);
+        if self.unfolded.is_none() {
+            self.unfolded = Some(Box::new((kg_before, before)));
+        }
+        self.folded_reads.extend(split.reads);
+        Ok(split.folded.len())
+    }
+
+    /// Goes back to the program before [`GpuProgram::fold_bound`] (its folded results unbound).
+    fn unfold(&mut self) {
+        if let Some(u) = self.unfolded.take() {
+            (self.kg, self.exec) = *u;
+            self.bound.retain(|n, _| !n.starts_with("folded:"));
+            self.folded_reads.clear();
+        }
+    }
+
+    /// The weights the passes hoisted work on, by name: those
+    /// [`GpuProgram::compile_with_weights`] named, or the guess
+    /// ([`sinter_passes::hoist::infer_weights`]).
+    pub fn weights(&self) -> &BTreeSet<String> {
+        &self.weights
+    }
+
+    /// Whether every weight ([`GpuProgram::weights`]) is bound: the time to
+    /// [`GpuProgram::fold_bound`].
+    pub fn weights_bound(&self) -> bool {
+        self.weights.iter().all(|w| self.bound.contains_key(w))
+    }
+
+    /// The kernel graph and executor a run with `given` inputs takes: the program before
+    /// folding when one of them replaces a weight a folded kernel read.
+    fn program_for(&self, given: &dyn Fn(&str) -> bool) -> (&KernelGraph, &Executor) {
+        match &self.unfolded {
+            Some(u) if self.folded_reads.iter().any(|n| given(n)) => (&u.0, &u.1),
+            _ => (&self.kg, &self.exec),
+        }
     }
 
     /// What compiling took.
@@ -625,13 +690,16 @@ impl GpuProgram {
     /// Out of device memory, driver errors.
     pub fn bind(&mut self, name: &str, t: &Tensor) -> Result<(), Error> {
         let buf = self.device.upload_tensor(t)?;
-        self.bound.insert(name.to_string(), buf);
+        self.bind_buffer(name, buf);
         Ok(())
     }
 
     /// Binds a parameter to a buffer already on the device (shared, not copied): one upload
     /// of the weights serves the prefill and the decode program.
     pub fn bind_buffer(&mut self, name: &str, buf: DeviceBuffer) {
+        if self.folded_reads.contains(name) {
+            self.unfold();
+        }
         self.bound.insert(name.to_string(), buf);
     }
 
@@ -648,13 +716,8 @@ impl GpuProgram {
     /// Missing inputs, shape disagreements, driver errors.
     pub fn run(&self, inputs: &[(&str, &Tensor)], symbols: &Bindings) -> Result<Vec<Tensor>, Error> {
         let uploaded: Vec<(&str, DeviceBuffer)> = inputs.iter().map(|(n, t)| Ok((*n, self.device.upload_tensor(t)?))).collect::<Result<_, RuntimeError>>()?;
-        let mut all: Vec<(&str, &DeviceBuffer)> = uploaded.iter().map(|(n, b)| (*n, b)).collect();
-        for (n, b) in &self.bound {
-            if !inputs.iter().any(|(m, _)| m == n) {
-                all.push((n.as_str(), b));
-            }
-        }
-        let outs = self.exec.run_named(&all, symbols)?;
+        let given: Vec<(&str, &DeviceBuffer)> = uploaded.iter().map(|(n, b)| (*n, b)).collect();
+        let outs = self.run_device(&given, symbols)?;
         Ok(outs.iter().map(|b| self.device.download_tensor(b)).collect::<Result<Vec<_>, _>>()?)
     }
 
@@ -667,7 +730,8 @@ impl GpuProgram {
     /// [`GpuProgram::run`].
     pub(crate) fn run_checked<'t>(&self, func: &str, given: &dyn Fn(&str) -> Option<&'t Tensor>, symbols: &Bindings) -> Result<Vec<Tensor>, Error> {
         let mut uploaded: Vec<(&str, DeviceBuffer)> = Vec::new();
-        let names: Vec<&str> = self.kg.inputs.iter().filter_map(|b| self.kg.buffers[*b].name.as_deref()).collect();
+        let (kg, exec) = self.program_for(&|n| given(n).is_some());
+        let names: Vec<&str> = kg.inputs.iter().filter_map(|b| kg.buffers[*b].name.as_deref()).collect();
         for &n in &names {
             if let Some(t) = given(n) {
                 uploaded.push((n, self.device.upload_tensor(t)?));
@@ -680,7 +744,7 @@ impl GpuProgram {
                 all.push((n, b));
             }
         }
-        let outs = self.exec.run_named(&all, symbols)?;
+        let outs = exec.run_named(&all, symbols)?;
         Ok(outs.iter().map(|b| self.device.download_tensor(b)).collect::<Result<Vec<_>, _>>()?)
     }
 
@@ -689,18 +753,22 @@ impl GpuProgram {
     /// # Errors
     /// As [`GpuProgram::run`].
     pub fn run_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<Vec<DeviceBuffer>, Error> {
-        Ok(self.exec.run_named(&self.with_bound(inputs), symbols)?)
+        let (exec, all) = self.with_bound(inputs);
+        Ok(exec.run_named(&all, symbols)?)
     }
 
-    /// Device inputs by name, completed with the bound weights.
-    fn with_bound<'a>(&'a self, inputs: &[(&'a str, &'a DeviceBuffer)]) -> Vec<(&'a str, &'a DeviceBuffer)> {
+    /// The executor a run on `inputs` takes ([`GpuProgram::program_for`]) and the device inputs
+    /// by name, completed with the bound buffers it reads (weights, folded results).
+    fn with_bound<'a>(&'a self, inputs: &[(&'a str, &'a DeviceBuffer)]) -> (&'a Executor, Vec<(&'a str, &'a DeviceBuffer)>) {
+        let (kg, exec) = self.program_for(&|n| inputs.iter().any(|(m, _)| *m == n));
+        let reads: BTreeSet<&str> = kg.inputs.iter().filter_map(|b| kg.buffers[*b].name.as_deref()).collect();
         let mut all: Vec<(&str, &DeviceBuffer)> = inputs.to_vec();
         for (n, b) in &self.bound {
-            if !inputs.iter().any(|(m, _)| m == n) {
+            if reads.contains(n.as_str()) && !inputs.iter().any(|(m, _)| m == n) {
                 all.push((n.as_str(), b));
             }
         }
-        all
+        (exec, all)
     }
 
     /// [`GpuProgram::run_device`], timing each kernel with CUDA events.
@@ -708,7 +776,8 @@ impl GpuProgram {
     /// # Errors
     /// As [`GpuProgram::run`].
     pub fn run_device_profiled(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<(Vec<DeviceBuffer>, Profile), Error> {
-        Ok(self.exec.run_profiled_named(&self.with_bound(inputs), symbols)?)
+        let (exec, all) = self.with_bound(inputs);
+        Ok(exec.run_profiled_named(&all, symbols)?)
     }
 
     /// Captures one run on device-resident inputs (and the bound weights) as a CUDA graph,
@@ -718,7 +787,8 @@ impl GpuProgram {
     /// # Errors
     /// As [`GpuProgram::run`]; capture and instantiation errors.
     pub fn capture_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<CapturedGraph, Error> {
-        Ok(self.exec.capture_named(&self.with_bound(inputs), symbols)?)
+        let (exec, all) = self.with_bound(inputs);
+        Ok(exec.capture_named(&all, symbols)?)
     }
 
     /// The executor (for profiling and CUDA-graph capture).

@@ -372,7 +372,13 @@ impl Program {
         let entry = graph.entry().ok_or(Error::NoEntry)?.name.clone();
         let runner = match &backend {
             Backend::Interpreter => Runner::Interpreter(BTreeMap::new()),
-            Backend::Gpu(device) => Runner::Gpu(Box::new(GpuProgram::compile(&graph, device, lowering)?)),
+            Backend::Gpu(device) => {
+                let mut p = GpuProgram::compile(&graph, device, lowering)?;
+                // Kernels reading nothing (tables of constants) fold now; the others once the
+                // weights are bound (`Program::bind`).
+                p.fold_bound()?;
+                Runner::Gpu(Box::new(p))
+            }
         };
         Ok(Program { graph, entry, backend, runner })
     }
@@ -470,7 +476,10 @@ impl Program {
 
     /// Binds a weight (or any parameter that stays the same between runs) by name. Pass an
     /// `Arc<Tensor>` to share one tensor between programs (prefill and decode) without a copy.
-    /// On the GPU the tensor is uploaded now and kept on the device.
+    /// On the GPU the tensor is uploaded now and kept on the device, and once every weight the
+    /// passes hoisted work on is bound ([`GpuProgram::weights`]), that work runs once
+    /// ([`GpuProgram::fold_bound`]); an input given to [`Program::run`] in place of such a
+    /// weight runs the program as compiled.
     ///
     /// ```
     /// # use sinter::{graph, Backend, DType, Program, Tensor};
@@ -492,7 +501,14 @@ impl Program {
             Runner::Interpreter(bound) => {
                 bound.insert(name.to_string(), t);
             }
-            Runner::Gpu(p) => p.bind(name, &t)?,
+            Runner::Gpu(p) => {
+                p.bind(name, &t)?;
+                // Once every weight is bound, the load-time kernels (work on weights and
+                // constants alone) run, once; rebinding a weight they read runs them again.
+                if p.weights_bound() {
+                    p.fold_bound()?;
+                }
+            }
         }
         Ok(())
     }

@@ -557,7 +557,9 @@ fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: L
     let cache = sinter_runtime::KernelCache::open_default()?;
     // The lowerings too: a build without LLVM then starts without running the passes.
     let lowerings = sinter_runtime::KernelCache::new(sinter::gpu::lowering_cache::default_dir()?)?;
-    let lower = |g: &sinter::Graph| sinter::gpu::lower_with_cache(g, lowering, target, Some(&lowerings)).map(|r| r.0);
+    // With the model's weights named, as the engine lowers them.
+    let weights = m.weights().keys().cloned().collect();
+    let lower = |g: &sinter::Graph| sinter::gpu::lower_with_weights(g, lowering, target, Some(&lowerings), Some(&weights)).map(|r| r.0);
     let t0 = Instant::now();
     for mode in [zoo::Mode::Prefill, zoo::Mode::Decode] {
         let g = m.graph(mode)?;

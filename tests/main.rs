@@ -13,6 +13,7 @@ mod book;
 mod passes;
 mod gpu;
 mod fused_zoo;
+mod hoist;
 mod engine_gpu;
 mod cascade;
 mod decoder;

@@ -18,7 +18,10 @@
 //! parameters, projections and the root tuple; `reshape` (a view of a contiguous buffer);
 //! `constant` and `iota` (folded into their consumers); a `slice` of a matmul's output
 //! columns (the matmul's epilogue writes each slice to its own buffer) or a contiguous slice;
-//! and a `concat` of parameters (weights, concatenated once at load time). Every node also
+//! a `concat` of parameters (weights, concatenated once at load time); and any node on
+//! load-time operands (weights and constants, [`crate::extract::load_time_classes`]) whose
+//! results have constant shapes and are no larger than its operands (computed once when the
+//! weights are bound, [`crate::hoist`]). Every node also
 //! pays a tiny [`EPSILON_US`], so that costs are strictly positive and a cyclic choice can
 //! never be cheapest. After extraction the partitioner fuses kernels; the fusion report
 //! re-costs the final kernels with [`kernel_us`].
@@ -189,6 +192,8 @@ pub struct OperandFacts {
     pub all_params: bool,
     /// The first operand class holds a matmul.
     pub first_is_matmul: bool,
+    /// Every operand class is a load-time value ([`crate::extract::load_time_classes`]).
+    pub load_time: bool,
 }
 
 /// The extraction cost of an op e-node, µs (see the module docs for the free nodes).
@@ -205,12 +210,21 @@ pub fn node_cost(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorT
         OpKind::Slice => facts.first_is_matmul || ins.first().is_some_and(|t| is_contiguous_slice(op, t)),
         OpKind::Concat => facts.all_params,
         _ => false,
-    };
+    } || hoisted_free(cfg, op, ins, outs, facts);
     if free {
         EPSILON_US
     } else {
         EPSILON_US + op_us(cfg, op, ins, outs)
     }
+}
+
+/// Whether an op on load-time operands is computed once at load time and so costs a step
+/// nothing: its results have constant shapes and are no larger than its operands (the
+/// hoisting criterion of [`crate::hoist`], applied to the node alone).
+fn hoisted_free(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType], facts: OperandFacts) -> bool {
+    let read: f64 = ins.iter().map(|t| cfg.bytes(t)).sum();
+    let written: f64 = outs.iter().map(|t| cfg.bytes(t)).sum();
+    facts.load_time && op.kind != OpKind::KvAppend && outs.iter().all(crate::hoist::is_static) && written <= read
 }
 
 /// Whether `slice` of a contiguous `x` is itself contiguous (every axis before the sliced

@@ -23,12 +23,13 @@
 //! used by the three projection classes through slices; switching the three together pays
 //! the merged matmul once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use egg::{Id, Language};
 use sinter_ir::{Function, OpKind, TensorType, Value};
 
 use crate::cost::{node_cost, CostConfig, OperandFacts, EPSILON_US};
+use crate::hoist::is_static;
 use crate::lang::{Sir, SirEGraph};
 
 /// Rounds of the sharing pass.
@@ -46,9 +47,10 @@ impl NodeCosts {
     /// Costs every e-node of `eg` under `cfg`.
     pub fn new(eg: &SirEGraph, cfg: &CostConfig) -> NodeCosts {
         let mut costs = HashMap::new();
+        let load_time = load_time_classes(eg);
         for class in eg.classes() {
             for (i, n) in class.nodes.iter().enumerate() {
-                costs.insert((class.id, i), own_cost(eg, cfg, n, &class.data.tys));
+                costs.insert((class.id, i), own_cost(eg, cfg, n, &class.data.tys, &load_time));
             }
         }
         NodeCosts { costs }
@@ -65,7 +67,42 @@ impl NodeCosts {
     }
 }
 
-fn own_cost(eg: &SirEGraph, cfg: &CostConfig, n: &Sir, outs: &[TensorType]) -> f64 {
+/// The classes of `eg` that are load-time values ([`crate::hoist`]): of constant types, and
+/// holding a weight parameter (as [`crate::hoist::infer_weights`] guesses them from the
+/// function's own parameter types) or an e-node all of whose children are load-time (a
+/// `constant`, an `iota`). A least fixpoint, so a cyclic class is load-time only through an
+/// acyclic e-node.
+pub fn load_time_classes(eg: &SirEGraph) -> HashSet<Id> {
+    let params = &eg.analysis.params;
+    let any_symbolic = params.iter().any(|t| !is_static(t));
+    let weight = |i: u32| {
+        any_symbolic && params.get(i as usize).is_some_and(|t| is_static(t) && (t.dtype.is_float() || t.dtype.is_quantized() || t.dtype.is_fp8()))
+    };
+    let mut lt: HashSet<Id> = HashSet::new();
+    loop {
+        let mut changed = false;
+        for class in eg.classes() {
+            if lt.contains(&class.id) || class.data.tys.is_empty() || !class.data.tys.iter().all(is_static) {
+                continue;
+            }
+            let ok = class.nodes.iter().any(|n| match n {
+                Sir::Param(i) => weight(*i),
+                Sir::Proj(_, [c]) => lt.contains(&eg.find(*c)),
+                Sir::Tuple(_) => false,
+                Sir::Op(sym, ch) => !matches!(sym.kind(), OpKind::KvAppend | OpKind::Call) && ch.iter().all(|c| lt.contains(&eg.find(*c))),
+            });
+            if ok {
+                lt.insert(class.id);
+                changed = true;
+            }
+        }
+        if !changed {
+            return lt;
+        }
+    }
+}
+
+fn own_cost(eg: &SirEGraph, cfg: &CostConfig, n: &Sir, outs: &[TensorType], load_time: &HashSet<Id>) -> f64 {
     match n {
         Sir::Param(_) | Sir::Proj(..) | Sir::Tuple(_) => EPSILON_US,
         Sir::Op(sym, ch) => {
@@ -75,6 +112,7 @@ fn own_cost(eg: &SirEGraph, cfg: &CostConfig, n: &Sir, outs: &[TensorType]) -> f
             let facts = OperandFacts {
                 all_params: !ch.is_empty() && ch.iter().all(|&c| eg[c].nodes.iter().any(|m| matches!(m, Sir::Param(_)))),
                 first_is_matmul: ch.first().is_some_and(|&c| has(c, OpKind::Matmul)),
+                load_time: !ch.is_empty() && ch.iter().all(|c| load_time.contains(&eg.find(*c))),
             };
             node_cost(cfg, sym.op(), &ins, outs, facts)
         }

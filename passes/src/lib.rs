@@ -13,9 +13,11 @@
 //!    [`rules::fusion`]) run in phases by [`optimise`] under explicit limits; a decoder layer
 //!    defined once is optimised once.
 //! 3. [`extract`] — DAG-aware extraction under the [`cost`] model picks the cheapest graph.
-//! 4. [`lower`] — calls are inlined with the optimised bodies, the flat function is split into
+//! 4. [`lower`] — calls are inlined with the optimised bodies, [`hoist`] finds the work on
+//!    weights and constants that runs once at load time, the flat function is split into
 //!    kernels by [`partition`] (pointwise chains, matmul epilogues, row-reduction prologues and
-//!    epilogues), and a [`KernelGraph`] is built.
+//!    epilogues; never a load-time node with a per-step one), and a [`KernelGraph`] is built,
+//!    its load-time kernels marked.
 //! 5. [`report`] — the fusion report: rules fired, stop reasons, e-graph sizes, kernels with
 //!    their families, ops and bytes, before and after; Graphviz output.
 //!
@@ -35,6 +37,7 @@ pub mod decompose;
 pub mod eval;
 pub mod expand;
 pub mod extract;
+pub mod hoist;
 pub mod lang;
 pub mod lower;
 pub mod optimise;
@@ -43,6 +46,7 @@ pub mod report;
 pub mod rules;
 pub mod specialise;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 pub use cost::CostConfig;
@@ -87,6 +91,12 @@ pub struct PassOptions {
     /// buffers by a kernel, every kernel checked. Off gives the unconstrained fusion (whose
     /// kernels the interpreter runs but `sinter-codegen` may refuse).
     pub codegen_contract: bool,
+    /// The entry function's parameters that are weights, by name: bound once and the same at
+    /// every step, so that work depending only on them and on constants is hoisted to load
+    /// time ([`hoist`]). `None` (the default) guesses them ([`hoist::infer_weights`]: the
+    /// parameters of a constant shape and a float or storage dtype, when some parameter's
+    /// shape has a symbol).
+    pub weights: Option<BTreeSet<String>>,
 }
 
 impl PassOptions {
@@ -98,7 +108,7 @@ impl PassOptions {
 
 impl Default for PassOptions {
     fn default() -> PassOptions {
-        PassOptions { cost: CostConfig::prefill(), limits: Limits::default(), merge_parallel_matmuls: true, fuse: true, snapshots: false, codegen_contract: true }
+        PassOptions { cost: CostConfig::prefill(), limits: Limits::default(), merge_parallel_matmuls: true, fuse: true, snapshots: false, codegen_contract: true, weights: None }
     }
 }
 

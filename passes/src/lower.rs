@@ -48,9 +48,13 @@
 //! **Aliasing.** `kv_append` is functional in the IR; on the device its outputs are its page
 //! inputs updated in place. The report lists these aliases (`FusionReport::aliases`).
 //!
-//! **Load-time kernels.** A Layout kernel that concatenates graph inputs only (the weights of
-//! merged projections) is marked `load_time` in the report: whoever binds the weights runs it
-//! once, constant-folding the concatenation, instead of at every step.
+//! **Load-time kernels.** The partition is cut at the load-time frontier ([`crate::hoist`]):
+//! work on weights and constants (the concatenated weights of merged projections, a
+//! transposed or scaled weight, a norm's `1 + w`, a table built from `iota`) gets kernels of
+//! its own rather than being redone in per-step kernels, where that does not make a step read
+//! more. Every kernel that reads only weights and other such kernels' results, with constant
+//! shapes and no graph output ([`KernelGraph::load_time_kernels`]), is marked `load_time` in
+//! the report: whoever binds the weights runs it once, instead of at every step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
@@ -62,6 +66,7 @@ use sinter_ir::{
 
 use crate::lang::{neg_axis, OpSym};
 use crate::optimise::optimise_function;
+use crate::hoist::Hoist;
 use crate::partition::{self, Partition, Role, Uses};
 use crate::report::{FunctionReport, FusionReport, KernelMeta, KernelReport};
 use crate::{PassError, PassOptions};
@@ -521,11 +526,7 @@ pub fn build_kernel_graph(flat: &Flat, part: &Partition) -> Result<(KernelGraph,
             bf.outputs.push(*vmap.get(&e).ok_or_else(|| PassError::Lower(format!("internal: export {} is not computed by its kernel", f.label(e))))?);
             outs.push(buf_of[&e]);
         }
-        let load_time = spec.family == Family::Layout
-            && body.nodes.len() == 1
-            && f.nodes[body.nodes[0]].op.kind == OpKind::Concat
-            && body.params.iter().all(|v| matches!(f.values[*v].def, ValueDef::Param(_)));
-        metas.push(KernelMeta { origin: flat.origins.get(spec.origin).cloned().unwrap_or_default(), load_time, group: spec.group });
+        metas.push(KernelMeta { origin: flat.origins.get(spec.origin).cloned().unwrap_or_default(), load_time: false, group: spec.group });
         kg.kernels.push(KernelData { family: spec.family, body: bf, inputs, outputs: outs });
     }
     for &o in &outputs {
@@ -671,16 +672,17 @@ pub fn lower_unfused(g: &Graph) -> Result<KernelGraph, PassError> {
 const CONTRACT_ROUNDS: usize = 8;
 
 /// Fuses `flat` within the code generator's contract ([`sinter_ir::contract`]): the contract-aware
-/// partition, [`partition::legalise`], then every built kernel is checked; a kernel outside
-/// the contract is split ([`partition::dissolve`]) and the graph rebuilt.
+/// partition cut at the load-time frontier `hoist` ([`crate::hoist::plan`]),
+/// [`partition::legalise`], then every built kernel is checked; a kernel outside the contract
+/// is split ([`partition::dissolve`]) and the graph rebuilt.
 ///
 /// # Errors
 /// Kernels still outside the contract after `CONTRACT_ROUNDS` (8) rounds (a bug), and
 /// [`build_kernel_graph`]'s errors.
-pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig, target: &Target) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
+pub fn build_within_contract(flat: &Flat, cost: &crate::CostConfig, target: &Target, hoist: &Hoist) -> Result<(KernelGraph, Vec<KernelMeta>), PassError> {
     let f = &flat.func;
     let uses = Uses::with(f, true);
-    let mut part = partition::fuse_with(f, cost, true);
+    let mut part = partition::fuse_with(f, cost, true, hoist);
     partition::legalise(f, &uses, &mut part, target);
     for round in 0.. {
         let (kg, metas) = build_kernel_graph(flat, &part)?;
@@ -743,12 +745,21 @@ pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(Kernel
     }
     sinter_ir::verify(&opt_graph).map_err(|e| PassError::Lower(format!("internal: the optimised graph does not verify: {e}")))?;
     let flat = reductions_to_last_axis(&cse_dce(&inline(&opt_graph)?))?;
-    let (kg, metas) = if opts.fuse && opts.codegen_contract {
-        build_within_contract(&flat, &opts.cost, target)?
+    let weights = crate::hoist::weight_params(&flat.func, opts.weights.as_ref());
+    let hoist = crate::hoist::plan(&flat.func, &Uses::with(&flat.func, opts.codegen_contract), &opts.cost, weights);
+    let (kg, mut metas) = if opts.fuse && opts.codegen_contract {
+        build_within_contract(&flat, &opts.cost, target, &hoist)?
     } else {
-        let part = if opts.fuse { partition::fuse(&flat.func, &opts.cost) } else { partition::one_per_node(&flat.func) };
+        let part = if opts.fuse { partition::fuse(&flat.func, &opts.cost, &hoist) } else { partition::one_per_node(&flat.func) };
         build_kernel_graph(&flat, &part)?
     };
+    // Load-time kernels: those reading only weights and other load-time kernels' results, as
+    // the GPU backend folds them once the weights are bound.
+    let weight_names: HashSet<&str> = hoist.weights.iter().filter_map(|&w| flat.func.values[w].name.as_deref()).collect();
+    let fixed = |b: sinter_ir::Buffer| kg.buffers[b].name.as_deref().is_some_and(|n| weight_names.contains(n));
+    for (m, lt) in metas.iter_mut().zip(kg.load_time_kernels(fixed)) {
+        m.load_time = lt;
+    }
     let seconds = start.elapsed().as_secs_f64();
     // The baseline: one kernel per node of the original graph.
     let base_flat = reductions_to_last_axis(&inline(g)?)?;

@@ -28,6 +28,11 @@
 //! node depends on the kernel being joined). Anchored kernels are preferred over pointwise
 //! ones when a node could join either.
 //!
+//! **The load-time frontier.** Hoisted nodes ([`crate::hoist`]: work on weights and constants
+//! that runs once when the weights are bound) and per-step nodes never share a kernel: every
+//! join above, every prologue and every root a kernel writes stays on its kernel's side, so a
+//! per-step kernel reads a hoisted result as a buffer instead of recomputing it.
+//!
 //! **The code generator's contract** ([`sinter_ir::contract`], on by default:
 //! [`crate::PassOptions::codegen_contract`]) narrows this to the bodies each generator
 //! accepts:
@@ -62,6 +67,7 @@ use sinter_ir::{Dim, Family, Function, Node, OpClass, OpKind, Value};
 use sinter_ir::contract::{is_elementwise, is_rotation, is_strict_operand, one_shape, quantized_b, reads_fp8_with};
 use sinter_ir::Target;
 use crate::cost::{is_contiguous_slice, CostConfig};
+use crate::hoist::Hoist;
 
 /// What a node is to the partitioner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,11 +145,19 @@ pub struct Group {
     shape: Vec<Dim>,
     /// Split for the contract: never merged again.
     pinned: bool,
+    /// A kernel of hoisted nodes and load-time roots ([`crate::hoist`]): it never takes a
+    /// per-step node, nor a per-step kernel one of its nodes.
+    load_time: bool,
 }
 
 impl Group {
     fn new(family: Family, nodes: Vec<Node>, limit: f64) -> Group {
-        Group { family, nodes, roots: vec![], limit, shape: vec![], pinned: false }
+        Group { family, nodes, roots: vec![], limit, shape: vec![], pinned: false, load_time: false }
+    }
+
+    /// Whether the kernel holds hoisted nodes and load-time roots ([`crate::hoist`]).
+    pub fn load_time(&self) -> bool {
+        self.load_time
     }
 }
 
@@ -161,6 +175,11 @@ pub struct Partition {
     /// hosting kernel would fall outside the code generator's contract, e.g. a row
     /// reduction writing a slice of its rows).
     pub own_kernel: HashSet<Value>,
+    /// The hoisted nodes ([`crate::hoist::Hoist::nodes`]): kernels hold only hoisted nodes or
+    /// only others.
+    pub hoisted: HashSet<Node>,
+    /// The values a load-time kernel can write as roots ([`crate::hoist::Hoist::available`]).
+    pub available: HashSet<Value>,
 }
 
 impl Partition {
@@ -275,15 +294,16 @@ impl Uses {
 
 /// Partitions `f` into fused kernels (see the module docs), without the code generator's
 /// contract.
-pub fn fuse(f: &Function, cfg: &CostConfig) -> Partition {
-    fuse_with(f, cfg, false)
+pub fn fuse(f: &Function, cfg: &CostConfig, hoist: &Hoist) -> Partition {
+    fuse_with(f, cfg, false, hoist)
 }
 
 /// Partitions `f` into fused kernels; `contract`: within the code generator's contract (then
-/// [`legalise`] is still to run).
-pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
+/// [`legalise`] is still to run). Hoisted nodes ([`Hoist`]) and the others never share a
+/// kernel.
+pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool, hoist: &Hoist) -> Partition {
     let uses = Uses::with(f, contract);
-    let mut p = Partition::default();
+    let mut p = Partition { hoisted: hoist.nodes.clone(), available: hoist.available.clone(), ..Partition::default() };
     let numel = |v: Value| cfg.numel(f.ty(v));
     for (n, nd) in f.nodes.iter() {
         let r = role_in(f, n, contract);
@@ -310,9 +330,10 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     Family::RowReduction => 1,
                     _ => 2,
                 }, usize::MAX - g));
+                let side = p.hoisted.contains(&n);
                 let joined = cands.into_iter().find(|&g| {
                     let grp = &p.groups[g];
-                    let fits = match grp.family {
+                    let fits = grp.load_time == side && match grp.family {
                         Family::Pointwise => true,
                         Family::Matmul => out_n <= grp.limit && (!contract || epilogue_ok(f, &uses, &p, g, n)),
                         Family::RowReduction => out_n <= grp.limit && (!contract || !is_rotation(nd.op.kind) || rope_on_rows(f, &uses, &p, g, n)),
@@ -327,7 +348,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                         // the whole element-wise DAG) where that closes no cycle.
                         if p.groups[g].family == Family::Pointwise {
                             for h in operand_groups(&p) {
-                                if h != g && p.groups[h].family == Family::Pointwise && !reaches_around(&uses, &p, h, g) && !reaches_around(&uses, &p, g, h) {
+                                if h != g && p.groups[h].family == Family::Pointwise && p.groups[h].load_time == side && !reaches_around(&uses, &p, h, g) && !reaches_around(&uses, &p, g, h) {
                                     absorb(&mut p, h, g);
                                 }
                             }
@@ -340,7 +361,8 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
             }
             Role::Anchor(Family::Layout) if nd.op.kind == OpKind::Slice && nd.op.int("axis").is_some_and(|a| a == -1 || a + 1 == f.ty(nd.inputs[0]).rank() as i64) => {
                 let cands = operand_groups(&p);
-                match cands.into_iter().find(|&g| p.groups[g].family == Family::Matmul && !creates_cycle(f, &uses, &p, g, n)) {
+                let side = p.hoisted.contains(&n);
+                match cands.into_iter().find(|&g| p.groups[g].family == Family::Matmul && p.groups[g].load_time == side && !creates_cycle(f, &uses, &p, g, n)) {
                     Some(g) => join(&mut p, g, n),
                     None => {
                         new_group(&mut p, Family::Layout, n, 0.0);
@@ -350,10 +372,11 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
             Role::Anchor(Family::RowReduction) => {
                 let row = nd.inputs.first().map(|&x| numel(x)).unwrap_or(0.0);
                 let cands = operand_groups(&p);
+                let side = p.hoisted.contains(&n);
                 let same_rows = cands
                     .iter()
                     .copied()
-                    .find(|&g| p.groups[g].family == Family::RowReduction && p.groups[g].limit == row && !creates_cycle(f, &uses, &p, g, n));
+                    .find(|&g| p.groups[g].family == Family::RowReduction && p.groups[g].limit == row && p.groups[g].load_time == side && !creates_cycle(f, &uses, &p, g, n));
                 let g = match same_rows {
                     Some(g) => {
                         join(&mut p, g, n);
@@ -364,7 +387,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                 // Prologue: a Pointwise kernel used only by this reduction (a second norm's
                 // weight computed from a parameter, Gemma's `1 + w`, included).
                 for pg in cands {
-                    if p.groups[pg].family != Family::Pointwise {
+                    if p.groups[pg].family != Family::Pointwise || p.groups[pg].load_time != side {
                         continue;
                     }
                     let members: BTreeSet<Node> = p.groups[pg].nodes.iter().copied().collect();
@@ -406,7 +429,7 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool) -> Partition {
                     }
                     let pages: Vec<Value> = nd.inputs.iter().take(2).flat_map(|&v| uses.bases(f, v)).collect();
                     for h in cands {
-                        if p.groups[h].family != Family::Pointwise {
+                        if p.groups[h].family != Family::Pointwise || p.groups[h].load_time != p.groups[g].load_time {
                             continue;
                         }
                         let members: BTreeSet<Node> = p.groups[h].nodes.iter().copied().collect();
@@ -491,7 +514,7 @@ fn kv_append_joins(f: &Function, uses: &Uses, p: &Partition, n: Node) -> Option<
     let group = |v: Value| -> Vec<Option<usize>> { uses.bases(f, v).iter().map(|b| uses.producer.get(b).and_then(|pn| p.group_of.get(pn)).copied()).collect() };
     let (gk, gv) = (group(nd.inputs[2]), group(nd.inputs[3]));
     let g = match (gk.as_slice(), gv.as_slice()) {
-        ([Some(a)], [Some(b)]) if a == b && p.groups[*a].family == Family::Matmul && !p.groups[*a].pinned => *a,
+        ([Some(a)], [Some(b)]) if a == b && p.groups[*a].family == Family::Matmul && !p.groups[*a].pinned && p.groups[*a].load_time == p.hoisted.contains(&n) => *a,
         _ => return None,
     };
     let pages_outside = nd.inputs[..2].iter().all(|&v| {
@@ -513,7 +536,9 @@ fn absorb(p: &mut Partition, from: usize, into: usize) {
 
 fn new_group(p: &mut Partition, family: Family, n: Node, limit: f64) -> usize {
     let g = p.groups.len();
-    p.groups.push(Group::new(family, vec![n], limit));
+    let mut grp = Group::new(family, vec![n], limit);
+    grp.load_time = p.hoisted.contains(&n);
+    p.groups.push(grp);
     p.group_of.insert(n, g);
     g
 }
@@ -666,6 +691,7 @@ fn root_group(f: &Function, uses: &Uses, p: &mut Partition, v: Value, pinned: bo
     let g = p.groups.len();
     let mut grp = Group::new(if has_view { Family::Layout } else { Family::Pointwise }, vec![], 0.0);
     grp.pinned = pinned;
+    grp.load_time = p.available.contains(&v);
     grp.roots.push(v);
     p.groups.push(grp);
     p.host_of.insert(v, g);
@@ -705,7 +731,7 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
     for v in need {
         let srcs: BTreeSet<usize> = p.reads(f, uses, v, None).into_iter().filter_map(|x| p.source(uses, x)).collect();
         match srcs.first() {
-            Some(&h) if srcs.len() == 1 && !p.groups[h].pinned && (pointwise_engine(p.groups[h].family) || (p.groups[h].family == Family::Matmul && column_view(f, uses, p, h, v))) => {
+            Some(&h) if srcs.len() == 1 && !p.groups[h].pinned && p.groups[h].load_time == p.available.contains(&v) && (pointwise_engine(p.groups[h].family) || (p.groups[h].family == Family::Matmul && column_view(f, uses, p, h, v))) => {
                 p.groups[h].roots.push(v);
                 p.host_of.insert(v, h);
             }
@@ -757,7 +783,7 @@ pub fn legalise(f: &Function, uses: &Uses, p: &mut Partition, target: &Target) {
             }
             for &q in &order {
                 let qg = &p.groups[q];
-                if q == pg || qg.pinned || !pointwise_engine(qg.family) || !fl.deps[pg].is_subset(&fl.deps[q]) {
+                if q == pg || qg.pinned || qg.load_time != grp.load_time || !pointwise_engine(qg.family) || !fl.deps[pg].is_subset(&fl.deps[q]) {
                     continue;
                 }
                 let mut vals = fl.exports[q].clone();

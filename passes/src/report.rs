@@ -63,7 +63,8 @@ impl FunctionReport {
 pub struct KernelMeta {
     /// Where the kernel's anchor came from (`main`, `layer#3`).
     pub origin: String,
-    /// A weight concatenation (inputs only): run once at load time.
+    /// Reads only weights and load-time kernels' results ([`KernelGraph::load_time_kernels`]):
+    /// run once at load time.
     pub load_time: bool,
     /// The kernel of the partition it was built from (`None`: a graph output's view copy).
     pub group: Option<usize>,
@@ -86,7 +87,7 @@ pub struct KernelReport {
     pub modelled_us: f64,
     /// Where its anchor came from (`main`, `layer#3`).
     pub origin: String,
-    /// A weight concatenation, run once at load time.
+    /// Run once at load time (see [`KernelMeta::load_time`]), not counted per step.
     pub load_time: bool,
     /// Indices (into [`FusionReport::kernels`]) of the kernels that write its input buffers;
     /// filled in by [`FusionReport::new`].
@@ -98,8 +99,9 @@ impl KernelReport {
     pub fn new(k: Kernel, kd: &KernelData, kg: &KernelGraph, meta: &KernelMeta, cfg: &CostConfig) -> KernelReport {
         let body = &kd.body;
         let ops: Vec<String> = body.nodes.values().map(|n| n.op.kind.name().to_string()).collect();
-        let mut read: f64 = kd.inputs.iter().map(|b| cfg.bytes(&kg.buffers[*b].ty)).sum();
-        let mut written: f64 = kd.outputs.iter().map(|b| cfg.bytes(&kg.buffers[*b].ty)).sum();
+        // Folded from 0.0: an empty `sum` of floats is −0.0 (a kernel reading nothing).
+        let mut read: f64 = kd.inputs.iter().map(|b| cfg.bytes(&kg.buffers[*b].ty)).fold(0.0, |a, b| a + b);
+        let mut written: f64 = kd.outputs.iter().map(|b| cfg.bytes(&kg.buffers[*b].ty)).fold(0.0, |a, b| a + b);
         let mut flops = 0.0;
         let mut tc = false;
         for nd in body.nodes.values() {

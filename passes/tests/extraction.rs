@@ -116,8 +116,12 @@ fn decode_sized_graphs_fuse_as_much_as_prefill_sized_ones() {
         if sinter_ir::verify(&one).is_err() {
             continue;
         }
-        let prefill = PassOptions { cost: CostConfig::prefill(), ..PassOptions::default() };
-        let decode = PassOptions { cost: CostConfig::decode(), ..PassOptions::default() };
+        // The weights are the model's, whatever the shapes: those the header names, else the
+        // guess on the symbolic graph (at T = 1 every shape is constant and nothing is guessed).
+        let named: Vec<String> = src.lines().filter_map(|l| l.strip_prefix("// weights: ")).flat_map(|l| l.split_whitespace()).map(|w| w.trim_start_matches('%').to_string()).collect();
+        let weights = Some(if named.is_empty() { sinter_passes::hoist::weight_names(&g, None) } else { named.into_iter().collect() });
+        let prefill = PassOptions { cost: CostConfig::prefill(), weights: weights.clone(), ..PassOptions::default() };
+        let decode = PassOptions { cost: CostConfig::decode(), weights, ..PassOptions::default() };
         let (_, at_prefill) = compile(&g, &Target::SM_90A, &prefill).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (_, at_decode) = compile(&one, &Target::SM_90A, &decode).unwrap_or_else(|e| panic!("{name} at T = 1: {e}"));
         let unfused = lower_unfused(&one).unwrap().kernels.len();

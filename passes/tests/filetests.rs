@@ -4,7 +4,11 @@
 //! - `// expect: op …` — ops the optimised function must hold;
 //! - `// absent: op …` — ops it must not hold;
 //! - `// count: op=n` — exactly n nodes of that op;
-//! - `// kernels: n` — the compiled kernel graph launches n kernels.
+//! - `// kernels: n` — the compiled kernel graph launches n kernels per step (load-time
+//!   kernels, which run once when the weights are bound, are not counted);
+//! - `// load-time: n` — of which exactly n more run at load time;
+//! - `// weights: %w …` — the parameters that are weights (`PassOptions::weights`); without
+//!   it the passes guess them (`sinter_passes::hoist::infer_weights`).
 //!
 //! For each file the test saturates the function, checks every e-node of the e-graph against
 //! its class on the interpreter (random, large, −inf-row and NaN inputs, and length-1 axes),
@@ -37,7 +41,9 @@ fn run_file(path: &Path, src: &str) -> String {
     let g = load(path, src);
     let f = g.entry().expect("a function").clone();
     let sigs: BTreeMap<String, Signature> = g.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
-    let opts = PassOptions { snapshots: true, ..PassOptions::default() };
+    let weights = header(src, "weights");
+    let weights = (!weights.is_empty()).then(|| weights.iter().map(|w| w.trim_start_matches('%').to_string()).collect());
+    let opts = PassOptions { snapshots: true, weights, ..PassOptions::default() };
     let sat = saturate(&f, &sigs, &opts, &Phase::ALL, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
 
     // Consistency: every e-node against its class, on several kinds of inputs.
@@ -69,6 +75,9 @@ fn run_file(path: &Path, src: &str) -> String {
     let (kg, report) = compile(&g, &Target::SM_90A, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     for n in header(src, "kernels") {
         assert_eq!(report.kernels_after(), n.parse::<usize>().unwrap(), "{name}: kernels\n{report}");
+    }
+    for n in header(src, "load-time") {
+        assert_eq!(report.kernels.iter().filter(|k| k.load_time).count(), n.parse::<usize>().unwrap(), "{name}: load-time kernels\n{report}");
     }
     let b = sizes(&f, 3);
     let ins = inputs(&f, &b, 7, Variant::Random);

@@ -49,8 +49,9 @@ fn key(graph: &Graph, lowering: Lowering, options: &str, target: &Target) -> Cac
     CacheKey::new(&sinter_ir::text::print(graph), &how, target.name(), "-", "-")
 }
 
-/// `graph` lowered for `target`, from `cache` when it holds the lowering, else by `lower`
-/// (whose result is then stored); with the kernels per layer, and whether it was a hit.
+/// `graph` lowered for `target` under `options`, from `cache` when it holds the lowering, else
+/// by `lower` (whose result is then stored); with the kernels per layer, and whether it was a
+/// hit.
 /// A cache that cannot be written costs the next start its lowering, nothing else.
 ///
 /// # Errors
@@ -60,11 +61,12 @@ pub(crate) fn lower_cached(
     lowering: Lowering,
     target: &Target,
     cache: Option<&KernelCache>,
+    options: &sinter_passes::PassOptions,
     lower: impl FnOnce() -> Result<(KernelGraph, Option<usize>), Error>,
 ) -> Result<(KernelGraph, Option<usize>, bool), Error> {
     let options = match lowering {
         Lowering::Unfused => String::new(),
-        Lowering::Fused => format!("{:?}", sinter_passes::PassOptions::for_graph(graph)),
+        Lowering::Fused => format!("{options:?}"),
     };
     let Some(cache) = cache else {
         let (kg, per_layer) = lower()?;

@@ -14,7 +14,7 @@ use super::pool::{CpuPool, DecodeFor, GpuPool, GpuPoolPrograms, PooledSession};
 use super::gguf::ModelError;
 use super::sample::{SampleOptions, Sampler};
 use super::session::{page_index, tokens_tensor, CpuSession, GpuBatch, GpuSession, Session, Step, MIN_GPU_PAGES};
-use crate::gpu::{CompileStats, GpuProgram, Lowering, ProfileReport};
+use crate::gpu::{CompileStats, FoldCache, GpuProgram, Lowering, ProfileReport};
 use crate::zoo::Mode;
 use crate::{Backend, DType, Error, Program, Tensor};
 use sinter_runtime::{Device, DeviceBuffer};
@@ -58,6 +58,8 @@ struct GpuPrograms {
     batches: Mutex<BTreeMap<usize, GpuBatch>>,
     /// The uploaded weights, by name (bound into every program, never copied).
     weights: Vec<(String, DeviceBuffer)>,
+    /// The results of the load-time kernels, one copy shared by every program.
+    folded: FoldCache,
     lowering: Lowering,
     /// The decode graph specialised to each batch size seen
     /// ([`DecoderModel::decode_graph_for_batch`]); `None` where its kernels are not in the
@@ -89,12 +91,13 @@ impl GpuPrograms {
             return Ok(p.clone());
         }
         let g = model.decode_graph_for_batch(b)?;
-        let p = match GpuProgram::compile(&g, &self.device, self.lowering) {
+        let names = self.weights.iter().map(|(n, _)| n.clone()).collect();
+        let p = match GpuProgram::compile_with_weights(&g, &self.device, self.lowering, &names, &mut |_, _| {}) {
             Ok(mut p) => {
                 for (name, buf) in &self.weights {
                     p.bind_buffer(name, buf.clone());
                 }
-                p.fold_bound()?;
+                p.fold_bound_with(Some(&self.folded))?;
                 Some(Arc::new(p))
             }
             Err(Error::KernelNotCached { .. }) => None,
@@ -180,8 +183,10 @@ impl<M: DecoderModel> Engine<M> {
     /// As [`Engine::new_gpu`].
     pub fn new_gpu_with_progress(model: M, device: &Device, lowering: Lowering, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Engine<M>, Error> {
         let (p, d) = graphs(&model)?;
-        let mut prefill = GpuProgram::compile_with_progress(&p, device, lowering, &mut |d, t| progress("prefill", d, t))?;
-        let mut decode = GpuProgram::compile_with_progress(&d, device, lowering, &mut |d, t| progress("decode", d, t))?;
+        // The passes hoist the work on these into load-time kernels, folded below.
+        let names = model.weights().keys().cloned().collect();
+        let mut prefill = GpuProgram::compile_with_weights(&p, device, lowering, &names, &mut |d, t| progress("prefill", d, t))?;
+        let mut decode = GpuProgram::compile_with_weights(&d, device, lowering, &names, &mut |d, t| progress("decode", d, t))?;
         let mut weights = Vec::with_capacity(model.weights().len());
         for (name, t) in model.weights() {
             let buf = device.upload_tensor(t)?;
@@ -189,11 +194,14 @@ impl<M: DecoderModel> Engine<M> {
             decode.bind_buffer(name, buf.clone());
             weights.push((name.clone(), buf));
         }
-        // The load-time kernels (the merged projections' weight concatenations) run once here.
-        prefill.fold_bound()?;
-        decode.fold_bound()?;
+        // The load-time kernels (weight concatenations of merged projections, transposed or
+        // scaled weights, tables of constants) run once here, each result kept once for all
+        // programs (the batch-specialised decodes fold from the same cache).
+        let folded = FoldCache::new();
+        prefill.fold_bound_with(Some(&folded))?;
+        decode.fold_bound_with(Some(&folded))?;
         let batches = Mutex::new(BTreeMap::new());
-        let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches, weights, lowering, specialised: Mutex::new(BTreeMap::new()) }));
+        let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches, weights, folded, lowering, specialised: Mutex::new(BTreeMap::new()) }));
         Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default() })
     }
 

@@ -32,6 +32,7 @@ mod facade;
 mod fp8;
 mod fuzz;
 mod gemma3;
+pub(crate) mod hoist;
 mod attention_extremes;
 mod rope_logical;
 mod rotary;
@@ -983,6 +984,7 @@ fn precompile_gpu_test_kernels() {
     graphs.extend(crate::qwen::precompile_graphs());
     graphs.extend(gemma3::precompile_graphs());
     graphs.extend(facade::precompile_graphs());
+    graphs.extend(hoist::precompile_graphs());
     graphs.extend(hf_reference::precompile_graphs());
     graphs.extend(candidate_graphs());
     for (cfg, lowerings) in sweep_configs() {

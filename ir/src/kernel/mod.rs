@@ -188,6 +188,36 @@ impl KernelGraph {
         Ok(outputs.is_empty())
     }
 
+    /// The *load-time* kernels, one flag per kernel in launch order: those whose results are
+    /// the same at every run once the inputs `fixed` says are fixed (bound weights) are, so
+    /// that they can run once, before the first step, and their results be bound as inputs.
+    ///
+    /// A kernel is load-time when every buffer it reads is a fixed graph input or written by
+    /// an earlier load-time kernel (a kernel reading nothing — a table built from `constant`
+    /// and `iota` — qualifies), it writes no graph output (the caller reads those after every
+    /// run), it updates nothing in place (`kv_append`), and every buffer it reads or writes
+    /// has a shape without symbols (its launch needs no binding). The passes mark these
+    /// kernels in the fusion report with the weights as the fixed inputs; the GPU backend folds
+    /// them with the bound buffers as the fixed inputs.
+    pub fn load_time_kernels(&self, fixed: impl Fn(Buffer) -> bool) -> Vec<bool> {
+        let outputs: std::collections::BTreeSet<Buffer> = self.outputs.iter().copied().collect();
+        let mut ready: std::collections::BTreeSet<Buffer> = self.inputs.iter().copied().filter(|&b| fixed(b)).collect();
+        let is_static = |b: &Buffer| self.buffers.get(*b).is_some_and(|bd| bd.ty.shape.iter().all(|d| d.as_const().is_some()));
+        let mut flags = Vec::with_capacity(self.kernels.len());
+        for kd in self.kernels.values() {
+            let in_place = kd.body.nodes.values().any(|nd| nd.op.kind == OpKind::KvAppend);
+            let load_time = !in_place
+                && kd.inputs.iter().all(|b| ready.contains(b))
+                && !kd.outputs.iter().any(|b| outputs.contains(b))
+                && kd.inputs.iter().chain(&kd.outputs).all(is_static);
+            if load_time {
+                ready.extend(kd.outputs.iter().copied());
+            }
+            flags.push(load_time);
+        }
+        flags
+    }
+
     /// The in-place updates: each output of a kernel that is a `kv_append` result (the updated
     /// `k_pages`, `v_pages`, in a KvAppend kernel or a projection's epilogue) is the same
     /// storage as the kernel's page input, mapped here to its storage root (chains, layer after
@@ -304,4 +334,40 @@ pub struct LaunchPlan {
     pub shared_bytes: u32,
     /// Parameters in order.
     pub params: Vec<KernelParam>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buffer(kg: &mut KernelGraph, name: &str, shape: Vec<Dim>, role: BufferRole) -> Buffer {
+        let ty = TensorType::new(DType::F32, shape);
+        kg.buffers.push(BufferData { name: Some(name.into()), layout: Layout::contiguous(&ty.shape), ty, role })
+    }
+
+    fn kernel(kg: &mut KernelGraph, inputs: &[Buffer], outputs: &[Buffer]) {
+        kg.kernels.push(KernelData { family: Family::Pointwise, body: Function::new("k"), inputs: inputs.to_vec(), outputs: outputs.to_vec() });
+    }
+
+    #[test]
+    fn load_time_kernels_read_fixed_inputs_with_constant_shapes() {
+        let (c8, t) = (Dim::constant(8), Dim::symbol("T"));
+        let mut kg = KernelGraph::default();
+        let w = buffer(&mut kg, "w", vec![c8.clone()], BufferRole::Input);
+        let x = buffer(&mut kg, "x", vec![t.clone(), c8.clone()], BufferRole::Input);
+        let w1 = buffer(&mut kg, "w1", vec![c8.clone()], BufferRole::Temp);
+        let table = buffer(&mut kg, "table", vec![c8.clone()], BufferRole::Temp);
+        let wide = buffer(&mut kg, "wide", vec![t.clone(), c8.clone()], BufferRole::Temp);
+        let out = buffer(&mut kg, "out", vec![t, c8.clone()], BufferRole::Output);
+        let shown = buffer(&mut kg, "shown", vec![c8], BufferRole::Output);
+        kg.inputs = vec![w, x];
+        kg.outputs = vec![out, shown];
+        kernel(&mut kg, &[w], &[w1]); // 1 + w: load-time once w is fixed
+        kernel(&mut kg, &[], &[table]); // a table from iota: always
+        kernel(&mut kg, &[w], &[wide]); // a broadcast over T: its launch needs T
+        kernel(&mut kg, &[x, w1, table, wide], &[out]); // per step
+        kernel(&mut kg, &[w1], &[shown]); // writes a graph output
+        assert_eq!(kg.load_time_kernels(|b| b == w), [true, true, false, false, false]);
+        assert_eq!(kg.load_time_kernels(|_| false), [false, true, false, false, false]);
+    }
 }
