@@ -316,7 +316,7 @@ fn decode_graphs_specialised_to_a_batch_fuse_the_same() {
         let s = g.specialize(&[("T".to_string(), t)].into_iter().collect());
         sinter_ir::verify(&s).unwrap();
         let (kg, report) = compile_zoo(&s);
-        assert_eq!(report.kernels_per_call("layer"), Some(7), "T = {t}");
+        assert_eq!(report.kernels_per_call("layer"), Some(7), "T = {t}\n{report}");
         for kd in kg.kernels.values() {
             sinter_ir::contract::check(kd, &Target::SM_90A).unwrap();
         }

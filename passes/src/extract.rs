@@ -68,15 +68,17 @@ impl NodeCosts {
 }
 
 /// The classes of `eg` that are load-time values ([`crate::hoist`]): of constant types, and
-/// holding a weight parameter (as [`crate::hoist::infer_weights`] guesses them from the
-/// function's own parameter types) or an e-node all of whose children are load-time (a
+/// holding a weight parameter (flagged by [`SirAnalysis::weights`](crate::lang::SirAnalysis),
+/// else as [`crate::hoist::infer_weights`] guesses them from the function's own parameter
+/// types) or an e-node all of whose children are load-time (a
 /// `constant`, an `iota`). A least fixpoint, so a cyclic class is load-time only through an
 /// acyclic e-node.
 pub fn load_time_classes(eg: &SirEGraph) -> HashSet<Id> {
     let params = &eg.analysis.params;
     let any_symbolic = params.iter().any(|t| !is_static(t));
-    let weight = |i: u32| {
-        any_symbolic && params.get(i as usize).is_some_and(|t| is_static(t) && (t.dtype.is_float() || t.dtype.is_quantized() || t.dtype.is_fp8()))
+    let weight = |i: u32| match &eg.analysis.weights {
+        Some(m) => m.get(i as usize).copied().unwrap_or(false),
+        None => any_symbolic && params.get(i as usize).is_some_and(|t| is_static(t) && (t.dtype.is_float() || t.dtype.is_quantized() || t.dtype.is_fp8())),
     };
     let mut lt: HashSet<Id> = HashSet::new();
     loop {

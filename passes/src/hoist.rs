@@ -58,10 +58,7 @@ pub fn infer_weights(f: &Function) -> Vec<Value> {
     f.params
         .iter()
         .copied()
-        .filter(|&p| {
-            let t = f.ty(p);
-            is_static(t) && (t.dtype.is_float() || t.dtype.is_quantized() || t.dtype.is_fp8())
-        })
+        .filter(|&p| weight_type(f.ty(p)))
         .collect()
 }
 
@@ -88,6 +85,66 @@ pub fn weight_names(g: &Graph, names: Option<&BTreeSet<String>>) -> BTreeSet<Str
         .into_iter()
         .filter_map(|p| f.values[p].name.clone())
         .collect()
+}
+
+/// Whether a parameter of type `t` can hold a weight: a constant shape and a float, storage
+/// (block-quantized) or fp8 dtype.
+fn weight_type(t: &TensorType) -> bool {
+    is_static(t) && (t.dtype.is_float() || t.dtype.is_quantized() || t.dtype.is_fp8())
+}
+
+/// Which parameters of every function of `g` are weights, by function name (a flag per
+/// parameter, in order): the entry's from `names` or the guess ([`weight_params`]); a called
+/// function's parameter is a weight when every call passes it a load-time value of the caller
+/// ([`load_time_values`]), so that a layer's activation of constant shape (a decode graph
+/// specialised to `T = 1`) is never taken for a weight the way its own types would suggest.
+/// A function nothing calls keeps the guess from its own types ([`infer_weights`]).
+pub fn weight_masks(g: &Graph, names: Option<&BTreeSet<String>>) -> std::collections::BTreeMap<String, Vec<bool>> {
+    let mut masks = std::collections::BTreeMap::new();
+    let Some(entry) = g.entry() else { return masks };
+    let called: HashSet<&str> = g.funcs.values().flat_map(|f| f.nodes.values()).filter(|n| n.op.kind == OpKind::Call).filter_map(|n| n.op.str("func")).collect();
+    let mask_of = |f: &Function, w: &HashSet<Value>| f.params.iter().map(|p| w.contains(p)).collect::<Vec<bool>>();
+    masks.insert(entry.name.clone(), mask_of(entry, &weight_params(entry, names)));
+    for f in g.funcs.values() {
+        if f.name != entry.name && !called.contains(f.name.as_str()) {
+            masks.insert(f.name.clone(), mask_of(f, &infer_weights(f).into_iter().collect()));
+        }
+    }
+    // Callers come after their callees: walk from the last function, each callee's flags the
+    // conjunction over every call site seen from callers already decided.
+    let mut callee_flags: std::collections::BTreeMap<String, Vec<bool>> = std::collections::BTreeMap::new();
+    for f in g.funcs.values().rev() {
+        let mask = match masks.get(&f.name) {
+            Some(m) => m.clone(),
+            None => {
+                let m: Vec<bool> = match callee_flags.get(&f.name) {
+                    Some(c) => c.iter().zip(&f.params).map(|(&c, &p)| c && weight_type(f.ty(p))).collect(),
+                    None => vec![false; f.params.len()],
+                };
+                masks.insert(f.name.clone(), m.clone());
+                m
+            }
+        };
+        let w: HashSet<Value> = f.params.iter().zip(&mask).filter(|(_, &m)| m).map(|(&p, _)| p).collect();
+        let lt = load_time_values(f, &w);
+        for nd in f.nodes.values().filter(|n| n.op.kind == OpKind::Call) {
+            let Some(callee) = nd.op.str("func") else { continue };
+            let here: Vec<bool> = nd.inputs.iter().map(|a| lt.contains(a)).collect();
+            let e = callee_flags.entry(callee.to_string()).or_insert_with(|| vec![true; here.len()]);
+            for (x, h) in e.iter_mut().zip(here) {
+                *x &= h;
+            }
+        }
+    }
+    masks
+}
+
+/// The weight parameters of `f` under `mask` ([`weight_masks`]); the guess without one.
+pub fn masked_weights(f: &Function, mask: Option<&[bool]>) -> HashSet<Value> {
+    match mask {
+        Some(m) => f.params.iter().zip(m).filter(|(_, &m)| m).map(|(&p, _)| p).collect(),
+        None => infer_weights(f).into_iter().collect(),
+    }
 }
 
 /// The load-time values of `f` given its weights (module docs). `f` is a flat function (no

@@ -257,6 +257,9 @@ impl fmt::Display for Conflict {
 pub struct SirAnalysis {
     /// The function's parameter types (what `Param(i)` is).
     pub params: Vec<TensorType>,
+    /// Which parameters are weights ([`crate::hoist::weight_masks`]); `None`: guessed from
+    /// the parameter types ([`crate::hoist::infer_weights`]).
+    pub weights: Option<Vec<bool>>,
     /// Signatures of the functions `call` nodes may name.
     pub callees: BTreeMap<String, Signature>,
     /// Unions refused so far; the optimiser stops at the first.
@@ -413,12 +416,22 @@ pub struct Loaded {
     pub original: Vec<(Id, Sir)>,
 }
 
-/// Loads a function into a fresh e-graph (canonicalising ops as [`canonical_op`] says).
+/// Loads a function into a fresh e-graph (canonicalising ops as [`canonical_op`] says), its
+/// weight parameters guessed from their types ([`load_with_weights`] to name them).
 ///
 /// # Errors
 /// A node whose shape rule fails (an unverified graph), naming the node.
 pub fn load(f: &Function, callees: &BTreeMap<String, Signature>) -> Result<Loaded, String> {
-    let analysis = SirAnalysis { params: f.params.iter().map(|&p| f.ty(p).clone()).collect(), callees: callees.clone(), conflicts: vec![] };
+    load_with_weights(f, callees, None)
+}
+
+/// [`load`] with the parameters that are weights flagged (`weights[i]` for parameter `i`, as
+/// [`crate::hoist::weight_masks`] gives them); `None` guesses them.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_with_weights(f: &Function, callees: &BTreeMap<String, Signature>, weights: Option<&[bool]>) -> Result<Loaded, String> {
+    let analysis = SirAnalysis { params: f.params.iter().map(|&p| f.ty(p).clone()).collect(), weights: weights.map(<[bool]>::to_vec), callees: callees.clone(), conflicts: vec![] };
     let mut eg = SirEGraph::new(analysis);
     let mut value_class = BTreeMap::new();
     let mut original = Vec::new();

@@ -65,7 +65,7 @@ use sinter_ir::{
 };
 
 use crate::lang::{neg_axis, OpSym};
-use crate::optimise::optimise_function;
+use crate::optimise::optimise_function_with_weights;
 use crate::hoist::Hoist;
 use crate::partition::{self, Partition, Role, Uses};
 use crate::report::{FunctionReport, FusionReport, KernelMeta, KernelReport};
@@ -732,13 +732,15 @@ pub fn compile(g: &Graph, target: &Target, opts: &PassOptions) -> Result<(Kernel
     let mut opt_graph = Graph::new();
     let mut functions = vec![];
     let sigs: BTreeMap<String, Signature> = input.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
-    let (specialised, mut done) = crate::specialise::specialise(input, &sigs, opts)?;
+    let masks = crate::hoist::weight_masks(input, opts.weights.as_ref());
+    let (specialised, mut done) = crate::specialise::specialise(input, &sigs, opts, &masks)?;
     let input = &specialised;
+    let masks = crate::hoist::weight_masks(input, opts.weights.as_ref());
     let sigs: BTreeMap<String, Signature> = input.funcs.values().map(|f| (f.name.clone(), f.signature())).collect();
     for f in input.funcs.values() {
         let o = match done.remove(&f.name) {
             Some(o) if o.function.signature() == f.signature() => o,
-            _ => optimise_function(f, &sigs, opts)?,
+            _ => optimise_function_with_weights(f, &sigs, opts, masks.get(&f.name).map(Vec::as_slice))?,
         };
         functions.push(FunctionReport::from_optimised(&f.name, &o));
         opt_graph.add_func(o.function);

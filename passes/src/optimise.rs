@@ -119,7 +119,15 @@ fn stop_text(r: &Option<StopReason>) -> String {
 /// A function that does not load, a rule that is unsound by the analysis, an extraction that
 /// fails.
 pub fn saturate(f: &Function, callees: &BTreeMap<String, Signature>, opts: &PassOptions, phases: &[Phase], extra: &[Rw]) -> Result<Saturated, PassError> {
-    let loaded = lang::load(f, callees).map_err(|message| PassError::Load { func: f.name.clone(), message })?;
+    saturate_with_weights(f, callees, opts, phases, extra, None)
+}
+
+/// [`saturate`] with `f`'s weight parameters flagged ([`lang::load_with_weights`]).
+///
+/// # Errors
+/// As [`saturate`].
+pub fn saturate_with_weights(f: &Function, callees: &BTreeMap<String, Signature>, opts: &PassOptions, phases: &[Phase], extra: &[Rw], weights: Option<&[bool]>) -> Result<Saturated, PassError> {
+    let loaded = lang::load_with_weights(f, callees, weights).map_err(|message| PassError::Load { func: f.name.clone(), message })?;
     let mut names = HashMap::new();
     for (v, &c) in &loaded.value_class {
         if let Some(n) = &f.values[*v].name {
@@ -213,8 +221,17 @@ pub struct OptimisedFunction {
 /// # Errors
 /// As [`saturate`].
 pub fn optimise_function(f: &Function, callees: &BTreeMap<String, Signature>, opts: &PassOptions) -> Result<OptimisedFunction, PassError> {
-    let sat = saturate(f, callees, opts, &Phase::ALL, &[])?;
-    let before_ex = original_cost(f, callees, opts);
+    optimise_function_with_weights(f, callees, opts, None)
+}
+
+/// [`optimise_function`] with `f`'s weight parameters flagged ([`crate::hoist::weight_masks`]);
+/// `None` guesses them from the parameter types.
+///
+/// # Errors
+/// As [`saturate`].
+pub fn optimise_function_with_weights(f: &Function, callees: &BTreeMap<String, Signature>, opts: &PassOptions, weights: Option<&[bool]>) -> Result<OptimisedFunction, PassError> {
+    let sat = saturate_with_weights(f, callees, opts, &Phase::ALL, &[], weights)?;
+    let before_ex = original_cost(f, callees, opts, weights);
     let ex: Extraction = extract::extract(&sat.egraph, sat.root, &opts.cost).map_err(|message| PassError::Extract { func: f.name.clone(), message })?;
     let function = extract::to_function(&sat.egraph, sat.root, &ex.choice, f, &sat.names).map_err(|message| PassError::Extract { func: f.name.clone(), message })?;
     Ok(OptimisedFunction {
@@ -231,8 +248,8 @@ pub fn optimise_function(f: &Function, callees: &BTreeMap<String, Signature>, op
 }
 
 /// The modelled cost of a function as written (each node costed once, as extraction would).
-pub fn original_cost(f: &Function, callees: &BTreeMap<String, Signature>, opts: &PassOptions) -> f64 {
-    match lang::load(f, callees) {
+pub fn original_cost(f: &Function, callees: &BTreeMap<String, Signature>, opts: &PassOptions, weights: Option<&[bool]>) -> f64 {
+    match lang::load_with_weights(f, callees, weights) {
         Ok(l) => {
             let costs = extract::NodeCosts::new(&l.egraph, &opts.cost);
             let choice: extract::Choice = l.original.iter().map(|(id, n)| (l.egraph.find(*id), n.clone())).chain(

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use sinter_ir::{Attr, Dim, Function, Graph, Node, Op, OpClass, OpKind, Signature, TensorType, Value, ValueDef};
 
-use crate::optimise::{optimise_function, OptimisedFunction};
+use crate::optimise::{optimise_function_with_weights, OptimisedFunction};
 use crate::{PassError, PassOptions};
 
 /// Most nodes of one argument's subgraph moved into a callee.
@@ -162,6 +162,16 @@ fn build_copy(caller: &Function, callee: &Function, name: &str, args: &[Value], 
     Some(out)
 }
 
+/// The weight flags of a copy [`build_copy`] makes: its parameters are the callee's not sunk
+/// (flagged as the callee's are), then the leaves (weights when load-time values of the caller).
+fn copy_mask(caller: &Function, callee: &Function, masks: &BTreeMap<String, Vec<bool>>, sunk: &[usize], leaves: &[Value]) -> Vec<bool> {
+    let callee_mask = masks.get(&callee.name);
+    let caller_w = crate::hoist::masked_weights(caller, masks.get(&caller.name).map(Vec::as_slice));
+    let lt = crate::hoist::load_time_values(caller, &caller_w);
+    let kept = (0..callee.params.len()).filter(|i| !sunk.contains(i)).map(|i| callee_mask.and_then(|m| m.get(i).copied()).unwrap_or(false));
+    kept.chain(leaves.iter().map(|l| lt.contains(l) && crate::hoist::is_static(caller.ty(*l)))).collect()
+}
+
 /// The call sites in one caller that pass the same qualifying arguments (by position) to
 /// one callee; `args` are the first call's arguments.
 struct Group {
@@ -177,7 +187,7 @@ struct Group {
 ///
 /// # Errors
 /// As [`optimise_function`].
-pub fn specialise(g: &Graph, sigs: &BTreeMap<String, Signature>, opts: &PassOptions) -> Result<(Graph, HashMap<String, OptimisedFunction>), PassError> {
+pub fn specialise(g: &Graph, sigs: &BTreeMap<String, Signature>, opts: &PassOptions, masks: &BTreeMap<String, Vec<bool>>) -> Result<(Graph, HashMap<String, OptimisedFunction>), PassError> {
     let mut cache: HashMap<String, OptimisedFunction> = HashMap::new();
     let mut groups: Vec<Group> = vec![];
     for f in g.funcs.values() {
@@ -222,7 +232,7 @@ pub fn specialise(g: &Graph, sigs: &BTreeMap<String, Signature>, opts: &PassOpti
         let base_cost = match cache.get(&callee.name) {
             Some(o) => o.cost_after,
             None => {
-                let o = optimise_function(callee, sigs, opts)?;
+                let o = optimise_function_with_weights(callee, sigs, opts, masks.get(&callee.name).map(Vec::as_slice))?;
                 let c = o.cost_after;
                 cache.insert(callee.name.clone(), o);
                 c
@@ -241,7 +251,8 @@ pub fn specialise(g: &Graph, sigs: &BTreeMap<String, Signature>, opts: &PassOpti
             let Some(copy) = build_copy(caller, callee, &name, &gr.args, &sunk, &leaves, &sub) else { continue };
             let mut sigs2 = sigs.clone();
             sigs2.insert(name.clone(), copy.signature());
-            let Ok(o) = optimise_function(&copy, &sigs2, opts) else { continue };
+            let mask = copy_mask(caller, callee, masks, &sunk, &leaves);
+            let Ok(o) = optimise_function_with_weights(&copy, &sigs2, opts, Some(&mask)) else { continue };
             if o.cost_after <= base_cost {
                 best = Some((copy, sunk, leaves, o));
                 break;

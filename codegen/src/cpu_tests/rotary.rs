@@ -150,17 +150,16 @@ fn cpu_norm_then_rotary_in_one_row_kernel() {
 fn cpu_rotary_into_kv_append_matches_the_interpreter() {
     let mut rng = Rng(34);
     let (t, p, m) = (5usize, 6usize, 3usize);
-    let src = "func @k(%kv: bf16[T, 32], %cos: bf16[T, 1, 8], %sin: bf16[T, 1, 8], %k_pages: bf16[P, 4, 2, 8], %v_pages: bf16[P, 4, 2, 8], %bt: i32[T, M], %positions: i32[T]) {
-  %ks: bf16[T, 16] = slice(%kv) {start=0, end=16}
+    // K rotated by the tables, then K and V appended to the pages.
+    let rotate_append = "  %ks: bf16[T, 16] = slice(%kv) {start=0, end=16}
   %k: bf16[T, 2, 8] = reshape(%ks) {shape=[T, 2, 8]}
   %kr: bf16[T, 2, 8] = rotary(%k, %cos, %sin)
   %k4: bf16[T, 1, 2, 8] = reshape(%kr) {shape=[T, 1, 2, 8]}
   %vs: bf16[T, 16] = slice(%kv) {start=16, end=32}
   %v4: bf16[T, 1, 2, 8] = reshape(%vs) {shape=[T, 1, 2, 8]}
-  %kc: bf16[P, 4, 2, 8], %vc: bf16[P, 4, 2, 8] = kv_append(%k_pages, %v_pages, %k4, %v4, %bt, %positions)
-  return %kc, %vc
-}";
-    let gk = single(Family::KvAppend, body(src));
+  %kc: bf16[P, 4, 2, 8], %vc: bf16[P, 4, 2, 8] = kv_append(%k_pages, %v_pages, %k4, %v4, %bt, %positions)";
+    let src = format!("func @k(%kv: bf16[T, 32], %cos: bf16[T, 1, 8], %sin: bf16[T, 1, 8], %k_pages: bf16[P, 4, 2, 8], %v_pages: bf16[P, 4, 2, 8], %bt: i32[T, M], %positions: i32[T]) {{\n{rotate_append}\n  return %kc, %vc\n}}");
+    let gk = single(Family::KvAppend, body(&src));
     // Sequence b (one token each) at slot 2b + 1 of pages 5 − b.
     let bt = Tensor::new(DType::I32, &[t, m], (0..t * m).map(|i| (5 - i / m) as f64).collect()).unwrap();
     let pos = Tensor::new(DType::I32, &[t], (0..t).map(|b| (2 * b + 1) as f64 % 12.0).collect()).unwrap();
@@ -175,18 +174,8 @@ fn cpu_rotary_into_kv_append_matches_the_interpreter() {
     ];
     check_on_cpu("kv_append prologue rotary", &gk, &bind(&[("T", t as i64), ("P", p as i64), ("M", m as i64)]), &ins, 2);
     // The projection computing K and V, its epilogue rotating K and appending both.
-    let src = "func @qkv(%x: bf16[T, 24], %w: bf16[32, 24], %cos: bf16[T, 1, 8], %sin: bf16[T, 1, 8], %k_pages: bf16[P, 4, 2, 8], %v_pages: bf16[P, 4, 2, 8], %bt: i32[T, M], %positions: i32[T]) {
-  %kv: bf16[T, 32] = matmul(%x, %w) {transpose_b=true}
-  %ks: bf16[T, 16] = slice(%kv) {start=0, end=16}
-  %k: bf16[T, 2, 8] = reshape(%ks) {shape=[T, 2, 8]}
-  %kr: bf16[T, 2, 8] = rotary(%k, %cos, %sin)
-  %k4: bf16[T, 1, 2, 8] = reshape(%kr) {shape=[T, 1, 2, 8]}
-  %vs: bf16[T, 16] = slice(%kv) {start=16, end=32}
-  %v4: bf16[T, 1, 2, 8] = reshape(%vs) {shape=[T, 1, 2, 8]}
-  %kc: bf16[P, 4, 2, 8], %vc: bf16[P, 4, 2, 8] = kv_append(%k_pages, %v_pages, %k4, %v4, %bt, %positions)
-  return %kr, %kc, %vc
-}";
-    let gk = single(Family::Matmul, body(src));
+    let src = format!("func @qkv(%x: bf16[T, 24], %w: bf16[32, 24], %cos: bf16[T, 1, 8], %sin: bf16[T, 1, 8], %k_pages: bf16[P, 4, 2, 8], %v_pages: bf16[P, 4, 2, 8], %bt: i32[T, M], %positions: i32[T]) {{\n  %kv: bf16[T, 32] = matmul(%x, %w) {{transpose_b=true}}\n{rotate_append}\n  return %kr, %kc, %vc\n}}");
+    let gk = single(Family::Matmul, body(&src));
     let mut ins = ins.to_vec();
     ins[0] = random(&mut rng, DType::BF16, &[t, 24], -1.0, 1.0);
     ins.insert(1, random(&mut rng, DType::BF16, &[32, 24], -1.0, 1.0));

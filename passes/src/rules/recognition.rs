@@ -987,30 +987,10 @@ fn is_slice(eg: &SirEGraph, id: Id, x: Id, start: &Dim, end: &Dim) -> bool {
 
 fn rope_rotate_half(eg: &mut SirEGraph, id: Id) -> Vec<(Id, Id)> {
     let Some(t) = ty(eg, id) else { return vec![] };
-    let Some(d) = last_dim(&t).and_then(|d| d.as_const()) else { return vec![] };
-    if d % 2 != 0 || d < 4 {
+    if last_dim(&t).and_then(|d| d.as_const()).is_none_or(|d| d < 4) {
         return vec![];
     }
-    let (zero, half, full) = (Dim::constant(0), Dim::constant(d / 2), Dim::constant(d));
-    let mut plans = vec![];
-    for (xc, rs) in comm_args(eg, id, Add) {
-        for (x, c) in comm_args(eg, xc, Mul) {
-            if ty(eg, x).as_ref() != Some(&t) {
-                continue;
-            }
-            for (rot, s) in comm_args(eg, rs, Mul) {
-                let ok = nodes(eg, rot, Concat).iter().any(|(op, ch)| {
-                    op.int("axis") == Some(-1)
-                        && ch.len() == 2
-                        && unary_args(eg, ch[0], Neg).iter().any(|&x2| is_slice(eg, x2, x, &half, &full))
-                        && is_slice(eg, ch[1], x, &zero, &half)
-                });
-                if ok {
-                    plans.push((x, c, s));
-                }
-            }
-        }
-    }
+    let plans = super::rotary::rotations(eg, id, super::rotary::is_rotate_half);
     plans.into_iter().filter_map(|(x, c, s)| rope_from_tables(eg, x, c, s, true, "rotate_half", 1).map(|n| (id, n))).collect()
 }
 

@@ -52,7 +52,7 @@ fn is_last_concat(eg: &SirEGraph, id: Id, a: impl Fn(&SirEGraph, Id) -> bool, b:
 }
 
 /// Whether class `rot` is `rotate_half(x)` = `concat(−x[..., D/2:], x[..., :D/2])`.
-fn is_rotate_half(eg: &SirEGraph, rot: Id, x: Id, d: i64) -> bool {
+pub(super) fn is_rotate_half(eg: &SirEGraph, rot: Id, x: Id, d: i64) -> bool {
     let h = d / 2;
     is_last_concat(eg, rot, |eg, a| unary_args(eg, a, Neg).iter().any(|&x2| is_last_slice(eg, x2, x, h, d)), |eg, b| is_last_slice(eg, b, x, 0, h))
 }
@@ -90,7 +90,7 @@ fn table_forms(eg: &SirEGraph, c: Id) -> Vec<Id> {
 
 /// `(x, c, s)` of every way class `id` is `x·c + rot(x)·s` (products and sum in either
 /// order), `rot` the rotation `is_rot(eg, rot, x, d)` recognises, x of the sum's type.
-fn rotations(eg: &SirEGraph, id: Id, is_rot: fn(&SirEGraph, Id, Id, i64) -> bool) -> Vec<(Id, Id, Id)> {
+pub(super) fn rotations(eg: &SirEGraph, id: Id, is_rot: fn(&SirEGraph, Id, Id, i64) -> bool) -> Vec<(Id, Id, Id)> {
     let Some(t) = ty(eg, id) else { return vec![] };
     let Some(d) = t.shape.last().and_then(Dim::as_const) else { return vec![] };
     if d % 2 != 0 || d < 2 {
