@@ -246,7 +246,7 @@ enum Cmd {
         file: PathBuf,
     },
     /// Run the fusion passes on a zoo model (smollm2-135m, llama3-8b, gpt2, gpt2-124m, qwen2-0.5b, qwen3-0.6b, gemma3-270m) or a `.sir` file and
-    /// print the fusion report, the kernels and the kernels per layer.
+    /// print the fusion report, the kernels and the kernels per layer: prefill, decode (the batch a symbol), and decode at batches of 1 and 16 (as the engine compiles it).
     Explain {
         /// A zoo model's name or a `.sir` file.
         target: String,
@@ -388,7 +388,12 @@ fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules:
         vec![("prefill".into(), zoo::build(target, zoo::Mode::Prefill, dtype)?)]
     } else {
         let build = |mode| zoo::build(target, mode, dtype).map_err(|e| format!("{e}; or give a `.sir` file"));
-        vec![("prefill".into(), build(zoo::Mode::Prefill)?), ("decode".into(), build(zoo::Mode::Decode)?)]
+        let decode = build(zoo::Mode::Decode)?;
+        // The decode step as the engine compiles it for batches of 1 and 16 (`T` a constant:
+        // the small-M kernels, norms in the projections' prologues where that pays).
+        let batch = |b: i64| decode.specialize(&[("T".to_string(), b)].into_iter().collect());
+        let (b1, b16) = (batch(1), batch(16));
+        vec![("prefill".into(), build(zoo::Mode::Prefill)?), ("decode".into(), decode), ("decode-b1".into(), b1), ("decode-b16".into(), b16)]
     };
     for (mode, g) in &graphs {
         let arch = schedules.unwrap_or(Target::SM_90A);

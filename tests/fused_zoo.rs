@@ -32,10 +32,24 @@ fn zoo_cases() -> Vec<(String, Graph, bool)> {
     for mode in [Mode::Prefill, Mode::Decode] {
         cases.push((format!("smollm2-135m {mode:?} BF16"), llama::build(&llama::LlamaConfig::smollm2_135m(), mode, DType::BF16).unwrap(), false));
     }
-    // A decode step specialised to a batch of 16 (`sinter run --decode-batches`): the
-    // projections take the flat tensor-core GEMM.
+    // Decode steps specialised to a batch (`sinter run --decode-batches`): at 16 the
+    // projections without a norm before them take the flat tensor-core GEMM; at 1 and 16 a
+    // norm whose prologue pays joins its projection (the small-M kernel). Tiny Llama and the
+    // tiny paged GPT-2 at batches 1 and 3 are also run on the interpreter against the
+    // reference.
     let dec = llama::build(&llama::LlamaConfig::smollm2_135m(), Mode::Decode, DType::BF16).unwrap();
-    cases.push(("smollm2-135m Decode BF16 T=16".into(), dec.specialize(&[("T".to_string(), 16)].into_iter().collect()), false));
+    for b in [1, 16] {
+        cases.push((format!("smollm2-135m Decode BF16 T={b}"), dec.specialize(&[("T".to_string(), b)].into_iter().collect()), false));
+    }
+    for dt in [DType::BF16, DType::F32] {
+        let dec = llama::build(&tiny, Mode::Decode, dt).unwrap();
+        let gpt = sinter::zoo::gpt2_paged::build(&gpt2::Gpt2Config::tiny(), Mode::Decode, dt, 4).unwrap();
+        for b in [1, 3] {
+            cases.push((format!("tiny llama Decode {dt:?} T={b}"), dec.specialize(&[("T".to_string(), b)].into_iter().collect()), true));
+            // LayerNorms in the projections' prologues.
+            cases.push((format!("tiny paged gpt2 Decode {dt:?} T={b}"), gpt.specialize(&[("T".to_string(), b)].into_iter().collect()), true));
+        }
+    }
     cases
 }
 

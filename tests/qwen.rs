@@ -606,8 +606,8 @@ fn qwen_bad_folders_are_errors_that_name_the_culprit() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The graphs the GPU test runs, for `precompile_gpu_test_kernels`: each configuration's
-/// prefill and decode (symbolic, and specialised to batches 1 and 2), f32, 4-token pages.
+/// The graphs the GPU tests run, for `precompile_gpu_test_kernels`: each configuration's
+/// prefill and decode (symbolic, and specialised to batches 1, 2 and 3), f32, 4-token pages.
 pub(crate) fn precompile_graphs() -> Vec<sinter::Graph> {
     let mut gs = vec![];
     for (_, cfg) in configs() {
@@ -617,7 +617,7 @@ pub(crate) fn precompile_graphs() -> Vec<sinter::Graph> {
         };
         gs.push(sinter::zoo::qwen::build(&cfg, Mode::Prefill, DType::F32).unwrap());
         let decode = sinter::zoo::qwen::build(&cfg, Mode::Decode, DType::F32).unwrap();
-        for b in [1i64, 2] {
+        for b in [1i64, 2, 3] {
             gs.push(decode.specialize(&[("T".to_string(), b)].into_iter().collect()));
         }
         gs.push(decode);
@@ -816,5 +816,26 @@ fn qwen_hugging_face_order_lowers_to_the_kernels_of_rope_first() {
                 cfg.arch.name()
             );
         }
+    }
+}
+
+/// The decode step specialised to batches of 1 and 3 computes every layer's RMSNorms in the
+/// prologues of the projections that read them (the GPU test `gpu_qwen_fused_norms_decode_as_
+/// the_interpreter` runs these graphs), and the final norm in the LM head's (a vocabulary of
+/// 64: the launch saved pays for its CTAs' re-reads).
+#[test]
+fn specialised_qwen_decode_computes_the_layer_norms_in_projection_prologues() {
+    for (tag, cfg) in configs() {
+        let dir = scratch(&format!("prologue-{tag}"));
+        write_folder(&dir, &cfg, 3, &[]);
+        let model = load(&dir);
+        for b in [1, 3] {
+            let g = model.decode_graph_for_batch(b).unwrap();
+            let (_, report) = sinter_passes::compile(&g, &sinter::Target::SM_90A, &sinter_passes::PassOptions::for_graph(&g)).unwrap();
+            let fused = report.kernels.iter().filter(|k| k.ops.iter().any(|o| o == "matmul") && k.ops.iter().any(|o| o == "rms_norm")).count();
+            // Two norms a layer (before attention and before the MLP), and the final one.
+            assert_eq!(fused, 2 * cfg.n_layers + 1, "{tag} batch {b}:\n{report}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

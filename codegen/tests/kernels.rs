@@ -82,6 +82,10 @@ fn ptx_cases() -> Vec<(String, String, (KernelGraph, Kernel))> {
     add("matmul_mma_kn_256x1536x576".into(), "matmul (tensor cores, B [K, N]): bf16[256,576] · bf16[576,1536]".into(), matmul_kn_at(DType::BF16, 256, 1536, 576));
     add("matmul_tiled_f32_256x1536x576".into(), "matmul (tiled): f32[256,576] · f32[1536,576]ᵀ".into(), matmul_at(DType::F32, 256, 1536, 576));
     add("matmul_small_m_1x1536x576".into(), "matmul (small M): bf16[1,576] · bf16[1536,576]ᵀ".into(), matmul_at(DType::BF16, 1, 1536, 576));
+    // A norm in the small-M kernel's prologue (decode at batch 1 and 16).
+    for m in [1, 16] {
+        add(format!("matmul_small_m_norm_{m}x960x576"), format!("matmul (small M, rms_norm prologue): rms_norm(bf16[{m},576]) · bf16[960,576]ᵀ + r"), norm_matmul_at(DType::BF16, m, 960, 576));
+    }
     // The flat tensor-core GEMM (M in 2..=16).
     for (m, n, k) in [(16, 1536, 576), (16, 4096, 4096)] {
         add(format!("matmul_flat_{m}x{n}x{k}"), format!("matmul (flat, tensor cores): bf16[{m},{k}] · bf16[{n},{k}]ᵀ"), matmul_at(DType::BF16, m, n, k));

@@ -185,6 +185,40 @@ pub fn op_us(cfg: &CostConfig, op: &Op, ins: &[&TensorType], outs: &[TensorType]
     kernel_us(&cfg.target, op_bytes(cfg, op, ins, outs), flops(cfg, op, ins, outs), uses_tensor_cores(op, ins))
 }
 
+/// Modelled µs saved by computing a row norm in the prologue of the matmul that reads it
+/// (`sinter_ir::contract::prologue`) rather than in a kernel of its own; fuse where it is
+/// positive. `norm` and `mm` are the two ops with their operand and result types (`norm`'s
+/// result is `mm`'s A, `[M, K]`).
+///
+/// Apart, the norm costs its own launch and moves its rows twice more (read, then written and
+/// read back by the matmul); the matmul runs on tensor cores for 16-bit operands. Fused, the
+/// one kernel is the small-M kernel on CUDA cores, whose CTAs — one per
+/// [`sinter_ir::contract::NORM_PROLOGUE_COLUMNS_PER_CTA`] output columns — each read their
+/// rows of `x` once more for the statistics: counted as HBM bytes, which overstates them
+/// (the rows are a few KiB, read from L2), so the model fuses only where even that pays.
+/// At decode batches of small models the launch dominates and it pays; over a wide N (a
+/// vocabulary projection) the re-reads outweigh the launch.
+pub fn norm_prologue_saving(cfg: &CostConfig, norm: (&Op, &[&TensorType], &[TensorType]), mm: (&Op, &[&TensorType], &[TensorType])) -> f64 {
+    let apart = op_us(cfg, norm.0, norm.1, norm.2) + op_us(cfg, mm.0, mm.1, mm.2);
+    let (Some(a), Some(out)) = (mm.1.first(), mm.2.first()) else { return f64::NEG_INFINITY };
+    // The matmul's bytes with A read as the norm's inputs (x and its weight) instead, plus
+    // every CTA's second read of its rows.
+    let norm_in: f64 = norm.1.iter().map(|t| cfg.bytes(t)).sum();
+    let bytes = op_bytes(cfg, mm.0, mm.1, mm.2) - cfg.bytes(a) + norm_in + norm_prologue_rereads(cfg, mm.0, a, out);
+    let fused = kernel_us(&cfg.target, bytes, flops(cfg, mm.0, mm.1, mm.2) + flops(cfg, norm.0, norm.1, norm.2), false);
+    apart - fused
+}
+
+/// The bytes the CTAs of a matmul with a norm prologue read again for the statistics: each
+/// CTA (one per [`sinter_ir::contract::NORM_PROLOGUE_COLUMNS_PER_CTA`] output columns) its rows
+/// of A (`a`, `[M, K]`; `out` the matmul's result), counted as HBM bytes.
+pub fn norm_prologue_rereads(cfg: &CostConfig, mm: &Op, a: &TensorType, out: &TensorType) -> f64 {
+    let n = out.shape.last().map_or(1.0, |d| cfg.size(d));
+    let [k_major, other] = sinter_ir::contract::NORM_PROLOGUE_COLUMNS_PER_CTA;
+    let per_cta = if mm.bool("transpose_b") == Some(true) { k_major } else { other };
+    (n / per_cta as f64).ceil().max(1.0) * cfg.bytes(a)
+}
+
 /// What extraction needs to know about an e-node's operands beyond their types.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OperandFacts {
@@ -266,5 +300,25 @@ mod tests {
         assert_eq!(node_cost(&cfg, &r, &[&x], &[x.clone()], OperandFacts::default()), EPSILON_US);
         let e = Op::plain(OpKind::Exp).unwrap();
         assert!(node_cost(&cfg, &e, &[&x], &[x.clone()], OperandFacts::default()) > LAUNCH_US);
+    }
+
+    /// A norm in a projection's prologue pays at decode batches (the launch saved outweighs
+    /// CUDA-core math and every CTA re-reading its rows) and not at a prefill's 512 rows, nor
+    /// before a vocabulary-wide projection at batch 1.
+    #[test]
+    fn norm_prologue_pays_at_decode_sizes_only() {
+        let cfg = CostConfig::decode();
+        let norm = Op::new(OpKind::RmsNorm, vec![("eps".into(), Attr::Float(1e-5))]).unwrap();
+        let mm = Op::new(OpKind::Matmul, vec![("transpose_b".into(), Attr::Bool(true))]).unwrap();
+        let saving = |m: i64, n: i64| {
+            let t = |dims: &[i64]| TensorType::new(DType::BF16, dims.iter().map(|&d| Dim::constant(d)));
+            let (x, g, w, out) = (t(&[m, 576]), t(&[576]), t(&[n, 576]), t(&[m, n]));
+            norm_prologue_saving(&cfg, (&norm, &[&x, &g], std::slice::from_ref(&x)), (&mm, &[&x, &w], std::slice::from_ref(&out)))
+        };
+        // SmolLM2's QKV (N = 960) and gate/up (N = 3072) projections.
+        assert!(saving(1, 960) > 2.5 && saving(1, 3072) > 2.0, "{} {}", saving(1, 960), saving(1, 3072));
+        assert!(saving(16, 960) > 0.0, "{}", saving(16, 960));
+        assert!(saving(512, 960) < 0.0, "{}", saving(512, 960));
+        assert!(saving(1, 49152) < 0.0, "{}", saving(1, 49152));
     }
 }

@@ -49,6 +49,9 @@
 //!   projection's epilogue scatters K and V into the paged cache) when its pages are buffers
 //!   and its block table and positions come from elsewhere; otherwise a Pointwise kernel used
 //!   only by a `kv_append` becomes its prologue;
+//! - a row norm whose only reader is a matmul's A operand joins that matmul's kernel as its
+//!   prologue, where the generator computes it and the cost model says the launch saved
+//!   pays (`norm_prologue.rs`);
 //! - [`legalise`]: an operand that a generator reads as a buffer (matmul and attention
 //!   operands, `kv_append`'s pages) or a graph output that is a view must be written by some
 //!   kernel, unless the generator can read it as a view of a buffer (`reshape`s and `slice`s
@@ -59,6 +62,8 @@
 //!   into a kernel of the same output shape reading the same kernels;
 //! - a kernel that still breaks the contract (checked on the built bodies) is split into
 //!   one kernel per node ([`dissolve`]).
+
+mod norm_prologue;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -412,6 +417,9 @@ pub fn fuse_with(f: &Function, cfg: &CostConfig, contract: bool, hoist: &Hoist) 
                 let g = new_group(&mut p, fam, n, limit);
                 if fam == Family::Matmul {
                     p.groups[g].shape = nd.results.first().map(|&r| f.ty(r).shape.clone()).unwrap_or_default();
+                    if contract {
+                        norm_prologue::join_norm(f, &uses, &mut p, g, n, cfg);
+                    }
                 }
                 if contract && fam == Family::KvAppend {
                     // Prologue: a Pointwise kernel whose results only this kv_append reads

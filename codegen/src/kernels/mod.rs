@@ -39,6 +39,7 @@ pub mod layout;
 pub mod matmul;
 pub mod pointwise;
 pub mod reduce;
+pub(crate) mod row_order;
 pub(crate) mod view;
 
 use sinter_ir::{Family, Kernel, KernelGraph, LaunchPlan};

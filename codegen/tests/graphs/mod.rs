@@ -615,6 +615,20 @@ pub fn matmul_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
     single(Family::Matmul, fb.finish(&[y]).unwrap())
 }
 
+/// `rms_norm(x [M, K], g [K]) · w [N, K]ᵀ + r [M, N]`: a projection with the norm in its
+/// prologue (the small-M kernel computing its rows' statistics) and a residual add.
+pub fn norm_matmul_at(dt: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {
+    let mut fb = FunctionBuilder::new(&Graph::new(), "norm_proj");
+    let x = fb.param("x", ty(dt, &[d(m), d(k)]));
+    let g = fb.param("g", ty(dt, &[d(k)]));
+    let w = fb.param("w", ty(dt, &[d(n), d(k)]));
+    let r = fb.param("r", ty(dt, &[d(m), d(n)]));
+    let h = op_a(&mut fb, OpKind::RmsNorm, &[x, g], vec![("eps", Attr::Float(1e-5))]);
+    let y = op_a(&mut fb, OpKind::Matmul, &[h, w], vec![("transpose_b", Attr::Bool(true))]);
+    let o = op_a(&mut fb, OpKind::Add, &[y, r], vec![]);
+    single(Family::Matmul, fb.finish(&[o]).unwrap())
+}
+
 /// The fp8 matmul: `dequantize_fp8(a8 [M, K], sa) · dequantize_fp8(b8 [N, K], sb)ᵀ`
 /// with f8e4m3 operands, f32 scalar scales and a result of `out` (the `dequantize_fp8` dtype).
 pub fn fp8_matmul_at(out: DType, m: i64, n: i64, k: i64) -> (KernelGraph, Kernel) {

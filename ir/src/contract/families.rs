@@ -255,7 +255,12 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
             if !target.has_fp8_matmul() && fp8_matmul_form(body, mm, &|v| is_param(body, v)) {
                 return Err(format!("an fp8 matmul multiplies e4m3 on sm_90a only, not {target}"));
             }
-            let operand_ok = |i: usize, v: Value| viewed_param(body, v).is_some() || (i == 1 && quantized_b(body, mm)) || fp8_matmul(body, mm, target);
+            // A row norm the generator computes in its prologue (`super::prologue`).
+            let prologue = match super::prologue::norm_prologue(body, mm) {
+                Some(nn) => super::prologue::norm_prologue_body(body, nn, mm).map(|()| nn).ok(),
+                None => None,
+            };
+            let operand_ok = |i: usize, v: Value| viewed_param(body, v).is_some() || (i == 1 && quantized_b(body, mm)) || fp8_matmul(body, mm, target) || (i == 0 && prologue.is_some());
             if mnd.inputs.len() != 2 || mnd.results.len() != 1 || !mnd.inputs.iter().enumerate().all(|(i, &v)| operand_ok(i, v)) {
                 return Err("the matmul's operands must be kernel inputs (possibly through reshapes and slices)".into());
             }
@@ -263,9 +268,10 @@ pub fn check(kd: &KernelData, target: &Target) -> Result<(), String> {
             if !a.dtype.is_float() || a.dtype != b.dtype {
                 return Err(format!("matmul of {a} and {b}"));
             }
-            for nd in body.nodes.values() {
+            for (n, nd) in body.nodes.iter() {
                 match nd.op.kind {
                     OpKind::Matmul => {}
+                    _ if Some(n) == prologue => {}
                     OpKind::KvAppend if !nd.inputs[..2].iter().all(|&v| is_param(body, v)) => {
                         return Err("the kv_append's page operands must be kernel inputs".into());
                     }

@@ -292,3 +292,41 @@ fn window_and_softcap() {
     assert!(!fp8_attention(&fp8.body, n, &Target::SM_90A));
     assert!(families::fp8_attention_kernel(&fp8.body, &fp8.body.nodes[n]).unwrap_err().contains("window or softcap"));
 }
+
+/// A norm in a matmul's prologue: `rms_norm` and `layer_norm` (through a cast) of a kernel
+/// input at a constant M ≤ 16 and K ≤ 16384 are Matmul bodies; a symbolic M, a transposed A,
+/// a row too long, or a norm result the kernel also writes are not.
+#[test]
+fn norm_prologue_bodies() {
+    let body = |src: &str| {
+        let g = crate::parse(src).unwrap();
+        let f = g.entry().unwrap().clone();
+        check(&KernelData { family: Family::Matmul, body: f, inputs: vec![], outputs: vec![] }, &Target::SM_90A).err().unwrap_or_default()
+    };
+    let text = |m: &str, k: i64, norm: &str, extra_out: &str| {
+        format!(
+            "func @k(%x: bf16[{m}, {k}], %g: bf16[{k}], %b: bf16[{k}], %w: bf16[8, {k}]) {{
+  %h: bf16[{m}, {k}] = {norm} {{eps=1e-5}}
+  %y: bf16[{m}, 8] = matmul(%h, %w) {{transpose_b=true}}
+  return %y{extra_out}
+}}"
+        )
+    };
+    assert_eq!(body(&text("4", 576, "rms_norm(%x, %g)", "")), "");
+    assert_eq!(body(&text("16", 16384, "layer_norm(%x, %g, %b)", "")), "");
+    for refused in [text("T", 576, "rms_norm(%x, %g)", ""), text("4", 16392, "rms_norm(%x, %g)", ""), text("17", 576, "rms_norm(%x, %g)", ""), text("4", 576, "rms_norm(%x, %g)", ", %h")] {
+        assert!(body(&refused).contains("kernel inputs"), "{refused}");
+    }
+    let cast = "func @k(%x: bf16[1, 64], %g: f32[64], %w: bf16[8, 64]) {
+  %xf: f32[1, 64] = cast(%x) {dtype=f32}
+  %n: f32[1, 64] = rms_norm(%xf, %g) {eps=1e-6}
+  %h: bf16[1, 64] = cast(%n) {dtype=bf16}
+  %y: bf16[1, 8] = matmul(%h, %w) {transpose_b=true}
+  return %y
+}";
+    assert_eq!(body(cast), "");
+    let g = crate::parse(cast).unwrap();
+    let f = g.entry().unwrap();
+    let mm = f.nodes.iter().find(|(_, n)| n.op.kind == crate::OpKind::Matmul).unwrap().0;
+    assert!(norm_prologue(f, mm).is_some());
+}

@@ -31,6 +31,10 @@
 //! | [`SmallMSchedule`] | `small_m.rs` | GEMV / small-M on CUDA cores for decode, quantized weights streamed |
 //! | [`QuantMmaSchedule`] | `quant_mma.rs` | block-quantized weights (`q8_0`, `q4_1`) into `mma` fragments |
 //!
+//! `prologue.rs`: an A operand that is `rms_norm` or `layer_norm` of a kernel input computed
+//! in the small-M kernel's prologue (`sinter_ir::contract::prologue`), bit-exact with the norm's own
+//! kernel followed by the matmul.
+//!
 //! `schedule.rs` holds the schedules and [`choose_schedule`]; `spec.rs` the kernel analysis
 //! (`Spec`), the operand views and the tensor-core shared-memory plan; `epilogue.rs` the
 //! epilogue from registers or from a staged tile. [`generate`] takes the default schedule,
@@ -47,6 +51,7 @@
 mod epilogue;
 mod mma;
 mod pipeline;
+mod prologue;
 mod quant_mma;
 mod schedule;
 mod small_m;
@@ -150,6 +155,10 @@ pub fn generate_with(graph: &KernelGraph, kernel: Kernel, target: &Target, sched
 /// kernel does not take.
 fn variants(spec: &Spec, target: &Target) -> R<Vec<MatmulSchedule>> {
     let default = spec.default_schedule(target);
+    if spec.prologue.is_some() {
+        // A norm prologue: the small-M kernel alone computes it.
+        return Ok(vec![default]);
+    }
     if let (Some(_), MatmulSchedule::Wgmma(w)) = (spec.fp8, default) {
         // The fp8 matmul has no schedule where wgmma does not take it (sm_80, sm_90): no
         // candidates to name either.
@@ -225,6 +234,9 @@ fn generate_spec(spec: &Spec, target: &Target, schedule: &MatmulSchedule) -> Res
         ),
     };
     check.map_err(|reason| unsupported(&spec.kernel_name, reason))?;
+    if spec.prologue.is_some() && !matches!(schedule, MatmulSchedule::SmallM(_)) {
+        return Err(unsupported(&spec.kernel_name, format!("a norm prologue is computed by the small-M kernel only, not by schedule `{}`", schedule.name())));
+    }
     if spec.fp8.is_some() && !matches!(schedule, MatmulSchedule::Wgmma(_)) {
         return Err(unsupported(&spec.kernel_name, crate::error::fp8_message(&format!("f8e4m3 matmul: schedule `{}`", schedule.name()))));
     }

@@ -88,6 +88,11 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
     let m_valid: Vec<IntValue> = (0..s.rows)
         .map(|i| kit.icmp(IntPredicate::SLT, kit.add(m0, kit.i64c(i64::from(i)))?, mdim))
         .collect::<R<_>>()?;
+    // A norm prologue: every row's statistics, before the K loop.
+    let scales = match &spec.prologue {
+        Some(p) => Some(super::prologue::row_stats(kit, spec, p, m0, s.rows, s.threads())?),
+        None => None,
+    };
     if let Some(q) = spec.b_quant {
         small_m_quant_loop(kit, spec, q, (lane, lanes), &cols, n_valid, (m0, &m_valid), &acc, &bases)?;
     } else {
@@ -107,7 +112,10 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
         for i in 0..s.rows as usize {
             let m = k.add(m0, k.i64c(i as i64))?;
             let aidx = k.add(bases.a, k.add(k.mul(m, a_outer)?, k.mul(kk, a_ks)?)?)?;
-            let av = k.guarded_load(m_valid[i], spec.dtype, a_ptr, aidx, c, c > 1, a_ks)?;
+            let av = match (&spec.prologue, &scales) {
+                (Some(p), Some(rs)) => super::prologue::a_values(k, spec, p, k.select_i(m_valid[i], m, m0)?, kk, c, &rs[i])?,
+                _ => k.guarded_load(m_valid[i], spec.dtype, a_ptr, aidx, c, c > 1, a_ks)?,
+            };
             for (seg_acc, bv) in acc.iter().zip(&bvs) {
                 let p = seg_acc[i];
                 let mut sum = k.get_f(p)?;

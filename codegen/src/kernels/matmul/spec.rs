@@ -10,6 +10,7 @@ use inkwell::IntPredicate;
 use sinter_ir::{Attr, DType, Dim, Family, Function, Kernel, KernelGraph, Layout, OpKind, TensorMap, Value, ValueDef};
 use sinter_ir::epilogue::{self, MatmulEpilogue as Epi};
 
+use super::prologue::Prologue;
 use super::schedule::{TiledSchedule, MmaSchedule, WgmmaSchedule, QuantMmaSchedule, MatmulSchedule, choose_schedule, small_m_schedule};
 use crate::isa::kit::{dims_of, Kit, R};
 use crate::kernels::view::{broadcast_strides, buffer_infos, input_view, BufInfo};
@@ -114,6 +115,9 @@ pub(crate) struct Spec {
     /// kernel, and the f32 accumulators are multiplied by `scale_a · scale_b` before the
     /// epilogue.
     pub(super) fp8: Option<[Fp8Scale; 2]>,
+    /// A is `rms_norm(x, w)` computed in the kernel's prologue (the small-M kernel only);
+    /// [`MatOperand`] `a` then describes `x`.
+    pub(super) prologue: Option<Prologue>,
     pub(super) m: Dim,
     pub(super) n: Dim,
     pub(super) k: Dim,
@@ -165,9 +169,9 @@ impl Spec {
                 }
             }
         }
-        let mut mm = body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::Matmul);
-        let (_, mnd) = mm.next().ok_or_else(|| no("the body has no matmul".into()))?;
-        if mm.next().is_some() {
+        let mut mms = body.nodes.iter().filter(|(_, nd)| nd.op.kind == OpKind::Matmul);
+        let (mm, mnd) = mms.next().ok_or_else(|| no("the body has no matmul".into()))?;
+        if mms.next().is_some() {
             return Err(no("the body has more than one matmul".into()));
         }
         let (av, bv, mm_out) = match (mnd.inputs.as_slice(), mnd.results.as_slice()) {
@@ -223,9 +227,21 @@ impl Spec {
             }
             _ => return Err(no(crate::error::fp8_message("a matmul with one `dequantize_fp8` operand"))),
         };
-        let a = match &fp8 {
-            Some((a, _, _)) => a.clone(),
-            None => mat(av, at, ta, true)?,
+        let prologue = match sinter_ir::contract::norm_prologue(body, mm) {
+            Some(nn) => {
+                sinter_ir::contract::norm_prologue_body(body, nn, mm).map_err(&no)?;
+                Some(Prologue::new(body, nn, mm, &buffers).map_err(&no)?)
+            }
+            None => None,
+        };
+        let a = match (&fp8, &prologue) {
+            (Some((a, _, _)), _) => a.clone(),
+            (None, Some(p)) => {
+                // The rows of x as stored (through casts of the norm's input).
+                let x = sinter_ir::contract::through_unary(body, p.x);
+                mat(x, body.ty(x), false, true)?
+            }
+            (None, None) => mat(av, at, ta, true)?,
         };
         let (b, b_quant) = match (fp8.as_ref().map(|f| f.1.clone()), quantized_operand(body, bv, &buffers)) {
             (Some(b), _) => (b, None),
@@ -277,6 +293,7 @@ impl Spec {
             b,
             b_quant,
             fp8,
+            prologue,
             m,
             n,
             k,
@@ -290,7 +307,8 @@ impl Spec {
 }
 
 impl Spec {
-    /// The schedule [`generate`](super::generate) uses ([`choose_schedule`]'s rule): a constant M in 2..=16 of
+    /// The schedule [`generate`](super::generate) uses: the small-M kernel for a norm
+    /// prologue (the one kernel that computes it); otherwise [`choose_schedule`]'s rule: a constant M in 2..=16 of
     /// bf16/f16 takes the flat tensor-core GEMM ([`MmaSchedule::flat`], 32 columns or the
     /// smallest tile a multiple of the RoPE head) where [`Spec::mma_plan`] accepts the
     /// layouts, and the small-M kernel where it does not, as M = 1 and f32 do (every epilogue
@@ -302,6 +320,11 @@ impl Spec {
     /// per combined segment).
     pub(super) fn default_schedule(&self, target: &Target) -> MatmulSchedule {
         let b_k = self.b.ks.as_const() == Some(1);
+        if self.prologue.is_some() {
+            // A norm prologue: the small-M kernel, the one that computes it.
+            let rows = self.m.as_const().map_or(16, |m| m.clamp(1, 16)) as u32;
+            return MatmulSchedule::SmallM(small_m_schedule(rows, b_k));
+        }
         if self.b_quant.is_some() {
             // One row (decode at batch 1): the small-M kernel, a warp per column streaming its
             // blocks (faster than the tensor-core kernel, whose 16-row mma computes 15 rows of

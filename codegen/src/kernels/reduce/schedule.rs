@@ -20,6 +20,7 @@ use sinter_ir::{DType, Dim, Function, OpKind};
 use super::analysis::{Analysis, OutKind};
 use super::cluster::{Split, CLUSTER_SCRATCH_BYTES};
 use crate::kernels::element::divisible;
+use crate::kernels::row_order::{one_read, row_vec};
 use crate::kernels::ctx::KernelCtx;
 use crate::math::R;
 use crate::target::Target;
@@ -95,8 +96,6 @@ pub fn persistent_clusters(cluster: u32, per_sm: u32, target: &Target) -> u32 {
     (target.sm_count() * per_sm.max(1) / cluster.max(1)).max(1)
 }
 
-/// Elements a thread may hold in registers in the one-read schedule.
-const MAX_ELEMS_PER_THREAD: u32 = 32;
 
 /// The cluster schedule aims at slices of this many staged bytes per CTA (six CTAs of 256
 /// threads per SM then fit the 228 KiB of shared memory of an H100/H200 SM) ...
@@ -122,26 +121,15 @@ impl RowSchedule {
     /// that is not staged (a weight the output pass reads from global memory).
 
     pub fn choose(n: &Dim, min_size: usize, heavy: bool, target: &Target, staged_bytes: u64, unstaged: bool) -> RowSchedule {
-        let mut vec = (16 / min_size.max(1)).clamp(1, 8) as u32;
-        while vec > 1 && !divisible(n, vec) {
-            vec /= 2;
-        }
-        let one = |threads_per_row, rows_per_cta, chunks| RowSchedule { threads_per_row, rows_per_cta, vec, chunks: Some(chunks), unroll: 1, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false, held: 0 };
+        // The one-read cut is shared with the matmul's norm prologue (`kernels::row_order`),
+        // which must sum a row in the same order.
+        let vec = row_vec(n, min_size);
         let multi = |threads_per_row| RowSchedule { threads_per_row, rows_per_cta: 1, vec, chunks: None, unroll: 2, cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false, held: 0 };
+        if let Some(o) = one_read(n, min_size, heavy) {
+            return RowSchedule { threads_per_row: o.threads, rows_per_cta: o.rows_per_cta, vec: o.vec, chunks: Some(o.chunks), unroll: 1, ..multi(o.threads) };
+        }
         let Some(n) = n.as_const() else { return multi(256) };
         let n = n.max(0) as u64;
-        let groups = n.div_ceil(u64::from(vec));
-        if groups <= 64 {
-            return one(32, 4, groups.div_ceil(32) as u32);
-        }
-        let per_thread = if heavy { 4 } else { 2 };
-        let t = groups.div_ceil(per_thread).next_power_of_two().clamp(64, 1024) as u32;
-        let chunks = groups.div_ceil(u64::from(t)) as u32;
-        // 1024 threads leave 64 registers a thread: half the elements.
-        let limit = if t == 1024 { MAX_ELEMS_PER_THREAD / 2 } else { MAX_ELEMS_PER_THREAD };
-        if chunks * vec <= limit {
-            return one(t, 1, chunks);
-        }
         if target.sm_version() >= 90 && staged_bytes > 0 {
             let bytes = n * staged_bytes;
             let c = bytes.div_ceil(CLUSTER_SLICE_BYTES).clamp(2, MAX_CLUSTER);
