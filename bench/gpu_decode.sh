@@ -3,13 +3,13 @@
 # with seeded random weights (bench/hf_models.py make; decode speed does not depend on the
 # values), `sinter run` from that folder beside bench/smollm2_graph_anchor.py (own Llama forward,
 # static cache, CUDA graph; torch.compile) on the same folder. Needs /tmp/g/sinter or
-# .carry/gpu/sinter.xz (the release CLI with LLVM). REPS (default 3) runs of each sinter row
+# .carry/bench/sinter.xz (the release CLI with LLVM). REPS (default 3) runs of each sinter row
 # (16-token prompt, 256 decode steps, EOS ignored, one untimed warm-up) at batch 1 and 16, then
 # one `--profile` at each batch. Logs in $OUT.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/g /tmp/hf
 if [ ! -x /tmp/g/sinter ]; then
-    python3 -c "import lzma; open('/tmp/g/sinter','wb').write(lzma.open('.carry/gpu/sinter.xz').read())" && chmod +x /tmp/g/sinter
+    python3 -c "import lzma; open('/tmp/g/sinter','wb').write(lzma.open('.carry/bench/sinter.xz').read())" && chmod +x /tmp/g/sinter
 fi
 export SINTER_CACHE=/tmp/kc
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
