@@ -755,7 +755,11 @@ fn run(a: RunArgs) -> AnyResult {
                 Some(k) => k.to_string(),
                 None => format!("~{:.1}", n as f64 / layers as f64),
             };
-            eprintln!("kernels per layer: prefill {}, decode {} ({pk} prefill and {dk} decode kernels in all)", per_layer(pk, &ps), per_layer(dk, &ds));
+            let at_batch = match engine.decode_kernels_at(ids.len()) {
+                Some((n, k)) => format!("; decode specialised to batch {}: {} ({n} kernels a step)", ids.len(), k.map_or_else(|| format!("~{:.1}", n as f64 / layers as f64), |k| k.to_string())),
+                None => String::new(),
+            };
+            eprintln!("kernels per layer: prefill {}, decode {} ({pk} prefill and {dk} decode kernels in all){at_batch}", per_layer(pk, &ps), per_layer(dk, &ds));
             print_compile_line(&ps, &ds);
         }
         None => eprintln!("kernels: none (the CPU reference interpreter runs the graphs); graphs built in {:.3} s", compile_time.as_secs_f64()),

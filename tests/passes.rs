@@ -308,12 +308,12 @@ fn an_fp8_matmul_for_sm_80_builds_and_matches_the_unfused_graph() {
 /// A decode graph specialised to a batch (`Graph::specialize`, `T = 1` and `T = 16`) verifies
 /// and fuses as the symbolic one, every kernel within the code generator's contract, none
 /// taken for load-time work: five kernels per layer at `T = 1` (both RMSNorms in the prologue
-/// of the projection that reads them), six at `T = 16` (the MLP's norm stays a kernel: each of
-/// the gate/up projection's many CTAs would recompute it); and the same values on the
-/// interpreter as the symbolic graph (tiny Llama).
+/// of the projection that reads them), seven at `T = 16` (every CTA would compute the
+/// statistics of 16 rows: the prologue costs more than the launch it saves); and the same
+/// values on the interpreter as the symbolic graph (tiny Llama).
 #[test]
 fn decode_graphs_specialised_to_a_batch_fuse_the_same() {
-    for (t, per_layer) in [(1i64, 5), (16, 6)] {
+    for (t, per_layer) in [(1i64, 5), (16, 7)] {
         let g = sinter::zoo::build("smollm2-135m", Mode::Decode, DType::BF16).unwrap();
         let s = g.specialize(&[("T".to_string(), t)].into_iter().collect());
         sinter_ir::verify(&s).unwrap();

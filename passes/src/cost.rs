@@ -206,8 +206,15 @@ pub fn norm_prologue_saving(cfg: &CostConfig, norm: (&Op, &[&TensorType], &[Tens
     let norm_in: f64 = norm.1.iter().map(|t| cfg.bytes(t)).sum();
     let bytes = op_bytes(cfg, mm.0, mm.1, mm.2) - cfg.bytes(a) + norm_in + norm_prologue_rereads(cfg, mm.0, a, out);
     let fused = kernel_us(&cfg.target, bytes, flops(cfg, mm.0, mm.1, mm.2) + flops(cfg, norm.0, norm.1, norm.2), false);
-    apart - fused
+    let rows: f64 = a.shape.iter().map(|d| cfg.size(d)).product();
+    apart - fused - NORM_PROLOGUE_US_PER_ROW_ELEMENT * rows
 }
+
+/// The time a norm prologue adds to its matmul kernel per element of the normalised rows
+/// (`M·K`), µs: every CTA computes the statistics of all M rows, then reads A through the
+/// element evaluator, a dependent chain that bandwidth does not bound. Calibrated on an H200
+/// (bench/RESULTS.md): the prologue pays at a decode batch of one, not at sixteen.
+pub const NORM_PROLOGUE_US_PER_ROW_ELEMENT: f64 = 0.0027;
 
 /// The bytes the CTAs of a matmul with a norm prologue read again for the statistics: each
 /// CTA (one per [`sinter_ir::contract::NORM_PROLOGUE_COLUMNS_PER_CTA`] output columns) its rows
@@ -302,9 +309,10 @@ mod tests {
         assert!(node_cost(&cfg, &e, &[&x], &[x.clone()], OperandFacts::default()) > LAUNCH_US);
     }
 
-    /// A norm in a projection's prologue pays at decode batches (the launch saved outweighs
-    /// CUDA-core math and every CTA re-reading its rows) and not at a prefill's 512 rows, nor
-    /// before a vocabulary-wide projection at batch 1.
+    /// A norm in a projection's prologue pays at a decode batch of one (the launch saved
+    /// outweighs CUDA-core math, every CTA re-reading its rows and computing their
+    /// statistics) and not at sixteen rows or a prefill's 512, nor before a vocabulary-wide
+    /// projection at batch 1.
     #[test]
     fn norm_prologue_pays_at_decode_sizes_only() {
         let cfg = CostConfig::decode();
@@ -316,8 +324,8 @@ mod tests {
             norm_prologue_saving(&cfg, (&norm, &[&x, &g], std::slice::from_ref(&x)), (&mm, &[&x, &w], std::slice::from_ref(&out)))
         };
         // SmolLM2's QKV (N = 960) and gate/up (N = 3072) projections.
-        assert!(saving(1, 960) > 2.5 && saving(1, 3072) > 2.0, "{} {}", saving(1, 960), saving(1, 3072));
-        assert!(saving(16, 960) > 0.0, "{}", saving(16, 960));
+        assert!(saving(1, 960) > 0.5 && saving(1, 3072) > 0.0, "{} {}", saving(1, 960), saving(1, 3072));
+        assert!(saving(16, 960) < 0.0, "{}", saving(16, 960));
         assert!(saving(512, 960) < 0.0, "{}", saving(512, 960));
         assert!(saving(1, 49152) < 0.0, "{}", saving(1, 49152));
     }

@@ -241,6 +241,16 @@ impl<M: DecoderModel> Engine<M> {
         }
     }
 
+    /// The decode program specialised to a batch of `b` (GPU, once a step at that batch ran
+    /// or was compiled): its kernels a step (load-time kernels folded away) and its kernels
+    /// per layer; `None` when the batch runs the symbolic decode graph.
+    pub fn decode_kernels_at(&self, b: usize) -> Option<(usize, Option<usize>)> {
+        let Programs::Gpu(g) = &self.programs else { return None };
+        let map = g.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        let p = map.get(&b)?.as_ref()?;
+        Some((p.kernel_graph().kernels.len(), p.stats().kernels_per_layer))
+    }
+
     /// The model.
     pub fn model(&self) -> &M {
         &self.model
