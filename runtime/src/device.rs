@@ -126,6 +126,8 @@ pub struct LoadedKernel {
     /// The largest dynamic shared memory size this function has been opened up to.
     dynamic_smem_limit: AtomicU32,
     attributes: KernelAttributes,
+    /// Launched with programmatic stream serialization ([`programmatic_launch`]).
+    programmatic: bool,
 }
 
 // SAFETY: a CUfunction handle may be launched from any thread with its context current; the
@@ -143,6 +145,21 @@ impl LoadedKernel {
     pub fn attributes(&self) -> KernelAttributes {
         self.attributes
     }
+
+    /// Whether it is launched with programmatic dependent launch ([`programmatic_launch`]).
+    pub fn programmatic(&self) -> bool {
+        self.programmatic
+    }
+}
+
+/// Whether a kernel of `ptx` is launched with programmatic dependent launch on a device of
+/// compute capability `cc`: from 9.0 up, when its code waits for the grids it depends on
+/// (`griddepcontrol.wait`, which sinter's code generator puts before the kernel's first
+/// instruction on those targets), unless `SINTER_NO_PDL` is set. Such a launch may start
+/// while the previous kernel of the stream runs (CUDA C Programming Guide, "Programmatic
+/// Dependent Launch and Synchronization"); a kernel without the wait is launched as usual.
+pub fn programmatic_launch(cc: (u32, u32), ptx: &str) -> bool {
+    cc.0 >= 9 && ptx.contains("griddepcontrol.wait") && std::env::var_os("SINTER_NO_PDL").is_none()
 }
 
 impl std::fmt::Debug for LoadedKernel {
@@ -419,7 +436,8 @@ impl Device {
             ptx_version: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
             binary_version: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
         };
-        let kernel = Arc::new(LoadedKernel { entry: plan.entry.clone(), func, _module: module, dynamic_smem_limit: AtomicU32::new(DEFAULT_SHARED_LIMIT), attributes });
+        let programmatic = programmatic_launch(self.inner.info.compute_capability, &plan.ptx);
+        let kernel = Arc::new(LoadedKernel { entry: plan.entry.clone(), func, _module: module, dynamic_smem_limit: AtomicU32::new(DEFAULT_SHARED_LIMIT), attributes, programmatic });
         lock(&self.inner.kernels).insert(key, kernel.clone());
         Ok(kernel)
     }
@@ -532,10 +550,35 @@ impl Device {
             params.push(p.ok_or_else(|| RuntimeError::InvalidLaunch { entry: kernel.entry.clone(), reason: "argument storage".into() })?);
         }
         self.bind()?;
-        // SAFETY: `kernel.func` is a loaded function of this context; `params` points at one
-        // value per kernel parameter (8 bytes, or a 64-byte-aligned 128-byte tensor map),
-        // alive until cuLaunchKernel returns (the driver copies them). What the kernel does
+        // Both launches: `kernel.func` is a loaded function of this context; `params` points
+        // at one value per kernel parameter (8 bytes, or a 64-byte-aligned 128-byte tensor
+        // map), alive until the launch returns (the driver copies them). What the kernel does
         // with the addresses is the plan's contract.
+        if kernel.programmatic {
+            // SAFETY: as above; `attr` and `config` live until cuLaunchKernelEx returns.
+            let r2 = unsafe {
+                let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+                attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                let config = sys::CUlaunchConfig {
+                    gridDimX: r.grid[0],
+                    gridDimY: r.grid[1],
+                    gridDimZ: r.grid[2],
+                    blockDimX: r.block[0],
+                    blockDimY: r.block[1],
+                    blockDimZ: r.block[2],
+                    sharedMemBytes: r.shared_bytes,
+                    hStream: self.inner.stream.cu_stream(),
+                    attrs: &mut attr,
+                    numAttrs: 1,
+                };
+                sys::cuLaunchKernelEx(&config, kernel.func, params.as_mut_ptr(), std::ptr::null_mut()).result()
+            };
+            r2.map_err(|e| RuntimeError::cuda("cuLaunchKernelEx (programmatic stream serialization)", e, Some(kernel.entry.clone())))?;
+            self.note_pending(&kernel.entry);
+            return Ok(());
+        }
+        // SAFETY: as above.
         let r2 = unsafe {
             result::launch_kernel(
                 kernel.func,

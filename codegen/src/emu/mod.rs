@@ -475,8 +475,9 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
     for line in text.lines() {
         let t = line.trim_start();
         let indent = &line[..line.len() - t.len()];
-        // A ptxas directive (`.pragma "nounroll"`) has nothing to run.
-        if t.starts_with("target triple") || t.starts_with("target datalayout") || t.contains("asm sideeffect \".pragma") {
+        // A ptxas directive (`.pragma "nounroll"`) has nothing to run, nor has programmatic
+        // dependent launch's `griddepcontrol` (CTAs run one kernel at a time).
+        if t.starts_with("target triple") || t.starts_with("target datalayout") || t.contains("asm sideeffect \".pragma") || t.contains("asm sideeffect \"griddepcontrol.") {
             continue;
         }
         if t.starts_with("declare") && t.contains("@emu_") {

@@ -389,6 +389,17 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// [`CodegenError::InvalidModule`] (a generator bug), the errors of
     /// [`crate::compile_module_to_ptx`].
     pub fn finish(self) -> R<String> {
+        if self.target.has_programmatic_launch() {
+            // Programmatic dependent launch: nothing is read before the grids this one
+            // depends on have completed (a no-op when launched without the attribute); the
+            // next kernel may then launch and reach its own wait while this one runs.
+            match self.prologue.get_first_instruction() {
+                Some(i) => self.b.position_before(&i),
+                None => self.b.position_at_end(self.prologue),
+            }
+            self.asm_void("griddepcontrol.wait;")?;
+            self.asm_void("griddepcontrol.launch_dependents;")?;
+        }
         // Close the prologue: fall through into the body.
         self.b.position_at_end(self.prologue);
         self.b.build_unconditional_branch(self.body)?;

@@ -137,6 +137,14 @@ impl Target {
         self.sm
     }
 
+    /// Whether kernels for this target take part in programmatic dependent launch (sm_90+,
+    /// PTX ISA §9.7.15 `griddepcontrol`; CUDA C Programming Guide, "Programmatic Dependent
+    /// Launch"): each waits for the grids it depends on at its start and lets its dependents
+    /// launch while it runs.
+    pub fn has_programmatic_launch(&self) -> bool {
+        self.sm >= 90
+    }
+
     /// Whether this is an architecture-specific target (the `a` suffix), whose code runs
     /// only on that exact architecture.
     pub fn is_arch_specific(&self) -> bool {
