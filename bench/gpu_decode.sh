@@ -5,7 +5,8 @@
 # static cache, CUDA graph; torch.compile) on the same folder. Needs /tmp/g/sinter or
 # .carry/bench/sinter.xz (the release CLI with LLVM). REPS (default 3) runs of each sinter row
 # (16-token prompt, 256 decode steps, EOS ignored, one untimed warm-up) at batch 1 and 16, then
-# one `--profile` at each batch. Logs in $OUT.
+# one `--profile` at each batch; NOPDL=1 adds one run of each batch without programmatic
+# dependent launch. Logs in $OUT.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/g /tmp/hf
 if [ ! -x /tmp/g/sinter ]; then
@@ -25,5 +26,13 @@ for spec in "b1:--prompt-tokens 16 --max-tokens 257 --ignore-eos" "b16:--prompt-
     echo "profile $label (exit $?):"; sed -n '/^total: /,$p' "$OUT/smollm2-$label-profile.out" | head -8
     grep -E "^k[0-9]+ " "$OUT/smollm2-$label-profile.out" | sed -n '1,14p'
 done
+# NOPDL=1: each row once more with programmatic dependent launch off (SINTER_NO_PDL=1).
+if [ -n "${NOPDL:-}" ]; then
+    for spec in "b1:--prompt-tokens 16 --max-tokens 257 --ignore-eos" "b16:--prompt-tokens 16 --batch 16 --max-tokens 257 --ignore-eos"; do
+        label=${spec%%:*}; args=${spec#*:}
+        SINTER_NO_PDL=1 timeout 150 /tmp/g/sinter run --model "$d" --device gpu --dtype bf16 --warmup $args > "$OUT/smollm2-$label-nopdl.out" 2> "$OUT/smollm2-$label-nopdl.log"
+        echo "sinter $label without PDL (exit $?): $(grep -E '^(prompt:|error)' "$OUT/smollm2-$label-nopdl.log" | tr '\n' ' ' | cut -c1-300)"
+    done
+fi
 echo "== bench/smollm2_graph_anchor.py on the same folder"
 MODEL_DIR="$d" OUT="$OUT" timeout 300 python3 bench/smollm2_graph_anchor.py 2>&1 | grep -v -i warn | tail -8

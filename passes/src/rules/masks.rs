@@ -314,12 +314,13 @@ fn read_mask(eg: &SirEGraph, m: Id, depth: usize, parts: &mut MaskParts) -> bool
     false
 }
 
-/// The attributes of the scores' keep-condition `c` (`select(c, s, −inf)`): `Some(window)`
-/// when `c` is exactly the bottom-right causal mask for `off = Skv − Sq`, with an optional
+/// The attributes of the scores' keep-condition `c` (`select(c, s, −inf)`; with `hide`, `c`
+/// says which keys are hidden: `select(c, −inf, s)`, PyTorch's `masked_fill`): `Some(window)`
+/// when it is exactly the bottom-right causal mask for `off = Skv − Sq`, with an optional
 /// sliding window; `None` for anything else (then the `attention` rule keeps the mask).
-pub(super) fn keep_is_causal(eg: &SirEGraph, c: Id, off: i64) -> Option<Option<i64>> {
+pub(super) fn keep_is_causal(eg: &SirEGraph, c: Id, hide: bool, off: i64) -> Option<Option<i64>> {
     let mut keep = vec![];
-    conjuncts(eg, c, false, 0, &mut keep);
+    conjuncts(eg, c, hide, 0, &mut keep);
     let (causal, window, rest) = classify(&keep, None, None);
     if causal != Some(off) || !rest.is_empty() {
         return None;

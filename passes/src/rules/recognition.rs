@@ -17,7 +17,7 @@
 //! | `softmax-from-lse` | `exp(log_softmax(x))`, so `exp(x − lse(x))` is softmax |
 //! | `rms-norm` | `x·rsqrt(mean(x²)+ε)·w`, with `mean` or `sum/n`, `rsqrt` or `1/sqrt` or `/sqrt`, `x·x` or `x²`: in f32 with a cast back before the weight (Llama/HF: `rms_norm` in the narrow dtype), or all in f32 (`rms_norm` on f32; a weight applied in f32 before one cast back, as Gemma's `(1 + w)`, keeps that cast after the f32 `rms_norm`) |
 //! | `layer-norm` | `(x−μ)·rsqrt(var+ε)·w + b` with the same variations |
-//! | `attention` | `softmax(scale·Q·Kᵀ [+ mask])·V`: the scale on Q, on K or on the scores (`·c` or `/c`); Kᵀ as `transpose_b` or a transpose; no mask, an additive mask, an additive or `select` causal mask built from `iota` comparisons; GQA written as `reshape(broadcast(reshape(K)))`; heads split with a transpose (→ layout `bshd`) or already `[B,H,S,D]`; the softmax in the scores' dtype or cast to f32 and back (Llama) |
+//! | `attention` | `softmax(scale·Q·Kᵀ [+ mask])·V`: the scale on Q, on K or on the scores (`·c` or `/c`); Kᵀ as `transpose_b` or a transpose; no mask, an additive mask, an additive or `select` causal mask built from `iota` comparisons (`select(keep, s, −inf)`, or the hidden keys first as PyTorch's `masked_fill` writes it); GQA written as `reshape(broadcast(reshape(K)))`; heads split with a transpose (→ layout `bshd`) or already `[B,H,S,D]`; the softmax in the scores' dtype or cast to f32 and back (Llama) |
 //! | `rope-rotate-half` | `x·cos + concat(−x₂, x₁)·sin` with `cos/sin(concat(f, f))`, `f = pos·inv_freq` |
 //! | `rope-halves` | `concat(x₁·cos − x₂·sin, x₂·cos + x₁·sin)` over the halves, `cos/sin(f)` |
 //! | `rope-interleaved` | `reshape(concat(x₀·cos − x₁·sin, x₁·cos + x₀·sin))` over the even/odd pairs of `reshape(x, [..., D/2, 2])` |
@@ -487,8 +487,9 @@ fn is_causal_additive(eg: &SirEGraph, m: Id) -> bool {
 enum Mask {
     None,
     Additive(Id),
-    /// `select(cond, scores, −inf)`: keep where cond.
-    Keep(Id),
+    /// `select(cond, scores, −inf)`: keep where cond (`false`); `select(cond, −inf, scores)`:
+    /// hide where cond (`true`, PyTorch's `masked_fill(cond, −inf)`).
+    Keep(Id, bool),
 }
 
 /// `(scores, mask)` alternatives for the softmax input `z`.
@@ -499,7 +500,10 @@ fn masked_scores(eg: &SirEGraph, z: Id) -> Vec<(Id, Mask)> {
     }
     for (_, ch) in nodes(eg, z, Select) {
         if is_const(eg, ch[2], f64::NEG_INFINITY) {
-            out.push((ch[1], Mask::Keep(ch[0])));
+            out.push((ch[1], Mask::Keep(ch[0], false)));
+        }
+        if is_const(eg, ch[1], f64::NEG_INFINITY) {
+            out.push((ch[2], Mask::Keep(ch[0], true)));
         }
     }
     out
@@ -684,14 +688,19 @@ fn attention_plan(eg: &SirEGraph, q: Id, k: Id, v: Id, mask: Mask, scale: f64, r
                         maskv = Some(m);
                     }
                 }
-                Mask::Keep(c) => {
+                Mask::Keep(c, hide) => {
                     // Hiding by select is what the op's causal/window do (a hidden NaN score
                     // is never read): fold it here, not through an additive mask.
-                    if let Some(w) = skv.sub(&sq).as_const().and_then(|off| super::masks::keep_is_causal(eg, c, off)) {
+                    if let Some(w) = skv.sub(&sq).as_const().and_then(|off| super::masks::keep_is_causal(eg, c, hide, off)) {
                         causal = true;
                         window = w;
-                    } else if is_causal_cond(eg, c, true) && sq == skv {
+                    } else if is_causal_cond(eg, c, !hide) && sq == skv {
                         causal = true;
+                    } else if hide {
+                        // A hide condition that is no causal mask stays written out: as a
+                        // mask operand, a hidden key's NaN in V would reach the output
+                        // (0·NaN), which the select never lets through.
+                        continue;
                     } else {
                         make_mask = Some(c);
                     }
