@@ -217,6 +217,7 @@ fn every_family_assembles_without_spills() {
         for t in [Target::SM_80, Target::SM_90A] {
             let plan = compile_kernel(&g, k, &t).unwrap_or_else(|e| panic!("{name} {t}: {e}"));
             assert!(plan.ptx.contains(&format!(".visible .entry {}(", plan.entry)), "{name}");
+            assert_waits_before_reading(&plan.ptx, &t, &name);
             assert_eq!(plan.params[..g.kernels[k].inputs.len()], (0..g.kernels[k].inputs.len()).map(KernelParam::Buffer).collect::<Vec<_>>()[..]);
             if let Some(r) = assemble(&plan) {
                 assembled = true;
@@ -236,6 +237,22 @@ fn every_family_assembles_without_spills() {
     }
     if assembled {
         insta::assert_snapshot!("ptxas_reports", lines);
+    }
+}
+
+/// Programmatic dependent launch: an sm_90+ kernel waits (`griddepcontrol.wait`) before any
+/// load or asynchronous copy — only L2 prefetches of its weights come first — then lets its
+/// dependents launch; an sm_80 kernel has neither.
+fn assert_waits_before_reading(ptx: &str, t: &Target, name: &str) {
+    if !t.has_programmatic_launch() {
+        assert!(!ptx.contains("griddepcontrol"), "{name} {t}");
+        return;
+    }
+    let (before, after) = ptx.split_once("griddepcontrol.wait;").unwrap_or_else(|| panic!("{name} {t}: no griddepcontrol.wait"));
+    assert!(after.contains("griddepcontrol.launch_dependents;"), "{name} {t}");
+    for l in before.lines().map(str::trim) {
+        let reads = ["ld.global", "ld.shared", "ld.const", "ld.volatile", "cp.async", "atom.", "red."].iter().any(|op| l.starts_with(op));
+        assert!(!reads, "{name} {t}: `{l}` before griddepcontrol.wait");
     }
 }
 

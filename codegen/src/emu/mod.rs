@@ -476,8 +476,8 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
         let t = line.trim_start();
         let indent = &line[..line.len() - t.len()];
         // A ptxas directive (`.pragma "nounroll"`) has nothing to run, nor has programmatic
-        // dependent launch's `griddepcontrol` (CTAs run one kernel at a time).
-        if t.starts_with("target triple") || t.starts_with("target datalayout") || t.contains("asm sideeffect \".pragma") || t.contains("asm sideeffect \"griddepcontrol.") {
+        // dependent launch's `griddepcontrol` (CTAs run one kernel at a time) or an L2 prefetch.
+        if t.starts_with("target triple") || t.starts_with("target datalayout") || t.contains("asm sideeffect \".pragma") || t.contains("asm sideeffect \"griddepcontrol.") || t.contains("asm sideeffect \"prefetch.global") {
             continue;
         }
         if t.starts_with("declare") && t.contains("@emu_") {

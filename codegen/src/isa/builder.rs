@@ -177,6 +177,38 @@ impl<'ctx> KernelBuilder<'ctx> {
         r
     }
 
+    /// Prefetches `bytes` bytes from `base + off` (a global buffer, a byte offset: prologue
+    /// values) into L2 with `prefetch.global.L2`, one 128-byte line a lane of `lanes` at a
+    /// time (`lane`: this thread's, a prologue value; at most 8 lines a lane), in the
+    /// prologue: on sm_90+ before the programmatic-launch wait, so that a kernel's weights
+    /// stream in while the kernel before it finishes. L2 is the device's point of coherence,
+    /// so a line the previous kernel writes afterwards is still read fresh.
+    ///
+    /// # Errors
+    /// [`CodegenError::Builder`].
+    pub fn prefetch_l2_in_prologue(&mut self, base: PointerValue<'ctx>, off: IntValue<'ctx>, bytes: u64, lane: IntValue<'ctx>, lanes: u32) -> R<()> {
+        const LINE: u64 = 128;
+        let lines = bytes.div_ceil(LINE);
+        if lines == 0 || lanes == 0 {
+            return Ok(());
+        }
+        let per = lines.div_ceil(u64::from(lanes)).min(8);
+        self.in_prologue(|kb| {
+            let i64t = kb.cx.i64_type();
+            let addr0 = kb.b.build_ptr_to_int(base, i64t, "pf_base")?;
+            let addr0 = kb.b.build_int_add(addr0, off, "pf_start")?;
+            for j in 0..per {
+                let l = kb.b.build_int_add(lane, i64t.const_int(j * u64::from(lanes), false), "pf_line")?;
+                let last = i64t.const_int(lines - 1, false);
+                let over = kb.b.build_int_compare(inkwell::IntPredicate::UGT, l, last, "pf_over")?;
+                let l = kb.b.build_select(over, last, l, "pf_clamp")?.into_int_value();
+                let a = kb.b.build_int_add(addr0, kb.b.build_int_mul(l, i64t.const_int(LINE, false), "pf_off")?, "pf_addr")?;
+                kb.asm_args("prefetch.global.L2 [$0];", "l", &[a.into()])?;
+            }
+            Ok(())
+        })
+    }
+
     /// A new basic block at the end of the function.
     pub fn block(&self, name: &str) -> BasicBlock<'ctx> {
         self.cx.append_basic_block(self.func, name)
@@ -389,19 +421,17 @@ impl<'ctx> KernelBuilder<'ctx> {
     /// [`CodegenError::InvalidModule`] (a generator bug), the errors of
     /// [`crate::compile_module_to_ptx`].
     pub fn finish(self) -> R<String> {
+        self.b.position_at_end(self.prologue);
         if self.target.has_programmatic_launch() {
-            // Programmatic dependent launch: nothing is read before the grids this one
-            // depends on have completed (a no-op when launched without the attribute); the
-            // next kernel may then launch and reach its own wait while this one runs.
-            match self.prologue.get_first_instruction() {
-                Some(i) => self.b.position_before(&i),
-                None => self.b.position_at_end(self.prologue),
-            }
+            // Programmatic dependent launch, at the end of the prologue (index arithmetic and
+            // L2 prefetches of weights, [`KernelBuilder::prefetch_l2_in_prologue`]; no load):
+            // nothing is read before the grids this one depends on have completed (a no-op
+            // when launched without the attribute); the next kernel may then launch and
+            // reach its own wait while this one runs.
             self.asm_void("griddepcontrol.wait;")?;
             self.asm_void("griddepcontrol.launch_dependents;")?;
         }
         // Close the prologue: fall through into the body.
-        self.b.position_at_end(self.prologue);
         self.b.build_unconditional_branch(self.body)?;
         let machine = crate::llvm::target_machine(&self.target)?;
         self.module.set_triple(&machine.get_triple());

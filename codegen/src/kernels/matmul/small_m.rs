@@ -72,6 +72,7 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
         }
     };
     let n_valid = kit.icmp(IntPredicate::SLT, n, ncols)?;
+    prefetch_weights(kit, spec, s)?;
     // Columns: each group stages its head of R in shared memory for the epilogue (a private
     // array indexed by column would live on the stack).
     let group_tile = if matches!(spec.epi, Epi::Columns { .. }) {
@@ -160,6 +161,39 @@ pub(super) fn build_small_m(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R
 /// accumulates them against the 32 matching elements of each row of A (16-byte vectors where
 /// A's layout allows) in f32. A column past N reads nothing.
 #[allow(clippy::too_many_arguments)]
+/// On targets with programmatic dependent launch, each group's B column (K-contiguous, of a
+/// constant length, no batch) prefetched into L2 before the kernel waits for its inputs:
+/// the weights of a decode projection stream in while the kernel before it runs.
+fn prefetch_weights(kit: &Kit<'_>, spec: &Spec, s: &SmallMSchedule) -> R<()> {
+    let target = kit.math(|kb| Ok(kb.target))?;
+    let (Some(k), Some(outer), Some(ks)) = (spec.k.as_const(), spec.b.outer.as_const(), spec.b.ks.as_const()) else { return Ok(()) };
+    if !target.has_programmatic_launch() || ks != 1 || !spec.batch.is_empty() || spec.b_quant.is_some() || k <= 0 || outer <= 0 {
+        return Ok(());
+    }
+    let (Some(n), es) = (spec.n.as_const(), spec.dtype.size_bytes() as u64) else { return Ok(()) };
+    let b_ptr = kit.buf(spec.b.buffer)?;
+    let (columns, lanes) = (i64::from(s.columns), s.lanes);
+    kit.math(|kb| {
+        let (tid, bx) = (kb.sreg("tid.x")?, kb.sreg("ctaid.x")?);
+        let (off, lane) = kb.in_prologue(|kb| {
+            let i64t = kb.cx.i64_type();
+            let tid = kb.b.build_int_z_extend(tid, i64t, "pf_tid")?;
+            let bx = kb.b.build_int_z_extend(bx, i64t, "pf_cta")?;
+            let lanes64 = i64t.const_int(u64::from(lanes), false);
+            let g = kb.b.build_int_unsigned_div(tid, lanes64, "pf_group")?;
+            let lane = kb.b.build_int_unsigned_rem(tid, lanes64, "pf_lane")?;
+            let col = kb.b.build_int_add(kb.b.build_int_mul(bx, i64t.const_int(columns as u64, false), "pf_c0")?, g, "pf_col")?;
+            // A column past N prefetches the last one (no branch in the prologue).
+            let last = i64t.const_int((n - 1).max(0) as u64, false);
+            let over = kb.b.build_int_compare(inkwell::IntPredicate::UGT, col, last, "pf_past")?;
+            let col = kb.b.build_select(over, last, col, "pf_colc")?.into_int_value();
+            let off = kb.b.build_int_mul(col, i64t.const_int(outer as u64 * es, false), "pf_coloff")?;
+            Ok((off, lane))
+        })?;
+        kb.prefetch_l2_in_prologue(b_ptr, off, k as u64 * es, lane, lanes)
+    })
+}
+
 pub(super) fn small_m_quant_loop<'ctx>(
     kit: &Kit<'ctx>,
     spec: &Spec,
