@@ -267,12 +267,13 @@ impl FusionReport {
 
     /// HBM bytes per step after fusion.
     pub fn bytes_after(&self) -> f64 {
-        self.kernels.iter().filter(|k| !k.load_time).map(|k| k.bytes_read + k.bytes_written).sum()
+        // `+ 0.0`: an empty sum of f64 is −0.0, which would print as such.
+        self.kernels.iter().filter(|k| !k.load_time).map(|k| k.bytes_read + k.bytes_written).sum::<f64>() + 0.0
     }
 
     /// Modelled µs per step after fusion.
     pub fn us_after(&self) -> f64 {
-        self.kernels.iter().filter(|k| !k.load_time).map(|k| k.modelled_us).sum()
+        self.kernels.iter().filter(|k| !k.load_time).map(|k| k.modelled_us).sum::<f64>() + 0.0
     }
 
     /// Kernels per origin (`main`, `layer#0`, …), load-time kernels excluded.
@@ -643,6 +644,15 @@ mod tests {
     fn report(text: &str) -> FusionReport {
         let g = sinter_ir::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         compile(&g, &Target::SM_90A, &PassOptions::default()).unwrap().1
+    }
+
+    /// A graph with no kernel to launch reports zero bytes and time, not −0.0.
+    #[test]
+    fn nothing_to_launch_prints_zero_not_negative_zero() {
+        let r = report("func @f(%x: f32[T, 16]) {\n  %i: i32[T, 0] = iota() {dtype=i32, shape=[T, 0]}\n  return %x\n}\n");
+        let text = r.to_string();
+        assert!(!text.contains("-0.0"), "{text}");
+        assert!(r.bytes_after().is_sign_positive() && r.us_after().is_sign_positive(), "{text}");
     }
 
     /// A stack of `kinds.len()` layers unrolled in `@main`: RMSNorm, a projection and the
