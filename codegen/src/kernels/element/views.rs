@@ -17,6 +17,23 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
         let x = self.input(node, 0)?;
         let out_shape = self.shape(result)?;
         let in_shape = self.shape(x)?;
+        // Only size-1 axes added or removed: each axis maps to its own, tags kept (a row
+        // statistic read through a squeeze stays at its own row).
+        let (oi, ii): (Vec<usize>, Vec<usize>) = (
+            (0..out_shape.len()).filter(|&i| !out_shape[i].is_one()).collect(),
+            (0..in_shape.len()).filter(|&i| !in_shape[i].is_one()).collect(),
+        );
+        if oi.len() == ii.len() && oi.iter().zip(&ii).all(|(&o, &i)| out_shape[o] == in_shape[i]) {
+            let mut axes = vec![self.zero_ax(); in_shape.len()];
+            for (&o, &i) in oi.iter().zip(&ii) {
+                axes[i] = at.axes[o];
+            }
+            // A lane axis on a dropped size-1 axis has one valid lane; go lane by lane.
+            if at.lanes > 1 && (0..out_shape.len()).any(|o| out_shape[o].is_one() && at.axes[o].step) {
+                return self.per_lane(result, at);
+            }
+            return self.eval(x, &At { axes, lanes: at.lanes });
+        }
         // The longest common suffix maps unchanged.
         let mut k = 0;
         while k < out_shape.len() && k < in_shape.len() && out_shape[out_shape.len() - 1 - k] == in_shape[in_shape.len() - 1 - k] {
