@@ -261,6 +261,10 @@ enum Cmd {
         /// passes then fuse for this target (default: sm_90a).
         #[arg(long)]
         schedules: Option<Target>,
+        /// Shard each graph for this many tensor-parallel ranks first (Megatron's plan, made by
+        /// the passes) and explain the program one rank runs; the plan's summary comes first.
+        #[arg(long, value_name = "N")]
+        tensor_parallel: Option<usize>,
     },
     /// Print the IR of a zoo model (smollm2-135m, llama3-8b, gpt2, gpt2-124m, qwen2-0.5b, qwen3-0.6b, gemma3-270m).
     Graph {
@@ -279,7 +283,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Demo => demo(),
-        Cmd::Explain { target, dtype, dot, schedules } => explain(&target, dtype.into(), dot.as_deref(), schedules),
+        Cmd::Explain { target, dtype, dot, schedules, tensor_parallel } => explain(&target, dtype.into(), dot.as_deref(), schedules, tensor_parallel),
         Cmd::Bench { only, anchors, iters, json, precompile, autotune, no_flush } => match precompile {
             Some(t) => sinter::bench::precompile(&only, &t, autotune).map(|s| eprintln!("{} kernels: {} compiled ({} of them over damaged cache entries), {} already cached", s.kernels, s.built, s.rebuilt, s.cached)).map_err(Into::into),
             None => bench(&only, &anchors, iters, json.as_deref(), autotune, !no_flush),
@@ -371,7 +375,7 @@ fn bench(only: &[String], anchor_files: &[PathBuf], iters: usize, json: Option<&
     Ok(())
 }
 
-fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules: Option<Target>) -> AnyResult {
+fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules: Option<Target>, tensor_parallel: Option<usize>) -> AnyResult {
     use std::fmt::Write as _;
     // The Graphviz folder is checked before the passes run.
     if let Some(dir) = dot {
@@ -397,8 +401,19 @@ fn explain(target: &str, dtype: DType, dot: Option<&std::path::Path>, schedules:
     };
     for (mode, g) in &graphs {
         let arch = schedules.unwrap_or(Target::SM_90A);
+        let mut text = format!("=== {target} ({mode}) ===\n");
+        let sharded;
+        let g = match tensor_parallel {
+            Some(n) => {
+                let plan = sinter_passes::shard::shard(g, &sinter_passes::shard::ShardOptions::new(n)).map_err(|e| format!("--tensor-parallel {n}: {e}"))?;
+                text.push_str(&plan.describe(g));
+                sharded = plan.graph;
+                &sharded
+            }
+            None => g,
+        };
         let (kg, report) = sinter_passes::compile(g, &arch, &sinter_passes::PassOptions::for_graph(g))?;
-        let mut text = format!("=== {target} ({mode}) ===\n{report}\n");
+        write!(text, "{report}\n")?;
         for (k, kd) in kg.kernels.iter() {
             let ops: Vec<&str> = kd.body.nodes.values().map(|n| n.op.kind.name()).collect();
             writeln!(text, "{k} {:?}: {}", kd.family, ops.join(" "))?;

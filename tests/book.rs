@@ -920,6 +920,7 @@ fn class_title(c: sinter::ir::OpClass) -> &'static str {
         Layout => "Layout",
         Source => "Sources",
         Composite => "Composite ops",
+        Collective => "Collectives (tensor parallelism)",
         Call => "Calls",
     }
 }

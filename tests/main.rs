@@ -30,3 +30,4 @@ mod gemma3_gguf;
 mod gemma3_hf;
 mod serve;
 mod dsl_pass;
+mod shard;

@@ -381,6 +381,36 @@ pub fn concat(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     Ok(vec![TensorType { dtype: first.dtype, shape }])
 }
 
+/// The `ranks` attribute of a collective: at least 1.
+fn ranks(c: &InferCtx<'_>) -> Result<i64, ShapeError> {
+    let r = c.int("ranks")?;
+    if r < 1 {
+        return err(format!("`ranks` is {r}; a tensor-parallel group has at least 1 rank"));
+    }
+    Ok(r)
+}
+
+/// `all_reduce`: a float operand, the same type.
+pub fn all_reduce(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let x = c.input(0)?;
+    ranks(c)?;
+    want_float(x, "the operand")?;
+    Ok(vec![x.clone()])
+}
+
+/// `all_gather`: `axis` grows `ranks` times.
+pub fn all_gather(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
+    let x = c.input(0)?;
+    let r = ranks(c)?;
+    if x.dtype.is_quantized() {
+        return err(format!("`all_gather` moves whole elements, not {} blocks", x.dtype));
+    }
+    let axis = norm_axis(c.int("axis")?, x.rank())?;
+    let mut shape = x.shape.clone();
+    shape[axis] = shape[axis].mul(&Dim::constant(r));
+    Ok(vec![TensorType { dtype: x.dtype, shape }])
+}
+
 /// `slice`.
 pub fn slice(c: &InferCtx<'_>) -> Result<Vec<TensorType>, ShapeError> {
     let x = c.input(0)?;

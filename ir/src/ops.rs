@@ -29,6 +29,9 @@ pub enum OpClass {
     Source,
     /// Composite op with its own kernel family (matmul, attention, norms, ...).
     Composite,
+    /// A collective over the ranks of a tensor-parallel group (each rank runs the graph on
+    /// its shard; the runtime does the exchange, the interpreter simulates it).
+    Collective,
     /// A call of another function of the graph.
     Call,
 }
@@ -216,6 +219,11 @@ op_table! {
         "Attention (scores scaled by `scale`, a finite f32) of q [B, H, T, D] over a paged cache [P, page_size, Hkv, D] read through block_table [B, max_pages] i32 with seq_lens [B] i32 keys per sequence (the lengths live in device memory); causal aligned bottom-right per sequence; GQA as in `attention`; a sequence with no visible key gives 0. With `lse=true` a second result f32 [B, H, T]: each row's natural-log log-sum-exp of its visible scores (−inf where none), for `attention_merge`. `unified_max=φ` (optional, a finite f32; an execution strategy that does not change the result) asks the split-KV kernel for FlashDecoding++'s asynchronous softmax (Hong et al. 2023, arXiv 2311.01282): every partial softmax takes exp(s − φ) against this one maximum chosen ahead of time (from the model's score statistics) instead of its running maximum, so no partial reduces maxima or rescales its sums, and the partials merge without synchronising; φ cancels, so the result is the same softmax; a partial whose largest score lies too far above or below φ for exp(s − φ) to be safe in f32 is recomputed with the online softmax, so any finite φ gives the right result and one near the scores' maximum the fast one. Measured on the H200 (B16, GQA 32/8, 32768 keys, D128) it is not faster than the online softmax yet (0.98×: the kernel is bound by its K/V loads in flight), so it is off unless given. `window=W` and `softcap=c` as in `attention`, with pᵢ = i+seq_lens[b]−T per sequence: query i of sequence b sees key j iff j ≤ pᵢ and pᵢ − j < W.";
     AttentionMerge => "attention_merge", Composite, ["o_a", "lse_a", "o_b", "lse_b"], [], infer::attention_merge,
         "Merges two partial attention states over disjoint key sets by their log-sum-exp (FlashInfer's merge state; Ye et al. 2024, cascade inference): o_a, o_b [..., D] of one float dtype, lse_a, lse_b f32 [...] (natural log, as `attention` with `lse=true` gives); with M = max(lse_a, lse_b), wₓ = exp(lseₓ − M): o = (w_a·o_a + w_b·o_b)/(w_a + w_b) rounded once, lse = M + ln(w_a + w_b) in f32. A state whose lse is −inf is empty and its o is not read; both empty gives o = 0, lse = −inf; NaN propagates. Commutative and associative (up to rounding), so partial states of any key split merge in any order.";
+    // --- collectives (tensor parallelism) --------------------------------------------------
+    AllReduce => "all_reduce", Collective, ["x"], [a("ranks", K::Int, D::Required)], infer::all_reduce,
+        "Sum of x over the `ranks` ranks of the tensor-parallel group (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053; NCCL `ncclAllReduce` with `ncclSum`): every rank gets Σᵣ xᵣ, same type; a float dtype; summed in f32 or wider and rounded once (NCCL's ring may round each partial sum to the dtype: equal within the dtype's tolerance). With `ranks=1` it is x.";
+    AllGather => "all_gather", Collective, ["x"], [AXIS, a("ranks", K::Int, D::Required)], infer::all_gather,
+        "Concatenation along `axis` of x from every rank of the tensor-parallel group, in rank order (NCCL `ncclAllGather`, then a transpose of the rank axis where `axis` is not the first): the axis grows `ranks` times; any dtype but the block-quantized ones.";
     // --- functions -----------------------------------------------------------------------
     Call => "call", Call, ["args*"], [a("func", K::Str, D::Required)], infer::call,
         "Calls function `func` of the graph with `args`; results are its outputs. A block (a decoder layer) is defined once and called per layer with different weights.";

@@ -44,6 +44,7 @@ pub mod optimise;
 pub mod partition;
 pub mod report;
 pub mod rules;
+pub mod shard;
 pub mod specialise;
 
 use std::collections::BTreeSet;

@@ -21,7 +21,7 @@ use super::{Evaluator, InterpError, Result, Site, Tensor};
 /// body's evaluation (naming the kernel's body function, the node and the op).
 pub fn run_kernel_graph(kg: &KernelGraph, inputs: &[&Tensor], bindings: &Bindings) -> Result<Vec<Tensor>> {
     let empty = Graph::new();
-    let mut ev = Evaluator { g: &empty, callers: Vec::new() };
+    let mut ev = Evaluator { g: &empty, callers: Vec::new(), comm: None };
     // Bind the graph's symbols from the input buffers, as a function's parameters would.
     let mut sig = Function::new("kernel_graph");
     for &b in &kg.inputs {

@@ -51,6 +51,7 @@ mod composite;
 mod elementwise;
 mod kernel_graph;
 mod layout;
+mod ranks;
 mod tensor;
 #[cfg(test)]
 mod tests;
@@ -65,6 +66,7 @@ use crate::graph::{Function, Graph, Node};
 use crate::ops::{Op, OpClass, OpKind};
 
 pub use kernel_graph::run_kernel_graph;
+pub use ranks::run_ranks;
 pub use tensor::Tensor;
 
 /// The error function erf(x) = 2/√π ∫₀ˣ e^(−t²) dt in f64, as the interpreter computes the
@@ -392,7 +394,7 @@ pub(super) fn type_text(dtype: DType, shape: &[usize]) -> String {
 /// (see [`InterpError`]), each naming the function, the node and the op.
 pub fn run(g: &Graph, func: &str, inputs: &[&Tensor], bindings: &Bindings) -> Result<Vec<Tensor>> {
     let f = g.func(func).ok_or_else(|| InterpError::NoSuchFunction { name: func.to_string() })?;
-    Evaluator { g, callers: Vec::new() }.eval(f, inputs, bindings, None)
+    Evaluator { g, callers: Vec::new(), comm: None }.eval(f, inputs, bindings, None)
 }
 
 /// Evaluates the graph's entry function ([`Graph::entry`]: `@main`, else the last defined)
@@ -402,7 +404,7 @@ pub fn run(g: &Graph, func: &str, inputs: &[&Tensor], bindings: &Bindings) -> Re
 /// As [`run`]; [`InterpError::NoSuchFunction`] when the graph has no function.
 pub fn run_entry(g: &Graph, inputs: &[&Tensor], bindings: &Bindings) -> Result<Vec<Tensor>> {
     let f = g.entry().ok_or_else(|| InterpError::NoSuchFunction { name: "main".into() })?;
-    Evaluator { g, callers: Vec::new() }.eval(f, inputs, bindings, None)
+    Evaluator { g, callers: Vec::new(), comm: None }.eval(f, inputs, bindings, None)
 }
 
 /// The deepest chain of calls evaluated (a verified graph cannot recurse; an unverified one
@@ -412,6 +414,8 @@ const MAX_CALL_DEPTH: usize = 64;
 struct Evaluator<'g> {
     g: &'g Graph,
     callers: Vec<String>,
+    /// The rank's group when [`run_ranks`] runs it; alone, collectives of one rank only.
+    comm: Option<ranks::Comm<'g>>,
 }
 
 impl Evaluator<'_> {
@@ -560,6 +564,8 @@ impl Evaluator<'_> {
             }
             let results = if kind == OpKind::Call {
                 self.call(f, node, &nd.op, &ins, &b)
+            } else if kind.info().class == OpClass::Collective {
+                self.collective(&nd.op, ins[0], &site)
             } else {
                 eval_op(&nd.op, &ins, &b)
             }
@@ -700,7 +706,7 @@ fn eval_op(op: &Op, ins: &[&Tensor], b: &Bindings) -> Result<Vec<Tensor>> {
             }
             _ => attr_err(format!("`{}` is not a composite op", op.kind.name())),
         },
-        OpClass::Call => attr_err("`call` is evaluated by the evaluator"),
+        OpClass::Call | OpClass::Collective => attr_err(format!("`{}` is evaluated by the evaluator", op.kind.name())),
     }
 }
 

@@ -215,6 +215,7 @@ impl<'a, 'ctx> Eval<'a, 'ctx> {
                 "`{}` ({node}) cannot be computed element by element; it needs its own kernel",
                 kind.name()
             )),
+            AllReduce | AllGather => unsupported(format!("`{}` ({node}) is a collective: the runtime runs it between kernels", kind.name())),
         }
     }
 

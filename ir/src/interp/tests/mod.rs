@@ -7,6 +7,7 @@ mod errors;
 mod fp8;
 mod llama;
 mod ops;
+mod ranks;
 mod rope_logical;
 mod rotary;
 mod window;

@@ -1,0 +1,185 @@
+//! Tensor parallelism on the CPU: every zoo architecture sharded for N ranks by
+//! `sinter_passes::shard`, run as N simulated ranks (`run_ranks`), equals the unsharded graph;
+//! the plan is Megatron's where the heads divide; what does not divide is an error naming it
+//! (strict) or stays whole (not strict).
+
+use sinter::ir::interp::{run_entry, run_ranks};
+use sinter::zoo::{gemma3, gpt2, gpt2_paged, llama, qwen, Mode};
+use sinter::{Bindings, DType, Graph, Tensor};
+use sinter_passes::shard::{shard, Placement, ShardError, ShardOptions};
+
+use crate::zoo::Rng;
+
+/// Inputs for a zoo graph's entry: seeded weights (norms near 1, matrices scaled by 1/√fan-in),
+/// token ids below the vocabulary, positions (prefill `0..T`; decode: sequence b already holds
+/// 3 + 2b tokens), block tables giving each (layer, sequence) its own pages, and caches holding
+/// random keys and values.
+fn inputs(g: &Graph, mode: Mode, seed: u64) -> Vec<Tensor> {
+    let f = g.entry().unwrap();
+    let name = |i: usize| f.values[f.params[i]].name.clone().unwrap_or_default();
+    let vocab = (0..f.params.len())
+        .find(|&i| name(i) == "token_embd.weight")
+        .and_then(|i| f.ty(f.params[i]).shape[0].as_const())
+        .unwrap() as usize;
+    let t = 5usize;
+    let decode = mode == Mode::Decode;
+    let lens: Vec<usize> = if decode { (0..t).map(|b| 3 + 2 * b).collect() } else { vec![0] };
+    let b = lens.len();
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    // Page geometry from the cache's declared type [P, page, Hkv, D].
+    let page_ty = (0..f.params.len()).find(|&i| name(i) == "k_pages").map(|i| f.ty(f.params[i]).clone());
+    let bt_ty = (0..f.params.len()).find(|&i| name(i) == "block_tables").map(|i| f.ty(f.params[i]).clone());
+    let ps = page_ty.as_ref().map_or(1, |p| p.shape[1].as_const().unwrap() as usize);
+    let layers = bt_ty.as_ref().map_or(1, |t| t.shape[0].as_const().unwrap() as usize);
+    let pages_per_seq = (lens.iter().max().unwrap() + t).div_ceil(ps) + 1;
+    let n_pages = layers * b * pages_per_seq;
+    for i in 0..f.params.len() {
+        let ty = f.ty(f.params[i]);
+        let n = name(i);
+        let tensor = match n.as_str() {
+            "tokens" => Tensor::from_fn(ty.dtype, &[t], |_| ((rng.next_f64() + 1.0) * 0.5 * vocab as f64).floor().min(vocab as f64 - 1.0)),
+            "positions" if decode => Tensor::from_fn(ty.dtype, &[t], |ix| lens[ix[0]] as f64),
+            "positions" => Tensor::from_fn(ty.dtype, &[t], |ix| ix[0] as f64),
+            "block_tables" => Tensor::from_fn(ty.dtype, &[layers, b, pages_per_seq], |ix| ((ix[0] * b + ix[1]) * pages_per_seq + ix[2]) as f64),
+            "k_pages" | "v_pages" => {
+                let s: Vec<usize> = std::iter::once(n_pages).chain(ty.shape[1..].iter().map(|d| d.as_const().unwrap() as usize)).collect();
+                Tensor::from_fn(ty.dtype, &s, |_| rng.next_f64())
+            }
+            _ => {
+                let shape: Vec<usize> = ty.shape.iter().map(|d| d.as_const().unwrap_or_else(|| panic!("{n}: {ty}")) as usize).collect();
+                let fan_in = *shape.last().unwrap_or(&1) as f64;
+                Tensor::from_fn(ty.dtype, &shape, |_| {
+                    let r = rng.next_f64();
+                    if n.contains("norm") {
+                        1.0 + 0.1 * r
+                    } else if n.contains(".bias") {
+                        0.1 * r
+                    } else {
+                        r / fan_in.sqrt()
+                    }
+                })
+            }
+        };
+        out.push(tensor);
+    }
+    out
+}
+
+/// Shards `g` for `ranks`, runs the ranks on the interpreter, and compares the assembled
+/// outputs with the unsharded run: relative to each output's largest magnitude, `tol`.
+fn check(what: &str, g: &Graph, mode: Mode, ranks: usize, strict: bool, tol: f64) -> sinter_passes::shard::ShardPlan {
+    let ins = inputs(g, mode, 11);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want = run_entry(g, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: unsharded: {e}"));
+    let plan = shard(g, &ShardOptions { strict, ..ShardOptions::new(ranks) }).unwrap_or_else(|e| panic!("{what}: {e}"));
+    if std::env::var("SINTER_SHARD_DUMP").is_ok_and(|w| what.starts_with(&w)) {
+        eprintln!("{what}:\n{}\nreplicated: {:?}", sinter::ir::print(&plan.graph), plan.replicated);
+    }
+    let per_rank: Vec<Vec<Tensor>> = (0..ranks).map(|r| plan.rank_inputs(&refs, r).unwrap()).collect();
+    let entry = plan.graph.entry().unwrap().name.clone();
+    let outs = run_ranks(&plan.graph, &entry, &per_rank, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: ranks: {e}"));
+    let got = plan.assemble(&outs).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a.shape(), b.shape(), "{what}: output {k}");
+        let scale = b.data().iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+        for (j, (x, y)) in a.data().iter().zip(b.data()).enumerate() {
+            assert!((x - y).abs() <= tol * scale, "{what}: output {k} element {j}: sharded {x} vs unsharded {y} (scale {scale})");
+        }
+    }
+    plan
+}
+
+/// The zoo's architectures at their tiny configurations, prefill and decode.
+fn zoo(dtype: DType) -> Vec<(String, Graph, Mode)> {
+    let mut v = Vec::new();
+    for mode in [Mode::Prefill, Mode::Decode] {
+        let m = format!("{mode:?}");
+        v.push((format!("llama {m}"), llama::build(&llama::LlamaConfig::tiny(), mode, dtype).unwrap(), mode));
+        v.push((format!("qwen2 {m}"), qwen::build(&qwen::QwenConfig::tiny(qwen::QwenArch::Qwen2), mode, dtype).unwrap(), mode));
+        v.push((format!("qwen3 {m}"), qwen::build(&qwen::QwenConfig::tiny(qwen::QwenArch::Qwen3), mode, dtype).unwrap(), mode));
+        v.push((format!("gemma3 {m}"), gemma3::build(&gemma3::Gemma3Config::tiny(), mode, dtype).unwrap(), mode));
+        v.push((format!("gpt2 paged {m}"), gpt2_paged::build(&gpt2::Gpt2Config::tiny(), mode, dtype, 4).unwrap(), mode));
+    }
+    v.push(("gpt2".into(), gpt2::build(&gpt2::Gpt2Config::tiny(), dtype).unwrap(), Mode::Prefill));
+    v
+}
+
+#[test]
+fn sharded_zoo_graphs_equal_the_unsharded_on_simulated_ranks() {
+    for (name, g, mode) in zoo(DType::F32) {
+        for ranks in [1, 2, 4] {
+            // One rank: the same arithmetic (collectives of one rank are the identity).
+            let tol = if ranks == 1 { 0.0 } else { 1e-5 };
+            let plan = check(&format!("{name}, {ranks} ranks"), &g, mode, ranks, false, tol);
+            let split = plan.params.iter().filter(|p| matches!(p.placement, Placement::Split(_))).count();
+            if ranks == 2 {
+                // Heads divide by 2 in every tiny config: Megatron's plan, two all-reduces a
+                // layer (attention output, MLP down), every matrix of a layer split.
+                assert!(plan.replicated.is_empty(), "{name}: {:?}", plan.replicated);
+                assert!(plan.collectives.0 >= 4, "{name}: {:?}", plan.collectives);
+                assert!(split >= 8, "{name}: {split} split parameters");
+            }
+        }
+    }
+}
+
+#[test]
+fn sharded_bf16_graphs_equal_the_unsharded_within_bf16() {
+    for (name, g, mode) in zoo(DType::BF16).into_iter().filter(|(n, _, _)| n.starts_with("llama") || n.starts_with("gemma3")) {
+        check(&format!("{name} bf16"), &g, mode, 2, true, 3e-2);
+    }
+}
+
+#[test]
+fn shard_plan_of_a_llama_decode_layer_is_megatrons() {
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::BF16).unwrap();
+    let plan = shard(&g, &ShardOptions::new(2)).unwrap();
+    let f = plan.graph.entry().unwrap();
+    let mut lines = Vec::new();
+    for (ps, &v) in plan.params.iter().zip(&f.params) {
+        lines.push(format!("{:<28} {:<22} {:?}", f.values[v].name.clone().unwrap_or_default(), f.ty(v).to_string(), ps.placement));
+    }
+    lines.push(format!("outputs: {:?}", plan.outputs));
+    lines.push(format!("all_reduce {}, all_gather {}", plan.collectives.0, plan.collectives.1));
+    if std::env::var_os("SINTER_SHARD_DUMP").is_some() {
+        eprintln!("{}", sinter::ir::print(&plan.graph));
+    }
+    insta::assert_snapshot!(lines.join("\n"));
+}
+
+#[test]
+fn indivisible_heads_or_dims_are_errors_naming_them() {
+    // 4 query heads, 2 KV heads: 4 ranks do not divide the KV heads.
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::F32).unwrap();
+    let e = shard(&g, &ShardOptions::new(4)).unwrap_err();
+    assert!(matches!(e, ShardError::Indivisible { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("2 KV heads") && msg.contains("4 ranks") && msg.contains("paged_attention"), "{msg}");
+    // Prefill writes attention out (no attention node): the reshape into heads is named.
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Prefill, DType::F32).unwrap();
+    let msg = shard(&g, &ShardOptions::new(4)).unwrap_err().to_string();
+    assert!(msg.contains("reshape") && msg.contains("4 ranks"), "{msg}");
+    // 3 ranks: the hidden size 32 does not divide.
+    let msg = shard(&g, &ShardOptions::new(3)).unwrap_err().to_string();
+    assert!(msg.contains("3 ranks") && msg.contains("weight"), "{msg}");
+    assert!(matches!(shard(&g, &ShardOptions::new(0)), Err(ShardError::NoRanks)));
+    // Not strict: the same graph runs, what does not divide kept whole and listed.
+    let plan = check("llama prefill, 4 ranks, not strict", &g, Mode::Prefill, 4, false, 1e-5);
+    assert!(!plan.replicated.is_empty());
+}
+
+#[test]
+fn a_sharded_graph_run_alone_or_with_wrong_inputs_is_a_clear_error() {
+    let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::F32).unwrap();
+    let plan = shard(&g, &ShardOptions::new(2)).unwrap();
+    let ins = inputs(&g, Mode::Decode, 3);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let r0 = plan.rank_inputs(&refs, 0).unwrap();
+    let r0refs: Vec<&Tensor> = r0.iter().collect();
+    let e = run_entry(&plan.graph, &r0refs, &Bindings::new()).unwrap_err().to_string();
+    assert!(e.contains("2 ranks") && e.contains("run_ranks"), "{e}");
+    assert!(plan.rank_inputs(&refs, 2).is_err());
+    assert!(plan.rank_inputs(&refs[..3], 0).is_err());
+}
