@@ -136,6 +136,9 @@ fn sharded_bf16_graphs_equal_the_unsharded_within_bf16() {
 fn shard_plan_of_a_llama_decode_layer_is_megatrons() {
     let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::BF16).unwrap();
     let plan = shard(&g, &ShardOptions::new(2)).unwrap();
+    // The layer stays one function, placed once for every layer.
+    let names: Vec<&str> = plan.graph.funcs.values().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["layer", "main"]);
     let f = plan.graph.entry().unwrap();
     let mut lines = Vec::new();
     for (ps, &v) in plan.params.iter().zip(&f.params) {
@@ -182,4 +185,30 @@ fn a_sharded_graph_run_alone_or_with_wrong_inputs_is_a_clear_error() {
     assert!(e.contains("2 ranks") && e.contains("run_ranks"), "{e}");
     assert!(plan.rank_inputs(&refs, 2).is_err());
     assert!(plan.rank_inputs(&refs[..3], 0).is_err());
+}
+
+#[test]
+fn full_size_smollm2_shards_over_3_ranks_with_two_all_reduces_a_layer() {
+    // SmolLM2-135M: 9 query and 3 KV heads divide by 3 (not by 2 or 4).
+    let g = sinter::zoo::build("smollm2-135m", Mode::Decode, DType::BF16).unwrap();
+    let t0 = std::time::Instant::now();
+    let plan = shard(&g, &ShardOptions::new(3)).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    assert_eq!(plan.collectives, (2 * 30, 1), "two all-reduces a layer, the logits gathered once");
+    assert!(plan.replicated.is_empty(), "{:?}", plan.replicated);
+    let names: Vec<&str> = plan.graph.funcs.values().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["layer", "main"]);
+    // Each rank holds a third of every matrix; the embedding whole (the lookup) and its third
+    // (the LM head); norms whole.
+    let text = plan.describe(&g);
+    assert!(text.contains("over 3 ranks"), "{text}");
+    let bytes = |f: &sinter::ir::Function| f.params.iter().filter_map(|&p| {
+        let t = f.ty(p);
+        t.shape.iter().map(|d| d.as_const()).product::<Option<i64>>().map(|n| n as usize * t.dtype.size_bytes())
+    }).sum::<usize>();
+    let (full, rank) = (bytes(g.entry().unwrap()), bytes(plan.graph.entry().unwrap()));
+    let (embed, norms) = (49152 * 576 * 2, (2 * 30 + 1) * 576 * 2);
+    assert_eq!(rank, embed + embed / 3 + norms + (full - embed - norms) / 3, "{text}");
+    eprintln!("{text}sharded in {secs:.2} s");
+    assert!(sinter::ir::interp::run_entry(&plan.graph, &[], &sinter::Bindings::new()).is_err());
 }

@@ -94,7 +94,7 @@ pub(super) fn reshape_axis(known: &[Dim], other: &[Dim], axis: usize, ranks: i64
         if (i0..i).contains(&axis) {
             let outer_k = (i0..i).find(|&k| !known[k].is_one())?;
             let outer_o = (j0..j).find(|&k| !other[k].is_one())?;
-            let ok = outer_k == axis && known[axis].div_exact(ranks).is_some() && other[outer_o].div_exact(ranks).is_some();
+            let ok = outer_k == axis && divides(&known[axis], ranks) && divides(&other[outer_o], ranks);
             return ok.then_some(outer_o);
         }
     }
@@ -113,8 +113,8 @@ pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>])
     let r = out.len();
     let all = |p: P| Some(vec![p; ins.len()]);
     if let P::Split(o) = po {
-        // Every split result axis divides.
-        if o >= r || out[o].div_exact(ranks).is_none() {
+        // Every split result axis divides (a symbol in a callee is already the rank's size).
+        if o >= r || !divides(&out[o], ranks) {
             return None;
         }
     }
@@ -198,6 +198,12 @@ pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>])
         (_, AttentionMerge, P::Split(o)) => (o + 1 < r).then(|| vec![P::Split(o); 4]),
         _ => None,
     }
+}
+
+/// Whether a split of an axis of size `d` gives equal blocks: a constant that divides, or a
+/// symbol (in a callee, bound by the caller to the rank's block).
+pub(super) fn divides(d: &Dim, ranks: i64) -> bool {
+    d.div_exact(ranks).is_some() || d.as_const().is_none()
 }
 
 /// Whether `heads` and `kv_heads` of an attention op divide by `ranks`.

@@ -141,7 +141,11 @@ impl Mover<'_> {
     fn inside(&self, v: Value, moved: &HashSet<Value>) -> bool {
         let Some(u) = self.only_reader(v) else { return false };
         let Some(nd) = self.src.nodes.get(u) else { return false };
-        nd.results.iter().any(|r| moved.contains(r) || self.inside(*r, moved)) && !self.is_weight(v) && matches!(nd.op.kind, OpKind::Add | OpKind::Sub | OpKind::Mul)
+        // Checked before following the reader: a chain of element-wise nodes, one result each.
+        if self.is_weight(v) || !matches!(nd.op.kind, OpKind::Add | OpKind::Sub | OpKind::Mul) {
+            return false;
+        }
+        nd.results.iter().any(|r| moved.contains(r) || self.inside(*r, moved))
     }
 
     fn slice(&mut self, x: Value, axis: usize, s: &Dim, e: &Dim) -> Result<Value, ShardError> {
