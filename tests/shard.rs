@@ -194,12 +194,12 @@ fn full_size_smollm2_shards_over_3_ranks_with_two_all_reduces_a_layer() {
     let t0 = std::time::Instant::now();
     let plan = shard(&g, &ShardOptions::new(3)).unwrap();
     let secs = t0.elapsed().as_secs_f64();
-    assert_eq!(plan.collectives, (2 * 30, 1), "two all-reduces a layer, the logits gathered once");
+    assert_eq!(plan.collectives, (2 * 30 + 1, 1), "two all-reduces a layer and one of the embedding lookup, the logits gathered once");
     assert!(plan.replicated.is_empty(), "{:?}", plan.replicated);
     let names: Vec<&str> = plan.graph.funcs.values().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["layer", "main"]);
-    // Each rank holds a third of every matrix; the embedding whole (the lookup) and its third
-    // (the LM head); norms whole.
+    // Each rank holds a third of every matrix and of the tied embedding (its rows serve the
+    // lookup and the LM head), the norms whole, and its index (8 bytes).
     let text = plan.describe(&g);
     assert!(text.contains("over 3 ranks"), "{text}");
     let bytes = |f: &sinter::ir::Function| f.params.iter().filter_map(|&p| {
@@ -208,7 +208,7 @@ fn full_size_smollm2_shards_over_3_ranks_with_two_all_reduces_a_layer() {
     }).sum::<usize>();
     let (full, rank) = (bytes(g.entry().unwrap()), bytes(plan.graph.entry().unwrap()));
     let (embed, norms) = (49152 * 576 * 2, (2 * 30 + 1) * 576 * 2);
-    assert_eq!(rank, embed + embed / 3 + norms + (full - embed - norms) / 3, "{text}");
+    assert_eq!(rank, embed / 3 + norms + (full - embed - norms) / 3 + 8, "{text}");
     eprintln!("{text}sharded in {secs:.2} s");
     assert!(sinter::ir::interp::run_entry(&plan.graph, &[], &sinter::Bindings::new()).is_err());
 }

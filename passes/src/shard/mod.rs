@@ -14,9 +14,12 @@
 //! `all_reduce` where a whole value is needed). So a decoder layer gets Megatron's plan: Q, K,
 //! V and gate/up by columns, attention per head, the output and down projections by rows
 //! followed by an all-reduce, the LM head by vocabulary followed by an `all_gather`, and the
-//! paged KV cache (state: a float parameter of an output's type) split by KV head. A weight
-//! read in two placements (a tied embedding: whole for the lookup, by vocabulary for the LM
-//! head) becomes two parameters of the rank's program; a fused projection sliced into parts
+//! paged KV cache (state: a float parameter of an output's type) split by KV head. An
+//! embedding table is split by rows (Megatron's vocabulary-parallel embedding): each rank looks
+//! up the ids in its rows, 0 elsewhere, and an `all_reduce` sums the lookups; the rank's index
+//! is then a parameter of its program. A tied embedding is one split parameter serving the
+//! lookup and the LM head. A weight read in two placements becomes two parameters of the
+//! rank's program; a fused projection sliced into parts
 //! (GPT-2's QKV) is first rewritten into one matmul per part over a slice of the weight
 //! (`slices.rs`).
 //!
@@ -73,8 +76,9 @@ pub enum Placement {
 /// and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamShard {
-    /// Index of the original entry parameter.
-    pub source: usize,
+    /// Index of the original entry parameter; `None` for the rank's index (an `i64` scalar,
+    /// 0 ..= N−1, which the vocabulary-parallel embedding lookup reads).
+    pub source: Option<usize>,
     /// Elements `start..end` of an axis of the source, taken before the split (a fused QKV
     /// weight's rows of Q, K or V): `(axis, start, end)`.
     pub slice: Option<(usize, usize, usize)>,
@@ -165,7 +169,7 @@ pub fn shard(g: &Graph, opts: &ShardOptions) -> Result<ShardPlan, ShardError> {
     Ok(ShardPlan {
         graph,
         ranks: opts.ranks,
-        params: placed.params.iter().map(|&(source, p, slice)| ParamShard { source, slice, placement: placement(p) }).collect(),
+        params: placed.params.iter().map(|&(source, p, slice)| ParamShard { source: (source != place::RANK).then_some(source), slice, placement: placement(p) }).collect(),
         outputs: placed.outputs.iter().map(|&p| placement(p)).collect(),
         replicated: cx.replicated,
         collectives: placed.collectives,
@@ -217,13 +221,17 @@ impl ShardPlan {
         }
         let mut out = Vec::with_capacity(self.params.len());
         for ps in &self.params {
-            let t = inputs.get(ps.source).ok_or_else(|| ShardError::Tensors(format!("the program reads input {} but {} were given", ps.source, inputs.len())))?;
+            let Some(source) = ps.source else {
+                out.push(Tensor::scalar(sinter_ir::DType::I64, rank as f64));
+                continue;
+            };
+            let t = inputs.get(source).ok_or_else(|| ShardError::Tensors(format!("the program reads input {source} but {} were given", inputs.len())))?;
             let sliced;
             let t = match ps.slice {
                 Some((a, s, e)) => {
-                    let d = *t.shape().get(a).ok_or_else(|| ShardError::Tensors(format!("input {} has no axis {a}", ps.source)))?;
+                    let d = *t.shape().get(a).ok_or_else(|| ShardError::Tensors(format!("input {source} has no axis {a}")))?;
                     if s > e || e > d || (e - s) % self.ranks != 0 {
-                        return Err(ShardError::Tensors(format!("input {}: rows {s}..{e} of axis {a} (of {d}) for {} ranks", ps.source, self.ranks)));
+                        return Err(ShardError::Tensors(format!("input {source}: rows {s}..{e} of axis {a} (of {d}) for {} ranks", self.ranks)));
                     }
                     // The slice is `ranks` blocks of the axis from `s`: block `s/b + rank` of a
                     // view of `e - s` rows.

@@ -62,6 +62,9 @@ pub(super) struct Placed {
     pub(super) collectives: (usize, usize),
 }
 
+/// The parameter index that stands for the rank's index in [`Placed::params`].
+pub(super) const RANK: usize = usize::MAX;
+
 /// The deepest chain of calls placed.
 const MAX_DEPTH: usize = 64;
 
@@ -88,6 +91,8 @@ struct Sharder<'a, 'g> {
     collectives: (usize, usize),
     /// The entry: outputs split like a parameter of the same type stay split (state).
     entry: bool,
+    /// The rank's index, once a lookup needs it.
+    rank: Option<Value>,
 }
 
 /// Places `f` for arguments of kinds `args` (see the module docs).
@@ -100,7 +105,7 @@ pub(super) fn shard_function(cx: &mut Ctx<'_>, f: &Function, args: Vec<Arg>, ent
         let weights: HashSet<Value> = src.params.iter().zip(&args).filter(|(_, a)| matches!(a, Arg::Free { cut: true, .. })).map(|(&p, _)| p).collect();
         strict_checks(&src, &weights, ranks)?;
     }
-    let mut s = Sharder { cx, src, args, out: Function::new(f.name.clone()), ranks, strict, st: HashMap::new(), made: HashMap::new(), whole: HashMap::new(), params: Vec::new(), collectives: (0, 0), entry };
+    let mut s = Sharder { cx, src, args, out: Function::new(f.name.clone()), ranks, strict, st: HashMap::new(), made: HashMap::new(), whole: HashMap::new(), params: Vec::new(), collectives: (0, 0), entry, rank: None };
     for (i, &p) in s.src.params.clone().iter().enumerate() {
         match s.args[i].clone() {
             Arg::Act(q) => {
@@ -398,6 +403,11 @@ impl Sharder<'_, '_> {
         // Cost: (exchanges, operands read split although their whole value is at hand).
         let mut best: Option<((usize, usize), P, Vec<P>)> = None;
         for po in cands {
+            // The rows' lookup (of a table that is a parameter) needs the rank's index: a
+            // parameter of the entry only.
+            if po == P::Partial && nd.op.kind == OpKind::Gather && !(self.entry && matches!(self.src.values[ins[0]].def, ValueDef::Param(_))) {
+                continue;
+            }
             let Some(ps) = rules::needs(&self.src, n, po, self.ranks, &cur) else { continue };
             // Each operand must be had as needed, or be made whole (an exchange).
             let mut cost = (0, 0);
@@ -454,12 +464,60 @@ impl Sharder<'_, '_> {
         for (&v, q) in ins.iter().zip(ps) {
             args.push(self.get(v, q)?);
         }
-        let outs = self.emit(n, args, po)?;
+        let outs = if po == P::Partial && nd.op.kind == OpKind::Gather { vec![self.rows_lookup(n, &args)?] } else { self.emit(n, args, po)? };
         let places = rules::results(&self.src, n, po);
         for ((&r, x), q) in nd.results.iter().zip(outs).zip(places) {
             self.st.insert(r, St::Act(x, q));
         }
         Ok(())
+    }
+
+    /// The rank's index, an `i64` scalar parameter of the entry (made once).
+    fn rank_index(&mut self) -> Value {
+        if let Some(x) = self.rank {
+            return x;
+        }
+        let x = self.out.add_param(Some("tp_rank".into()), TensorType { dtype: sinter_ir::DType::I64, shape: vec![] });
+        self.params.push((RANK, P::Rep, None));
+        self.rank = Some(x);
+        x
+    }
+
+    fn push(&mut self, kind: OpKind, attrs: Vec<(&str, Attr)>, ins: Vec<Value>) -> Result<Value, ShardError> {
+        let op = Op::new(kind, attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()).map_err(|e| ShardError::Graph(e.to_string()))?;
+        let tys: Vec<TensorType> = ins.iter().map(|&a| self.out.ty(a).clone()).collect();
+        let ctx = InferCtx { op: &op, inputs: tys.iter().collect(), callee: None };
+        let rt = (op.kind.info().infer)(&ctx).map_err(|e| ShardError::Graph(format!("`{}` of the rows' lookup: {e} (a bug of the pass)", kind.name())))?;
+        Ok(self.out.push_node(op, ins, rt).1[0])
+    }
+
+    /// The rank's part of `gather(table, ids)` from its block of the table's rows
+    /// (`args[0]`, rows r·V/N ..): ids outside the block give 0, so the ranks' parts sum to
+    /// the lookup (Megatron-LM's `VocabParallelEmbedding`).
+    fn rows_lookup(&mut self, n: Node, args: &[Value]) -> Result<Value, ShardError> {
+        let (table, ids) = (args[0], args[1]);
+        let rows = self.out.ty(table).shape[0].clone();
+        let it = self.out.ty(ids).dtype;
+        let dt = self.out.ty(table).dtype;
+        let ir = self.out.ty(ids).rank();
+        let rank = self.rank_index();
+        let r = if it == sinter_ir::DType::I64 { rank } else { self.push(OpKind::Cast, vec![("dtype", Attr::DType(it))], vec![rank])? };
+        let b = self.push(OpKind::Constant, vec![("value", Attr::Float(rows.as_const().unwrap_or(0) as f64)), ("dtype", Attr::DType(it))], vec![])?;
+        let start = self.push(OpKind::Mul, vec![], vec![r, b])?;
+        let local = self.push(OpKind::Sub, vec![], vec![ids, start])?;
+        let zero_i = self.push(OpKind::Constant, vec![("value", Attr::Float(0.0)), ("dtype", Attr::DType(it))], vec![])?;
+        let ge = self.push(OpKind::Ge, vec![], vec![local, zero_i])?;
+        let lt = self.push(OpKind::Lt, vec![], vec![local, b])?;
+        let mine = self.push(OpKind::LogicalAnd, vec![], vec![ge, lt])?;
+        let safe = self.push(OpKind::Select, vec![], vec![mine, local, zero_i])?;
+        let got = self.push(OpKind::Gather, vec![], vec![table, safe])?;
+        // The mask over the looked-up rows' trailing axes.
+        let mut shape = self.out.ty(mine).shape.clone();
+        shape.extend(std::iter::repeat_n(sinter_ir::Dim::constant(1), self.out.ty(got).rank() - ir));
+        let mask = self.push(OpKind::Reshape, vec![("shape", Attr::Dims(shape))], vec![mine])?;
+        let zero = self.push(OpKind::Constant, vec![("value", Attr::Float(0.0)), ("dtype", Attr::DType(dt))], vec![])?;
+        let _ = n;
+        self.push(OpKind::Select, vec![], vec![mask, got, zero])
     }
 
     /// The outputs: partial sums reduced, free values made whole; in the entry, a split output
@@ -480,7 +538,7 @@ impl Sharder<'_, '_> {
     }
 
     fn is_state(&self, ty: &TensorType, a: usize) -> bool {
-        self.params.iter().any(|&(i, p, cut)| p == P::Split(a) && cut.is_none() && self.src.ty(self.src.params[i]) == ty)
+        self.params.iter().any(|&(i, p, cut)| p == P::Split(a) && cut.is_none() && self.src.params.get(i).is_some_and(|&v| self.src.ty(v) == ty))
     }
 
     /// The kind each argument of call node `n` arrives as in the callee.
@@ -503,6 +561,13 @@ impl Sharder<'_, '_> {
     /// it asked for.
     fn call(&mut self, n: Node) -> Result<(), ShardError> {
         let nd = self.src.nodes[n].clone();
+        // Partial sums are made whole before a call: a callee sees whole or split values.
+        for &a in &nd.inputs {
+            if let Some(St::Act(x, P::Partial)) = self.st.get(&a).copied() {
+                let w = self.make_whole(a, x, P::Partial)?;
+                self.st.insert(a, St::Act(w, P::Rep));
+            }
+        }
         let name = nd.op.str("func").unwrap_or_default().to_string();
         let kinds = self.arg_kinds(n);
         let found = self.cx.versions.get(&name).and_then(|vs| vs.iter().position(|v| compatible(v, &kinds)));

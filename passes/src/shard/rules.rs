@@ -169,6 +169,9 @@ pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>])
         (_, Broadcast, P::Split(o)) => Some(vec![bcast(f, ins[0], r, o)]),
         (_, Slice, P::Split(o)) => (Some(o) != norm(op.int("axis")?, r)).then(|| vec![P::Split(o)]),
         (_, Concat, P::Split(o)) => (Some(o) != norm(op.int("axis")?, r)).then(|| vec![P::Split(o); ins.len()]),
+        // Megatron's vocabulary-parallel embedding: each rank looks up the ids in its rows (the
+        // others give 0), so the lookups sum to the whole one.
+        (_, Gather, P::Partial) => Some(vec![P::Split(0), P::Rep]),
         (_, Gather, P::Split(o)) => {
             let ir = shape(f, ins[1]).len();
             (o < ir).then(|| vec![P::Rep, P::Split(o)])
