@@ -150,7 +150,7 @@ pub fn shard(g: &Graph, opts: &ShardOptions) -> Result<ShardPlan, ShardError> {
         .map(|&p| {
             let ty = entry.ty(p);
             let splittable = weights.contains(&p) || (ty.dtype.is_float() && out_types.contains(&ty));
-            Arg::Free { split: ty.shape.iter().map(|d| splittable && d.div_exact(ranks).is_some()).collect(), cut: splittable }
+            Arg::Free { split: ty.shape.iter().map(|d| splittable && d.div_exact(ranks).is_some()).collect(), cut: splittable, weight: weights.contains(&p) }
         })
         .collect();
     let mut cx = Ctx::new(g, ranks, opts.strict);

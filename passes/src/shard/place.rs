@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use sinter_ir::infer::InferCtx;
 use sinter_ir::{Attr, Function, Graph, Node, Op, OpClass, OpKind, TensorType, Value, ValueDef};
 
-use super::rules::{self, P};
+use super::rules::{self, Ranks, P};
 use super::{slices, ShardError};
 
 /// A slice `(axis, start, end)` of a parameter, taken before its split.
@@ -20,8 +20,9 @@ pub(super) enum Arg {
     /// Placed by the caller.
     Act(P),
     /// Made on demand: `split[a]`, whether the caller can give it split along axis `a`;
-    /// `cut`, whether it can give a slice of it split (it is a splittable parameter there).
-    Free { split: Vec<bool>, cut: bool },
+    /// `cut`, whether it can give a slice of it split (it is a splittable parameter there);
+    /// `weight`, whether it is a weight there (strict mode checks the weights' dims).
+    Free { split: Vec<bool>, cut: bool, weight: bool },
 }
 
 /// One placed version of a function.
@@ -93,6 +94,10 @@ struct Sharder<'a, 'g> {
     entry: bool,
     /// The rank's index, once a lookup needs it.
     rank: Option<Value>,
+    /// Symbols of axes the arguments arrive split along: already the rank's size.
+    split_symbols: Vec<sinter_ir::Dim>,
+    /// `can_make`'s answers.
+    makeable: std::cell::RefCell<HashMap<(Value, P), bool>>,
 }
 
 /// Places `f` for arguments of kinds `args` (see the module docs).
@@ -102,13 +107,19 @@ pub(super) fn shard_function(cx: &mut Ctx<'_>, f: &Function, args: Vec<Arg>, ent
     let ranks = cx.ranks;
     let strict = cx.strict && ranks > 1;
     if strict {
-        let weights: HashSet<Value> = src.params.iter().zip(&args).filter(|(_, a)| matches!(a, Arg::Free { cut: true, .. })).map(|(&p, _)| p).collect();
+        let weights: HashSet<Value> = src.params.iter().zip(&args).filter(|(_, a)| matches!(a, Arg::Free { weight: true, .. })).map(|(&p, _)| p).collect();
         strict_checks(&src, &weights, ranks)?;
     }
-    let mut s = Sharder { cx, src, args, out: Function::new(f.name.clone()), ranks, strict, st: HashMap::new(), made: HashMap::new(), whole: HashMap::new(), params: Vec::new(), collectives: (0, 0), entry, rank: None };
+    let mut s = Sharder { cx, src, args, out: Function::new(f.name.clone()), ranks, strict, st: HashMap::new(), made: HashMap::new(), whole: HashMap::new(), params: Vec::new(), collectives: (0, 0), entry, rank: None, split_symbols: Vec::new(), makeable: Default::default() };
     for (i, &p) in s.src.params.clone().iter().enumerate() {
         match s.args[i].clone() {
             Arg::Act(q) => {
+                if let P::Split(a) = q {
+                    let d = s.src.ty(p).shape[a].clone();
+                    if d.as_const().is_none() {
+                        s.split_symbols.push(d);
+                    }
+                }
                 let ty = s.split_type(s.src.ty(p), q);
                 let v = s.out.add_param(s.src.values[p].name.clone(), ty);
                 s.params.push((i, q, None));
@@ -135,6 +146,15 @@ pub(super) fn shard_function(cx: &mut Ctx<'_>, f: &Function, args: Vec<Arg>, ent
         }
     }
     let outputs = s.outputs()?;
+    if entry {
+        // A parameter nothing reads may still bind a symbol of the types: it stays, whole.
+        for (i, &p) in s.src.params.clone().iter().enumerate() {
+            let unread = !s.params.iter().any(|&(j, _, _)| j == i);
+            if unread && s.src.ty(p).shape.iter().any(|d| d.as_const().is_none()) {
+                s.make(p, P::Rep)?;
+            }
+        }
+    }
     s.out.outputs = outputs.iter().map(|o| o.0).collect();
     Ok(Placed { func: s.out, params: s.params, outputs: outputs.iter().map(|o| o.1).collect(), collectives: s.collectives })
 }
@@ -205,10 +225,23 @@ impl Sharder<'_, '_> {
         }
     }
 
+    fn rk(&self, n: i64) -> Ranks<'_> {
+        Ranks { n, split_symbols: &self.split_symbols }
+    }
+
     fn can_make(&self, v: Value, p: P) -> bool {
         if p == P::Rep {
             return true;
         }
+        if let Some(&b) = self.makeable.borrow().get(&(v, p)) {
+            return b;
+        }
+        let b = self.can_make_uncached(v, p);
+        self.makeable.borrow_mut().insert((v, p), b);
+        b
+    }
+
+    fn can_make_uncached(&self, v: Value, p: P) -> bool {
         match self.src.values[v].def {
             ValueDef::Param(i) => match (p, self.args.get(i)) {
                 (P::Split(a), Some(Arg::Free { split, .. })) => split.get(a).copied().unwrap_or(false),
@@ -220,7 +253,7 @@ impl Sharder<'_, '_> {
             }
             ValueDef::Result(n, _) => {
                 p != P::Partial
-                    && rules::needs(&self.src, n, p, self.ranks, &[]).is_some_and(|ps| self.src.nodes[n].inputs.iter().zip(ps).all(|(&i, q)| self.can_make(i, q)))
+                    && rules::needs(&self.src, n, p, &self.rk(self.ranks), &[]).is_some_and(|ps| self.src.nodes[n].inputs.iter().zip(ps).all(|(&i, q)| self.can_make(i, q)))
             }
         }
     }
@@ -313,7 +346,7 @@ impl Sharder<'_, '_> {
                 self.out.add_param(name, ty)
             }
             ValueDef::Result(n, k) => {
-                let ps = rules::needs(&self.src, n, p, self.ranks, &[]).ok_or_else(|| ShardError::Graph(format!("{} cannot be made as {p:?} (a bug of the pass)", self.src.label(v))))?;
+                let ps = rules::needs(&self.src, n, p, &self.rk(self.ranks), &[]).ok_or_else(|| ShardError::Graph(format!("{} cannot be made as {p:?} (a bug of the pass)", self.src.label(v))))?;
                 let ins = self.src.nodes[n].inputs.clone();
                 let mut args = Vec::with_capacity(ins.len());
                 for (&i, q) in ins.iter().zip(ps) {
@@ -408,7 +441,11 @@ impl Sharder<'_, '_> {
             if po == P::Partial && nd.op.kind == OpKind::Gather && !(self.entry && matches!(self.src.values[ins[0]].def, ValueDef::Param(_))) {
                 continue;
             }
-            let Some(ps) = rules::needs(&self.src, n, po, self.ranks, &cur) else { continue };
+            // A partial sum is reduced by `all_reduce`: float results only.
+            if po == P::Partial && nd.results.first().is_none_or(|&r| !self.src.ty(r).dtype.is_float() || self.src.ty(r).dtype.is_fp8()) {
+                continue;
+            }
+            let Some(ps) = rules::needs(&self.src, n, po, &self.rk(self.ranks), &cur) else { continue };
             // Each operand must be had as needed, or be made whole (an exchange).
             let mut cost = (0, 0);
             let mut ok = true;
@@ -439,8 +476,8 @@ impl Sharder<'_, '_> {
         if po == P::Rep && cost.0 > 0 {
             // A split the operands already have, refused only because a size does not divide.
             let blocked = (0..rank).rev().map(P::Split).find(|&c| {
-                rules::needs(&self.src, n, c, self.ranks, &cur).is_none()
-                    && rules::needs(&self.src, n, c, 1, &cur).is_some_and(|ps| {
+                rules::needs(&self.src, n, c, &self.rk(self.ranks), &cur).is_none()
+                    && rules::needs(&self.src, n, c, &self.rk(1), &cur).is_some_and(|ps| {
                         let split = |v: Value| matches!(self.cur(v), Some(P::Split(_)));
                         ins.iter().any(|&v| split(v)) && ins.iter().zip(&ps).all(|(&v, &q)| !split(v) || self.cur(v) == Some(q))
                     })
@@ -551,6 +588,7 @@ impl Sharder<'_, '_> {
                 _ => Arg::Free {
                     split: (0..self.src.ty(v).rank()).map(|a| self.can_make(v, P::Split(a))).collect(),
                     cut: matches!(self.src.values[v].def, ValueDef::Param(i) if matches!(self.args.get(i), Some(Arg::Free { cut: true, .. }))),
+                    weight: matches!(self.src.values[v].def, ValueDef::Param(i) if matches!(self.args.get(i), Some(Arg::Free { weight: true, .. }))),
                 },
             })
             .collect()
@@ -622,7 +660,7 @@ fn compatible(v: &Version, kinds: &[Arg]) -> bool {
             match (k, &v.args[j]) {
                 (Arg::Act(q), Arg::Act(q2)) => q == q2,
                 (Arg::Act(q), Arg::Free { .. }) => asks.clone().all(|&(_, p, cut)| p == *q && cut.is_none()),
-                (Arg::Free { split, cut }, _) => asks.clone().all(|&(_, p, c)| match (p, c) {
+                (Arg::Free { split, cut, .. }, _) => asks.clone().all(|&(_, p, c)| match (p, c) {
                     (_, Some(_)) => *cut,
                     (P::Rep, None) => true,
                     (P::Split(a), None) => split.get(a).copied().unwrap_or(false),

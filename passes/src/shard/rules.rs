@@ -50,7 +50,7 @@ fn norm(axis: i64, rank: usize) -> Option<usize> {
 /// of `other` whose contiguous blocks are the `ranks` blocks of axis `axis` of `known`. The
 /// axes pair into groups of equal product; the split axis must be the outermost non-1 axis
 /// of its group on both sides, and divide by `ranks` on both.
-pub(super) fn reshape_axis(known: &[Dim], other: &[Dim], axis: usize, ranks: i64) -> Option<usize> {
+pub(super) fn reshape_axis(known: &[Dim], other: &[Dim], axis: usize, rk: &Ranks<'_>) -> Option<usize> {
     let (n, m) = (known.len(), other.len());
     let (mut i, mut j) = (0usize, 0usize);
     while i < n || j < m {
@@ -94,7 +94,7 @@ pub(super) fn reshape_axis(known: &[Dim], other: &[Dim], axis: usize, ranks: i64
         if (i0..i).contains(&axis) {
             let outer_k = (i0..i).find(|&k| !known[k].is_one())?;
             let outer_o = (j0..j).find(|&k| !other[k].is_one())?;
-            let ok = outer_k == axis && divides(&known[axis], ranks) && divides(&other[outer_o], ranks);
+            let ok = outer_k == axis && rk.divides(&known[axis]) && rk.divides(&other[outer_o]);
             return ok.then_some(outer_o);
         }
     }
@@ -104,7 +104,8 @@ pub(super) fn reshape_axis(known: &[Dim], other: &[Dim], axis: usize, ranks: i64
 /// The operand placements node `n` needs for its first result to be `po`; `None` when the op
 /// cannot give `po`. `cur` is each operand's placement now (`None`: not yet placed), which
 /// picks between the ways to a `Partial` result.
-pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>]) -> Option<Vec<P>> {
+pub(super) fn needs(f: &Function, n: Node, po: P, rk: &Ranks<'_>, cur: &[Option<P>]) -> Option<Vec<P>> {
+    let ranks = rk.n;
     use OpKind::*;
     let nd = &f.nodes[n];
     let op = &nd.op;
@@ -113,8 +114,8 @@ pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>])
     let r = out.len();
     let all = |p: P| Some(vec![p; ins.len()]);
     if let P::Split(o) = po {
-        // Every split result axis divides (a symbol in a callee is already the rank's size).
-        if o >= r || !divides(&out[o], ranks) {
+        // Every split result axis divides.
+        if o >= r || !rk.divides(&out[o]) {
             return None;
         }
     }
@@ -164,7 +165,7 @@ pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>])
             P::Split(o) => P::Split(usize::try_from(*op.ints("perm")?.get(o)?).ok()?),
             p => p,
         }]),
-        (_, Reshape, P::Split(o)) => reshape_axis(out, shape(f, ins[0]), o, ranks).map(|a| vec![P::Split(a)]),
+        (_, Reshape, P::Split(o)) => reshape_axis(out, shape(f, ins[0]), o, rk).map(|a| vec![P::Split(a)]),
         (_, Reshape | Broadcast | Slice | Concat, P::Partial) => all(P::Partial),
         (_, Broadcast, P::Split(o)) => Some(vec![bcast(f, ins[0], r, o)]),
         (_, Slice, P::Split(o)) => (Some(o) != norm(op.int("axis")?, r)).then(|| vec![P::Split(o)]),
@@ -203,10 +204,19 @@ pub(super) fn needs(f: &Function, n: Node, po: P, ranks: i64, cur: &[Option<P>])
     }
 }
 
-/// Whether a split of an axis of size `d` gives equal blocks: a constant that divides, or a
-/// symbol (in a callee, bound by the caller to the rank's block).
-pub(super) fn divides(d: &Dim, ranks: i64) -> bool {
-    d.div_exact(ranks).is_some() || d.as_const().is_none()
+/// The ranks, and the symbols that are already a rank's size (in a callee, those bound by an
+/// argument split along them).
+pub(super) struct Ranks<'a> {
+    pub(super) n: i64,
+    pub(super) split_symbols: &'a [Dim],
+}
+
+impl Ranks<'_> {
+    /// Whether a split of an axis of size `d` gives equal blocks: a constant that divides, or
+    /// a symbol that is already the rank's size. No other symbol divides (T is whole).
+    pub(super) fn divides(&self, d: &Dim) -> bool {
+        d.div_exact(self.n).is_some() || self.split_symbols.contains(d)
+    }
 }
 
 /// Whether `heads` and `kv_heads` of an attention op divide by `ranks`.

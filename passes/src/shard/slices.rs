@@ -51,8 +51,15 @@ pub(super) fn move_slices(f: &Function, weights: &HashSet<Value>) -> Result<Func
         .flat_map(|(_, nd)| nd.results.iter().copied())
         .filter(|&v| m.slice_axis(v).is_some_and(|o| m.movable(v, o)))
         .collect();
+    // The values inside a moved chain (sliced operands of its element-wise nodes): not made.
+    let mut inner = HashSet::new();
+    for &v in &moved {
+        if let Some(o) = m.slice_axis(v) {
+            m.collect_inner(v, o, &mut inner);
+        }
+    }
     for nd in f.nodes.values() {
-        if nd.results.iter().any(|r| moved.contains(r) || m.inside(*r, &moved)) {
+        if nd.results.iter().any(|r| moved.contains(r) || inner.contains(r)) {
             continue;
         }
         if nd.op.kind == OpKind::Slice && moved.contains(&nd.inputs[0]) {
@@ -137,15 +144,23 @@ impl Mover<'_> {
         (!s[a].is_one()).then_some(a)
     }
 
-    /// Whether `v` is an inner value of a moved chain (read only by a moved node).
-    fn inside(&self, v: Value, moved: &HashSet<Value>) -> bool {
-        let Some(u) = self.only_reader(v) else { return false };
-        let Some(nd) = self.src.nodes.get(u) else { return false };
-        // Checked before following the reader: a chain of element-wise nodes, one result each.
-        if self.is_weight(v) || !matches!(nd.op.kind, OpKind::Add | OpKind::Sub | OpKind::Mul) {
-            return false;
+    /// The values below `v` (sliced along `o`) whose slices are made from their operands:
+    /// as [`Mover::movable`] walks, the sliced operands of element-wise nodes that are not
+    /// weights.
+    fn collect_inner(&self, v: Value, o: usize, inner: &mut HashSet<Value>) {
+        let ValueDef::Result(n, _) = self.src.values[v].def else { return };
+        let nd = &self.src.nodes[n];
+        if !matches!(nd.op.kind, OpKind::Add | OpKind::Sub | OpKind::Mul) {
+            return;
         }
-        nd.results.iter().any(|r| moved.contains(r) || self.inside(*r, moved))
+        let r = self.src.ty(v).rank();
+        for &p in &nd.inputs {
+            if let Some(po) = self.operand_axis(p, r, o) {
+                if !self.is_weight(p) && inner.insert(p) {
+                    self.collect_inner(p, po, inner);
+                }
+            }
+        }
     }
 
     fn slice(&mut self, x: Value, axis: usize, s: &Dim, e: &Dim) -> Result<Value, ShardError> {
