@@ -31,3 +31,4 @@ mod gemma3_hf;
 mod serve;
 mod dsl_pass;
 mod shard;
+mod persistent;

@@ -10,66 +10,10 @@ use sinter_passes::shard::{shard, Placement, ShardError, ShardOptions};
 
 use crate::zoo::Rng;
 
-/// Inputs for a zoo graph's entry: seeded weights (norms near 1, matrices scaled by 1/√fan-in),
-/// token ids below the vocabulary, positions (prefill `0..T`; decode: sequence b already holds
-/// 3 + 2b tokens), block tables giving each (layer, sequence) its own pages, and caches holding
-/// random keys and values.
-fn inputs(g: &Graph, mode: Mode, seed: u64) -> Vec<Tensor> {
-    let f = g.entry().unwrap();
-    let name = |i: usize| f.values[f.params[i]].name.clone().unwrap_or_default();
-    let vocab = (0..f.params.len())
-        .find(|&i| name(i) == "token_embd.weight")
-        .and_then(|i| f.ty(f.params[i]).shape[0].as_const())
-        .unwrap() as usize;
-    let t = 5usize;
-    let decode = mode == Mode::Decode;
-    let lens: Vec<usize> = if decode { (0..t).map(|b| 3 + 2 * b).collect() } else { vec![0] };
-    let b = lens.len();
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    // Page geometry from the cache's declared type [P, page, Hkv, D].
-    let page_ty = (0..f.params.len()).find(|&i| name(i) == "k_pages").map(|i| f.ty(f.params[i]).clone());
-    let bt_ty = (0..f.params.len()).find(|&i| name(i) == "block_tables").map(|i| f.ty(f.params[i]).clone());
-    let ps = page_ty.as_ref().map_or(1, |p| p.shape[1].as_const().unwrap() as usize);
-    let layers = bt_ty.as_ref().map_or(1, |t| t.shape[0].as_const().unwrap() as usize);
-    let pages_per_seq = (lens.iter().max().unwrap() + t).div_ceil(ps) + 1;
-    let n_pages = layers * b * pages_per_seq;
-    for i in 0..f.params.len() {
-        let ty = f.ty(f.params[i]);
-        let n = name(i);
-        let tensor = match n.as_str() {
-            "tokens" => Tensor::from_fn(ty.dtype, &[t], |_| ((rng.next_f64() + 1.0) * 0.5 * vocab as f64).floor().min(vocab as f64 - 1.0)),
-            "positions" if decode => Tensor::from_fn(ty.dtype, &[t], |ix| lens[ix[0]] as f64),
-            "positions" => Tensor::from_fn(ty.dtype, &[t], |ix| ix[0] as f64),
-            "block_tables" => Tensor::from_fn(ty.dtype, &[layers, b, pages_per_seq], |ix| ((ix[0] * b + ix[1]) * pages_per_seq + ix[2]) as f64),
-            "k_pages" | "v_pages" => {
-                let s: Vec<usize> = std::iter::once(n_pages).chain(ty.shape[1..].iter().map(|d| d.as_const().unwrap() as usize)).collect();
-                Tensor::from_fn(ty.dtype, &s, |_| rng.next_f64())
-            }
-            _ => {
-                let shape: Vec<usize> = ty.shape.iter().map(|d| d.as_const().unwrap_or_else(|| panic!("{n}: {ty}")) as usize).collect();
-                let fan_in = *shape.last().unwrap_or(&1) as f64;
-                Tensor::from_fn(ty.dtype, &shape, |_| {
-                    let r = rng.next_f64();
-                    if n.contains("norm") {
-                        1.0 + 0.1 * r
-                    } else if n.contains(".bias") {
-                        0.1 * r
-                    } else {
-                        r / fan_in.sqrt()
-                    }
-                })
-            }
-        };
-        out.push(tensor);
-    }
-    out
-}
-
 /// Shards `g` for `ranks`, runs the ranks on the interpreter, and compares the assembled
 /// outputs with the unsharded run: relative to each output's largest magnitude, `tol`.
 fn check(what: &str, g: &Graph, mode: Mode, ranks: usize, strict: bool, tol: f64) -> sinter_passes::shard::ShardPlan {
-    let ins = inputs(g, mode, 11);
+    let ins = crate::zoo::graph_inputs(g, mode, 11);
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = run_entry(g, &refs, &Bindings::new()).unwrap_or_else(|e| panic!("{what}: unsharded: {e}"));
     let plan = shard(g, &ShardOptions { strict, ..ShardOptions::new(ranks) }).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -177,7 +121,7 @@ fn indivisible_heads_or_dims_are_errors_naming_them() {
 fn a_sharded_graph_run_alone_or_with_wrong_inputs_is_a_clear_error() {
     let g = llama::build(&llama::LlamaConfig::tiny(), Mode::Decode, DType::F32).unwrap();
     let plan = shard(&g, &ShardOptions::new(2)).unwrap();
-    let ins = inputs(&g, Mode::Decode, 3);
+    let ins = crate::zoo::graph_inputs(&g, Mode::Decode, 3);
     let refs: Vec<&Tensor> = ins.iter().collect();
     let r0 = plan.rank_inputs(&refs, 0).unwrap();
     let r0refs: Vec<&Tensor> = r0.iter().collect();

@@ -36,6 +36,7 @@ pub mod isa;
 pub mod kernels;
 pub(crate) mod llvm;
 pub mod math;
+pub mod persistent;
 pub mod ptxas;
 pub(crate) mod quant;
 pub mod target;

@@ -129,7 +129,7 @@ pub fn in_place_aliases(kg: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
 }
 
 /// One storage: guard, (alignment padding), data, guard.
-struct Storage {
+pub(super) struct Storage {
     bytes: Vec<u8>,
     /// Offset of the data's first byte in `bytes`.
     start: usize,
@@ -138,7 +138,7 @@ struct Storage {
 }
 
 impl Storage {
-    fn new(data: &[u8], len: usize, fill: u8) -> Storage {
+    pub(super) fn new(data: &[u8], len: usize, fill: u8) -> Storage {
         let mut bytes = vec![GUARD_PATTERN; GUARD_BYTES + ALIGN + len + GUARD_BYTES];
         let base = bytes.as_ptr() as usize;
         let start = (base + GUARD_BYTES).div_ceil(ALIGN) * ALIGN - base;
@@ -149,17 +149,17 @@ impl Storage {
         Storage { bytes, start, len }
     }
 
-    fn addr(&mut self) -> u64 {
+    pub(super) fn addr(&mut self) -> u64 {
         // SAFETY: `start ≤ bytes.len()` by construction.
         unsafe { self.bytes.as_mut_ptr().add(self.start) as u64 }
     }
 
-    fn data(&self) -> &[u8] {
+    pub(super) fn data(&self) -> &[u8] {
         &self.bytes[self.start..self.start + self.len]
     }
 
     /// The first changed guard byte before and after the data: `(side, offset, changed)`.
-    fn guard_violation(&self) -> Option<(&'static str, isize, usize)> {
+    pub(super) fn guard_violation(&self) -> Option<(&'static str, isize, usize)> {
         let before = &self.bytes[..self.start];
         let after = &self.bytes[self.start + self.len..];
         // Whole-slice comparisons first (a `memcmp`), the byte scan only on a change.
@@ -251,7 +251,7 @@ pub fn run_graph(kg: &KernelGraph, target: &Target, inputs: &[&Tensor], extra: &
 
 /// `extra` plus the bindings of the inputs' bare-symbol dims, every input checked against
 /// its buffer's dtype and shape (the runtime executor's rule).
-fn bind(kg: &KernelGraph, inputs: &[&Tensor], extra: &Bindings) -> Result<Bindings, GraphRunError> {
+pub(super) fn bind(kg: &KernelGraph, inputs: &[&Tensor], extra: &Bindings) -> Result<Bindings, GraphRunError> {
     if inputs.len() != kg.inputs.len() {
         return Err(GraphRunError::Input(format!("{} inputs given, the graph takes {}", inputs.len(), kg.inputs.len())));
     }
@@ -275,7 +275,7 @@ fn bind(kg: &KernelGraph, inputs: &[&Tensor], extra: &Bindings) -> Result<Bindin
     Ok(bindings)
 }
 
-fn eval_shape(kg: &KernelGraph, b: Buffer, bindings: &Bindings) -> Result<Vec<usize>, GraphRunError> {
+pub(super) fn eval_shape(kg: &KernelGraph, b: Buffer, bindings: &Bindings) -> Result<Vec<usize>, GraphRunError> {
     kg.buffers[b]
         .ty
         .shape
@@ -288,7 +288,7 @@ fn eval_shape(kg: &KernelGraph, b: Buffer, bindings: &Bindings) -> Result<Vec<us
 }
 
 /// Bytes a buffer's layout spans under `bindings` (the runtime's `extent_bytes`).
-fn extent(data: &BufferData, bindings: &Bindings, b: Buffer) -> Result<usize, GraphRunError> {
+pub(super) fn extent(data: &BufferData, bindings: &Bindings, b: Buffer) -> Result<usize, GraphRunError> {
     let bad = |m: String| GraphRunError::Input(format!("buffer {b}: {m}"));
     let shape: Vec<usize> =
         data.ty.shape.iter().map(|d| d.eval(bindings).map_err(|e| bad(e.to_string())).and_then(|v| usize::try_from(v).map_err(|_| bad(format!("dim {v} < 0"))))).collect::<Result<_, _>>()?;
@@ -305,7 +305,7 @@ fn extent(data: &BufferData, bindings: &Bindings, b: Buffer) -> Result<usize, Gr
     data.ty.dtype.storage_bytes(elems).ok_or_else(|| bad("the extent overflows".into()))
 }
 
-fn label(kg: &KernelGraph, b: Buffer) -> String {
+pub(super) fn label(kg: &KernelGraph, b: Buffer) -> String {
     match &kg.buffers[b].name {
         Some(n) => format!("{b} `{n}`"),
         None => b.to_string(),
@@ -338,6 +338,6 @@ pub fn tensor_from_bytes(dtype: DType, shape: &[usize], b: &[u8]) -> Result<Tens
     Tensor::new(dtype, shape, data).map_err(|e| GraphRunError::Input(e.to_string()))
 }
 
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "a panic".into())
 }

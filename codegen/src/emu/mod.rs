@@ -37,6 +37,7 @@ use sinter_ir::{Bindings, DType, Graph, Kernel, KernelGraph, KernelParam, Launch
 use crate::isa::kit::EMIT_IR;
 
 pub mod graph;
+pub mod persistent;
 use crate::error::CodegenError;
 
 struct Warp {
@@ -57,6 +58,8 @@ const XCHG: usize = 10;
 struct Cta {
     barrier: Barrier,
     warps: Vec<Warp>,
+    /// Counted barriers (`barrier.cta.sync.aligned.count id, n`), by id and count.
+    counted: std::sync::Mutex<std::collections::HashMap<(i32, i32), Arc<Barrier>>>,
 }
 
 /// The CTAs of a thread-block cluster running together.
@@ -135,6 +138,17 @@ extern "C" fn emu_nctaid_z() -> i32 {
 extern "C" fn emu_barrier(_: i32) {
     let cta = with(|c| c.cta.clone());
     cta.barrier.wait();
+}
+/// `barrier.cta.sync.aligned.count id, n` (`bar.sync id, n`): the first `n` threads that
+/// arrive at barrier `id` (the emulated kernels use it for a CTA's first `n` threads).
+extern "C" fn emu_barrier_count(id: i32, n: i32) {
+    let cta = with(|c| c.cta.clone());
+    let b = cta.counted.lock().unwrap().entry((id, n)).or_insert_with(|| Arc::new(Barrier::new(n.max(1) as usize))).clone();
+    b.wait();
+}
+/// `%globaltimer`: nanoseconds of the host's clock.
+extern "C" fn emu_globaltimer() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 extern "C" fn emu_warp_sync(_: i32) {
     let (cta, w) = with(|c| (c.cta.clone(), c.tid / 32));
@@ -434,6 +448,8 @@ fn host_ir(ir: &str, entry: &str, params: &[KernelParam]) -> String {
         ("llvm.nvvm.read.ptx.sreg.nctaid.y", "emu_nctaid_y"),
         ("llvm.nvvm.read.ptx.sreg.nctaid.z", "emu_nctaid_z"),
         ("llvm.nvvm.barrier.cta.sync.aligned.all", "emu_barrier"),
+        ("llvm.nvvm.barrier.cta.sync.aligned.count", "emu_barrier_count"),
+        ("llvm.nvvm.read.ptx.sreg.globaltimer", "emu_globaltimer"),
         ("llvm.nvvm.bar.warp.sync", "emu_warp_sync"),
         ("llvm.nvvm.shfl.sync.bfly.f32", "emu_shfl"),
         ("llvm.nvvm.shfl.sync.bfly.i32", "emu_shfl_i32"),
@@ -621,7 +637,7 @@ pub fn run(plan: &LaunchPlan, bindings: &Bindings, bufs: &mut [Vec<u8>]) {
 /// [`run`] with the kernel's buffers given by address (`addrs[i]` for buffer parameter `i`):
 /// the caller keeps them alive and large enough ([`graph`] places them between guard bytes,
 /// and passes one address twice for an in-place update).
-fn run_at(plan: &LaunchPlan, bindings: &Bindings, addrs: &[u64]) {
+pub(crate) fn run_at(plan: &LaunchPlan, bindings: &Bindings, addrs: &[u64]) {
     LlvmTarget::initialize_native(&InitializationConfig::default()).expect("a native LLVM target");
     let ir = host_ir(&plan.ptx, &plan.entry, &plan.params);
     if let Some(dir) = std::env::var_os("SINTER_EMU_DUMP") {
@@ -688,6 +704,7 @@ fn run_at(plan: &LaunchPlan, bindings: &Bindings, addrs: &[u64]) {
         .map(|_| {
             Arc::new(Cta {
                 barrier: Barrier::new(threads as usize),
+                counted: std::sync::Mutex::new(std::collections::HashMap::new()),
                 warps: (0..threads.div_ceil(32))
                     .map(|_| Warp {
                         barrier: Barrier::new(32),
@@ -734,7 +751,9 @@ fn run_at(plan: &LaunchPlan, bindings: &Bindings, addrs: &[u64]) {
 
 /// Maps the `emu_*` functions the host IR calls to their Rust definitions.
 fn map_functions(module: &inkwell::module::Module<'_>, ee: &inkwell::execution_engine::ExecutionEngine<'_>) {
-    let fns: [(&str, usize); 35] = [
+    let fns: [(&str, usize); 37] = [
+        ("emu_barrier_count", emu_barrier_count as *const () as usize),
+        ("emu_globaltimer", emu_globaltimer as *const () as usize),
         ("emu_tid_x", emu_tid_x as *const () as usize),
         ("emu_ntid_x", emu_ntid_x as *const () as usize),
         ("emu_ctaid_x", emu_ctaid_x as *const () as usize),

@@ -9,6 +9,7 @@
 //! [`LaunchPlan`]; the runtime allocates the buffers and launches the plans. `passes` produces
 //! it, `codegen` and `runtime` consume it; none of them needs the others.
 
+pub mod persistent;
 pub mod plan_text;
 
 use std::collections::BTreeMap;

@@ -141,6 +141,18 @@ pub fn generate(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<
     crate::kernels::family::compile::<PagedAttention>(graph, kernel, target)
 }
 
+/// [`generate`]'s schedule without a thread-block cluster (each CTA reads all of its rows'
+/// keys): the form a kernel that shares its CTA with others can take
+/// ([`crate::persistent`]).
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_without_cluster(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let p = Paged::analyse(graph, kernel)?;
+    let s = choose_schedule_for(p.rows().as_const(), p.d, target);
+    PagedAttention::build(&p, &PagedSchedule::SplitKv(DecodeSchedule { cluster: 1, ..s }), target)
+}
+
 /// One schedule of paged attention: the split-KV kernel (this file's) or the single-CTA one
 /// ([`super::generate_paged`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
