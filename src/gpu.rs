@@ -128,6 +128,44 @@ fn build_plan(kg: &KernelGraph, k: Kernel, target: &Target) -> Result<LaunchPlan
     Err(Error::KernelNotCached { kernel: kernel_label(kg, k), target: target.to_string() })
 }
 
+/// The persistent kernel of `kg` for `target` ([`sinter_codegen::persistent`]): each
+/// distinct kernel (by its cache key) built once as a task function, on the code generator's
+/// stack.
+///
+/// # Errors
+/// [`Error::Codegen`] naming a kernel that cannot be a task or does not compile.
+#[cfg(feature = "llvm")]
+pub fn persistent_program(kg: &KernelGraph, target: &Target) -> Result<sinter_ir::kernel::persistent::PersistentProgram, Error> {
+    on_codegen_stack(|| {
+        let mut first: HashMap<String, usize> = HashMap::new();
+        let mut built: Vec<(String, LaunchPlan)> = Vec::new();
+        let mut which = Vec::with_capacity(kg.kernels.len());
+        for k in kg.kernels.keys() {
+            let digest = crate::cache_key::kernel_key(kg, k, target).digest();
+            let i = match first.get(&digest) {
+                Some(&i) => i,
+                None => {
+                    built.push(sinter_codegen::persistent::kernel_ir(kg, k, target).map_err(|e| Error::Codegen(format!("kernel {}: {e}", kernel_label(kg, k))))?);
+                    first.insert(digest, built.len() - 1);
+                    built.len() - 1
+                }
+            };
+            which.push(i);
+        }
+        let kernels: Vec<(String, LaunchPlan)> = which.iter().map(|&i| built[i].clone()).collect();
+        Ok(sinter_codegen::persistent::build(&kernels, target).map_err(|e| Error::Codegen(format!("the persistent kernel: {e}")))?.program)
+    })
+}
+
+/// [`persistent_program`] in a build without LLVM: the persistent kernel is not cached.
+///
+/// # Errors
+/// Always [`Error::Unsupported`].
+#[cfg(not(feature = "llvm"))]
+pub fn persistent_program(_: &KernelGraph, _: &Target) -> Result<sinter_ir::kernel::persistent::PersistentProgram, Error> {
+    Err(Error::Unsupported("the persistent decode kernel needs a build with LLVM".into()))
+}
+
 /// Worker threads for code generation and assembly: `SINTER_JOBS` when it is a positive
 /// integer, else the machine's available parallelism (1 where that cannot be known).
 pub fn jobs() -> usize {
@@ -487,6 +525,8 @@ pub struct GpuProgram {
     unfolded: Option<Box<(KernelGraph, Executor)>>,
     /// The bound names the folded kernels read.
     folded_reads: BTreeSet<String>,
+    /// The persistent kernel of `kg` ([`GpuProgram::capture_persistent_device`]), once built.
+    persistent: std::sync::OnceLock<std::sync::Arc<sinter_ir::kernel::persistent::PersistentProgram>>,
 }
 
 impl GpuProgram {
@@ -567,7 +607,7 @@ impl GpuProgram {
         }
         stats.seconds = t0.elapsed().as_secs_f64();
         let weights = sinter_passes::hoist::weight_names(graph, weights);
-        Ok(GpuProgram { device: device.clone(), exec, kg, bound: BTreeMap::new(), stats, weights, unfolded: None, folded_reads: BTreeSet::new() })
+        Ok(GpuProgram { device: device.clone(), exec, kg, bound: BTreeMap::new(), stats, weights, unfolded: None, folded_reads: BTreeSet::new(), persistent: std::sync::OnceLock::new() })
     }
 
     /// The kernel graph it runs.
@@ -789,6 +829,25 @@ impl GpuProgram {
     pub fn capture_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings) -> Result<CapturedGraph, Error> {
         let (exec, all) = self.with_bound(inputs);
         Ok(exec.capture_named(&all, symbols)?)
+    }
+
+    /// Captures one run on device-resident inputs as a single persistent launch
+    /// ([`Executor::capture_persistent`]) of the persistent kernel built from this program's
+    /// kernels ([`persistent_program`], built on the first call and kept).
+    ///
+    /// # Errors
+    /// As [`GpuProgram::capture_device`]; [`Error::Codegen`] naming a kernel that cannot be
+    /// a persistent task; [`Error::KernelNotCached`] in a build without LLVM.
+    pub fn capture_persistent_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings, options: &sinter_runtime::PersistentOptions) -> Result<CapturedGraph, Error> {
+        let (exec, all) = self.with_bound(inputs);
+        let program = match self.persistent.get() {
+            Some(p) => p.clone(),
+            None => {
+                let p = std::sync::Arc::new(persistent_program(exec.graph(), &target_for(&self.device))?);
+                self.persistent.get_or_init(|| p).clone()
+            }
+        };
+        Ok(exec.capture_persistent_named(&all, symbols, &program, options)?)
     }
 
     /// The executor (for profiling and CUDA-graph capture).

@@ -150,6 +150,11 @@ impl LoadedKernel {
     pub fn programmatic(&self) -> bool {
         self.programmatic
     }
+
+    /// The driver's function handle.
+    pub(crate) fn func(&self) -> sys::CUfunction {
+        self.func
+    }
 }
 
 /// Whether a kernel of `ptx` is launched with programmatic dependent launch on a device of
@@ -326,7 +331,7 @@ impl Device {
         &self.inner.stream
     }
 
-    fn bind(&self) -> Result<(), RuntimeError> {
+    pub(crate) fn bind(&self) -> Result<(), RuntimeError> {
         self.inner.ctx.bind_to_thread().map_err(|e| RuntimeError::cuda("cuCtxSetCurrent", e, None))
     }
 

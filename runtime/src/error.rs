@@ -74,6 +74,10 @@ pub enum RuntimeError {
     /// A kernel graph and its launch plans do not fit together, or a graph input is missing.
     #[error("invalid executor setup: {0}")]
     Graph(String),
+    /// A persistent launch was abandoned: a task waited past the timeout for the kernel
+    /// before it (one that faulted inside or never completed). The message names both.
+    #[error("persistent decode step abandoned: {0}")]
+    Persistent(String),
     /// A file-system operation of the kernel cache failed.
     #[error("kernel cache {}: {message}", path.display())]
     Cache {

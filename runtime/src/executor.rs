@@ -75,11 +75,11 @@ pub fn in_place_aliases(graph: &KernelGraph) -> BTreeMap<Buffer, Buffer> {
 }
 
 /// What one execution set up: the buffer of every graph buffer that has one.
-struct Prepared {
-    bindings: Bindings,
-    slots: BTreeMap<Buffer, DeviceBuffer>,
+pub(crate) struct Prepared {
+    pub(crate) bindings: Bindings,
+    pub(crate) slots: BTreeMap<Buffer, DeviceBuffer>,
     /// For each temporary, the index of the last kernel that uses it.
-    last_use: BTreeMap<Buffer, usize>,
+    pub(crate) last_use: BTreeMap<Buffer, usize>,
 }
 
 enum Mode {
@@ -201,7 +201,7 @@ impl Executor {
     }
 
     /// Orders named inputs as the graph's inputs.
-    fn order_named<'a>(&self, inputs: &[(&str, &'a DeviceBuffer)]) -> Result<Vec<&'a DeviceBuffer>, RuntimeError> {
+    pub(crate) fn order_named<'a>(&self, inputs: &[(&str, &'a DeviceBuffer)]) -> Result<Vec<&'a DeviceBuffer>, RuntimeError> {
         let names = self.input_names();
         for (n, _) in inputs {
             if !names.contains(&Some(n)) {
@@ -271,7 +271,7 @@ impl Executor {
         }
         let (outputs, _, captured) = self.execute(inputs, bindings, Mode::Capture)?;
         let (graph, keep, bindings) = captured.ok_or_else(|| RuntimeError::Graph("capture produced no graph".into()))?;
-        Ok(CapturedGraph { graph, device: self.device.clone(), outputs, _keep: keep, entries: self.plans.iter().map(|p| p.entry.clone()).collect(), bindings })
+        Ok(CapturedGraph { graph, device: self.device.clone(), outputs, _keep: keep, entries: self.plans.iter().map(|p| p.entry.clone()).collect(), bindings, persistent: None })
     }
 
     /// [`Executor::run_profiled`] with inputs by name.
@@ -298,7 +298,7 @@ impl Executor {
     }
 
     /// The slot of `b`, allocating (or sharing its alias root's storage) on first use.
-    fn slot(&self, b: Buffer, slots: &mut BTreeMap<Buffer, DeviceBuffer>, bindings: &Bindings, guard: usize) -> Result<DeviceBuffer, RuntimeError> {
+    pub(crate) fn slot(&self, b: Buffer, slots: &mut BTreeMap<Buffer, DeviceBuffer>, bindings: &Bindings, guard: usize) -> Result<DeviceBuffer, RuntimeError> {
         if let Some(buf) = slots.get(&b) {
             return Ok(buf.clone());
         }
@@ -315,7 +315,7 @@ impl Executor {
         Ok(buf)
     }
 
-    fn prepare(&self, inputs: &[&DeviceBuffer], extra: &Bindings) -> Result<Prepared, RuntimeError> {
+    pub(crate) fn prepare(&self, inputs: &[&DeviceBuffer], extra: &Bindings) -> Result<Prepared, RuntimeError> {
         let bindings = self.bindings(inputs, extra)?;
         let mut slots = BTreeMap::new();
         for (b, buf) in self.graph.inputs.iter().zip(inputs) {
@@ -498,7 +498,7 @@ impl Executor {
         self.device.ctx().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| RuntimeError::cuda("cuEventCreate", e, None))
     }
 
-    fn entries(&self) -> String {
+    pub(crate) fn entries(&self) -> String {
         self.plans.iter().map(|p| p.entry.as_str()).collect::<Vec<_>>().join(", ")
     }
 }
@@ -506,12 +506,14 @@ impl Executor {
 /// A run of a kernel graph recorded as a CUDA graph by [`Executor::capture`]: replaying it
 /// launches every kernel again with one driver call, on the same buffers.
 pub struct CapturedGraph {
-    graph: CudaGraph,
-    device: Device,
-    outputs: Vec<DeviceBuffer>,
-    _keep: Vec<DeviceBuffer>,
-    entries: Vec<String>,
-    bindings: Bindings,
+    pub(crate) graph: CudaGraph,
+    pub(crate) device: Device,
+    pub(crate) outputs: Vec<DeviceBuffer>,
+    pub(crate) _keep: Vec<DeviceBuffer>,
+    pub(crate) entries: Vec<String>,
+    pub(crate) bindings: Bindings,
+    /// A persistent launch's state, checked after a replay ([`CapturedGraph::check`]).
+    pub(crate) persistent: Option<crate::persistent::PersistentCheck>,
 }
 
 // SAFETY: the driver's graph and graph-exec handles are not tied to the thread that made
@@ -547,6 +549,25 @@ impl CapturedGraph {
     /// The bindings baked into the graph.
     pub fn bindings(&self) -> &Bindings {
         &self.bindings
+    }
+
+    /// After a replay has finished (its outputs read): `Ok` for a kernel-by-kernel graph;
+    /// for a persistent launch ([`Executor::capture_persistent`]), an error naming the task
+    /// that waited past the timeout and the kernel it waited for, if one did (the launch's
+    /// state is then cleared for the next replay).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Persistent`]; device errors reading the state.
+    pub fn check(&self) -> Result<(), RuntimeError> {
+        match &self.persistent {
+            Some(p) => p.check(&self.device),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the graph is one persistent launch.
+    pub fn is_persistent(&self) -> bool {
+        self.persistent.is_some()
     }
 }
 

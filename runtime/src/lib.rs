@@ -44,6 +44,7 @@ pub mod device;
 pub mod error;
 pub mod executor;
 pub mod launch;
+pub mod persistent;
 pub mod pool;
 pub mod probe;
 
@@ -54,6 +55,7 @@ pub use cubin::{assembler_from_env, Assembler, CubinAssembler, CubinLookup};
 pub use device::{Device, KernelAttributes, LoadStats, LoadedKernel};
 pub use error::RuntimeError;
 pub use executor::{free_symbols, CapturedGraph, Executor, KernelTime, Profile};
+pub use persistent::PersistentOptions;
 pub use launch::{resolve, ArgValue, ResolvedLaunch, ResolvedTensorMap};
 pub use pool::{MemoryPool, PoolStats, RawAllocator};
 pub use probe::{driver_available, probe, DeviceInfo};

@@ -79,6 +79,12 @@ pub fn cuda_graph_default() -> bool {
     !matches!(std::env::var("SINTER_NO_CUDA_GRAPH").as_deref(), Ok(v) if !v.is_empty() && v != "0")
 }
 
+/// Whether a CUDA-graph decode step is one persistent launch by default: when
+/// `SINTER_PERSISTENT` is set to something other than empty or `0`.
+pub fn persistent_default() -> bool {
+    matches!(std::env::var("SINTER_PERSISTENT").as_deref(), Ok(v) if !v.is_empty() && v != "0")
+}
+
 impl GpuPrograms {
     /// The decode program for a batch of `b`: the specialised one when its kernels can be had
     /// (compiled, or from the cache), else the symbolic one.
@@ -120,12 +126,15 @@ impl GpuPrograms {
 /// [`Engine::set_cuda_graph`]) launches every kernel of every decode step from the host
 /// instead, on the same buffers. Decode steps run the decode graph specialised to the batch
 /// size ([`DecoderModel::decode_graph_for_batch`]) where its kernels can be had, unless
-/// `SINTER_NO_SPECIALIZE=1` (or [`Engine::set_specialise`]).
+/// `SINTER_NO_SPECIALIZE=1` (or [`Engine::set_specialise`]). With
+/// [`Engine::set_persistent`] (or `SINTER_PERSISTENT=1`) the captured step is one launch of
+/// the persistent decode kernel built from the step's kernels ([`sinter_codegen::persistent`]).
 pub struct Engine<M: DecoderModel> {
     model: M,
     programs: Programs,
     cuda_graph: bool,
     specialise: bool,
+    persistent: bool,
 }
 
 /// The model's prefill and decode graphs, checked against the decoder contract.
@@ -162,7 +171,7 @@ impl<M: DecoderModel> Engine<M> {
             prefill.bind(name, t.clone())?;
             decode.bind(name, t.clone())?;
         }
-        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false, specialise: false })
+        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false, specialise: false, persistent: false })
     }
 
     /// Compiles both graphs for the GPU (`lowering` picks fused or one kernel per node; kernels
@@ -202,7 +211,7 @@ impl<M: DecoderModel> Engine<M> {
         decode.fold_bound_with(Some(&folded))?;
         let batches = Mutex::new(BTreeMap::new());
         let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches, weights, folded, lowering, specialised: Mutex::new(BTreeMap::new()) }));
-        Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default() })
+        Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default(), persistent: persistent_default() })
     }
 
     /// Turns CUDA-graph replay of decode steps on or off (GPU only; the interpreter ignores it).
@@ -220,6 +229,23 @@ impl<M: DecoderModel> Engine<M> {
             }
         }
         self.specialise = on;
+    }
+
+    /// Makes each captured decode step one launch of the persistent decode kernel (on) or a
+    /// CUDA graph of the step's kernels (off, the default); GPU with CUDA graphs only. Steps
+    /// captured the other way are dropped.
+    pub fn set_persistent(&mut self, on: bool) {
+        if self.persistent != on {
+            if let Programs::Gpu(g) = &self.programs {
+                g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            }
+        }
+        self.persistent = on;
+    }
+
+    /// Whether decode steps are persistent launches ([`Engine::set_persistent`]).
+    pub fn persistent(&self) -> bool {
+        self.persistent && self.cuda_graph()
     }
 
     /// Whether decode steps replay a CUDA graph: on the GPU with CUDA graphs on.
@@ -325,7 +351,7 @@ impl<M: DecoderModel> Engine<M> {
                 device.zero(&state.k_pages)?;
                 device.zero(&state.v_pages)?;
                 let cuda_graph = self.cuda_graph;
-                let mut s = GpuSession { prefill, decode, device, state, layers: kv.layers, b, vocab, cuda_graph, capture_time: Duration::ZERO };
+                let mut s = GpuSession { prefill, decode, device, state, layers: kv.layers, b, vocab, cuda_graph, persistent: self.persistent, capture_time: Duration::ZERO };
                 let mut out = self.run_session(&mut s, prompts, o, on_token, on_logits)?;
                 out.cuda_graph = cuda_graph && out.decode_steps > 0;
                 Ok(out)

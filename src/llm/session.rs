@@ -183,6 +183,8 @@ pub(crate) struct GpuSession<'a> {
     pub(crate) b: usize,
     pub(crate) vocab: usize,
     pub(crate) cuda_graph: bool,
+    /// With `cuda_graph`: the step is one persistent launch instead of a graph of kernels.
+    pub(crate) persistent: bool,
     pub(crate) capture_time: Duration,
 }
 
@@ -209,7 +211,11 @@ impl Session for GpuSession<'_> {
         let outs = if self.cuda_graph {
             if self.state.graph.is_none() {
                 let t0 = Instant::now();
-                let g = self.decode.capture_device(&self.state.inputs(), &crate::Bindings::new())?;
+                let g = if self.persistent {
+                    self.decode.capture_persistent_device(&self.state.inputs(), &crate::Bindings::new(), &sinter_runtime::PersistentOptions::default())?
+                } else {
+                    self.decode.capture_device(&self.state.inputs(), &crate::Bindings::new())?
+                };
                 self.state.check_in_place(g.outputs())?;
                 self.state.graph = Some(g);
                 self.capture_time += t0.elapsed();
@@ -223,16 +229,21 @@ impl Session for GpuSession<'_> {
             r
         };
         // Reading the result waits for the step.
-        if want_logits {
+        let step = if want_logits {
             let l = outs.first().ok_or_else(|| Error::Unsupported("the decode graph returned no logits".into()))?;
-            Ok(Step::Logits(dev.download_f64(l)?))
+            Step::Logits(dev.download_f64(l)?)
         } else {
             let (Some(l), Some(next)) = (outs.first(), outs.get(3)) else {
                 return Err(Error::Unsupported("the decode graph returned no greedy tokens".into()));
             };
             let v = self.vocab;
-            Ok(Step::Greedy(greedy_tokens(&dev.download_f64(next)?, v, &mut |s| Ok(dev.download_range_f64(l, s * v, v)?))?))
+            Step::Greedy(greedy_tokens(&dev.download_f64(next)?, v, &mut |s| Ok(dev.download_range_f64(l, s * v, v)?))?)
+        };
+        // A persistent step that was abandoned (a task timed out) says so here.
+        if let Some(g) = &self.state.graph {
+            g.check()?;
         }
+        Ok(step)
     }
 
     fn capture_time(&self) -> Duration {
