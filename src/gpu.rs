@@ -153,7 +153,9 @@ pub fn persistent_program(kg: &KernelGraph, target: &Target) -> Result<sinter_ir
             which.push(i);
         }
         let kernels: Vec<(String, LaunchPlan)> = which.iter().map(|&i| built[i].clone()).collect();
-        Ok(sinter_codegen::persistent::build(&kernels, target).map_err(|e| Error::Codegen(format!("the persistent kernel: {e}")))?.program)
+        // `SINTER_PERSISTENT_MIN_CTAS`: CTAs an SM the registers must allow (experiments).
+        let min_ctas = std::env::var("SINTER_PERSISTENT_MIN_CTAS").ok().and_then(|v| v.parse().ok()).unwrap_or(sinter_codegen::persistent::MIN_CTAS_PER_SM);
+        Ok(sinter_codegen::persistent::build_with(&kernels, target, min_ctas).map_err(|e| Error::Codegen(format!("the persistent kernel: {e}")))?.program)
     })
 }
 
@@ -844,6 +846,9 @@ impl GpuProgram {
             Some(p) => p.clone(),
             None => {
                 let p = std::sync::Arc::new(persistent_program(exec.graph(), &target_for(&self.device))?);
+                // Through the cubin cache: the next process loads the assembled kernel.
+                let cache = KernelCache::open_default()?;
+                self.device.load_modules(std::slice::from_ref(&p.kernel), Some(&cache), 1)?;
                 self.persistent.get_or_init(|| p).clone()
             }
         };

@@ -121,3 +121,23 @@ fn the_sm90a_persistent_decode_kernel_assembles_with_ptxas() {
     assert!(k.registers <= 128, "{report:?}");
     assert!(k.spill_store_bytes <= 256, "{report:?}");
 }
+
+/// SmolLM2-135M's decode step at batch 1 and 16, full size, lowered as the engine lowers it
+/// for the H200: every kernel becomes a task (the row reductions and paged attention without
+/// their clusters), and the layers share their functions.
+#[test]
+fn smollm2_decode_steps_build_as_persistent_kernels() {
+    let target = Target::SM_90A;
+    for b in [1, 16] {
+        let g = sinter::llm::llama::decode_graph_for_batch(&llama::LlamaConfig::smollm2_135m(), DType::BF16, b).unwrap();
+        let kg = sinter::gpu::lower(&g, Lowering::Fused, &target).unwrap();
+        let p = sinter::gpu::persistent_program(&kg, &target).unwrap_or_else(|e| panic!("batch {b}: {e}"));
+        assert_eq!(p.tasks.len(), kg.kernels.len());
+        if let Ok(d) = std::env::var("SINTER_PERSISTENT_DUMP") {
+            std::fs::write(format!("{d}/smollm2-b{b}.ptx"), &p.kernel.ptx).unwrap();
+        }
+        assert!(p.threads.len() * 2 < kg.kernels.len(), "batch {b}: {} functions for {} kernels", p.threads.len(), kg.kernels.len());
+        let tasks: u32 = p.tasks.iter().map(|(_, plan)| plan.grid.iter().map(|g| g.eval(&sinter::Bindings::new()).unwrap_or(1)).product::<u32>()).sum();
+        eprintln!("batch {b}: {} kernels, {tasks} tasks, {} task functions, {} threads a CTA, {} bytes of shared memory", kg.kernels.len(), p.threads.len(), p.kernel.block[0], p.kernel.shared_bytes);
+    }
+}

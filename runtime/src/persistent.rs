@@ -86,6 +86,15 @@ impl Executor {
         for b in last_use.keys() {
             self.slot(*b, &mut slots, &bindings, 0)?;
         }
+        let dev = self.device();
+        let kernel = dev.load(&program.kernel)?;
+        let block = program.kernel.block[0];
+        let smem = program.kernel.shared_bytes;
+        dev.prepare_shared(&kernel, smem)?;
+        let ctas = match options.ctas {
+            Some(n) => n.max(1),
+            None => dev.resident_ctas(&kernel, block, smem)?.max(1),
+        };
         let mut instances = Vec::new();
         let mut names = Vec::new();
         for (i, (k, data)) in graph.kernels.iter().enumerate() {
@@ -105,11 +114,11 @@ impl Executor {
                     ArgValue::TensorMap(_) => Err(RuntimeError::Graph(format!("kernel {k} (`{}`) takes a tensor map: it cannot be a persistent task", plan.entry))),
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
-            instances.push(Instance { function: *function, grid: r.grid, args });
+            let chunk = tables::chunk_for(r.grid.iter().product(), ctas);
+            instances.push(Instance { function: *function, grid: r.grid, args, chunk });
             names.push(format!("{} `{}`", Kernel::from_u32(i as u32), plan.entry));
         }
         let t = tables::tables(&instances, options.timeout.as_nanos().min(u128::from(u64::MAX)) as u64, options.never_completes).map_err(RuntimeError::Graph)?;
-        let dev = self.device();
         let words = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
         let up32 = |v: &[u32]| dev.upload_bytes(DType::I32, &[v.len()], &words(v));
         let insts = up32(&t.instances)?;
@@ -117,14 +126,6 @@ impl Executor {
         let args = dev.upload_bytes(DType::I64, &[t.args.len()], &t.args.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())?;
         let counters = up32(&t.counters)?;
         let state = up32(&t.state)?;
-        let kernel = dev.load(&program.kernel)?;
-        let block = program.kernel.block[0];
-        let smem = program.kernel.shared_bytes;
-        dev.prepare_shared(&kernel, smem)?;
-        let ctas = match options.ctas {
-            Some(n) => n.max(1),
-            None => dev.resident_ctas(&kernel, block, smem)?.max(1),
-        };
         let launch = ResolvedLaunch {
             entry: program.kernel.entry.clone(),
             grid: [ctas, 1, 1],

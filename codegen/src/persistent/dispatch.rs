@@ -25,6 +25,11 @@ pub(crate) mod slot {
     pub const NEED: u32 = 44;
     /// The instance waited for, or `u32::MAX` for none.
     pub const WAITED: u32 = 48;
+    /// The task's first CTA and its CTA count.
+    pub const CHUNK_FIRST: u32 = 52;
+    pub const CHUNK_COUNT: u32 = 56;
+    /// One more than the last instance this CTA has seen complete (0: none yet).
+    pub const KNOWN: u32 = 60;
     pub const BYTES: u32 = 64;
 }
 
@@ -56,7 +61,12 @@ entry:
 first:
   %waited = load i32, ptr addrspace(3) SLOT_WAITED, align 4
   %none = icmp eq i32 %waited, -1
-  br i1 %none, label %pass, label %setup
+  br i1 %none, label %pass, label %cached
+cached:
+  %known = load i32, ptr addrspace(3) SLOT_KNOWN, align 4
+  %waited1k = add i32 %waited, 1
+  %seen = icmp ule i32 %waited1k, %known
+  br i1 %seen, label %pass, label %setup
 setup:
   %need = load i32, ptr addrspace(3) SLOT_NEED, align 4
   %counters = load ptr addrspace(1), ptr addrspace(3) @mk_ptrs, align 8
@@ -70,7 +80,10 @@ setup:
 spin:
   %c = load atomic i32, ptr addrspace(1) %cp syncscope("device") acquire, align 4
   %done = icmp uge i32 %c, %need
-  br i1 %done, label %pass, label %check
+  br i1 %done, label %complete, label %check
+complete:
+  store i32 %waited1k, ptr addrspace(3) SLOT_KNOWN, align 4
+  br label %pass
 check:
   %ab = load atomic i32, ptr addrspace(1) %abortp syncscope("device") monotonic, align 4
   %aborted = icmp ne i32 %ab, 0
@@ -113,14 +126,16 @@ sync:
 
 /// The persistent kernel's module text: shared slots, the wait, and the claim loop over
 /// `functions` (the task functions `@mk_task<i>`, declared here, defined by the tasks'
-/// modules linked in) on `block` threads, with `shared_bytes` of dynamic shared memory.
-pub(crate) fn kernel(functions: &[Signature<'_>], block: u32) -> String {
+/// modules linked in) on `block` threads, at least `min_ctas` CTAs an SM (ptxas keeps the
+/// registers within what that allows).
+pub(crate) fn kernel(functions: &[Signature<'_>], block: u32, min_ctas: u32) -> String {
     let mut s = String::new();
     let slots = |t: &str| {
         t.replace("SLOT_TASK", &slot_ptr(slot::TASK))
             .replace("SLOT_WAITED", &slot_ptr(slot::WAITED))
             .replace("SLOT_NEED", &slot_ptr(slot::NEED))
             .replace("SLOT_OK", &slot_ptr(slot::OK))
+            .replace("SLOT_KNOWN", &slot_ptr(slot::KNOWN))
             .replace("STATE_ABORT", &state::ABORT.to_string())
             .replace("STATE_TIMEOUT", &state::TIMEOUT_NS.to_string())
             .replace("STATE_ERROR_TASK", &state::ERROR_TASK.to_string())
@@ -139,7 +154,8 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32) -> String {
     let _ = writeln!(s, "  %ntasks = load i32, ptr addrspace(1) %st.{}, align 4", state::TASKS);
     s.push_str("  br i1 %lead, label %init, label %top\ninit:\n");
     s.push_str("  store ptr addrspace(1) %counters, ptr addrspace(3) @mk_ptrs, align 8\n");
-    s.push_str("  store ptr addrspace(1) %state, ptr addrspace(3) getelementptr inbounds (i8, ptr addrspace(3) @mk_ptrs, i64 8), align 8\n  br label %top\n");
+    s.push_str("  store ptr addrspace(1) %state, ptr addrspace(3) getelementptr inbounds (i8, ptr addrspace(3) @mk_ptrs, i64 8), align 8\n");
+    let _ = writeln!(s, "  store i32 0, ptr addrspace(3) {}, align 4\n  br label %top", slot_ptr(slot::KNOWN));
     // Claim: thread 0 takes the next task number (none once the abort flag is up) and
     // publishes the task's instance, function, arguments, CTA index and what it waits for.
     s.push_str("top:\n  br i1 %lead, label %claim, label %claimed\nclaim:\n");
@@ -158,12 +174,15 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32) -> String {
     field(&mut s, "gy", "%iw", instance::GRID + 1);
     field(&mut s, "gz", "%iw", instance::GRID + 2);
     field(&mut s, "first", "%iw", instance::FIRST_TASK);
-    s.push_str("  %b = sub i32 %t, %first\n  %bx = urem i32 %b, %gx\n  %bq = udiv i32 %b, %gx\n  %by = urem i32 %bq, %gy\n  %bz = udiv i32 %bq, %gy\n");
+    field(&mut s, "ctas", "%iw", instance::CTAS);
+    field(&mut s, "chunk", "%iw", instance::CHUNK);
+    s.push_str("  %tk = sub i32 %t, %first\n  %b = mul i32 %tk, %chunk\n  %left = sub i32 %ctas, %b\n  %few = icmp ult i32 %left, %chunk\n  %n = select i1 %few, i32 %left, i32 %chunk\n");
+    s.push_str("  %bx = urem i32 %b, %gx\n  %bq = udiv i32 %b, %gx\n  %by = urem i32 %bq, %gy\n  %bz = udiv i32 %bq, %gy\n");
     s.push_str("  %has.prev = icmp ne i32 %i, 0\n  %prev = sub i32 %i, 1\n  %prev.c = select i1 %has.prev, i32 %prev, i32 0\n");
     let _ = writeln!(s, "  %pw = mul i32 %prev.c, {INSTANCE_WORDS}");
     field(&mut s, "need.l", "%pw", instance::CTAS);
     s.push_str("  %need = select i1 %has.prev, i32 %need.l, i32 0\n  %waited = select i1 %has.prev, i32 %prev, i32 -1\n");
-    for (v, off) in [("%i", slot::INSTANCE), ("%f", slot::FUNCTION), ("%off", slot::FIRST_ARG), ("%bx", slot::CTAID), ("%by", slot::CTAID + 4), ("%bz", slot::CTAID + 8), ("%gx", slot::NCTAID), ("%gy", slot::NCTAID + 4), ("%gz", slot::NCTAID + 8), ("%need", slot::NEED), ("%waited", slot::WAITED)] {
+    for (v, off) in [("%i", slot::INSTANCE), ("%f", slot::FUNCTION), ("%off", slot::FIRST_ARG), ("%bx", slot::CTAID), ("%by", slot::CTAID + 4), ("%bz", slot::CTAID + 8), ("%gx", slot::NCTAID), ("%gy", slot::NCTAID + 4), ("%gz", slot::NCTAID + 8), ("%need", slot::NEED), ("%waited", slot::WAITED), ("%b", slot::CHUNK_FIRST), ("%n", slot::CHUNK_COUNT)] {
         let _ = writeln!(s, "  store i32 {v}, ptr addrspace(3) {}, align 4", slot_ptr(off));
     }
     s.push_str("  br label %claim.store\nclaim.none:\n  br label %claim.store\nclaim.store:\n");
@@ -174,17 +193,19 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32) -> String {
     s.push_str("  %live = icmp ult i32 %task, %ntasks\n  br i1 %live, label %run, label %leave\nrun:\n");
     let _ = writeln!(s, "  %fn = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::FUNCTION));
     let _ = writeln!(s, "  %argoff = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::FIRST_ARG));
-    s.push_str("  switch i32 %fn, label %ran [");
+    let _ = writeln!(s, "  %cn = load i32, ptr addrspace(3) {}, align 4\n  br label %cta", slot_ptr(slot::CHUNK_COUNT));
+    // One CTA of the chunk after another; the slots hold the current CTA's index.
+    s.push_str("cta:\n  %k = phi i32 [ 0, %run ], [ %k1, %cta.next ]\n  switch i32 %fn, label %one [");
     for j in 0..functions.len() {
         let _ = write!(s, " i32 {j}, label %fn{j}");
     }
     s.push_str(" ]\n");
     for (j, f) in functions.iter().enumerate() {
-        let _ = writeln!(s, "fn{j}:\n  %in{j} = icmp ult i32 %tid, {}\n  br i1 %in{j}, label %fn{j}.wait, label %ran\nfn{j}.wait:", f.threads);
+        let _ = writeln!(s, "fn{j}:\n  %in{j} = icmp ult i32 %tid, {}\n  br i1 %in{j}, label %fn{j}.wait, label %one\nfn{j}.wait:", f.threads);
         if f.waits_inside {
             let _ = writeln!(s, "  br label %fn{j}.call");
         } else {
-            let _ = writeln!(s, "  %ok{j} = call i1 @mk_wait(i32 {})\n  br i1 %ok{j}, label %fn{j}.call, label %ran", f.threads);
+            let _ = writeln!(s, "  %ok{j} = call i1 @mk_wait(i32 {})\n  br i1 %ok{j}, label %fn{j}.call, label %one", f.threads);
         }
         let _ = writeln!(s, "fn{j}.call:");
         let mut call = Vec::new();
@@ -198,15 +219,27 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32) -> String {
                 }
             }
         }
-        let _ = writeln!(s, "  call void @mk_task{j}({})\n  br label %ran", call.join(", "));
+        let _ = writeln!(s, "  call void @mk_task{j}({})\n  br label %one", call.join(", "));
     }
+    // The next CTA of the chunk: every thread is done with this one (shared memory is
+    // reused), thread 0 publishes the next index. An abandoned launch stops the chunk.
+    s.push_str("one:\n  %k1 = add i32 %k, 1\n  %kmore = icmp ult i32 %k1, %cn\n  br i1 %kmore, label %cta.sync, label %ran\n");
+    s.push_str("cta.sync:\n  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n  br i1 %lead, label %cta.publish, label %cta.next\ncta.publish:\n");
+    let _ = writeln!(s, "  %cb0 = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::CHUNK_FIRST));
+    let _ = writeln!(s, "  %cgx = load i32, ptr addrspace(3) {}, align 4\n  %cgy = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::NCTAID), slot_ptr(slot::NCTAID + 4));
+    s.push_str("  %cb = add i32 %cb0, %k1\n  %cbx = urem i32 %cb, %cgx\n  %cbq = udiv i32 %cb, %cgx\n  %cby = urem i32 %cbq, %cgy\n  %cbz = udiv i32 %cbq, %cgy\n");
+    for (v, off) in [("%cbx", slot::CTAID), ("%cby", slot::CTAID + 4), ("%cbz", slot::CTAID + 8)] {
+        let _ = writeln!(s, "  store i32 {v}, ptr addrspace(3) {}, align 4", slot_ptr(off));
+    }
+    s.push_str("  br label %cta.next\ncta.next:\n  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n  br label %cta\n");
     // Every thread of the CTA is done with the task: thread 0 counts it (release), unless
     // the instance is the planted one that never completes.
     s.push_str("ran:\n  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n  br i1 %lead, label %signal, label %top\nsignal:\n");
     let _ = writeln!(s, "  %si = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::INSTANCE));
     let _ = writeln!(s, "  %stall = load i32, ptr addrspace(1) %st.{}, align 4", state::NEVER_COMPLETES);
     s.push_str("  %si1 = add i32 %si, 1\n  %stuck = icmp eq i32 %stall, %si1\n  br i1 %stuck, label %top, label %count\ncount:\n");
-    s.push_str("  %cnt = getelementptr i32, ptr addrspace(1) %counters, i32 %si\n  %old = atomicrmw add ptr addrspace(1) %cnt, i32 1 syncscope(\"device\") release, align 4\n  br label %top\n");
+    let _ = writeln!(s, "  %sn = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::CHUNK_COUNT));
+    s.push_str("  %cnt = getelementptr i32, ptr addrspace(1) %counters, i32 %si\n  %old = atomicrmw add ptr addrspace(1) %cnt, i32 %sn syncscope(\"device\") release, align 4\n  br label %top\n");
     // Leaving: the last CTA out zeroes the claim counter and the completion counters for
     // the next launch (every other CTA has stopped touching them).
     s.push_str("leave:\n  br i1 %lead, label %leave.count, label %done\nleave.count:\n  %nct = call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()\n");
@@ -224,6 +257,6 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32) -> String {
     }
     s.push_str("declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()\ndeclare i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()\ndeclare i64 @llvm.nvvm.read.ptx.sreg.globaltimer()\n");
     s.push_str("declare void @llvm.nvvm.barrier.cta.sync.aligned.all(i32)\ndeclare void @llvm.nvvm.barrier.cta.sync.aligned.count(i32, i32)\n");
-    let _ = writeln!(s, "attributes #0 = {{ \"nvvm.maxntid\"=\"{block}\" }}");
+    let _ = writeln!(s, "attributes #0 = {{ \"nvvm.maxntid\"=\"{block}\" \"nvvm.minctasm\"=\"{}\" }}", min_ctas.max(1));
     s
 }

@@ -56,14 +56,37 @@ pub struct PersistentBuild {
 }
 
 /// Kernel `kernel` of `graph` for `target`: its LLVM IR as built (before optimisation) and
-/// its launch plan, as [`build`] takes them. Paged attention is built without its
-/// thread-block cluster (a cluster's CTAs must run together, tasks run one CTA at a time).
+/// its launch plan, as [`build`] takes them. The kernel's default schedule where it can be a
+/// task, else the first of its schedule candidates that can; paged attention and row
+/// reductions are built without their thread-block clusters (a cluster's CTAs must run
+/// together, tasks run one CTA at a time). Where none can, the default (whose refusal
+/// [`build`] reports).
 ///
 /// # Errors
 /// As [`crate::compile_kernel`]; [`CodegenError::Builder`] when no IR was captured.
 pub fn kernel_ir(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<(String, LaunchPlan), CodegenError> {
-    let paged = graph.kernels.get(kernel).is_some_and(|d| d.family == Family::PagedAttention);
-    let (plan, irs) = capture_ir(|| if paged { crate::kernels::attention::decode::generate_without_cluster(graph, kernel, target) } else { crate::compile_kernel(graph, kernel, target) });
+    let family = graph.kernels.get(kernel).map(|d| d.family);
+    let first = captured(kernel, || match family {
+        Some(Family::PagedAttention) => crate::kernels::attention::decode::generate_without_cluster(graph, kernel, target),
+        Some(Family::RowReduction) => crate::kernels::reduce::generate_without_cluster(graph, kernel, target),
+        _ => crate::compile_kernel(graph, kernel, target),
+    })?;
+    if task::rewrite(&first.0, &first.1, 0, 1024).is_ok() {
+        return Ok(first);
+    }
+    for name in crate::schedule_names(graph, kernel, target)?.iter().skip(1) {
+        if let Ok(other) = captured(kernel, || crate::compile_variant(graph, kernel, target, name)) {
+            if task::rewrite(&other.0, &other.1, 0, 1024).is_ok() {
+                return Ok(other);
+            }
+        }
+    }
+    Ok(first)
+}
+
+/// The plan `build` makes and the IR of its entry, captured before optimisation.
+fn captured(kernel: Kernel, build: impl FnOnce() -> Result<LaunchPlan, CodegenError>) -> Result<(String, LaunchPlan), CodegenError> {
+    let (plan, irs) = capture_ir(build);
     let plan = plan?;
     let define = format!("define ptx_kernel void @{}(", plan.entry);
     let ir = irs.into_iter().rev().find(|t| t.contains(&define)).ok_or_else(|| CodegenError::Builder(format!("kernel {kernel}: no LLVM IR captured for `{}`", plan.entry)))?;
@@ -79,6 +102,19 @@ pub fn kernel_ir(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result
 /// [`CodegenError::Unsupported`] naming the first kernel that cannot be a task and why;
 /// [`CodegenError::InvalidModule`] and the back end's errors (code generator bugs).
 pub fn build(kernels: &[(String, LaunchPlan)], target: &Target) -> Result<PersistentBuild, CodegenError> {
+    build_with(kernels, target, MIN_CTAS_PER_SM)
+}
+
+/// CTAs of the persistent kernel an SM by default: two, so that one CTA's loads are in
+/// flight while the other waits or synchronises (ptxas then keeps 128 registers a thread at
+/// 256 threads).
+pub const MIN_CTAS_PER_SM: u32 = 2;
+
+/// [`build`] with at least `min_ctas` CTAs an SM (ptxas's register budget).
+///
+/// # Errors
+/// As [`build`].
+pub fn build_with(kernels: &[(String, LaunchPlan)], target: &Target, min_ctas: u32) -> Result<PersistentBuild, CodegenError> {
     let mut index: HashMap<String, u32> = HashMap::new();
     let mut functions: Vec<usize> = Vec::new();
     let mut tasks = Vec::with_capacity(kernels.len());
@@ -101,7 +137,7 @@ pub fn build(kernels: &[(String, LaunchPlan)], target: &Target) -> Result<Persis
         texts.push(t);
     }
     let signatures: Vec<dispatch::Signature<'_>> = functions.iter().zip(&texts).map(|(&i, t)| dispatch::Signature { threads: kernels[i].1.block[0], params: &kernels[i].1.params, waits_inside: t.waits_inside }).collect();
-    let main = parse(&cx, &dispatch::kernel(&signatures, block), "sinter_persistent")?;
+    let main = parse(&cx, &dispatch::kernel(&signatures, block, min_ctas), "sinter_persistent")?;
     let mut shared = 0u32;
     for (j, (t, &i)) in texts.iter().zip(&functions).enumerate() {
         let m = parse(&cx, &t.text, &format!("mk_task{j}"))?;

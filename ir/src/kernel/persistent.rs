@@ -2,8 +2,9 @@
 //! the generated kernel (`sinter_codegen::persistent`) reads and the host writes.
 //!
 //! One launch runs a whole kernel graph. The graph's kernels become *instances* (in launch
-//! order, each with its grid and arguments) and each CTA of an instance becomes a *task*;
-//! tasks are numbered instance by instance. Every CTA of the persistent grid loops: claim the
+//! order, each with its grid and arguments) and each run of `chunk` consecutive CTAs of an
+//! instance becomes a *task*, run one CTA after another; tasks are numbered instance by
+//! instance. Every CTA of the persistent grid loops: claim the
 //! next task number from a global counter, run that CTA of that kernel's function, and count
 //! the instance's completed CTAs in global memory. A task waits, at the point where the
 //! kernel would wait for its predecessor grid (`griddepcontrol.wait`: after its weights'
@@ -13,7 +14,7 @@
 //!
 //! Four global arrays, built by [`tables`]:
 //! - `instances: u32[n · INSTANCE_WORDS]`: per instance its function, its first argument
-//!   word, its grid (x, y, z), its first task and its CTA count;
+//!   word, its grid (x, y, z), its first task, its CTA count and its CTAs a task;
 //! - `task_instance: u32[tasks]`: each task's instance;
 //! - `args: u64[..]`: every instance's arguments, one word each (a pointer or an `i64`);
 //! - `counters: u32[n]` (zero before the first launch; the last CTA to leave zeroes them);
@@ -58,6 +59,8 @@ pub mod instance {
     pub const FIRST_TASK: usize = 5;
     /// Its CTA count (the product of the grid).
     pub const CTAS: usize = 6;
+    /// CTAs a task runs, one after another (the last task of the instance may run fewer).
+    pub const CHUNK: usize = 7;
 }
 
 /// Words of the `state` array and their offsets.
@@ -86,7 +89,7 @@ pub mod state {
 }
 
 /// One kernel of the launch: its task function, grid and arguments (pointers and `i64`s as
-/// 64-bit words, in the function's parameter order).
+/// 64-bit words, in the function's parameter order), and the CTAs a task of it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Instance {
     /// Index of the task function.
@@ -95,6 +98,14 @@ pub struct Instance {
     pub grid: [u32; 3],
     /// Argument words.
     pub args: Vec<u64>,
+    /// CTAs a task runs (at least 1): a kernel's CTAs are cut into `⌈ctas / chunk⌉` tasks.
+    pub chunk: u32,
+}
+
+/// The chunk that gives a kernel of `ctas` CTAs about one task per persistent CTA
+/// (`⌈ctas / resident⌉`): a task's claim and wait are paid once for its chunk.
+pub fn chunk_for(ctas: u32, resident: u32) -> u32 {
+    ctas.div_ceil(resident.max(1)).max(1)
 }
 
 /// The host-side arrays of one persistent launch ([`tables`]).
@@ -125,6 +136,7 @@ pub fn tables(instances: &[Instance], timeout_ns: u64, never_completes: Option<u
         if ctas == 0 {
             return Err(format!("instance {i}: an empty grid {:?} (leave kernels without work out)", inst.grid));
         }
+        let chunk = inst.chunk.max(1);
         let first_task = u32::try_from(t.task_instance.len()).map_err(|_| format!("instance {i}: more than 2^32 tasks"))?;
         let first_arg = u32::try_from(t.args.len()).map_err(|_| format!("instance {i}: more than 2^32 argument words"))?;
         let mut words = [0u32; INSTANCE_WORDS];
@@ -133,10 +145,11 @@ pub fn tables(instances: &[Instance], timeout_ns: u64, never_completes: Option<u
         words[instance::GRID..instance::GRID + 3].copy_from_slice(&inst.grid);
         words[instance::FIRST_TASK] = first_task;
         words[instance::CTAS] = ctas;
+        words[instance::CHUNK] = chunk;
         t.instances.extend_from_slice(&words);
         t.args.extend_from_slice(&inst.args);
         let i32 = u32::try_from(i).map_err(|_| "more than 2^32 instances".to_string())?;
-        t.task_instance.extend(std::iter::repeat_n(i32, ctas as usize));
+        t.task_instance.extend(std::iter::repeat_n(i32, ctas.div_ceil(chunk) as usize));
         u32::try_from(t.task_instance.len()).map_err(|_| format!("instance {i}: more than 2^32 tasks"))?;
     }
     t.state[state::TASKS] = t.task_instance.len() as u32;
@@ -196,23 +209,24 @@ mod tests {
 
     #[test]
     fn tables_number_tasks_instance_by_instance() {
-        let a = Instance { function: 1, grid: [2, 1, 1], args: vec![10, 11] };
-        let b = Instance { function: 0, grid: [1, 3, 1], args: vec![12] };
+        let a = Instance { function: 1, grid: [2, 1, 1], args: vec![10, 11], chunk: 1 };
+        let b = Instance { function: 0, grid: [1, 3, 1], args: vec![12], chunk: 2 };
         let t = tables(&[a, b], 5_000_000_000, None).unwrap();
-        assert_eq!(t.task_instance, vec![0, 0, 1, 1, 1]);
-        assert_eq!(&t.instances[..INSTANCE_WORDS], &[1, 0, 2, 1, 1, 0, 2, 0]);
-        assert_eq!(&t.instances[INSTANCE_WORDS..], &[0, 2, 1, 3, 1, 2, 3, 0]);
+        assert_eq!(t.task_instance, vec![0, 0, 1, 1]);
+        assert_eq!(&t.instances[..INSTANCE_WORDS], &[1, 0, 2, 1, 1, 0, 2, 1]);
+        assert_eq!(&t.instances[INSTANCE_WORDS..], &[0, 2, 1, 3, 1, 2, 3, 2]);
         assert_eq!(t.args, vec![10, 11, 12]);
-        assert_eq!((t.state[state::TASKS], t.state[state::INSTANCES]), (5, 2));
+        assert_eq!((t.state[state::TASKS], t.state[state::INSTANCES]), (4, 2));
+        assert_eq!((chunk_for(300, 264), chunk_for(264, 264), chunk_for(1, 264), chunk_for(5, 0)), (2, 1, 1, 5));
         assert_eq!(u64::from(t.state[state::TIMEOUT_NS]) | u64::from(t.state[state::TIMEOUT_NS + 1]) << 32, 5_000_000_000);
         assert_eq!(error(&t.state, &t.task_instance), None);
     }
 
     #[test]
     fn bad_instances_are_named() {
-        let e = tables(&[Instance { function: 0, grid: [4, 0, 1], args: vec![] }], 1, None).unwrap_err();
+        let e = tables(&[Instance { function: 0, grid: [4, 0, 1], args: vec![], chunk: 1 }], 1, None).unwrap_err();
         assert!(e.contains("instance 0") && e.contains("empty grid"), "{e}");
-        let e = tables(&[Instance { function: 0, grid: [1, 1, 1], args: vec![] }], 1, Some(3)).unwrap_err();
+        let e = tables(&[Instance { function: 0, grid: [1, 1, 1], args: vec![], chunk: 1 }], 1, Some(3)).unwrap_err();
         assert!(e.contains("instance 3"), "{e}");
     }
 

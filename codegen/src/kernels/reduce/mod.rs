@@ -124,6 +124,19 @@ impl Schedule for RowSchedule {
     }
 }
 
+/// The kernel's default schedule without its thread-block cluster (one CTA a row, 256
+/// threads, four vectors a loop iteration): the form a kernel that shares its CTA with
+/// others can take ([`crate::persistent`]). A default without a cluster is kept.
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_without_cluster(graph: &KernelGraph, kernel: Kernel, target: &Target) -> Result<LaunchPlan, CodegenError> {
+    let cx = KernelCtx::new(graph, kernel)?;
+    let (s, _) = default_schedule(&cx, target)?;
+    let s = if s.cluster > 1 { RowSchedule { cluster: 1, stage_invariant: false, persistent: 0, sampled_shift: false, head_shift: false, held: 0, threads_per_row: 256, unroll: 4, ..s } } else { s };
+    build(&cx, target, s)
+}
+
 /// Generates the kernel of `cx` with schedule `sched`.
 ///
 /// # Errors
