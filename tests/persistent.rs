@@ -17,15 +17,17 @@ use sinter_codegen::persistent::{build, kernel_ir, PersistentBuild};
 use sinter_ir::kernel::persistent::state;
 
 /// A tiny Llama decode step with `layers` layers, lowered with fusion for `target`, and its
-/// inputs (5 sequences holding 3, 5, 7, 9 and 11 tokens over 4-token pages: the new tokens of
-/// three of them start a page) in the kernel graph's input order.
+/// inputs in the kernel graph's input order: 5 sequences holding 4, 5, 8, 3 and 12 tokens
+/// over 4-token pages, so the new tokens of three of them are the first of a new page.
 fn decode_step(layers: usize, target: &Target) -> (KernelGraph, Vec<Tensor>) {
     let cfg = llama::LlamaConfig { n_layers: layers, ..llama::LlamaConfig::tiny() };
     let g = llama::build(&cfg, Mode::Decode, DType::F32).unwrap();
     let kg = sinter::gpu::lower(&g, Lowering::Fused, target).unwrap();
-    let ins = crate::zoo::graph_inputs(&g, Mode::Decode, 5);
+    let mut ins = crate::zoo::graph_inputs(&g, Mode::Decode, 5);
     let f = g.entry().unwrap();
     let names: Vec<String> = f.params.iter().map(|p| f.values[*p].name.clone().unwrap_or_default()).collect();
+    let pos = names.iter().position(|n| n == "positions").unwrap();
+    ins[pos] = Tensor::new(ins[pos].dtype(), &[5], vec![4.0, 5.0, 8.0, 3.0, 12.0]).unwrap();
     let ordered = kg
         .inputs
         .iter()

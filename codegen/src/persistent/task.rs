@@ -42,7 +42,7 @@ pub(crate) fn rewrite(ir: &str, plan: &LaunchPlan, index: usize, block: u32) -> 
     }
     for (what, why) in [("\"nvvm.cluster_dim\"", "a thread-block cluster"), ("setmaxnreg", "register reallocation (`setmaxnreg`)"), ("bar.sync", "a named barrier in inline PTX"), ("barrier.sync", "a named barrier in inline PTX"), ("@llvm.nvvm.barrier0", "`barrier0`"), ("barrier.cta.sync.aligned.count", "a counted barrier"), ("barrier.cta.arrive", "a split barrier")] {
         if ir.contains(what) {
-            return Err(format!("{why}"));
+            return Err(why.to_string());
         }
     }
     let define = format!("define ptx_kernel void @{}(", plan.entry);

@@ -79,29 +79,7 @@ pub(super) fn broadcast(op: &Op, x: &Tensor, b: &Bindings) -> Result<Tensor> {
 pub(super) fn concat(op: &Op, ins: &[&Tensor]) -> Result<Tensor> {
     let Some(first) = ins.first() else { return operands_err("concat needs at least one operand") };
     let axis = norm_axis(attrs::int(op, "axis")?, first.rank(), "axis")?;
-    let mut total = 0usize;
-    for (i, t) in ins.iter().enumerate() {
-        if t.dtype != first.dtype || t.rank() != first.rank() {
-            return operands_err(format!("operand {i} is {}, operand 0 {}", type_text(t.dtype, &t.shape), type_text(first.dtype, &first.shape)));
-        }
-        for (ax, (a, b)) in first.shape.iter().zip(&t.shape).enumerate() {
-            if ax != axis && a != b {
-                return operands_err(format!("operand {i} differs from operand 0 at axis {ax}: {b} vs {a}"));
-            }
-        }
-        total += t.shape[axis];
-    }
-    let mut shape = first.shape.clone();
-    shape[axis] = total;
-    let (outer, _, inner) = split_at_axis(&shape, axis);
-    let mut data = Vec::with_capacity(outer * total * inner);
-    for o in 0..outer {
-        for t in ins {
-            let chunk = t.shape[axis] * inner;
-            data.extend_from_slice(&t.data[o * chunk..][..chunk]);
-        }
-    }
-    Ok(Tensor::from_parts(first.dtype, shape, data))
+    Tensor::concat_axis(ins, axis)
 }
 
 /// `slice`: elements `start..end` of `axis`, bounds evaluated under the bindings.
@@ -114,15 +92,7 @@ pub(super) fn slice(op: &Op, x: &Tensor, b: &Bindings) -> Result<Tensor> {
     if !fits {
         return Err(InterpError::SliceBounds { site: Site::default(), axis, start, end, size });
     }
-    let (s, e) = (start as usize, end as usize);
-    let (outer, n, inner) = split_at_axis(&x.shape, axis);
-    let mut shape = x.shape.clone();
-    shape[axis] = e - s;
-    let mut data = Vec::with_capacity(outer * (e - s) * inner);
-    for o in 0..outer {
-        data.extend_from_slice(&x.data[(o * n + s) * inner..(o * n + e) * inner]);
-    }
-    Ok(Tensor::from_parts(x.dtype, shape, data))
+    x.slice_axis(axis, start as usize, end as usize)
 }
 
 /// `gather`: `out[i…, :] = table[indices[i…], :]`.

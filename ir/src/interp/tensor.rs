@@ -2,7 +2,7 @@
 
 use crate::dtype::DType;
 
-use super::InterpError;
+use super::{InterpError, Site};
 
 /// A dense tensor as the reference interpreter holds it.
 ///
@@ -177,6 +177,60 @@ impl Tensor {
     pub(super) fn from_parts(dtype: DType, shape: Vec<usize>, data: Vec<f64>) -> Tensor {
         debug_assert_eq!(checked_numel(&shape), Some(data.len()));
         Tensor { dtype, shape, data }
+    }
+
+    /// Elements `start..end` of axis `axis` (the `slice` op's semantics).
+    ///
+    /// # Errors
+    /// [`InterpError::SliceBounds`] when the axis does not exist or `start ≤ end ≤ size`
+    /// fails.
+    pub fn slice_axis(&self, axis: usize, start: usize, end: usize) -> Result<Tensor, InterpError> {
+        let size = self.shape.get(axis).copied().unwrap_or(0);
+        if axis >= self.shape.len() || start > end || end > size {
+            return Err(InterpError::SliceBounds { site: Site::default(), axis, start: start as i64, end: end as i64, size });
+        }
+        let (outer, n, inner) = split_at_axis(&self.shape, axis);
+        let mut shape = self.shape.clone();
+        shape[axis] = end - start;
+        let mut data = Vec::with_capacity(outer * (end - start) * inner);
+        for o in 0..outer {
+            data.extend_from_slice(&self.data[(o * n + start) * inner..(o * n + end) * inner]);
+        }
+        Ok(Tensor::from_parts(self.dtype, shape, data))
+    }
+
+    /// `parts` joined along axis `axis` (the `concat` op's semantics): one dtype and rank,
+    /// the same sizes on every other axis.
+    ///
+    /// # Errors
+    /// [`InterpError::Operands`] naming the first part that does not fit.
+    pub fn concat_axis(parts: &[&Tensor], axis: usize) -> Result<Tensor, InterpError> {
+        let bad = |message: String| InterpError::Operands { site: Site::default(), message };
+        let first = parts.first().ok_or_else(|| bad("concat needs at least one operand".into()))?;
+        if axis >= first.rank() {
+            return Err(bad(format!("axis {axis} of a rank-{} operand", first.rank())));
+        }
+        let mut total = 0usize;
+        for (i, t) in parts.iter().enumerate() {
+            if t.dtype != first.dtype || t.rank() != first.rank() {
+                return Err(bad(format!("operand {i} is {}, operand 0 {}", super::type_text(t.dtype, &t.shape), super::type_text(first.dtype, &first.shape))));
+            }
+            if let Some((ax, (a, b))) = first.shape.iter().zip(&t.shape).enumerate().find(|(ax, (a, b))| *ax != axis && a != b) {
+                return Err(bad(format!("operand {i} differs from operand 0 at axis {ax}: {b} vs {a}")));
+            }
+            total += t.shape[axis];
+        }
+        let mut shape = first.shape.clone();
+        shape[axis] = total;
+        let (outer, _, inner) = split_at_axis(&shape, axis);
+        let mut data = Vec::with_capacity(outer * total * inner);
+        for o in 0..outer {
+            for t in parts {
+                let chunk = t.shape[axis] * inner;
+                data.extend_from_slice(&t.data[o * chunk..][..chunk]);
+            }
+        }
+        Ok(Tensor::from_parts(first.dtype, shape, data))
     }
 
     /// The element type.

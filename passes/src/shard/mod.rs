@@ -278,50 +278,19 @@ fn block(t: &Tensor, a: usize, rank: usize, ranks: usize) -> Result<Tensor, Shar
         return Err(ShardError::Tensors(format!("axis {a} of an input of shape {shape:?} does not divide among {ranks} ranks")));
     }
     let b = d / ranks;
-    let outer: usize = shape[..a].iter().product();
-    let inner: usize = shape[a + 1..].iter().product();
-    let mut data = Vec::with_capacity(outer * b * inner);
-    for o in 0..outer {
-        let base = (o * d + rank * b) * inner;
-        data.extend_from_slice(&t.data()[base..base + b * inner]);
-    }
-    let mut s = shape.to_vec();
-    s[a] = b;
-    Tensor::new(t.dtype(), &s, data).map_err(|e| ShardError::Tensors(e.to_string()))
+    cut(t, a, rank * b, (rank + 1) * b)
 }
 
 /// Elements `s..e` of axis `a` of `t`.
 fn cut(t: &Tensor, a: usize, s: usize, e: usize) -> Result<Tensor, ShardError> {
-    let shape = t.shape();
-    let d = shape[a];
-    let outer: usize = shape[..a].iter().product();
-    let inner: usize = shape[a + 1..].iter().product();
-    let mut data = Vec::with_capacity(outer * (e - s) * inner);
-    for o in 0..outer {
-        data.extend_from_slice(&t.data()[(o * d + s) * inner..(o * d + e) * inner]);
-    }
-    let mut sh = shape.to_vec();
-    sh[a] = e - s;
-    Tensor::new(t.dtype(), &sh, data).map_err(|e| ShardError::Tensors(e.to_string()))
+    t.slice_axis(a, s, e).map_err(|e| ShardError::Tensors(e.to_string()))
 }
 
-/// `parts` joined along axis `a`.
+/// `parts` joined along axis `a` (every part the same shape: the ranks' blocks).
 fn join(parts: &[&Tensor], a: usize) -> Result<Tensor, ShardError> {
-    let first = parts[0];
-    let shape = first.shape();
-    if a >= shape.len() || parts.iter().any(|p| p.shape() != shape || p.dtype() != first.dtype()) {
-        return Err(ShardError::Tensors(format!("the ranks' blocks differ or have no axis {a}")));
+    let first = parts.first().ok_or_else(|| ShardError::Tensors("no rank's block to join".into()))?;
+    if parts.iter().any(|p| p.shape() != first.shape()) {
+        return Err(ShardError::Tensors(format!("the ranks' blocks differ in shape along axis {a}")));
     }
-    let b = shape[a];
-    let outer: usize = shape[..a].iter().product();
-    let inner: usize = shape[a + 1..].iter().product();
-    let mut data = Vec::with_capacity(first.numel() * parts.len());
-    for o in 0..outer {
-        for p in parts {
-            data.extend_from_slice(&p.data()[o * b * inner..(o + 1) * b * inner]);
-        }
-    }
-    let mut s = shape.to_vec();
-    s[a] = b * parts.len();
-    Tensor::new(first.dtype(), &s, data).map_err(|e| ShardError::Tensors(e.to_string()))
+    Tensor::concat_axis(parts, a).map_err(|e| ShardError::Tensors(e.to_string()))
 }
