@@ -109,8 +109,8 @@ enum Cmd {
         #[arg(long, value_name = "N", conflicts_with = "batch_file")]
         prompt_tokens: Option<usize>,
         /// With --prompt-tokens: decode this many synthetic prompts together (each starts one
-        /// token later in the repeated text).
-        #[arg(long, default_value_t = 1, requires = "prompt_tokens")]
+        /// token later in the repeated text); 1 to 4096.
+        #[arg(long, default_value_t = 1, requires = "prompt_tokens", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
         batch: usize,
         /// Run the whole generation once untimed before the measured run (device allocations,
         /// CUDA-graph capture), so that the figures are steady-state.

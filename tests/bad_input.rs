@@ -261,7 +261,8 @@ fn fractional_literal_beside_an_integer_tensor_is_refused() {
 
 /// `sinter run` refuses sampling options it cannot use, with the flag's name, before loading
 /// anything: a negative temperature (written `--temperature -1`, not mistaken for a flag), a
-/// NaN one, a `--top-p` outside (0, 1].
+/// NaN one, a `--top-p` outside (0, 1], a `--batch` of 0 or past 4096 (a batch of 100 000
+/// would allocate KV pools for that many sequences).
 #[test]
 fn run_refuses_bad_sampling_flags() {
     for (args, want) in [
@@ -269,6 +270,8 @@ fn run_refuses_bad_sampling_flags() {
         (&["--temperature", "NaN"][..], "--temperature must be a finite number ≥ 0"),
         (&["--top-p", "0"][..], "--top-p must be in (0, 1]"),
         (&["--top-p", "1.5"][..], "--top-p must be in (0, 1]"),
+        (&["--prompt-tokens", "4", "--batch", "100000"][..], "100000 is not in 1..=4096"),
+        (&["--prompt-tokens", "4", "--batch", "0"][..], "0 is not in 1..=4096"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sinter")).args(["run", "--device", "cpu", "--prompt", "hi"]).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

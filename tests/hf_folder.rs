@@ -137,5 +137,16 @@ fn a_folder_with_another_architecture_or_no_weights_is_a_clear_error() {
     std::fs::write(dir.join("config.json"), r#"{"model_type": "llama", "hidden_size": 8}"#).unwrap();
     let e = LlamaModel::open(&dir, DType::F32, |_, _| {}).err().unwrap();
     assert!(e.to_string().contains("`num_attention_heads` is missing"), "{e}");
+    // No `model_type`: the `architectures` class decides; with neither, an error names the key.
+    std::fs::write(dir.join("config.json"), r#"{"architectures": ["MistralForCausalLM"]}"#).unwrap();
+    let e = sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).err().unwrap();
+    assert!(e.to_string().contains("`MistralForCausalLM` is not supported"), "{e}");
+    std::fs::write(dir.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 8}"#).unwrap();
+    let e = sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).err().unwrap();
+    assert!(e.to_string().contains("`num_attention_heads` is missing"), "{e}");
+    std::fs::write(dir.join("config.json"), r#"{"hidden_size": 8}"#).unwrap();
+    for e in [sinter::llm::open(&dir, DType::F32, &mut |_, _| {}).err().unwrap().to_string(), LlamaModel::open(&dir, DType::F32, |_, _| {}).err().unwrap().to_string()] {
+        assert!(e.contains("`model_type`") && e.contains("config.json"), "{e}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -107,6 +107,32 @@ impl HfFolder {
         self.config.get("model_type").and_then(Json::as_str)
     }
 
+    /// The architecture's name: `model_type`, or where a (older) config has none, the one its
+    /// first `architectures` class names (`LlamaForCausalLM` → `llama`, `GPT2LMHeadModel` →
+    /// `gpt2`, `Qwen2ForCausalLM` → `qwen2`, `Qwen3ForCausalLM` → `qwen3`,
+    /// `Gemma3ForCausalLM` → `gemma3_text`, `Gemma3ForConditionalGeneration` → `gemma3`; any
+    /// other class is returned as written, for the caller's unsupported-architecture error).
+    ///
+    /// # Errors
+    /// [`ModelError::MissingKey`] (`model_type`) when the config has neither.
+    pub fn architecture(&self) -> Result<String, ModelError> {
+        if let Some(t) = self.model_type() {
+            return Ok(t.to_string());
+        }
+        let class = self.config.get("architectures").and_then(Json::as_array).and_then(|a| a.first()).and_then(Json::as_str);
+        let Some(class) = class else { return Err(self.missing("model_type", "a string naming the architecture (or an `architectures` list)")) };
+        Ok(match class {
+            "LlamaForCausalLM" => "llama",
+            "GPT2LMHeadModel" => "gpt2",
+            "Qwen2ForCausalLM" => "qwen2",
+            "Qwen3ForCausalLM" => "qwen3",
+            "Gemma3ForCausalLM" => "gemma3_text",
+            "Gemma3ForConditionalGeneration" => "gemma3",
+            other => other,
+        }
+        .to_string())
+    }
+
     /// A missing-key error for `config.json`.
     pub fn missing(&self, key: &str, expected: &'static str) -> ModelError {
         ModelError::MissingKey { path: self.config_path.clone(), key: key.to_string(), expected }
@@ -218,7 +244,7 @@ impl TensorSource for HfFolder {
 /// wrong shapes, an unreadable tokenizer.
 pub fn load(dir: &Path, dtype: DType, mut progress: impl FnMut(usize, usize)) -> Result<LlamaModel, ModelError> {
     let folder = HfFolder::open(dir)?;
-    let arch = folder.model_type().unwrap_or("llama").to_string();
+    let arch = folder.architecture()?;
     if arch != "llama" {
         return Err(ModelError::UnsupportedArchitecture { path: dir.join("config.json"), arch, supported: "llama".into() });
     }

@@ -77,8 +77,8 @@ pub fn architecture(name: &str, path: &Path) -> Result<&'static Architecture, Mo
 }
 
 /// Loads any supported model from a `.gguf` file or a Hugging Face folder, choosing the
-/// architecture from the file (`general.architecture`, or `model_type`, which defaults to
-/// `llama` when absent), with weights and activations of `dtype`; `progress(done, total)` is
+/// architecture from the file (`general.architecture`, or `model_type`, or the class an older
+/// config's `architectures` names), with weights and activations of `dtype`; `progress(done, total)` is
 /// called after each tensor.
 ///
 /// ```no_run
@@ -96,7 +96,7 @@ pub fn architecture(name: &str, path: &Path) -> Result<&'static Architecture, Mo
 pub fn open(path: &Path, dtype: DType, progress: Progress<'_>) -> Result<AnyDecoder, ModelError> {
     if path.is_dir() {
         let folder = HfFolder::open(path)?;
-        let name = folder.model_type().unwrap_or("llama").to_string();
+        let name = folder.architecture()?;
         let arch = architecture(&name, &path.join("config.json"))?;
         (arch.hf)(folder, dtype, progress)
     } else {
