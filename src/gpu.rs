@@ -527,8 +527,9 @@ pub struct GpuProgram {
     unfolded: Option<Box<(KernelGraph, Executor)>>,
     /// The bound names the folded kernels read.
     folded_reads: BTreeSet<String>,
-    /// The persistent kernel of `kg` ([`GpuProgram::capture_persistent_device`]), once built.
-    persistent: std::sync::OnceLock<std::sync::Arc<sinter_ir::kernel::persistent::PersistentProgram>>,
+    /// The persistent kernel of `kg`, or why it could not be built
+    /// ([`GpuProgram::capture_persistent_device`]), once tried; reset when `kg` changes.
+    persistent: std::sync::OnceLock<Result<std::sync::Arc<sinter_ir::kernel::persistent::PersistentProgram>, String>>,
 }
 
 impl GpuProgram {
@@ -678,6 +679,7 @@ impl GpuProgram {
         }
         let before = std::mem::replace(&mut self.exec, exec);
         let kg_before = std::mem::replace(&mut self.kg, split.rest);
+        self.persistent = std::sync::OnceLock::new();
         if self.unfolded.is_none() {
             self.unfolded = Some(Box::new((kg_before, before)));
         }
@@ -687,6 +689,7 @@ impl GpuProgram {
 
     /// Goes back to the program before [`GpuProgram::fold_bound`] (its folded results unbound).
     fn unfold(&mut self) {
+        self.persistent = std::sync::OnceLock::new();
         if let Some(u) = self.unfolded.take() {
             (self.kg, self.exec) = *u;
             self.bound.retain(|n, _| !n.starts_with("folded:"));
@@ -842,16 +845,17 @@ impl GpuProgram {
     /// a persistent task; [`Error::KernelNotCached`] in a build without LLVM.
     pub fn capture_persistent_device(&self, inputs: &[(&str, &DeviceBuffer)], symbols: &Bindings, options: &sinter_runtime::PersistentOptions) -> Result<CapturedGraph, Error> {
         let (exec, all) = self.with_bound(inputs);
-        let program = match self.persistent.get() {
-            Some(p) => p.clone(),
-            None => {
-                let p = std::sync::Arc::new(persistent_program(exec.graph(), &target_for(&self.device))?);
-                // Through the cubin cache: the next process loads the assembled kernel.
-                let cache = KernelCache::open_default()?;
-                self.device.load_modules(std::slice::from_ref(&p.kernel), Some(&cache), 1)?;
-                self.persistent.get_or_init(|| p).clone()
-            }
+        let build = || -> Result<std::sync::Arc<sinter_ir::kernel::persistent::PersistentProgram>, String> {
+            let p = persistent_program(exec.graph(), &target_for(&self.device)).map_err(|e| e.to_string())?;
+            // Through the cubin cache: the next process loads the assembled kernel.
+            let cache = KernelCache::open_default().map_err(|e| e.to_string())?;
+            self.device.load_modules(std::slice::from_ref(&p.kernel), Some(&cache), 1).map_err(|e| e.to_string())?;
+            Ok(std::sync::Arc::new(p))
         };
+        // Kept for this program's graph (a refusal too, so it is not rebuilt every step); a run
+        // on the unfolded graph builds its own.
+        let program = if std::ptr::eq(exec.graph(), &self.kg) { self.persistent.get_or_init(build).clone() } else { build() };
+        let program = program.map_err(Error::Codegen)?;
         Ok(exec.capture_persistent_named(&all, symbols, &program, options)?)
     }
 

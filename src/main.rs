@@ -751,7 +751,7 @@ fn run(a: RunArgs) -> AnyResult {
     let decoded = new_tokens.saturating_sub(ids.len());
     let how = if out.decode_steps == 0 {
         "no decode step".to_string()
-    } else if out.cuda_graph && engine.persistent() {
+    } else if out.persistent {
         if out.capture_time.is_zero() {
             "persistent kernel replayed".to_string()
         } else {

@@ -55,7 +55,7 @@ impl PersistentCheck {
         }
         device.write_bytes(&self.state, &clear.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())?;
         let name = |i: u32| self.names.get(i as usize).cloned().unwrap_or_else(|| format!("instance {i}"));
-        Err(RuntimeError::Persistent(format!("task {} (a CTA of {}) waited past the timeout for {} to complete: that kernel faulted or never finished", e.task, name(e.instance), name(e.waited))))
+        Err(RuntimeError::Persistent(format!("task {} (a CTA of {}) waited past the timeout for {} to complete: that kernel never finished", e.task, name(e.instance), name(e.waited))))
     }
 }
 
@@ -91,9 +91,17 @@ impl Executor {
         let block = program.kernel.block[0];
         let smem = program.kernel.shared_bytes;
         dev.prepare_shared(&kernel, smem)?;
+        let static_smem = kernel.attributes().static_shared_bytes;
+        let limit = dev.info().max_shared_per_block_optin;
+        if u64::from(smem) + u64::from(static_smem) > u64::from(limit) {
+            return Err(RuntimeError::InvalidLaunch { entry: program.kernel.entry.clone(), reason: format!("{smem} bytes of dynamic and {static_smem} of static shared memory, the device allows {limit} a CTA") });
+        }
         let ctas = match options.ctas {
             Some(n) => n.max(1),
-            None => dev.resident_ctas(&kernel, block, smem)?.max(1),
+            None => match dev.resident_ctas(&kernel, block, smem)? {
+                0 => return Err(RuntimeError::InvalidLaunch { entry: program.kernel.entry.clone(), reason: format!("no CTA of {block} threads and {smem} bytes of dynamic shared memory fits an SM") }),
+                n => n,
+            },
         };
         let mut instances = Vec::new();
         let mut names = Vec::new();
@@ -114,7 +122,8 @@ impl Executor {
                     ArgValue::TensorMap(_) => Err(RuntimeError::Graph(format!("kernel {k} (`{}`) takes a tensor map: it cannot be a persistent task", plan.entry))),
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
-            let chunk = tables::chunk_for(r.grid.iter().product(), ctas);
+            let cta_count = r.grid.iter().map(|&g| u64::from(g)).product::<u64>().min(u64::from(u32::MAX)) as u32;
+            let chunk = tables::chunk_for(cta_count, ctas);
             instances.push(Instance { function: *function, grid: r.grid, args, chunk });
             names.push(format!("{} `{}`", Kernel::from_u32(i as u32), plan.entry));
         }

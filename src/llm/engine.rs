@@ -38,6 +38,10 @@ pub struct Generation {
     /// Time this call spent capturing the decode step as a CUDA graph: zero when it replayed a
     /// graph an earlier call at the same batch size captured, or when no graph is used.
     pub capture_time: Duration,
+    /// True when each decode step was one launch of the persistent decode kernel
+    /// ([`Engine::set_persistent`]; false where it could not be built and the step stayed a
+    /// graph of kernels).
+    pub persistent: bool,
 }
 
 /// Where an [`Engine`] runs its two graphs.
@@ -324,7 +328,7 @@ impl<M: DecoderModel> Engine<M> {
         }
         o.validate()?;
         if b == 0 {
-            return Ok(Generation { tokens: vec![], prompt_tokens: 0, prefill_time: Duration::ZERO, decode_steps: 0, decode_time: Duration::ZERO, cuda_graph: false, capture_time: Duration::ZERO });
+            return Ok(Generation { tokens: vec![], prompt_tokens: 0, prefill_time: Duration::ZERO, decode_steps: 0, decode_time: Duration::ZERO, cuda_graph: false, capture_time: Duration::ZERO, persistent: false });
         }
         let need = kv.pages_for(longest + o.max_new);
         match &self.programs {
@@ -354,6 +358,7 @@ impl<M: DecoderModel> Engine<M> {
                 let mut s = GpuSession { prefill, decode, device, state, layers: kv.layers, b, vocab, cuda_graph, persistent: self.persistent, capture_time: Duration::ZERO };
                 let mut out = self.run_session(&mut s, prompts, o, on_token, on_logits)?;
                 out.cuda_graph = cuda_graph && out.decode_steps > 0;
+                out.persistent = out.cuda_graph && s.state.persistent();
                 Ok(out)
             }
         }
@@ -418,7 +423,7 @@ impl<M: DecoderModel> Engine<M> {
         let capture_time = s.capture_time();
         let decode_time = t1.elapsed().saturating_sub(capture_time);
         let prompt_tokens = prompts.iter().map(Vec::len).sum();
-        Ok(Generation { tokens: out, prompt_tokens, prefill_time, decode_steps: steps, decode_time, cuda_graph: false, capture_time })
+        Ok(Generation { tokens: out, prompt_tokens, prefill_time, decode_steps: steps, decode_time, cuda_graph: false, capture_time, persistent: false })
     }
 
     /// A continuous-batching scheduler over a fresh KV page pool of `opts.kv_tokens` tokens

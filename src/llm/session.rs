@@ -49,6 +49,11 @@ pub(crate) fn page_index(layer: usize, seq: usize, j: usize, b: usize, m: usize)
 }
 
 impl GpuBatch {
+    /// Whether the captured decode step is one persistent launch.
+    pub(crate) fn persistent(&self) -> bool {
+        self.graph.as_ref().is_some_and(CapturedGraph::is_persistent)
+    }
+
     /// Zeroed pools of `m` pages per sequence and layer for `b` sequences, and the decode
     /// step's input buffers.
     pub(crate) fn new(device: &Device, kv: &KvGeometry, b: usize, m: usize) -> Result<GpuBatch, Error> {
@@ -211,10 +216,22 @@ impl Session for GpuSession<'_> {
         let outs = if self.cuda_graph {
             if self.state.graph.is_none() {
                 let t0 = Instant::now();
-                let g = if self.persistent {
-                    self.decode.capture_persistent_device(&self.state.inputs(), &crate::Bindings::new(), &sinter_runtime::PersistentOptions::default())?
+                let persistent = if self.persistent {
+                    match self.decode.capture_persistent_device(&self.state.inputs(), &crate::Bindings::new(), &sinter_runtime::PersistentOptions::default()) {
+                        Ok(g) => Some(g),
+                        // A kernel that cannot be a task: the step stays a graph of kernels.
+                        Err(Error::Codegen(why)) => {
+                            tracing::warn!("the persistent decode kernel cannot be built, the step stays a CUDA graph of kernels: {why}");
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    }
                 } else {
-                    self.decode.capture_device(&self.state.inputs(), &crate::Bindings::new())?
+                    None
+                };
+                let g = match persistent {
+                    Some(g) => g,
+                    None => self.decode.capture_device(&self.state.inputs(), &crate::Bindings::new())?,
                 };
                 self.state.check_in_place(g.outputs())?;
                 self.state.graph = Some(g);
@@ -228,22 +245,23 @@ impl Session for GpuSession<'_> {
             self.state.check_in_place(&r)?;
             r
         };
-        // Reading the result waits for the step.
-        let step = if want_logits {
+        // Reading the result waits for the step; a persistent step that was abandoned (a task
+        // timed out) says so before its outputs are read as tokens.
+        let check = |g: &Option<sinter_runtime::CapturedGraph>| g.as_ref().map_or(Ok(()), sinter_runtime::CapturedGraph::check);
+        if want_logits {
             let l = outs.first().ok_or_else(|| Error::Unsupported("the decode graph returned no logits".into()))?;
-            Step::Logits(dev.download_f64(l)?)
+            let logits = dev.download_f64(l)?;
+            check(&self.state.graph)?;
+            Ok(Step::Logits(logits))
         } else {
             let (Some(l), Some(next)) = (outs.first(), outs.get(3)) else {
                 return Err(Error::Unsupported("the decode graph returned no greedy tokens".into()));
             };
             let v = self.vocab;
-            Step::Greedy(greedy_tokens(&dev.download_f64(next)?, v, &mut |s| Ok(dev.download_range_f64(l, s * v, v)?))?)
-        };
-        // A persistent step that was abandoned (a task timed out) says so here.
-        if let Some(g) = &self.state.graph {
-            g.check()?;
+            let next = dev.download_f64(next)?;
+            check(&self.state.graph)?;
+            Ok(Step::Greedy(greedy_tokens(&next, v, &mut |s| Ok(dev.download_range_f64(l, s * v, v)?))?))
         }
-        Ok(step)
     }
 
     fn capture_time(&self) -> Duration {

@@ -146,9 +146,10 @@ extern "C" fn emu_barrier_count(id: i32, n: i32) {
     let b = cta.counted.lock().unwrap().entry((id, n)).or_insert_with(|| Arc::new(Barrier::new(n.max(1) as usize))).clone();
     b.wait();
 }
-/// `%globaltimer`: nanoseconds of the host's clock.
+/// `%globaltimer`: nanoseconds of the host's monotonic clock since the first read.
 extern "C" fn emu_globaltimer() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as i64
 }
 extern "C" fn emu_warp_sync(_: i32) {
     let (cta, w) = with(|c| (c.cta.clone(), c.tid / 32));

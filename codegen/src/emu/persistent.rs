@@ -71,7 +71,8 @@ pub fn run_persistent(kg: &KernelGraph, build: &PersistentBuild, inputs: &[&Tens
             })
             .collect::<Result<Vec<u64>, _>>()?;
         let grid = plan.grid.iter().map(|g| g.eval(&bindings)).collect::<Result<Vec<u32>, _>>().map_err(|e| GraphRunError::Input(format!("kernel {k}: grid: {e}")))?;
-        let chunk = persistent::chunk_for(grid.iter().product(), ctas);
+        let cta_count = grid.iter().map(|&g| u64::from(g)).product::<u64>().min(u64::from(u32::MAX)) as u32;
+        let chunk = persistent::chunk_for(cta_count, ctas);
         instances.push(Instance { function: *function, grid: [grid[0], grid[1], grid[2]], args, chunk });
     }
     let mut t = persistent::tables(&instances, timeout_ns, never_completes).map_err(GraphRunError::Input)?;

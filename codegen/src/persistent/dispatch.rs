@@ -222,9 +222,12 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32, min_ctas: u32) -> 
         let _ = writeln!(s, "  call void @mk_task{j}({})\n  br label %one", call.join(", "));
     }
     // The next CTA of the chunk: every thread is done with this one (shared memory is
-    // reused), thread 0 publishes the next index. An abandoned launch stops the chunk.
-    s.push_str("one:\n  %k1 = add i32 %k, 1\n  %kmore = icmp ult i32 %k1, %cn\n  br i1 %kmore, label %cta.sync, label %ran\n");
-    s.push_str("cta.sync:\n  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n  br i1 %lead, label %cta.publish, label %cta.next\ncta.publish:\n");
+    // reused), thread 0 publishes the next index. A wait that failed (an abandoned launch:
+    // `mk_wait` left 0 in the OK slot, read by all after the barrier) ends the chunk.
+    s.push_str("one:\n  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n");
+    let _ = writeln!(s, "  %okc = load i32, ptr addrspace(3) {}, align 4\n  %failed = icmp eq i32 %okc, 0\n  br i1 %failed, label %ran, label %one.more", slot_ptr(slot::OK));
+    s.push_str("one.more:\n  %k1 = add i32 %k, 1\n  %kmore = icmp ult i32 %k1, %cn\n  br i1 %kmore, label %cta.sync, label %ran\n");
+    s.push_str("cta.sync:\n  br i1 %lead, label %cta.publish, label %cta.next\ncta.publish:\n");
     let _ = writeln!(s, "  %cb0 = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::CHUNK_FIRST));
     let _ = writeln!(s, "  %cgx = load i32, ptr addrspace(3) {}, align 4\n  %cgy = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::NCTAID), slot_ptr(slot::NCTAID + 4));
     s.push_str("  %cb = add i32 %cb0, %k1\n  %cbx = urem i32 %cb, %cgx\n  %cbq = udiv i32 %cb, %cgx\n  %cby = urem i32 %cbq, %cgy\n  %cbz = udiv i32 %cbq, %cgy\n");
@@ -237,7 +240,10 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32, min_ctas: u32) -> 
     s.push_str("ran:\n  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n  br i1 %lead, label %signal, label %top\nsignal:\n");
     let _ = writeln!(s, "  %si = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::INSTANCE));
     let _ = writeln!(s, "  %stall = load i32, ptr addrspace(1) %st.{}, align 4", state::NEVER_COMPLETES);
-    s.push_str("  %si1 = add i32 %si, 1\n  %stuck = icmp eq i32 %stall, %si1\n  br i1 %stuck, label %top, label %count\ncount:\n");
+    // An abandoned task (its wait failed) is not counted: nothing after it may run on its
+    // unwritten outputs.
+    let _ = writeln!(s, "  %sok = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::OK));
+    s.push_str("  %si1 = add i32 %si, 1\n  %planted = icmp eq i32 %stall, %si1\n  %aborted.t = icmp eq i32 %sok, 0\n  %stuck = or i1 %planted, %aborted.t\n  br i1 %stuck, label %top, label %count\ncount:\n");
     let _ = writeln!(s, "  %sn = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::CHUNK_COUNT));
     s.push_str("  %cnt = getelementptr i32, ptr addrspace(1) %counters, i32 %si\n  %old = atomicrmw add ptr addrspace(1) %cnt, i32 %sn syncscope(\"device\") release, align 4\n  br label %top\n");
     // Leaving: the last CTA out zeroes the claim counter and the completion counters for

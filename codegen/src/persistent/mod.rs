@@ -21,7 +21,9 @@
 //! (clusters, TMA tensor maps, `setmaxnreg`, named barriers) are refused with the reason,
 //! and the caller keeps the per-kernel path.
 //!
-//! Numerics are the per-kernel path's: the same kernels' code, the same order.
+//! Numerics are the per-kernel path's wherever a task is the kernel's own schedule; paged
+//! attention and the row reductions built without their clusters, and any schedule fallback,
+//! sum in another order (within the tolerances the kernels are tested to).
 //!
 //! Algorithm sources: the "megakernel" of Spector et al., *Look Ma, No Bubbles!* (Hazy
 //! Research, 2025: per-SM instruction queues, counters in global memory), Mirage's persistent
@@ -140,14 +142,15 @@ pub fn build_with(kernels: &[(String, LaunchPlan)], target: &Target, min_ctas: u
     let main = parse(&cx, &dispatch::kernel(&signatures, block, min_ctas), "sinter_persistent")?;
     let mut shared = 0u32;
     for (j, (t, &i)) in texts.iter().zip(&functions).enumerate() {
-        let m = parse(&cx, &t.text, &format!("mk_task{j}"))?;
-        shared = shared.max(alias_shared(&m, kernels[i].1.shared_bytes, &data)?);
+        let entry = &kernels[i].1.entry;
+        let m = parse(&cx, &t.text, &format!("task {j} (`{entry}`)"))?;
+        shared = shared.max(alias_shared(&m, kernels[i].1.shared_bytes, &data).map_err(|e| CodegenError::Builder(format!("task {j} (`{entry}`): {e}")))?);
         if let Some(f) = m.get_function(&format!("mk_task{j}")) {
             for key in ["nvvm.maxntid", "nvvm.minctasm", "nvvm.maxnreg", "nvvm.reqntid"] {
                 f.remove_string_attribute(inkwell::attributes::AttributeLoc::Function, key);
             }
         }
-        main.link_in_module(m).map_err(|e| CodegenError::Builder(format!("linking task {j}: {e}")))?;
+        main.link_in_module(m).map_err(|e| CodegenError::Builder(format!("linking task {j} (`{entry}`): {e}")))?;
     }
     // Linked by name, then private to the module (so the optimiser may inline and drop them).
     for j in 0..functions.len() {
@@ -213,7 +216,7 @@ fn alias_shared(m: &Module<'_>, dynamic: u32, data: &inkwell::targets::TargetDat
         }
         let ty = global.get_value_type();
         let bytes = data.get_abi_size(&ty);
-        let align = u64::from(global.get_alignment().max(1));
+        let align = u64::from(global.get_alignment()).max(u64::from(data.get_abi_alignment(&ty))).max(1);
         offset = offset.div_ceil(align) * align;
         // SAFETY: an in-bounds byte offset of the dynamic region, which the launch sizes to
         // cover every task's shared memory.

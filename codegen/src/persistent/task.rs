@@ -40,14 +40,33 @@ pub(crate) fn rewrite(ir: &str, plan: &LaunchPlan, index: usize, block: u32) -> 
     if plan.params.iter().any(|p| matches!(p, KernelParam::TensorMap(_))) {
         return Err("a TMA tensor map parameter (a grid constant of its own launch)".into());
     }
-    for (what, why) in [("\"nvvm.cluster_dim\"", "a thread-block cluster"), ("setmaxnreg", "register reallocation (`setmaxnreg`)"), ("bar.sync", "a named barrier in inline PTX"), ("barrier.sync", "a named barrier in inline PTX"), ("@llvm.nvvm.barrier0", "`barrier0`"), ("barrier.cta.sync.aligned.count", "a counted barrier"), ("barrier.cta.arrive", "a split barrier")] {
+    for (what, why) in [
+        ("\"nvvm.cluster_dim\"", "a thread-block cluster"),
+        ("setmaxnreg", "register reallocation (`setmaxnreg`)"),
+        ("bar.sync", "a named barrier in inline PTX"),
+        ("barrier.sync", "a named barrier in inline PTX"),
+        ("bar.red", "a barrier reduction (`bar.red`) on a named barrier"),
+        ("barrier.red", "a barrier reduction on a named barrier"),
+        ("bar.arrive", "a split barrier (`bar.arrive`)"),
+        ("barrier.cta.arrive", "a split barrier"),
+        ("@llvm.nvvm.barrier0", "`barrier0`"),
+        ("barrier.cta.sync.aligned.count", "a counted barrier"),
+        ("mbarrier", "mbarriers (their shared words would be reused by the next task without `mbarrier.inval`)"),
+        ("cp.async.bulk", "bulk asynchronous copies (TMA)"),
+    ] {
         if ir.contains(what) {
             return Err(why.to_string());
         }
     }
     let define = format!("define ptx_kernel void @{}(", plan.entry);
-    if !ir.contains(&define) {
+    let Some(body) = ir.split_once(&define).map(|(_, rest)| rest.split("\n}").next().unwrap_or(rest)) else {
         return Err(format!("no `{define}` in its IR"));
+    };
+    // One exit: every thread of the task leaves at the end, together (a thread that returned
+    // early would meet the claim loop's barrier while the others are at the task's).
+    let rets = body.lines().filter(|l| l.trim_start().starts_with("ret ")).count();
+    if rets != 1 {
+        return Err(format!("{rets} `ret` instructions (a task must have one exit)"));
     }
     let mut out = String::with_capacity(ir.len() + 1024);
     let mut label = String::new();

@@ -12,7 +12,7 @@
 //! without a launch between kernels. Tasks are claimed in order, so every task waited for
 //! has been claimed by a running CTA: no deadlock, whatever the grid or the occupancy.
 //!
-//! Four global arrays, built by [`tables`]:
+//! Five global arrays, built by [`tables`]:
 //! - `instances: u32[n · INSTANCE_WORDS]`: per instance its function, its first argument
 //!   word, its grid (x, y, z), its first task, its CTA count and its CTAs a task;
 //! - `task_instance: u32[tasks]`: each task's instance;
@@ -175,7 +175,9 @@ pub fn tables(instances: &[Instance], timeout_ns: u64, never_completes: Option<u
     Ok(t)
 }
 
-/// A task that waited past the timeout, read from the `state` array after a launch.
+/// A task that waited past the timeout, read from the `state` array after a launch. Instances
+/// count the kernels with work, in launch order (a kernel with nothing to compute is left
+/// out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimedOut {
     /// The waiting task's number.
