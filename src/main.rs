@@ -101,7 +101,9 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Dt::Bf16)]
         dtype: Dt,
         /// After generating, time each kernel of one decode step (GPU only): one line per kernel
-        /// with its family and ops, the total, and the time per family.
+        /// with its family and ops, the total, and the time per family. With --persistent, also
+        /// each kernel's span in the last persistent step (device timer; the steps are then
+        /// slower by a device round trip each).
         #[arg(long)]
         profile: bool,
         /// Use a synthetic prompt of exactly N tokens instead of the chat-rendered --prompt
@@ -605,6 +607,24 @@ fn precompile(model: Option<PathBuf>, target: &Target, dtype: DType, lowering: L
     Ok(())
 }
 
+/// The last persistent decode step's kernels: when each began (its first task's claim) and
+/// ended (its last task's completion), µs after the step's first claim, and how long after
+/// the kernel before it each ended.
+fn print_persistent_spans(spans: &[(String, Option<(f64, f64)>)]) {
+    println!("profile of the last decode step as one persistent launch (device timer, µs after the first claim):");
+    let mut prev_end = 0f64;
+    for (name, s) in spans {
+        match s {
+            Some((a, b)) => {
+                println!("{name:<44} {a:>10.2} {b:>10.2}  span {:>8.2}  after the previous kernel {:>8.2}", b - a, b - prev_end);
+                prev_end = *b;
+            }
+            None => println!("{name:<44} (not run)"),
+        }
+    }
+    println!("step: {prev_end:.2} us, {} kernels, {:.2} us a kernel", spans.len(), prev_end / spans.len().max(1) as f64);
+}
+
 /// The phases of compiling the prefill and decode programs, on one line (`sinter run`), then
 /// one line per cache entry that was refused (damaged, or another card's or driver's).
 fn print_compile_line(ps: &sinter::gpu::CompileStats, ds: &sinter::gpu::CompileStats) {
@@ -706,6 +726,8 @@ fn run(a: RunArgs) -> AnyResult {
     }
     if a.persistent {
         engine.set_persistent(true);
+        // Each step then records its kernels' spans (a device round trip a step).
+        engine.set_persistent_profile(a.profile);
     }
     let compile_time = t_compile.elapsed();
     eprintln!("loaded {} in {:.2} s; graphs built and compiled in {:.2} s", path.display(), load_time.as_secs_f64(), compile_time.as_secs_f64());
@@ -793,6 +815,13 @@ fn run(a: RunArgs) -> AnyResult {
             print_compile_line(&ps, &ds);
         }
         None => eprintln!("kernels: none (the CPU reference interpreter runs the graphs); graphs built in {:.3} s", compile_time.as_secs_f64()),
+    }
+    if a.profile && out.persistent {
+        match engine.persistent_step_profile(ids.len()) {
+            Ok(Some(spans)) => print_persistent_spans(&spans),
+            Ok(None) => eprintln!("--profile: the persistent step recorded nothing"),
+            Err(e) => eprintln!("--profile: not available: {e}"),
+        }
     }
     if a.profile {
         match engine.profile_decode(ids.len()) {

@@ -55,7 +55,7 @@ fn a_decode_step_as_one_persistent_launch_equals_the_kernels_one_by_one() {
     let functions = p.program.threads.len();
     assert!(functions < kg.kernels.len(), "{} task functions for {} kernels: the layers' kernels should share functions", functions, kg.kernels.len());
     for ctas in [1, 3] {
-        let run = run_persistent(&kg, &p, &refs, &Bindings::new(), ctas, 10_000_000_000, None).unwrap();
+        let run = run_persistent(&kg, &p, &refs, &Bindings::new(), ctas, 10_000_000_000, None, ctas == 3).unwrap();
         assert_eq!(run.timed_out, None);
         for (i, (a, b)) in run.outputs.iter().zip(&want).enumerate() {
             assert_eq!(a.shape(), b.shape(), "output {i}");
@@ -65,6 +65,13 @@ fn a_decode_step_as_one_persistent_launch_equals_the_kernels_one_by_one() {
         // Ready for the next launch: claim and exit counters and every completion counter zero.
         assert_eq!((run.state[state::HEAD], run.state[state::EXITED], run.state[state::ABORT]), (0, 0, 0), "{ctas} CTAs: state {:?}", run.state);
         assert!(run.counters.iter().all(|&c| c == 0), "{ctas} CTAs: counters {:?}", run.counters);
+        if ctas == 3 {
+            // The profile: every kernel ran, each completing after the one before it.
+            let spans: Vec<(u64, u64)> = run.spans.iter().map(|s| s.expect("every kernel has a span")).collect();
+            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].1 && w[0].0 <= w[1].0), "{spans:?}");
+        } else {
+            assert!(run.spans.iter().all(Option::is_none), "no profile asked for: {:?}", run.spans);
+        }
     }
     eprintln!("{} kernels, {} task functions, {} threads a CTA, {} bytes of shared memory", kg.kernels.len(), functions, p.program.kernel.block[0], p.program.kernel.shared_bytes);
 }
@@ -76,7 +83,7 @@ fn a_task_that_never_completes_ends_the_launch_with_an_error_naming_it() {
     let refs: Vec<&Tensor> = ins.iter().collect();
     let p = persistent(&kg, &target);
     let t0 = Instant::now();
-    let run = run_persistent(&kg, &p, &refs, &Bindings::new(), 2, 50_000_000, Some(3)).unwrap();
+    let run = run_persistent(&kg, &p, &refs, &Bindings::new(), 2, 50_000_000, Some(3), false).unwrap();
     let took = t0.elapsed();
     let e = run.timed_out.expect("the launch should report the stuck wait");
     assert_eq!((e.instance, e.waited), (4, 3), "{e}");

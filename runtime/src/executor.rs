@@ -565,6 +565,17 @@ impl CapturedGraph {
         }
     }
 
+    /// A persistent launch captured with [`crate::PersistentOptions::profile`]: each kernel's
+    /// span over the replays since the last call (its name, its first task's claim and its
+    /// last task's completion in µs after the first claim, `None` for a kernel that did not
+    /// run); the record is cleared. `None` for any other graph.
+    ///
+    /// # Errors
+    /// Device errors reading or clearing the record.
+    pub fn persistent_profile(&self) -> Result<Option<Vec<(String, Option<(f64, f64)>)>>, RuntimeError> {
+        self.persistent.as_ref().map(|p| p.spans(&self.device)).transpose()
+    }
+
     /// Whether the graph is one persistent launch.
     pub fn is_persistent(&self) -> bool {
         self.persistent.is_some()

@@ -28,23 +28,37 @@ pub struct PersistentOptions {
     pub ctas: Option<u32>,
     /// An instance whose completion is never counted (a fault planted by tests).
     pub never_completes: Option<usize>,
+    /// Record each kernel's span in every replay ([`CapturedGraph::persistent_profile`]).
+    pub profile: bool,
 }
 
 impl Default for PersistentOptions {
     fn default() -> PersistentOptions {
-        PersistentOptions { timeout: Duration::from_secs(2), ctas: None, never_completes: None }
+        PersistentOptions { timeout: Duration::from_secs(2), ctas: None, never_completes: None, profile: false }
     }
 }
 
 /// What [`CapturedGraph::check`] reads after a persistent replay.
 pub(crate) struct PersistentCheck {
     state: DeviceBuffer,
+    profile: DeviceBuffer,
     task_instance: Vec<u32>,
     /// Each instance's kernel, for messages (`k12 \`entry\``).
     names: Vec<String>,
 }
 
 impl PersistentCheck {
+    /// Each kernel's span in the replays since the last read (name, first claim and last
+    /// completion in µs after the first claim); the record is then cleared.
+    pub(crate) fn spans(&self, device: &Device) -> Result<Vec<(String, Option<(f64, f64)>)>, RuntimeError> {
+        let bytes = device.read_bytes(&self.profile)?;
+        let words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect();
+        let init = tables::profile_init(self.names.len());
+        device.write_bytes(&self.profile, &init.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())?;
+        let spans = tables::spans(&words);
+        Ok(self.names.iter().zip(spans).map(|(n, s)| (n.clone(), s.map(|(a, b)| (a as f64 / 1e3, b as f64 / 1e3)))).collect())
+    }
+
     pub(crate) fn check(&self, device: &Device) -> Result<(), RuntimeError> {
         let bytes = device.read_bytes(&self.state)?;
         let words: Vec<u32> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
@@ -127,7 +141,9 @@ impl Executor {
             instances.push(Instance { function: *function, grid: r.grid, args, chunk });
             names.push(format!("{} `{}`", Kernel::from_u32(i as u32), plan.entry));
         }
-        let t = tables::tables(&instances, options.timeout.as_nanos().min(u128::from(u64::MAX)) as u64, options.never_completes).map_err(RuntimeError::Graph)?;
+        let mut t = tables::tables(&instances, options.timeout.as_nanos().min(u128::from(u64::MAX)) as u64, options.never_completes).map_err(RuntimeError::Graph)?;
+        t.state[tables::state::PROFILE] = u32::from(options.profile);
+        let profile_words = tables::profile_init(instances.len());
         let words = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
         let up32 = |v: &[u32]| dev.upload_bytes(DType::I32, &[v.len()], &words(v));
         let insts = up32(&t.instances)?;
@@ -135,12 +151,13 @@ impl Executor {
         let args = dev.upload_bytes(DType::I64, &[t.args.len()], &t.args.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())?;
         let counters = up32(&t.counters)?;
         let state = up32(&t.state)?;
+        let profile = dev.upload_bytes(DType::I64, &[profile_words.len()], &profile_words.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())?;
         let launch = ResolvedLaunch {
             entry: program.kernel.entry.clone(),
             grid: [ctas, 1, 1],
             block: [block, 1, 1],
             shared_bytes: smem,
-            args: [&insts, &task_instance, &args, &counters, &state].iter().map(|b| ArgValue::Ptr(b.device_ptr())).collect(),
+            args: [&insts, &task_instance, &args, &counters, &state, &profile].iter().map(|b| ArgValue::Ptr(b.device_ptr())).collect(),
         };
         dev.synchronize()?;
         let stream = dev.stream().clone();
@@ -161,7 +178,8 @@ impl Executor {
         let mut keep: Vec<DeviceBuffer> = slots.into_values().collect();
         keep.extend([insts, task_instance.clone(), args, counters]);
         let entries = vec![format!("{} ({} tasks of {} kernels on {ctas} CTAs)", launch.entry, t.state[tables::state::TASKS], instances.len())];
-        let check = PersistentCheck { state: state.clone(), task_instance: t.task_instance, names };
+        let check = PersistentCheck { state: state.clone(), profile: profile.clone(), task_instance: t.task_instance, names };
+        keep.push(profile);
         keep.push(state);
         Ok(CapturedGraph { graph: cuda_graph, device: dev.clone(), outputs, _keep: keep, entries, bindings, persistent: Some(check) })
     }

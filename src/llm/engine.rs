@@ -139,6 +139,8 @@ pub struct Engine<M: DecoderModel> {
     cuda_graph: bool,
     specialise: bool,
     persistent: bool,
+    /// Persistent steps record each kernel's span ([`Engine::set_persistent_profile`]).
+    persistent_profile: bool,
 }
 
 /// The model's prefill and decode graphs, checked against the decoder contract.
@@ -175,7 +177,7 @@ impl<M: DecoderModel> Engine<M> {
             prefill.bind(name, t.clone())?;
             decode.bind(name, t.clone())?;
         }
-        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false, specialise: false, persistent: false })
+        Ok(Engine { model, programs: Programs::Cpu { prefill, decode }, cuda_graph: false, specialise: false, persistent: false, persistent_profile: false })
     }
 
     /// Compiles both graphs for the GPU (`lowering` picks fused or one kernel per node; kernels
@@ -215,7 +217,7 @@ impl<M: DecoderModel> Engine<M> {
         decode.fold_bound_with(Some(&folded))?;
         let batches = Mutex::new(BTreeMap::new());
         let programs = Programs::Gpu(Box::new(GpuPrograms { prefill, decode, device: device.clone(), batches, weights, folded, lowering, specialised: Mutex::new(BTreeMap::new()) }));
-        Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default(), persistent: persistent_default() })
+        Ok(Engine { model, programs, cuda_graph: cuda_graph_default(), specialise: specialise_default(), persistent: persistent_default(), persistent_profile: false })
     }
 
     /// Turns CUDA-graph replay of decode steps on or off (GPU only; the interpreter ignores it).
@@ -245,6 +247,34 @@ impl<M: DecoderModel> Engine<M> {
             }
         }
         self.persistent = on;
+    }
+
+    /// With persistent steps: record each kernel's span in every step (the record is cleared
+    /// before each step, a device round trip), read by [`Engine::persistent_step_profile`].
+    /// Steps captured without it are dropped.
+    pub fn set_persistent_profile(&mut self, on: bool) {
+        if self.persistent_profile != on {
+            if let Programs::Gpu(g) = &self.programs {
+                g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            }
+        }
+        self.persistent_profile = on;
+    }
+
+    /// The last decode step at batch `b`, when it was a persistent launch recorded with
+    /// [`Engine::set_persistent_profile`]: each kernel (`k12 \`entry\``) with its first
+    /// task's claim and its last task's completion, in µs after the step's first claim.
+    /// `None` when there is no such step.
+    ///
+    /// # Errors
+    /// Device errors reading the record.
+    pub fn persistent_step_profile(&self, b: usize) -> Result<Option<Vec<(String, Option<(f64, f64)>)>>, Error> {
+        let Programs::Gpu(g) = &self.programs else { return Ok(None) };
+        let guard = g.batches.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.get(&b) {
+            Some(st) => st.persistent_profile(),
+            None => Ok(None),
+        }
     }
 
     /// Whether decode steps are persistent launches ([`Engine::set_persistent`]).
@@ -355,7 +385,7 @@ impl<M: DecoderModel> Engine<M> {
                 device.zero(&state.k_pages)?;
                 device.zero(&state.v_pages)?;
                 let cuda_graph = self.cuda_graph;
-                let mut s = GpuSession { prefill, decode, device, state, layers: kv.layers, b, vocab, cuda_graph, persistent: self.persistent, capture_time: Duration::ZERO };
+                let mut s = GpuSession { prefill, decode, device, state, layers: kv.layers, b, vocab, cuda_graph, persistent: self.persistent, persistent_profile: self.persistent_profile, capture_time: Duration::ZERO };
                 let mut out = self.run_session(&mut s, prompts, o, on_token, on_logits)?;
                 out.cuda_graph = cuda_graph && out.decode_steps > 0;
                 out.persistent = out.cuda_graph && s.state.persistent();

@@ -49,6 +49,14 @@ pub(crate) fn page_index(layer: usize, seq: usize, j: usize, b: usize, m: usize)
 }
 
 impl GpuBatch {
+    /// The captured step's kernel spans, when it is a persistent launch that records them.
+    pub(crate) fn persistent_profile(&self) -> Result<Option<Vec<(String, Option<(f64, f64)>)>>, Error> {
+        match &self.graph {
+            Some(g) => Ok(g.persistent_profile()?),
+            None => Ok(None),
+        }
+    }
+
     /// Whether the captured decode step is one persistent launch.
     pub(crate) fn persistent(&self) -> bool {
         self.graph.as_ref().is_some_and(CapturedGraph::is_persistent)
@@ -190,6 +198,8 @@ pub(crate) struct GpuSession<'a> {
     pub(crate) cuda_graph: bool,
     /// With `cuda_graph`: the step is one persistent launch instead of a graph of kernels.
     pub(crate) persistent: bool,
+    /// With `persistent`: each step records its kernels' spans.
+    pub(crate) persistent_profile: bool,
     pub(crate) capture_time: Duration,
 }
 
@@ -217,7 +227,8 @@ impl Session for GpuSession<'_> {
             if self.state.graph.is_none() {
                 let t0 = Instant::now();
                 let persistent = if self.persistent {
-                    match self.decode.capture_persistent_device(&self.state.inputs(), &crate::Bindings::new(), &sinter_runtime::PersistentOptions::default()) {
+                    let options = sinter_runtime::PersistentOptions { profile: self.persistent_profile, ..Default::default() };
+                    match self.decode.capture_persistent_device(&self.state.inputs(), &crate::Bindings::new(), &options) {
                         Ok(g) => Some(g),
                         // A kernel that cannot be a task: the step stays a graph of kernels.
                         Err(Error::Codegen(why)) => {
@@ -238,6 +249,10 @@ impl Session for GpuSession<'_> {
                 self.capture_time += t0.elapsed();
             }
             let g = self.state.graph.as_ref().ok_or_else(|| Error::Unsupported("no captured decode graph".into()))?;
+            if self.persistent_profile {
+                // The record then holds this step alone.
+                g.persistent_profile()?;
+            }
             g.replay()?;
             g.outputs().to_vec()
         } else {

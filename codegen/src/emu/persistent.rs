@@ -25,16 +25,20 @@ pub struct PersistentRun {
     pub state: Vec<u32>,
     /// The completion counters after the launch (zeroed by the last CTA out).
     pub counters: Vec<u32>,
+    /// With `profile`: each instance's span (first claim, last completion; ns after the
+    /// first claim).
+    pub spans: Vec<Option<(u64, u64)>>,
 }
 
 /// Runs `kg` as the persistent kernel `build` on `ctas` CTAs over `inputs` (one tensor per
 /// `kg.inputs` buffer), a wait timing out after `timeout_ns`; `never_completes` plants an
-/// instance whose completion is never counted.
+/// instance whose completion is never counted; `profile` records each instance's span.
 ///
 /// # Errors
 /// As [`super::graph::run_plans`]; a kernel with a tensor-map parameter or an instance table
 /// that cannot be built is [`GraphRunError::Input`].
-pub fn run_persistent(kg: &KernelGraph, build: &PersistentBuild, inputs: &[&Tensor], extra: &Bindings, ctas: u32, timeout_ns: u64, never_completes: Option<usize>) -> Result<PersistentRun, GraphRunError> {
+#[allow(clippy::too_many_arguments)]
+pub fn run_persistent(kg: &KernelGraph, build: &PersistentBuild, inputs: &[&Tensor], extra: &Bindings, ctas: u32, timeout_ns: u64, never_completes: Option<usize>, profile: bool) -> Result<PersistentRun, GraphRunError> {
     let program = &build.program;
     if program.tasks.len() != kg.kernels.len() {
         return Err(GraphRunError::Input(format!("{} tasks for {} kernels", program.tasks.len(), kg.kernels.len())));
@@ -76,10 +80,12 @@ pub fn run_persistent(kg: &KernelGraph, build: &PersistentBuild, inputs: &[&Tens
         instances.push(Instance { function: *function, grid: [grid[0], grid[1], grid[2]], args, chunk });
     }
     let mut t = persistent::tables(&instances, timeout_ns, never_completes).map_err(GraphRunError::Input)?;
+    t.state[persistent::state::PROFILE] = u32::from(profile);
+    let mut prof = persistent::profile_init(instances.len());
     let mut plan = program.kernel.clone();
     plan.ptx = build.ir.clone();
     plan.grid = [GridDim::fixed(ctas.max(1)), GridDim::fixed(1), GridDim::fixed(1)];
-    let addrs = [t.instances.as_mut_ptr() as u64, t.task_instance.as_mut_ptr() as u64, t.args.as_mut_ptr() as u64, t.counters.as_mut_ptr() as u64, t.state.as_mut_ptr() as u64];
+    let addrs = [t.instances.as_mut_ptr() as u64, t.task_instance.as_mut_ptr() as u64, t.args.as_mut_ptr() as u64, t.counters.as_mut_ptr() as u64, t.state.as_mut_ptr() as u64, prof.as_mut_ptr() as u64];
     catch_unwind(AssertUnwindSafe(|| super::run_at(&plan, &bindings, &addrs))).map_err(|p| GraphRunError::Emulator { kernel: sinter_ir::Kernel::from_u32(0), entry: plan.entry.clone(), message: panic_text(&*p) })?;
     for (b, s) in &store {
         if let Some((side, offset, bytes)) = s.guard_violation() {
@@ -95,5 +101,5 @@ pub fn run_persistent(kg: &KernelGraph, build: &PersistentBuild, inputs: &[&Tens
             tensor_from_bytes(kg.buffers[*b].ty.dtype, &shape, s.data())
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(PersistentRun { outputs, timed_out: persistent::error(&t.state, &t.task_instance), state: t.state, counters: t.counters })
+    Ok(PersistentRun { outputs, timed_out: persistent::error(&t.state, &t.task_instance), state: t.state, counters: t.counters, spans: persistent::spans(&prof) })
 }

@@ -142,13 +142,13 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32, min_ctas: u32) -> 
             .replace("STATE_ERROR_WAITED", &state::ERROR_WAITED.to_string())
     };
     let _ = writeln!(s, "@mk_slots = addrspace(3) global [{} x i8] undef, align 16", slot::BYTES);
-    s.push_str("@mk_ptrs = addrspace(3) global [16 x i8] undef, align 16\n");
+    s.push_str("@mk_ptrs = addrspace(3) global [24 x i8] undef, align 16\n");
     s.push_str("@smem_dyn = external addrspace(3) global [0 x i8], align 1024\n");
     s.push_str(&slots(WAIT));
     let st = |w: usize| format!("%st.{w} = getelementptr i32, ptr addrspace(1) %state, i64 {w}");
-    let _ = writeln!(s, "\ndefine ptx_kernel void @{ENTRY}(ptr addrspace(1) noalias %insts, ptr addrspace(1) noalias %task_inst, ptr addrspace(1) noalias %args, ptr addrspace(1) noalias %counters, ptr addrspace(1) noalias %state) #0 {{");
+    let _ = writeln!(s, "\ndefine ptx_kernel void @{ENTRY}(ptr addrspace(1) noalias %insts, ptr addrspace(1) noalias %task_inst, ptr addrspace(1) noalias %args, ptr addrspace(1) noalias %counters, ptr addrspace(1) noalias %state, ptr addrspace(1) noalias %profile) #0 {{");
     s.push_str("entry:\n  %tid = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()\n  %lead = icmp eq i32 %tid, 0\n");
-    for w in [state::HEAD, state::EXITED, state::ABORT, state::TASKS, state::INSTANCES, state::NEVER_COMPLETES] {
+    for w in [state::HEAD, state::EXITED, state::ABORT, state::TASKS, state::INSTANCES, state::NEVER_COMPLETES, state::PROFILE] {
         let _ = writeln!(s, "  {}", st(w));
     }
     let _ = writeln!(s, "  %ntasks = load i32, ptr addrspace(1) %st.{}, align 4", state::TASKS);
@@ -185,6 +185,8 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32, min_ctas: u32) -> 
     for (v, off) in [("%i", slot::INSTANCE), ("%f", slot::FUNCTION), ("%off", slot::FIRST_ARG), ("%bx", slot::CTAID), ("%by", slot::CTAID + 4), ("%bz", slot::CTAID + 8), ("%gx", slot::NCTAID), ("%gy", slot::NCTAID + 4), ("%gz", slot::NCTAID + 8), ("%need", slot::NEED), ("%waited", slot::WAITED), ("%b", slot::CHUNK_FIRST), ("%n", slot::CHUNK_COUNT)] {
         let _ = writeln!(s, "  store i32 {v}, ptr addrspace(3) {}, align 4", slot_ptr(off));
     }
+    // The claim's time, for the profile (a register read and a shared store).
+    s.push_str("  %tclaim = call i64 @llvm.nvvm.read.ptx.sreg.globaltimer()\n  store i64 %tclaim, ptr addrspace(3) getelementptr inbounds (i8, ptr addrspace(3) @mk_ptrs, i64 16), align 8\n");
     s.push_str("  br label %claim.store\nclaim.none:\n  br label %claim.store\nclaim.store:\n");
     s.push_str("  %tv = phi i32 [ %t, %claim.fill ], [ %ntasks, %claim.none ]\n");
     let _ = writeln!(s, "  store i32 %tv, ptr addrspace(3) {}, align 4\n  br label %claimed", slot_ptr(slot::TASK));
@@ -245,7 +247,12 @@ pub(crate) fn kernel(functions: &[Signature<'_>], block: u32, min_ctas: u32) -> 
     let _ = writeln!(s, "  %sok = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::OK));
     s.push_str("  %si1 = add i32 %si, 1\n  %planted = icmp eq i32 %stall, %si1\n  %aborted.t = icmp eq i32 %sok, 0\n  %stuck = or i1 %planted, %aborted.t\n  br i1 %stuck, label %top, label %count\ncount:\n");
     let _ = writeln!(s, "  %sn = load i32, ptr addrspace(3) {}, align 4", slot_ptr(slot::CHUNK_COUNT));
-    s.push_str("  %cnt = getelementptr i32, ptr addrspace(1) %counters, i32 %si\n  %old = atomicrmw add ptr addrspace(1) %cnt, i32 %sn syncscope(\"device\") release, align 4\n  br label %top\n");
+    s.push_str("  %cnt = getelementptr i32, ptr addrspace(1) %counters, i32 %si\n  %old = atomicrmw add ptr addrspace(1) %cnt, i32 %sn syncscope(\"device\") release, align 4\n");
+    // With the profile flag: the instance's earliest claim and latest completion.
+    let _ = writeln!(s, "  %pf = load i32, ptr addrspace(1) %st.{}, align 4\n  %pfon = icmp ne i32 %pf, 0\n  br i1 %pfon, label %record, label %top", state::PROFILE);
+    s.push_str("record:\n  %tdone = call i64 @llvm.nvvm.read.ptx.sreg.globaltimer()\n  %tc = load i64, ptr addrspace(3) getelementptr inbounds (i8, ptr addrspace(3) @mk_ptrs, i64 16), align 8\n");
+    s.push_str("  %pi = mul i32 %si, 2\n  %pstart = getelementptr i64, ptr addrspace(1) %profile, i32 %pi\n  %pend = getelementptr i64, ptr addrspace(1) %pstart, i32 1\n");
+    s.push_str("  %o1 = atomicrmw umin ptr addrspace(1) %pstart, i64 %tc syncscope(\"device\") monotonic, align 8\n  %o2 = atomicrmw umax ptr addrspace(1) %pend, i64 %tdone syncscope(\"device\") monotonic, align 8\n  br label %top\n");
     // Leaving: the last CTA out zeroes the claim counter and the completion counters for
     // the next launch (every other CTA has stopped touching them).
     s.push_str("leave:\n  br i1 %lead, label %leave.count, label %done\nleave.count:\n  %nct = call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()\n");

@@ -179,7 +179,7 @@ pub fn build_with(kernels: &[(String, LaunchPlan)], target: &Target, min_ctas: u
         grid: [GridDim::fixed(1), GridDim::fixed(1), GridDim::fixed(1)],
         block: [block, 1, 1],
         shared_bytes: shared,
-        params: (0..5).map(KernelParam::Buffer).collect(),
+        params: (0..6).map(KernelParam::Buffer).collect(),
     };
     let threads = functions.iter().map(|&i| kernels[i].1.block[0]).collect();
     Ok(PersistentBuild { program: PersistentProgram { kernel, threads, tasks }, ir })

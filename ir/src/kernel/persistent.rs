@@ -12,14 +12,17 @@
 //! without a launch between kernels. Tasks are claimed in order, so every task waited for
 //! has been claimed by a running CTA: no deadlock, whatever the grid or the occupancy.
 //!
-//! Five global arrays, built by [`tables`]:
+//! Six global arrays, built by [`tables`] and [`profile_init`]:
 //! - `instances: u32[n · INSTANCE_WORDS]`: per instance its function, its first argument
 //!   word, its grid (x, y, z), its first task, its CTA count and its CTAs a task;
 //! - `task_instance: u32[tasks]`: each task's instance;
 //! - `args: u64[..]`: every instance's arguments, one word each (a pointer or an `i64`);
 //! - `counters: u32[n]` (zero before the first launch; the last CTA to leave zeroes them);
 //! - `state: u32[STATE_WORDS]` ([`state`]): the claim counter, the CTAs that have left, the
-//!   abort flag and the first error, the task and instance counts, the timeout.
+//!   abort flag and the first error, the task and instance counts, the timeout, the profile
+//!   flag;
+//! - `profile: u64[2 · n]`: with the flag, per instance the earliest claim and the latest
+//!   completion of its tasks, `%globaltimer` nanoseconds ([`profile_init`], [`spans`]).
 //!
 //! A task that waits longer than the timeout (a predecessor that never completes) records
 //! itself and the instance it waited for, raises the abort flag and returns; every CTA then
@@ -32,8 +35,8 @@ use super::LaunchPlan;
 /// A kernel graph compiled into one persistent kernel (`sinter_codegen::persistent`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PersistentProgram {
-    /// The persistent kernel: its parameters are the five arrays (`instances`,
-    /// `task_instance`, `args`, `counters`, `state`, as `KernelParam::Buffer(0..5)`), its
+    /// The persistent kernel: its parameters are the six arrays (`instances`,
+    /// `task_instance`, `args`, `counters`, `state`, `profile`, as `KernelParam::Buffer(0..6)`), its
     /// block the widest task's, its `shared_bytes` the largest task's shared memory; the grid
     /// is the runtime's choice (CTAs resident at once).
     pub kernel: LaunchPlan,
@@ -84,6 +87,8 @@ pub mod state {
     pub const NEVER_COMPLETES: usize = 7;
     /// The wait timeout in nanoseconds (low word, then high word).
     pub const TIMEOUT_NS: usize = 8;
+    /// Non-zero: every task records its claim and completion times in the `profile` array.
+    pub const PROFILE: usize = 10;
     /// Words in the array.
     pub const WORDS: usize = 16;
 }
@@ -175,6 +180,19 @@ pub fn tables(instances: &[Instance], timeout_ns: u64, never_completes: Option<u
     Ok(t)
 }
 
+/// The `profile` array for `n` instances before a launch: no claim yet (`u64::MAX`), no
+/// completion yet (0).
+pub fn profile_init(n: usize) -> Vec<u64> {
+    (0..n.max(1)).flat_map(|_| [u64::MAX, 0]).collect()
+}
+
+/// Each instance's span in a launch's `profile` array: its first task's claim and its last
+/// task's completion, nanoseconds after the launch's first claim (`None`: not run).
+pub fn spans(profile: &[u64]) -> Vec<Option<(u64, u64)>> {
+    let origin = profile.chunks_exact(2).map(|c| c[0]).min().unwrap_or(0);
+    profile.chunks_exact(2).map(|c| (c[0] != u64::MAX && c[1] >= c[0]).then(|| (c[0] - origin, c[1] - origin))).collect()
+}
+
 /// A task that waited past the timeout, read from the `state` array after a launch. Instances
 /// count the kernels with work, in launch order (a kernel with nothing to compute is left
 /// out).
@@ -222,6 +240,13 @@ mod tests {
         assert_eq!((chunk_for(300, 264), chunk_for(264, 264), chunk_for(1, 264), chunk_for(5, 0)), (2, 1, 1, 5));
         assert_eq!(u64::from(t.state[state::TIMEOUT_NS]) | u64::from(t.state[state::TIMEOUT_NS + 1]) << 32, 5_000_000_000);
         assert_eq!(error(&t.state, &t.task_instance), None);
+    }
+
+    #[test]
+    fn spans_are_relative_to_the_first_claim() {
+        let mut p = profile_init(3);
+        p[..4].copy_from_slice(&[1_000, 1_500, 1_600, 2_000]);
+        assert_eq!(spans(&p), vec![Some((0, 500)), Some((600, 1_000)), None]);
     }
 
     #[test]
