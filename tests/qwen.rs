@@ -839,3 +839,24 @@ fn specialised_qwen_decode_computes_the_layer_norms_in_projection_prologues() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A Llama GGUF file whose positions are scaled — `llama.rope.scaling.type` other than
+/// `none`, or Llama 3.1's `rope_freqs.weight` tensor — is refused with the key or tensor
+/// named, not run with unscaled positions (the writer is this file's).
+#[test]
+fn llama_gguf_with_rope_scaling_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("sinter-llama-rope-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = || vec![("general.architecture".to_string(), Meta::Str("llama")), ("llama.embedding_length".to_string(), Meta::U32(32)), ("llama.attention.head_count".to_string(), Meta::U32(4))];
+    let mut scaled = base();
+    scaled.push(("llama.rope.scaling.type".to_string(), Meta::Str("linear")));
+    let path = dir.join("scaled.gguf");
+    std::fs::write(&path, gguf_bytes(&scaled, &[])).unwrap();
+    let e = sinter::llm::open(&path, DType::F32, &mut |_, _| {}).err().unwrap().to_string();
+    assert!(e.contains("`llama.rope.scaling.type` = linear") && e.contains("RoPE scaling is not read"), "{e}");
+    let path = dir.join("freqs.gguf");
+    std::fs::write(&path, gguf_bytes(&base(), &[("rope_freqs.weight".to_string(), vec![4], vec![1.0; 4])])).unwrap();
+    let e = sinter::llm::open(&path, DType::F32, &mut |_, _| {}).err().unwrap().to_string();
+    assert!(e.contains("`rope_freqs.weight`") && e.contains("Hugging Face folder"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
