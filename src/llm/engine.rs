@@ -230,9 +230,7 @@ impl<M: DecoderModel> Engine<M> {
     /// graph) is dropped, as it belongs to the other program.
     pub fn set_specialise(&mut self, on: bool) {
         if self.specialise != on {
-            if let Programs::Gpu(g) = &self.programs {
-                g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            }
+            self.drop_batches();
         }
         self.specialise = on;
     }
@@ -242,9 +240,7 @@ impl<M: DecoderModel> Engine<M> {
     /// captured the other way are dropped.
     pub fn set_persistent(&mut self, on: bool) {
         if self.persistent != on {
-            if let Programs::Gpu(g) = &self.programs {
-                g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            }
+            self.drop_batches();
         }
         self.persistent = on;
     }
@@ -254,11 +250,17 @@ impl<M: DecoderModel> Engine<M> {
     /// Steps captured without it are dropped.
     pub fn set_persistent_profile(&mut self, on: bool) {
         if self.persistent_profile != on {
-            if let Programs::Gpu(g) = &self.programs {
-                g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            }
+            self.drop_batches();
         }
         self.persistent_profile = on;
+    }
+
+    /// Drops every batch size's device state (pools, captured step): it was made for a
+    /// setting being changed.
+    fn drop_batches(&self) {
+        if let Programs::Gpu(g) = &self.programs {
+            g.batches.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
 
     /// The last decode step at batch `b`, when it was a persistent launch recorded with
